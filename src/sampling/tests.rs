@@ -1,0 +1,193 @@
+use super::*;
+
+fn params() -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        ..SamplingParams::default()
+    }
+}
+
+fn probs_of(logits: &[f32], p: &SamplingParams) -> Vec<f32> {
+    let mut out = Vec::new();
+    probabilities(logits, p, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn softmax_matches_closed_form() {
+    let logits = [1.0f32, 2.0, 3.0];
+    let probs = probs_of(&logits, &params());
+    let z: f32 = logits.iter().map(|l| l.exp()).sum();
+    for (p, l) in probs.iter().zip(logits) {
+        assert!((p - l.exp() / z).abs() < 1e-6);
+    }
+}
+
+#[test]
+fn temperature_sharpens_and_flattens() {
+    let logits = [1.0f32, 2.0];
+    let cold = probs_of(
+        &logits,
+        &SamplingParams {
+            temperature: 0.5,
+            ..params()
+        },
+    );
+    let hot = probs_of(
+        &logits,
+        &SamplingParams {
+            temperature: 2.0,
+            ..params()
+        },
+    );
+    let base = probs_of(&logits, &params());
+    assert!(cold[1] > base[1] && base[1] > hot[1]);
+}
+
+#[test]
+fn top_k_keeps_exactly_k_and_renormalises() {
+    let logits = [0.1f32, 3.0, 2.0, -1.0, 2.5];
+    let p = probs_of(
+        &logits,
+        &SamplingParams {
+            top_k: 2,
+            ..params()
+        },
+    );
+    let kept: Vec<usize> = (0..5).filter(|&i| p[i] > 0.0).collect();
+    assert_eq!(kept, vec![1, 4]);
+    assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+}
+
+#[test]
+fn top_p_keeps_the_smallest_nucleus() {
+    // probabilities 0.5, 0.3, 0.2 (as logits of their logs)
+    let logits = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()];
+    let p = probs_of(
+        &logits,
+        &SamplingParams {
+            top_p: 0.75,
+            ..params()
+        },
+    );
+    assert!(p[0] > 0.0 && p[1] > 0.0 && p[2] == 0.0, "{p:?}");
+    let p = probs_of(
+        &logits,
+        &SamplingParams {
+            top_p: 0.4,
+            ..params()
+        },
+    );
+    assert_eq!(p, vec![1.0, 0.0, 0.0]);
+}
+
+#[test]
+fn min_p_drops_tokens_below_fraction_of_top() {
+    let logits = [0.6f32.ln(), 0.3f32.ln(), 0.1f32.ln()];
+    let p = probs_of(
+        &logits,
+        &SamplingParams {
+            min_p: 0.2,
+            ..params()
+        },
+    );
+    assert!(p[1] > 0.0 && p[2] == 0.0);
+}
+
+#[test]
+fn penalties_follow_their_definitions() {
+    let mut l = vec![2.0f32, -2.0, 1.0, 0.0];
+    let p = SamplingParams {
+        repetition_penalty: 2.0,
+        ..params()
+    };
+    apply_penalties(&mut l, &p, &[0, 1, 1], &[]);
+    assert_eq!(l, vec![1.0, -4.0, 1.0, 0.0]);
+    let mut l = vec![0.0f32; 3];
+    let p = SamplingParams {
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        logit_bias: vec![(2, 3.0)],
+        ..params()
+    };
+    apply_penalties(&mut l, &p, &[], &[0, 0, 1]);
+    assert_eq!(l, vec![-1.0, -0.75, 3.0]);
+}
+
+#[test]
+fn nan_and_inf_logits_are_errors() {
+    let mut out = Vec::new();
+    assert_eq!(
+        probabilities(&[0.0, f32::NAN], &params(), &mut out),
+        Err(SamplingError::InvalidLogits(1))
+    );
+    assert_eq!(
+        argmax(&[f32::INFINITY]),
+        Err(SamplingError::InvalidLogits(0))
+    );
+    assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), Err(SamplingError::Empty));
+}
+
+#[test]
+fn greedy_ties_pick_lowest_index() {
+    assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]).unwrap(), 1);
+}
+
+#[test]
+fn invalid_params_are_named() {
+    let e = SamplingParams {
+        top_p: 0.0,
+        ..params()
+    }
+    .validate()
+    .unwrap_err();
+    assert!(e.to_string().contains("top_p"));
+    let e = SamplingParams {
+        temperature: -1.0,
+        ..params()
+    }
+    .validate()
+    .unwrap_err();
+    assert!(e.to_string().contains("temperature"));
+}
+
+#[test]
+fn sampling_frequencies_match_probabilities() {
+    let probs = vec![0.1f32, 0.0, 0.6, 0.3];
+    let mut rng = SeededRng::new(42);
+    let n = 60_000;
+    let mut counts = [0usize; 4];
+    for _ in 0..n {
+        counts[sample_from(&probs, rng.next_f64()) as usize] += 1;
+    }
+    assert_eq!(counts[1], 0, "a zero-probability token was drawn");
+    // chi-square with 2 degrees of freedom; 13.8 is the 0.999 quantile
+    let chi2: f64 = [0usize, 2, 3]
+        .iter()
+        .map(|&i| {
+            let e = probs[i] as f64 * n as f64;
+            (counts[i] as f64 - e).powi(2) / e
+        })
+        .sum();
+    assert!(chi2 < 13.8, "chi2 {chi2} counts {counts:?}");
+}
+
+#[test]
+fn sampler_is_reproducible_per_seed() {
+    let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+    let p = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        ..params()
+    };
+    let run = |seed| {
+        let mut s = Sampler::default();
+        let mut rng = SeededRng::new(seed);
+        (0..20)
+            .map(|_| s.pick(&logits, &p, &[], &[], &mut rng).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(3), run(3));
+    assert_ne!(run(3), run(4));
+}

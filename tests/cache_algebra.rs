@@ -1,0 +1,275 @@
+//! Cache algebra and batch invariance, checked bitwise: a token's logits must not depend on how
+//! many tokens share its forward pass, or on whether its cache was rolled back and refilled —
+//! greedy speculative decoding relies on exactly this to equal plain greedy decoding.
+
+mod common;
+
+use tandem::model::{KvCache, Llama, LoadedModel, LogitsRows, SeqInput, WeightsDtype};
+
+fn fwd(
+    model: &Llama,
+    cache: &mut KvCache,
+    slot: usize,
+    tokens: &[u32],
+    rows: LogitsRows,
+) -> Vec<Vec<f32>> {
+    let start_pos = cache.len(slot).unwrap();
+    model
+        .forward(
+            cache,
+            &[SeqInput {
+                slot,
+                start_pos,
+                tokens,
+                logits: rows,
+            }],
+        )
+        .unwrap()
+        .seq_rows(0)
+        .unwrap()
+}
+
+/// k tokens in one forward (all rows) == k one-token forwards, after a shared prefix.
+fn multi_token_equals_single_steps(model: &Llama, prefix: &[u32], tail: &[u32]) {
+    let mut cache = model.new_cache(2);
+    let a = cache.allocate().unwrap();
+    let b = cache.allocate().unwrap();
+    fwd(model, &mut cache, a, prefix, LogitsRows::None);
+    fwd(model, &mut cache, b, prefix, LogitsRows::None);
+    let together = fwd(model, &mut cache, a, tail, LogitsRows::All);
+    let one_by_one: Vec<Vec<f32>> = tail
+        .iter()
+        .flat_map(|t| {
+            fwd(
+                model,
+                &mut cache,
+                b,
+                std::slice::from_ref(t),
+                LogitsRows::Last,
+            )
+        })
+        .collect();
+    assert_eq!(together.len(), tail.len());
+    for (i, (x, y)) in together.iter().zip(&one_by_one).enumerate() {
+        assert!(
+            x == y,
+            "row {i} of a {}-token forward differs from its single-token forward",
+            tail.len()
+        );
+    }
+}
+
+/// Truncating and re-feeding gives the same logits as a fresh run.
+fn truncate_and_refeed_equals_fresh(model: &Llama, prompt: &[u32], wrong: &[u32], right: &[u32]) {
+    let mut cache = model.new_cache(2);
+    let a = cache.allocate().unwrap();
+    fwd(model, &mut cache, a, prompt, LogitsRows::None);
+    fwd(model, &mut cache, a, wrong, LogitsRows::All);
+    cache.truncate_to(a, prompt.len()).unwrap();
+    assert_eq!(cache.len(a).unwrap(), prompt.len());
+    let refed = fwd(model, &mut cache, a, right, LogitsRows::All);
+    let b = cache.allocate().unwrap();
+    let full: Vec<u32> = prompt.iter().chain(right).copied().collect();
+    let fresh = fwd(model, &mut cache, b, &full, LogitsRows::All);
+    assert!(
+        refed[..] == fresh[prompt.len()..],
+        "refed logits differ from a fresh run"
+    );
+}
+
+/// One forward over several sequences of different lengths == each sequence alone.
+fn batched_equals_alone(model: &Llama, seqs: &[(Vec<u32>, Vec<u32>)]) {
+    let mut cache = model.new_cache(seqs.len() * 2);
+    let mut alone = Vec::new();
+    let mut slots = Vec::new();
+    for (prefix, new) in seqs {
+        let s = cache.allocate().unwrap();
+        fwd(model, &mut cache, s, prefix, LogitsRows::None);
+        alone.push(fwd(model, &mut cache, s, new, LogitsRows::All));
+        let t = cache.allocate().unwrap();
+        fwd(model, &mut cache, t, prefix, LogitsRows::None);
+        slots.push(t);
+    }
+    let inputs: Vec<SeqInput> = seqs
+        .iter()
+        .zip(&slots)
+        .map(|((prefix, new), &slot)| SeqInput {
+            slot,
+            start_pos: prefix.len(),
+            tokens: new,
+            logits: LogitsRows::All,
+        })
+        .collect();
+    let out = model.forward(&mut cache, &inputs).unwrap();
+    for (i, want) in alone.iter().enumerate() {
+        assert!(
+            &out.seq_rows(i).unwrap() == want,
+            "sequence {i} differs when batched"
+        );
+    }
+}
+
+fn check_all(loaded: &LoadedModel, vocab: usize) {
+    let m = &loaded.model;
+    let prefix = common::random_tokens(11, 37, vocab);
+    for k in [2, 5, 9] {
+        multi_token_equals_single_steps(m, &prefix, &common::random_tokens(k as u64, k, vocab));
+    }
+    truncate_and_refeed_equals_fresh(
+        m,
+        &prefix,
+        &common::random_tokens(3, 6, vocab),
+        &common::random_tokens(4, 4, vocab),
+    );
+    batched_equals_alone(
+        m,
+        &[
+            (
+                common::random_tokens(5, 3, vocab),
+                common::random_tokens(6, 5, vocab),
+            ),
+            (
+                common::random_tokens(7, 40, vocab),
+                common::random_tokens(8, 1, vocab),
+            ),
+            (
+                common::random_tokens(9, 17, vocab),
+                common::random_tokens(10, 9, vocab),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn tiny_model_every_weight_type() {
+    let dir = tempfile::tempdir().unwrap();
+    // hidden 256 so q4k and the repacked x86 kernels (k a multiple of 256) are exercised too.
+    common::write_tiny_llama(
+        dir.path(),
+        &common::TinySpec {
+            hidden: 256,
+            intermediate: 512,
+            heads: 4,
+            kv_heads: 2,
+            ..Default::default()
+        },
+    );
+    for dtype in [
+        WeightsDtype::AsIs,
+        WeightsDtype::F32,
+        WeightsDtype::F16,
+        WeightsDtype::BF16,
+        WeightsDtype::Q8_0,
+        WeightsDtype::Q4_0,
+        WeightsDtype::Q4K,
+    ] {
+        let loaded = common::load_tiny(dir.path(), dtype);
+        check_all(&loaded, 256);
+    }
+}
+
+#[test]
+fn real_model_q8_0_and_f16() {
+    for dtype in [WeightsDtype::Q8_0, WeightsDtype::F16] {
+        let loaded = common::load_default(dtype);
+        check_all(&loaded, 49152);
+    }
+}
+
+#[test]
+fn cache_slots_truncate_free_and_report_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_tiny_llama(dir.path(), &common::TinySpec::default());
+    let loaded = common::load_tiny(dir.path(), WeightsDtype::F32);
+    let m = &loaded.model;
+    let mut cache = m.new_cache(2);
+    let a = cache.allocate().unwrap();
+    let b = cache.allocate().unwrap();
+    assert!(cache.allocate().is_none(), "only two slots");
+    assert_eq!(cache.slot_memory_bytes(a), 0);
+    fwd(
+        m,
+        &mut cache,
+        a,
+        &common::random_tokens(1, 10, 256),
+        LogitsRows::Last,
+    );
+    assert_eq!(cache.len(a).unwrap(), 10);
+    assert!(cache.slot_memory_bytes(a) >= 10 * cache.bytes_per_token());
+    assert_eq!(cache.slot_memory_bytes(b), 0);
+    assert!(
+        cache.truncate_to(a, 11).is_err(),
+        "cannot grow by truncation"
+    );
+    cache.truncate_to(a, 4).unwrap();
+    assert_eq!(cache.len(a).unwrap(), 4);
+    cache.free(a).unwrap();
+    assert_eq!(cache.slot_memory_bytes(a), 0);
+    assert!(cache.len(a).is_err());
+    assert_eq!(cache.free_slots(), 1);
+    assert_eq!(cache.allocate(), Some(a));
+}
+
+#[test]
+fn bad_forward_inputs_are_rejected_and_leave_the_cache_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_tiny_llama(dir.path(), &common::TinySpec::default());
+    let loaded = common::load_tiny(dir.path(), WeightsDtype::F32);
+    let m = &loaded.model;
+    let mut cache = m.new_cache(2);
+    let a = cache.allocate().unwrap();
+    fwd(m, &mut cache, a, &[1, 2, 3], LogitsRows::Last);
+    let bad = |cache: &mut KvCache, input: SeqInput| {
+        m.forward(cache, &[input]).err().map(|e| e.to_string())
+    };
+    let e = bad(
+        &mut cache,
+        SeqInput {
+            slot: a,
+            start_pos: 1,
+            tokens: &[4],
+            logits: LogitsRows::Last,
+        },
+    )
+    .unwrap();
+    assert!(e.contains("truncate_to"), "{e}");
+    let e = bad(
+        &mut cache,
+        SeqInput {
+            slot: a,
+            start_pos: 3,
+            tokens: &[9999],
+            logits: LogitsRows::Last,
+        },
+    )
+    .unwrap();
+    assert!(e.contains("vocabulary"), "{e}");
+    let long = vec![1u32; m.context_len()];
+    let e = bad(
+        &mut cache,
+        SeqInput {
+            slot: a,
+            start_pos: 3,
+            tokens: &long,
+            logits: LogitsRows::Last,
+        },
+    )
+    .unwrap();
+    assert!(e.contains("context length"), "{e}");
+    let e = bad(
+        &mut cache,
+        SeqInput {
+            slot: 1,
+            start_pos: 0,
+            tokens: &[1],
+            logits: LogitsRows::Last,
+        },
+    )
+    .unwrap();
+    assert!(e.contains("not allocated"), "{e}");
+    assert_eq!(
+        cache.len(a).unwrap(),
+        3,
+        "failed forwards must not change the cache"
+    );
+}

@@ -1,0 +1,218 @@
+//! The real default model end to end (plain generation, the CLI) and clear errors for models
+//! that are missing, truncated, incomplete or of an unsupported architecture.
+
+mod common;
+
+use std::process::Command;
+
+use candle_core::quantized::gguf_file;
+use tandem::engine::{generate_plain, FinishReason, GenerationRequest};
+use tandem::model::loader::LoadOptions;
+use tandem::model::{ChatMessage, LoadedModel, ModelError, ModelSource, WeightsDtype};
+use tandem::sampling::SamplingParams;
+
+fn chat_prompt(loaded: &LoadedModel, question: &str) -> Vec<u32> {
+    let text = loaded
+        .tokenizer
+        .chat_template()
+        .expect("SmolLM2 ships a chat template")
+        .render(
+            &[ChatMessage {
+                role: "user".into(),
+                content: question.into(),
+            }],
+            true,
+        )
+        .unwrap();
+    loaded.tokenizer.encode(&text, true).unwrap()
+}
+
+fn run(
+    loaded: &LoadedModel,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    sampling: SamplingParams,
+) -> tandem::engine::GenerationOutput {
+    let mut cache = loaded.model.new_cache(1);
+    let req = GenerationRequest {
+        prompt,
+        max_tokens,
+        sampling,
+        eos_ids: loaded.tokenizer.eos_ids().to_vec(),
+    };
+    let out = generate_plain(&loaded.model, &mut cache, &req, &mut |_| true).unwrap();
+    assert_eq!(cache.free_slots(), 1, "the slot is freed after generation");
+    out
+}
+
+#[test]
+fn greedy_chat_answer_is_sensible_and_sampling_is_seeded() {
+    let loaded = common::load_default(WeightsDtype::Q8_0);
+    let prompt = chat_prompt(&loaded, "What is the capital of France?");
+    let out = run(&loaded, prompt.clone(), 24, SamplingParams::greedy());
+    let text = loaded.tokenizer.decode(&out.tokens).unwrap();
+    assert!(text.contains("Paris"), "answer: {text:?}");
+    assert!(out.tokens.len() <= 24);
+    if out.finish == FinishReason::Stop {
+        assert!(loaded
+            .tokenizer
+            .eos_ids()
+            .contains(out.tokens.last().unwrap()));
+    }
+
+    let sampled = |seed| {
+        let p = SamplingParams {
+            temperature: 0.9,
+            top_k: 50,
+            top_p: 0.95,
+            seed: Some(seed),
+            ..Default::default()
+        };
+        run(&loaded, prompt.clone(), 12, p).tokens
+    };
+    assert_eq!(sampled(1), sampled(1), "same seed, same tokens");
+    assert_ne!(
+        sampled(1),
+        sampled(2),
+        "different seeds should diverge within 12 tokens"
+    );
+
+    let capped = run(&loaded, prompt, 3, SamplingParams::greedy());
+    assert_eq!(capped.tokens.len(), 3);
+    assert_eq!(capped.finish, FinishReason::Length);
+}
+
+fn tandem_cmd() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tandem"));
+    c.env_remove("TANDEM_MODEL").env("TANDEM_THREADS", "2");
+    c
+}
+
+#[test]
+fn cli_generate_prints_json_and_stats() {
+    common::default_model();
+    let out = tandem_cmd()
+        .args([
+            "generate",
+            "--prompt",
+            "What is the capital of France?",
+            "--max-tokens",
+            "16",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["text"].as_str().unwrap().contains("Paris"), "{v}");
+    assert!(v["generated_tokens"].as_u64().unwrap() <= 16);
+    assert!(
+        stderr.contains("decode:") && stderr.contains("prefill:"),
+        "{stderr}"
+    );
+
+    // streamed text on stdout, stats line last on stderr
+    let out = tandem_cmd()
+        .args([
+            "generate",
+            "--raw",
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            "4",
+            "--weights-dtype",
+            "f16",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .last()
+        .unwrap()
+        .starts_with("prompt tokens: "));
+}
+
+#[test]
+fn cli_errors_are_clear() {
+    let empty = tempfile::tempdir().unwrap();
+    let out = tandem_cmd()
+        .env("TANDEM_CACHE", empty.path())
+        .args(["generate", "--prompt", "hi"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("scripts/fetch-default-model"));
+
+    let out = tandem_cmd()
+        .args(["generate", "--prompt", "hi", "--weights-dtype", "q3"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("model.weights_dtype"));
+}
+
+fn load_err(source: ModelSource) -> ModelError {
+    match LoadedModel::load(&source, &LoadOptions::default()) {
+        Ok(_) => panic!("{source:?} should not load"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn bad_models_give_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+
+    let e = ModelSource::resolve(dir.path().join("nope.gguf").to_str().unwrap()).unwrap_err();
+    assert!(matches!(e, ModelError::NotFound(_)), "{e}");
+
+    // a download cut short
+    let bytes = std::fs::read(common::default_model()).unwrap();
+    let truncated = dir.path().join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 3]).unwrap();
+    let e = load_err(ModelSource::Gguf(truncated));
+    assert!(e.to_string().contains("truncated"), "{e}");
+    let garbage = dir.path().join("garbage.gguf");
+    std::fs::write(&garbage, b"definitely not a gguf file").unwrap();
+    assert!(load_err(ModelSource::Gguf(garbage))
+        .to_string()
+        .contains("not a valid GGUF"));
+
+    // a safetensors folder without config.json
+    let hf = dir.path().join("hf");
+    common::write_tiny_llama(&hf, &common::TinySpec::default());
+    std::fs::remove_file(hf.join("config.json")).unwrap();
+    let e = ModelSource::resolve(hf.to_str().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("config.json"), "{e}");
+
+    // unsupported architectures, both formats
+    let mistral = dir.path().join("mistral");
+    common::write_tiny_llama(&mistral, &common::TinySpec::default());
+    let cfg = std::fs::read_to_string(mistral.join("config.json")).unwrap();
+    std::fs::write(
+        mistral.join("config.json"),
+        cfg.replace("LlamaForCausalLM", "Qwen2ForCausalLM"),
+    )
+    .unwrap();
+    let e = load_err(ModelSource::HfDir(mistral));
+    assert!(
+        matches!(e, ModelError::Unsupported(_)) && e.to_string().contains("Qwen2ForCausalLM"),
+        "{e}"
+    );
+
+    let gpt2 = dir.path().join("gpt2.gguf");
+    let arch = gguf_file::Value::String("gpt2".into());
+    gguf_file::write(
+        &mut std::fs::File::create(&gpt2).unwrap(),
+        &[("general.architecture", &arch)],
+        &[],
+    )
+    .unwrap();
+    let e = load_err(ModelSource::Gguf(gpt2));
+    assert!(
+        matches!(e, ModelError::Unsupported(_)) && e.to_string().contains("gpt2"),
+        "{e}"
+    );
+}

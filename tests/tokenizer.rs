@@ -1,0 +1,688 @@
+//! Tokenizer and chat-template tests: the real SmolLM2 GGUF tokenizer (round trips, special
+//! tokens, pre-tokenization), synthetic GGUF metadata for the refusal paths and other
+//! pre-tokenizers, a Hugging Face folder, streaming decode and chat templates.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use candle_core::quantized::gguf_file::{self, Value};
+use tandem::model::chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
+use tandem::model::tokenizer::{IncrementalDecoder, TextTokenizer, TokenizerError};
+
+const SMOLLM2_SYSTEM: &str =
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n";
+
+fn model_path() -> PathBuf {
+    let path = tandem::model::default_model_path();
+    assert!(
+        path.exists(),
+        "default model missing at {}: run scripts/fetch-default-model",
+        path.display()
+    );
+    path
+}
+
+fn smollm_content() -> &'static gguf_file::Content {
+    static CONTENT: OnceLock<gguf_file::Content> = OnceLock::new();
+    CONTENT.get_or_init(|| {
+        let path = model_path();
+        let mut file = std::fs::File::open(&path).expect("open default model");
+        gguf_file::Content::read(&mut file).expect("read GGUF metadata")
+    })
+}
+
+fn smollm() -> &'static TextTokenizer {
+    static TOK: OnceLock<TextTokenizer> = OnceLock::new();
+    TOK.get_or_init(|| TextTokenizer::from_gguf(smollm_content()).expect("SmolLM2 tokenizer"))
+}
+
+fn spec_bench_turns() -> Vec<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/data/spec_bench_dev.jsonl"
+    );
+    let text = std::fs::read_to_string(path).expect("read spec_bench_dev.jsonl");
+    let mut turns = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let row: serde_json::Value = serde_json::from_str(line).expect("valid JSON line");
+        let row_turns = row["turns"].as_array().expect("`turns` array");
+        assert!(!row_turns.is_empty());
+        for turn in row_turns.iter().take(2) {
+            turns.push(turn.as_str().expect("turn is a string").to_owned());
+        }
+    }
+    assert!(turns.len() > 100, "expected the whole dev set");
+    turns
+}
+
+fn token_strings(tok: &TextTokenizer, text: &str) -> Vec<String> {
+    tok.encode(text, false)
+        .expect("encode")
+        .into_iter()
+        .map(|id| tok.id_to_token(id).expect("known id"))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The real SmolLM2 tokenizer
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn spec_bench_prompts_round_trip() {
+    let tok = smollm();
+    for turn in spec_bench_turns() {
+        let ids = tok.encode(&turn, true).expect("encode");
+        assert!(!ids.is_empty());
+        assert_eq!(tok.decode(&ids).expect("decode"), turn);
+    }
+}
+
+#[test]
+fn special_tokens_have_their_ids_and_are_found_inside_text() {
+    let tok = smollm();
+    assert_eq!(tok.token_to_id("<|endoftext|>"), Some(0));
+    assert_eq!(tok.token_to_id("<|im_start|>"), Some(1));
+    assert_eq!(tok.token_to_id("<|im_end|>"), Some(2));
+    assert!(tok.is_special(0) && tok.is_special(1) && tok.is_special(2));
+    let hello = tok.token_to_id("hello").expect("`hello` in vocab");
+    assert!(!tok.is_special(hello));
+
+    let ids = tok.encode("<|im_start|>user\nhi<|im_end|>", false).unwrap();
+    assert_eq!(ids[0], 1);
+    assert!(ids.contains(&2));
+    assert_eq!(*ids.last().unwrap(), 2);
+    // Special tokens keep their text when decoding.
+    assert_eq!(tok.decode(&ids).unwrap(), "<|im_start|>user\nhi<|im_end|>");
+}
+
+#[test]
+fn smollm_pre_tokenization_matches_hugging_face() {
+    let tok = smollm();
+    // No prefix space: a leading "Ġ" here means the wrong pre-tokenizer was picked.
+    assert_eq!(token_strings(tok, "hello world"), ["hello", "Ġworld"]);
+    // SmolLM2 (StarCoder lineage) splits every digit.
+    assert_eq!(token_strings(tok, "2024"), ["2", "0", "2", "4"]);
+    assert_eq!(
+        token_strings(tok, "In 1999, it's"),
+        ["In", "Ġ", "1", "9", "9", "9", ",", "Ġit", "'s"]
+    );
+}
+
+#[test]
+fn smollm_vocabulary_and_end_tokens() {
+    let tok = smollm();
+    assert_eq!(tok.vocab_size(), 49152);
+    let eos = tok.eos_ids();
+    assert!(eos.contains(&2), "<|im_end|> ends generation: {eos:?}");
+    assert!(eos.contains(&0), "<|endoftext|> ends generation: {eos:?}");
+    assert!(eos.windows(2).all(|w| w[0] < w[1]), "sorted, deduplicated");
+    assert_eq!(tok.bos_id(), Some(1));
+    assert_eq!(tok.id_to_token(2).as_deref(), Some("<|im_end|>"));
+    assert_eq!(tok.id_to_token(49152), None);
+}
+
+#[test]
+fn smollm_does_not_want_bos() {
+    let tok = smollm();
+    let with = tok.encode("hello world", true).unwrap();
+    let without = tok.encode("hello world", false).unwrap();
+    assert_eq!(with, without);
+    assert!(!tok.adds_bos());
+}
+
+#[test]
+fn decoding_an_unknown_id_is_an_error() {
+    let tok = smollm();
+    let err = tok.decode(&[1, 49152]).unwrap_err();
+    assert!(
+        matches!(err, TokenizerError::UnknownId { id: 49152, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn empty_text_encodes_to_nothing() {
+    let tok = smollm();
+    assert!(tok.encode("", true).unwrap().is_empty());
+    assert_eq!(tok.decode(&[]).unwrap(), "");
+}
+
+// ---------------------------------------------------------------------------------------
+// Streaming decode
+// ---------------------------------------------------------------------------------------
+
+fn stream(tok: &TextTokenizer, ids: &[u32]) -> (Vec<String>, String) {
+    let mut decoder = IncrementalDecoder::new();
+    let mut pieces = Vec::new();
+    for &id in ids {
+        if let Some(piece) = decoder.push(tok, id).expect("push") {
+            pieces.push(piece);
+        }
+    }
+    if let Some(rest) = decoder.flush(tok).expect("flush") {
+        pieces.push(rest);
+    }
+    let joined = pieces.concat();
+    (pieces, joined)
+}
+
+#[test]
+fn incremental_decoder_never_splits_a_character() {
+    let tok = smollm();
+    let text = "naïve café 日本語 🙂 done";
+    let ids = tok.encode(text, false).unwrap();
+    // The emoji and CJK are not single tokens, so some ids end mid-character.
+    assert!(ids.len() > text.split(' ').count());
+    let (pieces, joined) = stream(tok, &ids);
+    assert_eq!(joined, text);
+    for piece in &pieces {
+        assert!(!piece.is_empty());
+        assert!(
+            !piece.contains('\u{FFFD}'),
+            "partial character emitted: {pieces:?}"
+        );
+    }
+}
+
+#[test]
+fn incremental_decoder_reproduces_prompts_and_chat_markup() {
+    let tok = smollm();
+    for turn in spec_bench_turns().iter().take(40) {
+        let text = format!("<|im_start|>user\n{turn}<|im_end|>\n");
+        let ids = tok.encode(&text, false).unwrap();
+        let (pieces, joined) = stream(tok, &ids);
+        assert_eq!(joined, text);
+        // Complete text is emitted as soon as it is complete, so nothing is left for flush
+        // when the input ends on a whole character.
+        let mut decoder = IncrementalDecoder::new();
+        for &id in &ids {
+            decoder.push(tok, id).unwrap();
+        }
+        assert_eq!(decoder.flush(tok).unwrap(), None, "{pieces:?}");
+    }
+}
+
+#[test]
+fn incremental_decoder_flushes_an_incomplete_tail() {
+    let tok = smollm();
+    let ids = tok.encode("🙂", false).unwrap();
+    assert!(ids.len() > 1, "emoji spans several byte tokens");
+    let mut decoder = IncrementalDecoder::new();
+    assert_eq!(decoder.push(tok, ids[0]).unwrap(), None);
+    let rest = decoder.flush(tok).unwrap().expect("held-back bytes");
+    assert!(rest.contains('\u{FFFD}'));
+    // The decoder starts afresh after a flush.
+    assert_eq!(decoder.flush(tok).unwrap(), None);
+}
+
+#[test]
+fn incremental_decoder_reports_bad_ids() {
+    let tok = smollm();
+    let mut decoder = IncrementalDecoder::new();
+    assert!(decoder.push(tok, u32::MAX).is_err());
+}
+
+// ---------------------------------------------------------------------------------------
+// Synthetic GGUF metadata
+// ---------------------------------------------------------------------------------------
+
+/// GPT-2's byte -> printable char table, as used by byte-level BPE vocabularies.
+fn byte_chars() -> Vec<char> {
+    let printable = |b: u32| {
+        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    };
+    let mut extra = 0;
+    (0..256u32)
+        .map(|b| {
+            let c = if printable(b) {
+                b
+            } else {
+                extra += 1;
+                255 + extra
+            };
+            char::from_u32(c).expect("valid char")
+        })
+        .collect()
+}
+
+/// A tiny byte-level vocabulary: every byte, a few merges, and some control tokens.
+fn synthetic_metadata(model: &str, pre: Option<&str>) -> HashMap<String, Value> {
+    let mut tokens: Vec<String> = vec![
+        "<|begin_of_text|>".into(),
+        "<|end_of_text|>".into(),
+        "<|eot_id|>".into(),
+        "<|eom_id|>".into(),
+        "<tool>".into(),
+    ];
+    let mut types = vec![3u32, 3, 3, 3, 4];
+    for c in byte_chars() {
+        tokens.push(c.to_string());
+        types.push(1);
+    }
+    let merges = [
+        "h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "1 2", "12 3",
+    ];
+    for m in merges {
+        let (a, b) = m.split_once(' ').unwrap();
+        tokens.push(format!("{a}{b}"));
+        types.push(1);
+    }
+    let strings = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
+    let mut md = HashMap::new();
+    md.insert("tokenizer.ggml.model".into(), Value::String(model.into()));
+    if let Some(pre) = pre {
+        md.insert("tokenizer.ggml.pre".into(), Value::String(pre.into()));
+    }
+    md.insert("tokenizer.ggml.tokens".into(), strings(tokens));
+    md.insert(
+        "tokenizer.ggml.token_type".into(),
+        Value::Array(types.into_iter().map(|t| Value::I32(t as i32)).collect()),
+    );
+    md.insert(
+        "tokenizer.ggml.merges".into(),
+        strings(merges.iter().map(|m| m.to_string()).collect()),
+    );
+    md.insert("tokenizer.ggml.bos_token_id".into(), Value::U32(0));
+    md.insert("tokenizer.ggml.eos_token_id".into(), Value::U32(2));
+    md.insert("tokenizer.ggml.add_bos_token".into(), Value::Bool(true));
+    md
+}
+
+fn content(metadata: HashMap<String, Value>) -> gguf_file::Content {
+    gguf_file::Content {
+        magic: gguf_file::VersionedMagic::GgufV3,
+        metadata,
+        tensor_infos: HashMap::new(),
+        tensor_data_offset: 0,
+    }
+}
+
+#[test]
+fn unknown_pre_tokenizer_is_refused_by_name() {
+    let md = synthetic_metadata("gpt2", Some("tekken-9000"));
+    let err = TextTokenizer::from_gguf(&content(md)).unwrap_err();
+    assert!(
+        matches!(err, TokenizerError::UnsupportedPreTokenizer(_)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("tekken-9000"), "{err}");
+}
+
+#[test]
+fn non_byte_level_model_is_refused_by_name() {
+    let md = synthetic_metadata("llama", Some("default"));
+    let err = TextTokenizer::from_gguf(&content(md)).unwrap_err();
+    assert!(
+        matches!(err, TokenizerError::UnsupportedModel(_)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("`llama`"), "{err}");
+}
+
+#[test]
+fn missing_or_mistyped_metadata_is_an_error_not_a_panic() {
+    let mut md = synthetic_metadata("gpt2", Some("gpt2"));
+    md.remove("tokenizer.ggml.merges");
+    let err = TextTokenizer::from_gguf(&content(md)).unwrap_err();
+    assert!(err.to_string().contains("tokenizer.ggml.merges"), "{err}");
+
+    let mut md = synthetic_metadata("gpt2", Some("gpt2"));
+    md.insert("tokenizer.ggml.eos_token_id".into(), Value::U32(1_000_000));
+    let err = TextTokenizer::from_gguf(&content(md)).unwrap_err();
+    assert!(err.to_string().contains("eos_token_id"), "{err}");
+
+    let mut md = synthetic_metadata("gpt2", Some("gpt2"));
+    md.insert("tokenizer.ggml.pre".into(), Value::U32(7));
+    assert!(TextTokenizer::from_gguf(&content(md)).is_err());
+
+    let mut md = synthetic_metadata("gpt2", Some("gpt2"));
+    md.insert(
+        "tokenizer.ggml.merges".into(),
+        Value::Array(vec![Value::String("nospace".into())]),
+    );
+    assert!(TextTokenizer::from_gguf(&content(md)).is_err());
+
+    let md = synthetic_metadata("gpt2", Some("gpt2"));
+    let mut md2 = md.clone();
+    md2.insert(
+        "tokenizer.chat_template".into(),
+        Value::String("{% if %}".into()),
+    );
+    let err = TextTokenizer::from_gguf(&content(md2)).unwrap_err();
+    assert!(matches!(err, TokenizerError::ChatTemplate(_)), "{err:?}");
+}
+
+#[test]
+fn absent_pre_tokenizer_means_gpt2() {
+    let tok = TextTokenizer::from_gguf(&content(synthetic_metadata("gpt2", None))).unwrap();
+    let ids = tok.encode("hello world", false).unwrap();
+    let strings: Vec<String> = ids.iter().map(|&id| tok.id_to_token(id).unwrap()).collect();
+    assert_eq!(strings, ["hello", "Ġworld"]);
+}
+
+#[test]
+fn llama3_style_metadata() {
+    let tok =
+        TextTokenizer::from_gguf(&content(synthetic_metadata("gpt2", Some("llama-bpe")))).unwrap();
+    // add_bos_token = true: BOS is prepended on request, and only then.
+    let ids = tok.encode("hello world", true).unwrap();
+    assert_eq!(ids[0], 0);
+    assert_eq!(tok.decode(&ids).unwrap(), "<|begin_of_text|>hello world");
+    assert_eq!(tok.encode("hello world", false).unwrap(), ids[1..]);
+    assert!(tok.adds_bos());
+    // Digits go in groups of three.
+    let strings: Vec<String> = tok
+        .encode("12345", false)
+        .unwrap()
+        .iter()
+        .map(|&id| tok.id_to_token(id).unwrap())
+        .collect();
+    assert_eq!(strings, ["123", "4", "5"]);
+    // eos_token_id plus every end-of-generation control token.
+    assert_eq!(tok.eos_ids(), [1, 2, 3]);
+    // User-defined tokens are matched in text but are not special.
+    let ids = tok.encode("a<tool>b", false).unwrap();
+    assert!(ids.contains(&4));
+    assert!(!tok.is_special(4));
+    assert!(tok.is_special(2));
+    assert_eq!(tok.vocab_size(), 5 + 256 + 11);
+}
+
+#[test]
+fn smollm_style_synthetic_metadata_splits_digits() {
+    let tok =
+        TextTokenizer::from_gguf(&content(synthetic_metadata("gpt2", Some("smollm")))).unwrap();
+    let strings: Vec<String> = tok
+        .encode("hello 123", false)
+        .unwrap()
+        .iter()
+        .map(|&id| tok.id_to_token(id).unwrap())
+        .collect();
+    assert_eq!(strings, ["hello", "Ġ", "1", "2", "3"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Hugging Face folder
+// ---------------------------------------------------------------------------------------
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tandem-tokenizer-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+/// Writes SmolLM2's tokenizer as a Hugging Face `tokenizer.json` (Digits + ByteLevel, as the
+/// published SmolLM2 file has), built from the GGUF's vocabulary and merges.
+fn write_smollm_hf_dir(
+    dir: &Path,
+    config: serde_json::Value,
+    generation: Option<serde_json::Value>,
+) {
+    let md = &smollm_content().metadata;
+    let tokens = md["tokenizer.ggml.tokens"].to_vec().unwrap();
+    let types = md["tokenizer.ggml.token_type"].to_vec().unwrap();
+    let merges = md["tokenizer.ggml.merges"].to_vec().unwrap();
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    for (id, (t, ty)) in tokens.iter().zip(types).enumerate() {
+        let t = t.to_string().unwrap();
+        vocab.insert(t.clone(), serde_json::json!(id));
+        if ty.to_i32().unwrap() == 3 {
+            added.push(serde_json::json!({
+                "id": id, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true
+            }));
+        }
+    }
+    let merges: Vec<&str> = merges
+        .iter()
+        .map(|m| m.to_string().unwrap().as_str())
+        .collect();
+    let json = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
+        ]},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": vocab, "merges": merges}
+    });
+    std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    if let Some(generation) = generation {
+        std::fs::write(dir.join("generation_config.json"), generation.to_string()).unwrap();
+    }
+}
+
+#[test]
+fn hf_dir_matches_the_gguf_tokenizer() {
+    let dir = temp_dir("hf");
+    let template = smollm_content().metadata["tokenizer.chat_template"]
+        .to_string()
+        .unwrap()
+        .clone();
+    write_smollm_hf_dir(
+        &dir,
+        serde_json::json!({
+            "add_bos_token": false,
+            "bos_token": "<|im_start|>",
+            "eos_token": {"content": "<|im_end|>", "special": true},
+            "chat_template": template,
+        }),
+        Some(serde_json::json!({"bos_token_id": 1, "eos_token_id": [2]})),
+    );
+    let hf = TextTokenizer::from_hf_dir(&dir).expect("HF tokenizer");
+    let gguf = smollm();
+    assert_eq!(hf.vocab_size(), gguf.vocab_size());
+    assert_eq!(hf.eos_ids(), gguf.eos_ids());
+    assert_eq!(hf.bos_id(), Some(1));
+    assert!(hf.is_special(2));
+    for turn in spec_bench_turns() {
+        assert_eq!(
+            hf.encode(&turn, true).unwrap(),
+            gguf.encode(&turn, true).unwrap()
+        );
+    }
+    let messages = [ChatMessage::new("user", "hi")];
+    assert_eq!(
+        hf.chat_template().unwrap().render(&messages, true).unwrap(),
+        gguf.chat_template()
+            .unwrap()
+            .render(&messages, true)
+            .unwrap()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn hf_dir_config_variants() {
+    // No add_bos_token: the post-processor decides (here: no BOS); eos_token_id as an int;
+    // the template comes from chat_template.jinja; a missing generation_config is fine.
+    let dir = temp_dir("hf-variants");
+    write_smollm_hf_dir(
+        &dir,
+        serde_json::json!({"eos_token": "<|endoftext|>"}),
+        None,
+    );
+    std::fs::write(dir.join("chat_template.jinja"), "{{ eos_token }}").unwrap();
+    let tok = TextTokenizer::from_hf_dir(&dir).unwrap();
+    assert!(!tok.adds_bos());
+    assert_eq!(tok.eos_ids(), [0, 2]);
+    assert_eq!(
+        tok.chat_template().unwrap().render(&[], false).unwrap(),
+        "<|endoftext|>"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let dir = temp_dir("hf-bad");
+    write_smollm_hf_dir(
+        &dir,
+        serde_json::json!({}),
+        Some(serde_json::json!({"eos_token_id": "two"})),
+    );
+    let err = TextTokenizer::from_hf_dir(&dir).unwrap_err();
+    assert!(err.to_string().contains("generation_config.json"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let err = TextTokenizer::from_hf_dir(Path::new("/nonexistent/tandem")).unwrap_err();
+    assert!(matches!(err, TokenizerError::Io { .. }), "{err:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Chat templates
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn smollm2_template_renders_exactly() {
+    let template = smollm()
+        .chat_template()
+        .expect("SmolLM2 ships a chat template");
+    let messages = [ChatMessage::new("user", "What is the capital of France?")];
+    let prompt = template.render(&messages, true).unwrap();
+    assert_eq!(
+        prompt,
+        format!(
+            "{SMOLLM2_SYSTEM}<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+        )
+    );
+    // A conversation with its own system prompt gets no default one, and no generation
+    // prompt unless asked.
+    let messages = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+        ChatMessage::new("assistant", "Hello!"),
+    ];
+    assert_eq!(
+        template.render(&messages, false).unwrap(),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+    );
+    // The rendered prompt tokenizes with its markup as special tokens.
+    let ids = smollm().encode(&prompt, true).unwrap();
+    assert_eq!(ids[0], 1);
+    assert_eq!(ids.iter().filter(|&&id| id == 2).count(), 2);
+}
+
+/// Representative of Llama 3.2's template: BOS, a dated system header via `strftime_now`,
+/// trimmed contents, Python string methods and role validation via `raise_exception`.
+const LLAMA_STYLE_TEMPLATE: &str = r#"{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {%- if message['role'] not in ['user', 'assistant'] %}
+        {{- raise_exception("Unknown role: " + message['role']) }}
+    {%- endif %}
+    {%- if message['role'].startswith('user') and message.content.strip().endswith('?') %}
+        {%- set question = true %}
+    {%- endif %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"#;
+
+#[test]
+fn llama_style_template_renders_with_bos_date_and_trim() {
+    let template = ChatTemplate::new(
+        LLAMA_STYLE_TEMPLATE,
+        Some("<|begin_of_text|>".into()),
+        Some("<|eot_id|>".into()),
+    )
+    .expect("compiles");
+    let messages = [
+        ChatMessage::new("system", "  You are terse.\n"),
+        ChatMessage::new("user", "\n  What is 2+2?  \n"),
+    ];
+    let out = template.render(&messages, true).unwrap();
+    let prefix = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nToday Date: ";
+    assert!(out.starts_with(prefix), "{out:?}");
+    let rest = &out[prefix.len()..];
+    let (date, rest) = rest.split_once("\n\n").expect("date line");
+    // "%d %b %Y", e.g. "05 Mar 2025".
+    let parts: Vec<&str> = date.split(' ').collect();
+    assert_eq!(parts.len(), 3, "{date:?}");
+    assert!(
+        parts[0].len() == 2 && parts[0].chars().all(|c| c.is_ascii_digit()),
+        "{date:?}"
+    );
+    assert_eq!(parts[1].len(), 3, "{date:?}");
+    assert!(parts[2].parse::<u32>().unwrap() >= 2024, "{date:?}");
+    assert_eq!(
+        rest,
+        "You are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+}
+
+#[test]
+fn raise_exception_surfaces_as_a_render_error() {
+    let template = ChatTemplate::new(LLAMA_STYLE_TEMPLATE, Some("<s>".into()), None).unwrap();
+    let err = template
+        .render(&[ChatMessage::new("tool", "x")], true)
+        .unwrap_err();
+    assert!(matches!(err, ChatTemplateError::Render(_)), "{err:?}");
+    assert!(err.to_string().contains("Unknown role: tool"), "{err}");
+}
+
+#[test]
+fn syntax_errors_are_reported_at_compile_time() {
+    let err = ChatTemplate::new("{% for m in messages %}{{ m.content }}", None, None).unwrap_err();
+    assert!(matches!(err, ChatTemplateError::Syntax(_)), "{err:?}");
+    assert!(err.to_string().contains("does not compile"), "{err}");
+    let err = ChatTemplate::new("{{ messages[0 }}", None, None).unwrap_err();
+    assert!(matches!(err, ChatTemplateError::Syntax(_)), "{err:?}");
+}
+
+#[test]
+fn python_compatible_methods_and_filters() {
+    let source = concat!(
+        "{{ '  x  '.strip() }}|{{ 'xxhixx'.strip('x') }}|{{ ' a'.lstrip() }}|{{ 'a '.rstrip() }}|",
+        "{{ 'abc'.startswith('ab') }}|{{ 'abc'.endswith(('x', 'c')) }}|{{ 'Ab'.upper() }}{{ 'Ab'.lower() }}|",
+        "{{ 'hello world'.title() }}|{{ 'a-b-c'.replace('-', '+') }}|{{ 'a,b,c'.split(',') | join(' ') }}|",
+        "{{ ' a  b '.split() | length }}|{{ 'a b c'.split(none, 1)[1] }}|{{ {'k': 1}.get('k') }}{{ {'k': 1}.get('z', 2) }}|",
+        "{% for k, v in {'a': 1}.items() %}{{ k }}={{ v }}{% endfor %}|{{ {'a': [1, 'x'], 'b': none} | tojson }}|",
+        "{{ bos_token }}{{ eos_token }}."
+    );
+    let template = ChatTemplate::new(source, None, None).unwrap();
+    assert_eq!(
+        template.render(&[], false).unwrap(),
+        "x|hi|a|a|True|True|ABab|Hello World|a+b+c|a b c|2|b c|12|a=1|{\"a\": [1, \"x\"], \"b\": null}|."
+    );
+}
+
+#[test]
+fn tokenizer_and_template_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync + Clone>() {}
+    assert_send_sync::<TextTokenizer>();
+    assert_send_sync::<ChatTemplate>();
+    assert_send_sync::<IncrementalDecoder>();
+}
+
+#[test]
+fn messages_serialize_like_openai() {
+    let m: ChatMessage = serde_json::from_str(r#"{"role":"user","content":"hi"}"#).unwrap();
+    assert_eq!(m, ChatMessage::new("user", "hi"));
+}
