@@ -49,13 +49,13 @@ impl LlamaHparams {
         if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_layers == 0 {
             return bad("head and layer counts must be positive".into());
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad(format!(
                 "head_dim {} must be even and positive",
                 self.head_dim

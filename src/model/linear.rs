@@ -56,9 +56,9 @@ impl WeightsDtype {
             Self::Q4_0 => GgmlDType::Q4_0,
             Self::Q4K => GgmlDType::Q4K,
         };
-        if k % want.block_size() == 0 {
+        if k.is_multiple_of(want.block_size()) {
             want
-        } else if want == GgmlDType::Q4K && k % GgmlDType::Q4_0.block_size() == 0 {
+        } else if want == GgmlDType::Q4K && k.is_multiple_of(GgmlDType::Q4_0.block_size()) {
             GgmlDType::Q4_0
         } else {
             GgmlDType::F32
