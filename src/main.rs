@@ -30,6 +30,24 @@ struct Cli {
 enum Command {
     /// Generate a completion for one prompt, streaming it to stdout; stats go to stderr.
     Generate(GenerateArgs),
+    /// Time forwards of k new tokens against a cache of a given depth (the cost a speculative
+    /// verification pays), reported against a 1-token forward.
+    ForwardBench(ForwardBenchArgs),
+}
+
+#[derive(Args)]
+struct ForwardBenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// New-token counts to time (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,5,9,16,64")]
+    tokens: Vec<usize>,
+    /// Tokens already in the cache before each timed forward.
+    #[arg(long, default_value_t = 64)]
+    depth: usize,
+    /// Timed repetitions per count (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    repeats: usize,
 }
 
 /// Model and runtime overrides shared by commands that load a model.
@@ -101,6 +119,10 @@ fn main() -> Result<()> {
         Command::Generate(args) => {
             apply_model_args(&mut config, &args.model)?;
             generate(&config, args)
+        }
+        Command::ForwardBench(args) => {
+            apply_model_args(&mut config, &args.model)?;
+            forward_bench(&config, args)
         }
     }
 }
@@ -254,5 +276,70 @@ fn generate(config: &Config, args: GenerateArgs) -> Result<()> {
         s.decode_tokens_per_s(),
         out.finish
     );
+    Ok(())
+}
+
+fn forward_bench(config: &Config, args: ForwardBenchArgs) -> Result<()> {
+    use tandem::model::{LogitsRows, SeqInput};
+    let loaded = load_model(config)?;
+    let model = &loaded.model;
+    let vocab = model.hparams().vocab_size as u32;
+    let mut cache = model.new_cache(1);
+    let slot = cache.allocate().context("a cache slot")?;
+    // Arbitrary but fixed token ids: the cost does not depend on which tokens they are.
+    let ids = |n: usize, salt: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| ((i * 7919 + salt * 104_729) as u32) % vocab)
+            .collect()
+    };
+    let max_k = args.tokens.iter().copied().max().unwrap_or(1);
+    if args.depth + max_k > model.context_len() {
+        bail!(
+            "--depth + the largest --tokens exceeds the context length {}",
+            model.context_len()
+        );
+    }
+    model.forward(
+        &mut cache,
+        &[SeqInput {
+            slot,
+            start_pos: 0,
+            tokens: &ids(args.depth.max(1), 0),
+            logits: LogitsRows::None,
+        }],
+    )?;
+    let depth = cache.len(slot)?;
+    println!("| new tokens | ms per forward | ms per token | cost vs 1 token |");
+    println!("|---|---|---|---|");
+    let mut base = None;
+    for &k in &args.tokens {
+        let mut times = Vec::with_capacity(args.repeats);
+        for r in 0..args.repeats + 1 {
+            let toks = ids(k, r + 1);
+            let t = std::time::Instant::now();
+            model.forward(
+                &mut cache,
+                &[SeqInput {
+                    slot,
+                    start_pos: depth,
+                    tokens: &toks,
+                    logits: LogitsRows::All,
+                }],
+            )?;
+            let dt = t.elapsed().as_secs_f64() * 1e3;
+            cache.truncate_to(slot, depth)?;
+            if r > 0 {
+                times.push(dt); // the first run warms caches
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let ms = times[times.len() / 2];
+        let one = *base.get_or_insert(ms);
+        println!(
+            "| {k} | {ms:.2} | {:.2} | {:.2}x |",
+            ms / k as f64,
+            ms / one
+        );
+    }
     Ok(())
 }

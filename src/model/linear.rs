@@ -12,6 +12,7 @@ use std::sync::Arc;
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
+use super::q8_gemm::{self, PackedQ8};
 use super::{ModelError, Result};
 
 /// The type linear weights are converted to when a model is loaded.
@@ -135,9 +136,17 @@ impl RawWeight {
     }
 }
 
+/// The matmul that runs a linear layer.
+enum Kernel {
+    /// candle's quantized matmul (any ggml type).
+    Candle(QMatMul),
+    /// Our batch-invariant AVX2 kernel for Q8_0 weights (see `q8_gemm`).
+    Q8Gemm(Arc<PackedQ8>),
+}
+
 /// `y = x Wᵀ` for `x` of shape `(rows, in_features)`.
 pub struct Linear {
-    inner: QMatMul,
+    kernel: Kernel,
     dtype: GgmlDType,
     out_features: usize,
     in_features: usize,
@@ -199,10 +208,19 @@ impl Linear {
             };
             QTensor::quantize(&stacked, target)?
         };
-        Ok(Self {
+        let packed = if target == GgmlDType::Q8_0 && q8_gemm::available() {
+            PackedQ8::from_q8_0_bytes(&qtensor.data()?, out_features, in_features)
+        } else {
+            None
+        };
+        let kernel = match packed {
+            Some(p) => Kernel::Q8Gemm(Arc::new(p)),
             // The QTensor variant is built directly: `QMatMul::from_qtensor` would turn f32/f16
             // weights into gemm matmuls, which are not batch-invariant.
-            inner: QMatMul::QTensor(Arc::new(qtensor)),
+            None => Kernel::Candle(QMatMul::QTensor(Arc::new(qtensor))),
+        };
+        Ok(Self {
+            kernel,
             dtype: target,
             out_features,
             in_features,
@@ -210,7 +228,18 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(self.inner.forward(x)?)
+        Ok(match &self.kernel {
+            Kernel::Candle(q) => q.forward(x)?,
+            Kernel::Q8Gemm(p) => x.apply_op1_no_bwd(p.as_ref())?,
+        })
+    }
+
+    /// Which kernel runs this layer, for reporting.
+    pub fn kernel_name(&self) -> &'static str {
+        match self.kernel {
+            Kernel::Candle(_) => "candle",
+            Kernel::Q8Gemm(_) => "q8-gemm",
+        }
     }
 
     pub fn dtype(&self) -> GgmlDType {

@@ -9,6 +9,7 @@ pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod loader;
+pub mod q8_gemm;
 pub mod rope;
 pub mod tokenizer;
 pub mod weights;

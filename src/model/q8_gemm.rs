@@ -1,0 +1,297 @@
+//! A batch-invariant Q8_0 matrix multiply for x86 CPUs with AVX2 and FMA.
+//!
+//! Why it exists: candle's Q8_0 kernel computes one (row, column) dot product at a time, so a
+//! multi-token forward (prefill, speculative verification) reads every weight once per row and
+//! costs nearly as much per token as decoding; its faster repacked path needs AVX512-VNNI and
+//! rows whose length is a multiple of 256 (SmolLM2's are 576). Here weights are repacked at load
+//! into tiles of 8 output columns, so each 256-bit weight load covers 8 columns x 4 values and
+//! serves up to 4 activation rows.
+//!
+//! Products use llama.cpp's sign trick, `maddubs(|w|, sign(a, w))`, which keeps every 16-bit
+//! pair sum below saturation (|a|, |w| <= 127, or one of them -128 with the other <= 127).
+//!
+//! Batch invariance is kept by construction: for every output element the sequence of
+//! operations is the same whatever the number of rows or how rows are grouped — exact int32 sums
+//! within a 32-value block, then one f32 fused multiply-add per block, blocks in order.
+
+use std::sync::OnceLock;
+
+use candle_core::{CpuStorage, Layout, Shape};
+use half::f16;
+
+const TILE_N: usize = 8;
+const QK: usize = 32;
+const ROWS: usize = 4;
+/// Bytes of one GGUF Q8_0 block: an f16 scale then 32 signed bytes.
+const BLOCK_BYTES: usize = 2 + QK;
+
+/// One 32-value block of 8 output columns: per-column scales, then the weights laid out
+/// `[group of 4 values (8)][column (8)][4 bytes]`.
+#[repr(C, align(32))]
+#[derive(Clone)]
+struct Tile {
+    scales: [f32; TILE_N],
+    qs: [i8; QK * TILE_N],
+}
+
+/// Q8_0 weights `(n, k)` packed for [`matmul`].
+pub struct PackedQ8 {
+    tiles: Vec<Tile>,
+    n: usize,
+    k: usize,
+}
+
+/// Whether this CPU runs the kernel (and `TANDEM_DISABLE_Q8_GEMM` is not set).
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        if std::env::var_os("TANDEM_DISABLE_Q8_GEMM").is_some_and(|v| !v.is_empty() && v != "0") {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+impl PackedQ8 {
+    /// Packs raw GGUF Q8_0 bytes of an `(n, k)` weight; `None` if the shape does not fit
+    /// (k not a multiple of 32).
+    pub fn from_q8_0_bytes(bytes: &[u8], n: usize, k: usize) -> Option<Self> {
+        if k == 0 || !k.is_multiple_of(QK) || bytes.len() != n * (k / QK) * BLOCK_BYTES {
+            return None;
+        }
+        let kb = k / QK;
+        let n_tiles = n.div_ceil(TILE_N);
+        let zero = Tile {
+            scales: [0.0; TILE_N],
+            qs: [0; QK * TILE_N],
+        };
+        let mut tiles = vec![zero; n_tiles * kb];
+        for col in 0..n {
+            let (t, c) = (col / TILE_N, col % TILE_N);
+            for b in 0..kb {
+                let blk = &bytes[(col * kb + b) * BLOCK_BYTES..(col * kb + b + 1) * BLOCK_BYTES];
+                let tile = &mut tiles[t * kb + b];
+                tile.scales[c] = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                for (i, &q) in blk[2..].iter().enumerate() {
+                    let (g, j) = (i / 4, i % 4);
+                    tile.qs[(g * TILE_N + c) * 4 + j] = q as i8;
+                }
+            }
+        }
+        Some(Self { tiles, n, k })
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.n
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.k
+    }
+}
+
+/// Activation rows quantized to 8 bits per 32-value block, as ggml's Q8_0 does it.
+struct QuantRows {
+    qs: Vec<i8>,
+    scales: Vec<f32>,
+}
+
+fn quantize_rows(x: &[f32]) -> QuantRows {
+    let mut out = QuantRows {
+        qs: vec![0; x.len()],
+        scales: vec![0.0; x.len() / QK],
+    };
+    for (b, xs) in x.chunks_exact(QK).enumerate() {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        for (q, &v) in out.qs[b * QK..(b + 1) * QK].iter_mut().zip(xs) {
+            *q = (v * id).round() as i8;
+        }
+        out.scales[b] = d;
+    }
+    out
+}
+
+/// `dst (m, n) = x (m, k) · Wᵀ`.
+pub fn matmul(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32]) {
+    assert!(available(), "q8_gemm::matmul needs AVX2 and FMA");
+    assert_eq!(x.len(), m * w.k);
+    assert_eq!(dst.len(), m * w.n);
+    let q = quantize_rows(x);
+    let n_tiles = w.n.div_ceil(TILE_N);
+    let row_chunks = m.div_ceil(ROWS);
+    let dst_ptr = dst.as_mut_ptr() as usize;
+    let run = |range: std::ops::Range<usize>| {
+        for unit in range {
+            // Row chunks vary fastest so a worker keeps one column tile's weights in cache.
+            let (t, rc) = (unit / row_chunks, unit % row_chunks);
+            let r0 = rc * ROWS;
+            let rows = (m - r0).min(ROWS);
+            // SAFETY: `available()` checked the CPU features; each unit writes only its own
+            // (rows, 8-column) block of `dst`, inside the bounds asserted above.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                tile_kernel(w, &q, t, r0, rows, dst_ptr as *mut f32)
+            };
+        }
+    };
+    let units = n_tiles * row_chunks;
+    if units == 1 {
+        run(0..1);
+    } else {
+        candle_core::utils::barrier_pool().execute_chunked(units, run);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_kernel(
+    w: &PackedQ8,
+    q: &QuantRows,
+    t: usize,
+    r0: usize,
+    rows: usize,
+    dst: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    let kb = w.k / QK;
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); ROWS];
+    for b in 0..kb {
+        let tile = &w.tiles[t * kb + b];
+        let mut iacc = [_mm256_setzero_si256(); ROWS];
+        for g in 0..QK / 4 {
+            let wv = _mm256_load_si256(tile.qs.as_ptr().add(g * 32) as *const __m256i);
+            let wabs = _mm256_abs_epi8(wv);
+            for (r, ia) in iacc.iter_mut().enumerate().take(rows) {
+                let a = (q.qs.as_ptr().add((r0 + r) * w.k + b * QK + g * 4) as *const i32)
+                    .read_unaligned();
+                let signed = _mm256_sign_epi8(_mm256_set1_epi32(a), wv);
+                let pairs = _mm256_maddubs_epi16(wabs, signed);
+                *ia = _mm256_add_epi32(*ia, _mm256_madd_epi16(pairs, ones));
+            }
+        }
+        let sc = _mm256_load_ps(tile.scales.as_ptr());
+        for (r, (a, ia)) in acc.iter_mut().zip(&iacc).enumerate().take(rows) {
+            let scale = _mm256_mul_ps(sc, _mm256_set1_ps(q.scales[(r0 + r) * kb + b]));
+            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*ia), scale, *a);
+        }
+    }
+    let cols = (w.n - t * TILE_N).min(TILE_N);
+    for (r, a) in acc.iter().enumerate().take(rows) {
+        let mut out = [0f32; TILE_N];
+        _mm256_storeu_ps(out.as_mut_ptr(), *a);
+        let row = dst.add((r0 + r) * w.n + t * TILE_N);
+        std::ptr::copy_nonoverlapping(out.as_ptr(), row, cols);
+    }
+}
+
+impl candle_core::CustomOp1 for PackedQ8 {
+    fn name(&self) -> &'static str {
+        "tandem-q8-gemm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        if !layout.is_contiguous() {
+            candle_core::bail!("q8 gemm input must be contiguous")
+        }
+        let dims = layout.shape().dims();
+        let k = *dims.last().unwrap_or(&0);
+        if k != self.k {
+            candle_core::bail!("q8 gemm: input has {k} columns, weight expects {}", self.k)
+        }
+        let m = layout.shape().elem_count() / k;
+        let x = &storage.as_slice::<f32>()?[layout.start_offset()..layout.start_offset() + m * k];
+        let mut dst = vec![0f32; m * self.n];
+        matmul(self, x, m, &mut dst);
+        let mut out_dims = dims.to_vec();
+        *out_dims.last_mut().expect("rank >= 1") = self.n;
+        Ok((CpuStorage::F32(dst), Shape::from(out_dims)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module, Tensor};
+
+    fn random(seed: u64, n: usize) -> Vec<f32> {
+        let mut rng = crate::sampling::SeededRng::new(seed);
+        (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect()
+    }
+
+    #[test]
+    fn matches_candle_q8_0_and_is_row_invariant() {
+        if !available() {
+            panic!("these tests need an x86-64 CPU with AVX2 and FMA (every CI machine has them)");
+        }
+        // n not a multiple of 8 exercises the padded last tile.
+        let (n, k, m) = (44usize, 96usize, 7usize);
+        let w = Tensor::from_vec(random(1, n * k), (n, k), &Device::Cpu).unwrap();
+        let qt = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let packed = PackedQ8::from_q8_0_bytes(&qt.data().unwrap(), n, k).unwrap();
+        let x = random(2, m * k);
+        let mut ours = vec![0f32; m * n];
+        matmul(&packed, &x, m, &mut ours);
+        let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
+        let theirs: Vec<f32> = QMatMul::QTensor(std::sync::Arc::new(
+            QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(),
+        ))
+        .forward(&xt)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+        // Exact reference on the dequantized weights. candle rounds activation block scales to
+        // f16 while we keep them in f32, so we must be at least as close to it as candle is.
+        let wd: Vec<f32> = qt
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let (mut err_ours, mut err_theirs) = (0f64, 0f64);
+        for r in 0..m {
+            for c in 0..n {
+                let exact: f64 = (0..k)
+                    .map(|i| x[r * k + i] as f64 * wd[c * k + i] as f64)
+                    .sum();
+                err_ours = err_ours.max((ours[r * n + c] as f64 - exact).abs());
+                err_theirs = err_theirs.max((theirs[r * n + c] as f64 - exact).abs());
+            }
+        }
+        // 8-bit activations: about (1/127)/2 error per value, over 96 random-sign terms.
+        assert!(err_ours < 0.1, "max error {err_ours}");
+        assert!(
+            err_ours <= err_theirs * 1.05,
+            "ours {err_ours} vs candle {err_theirs}"
+        );
+        // Each row alone gives the same bits as inside the batch.
+        for r in 0..m {
+            let mut one = vec![0f32; n];
+            matmul(&packed, &x[r * k..(r + 1) * k], 1, &mut one);
+            assert!(one[..] == ours[r * n..(r + 1) * n], "row {r} differs alone");
+        }
+    }
+
+    #[test]
+    fn refuses_shapes_it_cannot_pack() {
+        assert!(PackedQ8::from_q8_0_bytes(&[0; 34], 1, 33).is_none());
+        assert!(PackedQ8::from_q8_0_bytes(&[0; 30], 1, 32).is_none());
+    }
+}
