@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use tandem::config::Config;
 use tandem::engine::{generate_plain, GenerationRequest};
 use tandem::model::loader::LoadOptions;
-use tandem::model::{ChatMessage, IncrementalDecoder, LoadedModel, ModelSource, WeightsDtype};
+use tandem::model::{ChatMessage, IncrementalDecoder, LoadedModel, ModelSource};
 use tandem::sampling::SamplingParams;
 
 #[derive(Parser)]
@@ -156,17 +156,13 @@ fn load_model(config: &Config) -> Result<LoadedModel> {
     let loaded = LoadedModel::load(&source, &opts)
         .with_context(|| format!("loading model {}", source.path().display()))?;
     eprintln!(
-        "loaded {} ({} weights as {}) in {:.2}s on {threads} thread(s)",
+        "loaded {} (--weights-dtype {}: linear weights as {}) in {:.2}s on {threads} thread(s)",
         source.display_name(),
-        weights_label(opts.weights_dtype),
+        opts.weights_dtype,
         loaded.model.linear_dtypes().join("/"),
         t.elapsed().as_secs_f64()
     );
     Ok(loaded)
-}
-
-fn weights_label(d: WeightsDtype) -> String {
-    format!("--weights-dtype {d}:")
 }
 
 fn generate(config: &Config, args: GenerateArgs) -> Result<()> {

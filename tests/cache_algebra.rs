@@ -176,11 +176,17 @@ fn real_model_q8_0_and_f16() {
     }
 }
 
-#[test]
-fn cache_slots_truncate_free_and_report_memory() {
+/// The default tiny model with f32 weights (the folder lives as long as the returned guard).
+fn tiny_f32() -> (tempfile::TempDir, LoadedModel) {
     let dir = tempfile::tempdir().unwrap();
     common::write_tiny_llama(dir.path(), &common::TinySpec::default());
     let loaded = common::load_tiny(dir.path(), WeightsDtype::F32);
+    (dir, loaded)
+}
+
+#[test]
+fn cache_slots_truncate_free_and_report_memory() {
+    let (_dir, loaded) = tiny_f32();
     let m = &loaded.model;
     let mut cache = m.new_cache(2);
     let a = cache.allocate().unwrap();
@@ -212,9 +218,7 @@ fn cache_slots_truncate_free_and_report_memory() {
 
 #[test]
 fn bad_forward_inputs_are_rejected_and_leave_the_cache_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    common::write_tiny_llama(dir.path(), &common::TinySpec::default());
-    let loaded = common::load_tiny(dir.path(), WeightsDtype::F32);
+    let (_dir, loaded) = tiny_f32();
     let m = &loaded.model;
     let mut cache = m.new_cache(2);
     let a = cache.allocate().unwrap();

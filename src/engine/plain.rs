@@ -127,13 +127,7 @@ fn decode_in_slot(
                 logits: LogitsRows::Last,
             }],
         )?;
-        let row = logits
-            .seq(0)?
-            .expect("asked for the last row")
-            .squeeze(0)
-            .map_err(crate::model::ModelError::from)?
-            .to_vec1::<f32>()
-            .map_err(crate::model::ModelError::from)?;
+        let row = logits.seq_rows(0)?.pop().expect("asked for the last row");
         let generated = &history[req.prompt.len()..];
         let tok = sampler.pick(&row, &req.sampling, &history, generated, &mut rng)?;
         if stats.generated_tokens == 0 {

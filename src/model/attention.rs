@@ -71,8 +71,11 @@ pub fn causal_attention(
     let units = n_new * num_heads;
     let out_ptr = out.as_mut_ptr() as usize;
 
-    let run = |range: std::ops::Range<usize>| {
-        let mut scores: Vec<f32> = Vec::with_capacity(start_pos + n_new);
+    thread_local! {
+        // Per-thread score buffer, kept across calls so decoding does not allocate per layer.
+        static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let run_units = |range: std::ops::Range<usize>, scores: &mut Vec<f32>| {
         for unit in range {
             let (i, h) = (unit / num_heads, unit % num_heads);
             let kvh = h / group;
@@ -109,6 +112,8 @@ pub fn causal_attention(
             }
         }
     };
+    let run =
+        |range: std::ops::Range<usize>| SCORES.with_borrow_mut(|scores| run_units(range, scores));
     if units * (start_pos + n_new) < 4096 {
         run(0..units);
     } else {

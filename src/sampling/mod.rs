@@ -6,6 +6,7 @@
 //! argmax of the penalised logits.
 
 mod rng;
+pub mod speculative;
 
 pub use rng::SeededRng;
 
