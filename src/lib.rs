@@ -1,10 +1,12 @@
 //! tandem: an LLM inference server built around speculative decoding.
 //!
 //! Layers, lowest first (an upper layer may use a lower one, never the reverse):
-//! `model` (tensors, KV cache, tokenizer), `sampling` (pure logits processing), `engine`
+//! `model` (tensors, KV cache, tokenizer), `sampling` (pure logits processing and speculative
+//! acceptance), `draft` (drafters), `engine`
 //! (generation loops and, later, the actors), then the CLI in `main.rs`.
 
 pub mod config;
+pub mod draft;
 pub mod engine;
 pub mod model;
 pub mod runtime;

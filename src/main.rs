@@ -7,7 +7,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use tandem::config::Config;
-use tandem::engine::{generate_plain, GenerationRequest};
+use tandem::draft::{check_same_vocabulary, Drafter, ModelDrafter, PromptLookup};
+use tandem::engine::{
+    generate_plain, generate_speculative, GenerationOutput, GenerationRequest, SpecSettings,
+    SpecStats,
+};
 use tandem::model::loader::LoadOptions;
 use tandem::model::{ChatMessage, IncrementalDecoder, LoadedModel, ModelSource};
 use tandem::sampling::SamplingParams;
@@ -107,6 +111,22 @@ struct GenerateArgs {
     /// Print the result (token ids, text, stats) as one JSON object on stdout instead.
     #[arg(long)]
     json: bool,
+    /// Speculative decoding drafter: `none`, `prompt-lookup`, `default` or a model path.
+    #[arg(long, env = "TANDEM_DRAFT_MODEL", default_value = "none")]
+    draft_model: String,
+    /// Linear weight type of a draft model (the same file at another type is a self-drafter).
+    #[arg(long, env = "TANDEM_DRAFT_WEIGHTS_DTYPE", default_value = "q8_0")]
+    draft_weights_dtype: String,
+    /// Drafted tokens per round (γ); `--spec-length` is the seeds' name for it.
+    #[arg(long, alias = "spec-length", default_value_t = 4)]
+    gamma: usize,
+    /// Relaxed acceptance in (0, 1]; 1 keeps the target's distribution exactly.
+    #[arg(long, default_value_t = 1.0)]
+    lenience: f32,
+    /// Also run plain decoding of the same prompt in this process and print the speedup and
+    /// whether the outputs are identical.
+    #[arg(long)]
+    compare: bool,
 }
 
 fn main() -> Result<()> {
@@ -215,45 +235,44 @@ fn generate(config: &Config, args: GenerateArgs) -> Result<()> {
             tok.eos_ids().to_vec()
         },
     };
-    let mut cache = loaded.model.new_cache(1);
-    let mut decoder = IncrementalDecoder::new();
+    let drafted = build_drafter(config, &args, &loaded)?;
     let stream = !args.quiet && !args.json;
-    let mut stdout = std::io::stdout().lock();
-    let mut write_err = None;
-    let out = generate_plain(&loaded.model, &mut cache, &req, &mut |id| {
-        if stream && !tok.eos_ids().contains(&id) {
-            match decoder.push(tok, id) {
-                Ok(Some(piece)) => {
-                    if let Err(e) = stdout
-                        .write_all(piece.as_bytes())
-                        .and_then(|_| stdout.flush())
-                    {
-                        write_err = Some(e);
-                        return false;
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    write_err = Some(std::io::Error::other(e.to_string()));
-                    return false;
-                }
-            }
-        }
-        true
-    })?;
-    if let Some(e) = write_err {
-        return Err(e).context("writing output");
+    let spec = SpecSettings {
+        gamma: args.gamma,
+        lenience: args.lenience,
+    };
+    if args.gamma == 0 {
+        bail!("--gamma must be >= 1");
     }
-    if stream {
-        if let Some(rest) = decoder.flush(tok)? {
-            stdout.write_all(rest.as_bytes())?;
-        }
-        writeln!(stdout)?;
-    }
+    let plain_run = if args.compare || drafted.is_none() {
+        Some(run_generation(
+            &loaded,
+            None,
+            &req,
+            spec,
+            stream && drafted.is_none(),
+        )?)
+    } else {
+        None
+    };
+    let spec_run = match drafted {
+        Some(mut d) => Some(run_generation(
+            &loaded,
+            Some(d.as_drafter()),
+            &req,
+            spec,
+            stream,
+        )?),
+        None => None,
+    };
+    let (out, spec_stats) = spec_run
+        .as_ref()
+        .or(plain_run.as_ref())
+        .expect("one run happened");
     let s = &out.stats;
     if args.json {
         let text = tok.decode(&out.tokens)?;
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "text": text,
             "tokens": out.tokens,
             "finish_reason": out.finish.as_openai(),
@@ -262,7 +281,21 @@ fn generate(config: &Config, args: GenerateArgs) -> Result<()> {
             "prefill_tokens_per_s": s.prefill_tokens_per_s(),
             "decode_tokens_per_s": s.decode_tokens_per_s(),
         });
-        writeln!(stdout, "{v}")?;
+        if let Some(st) = spec_stats {
+            v["speculative"] = serde_json::json!({
+                "draft_tokens": st.draft_tokens,
+                "accepted_tokens": st.accepted_tokens,
+                "acceptance_rate": st.acceptance_rate(),
+                "mean_accepted_length": st.mean_accepted_length(),
+                "rounds": st.rounds,
+            });
+        }
+        if let (Some((p, _)), Some(_)) = (&plain_run, &spec_run) {
+            v["plain_decode_tokens_per_s"] = p.stats.decode_tokens_per_s().into();
+            v["speedup"] = (s.decode_tokens_per_s() / p.stats.decode_tokens_per_s()).into();
+            v["outputs_match"] = (p.tokens == out.tokens).into();
+        }
+        println!("{v}");
     }
     eprintln!(
         "prompt tokens: {} | generated tokens: {} | prefill: {:.1} tok/s | decode: {:.1} tok/s | finish: {:?}",
@@ -272,7 +305,141 @@ fn generate(config: &Config, args: GenerateArgs) -> Result<()> {
         s.decode_tokens_per_s(),
         out.finish
     );
+    if let Some(st) = spec_stats {
+        eprintln!(
+            "speculative: draft tokens: {} | accepted tokens: {} | acceptance rate: {:.1}% | mean tokens per round: {:.2} | rounds: {}",
+            st.draft_tokens,
+            st.accepted_tokens,
+            100.0 * st.acceptance_rate(),
+            st.mean_accepted_length(),
+            st.rounds
+        );
+    }
+    if let (Some((p, _)), Some((sp, _))) = (&plain_run, &spec_run) {
+        eprintln!(
+            "compare: plain decode {:.1} tok/s | speculative {:.1} tok/s | speedup {:.2}x | outputs {}",
+            p.stats.decode_tokens_per_s(),
+            sp.stats.decode_tokens_per_s(),
+            sp.stats.decode_tokens_per_s() / p.stats.decode_tokens_per_s(),
+            if p.tokens == sp.tokens { "identical" } else { "differ" }
+        );
+    }
     Ok(())
+}
+
+/// A drafter and, for a draft model, the model it borrows.
+enum DraftChoice {
+    Lookup(PromptLookup),
+    Model(Box<LoadedModel>),
+}
+
+impl DraftChoice {
+    fn as_drafter(&mut self) -> Box<dyn Drafter + '_> {
+        match self {
+            DraftChoice::Lookup(p) => Box::new(std::mem::take(p)),
+            DraftChoice::Model(m) => Box::new(ModelDrafter::new(&m.model, m.source.display_name())),
+        }
+    }
+}
+
+fn build_drafter(
+    config: &Config,
+    args: &GenerateArgs,
+    target: &LoadedModel,
+) -> Result<Option<DraftChoice>> {
+    Ok(match args.draft_model.as_str() {
+        "none" => None,
+        "prompt-lookup" => Some(DraftChoice::Lookup(PromptLookup::default())),
+        spec => {
+            let source = ModelSource::resolve(spec)?;
+            let weights_dtype = args
+                .draft_weights_dtype
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("--draft-weights-dtype: {e}"))?;
+            let opts = LoadOptions {
+                weights_dtype,
+                context_len: config.model.context_length,
+                ..Default::default()
+            };
+            let draft = LoadedModel::load(&source, &opts)
+                .with_context(|| format!("loading draft model {}", source.path().display()))?;
+            check_same_vocabulary(
+                &draft.tokenizer,
+                &source.display_name(),
+                &target.tokenizer,
+                &target.source.display_name(),
+            )?;
+            eprintln!(
+                "draft model {} (--draft-weights-dtype {weights_dtype}: linear weights as {})",
+                source.display_name(),
+                draft.model.linear_dtypes().join("/")
+            );
+            Some(DraftChoice::Model(Box::new(draft)))
+        }
+    })
+}
+
+/// One generation, plain (`drafter` = None) or speculative, optionally streaming its text.
+fn run_generation(
+    loaded: &LoadedModel,
+    drafter: Option<Box<dyn Drafter + '_>>,
+    req: &GenerationRequest,
+    spec: SpecSettings,
+    stream: bool,
+) -> Result<(GenerationOutput, Option<SpecStats>)> {
+    let tok = &loaded.tokenizer;
+    let mut cache = loaded.model.new_cache(1);
+    let mut decoder = IncrementalDecoder::new();
+    let mut stdout = std::io::stdout().lock();
+    let mut write_err = None;
+    let mut on_token = |id: u32| {
+        if stream && !tok.eos_ids().contains(&id) {
+            let piece = match decoder.push(tok, id) {
+                Ok(p) => p,
+                Err(e) => {
+                    write_err = Some(anyhow::anyhow!(e));
+                    return false;
+                }
+            };
+            if let Some(piece) = piece {
+                if let Err(e) = stdout
+                    .write_all(piece.as_bytes())
+                    .and_then(|_| stdout.flush())
+                {
+                    write_err = Some(anyhow::anyhow!(e));
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    let result = match drafter {
+        None => (
+            generate_plain(&loaded.model, &mut cache, req, &mut on_token)?,
+            None,
+        ),
+        Some(mut d) => {
+            let (out, st) = generate_speculative(
+                &loaded.model,
+                &mut cache,
+                d.as_mut(),
+                req,
+                spec,
+                &mut on_token,
+            )?;
+            (out, Some(st))
+        }
+    };
+    if let Some(e) = write_err {
+        return Err(e.context("writing output"));
+    }
+    if stream {
+        if let Some(rest) = decoder.flush(tok)? {
+            stdout.write_all(rest.as_bytes())?;
+        }
+        writeln!(stdout)?;
+    }
+    Ok(result)
 }
 
 fn forward_bench(config: &Config, args: ForwardBenchArgs) -> Result<()> {

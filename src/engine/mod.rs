@@ -1,12 +1,14 @@
-//! The engine: generation on top of the model and sampling layers. Today it holds the plain
-//! single-sequence decoding loop (`plain`), which `tandem generate` runs and which later
-//! speculative paths are checked against token for token.
+//! The engine: generation on top of the model, sampling and draft layers. Today it holds the
+//! single-sequence loops: plain decoding (`plain`), the reference, and speculative decoding
+//! (`speculative`), which must reproduce it.
 
 pub mod plain;
+pub mod speculative;
 
 pub use plain::{
     generate_plain, FinishReason, GenerationOutput, GenerationRequest, GenerationStats,
 };
+pub use speculative::{generate_speculative, SpecSettings, SpecStats};
 
 use crate::model::ModelError;
 use crate::sampling::SamplingError;
@@ -23,4 +25,8 @@ pub enum EngineError {
     PromptTooLong { prompt: usize, context: usize },
     #[error("no free KV cache slot")]
     NoFreeSlot,
+    #[error("drafter: {0}")]
+    Draft(String),
+    #[error("speculation: {0}")]
+    Speculation(String),
 }

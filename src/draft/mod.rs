@@ -1,0 +1,83 @@
+//! Drafters: cheap proposers of the next γ tokens, which the target model then verifies.
+//!
+//! A drafter sees the whole sequence so far (prompt and output) and proposes up to γ tokens,
+//! with their processed draft distributions when it has them (a draft model) or none when its
+//! proposal is deterministic (prompt lookup: a point mass). After verification it is told how
+//! many tokens of the sequence stand, and rolls back whatever state it keeps past that.
+
+mod model;
+mod prompt_lookup;
+
+pub use model::{check_same_vocabulary, ModelDrafter};
+pub use prompt_lookup::PromptLookup;
+
+use crate::model::ModelError;
+use crate::sampling::{SamplingError, SamplingParams, SeededRng};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DraftError {
+    #[error("draft model: {0}")]
+    Model(#[from] ModelError),
+    #[error("draft sampling: {0}")]
+    Sampling(#[from] SamplingError),
+    #[error(
+        "the draft model ({draft}) and the target ({target}) have different vocabularies: {reason}"
+    )]
+    VocabMismatch {
+        draft: String,
+        target: String,
+        reason: String,
+    },
+}
+
+/// Drafted tokens and, for drafters that sample, their distributions (`vocab` values per token).
+#[derive(Default)]
+pub struct Proposal {
+    pub tokens: Vec<u32>,
+    /// Flat `tokens.len() * vocab` probabilities; empty for point-mass drafters.
+    pub dists: Vec<f32>,
+    pub vocab: usize,
+}
+
+impl Proposal {
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.dists.clear();
+    }
+
+    /// Draft distribution of token `i`, or `None` for a point mass.
+    pub fn dist(&self, i: usize) -> Option<&[f32]> {
+        if self.dists.is_empty() {
+            None
+        } else {
+            Some(&self.dists[i * self.vocab..(i + 1) * self.vocab])
+        }
+    }
+}
+
+pub trait Drafter {
+    /// A short name for logs and stats.
+    fn name(&self) -> String;
+
+    /// Proposes up to `gamma` tokens to follow `context` (prompt and output so far, its last
+    /// token not yet verified). `generated_from` is where the output starts in `context` (for
+    /// penalties). Proposing fewer, or none, is allowed.
+    fn propose(
+        &mut self,
+        context: &[u32],
+        generated_from: usize,
+        gamma: usize,
+        params: &SamplingParams,
+        rng: &mut SeededRng,
+        out: &mut Proposal,
+    ) -> Result<(), DraftError>;
+
+    /// Prepares for a sequence whose prompt is `prompt` (a draft model fills its cache here, in
+    /// the prefill phase, rather than inside the first round). Optional.
+    fn prefill(&mut self, _prompt: &[u32]) -> Result<(), DraftError> {
+        Ok(())
+    }
+
+    /// The first `keep` tokens of the context stand; forget anything past them.
+    fn rollback(&mut self, keep: usize) -> Result<(), DraftError>;
+}

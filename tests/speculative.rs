@@ -1,0 +1,261 @@
+//! Greedy speculative decoding equals plain greedy decoding token for token, for both drafters
+//! and every γ in 1..8, on tiny random models and on the real default model over Spec-Bench dev
+//! prompts; stop conditions and the context limit hold inside rounds.
+
+mod common;
+
+use tandem::draft::{Drafter, ModelDrafter, PromptLookup};
+use tandem::engine::{
+    generate_plain, generate_speculative, FinishReason, GenerationRequest, SpecSettings,
+};
+use tandem::model::{Llama, WeightsDtype};
+use tandem::sampling::SamplingParams;
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize, eos_ids: Vec<u32>) -> GenerationRequest {
+    GenerationRequest {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        eos_ids,
+    }
+}
+
+fn plain(target: &Llama, req: &GenerationRequest) -> (Vec<u32>, FinishReason) {
+    let mut cache = target.new_cache(1);
+    let out = generate_plain(target, &mut cache, req, &mut |_| true).unwrap();
+    (out.tokens, out.finish)
+}
+
+fn speculative(
+    target: &Llama,
+    drafter: &mut dyn Drafter,
+    req: &GenerationRequest,
+    gamma: usize,
+) -> (Vec<u32>, FinishReason, tandem::engine::SpecStats) {
+    let mut cache = target.new_cache(1);
+    let spec = SpecSettings {
+        gamma,
+        lenience: 1.0,
+    };
+    let (out, stats) =
+        generate_speculative(target, &mut cache, drafter, req, spec, &mut |_| true).unwrap();
+    assert_eq!(cache.free_slots(), 1);
+    assert!(stats.accepted_tokens <= stats.draft_tokens);
+    (out.tokens, out.finish, stats)
+}
+
+/// Untied output head: with tied embeddings a random tiny model's greedy output just repeats its
+/// input token (its own embedding scores highest), which would accept every draft trivially.
+fn spec(seed: u64) -> common::TinySpec {
+    common::TinySpec {
+        tied: false,
+        seed,
+        ..Default::default()
+    }
+}
+
+/// A prompt with repeated stretches so prompt lookup finds matches.
+fn repetitive_prompt(seed: u64, vocab: usize) -> Vec<u32> {
+    let a = common::random_tokens(seed, 12, vocab);
+    let b = common::random_tokens(seed + 1, 7, vocab);
+    [a.clone(), b.clone(), a, b].concat()
+}
+
+#[test]
+fn tiny_models_every_gamma_both_drafters() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_tiny_llama(dir.path(), &spec(7));
+    let draft_dir = tempfile::tempdir().unwrap();
+    // Same shapes, other weights: a drafter that often disagrees with the target.
+    common::write_tiny_llama(draft_dir.path(), &spec(99));
+    let target = common::load_tiny(dir.path(), WeightsDtype::F32);
+    let draft = common::load_tiny(draft_dir.path(), WeightsDtype::Q8_0);
+    let self_draft = common::load_tiny(dir.path(), WeightsDtype::Q8_0);
+    let mut accepted_any = false;
+    let mut rejected_any = false;
+    for seed in 0..3u64 {
+        let req = greedy(repetitive_prompt(seed * 10, 256), 40, vec![]);
+        let (want, _) = plain(&target.model, &req);
+        for gamma in 1..=8 {
+            let drafters: Vec<Box<dyn Drafter + '_>> = vec![
+                Box::new(ModelDrafter::new(&draft.model, "tiny-other")),
+                Box::new(ModelDrafter::new(&self_draft.model, "tiny-self-q8")),
+                Box::new(PromptLookup::default()),
+            ];
+            for mut d in drafters {
+                let (got, _, stats) = speculative(&target.model, d.as_mut(), &req, gamma);
+                assert_eq!(got, want, "drafter {} γ={gamma} seed={seed}", d.name());
+                accepted_any |= stats.accepted_tokens > 0;
+                rejected_any |= stats.accepted_tokens < stats.draft_tokens;
+            }
+        }
+    }
+    assert!(
+        accepted_any && rejected_any,
+        "the test must exercise both acceptance and rejection"
+    );
+}
+
+#[test]
+fn stops_inside_rounds_and_respects_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_tiny_llama(dir.path(), &spec(7));
+    let target = common::load_tiny(dir.path(), WeightsDtype::F32);
+    let self_draft = common::load_tiny(dir.path(), WeightsDtype::F32);
+    let prompt = repetitive_prompt(5, 256);
+    let (free_run, _) = plain(&target.model, &greedy(prompt.clone(), 30, vec![]));
+    // An EOS in the middle of the output: everything after it is never emitted, even though an
+    // identical self-drafter gets whole rounds accepted.
+    let eos = free_run[9];
+    let first = free_run.iter().position(|&t| t == eos).unwrap();
+    let req = greedy(prompt.clone(), 30, vec![eos]);
+    for gamma in [1, 4, 8] {
+        let mut d = ModelDrafter::new(&self_draft.model, "self");
+        let (got, finish, stats) = speculative(&target.model, &mut d, &req, gamma);
+        assert_eq!(got, free_run[..=first].to_vec(), "γ={gamma}");
+        assert_eq!(finish, FinishReason::Stop);
+        assert!(
+            stats.acceptance_rate() > 0.99,
+            "identical drafter accepts everything: {stats:?} {free_run:?}"
+        );
+    }
+    // max_tokens is never exceeded, whatever γ.
+    for (max, gamma) in [(1, 8), (3, 8), (7, 4)] {
+        let mut d = ModelDrafter::new(&self_draft.model, "self");
+        let (got, finish, _) = speculative(
+            &target.model,
+            &mut d,
+            &greedy(prompt.clone(), max, vec![]),
+            gamma,
+        );
+        assert_eq!(got, free_run[..max].to_vec());
+        assert_eq!(finish, FinishReason::Length);
+    }
+    // Near the context limit γ shrinks instead of overflowing (tiny context: 256).
+    let long = common::random_tokens(8, 240, 256);
+    let req = greedy(long, 100, vec![]);
+    let (want, want_finish) = plain(&target.model, &req);
+    let mut d = ModelDrafter::new(&self_draft.model, "self");
+    let (got, finish, _) = speculative(&target.model, &mut d, &req, 8);
+    assert_eq!((got, finish), (want, want_finish));
+    assert_eq!(finish, FinishReason::ContextFull);
+}
+
+#[test]
+fn real_model_greedy_parity_on_spec_bench() {
+    let target = common::load_default(WeightsDtype::Q8_0);
+    let draft = common::load_default(WeightsDtype::Q4_0);
+    let data = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/data/spec_bench_dev.jsonl"
+    ))
+    .unwrap();
+    // The first prompt of each of 10 categories.
+    let mut seen = std::collections::HashSet::new();
+    let prompts: Vec<String> = data
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|q| seen.insert(q["category"].as_str().unwrap().to_owned()))
+        .take(10)
+        .map(|q| q["turns"][0].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(prompts.len(), 10);
+    let template = target.tokenizer.chat_template().unwrap();
+    let (mut drafted, mut accepted) = (0, 0);
+    for (i, text) in prompts.iter().enumerate() {
+        let chat = template
+            .render(
+                &[tandem::model::ChatMessage {
+                    role: "user".into(),
+                    content: text.clone(),
+                }],
+                true,
+            )
+            .unwrap();
+        let prompt = target.tokenizer.encode(&chat, true).unwrap();
+        let req = greedy(prompt, 64, target.tokenizer.eos_ids().to_vec());
+        let (want, _) = plain(&target.model, &req);
+        let gamma = 1 + i % 8;
+        let mut model_drafter = ModelDrafter::new(&draft.model, "q4_0 self-draft");
+        let (got, _, stats) = speculative(&target.model, &mut model_drafter, &req, gamma);
+        assert_eq!(got, want, "draft model, prompt {i}, γ={gamma}");
+        drafted += stats.draft_tokens;
+        accepted += stats.accepted_tokens;
+        let (got, _, _) = speculative(&target.model, &mut PromptLookup::default(), &req, 9 - gamma);
+        assert_eq!(got, want, "prompt lookup, prompt {i}, γ={}", 9 - gamma);
+    }
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "accepted {accepted} of {drafted}"
+    );
+}
+
+fn tandem_cmd() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"));
+    c.env_remove("TANDEM_MODEL").env("TANDEM_THREADS", "2");
+    c
+}
+
+#[test]
+fn cli_compare_reports_identical_greedy_outputs_for_both_drafters() {
+    common::default_model();
+    for draft in ["prompt-lookup", "default"] {
+        let out = tandem_cmd()
+            .args([
+                "generate",
+                "--prompt",
+                "List three colors, then list them again.",
+                "--max-tokens",
+                "24",
+            ])
+            .args([
+                "--draft-model",
+                draft,
+                "--draft-weights-dtype",
+                "q4_0",
+                "--gamma",
+                "3",
+                "--compare",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{draft}: {stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["outputs_match"], true, "{draft}: {v}");
+        let s = &v["speculative"];
+        assert!(
+            s["accepted_tokens"].as_u64() <= s["draft_tokens"].as_u64(),
+            "{v}"
+        );
+        assert!(v["speedup"].as_f64().unwrap() > 0.0);
+        assert!(
+            stderr.contains("speculative: draft tokens:") && stderr.contains("compare:"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused() {
+    common::default_model();
+    let dir = tempfile::tempdir().unwrap();
+    common::write_tiny_llama(dir.path(), &spec(1));
+    let out = tandem_cmd()
+        .args([
+            "generate",
+            "--prompt",
+            "hi",
+            "--draft-model",
+            dir.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("different vocabularies") && stderr.contains("SmolLM2"),
+        "{stderr}"
+    );
+}
