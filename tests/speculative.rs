@@ -259,3 +259,104 @@ fn a_draft_model_with_another_vocabulary_is_refused() {
         "{stderr}"
     );
 }
+
+/// Sampled speculative decoding is distributed as plain sampling: thousands of seeded 3-token
+/// continuations from a tiny 16-token-vocabulary model, with a drafter that disagrees with the
+/// target, for γ = 1, 3, 5. The 2nd and 3rd tokens come out of acceptance, residual and bonus
+/// draws; a two-sample chi-square test compares their distributions with plain sampling's.
+/// Lenience 0.2 (inexact by design) must fail the same test. The acceptance rule alone, and a
+/// broken variant that skips the residual, are checked in `sampling::speculative`'s tests.
+#[test]
+fn sampled_speculation_matches_plain_sampling_in_distribution() {
+    const VOCAB: usize = 16;
+    const N: u64 = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    let draft_dir = tempfile::tempdir().unwrap();
+    let small = |seed| common::TinySpec {
+        vocab: VOCAB,
+        tied: false,
+        seed,
+        ..Default::default()
+    };
+    common::write_tiny_llama(dir.path(), &small(3));
+    common::write_tiny_llama(draft_dir.path(), &small(4));
+    let target = common::load_tiny(dir.path(), WeightsDtype::F32);
+    let draft = common::load_tiny(draft_dir.path(), WeightsDtype::F32);
+    let req = |seed| GenerationRequest {
+        prompt: vec![1, 5, 9, 2],
+        max_tokens: 3,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            ..Default::default()
+        },
+        eos_ids: vec![],
+    };
+    let histogram = |runs: &mut dyn FnMut(u64) -> Vec<u32>| {
+        let mut h = [[0u64; VOCAB]; 2];
+        for seed in 0..N {
+            let toks = runs(seed);
+            assert_eq!(toks.len(), 3);
+            h[0][toks[1] as usize] += 1;
+            h[1][toks[2] as usize] += 1;
+        }
+        h
+    };
+    let plain_h = histogram(&mut |seed| plain(&target.model, &req(seed)).0);
+    // chi-square, 15 degrees of freedom: 0.999 quantile 37.7
+    let chi2 = |a: &[u64; VOCAB], b: &[u64; VOCAB]| -> f64 {
+        a.iter()
+            .zip(b)
+            .filter(|(x, y)| **x + **y > 0)
+            .map(|(&x, &y)| (x as f64 - y as f64).powi(2) / (x + y) as f64)
+            .sum()
+    };
+    let mut total_drafted = 0;
+    let mut total_accepted = 0;
+    for gamma in [1, 3, 5] {
+        let mut stats_sum = (0, 0);
+        let spec_h = histogram(&mut |seed| {
+            let mut d = ModelDrafter::new(&draft.model, "tiny-other");
+            let (toks, _, st) = speculative(&target.model, &mut d, &req(1_000_000 + seed), gamma);
+            stats_sum.0 += st.draft_tokens;
+            stats_sum.1 += st.accepted_tokens;
+            toks
+        });
+        for pos in 0..2 {
+            let c = chi2(&plain_h[pos], &spec_h[pos]);
+            assert!(
+                c < 37.7,
+                "γ={gamma} token {}: chi-square {c:.1}\nplain {:?}\nspec  {:?}",
+                pos + 2,
+                plain_h[pos],
+                spec_h[pos]
+            );
+        }
+        total_drafted += stats_sum.0;
+        total_accepted += stats_sum.1;
+    }
+    // The same test catches a rule that is not exact: lenience 0.2 over-accepts drafts.
+    let lenient_h = histogram(&mut |seed| {
+        let mut cache = target.model.new_cache(1);
+        let mut d = ModelDrafter::new(&draft.model, "tiny-other");
+        let spec = SpecSettings {
+            gamma: 3,
+            lenience: 0.2,
+        };
+        let r = req(2_000_000 + seed);
+        generate_speculative(&target.model, &mut cache, &mut d, &r, spec, &mut |_| true)
+            .unwrap()
+            .0
+            .tokens
+    });
+    let c = chi2(&plain_h[0], &lenient_h[0]);
+    assert!(
+        c > 37.7,
+        "inexact acceptance went unnoticed: chi-square {c:.1}"
+    );
+    // The drafter must both agree and disagree for the test to mean anything.
+    assert!(
+        total_accepted > total_drafted / 10 && total_accepted < total_drafted * 9 / 10,
+        "accepted {total_accepted} of {total_drafted}"
+    );
+}
