@@ -74,6 +74,18 @@ pub fn generate_plain(
     req: &GenerationRequest,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<GenerationOutput, EngineError> {
+    in_fresh_slot(cache, req, |cache, slot| {
+        decode_in_slot(model, cache, slot, req, on_token)
+    })
+}
+
+/// Checks `req` against the cache, then runs `f` in a freshly allocated slot that is freed
+/// afterwards, whatever `f` returns.
+pub(crate) fn in_fresh_slot<T>(
+    cache: &mut KvCache,
+    req: &GenerationRequest,
+    f: impl FnOnce(&mut KvCache, usize) -> Result<T, EngineError>,
+) -> Result<T, EngineError> {
     req.sampling.validate()?;
     if req.prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
@@ -85,7 +97,7 @@ pub fn generate_plain(
         });
     }
     let slot = cache.allocate().ok_or(EngineError::NoFreeSlot)?;
-    let result = decode_in_slot(model, cache, slot, req, on_token);
+    let result = f(cache, slot);
     cache.free(slot)?;
     result
 }

@@ -7,7 +7,9 @@
 
 use std::time::Instant;
 
-use super::plain::{FinishReason, GenerationOutput, GenerationRequest, GenerationStats};
+use super::plain::{
+    in_fresh_slot, FinishReason, GenerationOutput, GenerationRequest, GenerationStats,
+};
 use super::EngineError;
 use crate::draft::{DraftError, Drafter, Proposal};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
@@ -63,23 +65,12 @@ pub fn generate_speculative(
     spec: SpecSettings,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(GenerationOutput, SpecStats), EngineError> {
-    req.sampling.validate()?;
     if !(spec.lenience > 0.0 && spec.lenience <= 1.0) {
         return Err(SpecError::InvalidLenience(spec.lenience).into());
     }
-    if req.prompt.is_empty() {
-        return Err(EngineError::EmptyPrompt);
-    }
-    if req.prompt.len() >= cache.max_len() {
-        return Err(EngineError::PromptTooLong {
-            prompt: req.prompt.len(),
-            context: cache.max_len(),
-        });
-    }
-    let slot = cache.allocate().ok_or(EngineError::NoFreeSlot)?;
-    let result = run(target, cache, slot, drafter, req, spec, on_token);
-    cache.free(slot)?;
-    result
+    in_fresh_slot(cache, req, |cache, slot| {
+        run(target, cache, slot, drafter, req, spec, on_token)
+    })
 }
 
 /// Per-round scratch, reused so rounds do not allocate.
