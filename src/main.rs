@@ -9,11 +9,11 @@ use clap::{Args, Parser, Subcommand};
 use tandem::config::Config;
 use tandem::draft::{check_same_vocabulary, Drafter, ModelDrafter, PromptLookup};
 use tandem::engine::{
-    generate_plain, generate_speculative, GenerationOutput, GenerationRequest, SpecSettings,
-    SpecStats,
+    generate_plain, generate_speculative, GenerationOutput, GenerationRequest, OutputPiece,
+    SpecSettings, SpecStats,
 };
 use tandem::model::loader::LoadOptions;
-use tandem::model::{ChatMessage, IncrementalDecoder, LoadedModel, ModelSource};
+use tandem::model::{ChatMessage, LoadedModel, ModelSource};
 use tandem::sampling::SamplingParams;
 
 #[derive(Parser)]
@@ -102,6 +102,9 @@ struct GenerateArgs {
     repetition_penalty: Option<f32>,
     #[arg(long)]
     seed: Option<u64>,
+    /// Stop when the output contains this text (repeatable); the text stops right before it.
+    #[arg(long)]
+    stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens (for benchmarks).
     #[arg(long)]
     ignore_eos: bool,
@@ -234,6 +237,8 @@ fn generate(config: &Config, args: GenerateArgs) -> Result<()> {
         } else {
             tok.eos_ids().to_vec()
         },
+        stop_strings: args.stop.clone(),
+        detokenizer: Some(std::sync::Arc::clone(tok)),
     };
     let drafted = build_drafter(config, &args, &loaded)?;
     let stream = !args.quiet && !args.json;
@@ -271,7 +276,7 @@ fn generate(config: &Config, args: GenerateArgs) -> Result<()> {
         .expect("one run happened");
     let s = &out.stats;
     if args.json {
-        let text = tok.decode(&out.tokens)?;
+        let text = out.text.clone().unwrap_or_default();
         let mut v = serde_json::json!({
             "text": text,
             "tokens": out.tokens,
@@ -387,35 +392,24 @@ fn run_generation(
     spec: SpecSettings,
     stream: bool,
 ) -> Result<(GenerationOutput, Option<SpecStats>)> {
-    let tok = &loaded.tokenizer;
     let mut cache = loaded.model.new_cache(1);
-    let mut decoder = IncrementalDecoder::new();
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
-    let mut on_token = |id: u32| {
-        if stream && !tok.eos_ids().contains(&id) {
-            let piece = match decoder.push(tok, id) {
-                Ok(p) => p,
-                Err(e) => {
-                    write_err = Some(anyhow::anyhow!(e));
-                    return false;
-                }
-            };
-            if let Some(piece) = piece {
-                if let Err(e) = stdout
-                    .write_all(piece.as_bytes())
-                    .and_then(|_| stdout.flush())
-                {
-                    write_err = Some(anyhow::anyhow!(e));
-                    return false;
-                }
+    let mut on_output = |piece: OutputPiece<'_>| {
+        if stream && !piece.text.is_empty() {
+            if let Err(e) = stdout
+                .write_all(piece.text.as_bytes())
+                .and_then(|_| stdout.flush())
+            {
+                write_err = Some(anyhow::anyhow!(e));
+                return false;
             }
         }
         true
     };
     let result = match drafter {
         None => (
-            generate_plain(&loaded.model, &mut cache, req, &mut on_token)?,
+            generate_plain(&loaded.model, &mut cache, req, &mut on_output)?,
             None,
         ),
         Some(mut d) => {
@@ -425,7 +419,7 @@ fn run_generation(
                 d.as_mut(),
                 req,
                 spec,
-                &mut on_token,
+                &mut on_output,
             )?;
             (out, Some(st))
         }
@@ -434,9 +428,6 @@ fn run_generation(
         return Err(e.context("writing output"));
     }
     if stream {
-        if let Some(rest) = decoder.flush(tok)? {
-            stdout.write_all(rest.as_bytes())?;
-        }
         writeln!(stdout)?;
     }
     Ok(result)

@@ -39,6 +39,7 @@ fn run(
         max_tokens,
         sampling,
         eos_ids: loaded.tokenizer.eos_ids().to_vec(),
+        ..Default::default()
     };
     let out = generate_plain(&loaded.model, &mut cache, &req, &mut |_| true).unwrap();
     assert_eq!(cache.free_slots(), 1, "the slot is freed after generation");

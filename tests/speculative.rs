@@ -6,7 +6,8 @@ mod common;
 
 use tandem::draft::{Drafter, ModelDrafter, PromptLookup};
 use tandem::engine::{
-    generate_plain, generate_speculative, FinishReason, GenerationRequest, SpecSettings,
+    generate_plain, generate_speculative, FinishReason, GenerationOutput, GenerationRequest,
+    SpecSettings,
 };
 use tandem::model::{Llama, WeightsDtype};
 use tandem::sampling::SamplingParams;
@@ -17,13 +18,18 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize, eos_ids: Vec<u32>) -> GenerationR
         max_tokens,
         sampling: SamplingParams::greedy(),
         eos_ids,
+        ..Default::default()
     }
 }
 
 fn plain(target: &Llama, req: &GenerationRequest) -> (Vec<u32>, FinishReason) {
-    let mut cache = target.new_cache(1);
-    let out = generate_plain(target, &mut cache, req, &mut |_| true).unwrap();
+    let out = plain_output(target, req);
     (out.tokens, out.finish)
+}
+
+fn plain_output(target: &Llama, req: &GenerationRequest) -> GenerationOutput {
+    let mut cache = target.new_cache(1);
+    generate_plain(target, &mut cache, req, &mut |_| true).unwrap()
 }
 
 fn speculative(
@@ -32,16 +38,40 @@ fn speculative(
     req: &GenerationRequest,
     gamma: usize,
 ) -> (Vec<u32>, FinishReason, tandem::engine::SpecStats) {
+    let (out, stats) = speculative_output(target, drafter, req, gamma);
+    (out.tokens, out.finish, stats)
+}
+
+/// Speculative output plus the text streamed through the callback.
+fn speculative_output(
+    target: &Llama,
+    drafter: &mut dyn Drafter,
+    req: &GenerationRequest,
+    gamma: usize,
+) -> (GenerationOutput, tandem::engine::SpecStats) {
     let mut cache = target.new_cache(1);
     let spec = SpecSettings {
         gamma,
         lenience: 1.0,
     };
-    let (out, stats) =
-        generate_speculative(target, &mut cache, drafter, req, spec, &mut |_| true).unwrap();
+    let mut streamed = String::new();
+    let mut streamed_tokens = Vec::new();
+    let (out, stats) = generate_speculative(target, &mut cache, drafter, req, spec, &mut |p| {
+        streamed.push_str(p.text);
+        streamed_tokens.extend(p.token);
+        true
+    })
+    .unwrap();
     assert_eq!(cache.free_slots(), 1);
     assert!(stats.accepted_tokens <= stats.draft_tokens);
-    (out.tokens, out.finish, stats)
+    assert_eq!(
+        streamed_tokens, out.tokens,
+        "streamed tokens = returned tokens"
+    );
+    if let Some(text) = &out.text {
+        assert_eq!(&streamed, text, "streamed text = returned text");
+    }
+    (out, stats)
 }
 
 /// Untied output head: with tied embeddings a random tiny model's greedy output just repeats its
@@ -141,53 +171,111 @@ fn stops_inside_rounds_and_respects_limits() {
     assert_eq!(finish, FinishReason::ContextFull);
 }
 
-#[test]
-fn real_model_greedy_parity_on_spec_bench() {
-    let target = common::load_default(WeightsDtype::Q8_0);
-    let draft = common::load_default(WeightsDtype::Q4_0);
+/// The first prompt of each of the first `n` Spec-Bench dev categories, in the model's chat
+/// template.
+fn spec_bench_prompts(model: &tandem::model::LoadedModel, n: usize) -> Vec<Vec<u32>> {
     let data = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../shared/data/spec_bench_dev.jsonl"
     ))
     .unwrap();
-    // The first prompt of each of 10 categories.
     let mut seen = std::collections::HashSet::new();
-    let prompts: Vec<String> = data
+    let template = model.tokenizer.chat_template().unwrap();
+    let prompts: Vec<Vec<u32>> = data
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .filter(|q| seen.insert(q["category"].as_str().unwrap().to_owned()))
-        .take(10)
-        .map(|q| q["turns"][0].as_str().unwrap().to_owned())
+        .take(n)
+        .map(|q| {
+            let chat = template
+                .render(
+                    &[tandem::model::ChatMessage {
+                        role: "user".into(),
+                        content: q["turns"][0].as_str().unwrap().to_owned(),
+                    }],
+                    true,
+                )
+                .unwrap();
+            model.tokenizer.encode(&chat, true).unwrap()
+        })
         .collect();
-    assert_eq!(prompts.len(), 10);
-    let template = target.tokenizer.chat_template().unwrap();
+    assert_eq!(prompts.len(), n);
+    prompts
+}
+
+#[test]
+fn real_model_greedy_parity_on_spec_bench() {
+    // The documented pair: an f16 target with a q8_0 self-drafter (it disagrees now and then).
+    let target = common::load_default(WeightsDtype::F16);
+    let draft = common::load_default(WeightsDtype::Q8_0);
     let (mut drafted, mut accepted) = (0, 0);
-    for (i, text) in prompts.iter().enumerate() {
-        let chat = template
-            .render(
-                &[tandem::model::ChatMessage {
-                    role: "user".into(),
-                    content: text.clone(),
-                }],
-                true,
-            )
-            .unwrap();
-        let prompt = target.tokenizer.encode(&chat, true).unwrap();
+    for (i, prompt) in spec_bench_prompts(&target, 10).into_iter().enumerate() {
         let req = greedy(prompt, 64, target.tokenizer.eos_ids().to_vec());
         let (want, _) = plain(&target.model, &req);
-        let gamma = 1 + i % 8;
-        let mut model_drafter = ModelDrafter::new(&draft.model, "q4_0 self-draft");
-        let (got, _, stats) = speculative(&target.model, &mut model_drafter, &req, gamma);
-        assert_eq!(got, want, "draft model, prompt {i}, γ={gamma}");
-        drafted += stats.draft_tokens;
-        accepted += stats.accepted_tokens;
-        let (got, _, _) = speculative(&target.model, &mut PromptLookup::default(), &req, 9 - gamma);
-        assert_eq!(got, want, "prompt lookup, prompt {i}, γ={}", 9 - gamma);
+        for gamma in 1..=8 {
+            let mut model_drafter = ModelDrafter::new(&draft.model, "q8_0 self-draft");
+            let (got, _, stats) = speculative(&target.model, &mut model_drafter, &req, gamma);
+            assert_eq!(got, want, "draft model, prompt {i}, γ={gamma}");
+            drafted += stats.draft_tokens;
+            accepted += stats.accepted_tokens;
+            let (got, _, _) = speculative(&target.model, &mut PromptLookup::default(), &req, gamma);
+            assert_eq!(got, want, "prompt lookup, prompt {i}, γ={gamma}");
+        }
     }
     assert!(
         accepted > 0 && accepted < drafted,
         "accepted {accepted} of {drafted}"
     );
+}
+
+/// A stop string that completes inside a round ends the output exactly where plain decoding
+/// ends it: same tokens, same text (stop string excluded), nothing past it streamed.
+#[test]
+fn real_model_stop_strings_end_speculative_output_like_plain() {
+    // The documented pair: an f16 target with a q8_0 self-drafter (it disagrees now and then).
+    let target = common::load_default(WeightsDtype::F16);
+    let draft = common::load_default(WeightsDtype::Q8_0);
+    let detok = Some(std::sync::Arc::clone(&target.tokenizer));
+    for prompt in spec_bench_prompts(&target, 2) {
+        let free = plain_output(
+            &target.model,
+            &GenerationRequest {
+                detokenizer: detok.clone(),
+                ..greedy(prompt.clone(), 48, vec![])
+            },
+        );
+        let text = free.text.unwrap();
+        // A stop string taken from the middle of the model's own output, so it spans whatever
+        // token boundaries fall there.
+        let chars: Vec<(usize, char)> = text.char_indices().collect();
+        assert!(chars.len() > 20, "output too short: {text:?}");
+        let (from, to) = (chars[chars.len() / 2].0, chars[chars.len() / 2 + 3].0);
+        let stop = text[from..to].to_owned();
+        let cut = text.find(&stop).unwrap();
+        let req = GenerationRequest {
+            stop_strings: vec!["\u{0}never".into(), stop.clone()],
+            detokenizer: detok.clone(),
+            ..greedy(prompt, 48, vec![])
+        };
+        let want = plain_output(&target.model, &req);
+        assert_eq!(want.finish, FinishReason::Stop);
+        assert_eq!(want.text.as_deref(), Some(&text[..cut]), "stop {stop:?}");
+        assert!(free.tokens.starts_with(&want.tokens));
+        assert!(want.tokens.len() < free.tokens.len());
+        for gamma in [1, 2, 4, 8] {
+            let mut model_drafter = ModelDrafter::new(&draft.model, "q8_0 self-draft");
+            let drafters: [&mut dyn Drafter; 2] =
+                [&mut model_drafter, &mut PromptLookup::default()];
+            for d in drafters {
+                let (got, _) = speculative_output(&target.model, d, &req, gamma);
+                assert_eq!(
+                    (&got.tokens, &got.text, got.finish),
+                    (&want.tokens, &want.text, want.finish),
+                    "γ={gamma}, stop {stop:?}"
+                );
+            }
+        }
+    }
 }
 
 fn tandem_cmd() -> std::process::Command {
@@ -291,6 +379,7 @@ fn sampled_speculation_matches_plain_sampling_in_distribution() {
             ..Default::default()
         },
         eos_ids: vec![],
+        ..Default::default()
     };
     let histogram = |runs: &mut dyn FnMut(u64) -> Vec<u32>| {
         let mut h = [[0u64; VOCAB]; 2];

@@ -1,24 +1,39 @@
 //! Plain autoregressive decoding of one sequence: prefill the prompt, then one token per
 //! forward. The reference that speculative decoding must reproduce exactly.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::emitter::Emitter;
 use super::EngineError;
-use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{KvCache, Llama, LogitsRows, SeqInput, TextTokenizer};
 use crate::sampling::{Sampler, SamplingParams, SeededRng};
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct GenerationRequest {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
-    /// Tokens that end generation (emitted, then generation stops).
+    /// Tokens that end generation (counted as generated; their text is not output).
     pub eos_ids: Vec<u32>,
+    /// Text that ends generation; the output text stops right before it. Needs `detokenizer`.
+    pub stop_strings: Vec<String>,
+    /// Decodes the output to text (streamed pieces, stop strings, `GenerationOutput::text`).
+    pub detokenizer: Option<Arc<TextTokenizer>>,
+}
+
+/// What the output callback sees: each generated token with the text it released (text can
+/// lag behind tokens while a character or a possible stop string is incomplete), and at the
+/// end, text released without a token.
+#[derive(Clone, Copy, Debug)]
+pub struct OutputPiece<'a> {
+    pub token: Option<u32>,
+    pub text: &'a str,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An end-of-sequence token.
+    /// An end-of-sequence token or a stop string.
     Stop,
     /// `max_tokens` reached.
     Length,
@@ -62,21 +77,65 @@ impl GenerationStats {
 #[derive(Clone, Debug)]
 pub struct GenerationOutput {
     pub tokens: Vec<u32>,
+    /// The output text, stop string excluded (with a detokenizer).
+    pub text: Option<String>,
     pub finish: FinishReason,
     pub stats: GenerationStats,
 }
 
-/// Decodes `req` in a fresh cache slot (freed before returning). `on_token` sees each token as
-/// it is produced and returns `false` to stop early.
+/// The output callback; returning `false` stops generation (finish reason `Cancelled`).
+pub type OnOutput<'a> = dyn FnMut(OutputPiece<'_>) -> bool + 'a;
+
+/// Decodes `req` in a fresh cache slot (freed before returning). `on_output` sees each token
+/// as it is produced.
 pub fn generate_plain(
     model: &Llama,
     cache: &mut KvCache,
     req: &GenerationRequest,
-    on_token: &mut dyn FnMut(u32) -> bool,
+    on_output: &mut OnOutput<'_>,
 ) -> Result<GenerationOutput, EngineError> {
     in_fresh_slot(cache, req, |cache, slot| {
-        decode_in_slot(model, cache, slot, req, on_token)
+        decode_in_slot(model, cache, slot, req, on_output)
     })
+}
+
+/// Pushes one token through the emitter and shows it to the callback. Returns the finish
+/// reason if the output ends here (the callback asking to stop included).
+pub(crate) fn emit_token(
+    emitter: &mut Emitter,
+    tok: u32,
+    on_output: &mut OnOutput<'_>,
+) -> Result<Option<FinishReason>, EngineError> {
+    let finish = emitter.push(tok)?;
+    let go_on = on_output(OutputPiece {
+        token: Some(tok),
+        text: emitter.delta(),
+    });
+    Ok(match finish {
+        Some(f) => Some(f),
+        None if !go_on => {
+            emitter.end(FinishReason::Cancelled)?;
+            Some(FinishReason::Cancelled)
+        }
+        None => None,
+    })
+}
+
+/// Ends the output for a reason outside the tokens and hands the callback any text that was
+/// still held back.
+pub(crate) fn end_output(
+    emitter: &mut Emitter,
+    reason: FinishReason,
+    on_output: &mut OnOutput<'_>,
+) -> Result<(), EngineError> {
+    emitter.end(reason)?;
+    if !emitter.delta().is_empty() {
+        on_output(OutputPiece {
+            token: None,
+            text: emitter.delta(),
+        });
+    }
+    Ok(())
 }
 
 /// Checks `req` against the cache, then runs `f` in a freshly allocated slot that is freed
@@ -87,6 +146,16 @@ pub(crate) fn in_fresh_slot<T>(
     f: impl FnOnce(&mut KvCache, usize) -> Result<T, EngineError>,
 ) -> Result<T, EngineError> {
     req.sampling.validate()?;
+    if req.stop_strings.iter().any(String::is_empty) {
+        return Err(EngineError::InvalidRequest(
+            "stop strings must not be empty".into(),
+        ));
+    }
+    if !req.stop_strings.is_empty() && req.detokenizer.is_none() {
+        return Err(EngineError::InvalidRequest(
+            "stop strings need a detokenizer to match against".into(),
+        ));
+    }
     if req.prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
     }
@@ -107,7 +176,7 @@ fn decode_in_slot(
     cache: &mut KvCache,
     slot: usize,
     req: &GenerationRequest,
-    on_token: &mut dyn FnMut(u32) -> bool,
+    on_output: &mut OnOutput<'_>,
 ) -> Result<GenerationOutput, EngineError> {
     cache.reserve(slot, req.prompt.len() + req.max_tokens)?;
     let mut rng = req
@@ -122,13 +191,16 @@ fn decode_in_slot(
         ..Default::default()
     };
     let start = Instant::now();
+    let mut emitter = Emitter::new(req);
     let mut input: Vec<u32> = req.prompt.clone();
-    let mut finish = FinishReason::Length;
-    while stats.generated_tokens < req.max_tokens {
+    let finish = loop {
+        if emitter.generated() >= req.max_tokens {
+            break FinishReason::Length; // only for max_tokens = 0: `push` reports it otherwise
+        }
         let pos = cache.len(slot)?;
         if pos + input.len() > cache.max_len() {
-            finish = FinishReason::ContextFull;
-            break;
+            end_output(&mut emitter, FinishReason::ContextFull, on_output)?;
+            break FinishReason::ContextFull;
         }
         let logits = model.forward(
             cache,
@@ -142,26 +214,22 @@ fn decode_in_slot(
         let row = logits.seq_rows(0)?.pop().expect("asked for the last row");
         let generated = &history[req.prompt.len()..];
         let tok = sampler.pick(&row, &req.sampling, &history, generated, &mut rng)?;
-        if stats.generated_tokens == 0 {
+        if emitter.generated() == 0 {
             stats.prefill = start.elapsed();
         }
         history.push(tok);
-        stats.generated_tokens += 1;
-        let go_on = on_token(tok);
-        if req.eos_ids.contains(&tok) {
-            finish = FinishReason::Stop;
-            break;
-        }
-        if !go_on {
-            finish = FinishReason::Cancelled;
-            break;
+        if let Some(f) = emit_token(&mut emitter, tok, on_output)? {
+            break f;
         }
         input.clear();
         input.push(tok);
-    }
+    };
+    stats.generated_tokens = emitter.generated();
     stats.decode = start.elapsed().saturating_sub(stats.prefill);
+    let (tokens, text) = emitter.into_parts();
     Ok(GenerationOutput {
-        tokens: history.split_off(req.prompt.len()),
+        tokens,
+        text,
         finish,
         stats,
     })

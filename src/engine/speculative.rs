@@ -7,8 +7,10 @@
 
 use std::time::Instant;
 
+use super::emitter::Emitter;
 use super::plain::{
-    in_fresh_slot, FinishReason, GenerationOutput, GenerationRequest, GenerationStats,
+    emit_token, end_output, in_fresh_slot, FinishReason, GenerationOutput, GenerationRequest,
+    GenerationStats, OnOutput,
 };
 use super::EngineError;
 use crate::draft::{DraftError, Drafter, Proposal};
@@ -63,13 +65,13 @@ pub fn generate_speculative(
     drafter: &mut dyn Drafter,
     req: &GenerationRequest,
     spec: SpecSettings,
-    on_token: &mut dyn FnMut(u32) -> bool,
+    on_output: &mut OnOutput<'_>,
 ) -> Result<(GenerationOutput, SpecStats), EngineError> {
     if !(spec.lenience > 0.0 && spec.lenience <= 1.0) {
         return Err(SpecError::InvalidLenience(spec.lenience).into());
     }
     in_fresh_slot(cache, req, |cache, slot| {
-        run(target, cache, slot, drafter, req, spec, on_token)
+        run(target, cache, slot, drafter, req, spec, on_output)
     })
 }
 
@@ -89,7 +91,7 @@ fn run(
     drafter: &mut dyn Drafter,
     req: &GenerationRequest,
     spec: SpecSettings,
-    on_token: &mut dyn FnMut(u32) -> bool,
+    on_output: &mut OnOutput<'_>,
 ) -> Result<(GenerationOutput, SpecStats), EngineError> {
     cache.reserve(slot, req.prompt.len() + req.max_tokens + spec.gamma + 1)?;
     let params = &req.sampling;
@@ -105,6 +107,17 @@ fn run(
     };
     let mut spec_stats = SpecStats::default();
     let start = Instant::now();
+    if req.max_tokens == 0 {
+        return Ok((
+            GenerationOutput {
+                tokens: Vec::new(),
+                text: req.detokenizer.as_ref().map(|_| String::new()),
+                finish: FinishReason::Length,
+                stats,
+            },
+            spec_stats,
+        ));
+    }
 
     // Prefill and the first token exactly as plain decoding does.
     let logits = target.forward(
@@ -120,27 +133,23 @@ fn run(
     let first = Sampler::default().pick(&row, params, &context, &[], &mut rng)?;
     drafter.prefill(&req.prompt)?;
     stats.prefill = start.elapsed();
-    let mut emitter = Emitter {
-        req,
-        context: &mut context,
-        generated: 0,
-        on_token,
-    };
-    let mut finish = emitter.emit(first);
+    let mut emitter = Emitter::new(req);
+    context.push(first);
+    let mut finish = emit_token(&mut emitter, first, on_output)?;
 
     let mut s = Scratch::default();
     let mut proposal = Proposal::default();
     while finish.is_none() {
         let n = cache.len(slot)?; // the context minus its last token `g`
         if n + 1 > cache.max_len() {
+            end_output(&mut emitter, FinishReason::ContextFull, on_output)?;
             finish = Some(FinishReason::ContextFull);
             break;
         }
-        let remaining = req.max_tokens - emitter.generated;
+        let remaining = req.max_tokens - emitter.generated();
         let gamma = spec.gamma.min(cache.max_len() - n - 1).min(remaining - 1);
-        let context = &*emitter.context;
         if gamma > 0 {
-            drafter.propose(context, prompt_len, gamma, params, &mut rng, &mut proposal)?;
+            drafter.propose(&context, prompt_len, gamma, params, &mut rng, &mut proposal)?;
             proposal.tokens.truncate(gamma);
         } else {
             proposal.clear();
@@ -163,7 +172,7 @@ fn run(
         let outcome = verify(
             params,
             spec.lenience,
-            context,
+            &context,
             prompt_len,
             drafts,
             &proposal,
@@ -182,17 +191,20 @@ fn run(
             .into_iter()
             .chain(std::iter::once(outcome.next_token))
         {
-            finish = emitter.emit(t);
+            context.push(t);
+            finish = emit_token(&mut emitter, t, on_output)?;
             if finish.is_some() {
                 break;
             }
         }
     }
-    stats.generated_tokens = emitter.generated;
+    stats.generated_tokens = emitter.generated();
     stats.decode = start.elapsed().saturating_sub(stats.prefill);
+    let (tokens, text) = emitter.into_parts();
     Ok((
         GenerationOutput {
-            tokens: context.split_off(prompt_len),
+            tokens,
+            text,
             finish: finish.unwrap_or(FinishReason::Length),
             stats,
         },
@@ -259,30 +271,4 @@ fn verify(
             .collect();
         accept_sampled(drafts, &q, &p, lenience, rng, &mut s.residual)?
     })
-}
-
-/// Emits tokens one by one and checks stop conditions after each, so nothing past a stop is
-/// ever emitted, whichever round position it falls on.
-struct Emitter<'a> {
-    req: &'a GenerationRequest,
-    context: &'a mut Vec<u32>,
-    generated: usize,
-    on_token: &'a mut dyn FnMut(u32) -> bool,
-}
-
-impl Emitter<'_> {
-    fn emit(&mut self, t: u32) -> Option<FinishReason> {
-        self.context.push(t);
-        self.generated += 1;
-        let go_on = (self.on_token)(t);
-        if self.req.eos_ids.contains(&t) {
-            Some(FinishReason::Stop)
-        } else if !go_on {
-            Some(FinishReason::Cancelled)
-        } else if self.generated >= self.req.max_tokens {
-            Some(FinishReason::Length)
-        } else {
-            None
-        }
-    }
 }

@@ -1,10 +1,12 @@
 //! Linear layers and the weight types they can be converted to at load time.
 //!
-//! Every linear weight is held as a candle `QTensor` (f32/f16/bf16 included) and multiplied with
-//! candle's CPU quantized matmul: that kernel quantizes each activation row on its own and
-//! computes each (row, column) dot product with the same code whatever the row count, so a
-//! token's output does not depend on how many tokens share the pass (batch invariance). Dense
-//! weights are deliberately *not* turned into gemm matmuls, whose blocking changes with shape.
+//! Q8_0 and f16 weights run on our own batch-invariant AVX2 kernels (`q8_gemm`, `f16_gemm`)
+//! where the CPU has them. Every other type is held as a candle `QTensor` (f32/bf16 included)
+//! and multiplied with candle's CPU quantized matmul: that kernel quantizes each activation row
+//! on its own and computes each (row, column) dot product with the same code whatever the row
+//! count. Either way a token's output does not depend on how many tokens share the pass (batch
+//! invariance). Dense weights are deliberately *not* turned into gemm matmuls, whose blocking
+//! changes with shape.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -12,6 +14,8 @@ use std::sync::Arc;
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
+use super::f16_gemm::{self, PackedF16};
+use super::packed_gemm::{PackedLinear, PackedWeight};
 use super::q8_gemm::{self, PackedQ8};
 use super::{ModelError, Result};
 
@@ -140,8 +144,8 @@ impl RawWeight {
 enum Kernel {
     /// candle's quantized matmul (any ggml type).
     Candle(QMatMul),
-    /// Our batch-invariant AVX2 kernel for Q8_0 weights (see `q8_gemm`).
-    Q8Gemm(Arc<PackedQ8>),
+    /// One of our batch-invariant AVX2 kernels (`q8_gemm`, `f16_gemm`).
+    Packed(PackedLinear),
 }
 
 /// `y = x Wᵀ` for `x` of shape `(rows, in_features)`.
@@ -208,13 +212,19 @@ impl Linear {
             };
             QTensor::quantize(&stacked, target)?
         };
-        let packed = if target == GgmlDType::Q8_0 && q8_gemm::available() {
-            PackedQ8::from_q8_0_bytes(&qtensor.data()?, out_features, in_features)
-        } else {
-            None
+        let packed: Option<Arc<dyn PackedWeight>> = match target {
+            GgmlDType::Q8_0 if q8_gemm::available() => {
+                PackedQ8::from_q8_0_bytes(&qtensor.data()?, out_features, in_features)
+                    .map(|p| Arc::new(p) as _)
+            }
+            GgmlDType::F16 if f16_gemm::available() => {
+                PackedF16::from_f16_bytes(&qtensor.data()?, out_features, in_features)
+                    .map(|p| Arc::new(p) as _)
+            }
+            _ => None,
         };
         let kernel = match packed {
-            Some(p) => Kernel::Q8Gemm(Arc::new(p)),
+            Some(p) => Kernel::Packed(PackedLinear(p)),
             // The QTensor variant is built directly: `QMatMul::from_qtensor` would turn f32/f16
             // weights into gemm matmuls, which are not batch-invariant.
             None => Kernel::Candle(QMatMul::QTensor(Arc::new(qtensor))),
@@ -230,15 +240,15 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match &self.kernel {
             Kernel::Candle(q) => q.forward(x)?,
-            Kernel::Q8Gemm(p) => x.apply_op1_no_bwd(p.as_ref())?,
+            Kernel::Packed(p) => x.apply_op1_no_bwd(p)?,
         })
     }
 
     /// Which kernel runs this layer, for reporting.
     pub fn kernel_name(&self) -> &'static str {
-        match self.kernel {
+        match &self.kernel {
             Kernel::Candle(_) => "candle",
-            Kernel::Q8Gemm(_) => "q8-gemm",
+            Kernel::Packed(p) => p.0.kernel_name(),
         }
     }
 

@@ -111,7 +111,7 @@ impl Default for LoadOptions {
 
 pub struct LoadedModel {
     pub model: Llama,
-    pub tokenizer: TextTokenizer,
+    pub tokenizer: std::sync::Arc<TextTokenizer>,
     pub source: ModelSource,
 }
 
@@ -123,7 +123,7 @@ impl LoadedModel {
         };
         Ok(Self {
             model,
-            tokenizer,
+            tokenizer: std::sync::Arc::new(tokenizer),
             source: source.clone(),
         })
     }

@@ -4,11 +4,13 @@
 
 pub mod attention;
 pub mod chat_template;
+pub mod f16_gemm;
 pub mod hparams;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod loader;
+pub mod packed_gemm;
 pub mod q8_gemm;
 pub mod rope;
 pub mod tokenizer;

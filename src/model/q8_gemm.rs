@@ -16,8 +16,9 @@
 
 use std::sync::OnceLock;
 
-use candle_core::{CpuStorage, Layout, Shape};
 use half::f16;
+
+use super::packed_gemm::{self, PackedWeight};
 
 const TILE_N: usize = 8;
 const QK: usize = 32;
@@ -45,17 +46,16 @@ pub struct PackedQ8 {
 pub fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        if std::env::var_os("TANDEM_DISABLE_Q8_GEMM").is_some_and(|v| !v.is_empty() && v != "0") {
-            return false;
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
+        packed_gemm::enabled("TANDEM_DISABLE_Q8_GEMM", || {
+            #[cfg(target_arch = "x86_64")]
+            {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                false
+            }
+        })
     })
 }
 
@@ -87,13 +87,23 @@ impl PackedQ8 {
         }
         Some(Self { tiles, n, k })
     }
+}
 
-    pub fn out_features(&self) -> usize {
+impl PackedWeight for PackedQ8 {
+    fn out_features(&self) -> usize {
         self.n
     }
 
-    pub fn in_features(&self) -> usize {
+    fn in_features(&self) -> usize {
         self.k
+    }
+
+    fn kernel_name(&self) -> &'static str {
+        "q8-gemm"
+    }
+
+    fn matmul(&self, x: &[f32], m: usize, dst: &mut [f32]) {
+        matmul(self, x, m, dst)
     }
 }
 
@@ -129,26 +139,20 @@ pub fn matmul(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32]) {
     let n_tiles = w.n.div_ceil(TILE_N);
     let row_chunks = m.div_ceil(ROWS);
     let dst_ptr = dst.as_mut_ptr() as usize;
-    let run = |range: std::ops::Range<usize>| {
-        for unit in range {
-            // Row chunks vary fastest so a worker keeps one column tile's weights in cache.
-            let (t, rc) = (unit / row_chunks, unit % row_chunks);
-            let r0 = rc * ROWS;
-            let rows = (m - r0).min(ROWS);
-            // SAFETY: `available()` checked the CPU features; each unit writes only its own
-            // (rows, 8-column) block of `dst`, inside the bounds asserted above.
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                tile_kernel(w, &q, t, r0, rows, dst_ptr as *mut f32)
-            };
-        }
-    };
-    let units = n_tiles * row_chunks;
-    if units == 1 {
-        run(0..1);
-    } else {
-        candle_core::utils::barrier_pool().execute_chunked(units, run);
-    }
+    packed_gemm::for_each_unit(n_tiles * row_chunks, |unit| {
+        // Row chunks vary fastest so a worker keeps one column tile's weights in cache.
+        let (t, rc) = (unit / row_chunks, unit % row_chunks);
+        let r0 = rc * ROWS;
+        let rows = (m - r0).min(ROWS);
+        // SAFETY: `available()` checked the CPU features; each unit writes only its own
+        // (rows, 8-column) block of `dst`, inside the bounds asserted above.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            tile_kernel(w, &q, t, r0, rows, dst_ptr as *mut f32)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (t, r0, rows, dst_ptr);
+    });
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -191,34 +195,6 @@ unsafe fn tile_kernel(
         _mm256_storeu_ps(out.as_mut_ptr(), *a);
         let row = dst.add((r0 + r) * w.n + t * TILE_N);
         std::ptr::copy_nonoverlapping(out.as_ptr(), row, cols);
-    }
-}
-
-impl candle_core::CustomOp1 for PackedQ8 {
-    fn name(&self) -> &'static str {
-        "tandem-q8-gemm"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        if !layout.is_contiguous() {
-            candle_core::bail!("q8 gemm input must be contiguous")
-        }
-        let dims = layout.shape().dims();
-        let k = *dims.last().unwrap_or(&0);
-        if k != self.k {
-            candle_core::bail!("q8 gemm: input has {k} columns, weight expects {}", self.k)
-        }
-        let m = layout.shape().elem_count() / k;
-        let x = &storage.as_slice::<f32>()?[layout.start_offset()..layout.start_offset() + m * k];
-        let mut dst = vec![0f32; m * self.n];
-        matmul(self, x, m, &mut dst);
-        let mut out_dims = dims.to_vec();
-        *out_dims.last_mut().expect("rank >= 1") = self.n;
-        Ok((CpuStorage::F32(dst), Shape::from(out_dims)))
     }
 }
 
