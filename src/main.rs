@@ -33,7 +33,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Generate a completion for one prompt, streaming it to stdout; stats go to stderr.
-    Generate(GenerateArgs),
+    Generate(Box<GenerateArgs>),
     /// Time forwards of k new tokens against a cache of a given depth (the cost a speculative
     /// verification pays), reported against a 1-token forward.
     ForwardBench(ForwardBenchArgs),
@@ -141,7 +141,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Generate(args) => {
             apply_model_args(&mut config, &args.model)?;
-            generate(&config, args)
+            generate(&config, *args)
         }
         Command::ForwardBench(args) => {
             apply_model_args(&mut config, &args.model)?;

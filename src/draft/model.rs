@@ -1,14 +1,17 @@
 //! A draft model: any model the model layer loads, with the target's vocabulary. It keeps its
 //! own KV cache, filled lazily from the context on the first round and rolled back after each.
 
+use std::ops::Deref;
+
 use super::{DraftError, Drafter, Proposal};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput, TextTokenizer};
 use crate::sampling::{
     apply_penalties, argmax, probabilities, sample_from, SamplingParams, SeededRng,
 };
 
-pub struct ModelDrafter<'m> {
-    model: &'m Llama,
+/// `M` is how the model is held: `&Llama` for one generation, `Arc<Llama>` in the engine.
+pub struct ModelDrafter<M: Deref<Target = Llama>> {
+    model: M,
     name: String,
     cache: KvCache,
     slot: usize,
@@ -50,8 +53,8 @@ pub fn check_same_vocabulary(
     Ok(())
 }
 
-impl<'m> ModelDrafter<'m> {
-    pub fn new(model: &'m Llama, name: impl Into<String>) -> Self {
+impl<M: Deref<Target = Llama>> ModelDrafter<M> {
+    pub fn new(model: M, name: impl Into<String>) -> Self {
         let mut cache = model.new_cache(1);
         let slot = cache
             .allocate()
@@ -73,7 +76,7 @@ impl<'m> ModelDrafter<'m> {
     }
 }
 
-impl Drafter for ModelDrafter<'_> {
+impl<M: Deref<Target = Llama>> Drafter for ModelDrafter<M> {
     fn name(&self) -> String {
         self.name.clone()
     }

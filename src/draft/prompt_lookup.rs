@@ -20,7 +20,9 @@ impl PromptLookup {
         }
     }
 
-    /// The tokens that followed the latest earlier match of the longest matching suffix.
+    /// The tokens that followed an earlier match of the longest matching suffix: the latest
+    /// match with a full γ-token continuation, or else the match with the longest one (inside
+    /// a run of repeats the latest match has only one token after it).
     pub fn lookup<'c>(&self, context: &'c [u32], gamma: usize) -> &'c [u32] {
         let len = context.len();
         for n in (self.min_ngram..=self.max_ngram).rev() {
@@ -28,12 +30,21 @@ impl PromptLookup {
                 continue;
             }
             let suffix = &context[len - n..];
-            // Latest start i < len - n whose n-gram equals the suffix and has a continuation.
+            let mut best: &[u32] = &[];
             for i in (0..len - n).rev() {
                 if &context[i..i + n] == suffix {
                     let from = i + n;
-                    return &context[from..(from + gamma).min(len)];
+                    let cont = &context[from..(from + gamma).min(len)];
+                    if cont.len() > best.len() {
+                        best = cont;
+                    }
+                    if best.len() >= gamma {
+                        break;
+                    }
                 }
+            }
+            if !best.is_empty() {
+                return best;
             }
         }
         &[]
@@ -87,5 +98,15 @@ mod tests {
         assert!(pl.lookup(&[], 4).is_empty());
         // continuation is cut at the end of the context and at gamma
         assert_eq!(pl.lookup(&[4, 4, 4], 5), &[4]);
+    }
+
+    #[test]
+    fn inside_a_run_of_repeats_a_full_continuation_is_found() {
+        let pl = PromptLookup::new(1, 3);
+        // The latest match of [7, 7, 7] has one token after it; an earlier one has three.
+        assert_eq!(pl.lookup(&[7; 7], 3), &[7, 7, 7]);
+        // The latest match with a full continuation still beats an earlier one.
+        let ctx = [1, 2, 8, 8, 8, 1, 2, 9, 9, 9, 1, 2];
+        assert_eq!(pl.lookup(&ctx, 3), &[9, 9, 9]);
     }
 }

@@ -90,7 +90,9 @@ impl CostModel {
     pub fn round_cost(&self, gamma: usize) -> Option<f64> {
         let plain = self.verify[0].get()?;
         let draft = self.draft_step.get()?;
-        let verify = self.verify_cost(gamma + 1).unwrap_or(plain * (gamma + 1) as f64);
+        let verify = self
+            .verify_cost(gamma + 1)
+            .unwrap_or(plain * (gamma + 1) as f64);
         Some((gamma as f64 * draft + verify) / plain)
     }
 
@@ -101,8 +103,8 @@ impl CostModel {
         let below = (1..width)
             .rev()
             .find_map(|w| self.verify[w - 1].get().map(|c| (w, c)))?;
-        let above = (width + 1..=self.verify.len())
-            .find_map(|w| self.verify[w - 1].get().map(|c| (w, c)));
+        let above =
+            (width + 1..=self.verify.len()).find_map(|w| self.verify[w - 1].get().map(|c| (w, c)));
         Some(match above {
             Some((wa, ca)) => {
                 let t = (width - below.0) as f64 / (wa - below.0) as f64;

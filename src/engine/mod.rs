@@ -1,13 +1,28 @@
-//! The engine: generation on top of the model, sampling and draft layers. Today it holds the
-//! single-sequence loops: plain decoding (`plain`), the reference, and speculative decoding
-//! (`speculative`), which must reproduce it, with the stop conditions both share (`emitter`,
-//! `stop`).
+//! The engine: generation on top of the model, sampling and draft layers.
+//!
+//! - The single-sequence loops: plain decoding (`plain`), the reference, and speculative
+//!   decoding (`speculative`), which must reproduce it, with the stop conditions both share
+//!   (`emitter`, `stop`).
+//! - The serving engine (`handle::Engine`): kameo actors — `Scheduler`, `Drafter`, `Verifier`,
+//!   `CacheManager` (`messages` holds what they say to each other) — with compute workers
+//!   (`worker`) for forward passes, continuous batching, pipelining and the governor.
 
+pub mod cache_manager;
+pub mod drafter;
 pub mod emitter;
+pub mod governor;
+pub mod handle;
+pub mod messages;
 pub mod plain;
+pub mod scheduler;
 pub mod speculative;
 pub mod stop;
+pub mod verifier;
+pub mod worker;
 
+pub use drafter::DraftSource;
+pub use handle::{Completion, Engine, EngineConfig, EventStream};
+pub use messages::{CacheStats, EngineEvent, EngineRequest, GammaPolicy, SchedulerStats, Usage};
 pub use plain::{
     generate_plain, FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput,
     OutputPiece,
@@ -23,6 +38,12 @@ pub enum EngineError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Sampling(#[from] SamplingError),
+    #[error("overloaded: {queued} requests are already waiting; retry later")]
+    Overloaded { queued: usize },
+    #[error("engine worker: {0}")]
+    Worker(String),
+    #[error("generation failed: {0}")]
+    Failed(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("cannot decode the output: {0}")]

@@ -138,13 +138,12 @@ pub(crate) fn end_output(
     Ok(())
 }
 
-/// Checks `req` against the cache, then runs `f` in a freshly allocated slot that is freed
-/// afterwards, whatever `f` returns.
-pub(crate) fn in_fresh_slot<T>(
-    cache: &mut KvCache,
+/// Refuses a request that cannot run: invalid sampling settings or stop strings, an empty
+/// prompt, or a prompt that leaves no room in a context of `context_len` tokens.
+pub(crate) fn check_request(
     req: &GenerationRequest,
-    f: impl FnOnce(&mut KvCache, usize) -> Result<T, EngineError>,
-) -> Result<T, EngineError> {
+    context_len: usize,
+) -> Result<(), EngineError> {
     req.sampling.validate()?;
     if req.stop_strings.iter().any(String::is_empty) {
         return Err(EngineError::InvalidRequest(
@@ -159,12 +158,23 @@ pub(crate) fn in_fresh_slot<T>(
     if req.prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
     }
-    if req.prompt.len() >= cache.max_len() {
+    if req.prompt.len() >= context_len {
         return Err(EngineError::PromptTooLong {
             prompt: req.prompt.len(),
-            context: cache.max_len(),
+            context: context_len,
         });
     }
+    Ok(())
+}
+
+/// Checks `req` against the cache, then runs `f` in a freshly allocated slot that is freed
+/// afterwards, whatever `f` returns.
+pub(crate) fn in_fresh_slot<T>(
+    cache: &mut KvCache,
+    req: &GenerationRequest,
+    f: impl FnOnce(&mut KvCache, usize) -> Result<T, EngineError>,
+) -> Result<T, EngineError> {
+    check_request(req, cache.max_len())?;
     let slot = cache.allocate().ok_or(EngineError::NoFreeSlot)?;
     let result = f(cache, slot);
     cache.free(slot)?;

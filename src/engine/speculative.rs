@@ -77,7 +77,7 @@ pub fn generate_speculative(
 
 /// Per-round scratch, reused so rounds do not allocate.
 #[derive(Default)]
-struct Scratch {
+pub(crate) struct Scratch {
     verify: Vec<u32>,
     logits: Vec<f32>,
     target_probs: Vec<Vec<f32>>,
@@ -216,7 +216,7 @@ fn run(
 /// first i drafts, exactly the history plain decoding would have had) and runs the acceptance
 /// rule.
 #[allow(clippy::too_many_arguments)]
-fn verify(
+pub(crate) fn verify(
     params: &SamplingParams,
     lenience: f32,
     context: &[u32],

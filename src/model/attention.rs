@@ -117,6 +117,6 @@ pub fn causal_attention(
     if units * (start_pos + n_new) < 4096 {
         run(0..units);
     } else {
-        candle_core::utils::barrier_pool().execute_chunked(units, run);
+        super::parallel::for_each_chunk(units, run);
     }
 }

@@ -107,7 +107,7 @@ impl PackedWeight for PackedF16 {
         };
         let row_chunks = m.div_ceil(rows_per_unit.max(1));
         let units = (self.tiles / tiles_per_unit) * row_chunks;
-        packed_gemm::for_each_unit(units, |unit| {
+        super::parallel::for_each_unit(units, |unit| {
             let (g, rc) = (unit / row_chunks, unit % row_chunks);
             let r0 = rc * rows_per_unit;
             let rows = (m - r0).min(rows_per_unit);

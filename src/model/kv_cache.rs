@@ -46,12 +46,28 @@ impl KvCache {
     /// Takes a free slot, or `None` when all are in use.
     pub fn allocate(&mut self) -> Option<usize> {
         let idx = self.slots.iter().position(Option::is_none)?;
-        self.slots[idx] = Some(Slot {
-            len: 0,
-            keys: (0..self.num_layers).map(|_| Vec::new()).collect(),
-            values: (0..self.num_layers).map(|_| Vec::new()).collect(),
-        });
+        self.allocate_slot(idx).ok()?;
         Some(idx)
+    }
+
+    /// Takes the given slot (for callers that assign slots themselves); fails if it is in use
+    /// or out of range.
+    pub fn allocate_slot(&mut self, slot: usize) -> Result<()> {
+        match self.slots.get(slot) {
+            Some(None) => {
+                self.slots[slot] = Some(Slot {
+                    len: 0,
+                    keys: (0..self.num_layers).map(|_| Vec::new()).collect(),
+                    values: (0..self.num_layers).map(|_| Vec::new()).collect(),
+                });
+                Ok(())
+            }
+            Some(Some(_)) => Err(ModelError::Cache(format!("slot {slot} is already in use"))),
+            None => Err(ModelError::Cache(format!(
+                "slot {slot} out of range ({} slots)",
+                self.slots.len()
+            ))),
+        }
     }
 
     /// Releases a slot and its memory.

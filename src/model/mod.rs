@@ -11,6 +11,7 @@ pub mod linear;
 pub mod llama;
 pub mod loader;
 pub mod packed_gemm;
+pub mod parallel;
 pub mod q8_gemm;
 pub mod rope;
 pub mod tokenizer;

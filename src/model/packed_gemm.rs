@@ -5,7 +5,7 @@
 //! Our kernels repack weights at load time so one weight load serves several activation rows,
 //! and stay batch-invariant: every output element is computed by the same sequence of
 //! operations whatever the number of rows. This module holds what they share: the weight trait,
-//! the candle custom op that calls them, and the split of work over candle's thread pool.
+//! and the candle custom op that calls them.
 
 use std::sync::Arc;
 
@@ -56,16 +56,6 @@ impl candle_core::CustomOp1 for PackedLinear {
         let mut out_dims = dims.to_vec();
         *out_dims.last_mut().expect("rank >= 1") = n;
         Ok((CpuStorage::F32(dst), Shape::from(out_dims)))
-    }
-}
-
-/// Runs `work(unit)` for every unit in `0..units` on candle's CPU thread pool.
-pub fn for_each_unit(units: usize, work: impl Fn(usize) + Sync) {
-    let run = |range: std::ops::Range<usize>| range.for_each(&work);
-    if units <= 1 {
-        run(0..units);
-    } else {
-        candle_core::utils::barrier_pool().execute_chunked(units, run);
     }
 }
 

@@ -139,7 +139,7 @@ pub fn matmul(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32]) {
     let n_tiles = w.n.div_ceil(TILE_N);
     let row_chunks = m.div_ceil(ROWS);
     let dst_ptr = dst.as_mut_ptr() as usize;
-    packed_gemm::for_each_unit(n_tiles * row_chunks, |unit| {
+    super::parallel::for_each_unit(n_tiles * row_chunks, |unit| {
         // Row chunks vary fastest so a worker keeps one column tile's weights in cache.
         let (t, rc) = (unit / row_chunks, unit % row_chunks);
         let r0 = rc * ROWS;

@@ -1,0 +1,77 @@
+//! The CacheManager actor: the ledger of target KV slots and KV capacity.
+//!
+//! Why it exists: admission needs one answer to "is there room for this sequence?" that counts
+//! every active sequence, whichever actor is touching its cache at the moment. The caches
+//! themselves live on the compute workers; this ledger decides which slot a sequence gets and
+//! how many tokens it may grow to, and takes both back when the sequence ends.
+
+use kameo::error::Infallible;
+use kameo::message::{Context, Message};
+use kameo::Actor;
+
+use super::messages::{CacheStats, GetCacheStats, Release, Reserve};
+
+pub struct CacheManager {
+    free: Vec<usize>,
+    total_slots: usize,
+    capacity_tokens: usize,
+    reserved_tokens: usize,
+}
+
+impl CacheManager {
+    pub fn new(slots: usize, capacity_tokens: usize) -> Self {
+        Self {
+            free: (0..slots).rev().collect(),
+            total_slots: slots,
+            capacity_tokens,
+            reserved_tokens: 0,
+        }
+    }
+}
+
+impl Actor for CacheManager {
+    type Args = Self;
+    type Error = Infallible;
+
+    async fn on_start(state: Self, _: kameo::actor::ActorRef<Self>) -> Result<Self, Infallible> {
+        Ok(state)
+    }
+}
+
+impl Message<Reserve> for CacheManager {
+    type Reply = Option<usize>;
+
+    async fn handle(&mut self, msg: Reserve, _: &mut Context<Self, Self::Reply>) -> Option<usize> {
+        if self.reserved_tokens + msg.tokens > self.capacity_tokens {
+            return None;
+        }
+        let slot = self.free.pop()?;
+        self.reserved_tokens += msg.tokens;
+        Some(slot)
+    }
+}
+
+impl Message<Release> for CacheManager {
+    type Reply = ();
+
+    async fn handle(&mut self, msg: Release, _: &mut Context<Self, Self::Reply>) {
+        debug_assert!(!self.free.contains(&msg.slot), "slot released twice");
+        if !self.free.contains(&msg.slot) && msg.slot < self.total_slots {
+            self.free.push(msg.slot);
+            self.reserved_tokens = self.reserved_tokens.saturating_sub(msg.tokens);
+        }
+    }
+}
+
+impl Message<GetCacheStats> for CacheManager {
+    type Reply = CacheStats;
+
+    async fn handle(&mut self, _: GetCacheStats, _: &mut Context<Self, Self::Reply>) -> CacheStats {
+        CacheStats {
+            total_slots: self.total_slots,
+            free_slots: self.free.len(),
+            capacity_tokens: self.capacity_tokens,
+            reserved_tokens: self.reserved_tokens,
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The engine's public face: start the actors, submit requests, read their event streams.
+//! Used by the server, `tandem generate` and `tandem bench`.
+
+use std::sync::Arc;
+
+use kameo::actor::{ActorRef, Spawn};
+use tokio::sync::mpsc;
+
+use super::cache_manager::CacheManager;
+use super::drafter::{DraftSource, Drafter};
+use super::governor::{CostModel, GovernorConfig};
+use super::messages::*;
+use super::plain::FinishReason;
+use super::scheduler::{Scheduler, SchedulerConfig};
+use super::verifier::Verifier;
+use super::EngineError;
+use crate::model::Llama;
+
+/// Engine settings (the `[engine]` config section).
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Sequences decoded together.
+    pub max_seqs: usize,
+    /// Requests waiting for admission; beyond this, submissions fail as overloaded.
+    pub max_queue: usize,
+    /// Prompt tokens prefilled per round (all sequences together).
+    pub prefill_chunk: usize,
+    /// Draft one group of sequences while verifying the other.
+    pub pipeline: bool,
+    pub target_threads: usize,
+    pub draft_threads: usize,
+    /// KV capacity in tokens over all sequences (default: every slot full).
+    pub kv_capacity_tokens: Option<usize>,
+    pub default_lenience: f32,
+    pub governor: GovernorConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_seqs: 8,
+            max_queue: 64,
+            prefill_chunk: 256,
+            pipeline: false,
+            target_threads: 2,
+            draft_threads: 2,
+            kv_capacity_tokens: None,
+            default_lenience: 1.0,
+            governor: GovernorConfig::default(),
+        }
+    }
+}
+
+pub struct Engine {
+    scheduler: ActorRef<Scheduler>,
+    cache: ActorRef<CacheManager>,
+}
+
+impl Engine {
+    /// Starts the actors and their compute workers, and measures the costs the governor needs
+    /// (target forwards of 1..=γmax+1 tokens, one draft step).
+    pub async fn start(
+        target: Arc<Llama>,
+        draft: Option<DraftSource>,
+        cfg: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        if cfg.max_seqs == 0 || cfg.governor.gamma_max == 0 {
+            return Err(EngineError::InvalidRequest(
+                "engine.max_seqs and speculation.gamma_max must be at least 1".into(),
+            ));
+        }
+        let context_len = target.context_len();
+        let verifier = Verifier::new(Arc::clone(&target), cfg.max_seqs, cfg.target_threads)?;
+        let mut costs = CostModel::new(cfg.governor.gamma_max);
+        for (i, secs) in verifier
+            .calibrate(0, cfg.governor.gamma_max + 1, 2)
+            .await?
+            .into_iter()
+            .enumerate()
+        {
+            costs.record_verify(secs, i + 1);
+        }
+        let drafter = match draft {
+            Some(source) => {
+                let d = Drafter::spawn(Drafter::new(source, cfg.draft_threads)?);
+                let step = d
+                    .ask(GetDraftStepCost)
+                    .await
+                    .map_err(|e| EngineError::Draft(e.to_string()))?;
+                costs.record_draft(step, 1);
+                Some(d)
+            }
+            None => None,
+        };
+        let cache = CacheManager::spawn(CacheManager::new(
+            cfg.max_seqs,
+            cfg.kv_capacity_tokens.unwrap_or(cfg.max_seqs * context_len),
+        ));
+        let scheduler = Scheduler::spawn(Scheduler::new(
+            SchedulerConfig {
+                max_seqs: cfg.max_seqs,
+                max_queue: cfg.max_queue,
+                prefill_chunk: cfg.prefill_chunk,
+                pipeline: cfg.pipeline,
+                context_len,
+                default_lenience: cfg.default_lenience,
+                governor: cfg.governor,
+            },
+            Verifier::spawn(verifier),
+            drafter,
+            cache.clone(),
+            costs,
+        ));
+        Ok(Self { scheduler, cache })
+    }
+
+    /// Queues a request. Errors (invalid, too long, overloaded) come back before any work;
+    /// dropping the returned stream cancels the request within a round.
+    pub async fn submit(&self, request: EngineRequest) -> Result<EventStream, EngineError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = self
+            .scheduler
+            .ask(Submit {
+                request,
+                events: tx,
+            })
+            .await
+            .map_err(|e| match e {
+                kameo::error::SendError::HandlerError(e) => e,
+                other => EngineError::Worker(format!("scheduler: {other}")),
+            })?;
+        Ok(EventStream { id, rx })
+    }
+
+    pub async fn cache_stats(&self) -> Result<CacheStats, EngineError> {
+        self.cache
+            .ask(GetCacheStats)
+            .await
+            .map_err(|e| EngineError::Worker(format!("cache manager: {e}")))
+    }
+
+    pub async fn stats(&self) -> Result<SchedulerStats, EngineError> {
+        self.scheduler
+            .ask(GetSchedulerStats)
+            .await
+            .map_err(|e| EngineError::Worker(format!("scheduler: {e}")))
+    }
+}
+
+/// A request's events; dropping it cancels the request.
+pub struct EventStream {
+    id: u64,
+    rx: mpsc::UnboundedReceiver<EngineEvent>,
+}
+
+/// A whole finished output, gathered from a stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish: FinishReason,
+    pub usage: Usage,
+}
+
+impl EventStream {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub async fn next(&mut self) -> Option<EngineEvent> {
+        self.rx.recv().await
+    }
+
+    /// Reads the stream to its end.
+    pub async fn collect(mut self) -> Result<Completion, EngineError> {
+        let (mut tokens, mut text) = (Vec::new(), String::new());
+        while let Some(ev) = self.rx.recv().await {
+            match ev {
+                EngineEvent::Output { tokens: t, text: s } => {
+                    tokens.extend(t);
+                    text.push_str(&s);
+                }
+                EngineEvent::Done { finish, usage } => {
+                    return Ok(Completion {
+                        tokens,
+                        text,
+                        finish,
+                        usage,
+                    })
+                }
+                EngineEvent::Failed(msg) => return Err(EngineError::Failed(msg)),
+            }
+        }
+        Err(EngineError::Failed("the engine stopped".into()))
+    }
+}

@@ -1,0 +1,180 @@
+//! Messages between the engine's actors, and the events a request's stream carries.
+
+use tokio::sync::mpsc;
+
+use super::plain::{FinishReason, GenerationRequest};
+use super::speculative::SpecStats;
+use crate::draft::Proposal;
+use crate::sampling::{SamplingParams, SeededRng};
+
+/// How a request speculates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GammaPolicy {
+    /// No speculation: plain decoding.
+    Off,
+    /// Always draft this many tokens (fewer near the context or token limit).
+    Fixed(usize),
+    /// The governor picks γ (or plain decoding) round by round.
+    Adaptive,
+}
+
+/// A request to the engine.
+#[derive(Clone, Debug)]
+pub struct EngineRequest {
+    pub generation: GenerationRequest,
+    pub gamma: GammaPolicy,
+    /// 1 is exact; `None` takes the engine's current default.
+    pub lenience: Option<f32>,
+}
+
+/// Token counts of a finished request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub speculative: SpecStats,
+}
+
+/// What a request's stream yields: output pieces, then exactly one `Done` or `Failed`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineEvent {
+    /// Tokens produced by one round and the text they released (text can lag behind tokens
+    /// while a character or a possible stop string is incomplete).
+    Output {
+        tokens: Vec<u32>,
+        text: String,
+    },
+    Done {
+        finish: FinishReason,
+        usage: Usage,
+    },
+    Failed(String),
+}
+
+/// Scheduler: a new request and where its events go. Replies with the request id, or an error
+/// (invalid, too long, overloaded) before any work is done.
+pub struct Submit {
+    pub request: EngineRequest,
+    pub events: mpsc::UnboundedSender<EngineEvent>,
+}
+
+/// Scheduler: run one round (sent by the scheduler to itself while there is work).
+pub struct Step;
+
+/// Scheduler: counts for tests, admin and metrics.
+pub struct GetSchedulerStats;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, kameo::Reply)]
+pub struct SchedulerStats {
+    pub active: usize,
+    pub queued: usize,
+    pub rounds: u64,
+    /// Time both workers were busy at once, over time at least one was.
+    pub overlap_ratio: f64,
+}
+
+/// CacheManager: reserve a target KV slot and `tokens` of KV capacity for a sequence.
+pub struct Reserve {
+    pub tokens: usize,
+}
+
+/// CacheManager: give a sequence's slot and capacity back.
+pub struct Release {
+    pub slot: usize,
+    pub tokens: usize,
+}
+
+/// CacheManager: the current occupancy.
+pub struct GetCacheStats;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, kameo::Reply)]
+pub struct CacheStats {
+    pub total_slots: usize,
+    pub free_slots: usize,
+    pub capacity_tokens: usize,
+    pub reserved_tokens: usize,
+}
+
+/// What the target forward does with one sequence's tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetWork {
+    /// A prompt chunk that is not the last: fill the cache only.
+    PrefillChunk,
+    /// The prompt's last chunk: fill the cache and sample the first token.
+    PrefillLast,
+    /// `[g, drafts..]`: verify the drafts (none: a plain step) and sample the next token.
+    Verify,
+}
+
+/// One sequence's share of a target forward.
+pub struct TargetItem {
+    pub seq: u64,
+    pub slot: usize,
+    pub start_pos: usize,
+    pub tokens: Vec<u32>,
+    pub work: TargetWork,
+    /// The draft distributions of `tokens[1..]` (Verify).
+    pub proposal: Proposal,
+    pub params: SamplingParams,
+    pub lenience: f32,
+    /// Prompt and output so far (penalties see it); its last token is `tokens[0]` for Verify.
+    pub context: Vec<u32>,
+    pub prompt_len: usize,
+    pub rng: SeededRng,
+}
+
+/// One sequence's result of a target forward.
+pub struct TargetOutcome {
+    pub seq: u64,
+    /// Drafts that stood (Verify).
+    pub accepted: usize,
+    /// The sampled token (PrefillLast, Verify).
+    pub next_token: Option<u32>,
+    pub rng: SeededRng,
+}
+
+/// Verifier: one batched target forward.
+pub struct TargetBatch {
+    pub items: Vec<TargetItem>,
+}
+
+pub struct TargetBatchResult {
+    /// Per item: its outcome, or its sequence id and what went wrong.
+    pub outcomes: Vec<Result<TargetOutcome, (u64, String)>>,
+    pub seconds: f64,
+}
+
+/// Verifier: forget a slot's cache (the sequence ended).
+pub struct FreeSlot {
+    pub slot: usize,
+}
+
+/// Drafter: draft for several sequences.
+pub struct DraftBatch {
+    pub items: Vec<DraftItem>,
+}
+
+pub struct DraftItem {
+    pub seq: u64,
+    /// Prompt and output so far; its last token is not yet verified.
+    pub context: Vec<u32>,
+    pub prompt_len: usize,
+    pub gamma: usize,
+    pub params: SamplingParams,
+    pub rng: SeededRng,
+}
+
+pub struct DraftOutcome {
+    pub seq: u64,
+    pub proposal: Result<Proposal, String>,
+    pub rng: SeededRng,
+    pub seconds: f64,
+}
+
+/// Drafter: the sequence ended; drop its state.
+pub struct EndSequence {
+    pub seq: u64,
+}
+
+/// Drafter: the cost of one draft step, measured at start-up (seconds).
+pub struct GetDraftStepCost;

@@ -1,0 +1,538 @@
+//! The Scheduler actor: admission, rounds, per-request state and streams, stop conditions and
+//! retirement. It knows nothing of tensors: each round it asks the Drafter for drafts and the
+//! Verifier for one batched target forward, then turns the outcomes into output events.
+//!
+//! Continuous batching: requests join (admitted from the queue) and leave (finished or
+//! cancelled) between rounds; prompts are prefilled in chunks of at most `prefill_chunk` tokens
+//! per round, inside the same forward as everyone else's decoding. With `pipeline` on, decoding
+//! sequences are split into two groups: while the verifier checks one group's drafts, the
+//! drafter drafts for the other (DESIGN.md §4).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use kameo::actor::ActorRef;
+use kameo::error::Infallible;
+use kameo::message::{Context, Message};
+use kameo::Actor;
+use tokio::sync::mpsc;
+
+use super::cache_manager::CacheManager;
+use super::drafter::Drafter;
+use super::emitter::Emitter;
+use super::governor::{CostModel, Governor, GovernorConfig};
+use super::messages::*;
+use super::plain::{check_request, FinishReason};
+use super::speculative::SpecStats;
+use super::verifier::Verifier;
+use super::EngineError;
+use crate::draft::Proposal;
+use crate::sampling::SeededRng;
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    pub max_seqs: usize,
+    pub max_queue: usize,
+    pub prefill_chunk: usize,
+    pub pipeline: bool,
+    pub context_len: usize,
+    pub default_lenience: f32,
+    pub governor: GovernorConfig,
+}
+
+struct Queued {
+    id: u64,
+    request: EngineRequest,
+    events: mpsc::UnboundedSender<EngineEvent>,
+}
+
+/// One admitted request.
+struct Sequence {
+    id: u64,
+    slot: usize,
+    reserved: usize,
+    events: mpsc::UnboundedSender<EngineEvent>,
+    request: EngineRequest,
+    lenience: f32,
+    /// Prompt and output so far; while decoding, its last token is not yet in the target cache.
+    context: Vec<u32>,
+    prefilled: usize,
+    emitter: Emitter,
+    draft_rng: SeededRng,
+    accept_rng: SeededRng,
+    governor: Governor,
+    spec: SpecStats,
+    /// Pipelining group (0 or 1).
+    group: usize,
+    /// The context limit: a sequence whose context reaches it ends (`ContextFull`).
+    max_context: usize,
+    /// Drafts made in an earlier step, waiting for verification (pipelining).
+    pending: Option<Proposal>,
+}
+
+impl Sequence {
+    fn prompt_len(&self) -> usize {
+        self.request.generation.prompt.len()
+    }
+
+    fn decoding(&self) -> bool {
+        self.prefilled >= self.prompt_len()
+    }
+
+    /// γ for the next round: the policy's choice, shrunk so the verification fits the context
+    /// and does not draft past `max_tokens`.
+    fn next_gamma(&self, costs: &CostModel, has_drafter: bool, context_len: usize) -> usize {
+        if !has_drafter {
+            return 0;
+        }
+        let want = match self.request.gamma {
+            GammaPolicy::Off => 0,
+            GammaPolicy::Fixed(g) => g,
+            GammaPolicy::Adaptive => self.governor.choose(costs),
+        };
+        let n = self.context.len() - 1;
+        let room = context_len.saturating_sub(n + 1);
+        let remaining = self.request.generation.max_tokens - self.emitter.generated();
+        want.min(room).min(remaining.saturating_sub(1))
+    }
+}
+
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    verifier: ActorRef<Verifier>,
+    drafter: Option<ActorRef<Drafter>>,
+    cache: ActorRef<CacheManager>,
+    queue: VecDeque<Queued>,
+    active: Vec<Sequence>,
+    next_id: u64,
+    step_scheduled: bool,
+    costs: CostModel,
+    rounds: u64,
+    /// Seconds both workers were busy at once, and seconds at least one was.
+    both_busy: f64,
+    any_busy: f64,
+}
+
+impl Scheduler {
+    pub fn new(
+        cfg: SchedulerConfig,
+        verifier: ActorRef<Verifier>,
+        drafter: Option<ActorRef<Drafter>>,
+        cache: ActorRef<CacheManager>,
+        costs: CostModel,
+    ) -> Self {
+        Self {
+            cfg,
+            verifier,
+            drafter,
+            cache,
+            queue: VecDeque::new(),
+            active: Vec::new(),
+            next_id: 0,
+            step_scheduled: false,
+            costs,
+            rounds: 0,
+            both_busy: 0.0,
+            any_busy: 0.0,
+        }
+    }
+
+    fn schedule_step(&mut self, me: &ActorRef<Self>) {
+        let has_work = !self.active.is_empty() || !self.queue.is_empty();
+        if has_work && !self.step_scheduled {
+            self.step_scheduled = true;
+            // The mailbox only ever holds one Step, so this cannot fill it.
+            let _ = me.tell(Step).try_send();
+        }
+    }
+
+    async fn retire(&mut self, seq: Sequence) {
+        let _ = self
+            .cache
+            .tell(Release {
+                slot: seq.slot,
+                tokens: seq.reserved,
+            })
+            .await;
+        let _ = self.verifier.ask(FreeSlot { slot: seq.slot }).await;
+        if let Some(d) = &self.drafter {
+            let _ = d.ask(EndSequence { seq: seq.id }).await;
+        }
+    }
+
+    /// Drops queued and active requests whose stream was dropped.
+    async fn retire_cancelled(&mut self) {
+        self.queue.retain(|q| !q.events.is_closed());
+        let (gone, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.active)
+            .into_iter()
+            .partition(|s| s.events.is_closed());
+        self.active = keep;
+        for s in gone {
+            self.retire(s).await;
+        }
+    }
+
+    async fn admit(&mut self) {
+        while self.active.len() < self.cfg.max_seqs {
+            let Some(q) = self.queue.front() else { break };
+            let g = &q.request.generation;
+            let tokens = (g.prompt.len() + g.max_tokens + self.cfg.governor.gamma_max + 1)
+                .min(self.cfg.context_len);
+            let Ok(Some(slot)) = self.cache.ask(Reserve { tokens }).await else {
+                break;
+            };
+            let q = self.queue.pop_front().expect("peeked");
+            let seed = q
+                .request
+                .generation
+                .sampling
+                .seed
+                .unwrap_or_else(|| SeededRng::from_entropy().next_u64());
+            let group = self.active.iter().filter(|s| s.group == 0).count() > self.active.len() / 2;
+            self.active.push(Sequence {
+                id: q.id,
+                slot,
+                reserved: tokens,
+                events: q.events,
+                lenience: q.request.lenience.unwrap_or(self.cfg.default_lenience),
+                context: q.request.generation.prompt.clone(),
+                prefilled: 0,
+                emitter: Emitter::new(&q.request.generation),
+                draft_rng: SeededRng::new(seed ^ 0x9E37_79B9_7F4A_7C15),
+                accept_rng: SeededRng::new(seed),
+                governor: Governor::new(self.cfg.governor),
+                spec: SpecStats::default(),
+                group: usize::from(group),
+                max_context: self.cfg.context_len,
+                pending: None,
+                request: q.request,
+            });
+        }
+    }
+
+    fn draft_item(&self, s: &Sequence, gamma: usize) -> DraftItem {
+        DraftItem {
+            seq: s.id,
+            context: s.context.clone(),
+            prompt_len: s.prompt_len(),
+            gamma,
+            params: s.request.generation.sampling.clone(),
+            rng: s.draft_rng.clone(),
+        }
+    }
+
+    fn target_item(
+        s: &Sequence,
+        work: TargetWork,
+        tokens: Vec<u32>,
+        proposal: Proposal,
+    ) -> TargetItem {
+        let start_pos = match work {
+            TargetWork::Verify => s.context.len() - 1,
+            _ => s.prefilled,
+        };
+        TargetItem {
+            seq: s.id,
+            slot: s.slot,
+            start_pos,
+            tokens,
+            work,
+            proposal,
+            params: s.request.generation.sampling.clone(),
+            lenience: s.lenience,
+            context: s.context.clone(),
+            prompt_len: s.prompt_len(),
+            rng: s.accept_rng.clone(),
+        }
+    }
+
+    async fn draft(&self, items: Vec<DraftItem>) -> Result<Vec<DraftOutcome>, EngineError> {
+        match (&self.drafter, items.is_empty()) {
+            (Some(d), false) => d
+                .ask(DraftBatch { items })
+                .await
+                .map_err(|e| EngineError::Worker(format!("drafter: {e}"))),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    fn take_drafts(&mut self, outcomes: Vec<DraftOutcome>) {
+        for o in outcomes {
+            let Some(s) = self.active.iter_mut().find(|s| s.id == o.seq) else {
+                continue;
+            };
+            s.draft_rng = o.rng;
+            match o.proposal {
+                Ok(p) => {
+                    self.costs.record_draft(o.seconds, p.tokens.len());
+                    s.pending = Some(p);
+                }
+                // A drafter failure costs this round's speculation, not the request.
+                Err(_) => s.pending = None,
+            }
+        }
+    }
+
+    /// One round: prefill chunks, drafting and one batched target forward.
+    async fn step(&mut self) -> Result<(), EngineError> {
+        self.retire_cancelled().await;
+        self.admit().await;
+        if self.active.is_empty() {
+            return Ok(());
+        }
+        let has_drafter = self.drafter.is_some();
+        let pipelined = self.cfg.pipeline && has_drafter;
+        let verify_group = (self.rounds % 2) as usize;
+
+        // Which decoding sequences are verified now and which are drafted for later.
+        let mut to_draft_now = Vec::new();
+        let mut to_draft_ahead = Vec::new();
+        for s in &self.active {
+            if !s.decoding() {
+                continue;
+            }
+            let verifies_now = !pipelined || s.group == verify_group;
+            if verifies_now && s.pending.is_none() && !pipelined {
+                let gamma = s.next_gamma(&self.costs, has_drafter, self.cfg.context_len);
+                if gamma > 0 {
+                    to_draft_now.push(self.draft_item(s, gamma));
+                }
+            } else if !verifies_now && s.pending.is_none() {
+                let gamma = s.next_gamma(&self.costs, has_drafter, self.cfg.context_len);
+                if gamma > 0 {
+                    to_draft_ahead.push(self.draft_item(s, gamma));
+                }
+            }
+        }
+        if !to_draft_now.is_empty() {
+            let outcomes = self.draft(to_draft_now).await?;
+            self.take_drafts(outcomes);
+        }
+
+        // The target batch: prompt chunks within the budget, then verifications.
+        let mut items = Vec::new();
+        let mut budget = self.cfg.prefill_chunk.max(1);
+        for s in &mut self.active {
+            if s.decoding() {
+                if pipelined && s.group != verify_group {
+                    continue;
+                }
+                let proposal = s.pending.take().unwrap_or_default();
+                let mut tokens = Vec::with_capacity(1 + proposal.tokens.len());
+                tokens.push(*s.context.last().expect("context holds the prompt"));
+                tokens.extend_from_slice(&proposal.tokens);
+                items.push(Self::target_item(s, TargetWork::Verify, tokens, proposal));
+            } else if budget > 0 {
+                let end = (s.prefilled + budget).min(s.prompt_len());
+                let chunk = s.request.generation.prompt[s.prefilled..end].to_vec();
+                budget -= chunk.len();
+                let work = if end == s.prompt_len() {
+                    TargetWork::PrefillLast
+                } else {
+                    TargetWork::PrefillChunk
+                };
+                items.push(Self::target_item(s, work, chunk, Proposal::default()));
+            }
+        }
+        let widths: Vec<(TargetWork, usize)> =
+            items.iter().map(|i| (i.work, i.tokens.len())).collect();
+        // What each sequence sent: its chunk length, or its drafts.
+        let sent: HashMap<u64, (usize, Vec<u32>)> = items
+            .iter()
+            .map(|i| {
+                let drafts = match i.work {
+                    TargetWork::Verify => i.tokens[1..].to_vec(),
+                    _ => Vec::new(),
+                };
+                (i.seq, (i.tokens.len(), drafts))
+            })
+            .collect();
+
+        let wall = Instant::now();
+        let verifier = self.verifier.clone();
+        let target = async move {
+            if items.is_empty() {
+                return Ok(None);
+            }
+            verifier
+                .ask(TargetBatch { items })
+                .await
+                .map(Some)
+                .map_err(|e| EngineError::Worker(format!("verifier: {e}")))
+        };
+        let (target, ahead) = tokio::join!(target, self.draft(to_draft_ahead));
+        let wall = wall.elapsed().as_secs_f64();
+        let ahead = ahead?;
+        let draft_secs: f64 = ahead.iter().map(|o| o.seconds).sum();
+        self.take_drafts(ahead);
+        self.rounds += 1;
+        let Some(result) = target? else {
+            return Ok(());
+        };
+        self.any_busy += wall;
+        self.both_busy += (result.seconds + draft_secs - wall).clamp(0.0, wall);
+        if let [(TargetWork::Verify, w)] = widths[..] {
+            self.costs.record_verify(result.seconds, w);
+        }
+
+        let mut ended = Vec::new();
+        for outcome in result.outcomes {
+            let (id, o) = match outcome {
+                Ok(o) => (o.seq, Ok(o)),
+                Err((seq, msg)) => (seq, Err(msg)),
+            };
+            let Some(s) = self.active.iter_mut().find(|s| s.id == id) else {
+                continue;
+            };
+            let o = match o {
+                Ok(o) => o,
+                Err(msg) => {
+                    ended.push((id, Err(msg)));
+                    continue;
+                }
+            };
+            s.accept_rng = o.rng;
+            let (chunk_len, drafts) = &sent[&id];
+            if !s.decoding() {
+                s.prefilled += chunk_len;
+            } else {
+                if !drafts.is_empty() {
+                    s.spec.rounds += 1;
+                    s.spec.draft_tokens += drafts.len();
+                    s.spec.accepted_tokens += o.accepted;
+                }
+                s.governor.record_round(drafts.len(), o.accepted);
+            }
+            let Some(next) = o.next_token else { continue };
+            let round = drafts[..o.accepted].iter().copied().chain([next]);
+            match emit_round(s, round) {
+                Ok(Some(finish)) => ended.push((id, Ok(finish))),
+                Ok(None) => {}
+                Err(e) => ended.push((id, Err(e.to_string()))),
+            }
+        }
+        for (id, end) in ended {
+            let Some(pos) = self.active.iter().position(|s| s.id == id) else {
+                continue;
+            };
+            let s = self.active.swap_remove(pos);
+            let event = match end {
+                Ok(finish) => EngineEvent::Done {
+                    finish,
+                    usage: Usage {
+                        prompt_tokens: s.prompt_len(),
+                        completion_tokens: s.emitter.generated(),
+                        speculative: s.spec.clone(),
+                    },
+                },
+                Err(msg) => EngineEvent::Failed(msg),
+            };
+            let _ = s.events.send(event);
+            self.retire(s).await;
+        }
+        Ok(())
+    }
+}
+
+/// Emits a round's tokens (the accepted drafts, then the sampled token) through the sequence's
+/// emitter, stopping at the first stop condition, and sends what came out as one event.
+fn emit_round(
+    s: &mut Sequence,
+    round: impl Iterator<Item = u32>,
+) -> Result<Option<FinishReason>, EngineError> {
+    let mut tokens = Vec::new();
+    let mut text = String::new();
+    let mut finish = None;
+    for t in round {
+        s.context.push(t);
+        tokens.push(t);
+        finish = s.emitter.push(t)?;
+        text.push_str(s.emitter.delta());
+        if finish.is_some() {
+            break;
+        }
+    }
+    if finish.is_none() && s.context.len() > s.max_context {
+        s.emitter.end(FinishReason::ContextFull)?;
+        text.push_str(s.emitter.delta());
+        finish = Some(FinishReason::ContextFull);
+    }
+    let _ = s.events.send(EngineEvent::Output { tokens, text });
+    Ok(finish)
+}
+
+impl Actor for Scheduler {
+    type Args = Self;
+    type Error = Infallible;
+
+    async fn on_start(state: Self, _: ActorRef<Self>) -> Result<Self, Infallible> {
+        Ok(state)
+    }
+}
+
+impl Message<Submit> for Scheduler {
+    type Reply = Result<u64, EngineError>;
+
+    async fn handle(&mut self, msg: Submit, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        check_request(&msg.request.generation, self.cfg.context_len)?;
+        if let Some(l) = msg.request.lenience {
+            if !(l > 0.0 && l <= 1.0) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "lenience must be in (0, 1], got {l}"
+                )));
+            }
+        }
+        if self.queue.len() >= self.cfg.max_queue {
+            return Err(EngineError::Overloaded {
+                queued: self.queue.len(),
+            });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.queue.push_back(Queued {
+            id,
+            request: msg.request,
+            events: msg.events,
+        });
+        self.schedule_step(ctx.actor_ref());
+        Ok(id)
+    }
+}
+
+impl Message<Step> for Scheduler {
+    type Reply = ();
+
+    async fn handle(&mut self, _: Step, ctx: &mut Context<Self, Self::Reply>) {
+        self.step_scheduled = false;
+        if let Err(e) = self.step().await {
+            // A failure of the whole forward (not of one request's sampling): every active
+            // request is told, and its resources go back.
+            for s in std::mem::take(&mut self.active) {
+                let _ = s.events.send(EngineEvent::Failed(e.to_string()));
+                self.retire(s).await;
+            }
+        }
+        self.schedule_step(ctx.actor_ref());
+    }
+}
+
+impl Message<GetSchedulerStats> for Scheduler {
+    type Reply = SchedulerStats;
+
+    async fn handle(
+        &mut self,
+        _: GetSchedulerStats,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> SchedulerStats {
+        SchedulerStats {
+            active: self.active.len(),
+            queued: self.queue.len(),
+            rounds: self.rounds,
+            overlap_ratio: if self.any_busy > 0.0 {
+                self.both_busy / self.any_busy
+            } else {
+                0.0
+            },
+        }
+    }
+}

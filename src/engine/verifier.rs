@@ -1,0 +1,216 @@
+//! The Verifier actor: batched target forwards (prompt chunks, plain steps and verification of
+//! drafts), the acceptance rule, and rollback of the target cache — all on its compute worker.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kameo::error::Infallible;
+use kameo::message::{Context, Message};
+use kameo::Actor;
+
+use super::messages::{
+    FreeSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome, TargetWork,
+};
+use super::speculative::{verify, Scratch};
+use super::worker::ComputeWorker;
+use super::EngineError;
+use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
+use crate::sampling::Sampler;
+
+/// What the verifier's worker owns.
+pub struct TargetState {
+    model: Arc<Llama>,
+    cache: KvCache,
+    scratch: Scratch,
+    sampler: Sampler,
+}
+
+pub struct Verifier {
+    worker: ComputeWorker<TargetState>,
+}
+
+impl Verifier {
+    pub fn new(model: Arc<Llama>, slots: usize, threads: usize) -> Result<Self, EngineError> {
+        let cache = model.new_cache(slots);
+        let state = TargetState {
+            model,
+            cache,
+            scratch: Scratch::default(),
+            sampler: Sampler::default(),
+        };
+        Ok(Self {
+            worker: ComputeWorker::spawn("tandem-target", threads, state)?,
+        })
+    }
+
+    /// Times target forwards of 1..=`max_width` new tokens at a small depth on `slot` (free at
+    /// start-up), best of `repeats`, for the governor's cost model.
+    pub async fn calibrate(
+        &self,
+        slot: usize,
+        max_width: usize,
+        repeats: usize,
+    ) -> Result<Vec<f64>, EngineError> {
+        self.worker
+            .run(move |s| calibrate(s, slot, max_width, repeats))
+            .await?
+    }
+}
+
+fn calibrate(
+    s: &mut TargetState,
+    slot: usize,
+    max_width: usize,
+    repeats: usize,
+) -> Result<Vec<f64>, EngineError> {
+    let vocab = s.model.hparams().vocab_size as u32;
+    let depth = 32.min(s.cache.max_len().saturating_sub(max_width + 1));
+    s.cache.allocate_slot(slot)?;
+    let ids: Vec<u32> = (0..depth + max_width)
+        .map(|i| (i as u32 * 7919 + 13) % vocab)
+        .collect();
+    let run = |s: &mut TargetState| -> Result<Vec<f64>, EngineError> {
+        s.model.forward(
+            &mut s.cache,
+            &[SeqInput {
+                slot,
+                start_pos: 0,
+                tokens: &ids[..depth.max(1)],
+                logits: LogitsRows::None,
+            }],
+        )?;
+        let base = s.cache.len(slot)?;
+        let mut best = vec![f64::INFINITY; max_width];
+        for _ in 0..repeats.max(1) {
+            for w in 1..=max_width {
+                let t = Instant::now();
+                s.model.forward(
+                    &mut s.cache,
+                    &[SeqInput {
+                        slot,
+                        start_pos: base,
+                        tokens: &ids[base..base + w],
+                        logits: LogitsRows::All,
+                    }],
+                )?;
+                best[w - 1] = best[w - 1].min(t.elapsed().as_secs_f64());
+                s.cache.truncate_to(slot, base)?;
+            }
+        }
+        Ok(best)
+    };
+    let result = run(s);
+    s.cache.free(slot)?;
+    result
+}
+
+impl Actor for Verifier {
+    type Args = Self;
+    type Error = Infallible;
+
+    async fn on_start(state: Self, _: kameo::actor::ActorRef<Self>) -> Result<Self, Infallible> {
+        Ok(state)
+    }
+}
+
+impl Message<TargetBatch> for Verifier {
+    type Reply = Result<TargetBatchResult, EngineError>;
+
+    async fn handle(
+        &mut self,
+        msg: TargetBatch,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        self.worker.run(move |s| run_batch(s, msg.items)).await?
+    }
+}
+
+impl Message<FreeSlot> for Verifier {
+    type Reply = Result<(), EngineError>;
+
+    async fn handle(&mut self, msg: FreeSlot, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        self.worker
+            .run(move |s| {
+                if s.cache.is_allocated(msg.slot) {
+                    s.cache.free(msg.slot)?;
+                }
+                Ok(())
+            })
+            .await?
+    }
+}
+
+/// One forward for every item, then each item's sampling or acceptance and rollback. A failure
+/// that belongs to one item (bad logits, a sampling error) fails that item only.
+fn run_batch(
+    s: &mut TargetState,
+    items: Vec<TargetItem>,
+) -> Result<TargetBatchResult, EngineError> {
+    let start = Instant::now();
+    for it in &items {
+        if !s.cache.is_allocated(it.slot) {
+            s.cache.allocate_slot(it.slot)?;
+        }
+    }
+    let inputs: Vec<SeqInput> = items
+        .iter()
+        .map(|it| SeqInput {
+            slot: it.slot,
+            start_pos: it.start_pos,
+            tokens: &it.tokens,
+            logits: match it.work {
+                TargetWork::PrefillChunk => LogitsRows::None,
+                TargetWork::PrefillLast => LogitsRows::Last,
+                TargetWork::Verify => LogitsRows::All,
+            },
+        })
+        .collect();
+    let logits = s.model.forward(&mut s.cache, &inputs)?;
+    let mut outcomes = Vec::with_capacity(items.len());
+    for (i, it) in items.into_iter().enumerate() {
+        let mut rng = it.rng.clone();
+        let result = (|| -> Result<(usize, Option<u32>), EngineError> {
+            match it.work {
+                TargetWork::PrefillChunk => Ok((0, None)),
+                TargetWork::PrefillLast => {
+                    let row = logits.seq_rows(i)?.pop().expect("asked for the last row");
+                    let tok = s
+                        .sampler
+                        .pick(&row, &it.params, &it.context, &[], &mut rng)?;
+                    Ok((0, Some(tok)))
+                }
+                TargetWork::Verify => {
+                    let rows = logits.seq_rows(i)?;
+                    let outcome = verify(
+                        &it.params,
+                        it.lenience,
+                        &it.context,
+                        it.prompt_len,
+                        &it.tokens[1..],
+                        &it.proposal,
+                        rows,
+                        &mut s.scratch,
+                        &mut rng,
+                    )?;
+                    s.cache
+                        .truncate_to(it.slot, it.start_pos + 1 + outcome.accepted)?;
+                    Ok((outcome.accepted, Some(outcome.next_token)))
+                }
+            }
+        })();
+        outcomes.push(
+            result
+                .map(|(accepted, next_token)| TargetOutcome {
+                    seq: it.seq,
+                    accepted,
+                    next_token,
+                    rng,
+                })
+                .map_err(|e| (it.seq, e.to_string())),
+        );
+    }
+    Ok(TargetBatchResult {
+        outcomes,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,37 @@
+//! Where the model's parallel sections (matmul tiles, attention heads) run.
+//!
+//! Why it exists: candle's CPU thread pool is global and serialises concurrent callers, so two
+//! forward passes on two OS threads (the drafter's and the verifier's compute workers, running
+//! at the same time when pipelining) would queue behind each other. A compute worker with a
+//! one-thread budget marks its thread with [`set_inline`], and its forwards then run every
+//! parallel section on that thread alone, never touching the shared pool.
+
+use std::cell::Cell;
+
+thread_local! {
+    static INLINE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs this thread's parallel sections inline (`true`) or on candle's pool (`false`).
+pub fn set_inline(inline: bool) {
+    INLINE.with(|c| c.set(inline));
+}
+
+pub fn is_inline() -> bool {
+    INLINE.with(Cell::get)
+}
+
+/// Runs `work` over `0..units` in chunks, on candle's pool unless this thread runs inline or
+/// the work is a single unit.
+pub fn for_each_chunk(units: usize, work: impl Fn(std::ops::Range<usize>) + Sync) {
+    if units <= 1 || is_inline() {
+        work(0..units);
+    } else {
+        candle_core::utils::barrier_pool().execute_chunked(units, work);
+    }
+}
+
+/// Runs `work(unit)` for every unit in `0..units` (see [`for_each_chunk`]).
+pub fn for_each_unit(units: usize, work: impl Fn(usize) + Sync) {
+    for_each_chunk(units, |range| range.for_each(&work));
+}

@@ -1,0 +1,375 @@
+//! The actor engine: concurrent requests (joining at different times, mixed prompt lengths,
+//! pipeline on and off, both drafters) give exactly each request's plain single-request greedy
+//! output; seeded sampling is reproducible whatever else is in the batch; cancellation frees
+//! KV slots; overload and oversized prompts are refused up front; the governor decodes plainly
+//! with a drafter that does not pay and speculates with one that does.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tandem::engine::{
+    generate_plain, Completion, DraftSource, Engine, EngineConfig, EngineError, EngineEvent,
+    EngineRequest, FinishReason, GammaPolicy, GenerationRequest,
+};
+use tandem::model::{Llama, LoadedModel, WeightsDtype};
+use tandem::sampling::SamplingParams;
+
+fn untied(seed: u64) -> common::TinySpec {
+    common::TinySpec {
+        tied: false,
+        seed,
+        ..Default::default()
+    }
+}
+
+fn load(spec: &common::TinySpec, dtype: WeightsDtype) -> (tempfile::TempDir, LoadedModel) {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_tiny_llama(dir.path(), spec);
+    let m = common::load_tiny(dir.path(), dtype);
+    (dir, m)
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        ..Default::default()
+    }
+}
+
+fn plain(model: &Llama, req: &GenerationRequest) -> Vec<u32> {
+    let mut cache = model.new_cache(1);
+    generate_plain(model, &mut cache, req, &mut |_| true)
+        .unwrap()
+        .tokens
+}
+
+fn request(generation: GenerationRequest, gamma: GammaPolicy) -> EngineRequest {
+    EngineRequest {
+        generation,
+        gamma,
+        lenience: None,
+    }
+}
+
+/// Prompts of mixed lengths with repeats, so prompt lookup finds matches.
+fn prompts(n: usize) -> Vec<Vec<u32>> {
+    (0..n)
+        .map(|i| {
+            let a = common::random_tokens(100 + i as u64, 5 + 7 * i, 256);
+            [a.clone(), a.clone(), a].concat()
+        })
+        .collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
+    let (_d1, target) = load(&untied(7), WeightsDtype::F32);
+    let (_d2, other) = load(&untied(99), WeightsDtype::F32);
+    let target_model = Arc::new(target.model);
+    let rt = runtime();
+    let all = prompts(8);
+    let want: Vec<Vec<u32>> = all
+        .iter()
+        .enumerate()
+        .map(|(i, p)| plain(&target_model, &greedy(p.clone(), 20 + 3 * i)))
+        .collect();
+    let sources = [
+        None,
+        Some(DraftSource::PromptLookup),
+        Some(DraftSource::Model {
+            model: Arc::new(other.model),
+            name: "tiny-other".into(),
+        }),
+    ];
+    for source in sources {
+        for pipeline in [false, true] {
+            let cfg = EngineConfig {
+                max_seqs: 4,
+                prefill_chunk: 16,
+                pipeline,
+                target_threads: if pipeline { 1 } else { 2 },
+                draft_threads: if pipeline { 1 } else { 2 },
+                ..Default::default()
+            };
+            let engine = rt
+                .block_on(Engine::start(
+                    Arc::clone(&target_model),
+                    source.clone(),
+                    cfg,
+                ))
+                .unwrap();
+            for n in [1usize, 4, 8] {
+                let got: Vec<Completion> = rt.block_on(async {
+                    let mut handles = Vec::new();
+                    for (i, p) in all.iter().take(n).enumerate() {
+                        let gamma = match i % 3 {
+                            0 => GammaPolicy::Fixed(3),
+                            1 => GammaPolicy::Adaptive,
+                            _ => GammaPolicy::Fixed(1 + i % 8),
+                        };
+                        let stream = engine
+                            .submit(request(greedy(p.clone(), 20 + 3 * i), gamma))
+                            .await
+                            .unwrap();
+                        handles.push(tokio::spawn(stream.collect()));
+                        if i % 3 == 1 {
+                            // Later requests join while earlier ones are decoding.
+                            tokio::time::sleep(Duration::from_millis(3)).await;
+                        }
+                    }
+                    let mut out = Vec::new();
+                    for h in handles {
+                        out.push(h.await.unwrap().unwrap());
+                    }
+                    out
+                });
+                for (i, c) in got.iter().enumerate() {
+                    assert_eq!(
+                        c.tokens,
+                        want[i],
+                        "request {i} of {n}, pipeline {pipeline}, drafter {}",
+                        source.as_ref().map_or("none", |s| match s {
+                            DraftSource::PromptLookup => "prompt-lookup",
+                            DraftSource::Model { .. } => "model",
+                        })
+                    );
+                    assert_eq!(c.finish, FinishReason::Length);
+                    assert_eq!(c.usage.completion_tokens, c.tokens.len());
+                }
+            }
+            let stats = rt.block_on(engine.cache_stats()).unwrap();
+            assert_eq!(stats.free_slots, stats.total_slots, "every slot returned");
+            assert_eq!(stats.reserved_tokens, 0);
+        }
+    }
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
+    let (_d1, target) = load(&untied(7), WeightsDtype::F32);
+    let (_d2, other) = load(&untied(99), WeightsDtype::F32);
+    let rt = runtime();
+    let engine = rt
+        .block_on(Engine::start(
+            Arc::new(target.model),
+            Some(DraftSource::Model {
+                model: Arc::new(other.model),
+                name: "tiny-other".into(),
+            }),
+            EngineConfig::default(),
+        ))
+        .unwrap();
+    let sampled = |prompt: Vec<u32>, seed| {
+        request(
+            GenerationRequest {
+                prompt,
+                max_tokens: 24,
+                sampling: SamplingParams {
+                    temperature: 0.9,
+                    seed: Some(seed),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            GammaPolicy::Fixed(3),
+        )
+    };
+    let p = prompts(5);
+    let alone = rt
+        .block_on(async {
+            engine
+                .submit(sampled(p[0].clone(), 42))
+                .await?
+                .collect()
+                .await
+        })
+        .unwrap();
+    let crowded = rt
+        .block_on(async {
+            let mut others = Vec::new();
+            for (i, q) in p[1..].iter().enumerate() {
+                others.push(engine.submit(sampled(q.clone(), i as u64)).await?);
+            }
+            let mine = engine.submit(sampled(p[0].clone(), 42)).await?;
+            let out = mine.collect().await;
+            for o in others {
+                o.collect().await?;
+            }
+            out
+        })
+        .unwrap();
+    assert_eq!(alone.tokens, crowded.tokens);
+    let other_seed = rt
+        .block_on(async {
+            engine
+                .submit(sampled(p[0].clone(), 43))
+                .await?
+                .collect()
+                .await
+        })
+        .unwrap();
+    assert_ne!(alone.tokens, other_seed.tokens, "the seed matters");
+}
+
+#[test]
+fn cancelling_frees_slots_and_leaves_others_alone() {
+    let (_d1, target) = load(&untied(7), WeightsDtype::F32);
+    let model = Arc::new(target.model);
+    let rt = runtime();
+    let engine = rt
+        .block_on(Engine::start(
+            Arc::clone(&model),
+            Some(DraftSource::PromptLookup),
+            EngineConfig {
+                max_seqs: 2,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let p = prompts(2);
+    let keep_req = greedy(p[1].clone(), 40);
+    let want = plain(&model, &keep_req);
+    rt.block_on(async {
+        let mut doomed = engine
+            .submit(request(greedy(p[0].clone(), 200), GammaPolicy::Fixed(2)))
+            .await
+            .unwrap();
+        let keep = engine
+            .submit(request(keep_req, GammaPolicy::Fixed(2)))
+            .await
+            .unwrap();
+        // Some output first, then hang up.
+        assert!(matches!(
+            doomed.next().await,
+            Some(EngineEvent::Output { .. })
+        ));
+        drop(doomed);
+        let kept = keep.collect().await.unwrap();
+        assert_eq!(kept.tokens, want);
+        let mut freed = false;
+        for _ in 0..200 {
+            let s = engine.cache_stats().await.unwrap();
+            if s.free_slots == s.total_slots {
+                freed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(freed, "the cancelled request's slot comes back");
+        assert_eq!(engine.stats().await.unwrap().active, 0);
+    });
+}
+
+#[test]
+fn overload_and_oversized_prompts_are_refused_before_any_work() {
+    let (_d1, target) = load(&untied(7), WeightsDtype::F32);
+    let context = target.model.context_len();
+    let rt = runtime();
+    let engine = rt
+        .block_on(Engine::start(
+            Arc::new(target.model),
+            None,
+            EngineConfig {
+                max_seqs: 1,
+                max_queue: 1,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    rt.block_on(async {
+        let too_long = engine
+            .submit(request(greedy(vec![1; context], 4), GammaPolicy::Off))
+            .await;
+        assert!(matches!(too_long, Err(EngineError::PromptTooLong { .. })));
+        let mut streams = Vec::new();
+        let mut overloaded = false;
+        for _ in 0..4 {
+            match engine
+                .submit(request(greedy(vec![1, 2, 3], 150), GammaPolicy::Off))
+                .await
+            {
+                Ok(s) => streams.push(s),
+                Err(EngineError::Overloaded { .. }) => overloaded = true,
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        assert!(overloaded, "1 running + 1 queued, then overloaded");
+        for s in streams {
+            let c = s.collect().await.unwrap();
+            assert_eq!(c.tokens.len(), 150);
+        }
+    });
+}
+
+#[test]
+fn governor_decodes_plainly_with_a_bad_drafter_and_speculates_with_a_good_one() {
+    let rt = runtime();
+    // Bad: a draft model as big as the target with other weights: it rarely agrees and costs
+    // as much as a target step, so speculation cannot pay.
+    let (_d1, target) = load(&untied(7), WeightsDtype::F32);
+    let (_d2, other) = load(&untied(99), WeightsDtype::F32);
+    let engine = rt
+        .block_on(Engine::start(
+            Arc::new(target.model),
+            Some(DraftSource::Model {
+                model: Arc::new(other.model),
+                name: "tiny-other".into(),
+            }),
+            EngineConfig::default(),
+        ))
+        .unwrap();
+    let bad = rt
+        .block_on(async {
+            engine
+                .submit(request(
+                    greedy(prompts(1)[0].clone(), 120),
+                    GammaPolicy::Adaptive,
+                ))
+                .await?
+                .collect()
+                .await
+        })
+        .unwrap();
+    let spec = &bad.usage.speculative;
+    assert!(
+        spec.rounds * 4 < bad.tokens.len(),
+        "mostly plain steps with a bad drafter: {spec:?}"
+    );
+    // Good: a tied tiny model repeats its input token forever, which prompt lookup (free)
+    // predicts perfectly.
+    let (_d3, repeater) = load(&common::TinySpec::default(), WeightsDtype::F32);
+    let engine = rt
+        .block_on(Engine::start(
+            Arc::new(repeater.model),
+            Some(DraftSource::PromptLookup),
+            EngineConfig::default(),
+        ))
+        .unwrap();
+    let good = rt
+        .block_on(async {
+            engine
+                .submit(request(greedy(vec![5; 12], 120), GammaPolicy::Adaptive))
+                .await?
+                .collect()
+                .await
+        })
+        .unwrap();
+    let spec = &good.usage.speculative;
+    assert!(
+        spec.acceptance_rate() > 0.9 && spec.mean_accepted_length() > 3.0,
+        "speculation with a drafter that is always right: {spec:?} {:?}",
+        &good.tokens[..10]
+    );
+}
