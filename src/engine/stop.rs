@@ -129,8 +129,10 @@ mod tests {
 
     #[test]
     fn overlapping_prefix_candidates() {
-        // "aab": after "aa" both "a" and "aa" are candidate starts; the longest is held.
-        assert_eq!(run(&["aab"], &["xa", "a", "ab"]), ("x".into(), true));
+        // "aab": after "xaa" both "a" and "aa" are candidate starts; the longest is held, and the
+        // stop found in "xaaab" starts at byte 2, so "xa" is released.
+        assert_eq!(run(&["aab"], &["xa", "a", "ab"]), ("xa".into(), true));
+        assert_eq!(run(&["aab"], &["xa", "a", "b"]), ("x".into(), true));
         assert_eq!(
             run(&["aab"], &["xa", "a", "a", "c"]),
             ("xaaac".into(), false)
