@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::engine::SpeculationSettings;
 use crate::model::WeightsDtype;
 
 /// The embedded default configuration.
@@ -26,7 +27,62 @@ pub struct Config {
     pub model: ModelConfig,
     pub runtime: RuntimeConfig,
     pub generation: GenerationDefaults,
+    pub server: ServerConfig,
+    pub speculation: SpeculationConfig,
+    pub engine: EngineSection,
+    pub logging: LoggingConfig,
 }
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggingConfig {
+    pub level: String,
+    pub format: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    pub model_name: String,
+    pub max_body_bytes: usize,
+    pub admin_token: String,
+    pub shutdown_grace_seconds: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculationConfig {
+    pub enabled: bool,
+    pub draft_model: String,
+    pub draft_weights_dtype: String,
+    pub adaptive: bool,
+    pub gamma: usize,
+    pub gamma_min: usize,
+    pub gamma_max: usize,
+    pub lenience: f32,
+    pub under_load_queue_depth: usize,
+    pub lenience_under_load: f32,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSection {
+    pub max_seqs: usize,
+    pub max_queue: usize,
+    pub prefill_chunk: usize,
+    pub pipeline: bool,
+    pub target_threads: usize,
+    pub draft_threads: usize,
+    pub max_gamma: usize,
+}
+
+/// The seeds' names for speculation keys, accepted as aliases.
+const SPECULATION_ALIASES: [(&str, &str); 2] = [
+    ("spec_length", "gamma"),
+    ("use_speculative_decoding", "enabled"),
+];
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,9 +115,10 @@ impl Config {
         let mut base: toml::Table = DEFAULT_CONFIG
             .parse()
             .map_err(|e: toml::de::Error| ConfigError::Parse(format!("embedded default: {e}")))?;
-        let user: toml::Table = text
+        let mut user: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        resolve_aliases(&mut user)?;
         merge(&mut base, user);
         let cfg: Config = toml::Value::Table(base)
             .try_into()
@@ -119,8 +176,101 @@ impl Config {
                 "must be a finite number > 0".into(),
             );
         }
+        if let Err(e) = crate::logging::validate(&self.logging.level, &self.logging.format) {
+            return match e {
+                crate::logging::LoggingError::Format(f) => {
+                    invalid("logging.format", format!("must be text or json, got `{f}`"))
+                }
+                other => invalid(
+                    "logging.level",
+                    format!("is not a valid level or filter: {other}"),
+                ),
+            };
+        }
+        if self.server.host.trim().is_empty() {
+            return invalid("server.host", "must not be empty".into());
+        }
+        if self.server.max_body_bytes < 1024 {
+            return invalid("server.max_body_bytes", "must be >= 1024".into());
+        }
+        let e = &self.engine;
+        for (key, v) in [
+            ("engine.max_seqs", e.max_seqs),
+            ("engine.max_queue", e.max_queue),
+            ("engine.prefill_chunk", e.prefill_chunk),
+            ("engine.max_gamma", e.max_gamma),
+        ] {
+            if v == 0 {
+                return invalid(key, "must be >= 1".into());
+            }
+        }
+        if e.max_gamma > 32 {
+            return invalid("engine.max_gamma", "must be <= 32".into());
+        }
+        let sp = &self.speculation;
+        if sp.draft_model.trim().is_empty() {
+            return invalid(
+                "speculation.draft_model",
+                "must be none, prompt-lookup, default or a model path".into(),
+            );
+        }
+        if let Err(e) = sp.draft_weights_dtype.parse::<WeightsDtype>() {
+            return invalid("speculation.draft_weights_dtype", e);
+        }
+        if let Err(e) = self.speculation_settings().validate(self.engine.max_gamma) {
+            return Err(ConfigError::Invalid {
+                key: match e.key {
+                    "lenience" => "speculation.lenience",
+                    "lenience_under_load" => "speculation.lenience_under_load",
+                    "gamma" => "speculation.gamma",
+                    "gamma_min" => "speculation.gamma_min",
+                    _ => "speculation.gamma_max",
+                },
+                reason: e.reason,
+            });
+        }
         Ok(())
     }
+
+    /// The live speculation settings the engine starts with.
+    pub fn speculation_settings(&self) -> SpeculationSettings {
+        let sp = &self.speculation;
+        SpeculationSettings {
+            enabled: sp.enabled,
+            adaptive: sp.adaptive,
+            gamma: sp.gamma,
+            gamma_min: sp.gamma_min,
+            gamma_max: sp.gamma_max,
+            lenience: sp.lenience,
+            under_load_queue_depth: sp.under_load_queue_depth,
+            lenience_under_load: sp.lenience_under_load,
+        }
+    }
+
+    pub fn draft_weights_dtype(&self) -> WeightsDtype {
+        self.speculation
+            .draft_weights_dtype
+            .parse()
+            .expect("validated at load")
+    }
+}
+
+/// Renames the seeds' alias keys to ours; giving both names is an error.
+fn resolve_aliases(user: &mut toml::Table) -> Result<(), ConfigError> {
+    let Some(toml::Value::Table(spec)) = user.get_mut("speculation") else {
+        return Ok(());
+    };
+    for (alias, key) in SPECULATION_ALIASES {
+        if let Some(v) = spec.remove(alias) {
+            if spec.contains_key(key) {
+                return Err(ConfigError::Parse(format!(
+                    "speculation.{alias} is an alias of speculation.{key}; give only one"
+                )));
+            }
+            spec.insert(key.to_string(), v);
+        }
+    }
+    Ok(())
 }
 
 /// Overlays `user` on `base`, table by table.
@@ -156,6 +306,25 @@ mod tests {
         assert!(e.to_string().contains("bogus"), "{e}");
         let e = Config::from_toml("[generation]\nmax_tokens = \"many\"").unwrap_err();
         assert!(e.to_string().contains("max_tokens"), "{e}");
+    }
+
+    #[test]
+    fn speculation_keys_are_checked_and_aliases_work() {
+        let e = Config::from_toml("[speculation]\ngamma = 0").unwrap_err();
+        assert_eq!(e.to_string(), "config: speculation.gamma must be >= 1");
+        let e = Config::from_toml("[speculation]\nlenience = 1.5").unwrap_err();
+        assert!(e.to_string().contains("speculation.lenience"), "{e}");
+        let e = Config::from_toml("[engine]\nmax_seqs = 0").unwrap_err();
+        assert!(e.to_string().contains("engine.max_seqs"), "{e}");
+        let e = Config::from_toml("[speculation]\ngamma_max = 9").unwrap_err();
+        assert!(e.to_string().contains("speculation.gamma_max"), "{e}");
+        let c = Config::from_toml(
+            "[speculation]\nspec_length = 3\nuse_speculative_decoding = false\ndraft_model = \"default\"",
+        )
+        .unwrap();
+        assert_eq!((c.speculation.gamma, c.speculation.enabled), (3, false));
+        let e = Config::from_toml("[speculation]\nspec_length = 3\ngamma = 2").unwrap_err();
+        assert!(e.to_string().contains("alias"), "{e}");
     }
 
     #[test]

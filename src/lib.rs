@@ -8,6 +8,9 @@
 pub mod config;
 pub mod draft;
 pub mod engine;
+pub mod logging;
 pub mod model;
 pub mod runtime;
 pub mod sampling;
+pub mod server;
+pub mod telemetry;

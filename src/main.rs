@@ -32,11 +32,52 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible HTTP API (and /metrics, /health, the admin API).
+    Serve(Box<ServeArgs>),
     /// Generate a completion for one prompt, streaming it to stdout; stats go to stderr.
     Generate(Box<GenerateArgs>),
     /// Time forwards of k new tokens against a cache of a given depth (the cost a speculative
     /// verification pays), reported against a 1-token forward.
     ForwardBench(ForwardBenchArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, env = "TANDEM_HOST")]
+    host: Option<String>,
+    /// 0 picks a free port (printed at start).
+    #[arg(long, env = "TANDEM_PORT")]
+    port: Option<u16>,
+    /// The model id clients send and /v1/models lists.
+    #[arg(long, env = "TANDEM_MODEL_NAME")]
+    model_name: Option<String>,
+    /// `none`, `prompt-lookup`, `default` or a model path.
+    #[arg(long, env = "TANDEM_DRAFT_MODEL")]
+    draft_model: Option<String>,
+    #[arg(long, env = "TANDEM_DRAFT_WEIGHTS_DTYPE")]
+    draft_weights_dtype: Option<String>,
+    /// Switch speculation on or off (`--speculative-decoding false`).
+    #[arg(long, env = "TANDEM_SPECULATIVE_DECODING")]
+    speculative_decoding: Option<bool>,
+    /// A fixed γ (turns the governor off); `--spec-length` is the seeds' name.
+    #[arg(long, alias = "spec-length", env = "TANDEM_GAMMA")]
+    gamma: Option<usize>,
+    /// Let the governor choose γ (`--adaptive false` for a fixed γ).
+    #[arg(long, env = "TANDEM_ADAPTIVE")]
+    adaptive: Option<bool>,
+    /// Server-wide lenience in (0, 1]; 1 is exact.
+    #[arg(long, env = "TANDEM_LENIENCE")]
+    lenience: Option<f32>,
+    #[arg(long, env = "TANDEM_MAX_SEQS")]
+    max_seqs: Option<usize>,
+    #[arg(long, env = "TANDEM_MAX_QUEUE")]
+    max_queue: Option<usize>,
+    #[arg(long, env = "TANDEM_PIPELINE")]
+    pipeline: Option<bool>,
+    #[arg(long, env = "TANDEM_MAX_BODY_BYTES")]
+    max_body_bytes: Option<usize>,
 }
 
 #[derive(Args)]
@@ -139,6 +180,11 @@ fn main() -> Result<()> {
         None => Config::embedded(),
     };
     match cli.command {
+        Command::Serve(args) => {
+            apply_model_args(&mut config, &args.model)?;
+            apply_serve_args(&mut config, &args)?;
+            serve(config)
+        }
         Command::Generate(args) => {
             apply_model_args(&mut config, &args.model)?;
             generate(&config, *args)
@@ -164,6 +210,70 @@ fn apply_model_args(config: &mut Config, args: &ModelArgs) -> Result<()> {
         config.model.context_length = c;
     }
     config.validate()?;
+    Ok(())
+}
+
+fn apply_serve_args(config: &mut Config, a: &ServeArgs) -> Result<()> {
+    let (srv, spec, eng) = (
+        &mut config.server,
+        &mut config.speculation,
+        &mut config.engine,
+    );
+    if let Some(v) = &a.host {
+        srv.host = v.clone();
+    }
+    if let Some(v) = a.port {
+        srv.port = v;
+    }
+    if let Some(v) = &a.model_name {
+        srv.model_name = v.clone();
+    }
+    if let Some(v) = a.max_body_bytes {
+        srv.max_body_bytes = v;
+    }
+    if let Some(v) = &a.draft_model {
+        spec.draft_model = v.clone();
+    }
+    if let Some(v) = &a.draft_weights_dtype {
+        spec.draft_weights_dtype = v.clone();
+    }
+    if let Some(v) = a.speculative_decoding {
+        spec.enabled = v;
+    }
+    if let Some(v) = a.gamma {
+        spec.gamma = v;
+        spec.adaptive = false;
+    }
+    if let Some(v) = a.adaptive {
+        spec.adaptive = v;
+    }
+    if let Some(v) = a.lenience {
+        spec.lenience = v;
+    }
+    if let Some(v) = a.max_seqs {
+        eng.max_seqs = v;
+    }
+    if let Some(v) = a.max_queue {
+        eng.max_queue = v;
+    }
+    if let Some(v) = a.pipeline {
+        eng.pipeline = v;
+    }
+    config.validate()?;
+    Ok(())
+}
+
+fn serve(config: Config) -> Result<()> {
+    tandem::logging::init(&config.logging.level, &config.logging.format)?;
+    let threads = tandem::runtime::init_threads(config.runtime.threads);
+    // The async runtime only moves bytes and messages; forward passes run on the engine's own
+    // compute threads.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(tandem::server::run(config, threads))?;
     Ok(())
 }
 

@@ -221,3 +221,58 @@ fn bad_models_give_clear_errors() {
         "{e}"
     );
 }
+
+/// A hub id loads from the local Hugging Face cache (never from the network), and one that is
+/// not there gets an error saying how to get it.
+#[test]
+fn hub_ids_resolve_in_the_local_cache_only() {
+    let hub = tempfile::tempdir().unwrap();
+    let repo = hub.path().join("models--acme--tiny-llama");
+    let snapshot = repo.join("snapshots").join("0123abcd");
+    common::write_tiny_llama(&snapshot, &common::TinySpec::default());
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abcd\n").unwrap();
+
+    let out = tandem_cmd()
+        .env("HF_HUB_CACHE", hub.path())
+        .args([
+            "generate",
+            "--model",
+            "acme/tiny-llama",
+            "--raw",
+            "--prompt",
+            "hi",
+        ])
+        .args(["--max-tokens", "4", "--json", "--weights-dtype", "f32"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["generated_tokens"].as_u64().unwrap() >= 1, "{v}");
+
+    let out = tandem_cmd()
+        .env("HF_HUB_CACHE", hub.path())
+        .args(["generate", "--model", "acme/absent", "--prompt", "hi"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("acme/absent") && stderr.contains("huggingface-cli download"),
+        "{stderr}"
+    );
+}
+
+/// The seeds' pair config is valid and names both models by hub id.
+#[test]
+fn llama_pair_config_is_valid() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/llama-3.2-1b-3b.toml");
+    let c = tandem::config::Config::from_file(&path).expect("the pair config validates");
+    assert_eq!(c.model.path, "meta-llama/Llama-3.2-3B-Instruct");
+    assert_eq!(
+        c.speculation.draft_model,
+        "meta-llama/Llama-3.2-1B-Instruct"
+    );
+    assert!(c.speculation.enabled);
+}

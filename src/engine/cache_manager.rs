@@ -16,16 +16,21 @@ pub struct CacheManager {
     total_slots: usize,
     capacity_tokens: usize,
     reserved_tokens: usize,
+    /// Whether a draft model keeps caches of its own (prompt lookup has none).
+    draft_cache: bool,
 }
 
 impl CacheManager {
-    pub fn new(slots: usize, capacity_tokens: usize) -> Self {
-        Self {
+    pub fn new(slots: usize, capacity_tokens: usize, draft_cache: bool) -> Self {
+        let manager = Self {
             free: (0..slots).rev().collect(),
             total_slots: slots,
             capacity_tokens,
             reserved_tokens: 0,
-        }
+            draft_cache,
+        };
+        manager.report_usage();
+        manager
     }
 }
 
@@ -38,6 +43,18 @@ impl Actor for CacheManager {
     }
 }
 
+impl CacheManager {
+    /// Reservations cover the draft model's per-sequence caches too (they hold the same
+    /// tokens), so one ratio describes both.
+    fn report_usage(&self) {
+        let ratio = self.reserved_tokens as f64 / self.capacity_tokens.max(1) as f64;
+        crate::telemetry::set_kv_usage("target", ratio);
+        if self.draft_cache {
+            crate::telemetry::set_kv_usage("draft", ratio);
+        }
+    }
+}
+
 impl Message<Reserve> for CacheManager {
     type Reply = Option<usize>;
 
@@ -47,6 +64,7 @@ impl Message<Reserve> for CacheManager {
         }
         let slot = self.free.pop()?;
         self.reserved_tokens += msg.tokens;
+        self.report_usage();
         Some(slot)
     }
 }
@@ -60,6 +78,7 @@ impl Message<Release> for CacheManager {
             self.free.push(msg.slot);
             self.reserved_tokens = self.reserved_tokens.saturating_sub(msg.tokens);
         }
+        self.report_usage();
     }
 }
 

@@ -8,11 +8,10 @@
 //! plain decoding, probing again now and then so a request that becomes predictable gets
 //! speculation back. Pure arithmetic: no clocks, no I/O; the caller feeds it measurements.
 
-/// Governor settings (config keys `speculation.gamma_min` and friends).
+/// Governor settings. The γ range it chooses from is live (`SpeculationSettings`), so it is
+/// passed to `choose` each round instead.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GovernorConfig {
-    pub gamma_min: usize,
-    pub gamma_max: usize,
     /// Weight of the past in the acceptance average, per round (0.9 ≈ the last ~10 rounds).
     pub decay: f64,
     /// While decoding plainly, draft one probing round every this many steps.
@@ -24,8 +23,6 @@ pub struct GovernorConfig {
 impl Default for GovernorConfig {
     fn default() -> Self {
         Self {
-            gamma_min: 1,
-            gamma_max: 8,
             decay: 0.9,
             probe_every: 16,
             min_gain: 1.02,
@@ -167,14 +164,16 @@ impl Governor {
         self.rejected = d * self.rejected + f64::from(u8::from(accepted < drafted));
     }
 
-    /// γ for the next round (0 = a plain step), given the measured costs.
-    pub fn choose(&self, costs: &CostModel) -> usize {
+    /// γ in `gamma_min..=gamma_max` for the next round (0 = a plain step), given the measured
+    /// costs.
+    pub fn choose(&self, costs: &CostModel, gamma_min: usize, gamma_max: usize) -> usize {
         let alpha = self.alpha();
+        let gamma_min = gamma_min.max(1);
         let mut best = (0usize, 1.0f64);
-        for gamma in self.cfg.gamma_min.max(1)..=self.cfg.gamma_max {
+        for gamma in gamma_min..=gamma_max {
             // Until costs are measured, speculate with the smallest γ to measure them.
             let Some(cost) = costs.round_cost(gamma) else {
-                return self.cfg.gamma_min.max(1);
+                return gamma_min;
             };
             let s = expected_speedup(alpha, gamma, cost);
             if s > best.1 {
@@ -184,10 +183,44 @@ impl Governor {
         if best.0 > 0 && best.1 >= self.cfg.min_gain {
             best.0
         } else if self.plain_steps + 1 >= self.cfg.probe_every {
-            self.cfg.gamma_min.max(1) // a probe keeps α current
+            gamma_min // a probe keeps α current
         } else {
             0
         }
+    }
+}
+
+/// The server-wide estimate of how much faster decoding runs than plain decoding would: tokens
+/// emitted per round over the round's measured cost in plain steps, decayed over recent decode
+/// rounds of every request (a plain round counts as 1 token for 1 step). Below 1, speculation
+/// is losing time: the `tandem_spec_speedup_estimate` gauge and its alert.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SpeedupEstimate {
+    tokens: f64,
+    cost: f64,
+}
+
+impl SpeedupEstimate {
+    /// Weight of the past per recorded round (≈ the last few hundred rounds).
+    const DECAY: f64 = 0.995;
+
+    /// A decode round that drafted `drafted` tokens of which `accepted` stood.
+    pub fn record(&mut self, drafted: usize, accepted: usize, costs: &CostModel) {
+        let (tokens, cost) = if drafted == 0 {
+            (1.0, 1.0)
+        } else {
+            match costs.round_cost(drafted) {
+                Some(c) => ((accepted + 1) as f64, c),
+                None => return,
+            }
+        };
+        self.tokens = Self::DECAY * self.tokens + tokens;
+        self.cost = Self::DECAY * self.cost + cost;
+    }
+
+    /// The estimate, once any round was recorded.
+    pub fn get(&self) -> Option<f64> {
+        (self.cost > 0.0).then(|| self.tokens / self.cost)
     }
 }
 
@@ -224,8 +257,8 @@ mod tests {
             bad.record_round(4, 0);
             good.record_round(4, 4);
         }
-        assert_eq!(bad.choose(&c), 0, "α ≈ {}", bad.alpha());
-        assert!(good.choose(&c) >= 4, "α ≈ {}", good.alpha());
+        assert_eq!(bad.choose(&c, 1, 8), 0, "α ≈ {}", bad.alpha());
+        assert!(good.choose(&c, 1, 8) >= 4, "α ≈ {}", good.alpha());
     }
 
     #[test]
@@ -236,7 +269,7 @@ mod tests {
         for _ in 0..30 {
             g.record_round(3, 3);
         }
-        assert_eq!(g.choose(&c), 0);
+        assert_eq!(g.choose(&c, 1, 8), 0);
     }
 
     #[test]
@@ -247,10 +280,10 @@ mod tests {
         for _ in 0..40 {
             g.record_round(2, 0);
         }
-        assert_eq!(g.choose(&c), 0);
+        assert_eq!(g.choose(&c, 1, 8), 0);
         let mut probed = false;
         for _ in 0..cfg.probe_every {
-            let gamma = g.choose(&c);
+            let gamma = g.choose(&c, 1, 8);
             if gamma > 0 {
                 probed = true;
                 g.record_round(gamma, gamma);
@@ -262,16 +295,16 @@ mod tests {
         for _ in 0..30 {
             g.record_round(4, 4);
         }
-        assert!(g.choose(&c) > 0, "speculation comes back once drafts agree");
+        assert!(
+            g.choose(&c, 1, 8) > 0,
+            "speculation comes back once drafts agree"
+        );
     }
 
     #[test]
     fn unmeasured_costs_start_with_the_smallest_gamma() {
-        let g = Governor::new(GovernorConfig {
-            gamma_min: 2,
-            ..Default::default()
-        });
-        assert_eq!(g.choose(&CostModel::new(8)), 2);
+        let g = Governor::new(GovernorConfig::default());
+        assert_eq!(g.choose(&CostModel::new(8), 2, 8), 2);
     }
 
     #[test]
@@ -283,5 +316,30 @@ mod tests {
         // Width 2 halfway between widths 1 and 3; width 6 extrapolated per token.
         assert!((c.round_cost(1).unwrap() - 1.5).abs() < 1e-12);
         assert!((c.round_cost(5).unwrap() - 4.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn speedup_estimate_weighs_tokens_against_round_costs() {
+        let mut c = CostModel::new(4);
+        c.record_verify(0.010, 1);
+        c.record_verify(0.015, 4);
+        c.record_draft(0.002, 1);
+        let mut e = SpeedupEstimate::default();
+        assert_eq!(e.get(), None);
+        e.record(0, 0, &c);
+        assert!(
+            (e.get().unwrap() - 1.0).abs() < 1e-12,
+            "plain rounds are 1x"
+        );
+        let mut e = SpeedupEstimate::default();
+        // γ = 3: 3 drafts (0.006 s) + a 4-token verify (0.015 s) = 2.1 plain steps.
+        e.record(3, 3, &c);
+        assert!((e.get().unwrap() - 4.0 / 2.1).abs() < 1e-9);
+        let mut e = SpeedupEstimate::default();
+        e.record(3, 0, &c);
+        assert!(
+            e.get().unwrap() < 1.0,
+            "every draft rejected: slower than plain"
+        );
     }
 }

@@ -12,6 +12,7 @@ use super::governor::{CostModel, GovernorConfig};
 use super::messages::*;
 use super::plain::FinishReason;
 use super::scheduler::{Scheduler, SchedulerConfig};
+use super::settings::{LiveSettings, SpeculationSettings};
 use super::verifier::Verifier;
 use super::EngineError;
 use crate::model::Llama;
@@ -31,7 +32,11 @@ pub struct EngineConfig {
     pub draft_threads: usize,
     /// KV capacity in tokens over all sequences (default: every slot full).
     pub kv_capacity_tokens: Option<usize>,
-    pub default_lenience: f32,
+    /// The largest γ any round may draft: verification costs are measured up to it at start
+    /// and KV headroom is reserved for it. Live settings cannot go above it.
+    pub max_gamma: usize,
+    /// The initial live speculation settings (the admin API changes them later).
+    pub speculation: SpeculationSettings,
     pub governor: GovernorConfig,
 }
 
@@ -45,7 +50,8 @@ impl Default for EngineConfig {
             target_threads: 2,
             draft_threads: 2,
             kv_capacity_tokens: None,
-            default_lenience: 1.0,
+            max_gamma: 8,
+            speculation: SpeculationSettings::default(),
             governor: GovernorConfig::default(),
         }
     }
@@ -54,6 +60,9 @@ impl Default for EngineConfig {
 pub struct Engine {
     scheduler: ActorRef<Scheduler>,
     cache: ActorRef<CacheManager>,
+    settings: LiveSettings,
+    context_len: usize,
+    has_drafter: bool,
 }
 
 impl Engine {
@@ -64,22 +73,26 @@ impl Engine {
         draft: Option<DraftSource>,
         cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
-        if cfg.max_seqs == 0 || cfg.governor.gamma_max == 0 {
+        if cfg.max_seqs == 0 || cfg.max_gamma == 0 {
             return Err(EngineError::InvalidRequest(
-                "engine.max_seqs and speculation.gamma_max must be at least 1".into(),
+                "engine.max_seqs and engine.max_gamma must be at least 1".into(),
             ));
         }
+        let settings = LiveSettings::new(cfg.speculation, cfg.max_gamma)
+            .map_err(|e| EngineError::InvalidRequest(format!("speculation.{e}")))?;
         let context_len = target.context_len();
         let verifier = Verifier::new(Arc::clone(&target), cfg.max_seqs, cfg.target_threads)?;
-        let mut costs = CostModel::new(cfg.governor.gamma_max);
+        let mut costs = CostModel::new(cfg.max_gamma);
         for (i, secs) in verifier
-            .calibrate(0, cfg.governor.gamma_max + 1, 2)
+            .calibrate(0, cfg.max_gamma + 1, 2)
             .await?
             .into_iter()
             .enumerate()
         {
             costs.record_verify(secs, i + 1);
         }
+        let has_drafter = draft.is_some();
+        let draft_cache = matches!(draft, Some(DraftSource::Model { .. }));
         let drafter = match draft {
             Some(source) => {
                 let d = Drafter::spawn(Drafter::new(source, cfg.draft_threads)?);
@@ -95,6 +108,7 @@ impl Engine {
         let cache = CacheManager::spawn(CacheManager::new(
             cfg.max_seqs,
             cfg.kv_capacity_tokens.unwrap_or(cfg.max_seqs * context_len),
+            draft_cache,
         ));
         let scheduler = Scheduler::spawn(Scheduler::new(
             SchedulerConfig {
@@ -103,15 +117,36 @@ impl Engine {
                 prefill_chunk: cfg.prefill_chunk,
                 pipeline: cfg.pipeline,
                 context_len,
-                default_lenience: cfg.default_lenience,
+                max_gamma: cfg.max_gamma,
                 governor: cfg.governor,
             },
             Verifier::spawn(verifier),
             drafter,
             cache.clone(),
+            settings.clone(),
             costs,
         ));
-        Ok(Self { scheduler, cache })
+        Ok(Self {
+            scheduler,
+            cache,
+            settings,
+            context_len,
+            has_drafter,
+        })
+    }
+
+    /// The live speculation settings (read and changed by the admin API).
+    pub fn settings(&self) -> &LiveSettings {
+        &self.settings
+    }
+
+    /// Most tokens (prompt + output) one sequence may hold.
+    pub fn context_len(&self) -> usize {
+        self.context_len
+    }
+
+    pub fn has_drafter(&self) -> bool {
+        self.has_drafter
     }
 
     /// Queues a request. Errors (invalid, too long, overloaded) come back before any work;

@@ -10,6 +10,8 @@ use crate::sampling::{SamplingParams, SeededRng};
 /// How a request speculates.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum GammaPolicy {
+    /// Follow the server's live speculation settings (the admin API can change them mid-request).
+    Server,
     /// No speculation: plain decoding.
     Off,
     /// Always draft this many tokens (fewer near the context or token limit).
@@ -23,7 +25,7 @@ pub enum GammaPolicy {
 pub struct EngineRequest {
     pub generation: GenerationRequest,
     pub gamma: GammaPolicy,
-    /// 1 is exact; `None` takes the engine's current default.
+    /// 1 is exact; `None` follows the server's live setting, round by round.
     pub lenience: Option<f32>,
 }
 

@@ -15,6 +15,7 @@ pub mod handle;
 pub mod messages;
 pub mod plain;
 pub mod scheduler;
+pub mod settings;
 pub mod speculative;
 pub mod stop;
 pub mod verifier;
@@ -27,6 +28,7 @@ pub use plain::{
     generate_plain, FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput,
     OutputPiece,
 };
+pub use settings::{LiveSettings, SettingsError, SettingsUpdate, SpeculationSettings};
 pub use speculative::{generate_speculative, SpecSettings, SpecStats};
 
 use crate::model::ModelError;

@@ -20,14 +20,16 @@ use tokio::sync::mpsc;
 use super::cache_manager::CacheManager;
 use super::drafter::Drafter;
 use super::emitter::Emitter;
-use super::governor::{CostModel, Governor, GovernorConfig};
+use super::governor::{CostModel, Governor, GovernorConfig, SpeedupEstimate};
 use super::messages::*;
 use super::plain::{check_request, FinishReason};
+use super::settings::{LiveSettings, SpeculationSettings};
 use super::speculative::SpecStats;
 use super::verifier::Verifier;
 use super::EngineError;
 use crate::draft::Proposal;
 use crate::sampling::SeededRng;
+use crate::telemetry;
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -36,7 +38,8 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     pub pipeline: bool,
     pub context_len: usize,
-    pub default_lenience: f32,
+    /// The largest γ any round may draft (KV headroom is reserved for it).
+    pub max_gamma: usize,
     pub governor: GovernorConfig,
 }
 
@@ -44,6 +47,7 @@ struct Queued {
     id: u64,
     request: EngineRequest,
     events: mpsc::UnboundedSender<EngineEvent>,
+    arrived: Instant,
 }
 
 /// One admitted request.
@@ -53,7 +57,6 @@ struct Sequence {
     reserved: usize,
     events: mpsc::UnboundedSender<EngineEvent>,
     request: EngineRequest,
-    lenience: f32,
     /// Prompt and output so far; while decoding, its last token is not yet in the target cache.
     context: Vec<u32>,
     prefilled: usize,
@@ -68,6 +71,9 @@ struct Sequence {
     max_context: usize,
     /// Drafts made in an earlier step, waiting for verification (pipelining).
     pending: Option<Proposal>,
+    arrived: Instant,
+    admitted: Instant,
+    last_output: Option<Instant>,
 }
 
 impl Sequence {
@@ -81,14 +87,24 @@ impl Sequence {
 
     /// γ for the next round: the policy's choice, shrunk so the verification fits the context
     /// and does not draft past `max_tokens`.
-    fn next_gamma(&self, costs: &CostModel, has_drafter: bool, context_len: usize) -> usize {
+    fn next_gamma(
+        &self,
+        costs: &CostModel,
+        has_drafter: bool,
+        context_len: usize,
+        live: &SpeculationSettings,
+    ) -> usize {
         if !has_drafter {
             return 0;
         }
+        let adaptive = || self.governor.choose(costs, live.gamma_min, live.gamma_max);
         let want = match self.request.gamma {
             GammaPolicy::Off => 0,
             GammaPolicy::Fixed(g) => g,
-            GammaPolicy::Adaptive => self.governor.choose(costs),
+            GammaPolicy::Adaptive => adaptive(),
+            GammaPolicy::Server if !live.enabled => 0,
+            GammaPolicy::Server if live.adaptive => adaptive(),
+            GammaPolicy::Server => live.gamma,
         };
         let n = self.context.len() - 1;
         let room = context_len.saturating_sub(n + 1);
@@ -102,11 +118,13 @@ pub struct Scheduler {
     verifier: ActorRef<Verifier>,
     drafter: Option<ActorRef<Drafter>>,
     cache: ActorRef<CacheManager>,
+    settings: LiveSettings,
     queue: VecDeque<Queued>,
     active: Vec<Sequence>,
     next_id: u64,
     step_scheduled: bool,
     costs: CostModel,
+    speedup: SpeedupEstimate,
     rounds: u64,
     /// Seconds both workers were busy at once, and seconds at least one was.
     both_busy: f64,
@@ -119,6 +137,7 @@ impl Scheduler {
         verifier: ActorRef<Verifier>,
         drafter: Option<ActorRef<Drafter>>,
         cache: ActorRef<CacheManager>,
+        settings: LiveSettings,
         costs: CostModel,
     ) -> Self {
         Self {
@@ -126,11 +145,13 @@ impl Scheduler {
             verifier,
             drafter,
             cache,
+            settings,
             queue: VecDeque::new(),
             active: Vec::new(),
             next_id: 0,
             step_scheduled: false,
             costs,
+            speedup: SpeedupEstimate::default(),
             rounds: 0,
             both_busy: 0.0,
             any_busy: 0.0,
@@ -168,6 +189,12 @@ impl Scheduler {
             .partition(|s| s.events.is_closed());
         self.active = keep;
         for s in gone {
+            telemetry::record_finished(
+                "cancelled",
+                s.spec.draft_tokens,
+                s.spec.accepted_tokens,
+                s.arrived.elapsed().as_secs_f64(),
+            );
             self.retire(s).await;
         }
     }
@@ -176,12 +203,13 @@ impl Scheduler {
         while self.active.len() < self.cfg.max_seqs {
             let Some(q) = self.queue.front() else { break };
             let g = &q.request.generation;
-            let tokens = (g.prompt.len() + g.max_tokens + self.cfg.governor.gamma_max + 1)
-                .min(self.cfg.context_len);
+            let tokens =
+                (g.prompt.len() + g.max_tokens + self.cfg.max_gamma + 1).min(self.cfg.context_len);
             let Ok(Some(slot)) = self.cache.ask(Reserve { tokens }).await else {
                 break;
             };
             let q = self.queue.pop_front().expect("peeked");
+            telemetry::record_admitted(q.request.generation.prompt.len());
             let seed = q
                 .request
                 .generation
@@ -194,7 +222,6 @@ impl Scheduler {
                 slot,
                 reserved: tokens,
                 events: q.events,
-                lenience: q.request.lenience.unwrap_or(self.cfg.default_lenience),
                 context: q.request.generation.prompt.clone(),
                 prefilled: 0,
                 emitter: Emitter::new(&q.request.generation),
@@ -205,6 +232,9 @@ impl Scheduler {
                 group: usize::from(group),
                 max_context: self.cfg.context_len,
                 pending: None,
+                arrived: q.arrived,
+                admitted: Instant::now(),
+                last_output: None,
                 request: q.request,
             });
         }
@@ -226,6 +256,7 @@ impl Scheduler {
         work: TargetWork,
         tokens: Vec<u32>,
         proposal: Proposal,
+        default_lenience: f32,
     ) -> TargetItem {
         let start_pos = match work {
             TargetWork::Verify => s.context.len() - 1,
@@ -239,7 +270,7 @@ impl Scheduler {
             work,
             proposal,
             params: s.request.generation.sampling.clone(),
-            lenience: s.lenience,
+            lenience: s.request.lenience.unwrap_or(default_lenience),
             context: s.context.clone(),
             prompt_len: s.prompt_len(),
             rng: s.accept_rng.clone(),
@@ -280,6 +311,9 @@ impl Scheduler {
         if self.active.is_empty() {
             return Ok(());
         }
+        let live = self.settings.get();
+        let lenience = live.lenience_for_queue(self.queue.len());
+        telemetry::set_speculation(lenience, live.gamma_gauge());
         let has_drafter = self.drafter.is_some();
         let pipelined = self.cfg.pipeline && has_drafter;
         let verify_group = (self.rounds % 2) as usize;
@@ -293,19 +327,22 @@ impl Scheduler {
             }
             let verifies_now = !pipelined || s.group == verify_group;
             if verifies_now && s.pending.is_none() && !pipelined {
-                let gamma = s.next_gamma(&self.costs, has_drafter, self.cfg.context_len);
+                let gamma = s.next_gamma(&self.costs, has_drafter, self.cfg.context_len, &live);
                 if gamma > 0 {
                     to_draft_now.push(self.draft_item(s, gamma));
                 }
             } else if !verifies_now && s.pending.is_none() {
-                let gamma = s.next_gamma(&self.costs, has_drafter, self.cfg.context_len);
+                let gamma = s.next_gamma(&self.costs, has_drafter, self.cfg.context_len, &live);
                 if gamma > 0 {
                     to_draft_ahead.push(self.draft_item(s, gamma));
                 }
             }
         }
+        let round_start = Instant::now();
+        let mut draft_secs = 0.0;
         if !to_draft_now.is_empty() {
             let outcomes = self.draft(to_draft_now).await?;
+            draft_secs = outcomes.iter().map(|o| o.seconds).sum();
             self.take_drafts(outcomes);
         }
 
@@ -321,7 +358,13 @@ impl Scheduler {
                 let mut tokens = Vec::with_capacity(1 + proposal.tokens.len());
                 tokens.push(*s.context.last().expect("context holds the prompt"));
                 tokens.extend_from_slice(&proposal.tokens);
-                items.push(Self::target_item(s, TargetWork::Verify, tokens, proposal));
+                items.push(Self::target_item(
+                    s,
+                    TargetWork::Verify,
+                    tokens,
+                    proposal,
+                    lenience,
+                ));
             } else if budget > 0 {
                 let end = (s.prefilled + budget).min(s.prompt_len());
                 let chunk = s.request.generation.prompt[s.prefilled..end].to_vec();
@@ -331,7 +374,13 @@ impl Scheduler {
                 } else {
                     TargetWork::PrefillChunk
                 };
-                items.push(Self::target_item(s, work, chunk, Proposal::default()));
+                items.push(Self::target_item(
+                    s,
+                    work,
+                    chunk,
+                    Proposal::default(),
+                    lenience,
+                ));
             }
         }
         let widths: Vec<(TargetWork, usize)> =
@@ -363,14 +412,23 @@ impl Scheduler {
         let (target, ahead) = tokio::join!(target, self.draft(to_draft_ahead));
         let wall = wall.elapsed().as_secs_f64();
         let ahead = ahead?;
-        let draft_secs: f64 = ahead.iter().map(|o| o.seconds).sum();
+        let ahead_secs: f64 = ahead.iter().map(|o| o.seconds).sum();
         self.take_drafts(ahead);
         self.rounds += 1;
         let Some(result) = target? else {
             return Ok(());
         };
         self.any_busy += wall;
-        self.both_busy += (result.seconds + draft_secs - wall).clamp(0.0, wall);
+        self.both_busy += (result.seconds + ahead_secs - wall).clamp(0.0, wall);
+        draft_secs += ahead_secs;
+        telemetry::record_step(
+            round_start.elapsed().as_secs_f64(),
+            result.seconds,
+            (draft_secs > 0.0).then_some(draft_secs),
+        );
+        if self.any_busy > 0.0 {
+            telemetry::set_overlap(self.both_busy / self.any_busy);
+        }
         if let [(TargetWork::Verify, w)] = widths[..] {
             self.costs.record_verify(result.seconds, w);
         }
@@ -395,7 +453,12 @@ impl Scheduler {
             let (chunk_len, drafts) = &sent[&id];
             if !s.decoding() {
                 s.prefilled += chunk_len;
+                if s.decoding() {
+                    telemetry::record_prefill(s.admitted.elapsed().as_secs_f64());
+                }
             } else {
+                telemetry::record_round(drafts.len(), o.accepted);
+                self.speedup.record(drafts.len(), o.accepted, &self.costs);
                 if !drafts.is_empty() {
                     s.spec.rounds += 1;
                     s.spec.draft_tokens += drafts.len();
@@ -411,11 +474,23 @@ impl Scheduler {
                 Err(e) => ended.push((id, Err(e.to_string()))),
             }
         }
+        if let Some(x) = self.speedup.get() {
+            telemetry::set_speedup_estimate(x);
+        }
         for (id, end) in ended {
             let Some(pos) = self.active.iter().position(|s| s.id == id) else {
                 continue;
             };
             let s = self.active.swap_remove(pos);
+            telemetry::record_finished(
+                match &end {
+                    Ok(finish) => finish.as_openai(),
+                    Err(_) => "error",
+                },
+                s.spec.draft_tokens,
+                s.spec.accepted_tokens,
+                s.arrived.elapsed().as_secs_f64(),
+            );
             let event = match end {
                 Ok(finish) => EngineEvent::Done {
                     finish,
@@ -457,6 +532,13 @@ fn emit_round(
         text.push_str(s.emitter.delta());
         finish = Some(FinishReason::ContextFull);
     }
+    let now = Instant::now();
+    telemetry::record_tokens(
+        tokens.len(),
+        s.last_output.map(|t| (now - t).as_secs_f64()),
+        (now - s.arrived).as_secs_f64(),
+    );
+    s.last_output = Some(now);
     let _ = s.events.send(EngineEvent::Output { tokens, text });
     Ok(finish)
 }
@@ -482,6 +564,14 @@ impl Message<Submit> for Scheduler {
                 )));
             }
         }
+        if let GammaPolicy::Fixed(g) = msg.request.gamma {
+            if g == 0 || g > self.cfg.max_gamma {
+                return Err(EngineError::InvalidRequest(format!(
+                    "speculative.gamma must be in 1..={}, got {g}",
+                    self.cfg.max_gamma
+                )));
+            }
+        }
         if self.queue.len() >= self.cfg.max_queue {
             return Err(EngineError::Overloaded {
                 queued: self.queue.len(),
@@ -491,9 +581,11 @@ impl Message<Submit> for Scheduler {
         self.next_id += 1;
         self.queue.push_back(Queued {
             id,
+            arrived: Instant::now(),
             request: msg.request,
             events: msg.events,
         });
+        telemetry::set_queue(self.active.len(), self.queue.len());
         self.schedule_step(ctx.actor_ref());
         Ok(id)
     }
@@ -508,10 +600,17 @@ impl Message<Step> for Scheduler {
             // A failure of the whole forward (not of one request's sampling): every active
             // request is told, and its resources go back.
             for s in std::mem::take(&mut self.active) {
+                telemetry::record_finished(
+                    "error",
+                    s.spec.draft_tokens,
+                    s.spec.accepted_tokens,
+                    s.arrived.elapsed().as_secs_f64(),
+                );
                 let _ = s.events.send(EngineEvent::Failed(e.to_string()));
                 self.retire(s).await;
             }
         }
+        telemetry::set_queue(self.active.len(), self.queue.len());
         self.schedule_step(ctx.actor_ref());
     }
 }

@@ -41,6 +41,41 @@ pub enum ModelSource {
     HfDir(PathBuf),
 }
 
+/// The local Hugging Face hub cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+/// `~/.cache/huggingface/hub` (where `huggingface-cli download` puts models).
+pub fn hub_cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HF_HUB_CACHE").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("HF_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("hub");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_default();
+    PathBuf::from(home).join(".cache/huggingface/hub")
+}
+
+/// The snapshot folder of hub id `org/name` in the local cache: the revision `refs/main` names,
+/// else the only snapshot there is. Nothing is downloaded.
+fn hub_cache_snapshot(id: &str) -> Option<PathBuf> {
+    let repo = hub_cache_dir().join(format!("models--{}", id.replace('/', "--")));
+    let snapshots = repo.join("snapshots");
+    let dir = match std::fs::read_to_string(repo.join("refs/main")) {
+        Ok(rev) => snapshots.join(rev.trim()),
+        Err(_) => {
+            let mut dirs: Vec<PathBuf> = std::fs::read_dir(&snapshots)
+                .ok()?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_dir())
+                .collect();
+            if dirs.len() != 1 {
+                return None;
+            }
+            dirs.pop()?
+        }
+    };
+    dir.join("config.json").is_file().then_some(dir)
+}
+
 impl ModelSource {
     /// Interprets `default`, a path to a `.gguf` file, or a folder holding `config.json`.
     pub fn resolve(spec: &str) -> Result<Self> {
@@ -68,9 +103,13 @@ impl ModelSource {
             return Ok(Self::HfDir(path.to_owned()));
         }
         if !spec.starts_with('/') && !spec.starts_with('.') && spec.matches('/').count() == 1 {
+            if let Some(dir) = hub_cache_snapshot(spec) {
+                return Ok(Self::HfDir(dir));
+            }
             return Err(ModelError::NotFound(PathBuf::from(format!(
-                "{spec} (looks like a Hugging Face hub id: download it to a local folder and \
-                 pass that folder)"
+                "{spec} (a Hugging Face hub id that is not in the local cache {}: tandem never \
+                 downloads; run `huggingface-cli download {spec}` or pass a local folder)",
+                hub_cache_dir().display()
             ))));
         }
         Err(ModelError::NotFound(path.to_owned()))
@@ -85,6 +124,17 @@ impl ModelSource {
     /// A short human name (file or folder name).
     pub fn display_name(&self) -> String {
         let p = self.path();
+        // A hub cache snapshot (`models--org--name/snapshots/<rev>`) is called `org/name`.
+        let repo = p
+            .parent()
+            .filter(|s| s.file_name().is_some_and(|n| n == "snapshots"))
+            .and_then(Path::parent)
+            .and_then(Path::file_name)
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("models--"));
+        if let Some(repo) = repo {
+            return repo.replacen("--", "/", 1);
+        }
         p.file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| p.display().to_string())

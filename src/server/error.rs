@@ -1,0 +1,139 @@
+//! OpenAI-style error responses.
+//!
+//! Why it exists: clients (the `openai` package among them) expect every failure as
+//! `{"error": {"message", "type", "param", "code"}}` with a meaningful status, so every rejection
+//! the server makes, from malformed JSON to an overloaded queue, goes through this one type.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::engine::EngineError;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    /// Seconds, for 429 and 503.
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// 400: the request itself is wrong.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
+    /// 400 naming the offending parameter.
+    pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
+        let mut e = Self::invalid(message);
+        e.param = Some(param.to_string());
+        e
+    }
+
+    pub fn model_not_found(model: &str, served: &str) -> Self {
+        let mut e = Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("The model `{model}` does not exist; this server serves `{served}`."),
+        );
+        e.param = Some("model".into());
+        e.code = Some("model_not_found");
+        e
+    }
+
+    pub fn payload_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("The request body is larger than the server's limit of {limit} bytes."),
+        )
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::UNAUTHORIZED, "authentication_error", message);
+        e.code = Some("invalid_api_key");
+        e
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message)
+    }
+
+    pub fn loading() -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "The models are still loading; retry shortly.",
+        );
+        e.retry_after = Some(1);
+        e
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// The JSON body, also sent as an SSE event when a stream fails part-way.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Overloaded { .. } => {
+                let mut a = Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    format!("The server is overloaded: {e}"),
+                );
+                a.code = Some("rate_limit_exceeded");
+                a.retry_after = Some(1);
+                a
+            }
+            EngineError::InvalidRequest(_)
+            | EngineError::EmptyPrompt
+            | EngineError::PromptTooLong { .. }
+            | EngineError::Sampling(_) => Self::invalid(e.to_string()),
+            other => Self::internal(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}

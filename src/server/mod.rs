@@ -1,0 +1,229 @@
+//! `tandem serve`: the OpenAI-compatible HTTP API, the admin API and `/metrics` (DESIGN.md §5).
+//!
+//! Why it exists: it is how users reach the engine. The server binds its port before the models
+//! load, so `/health` answers 503 while loading and orchestrators can wait on it; every
+//! rejection is an OpenAI-style error; a client that goes away cancels its request (its event
+//! stream is dropped with the response); SIGTERM stops accepting work and gives in-flight
+//! requests a grace period to finish.
+
+pub mod admin;
+pub mod error;
+pub mod openai;
+pub mod schema;
+pub mod startup;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::engine::EngineError;
+use crate::model::ModelError;
+use error::ApiError;
+use startup::Loaded;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("draft model: {0}")]
+    Draft(String),
+    #[error("cannot listen on {addr}: {reason}")]
+    Bind { addr: String, reason: String },
+    #[error("metrics: {0}")]
+    Metrics(String),
+    #[error("start-up: {0}")]
+    Startup(String),
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Shared by every handler.
+pub struct AppState {
+    /// Set once the models are loaded and the engine runs.
+    loaded: OnceLock<Loaded>,
+    metrics: Option<PrometheusHandle>,
+    admin_token: Option<String>,
+    max_body_bytes: usize,
+    defaults: crate::config::GenerationDefaults,
+    /// Nonce making response ids unique across restarts.
+    id_prefix: String,
+    next_request: AtomicU64,
+}
+
+impl AppState {
+    /// A new request id such as `chatcmpl-5f3a0c1e2a`: unique within the process and, through
+    /// the prefix, across restarts.
+    fn new_request_id(&self, kind: &str) -> String {
+        let n = self.next_request.fetch_add(1, Ordering::Relaxed);
+        format!("{kind}-{}{n:x}", self.id_prefix)
+    }
+
+    fn ready(&self) -> Result<&Loaded, ApiError> {
+        self.loaded.get().ok_or_else(ApiError::loading)
+    }
+}
+
+/// The routes, on a given state.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/models", get(openai::models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route(
+            "/admin/speculation",
+            get(admin::get_speculation).put(admin::put_speculation),
+        )
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.loaded.get() {
+        Some(_) => Json(serde_json::json!({"status": "ok"})).into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"status": "loading"})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    match &state.metrics {
+        Some(h) => {
+            h.run_upkeep();
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                h.render(),
+            )
+                .into_response()
+        }
+        None => ApiError::not_found("metrics are not enabled in this process").into_response(),
+    }
+}
+
+/// Reads a request body up to the configured limit (413 with an OpenAI error beyond it).
+pub(crate) async fn read_body(
+    state: &AppState,
+    body: axum::body::Body,
+) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, state.max_body_bytes)
+        .await
+        .map_err(|_| ApiError::payload_too_large(state.max_body_bytes))
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("No route for {uri}"))
+}
+
+/// Runs the server until SIGTERM/Ctrl-C. `threads` is the runtime's compute thread count.
+pub async fn run(config: Config, threads: usize) -> Result<(), ServerError> {
+    let metrics = crate::telemetry::install().map_err(|e| ServerError::Metrics(e.to_string()))?;
+    let admin_token = std::env::var("TANDEM_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or_else(|| Some(config.server.admin_token.clone()).filter(|t| !t.is_empty()));
+    let addr = format!("{}:{}", config.server.host, config.server.port);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|e| ServerError::Bind {
+            addr: addr.clone(),
+            reason: e.to_string(),
+        })?;
+    let local: SocketAddr = listener.local_addr()?;
+    let state = Arc::new(AppState {
+        loaded: OnceLock::new(),
+        metrics: Some(metrics),
+        admin_token,
+        max_body_bytes: config.server.max_body_bytes,
+        defaults: config.generation.clone(),
+        id_prefix: format!("{:08x}", std::process::id() ^ (local.port() as u32) << 16),
+        next_request: AtomicU64::new(0),
+    });
+    tracing::info!(%local, "listening on http://{local} (loading models; /health is 503 until ready)");
+    if state.admin_token.is_none() {
+        tracing::info!("admin API off (set server.admin_token or TANDEM_ADMIN_TOKEN)");
+    }
+
+    let (stop_tx, mut shutdown_rx) = tokio::sync::watch::channel(false);
+    let app = router(Arc::clone(&state));
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = shutdown_rx.wait_for(|s| *s).await;
+    });
+    let server = tokio::spawn(async move { server.await });
+
+    let load = {
+        let state = Arc::clone(&state);
+        let config = config.clone();
+        async move {
+            let loaded = startup::start(config, threads).await?;
+            tracing::info!(
+                model = %loaded.model_name,
+                drafter = %loaded.drafter,
+                "ready"
+            );
+            let _ = state.loaded.set(loaded);
+            Ok::<(), ServerError>(())
+        }
+    };
+    tokio::select! {
+        r = load => r?,
+        _ = shutdown_signal() => {
+            tracing::info!("shutting down before the models finished loading");
+            return Ok(());
+        }
+    }
+
+    shutdown_signal().await;
+    tracing::info!(
+        grace_seconds = config.server.shutdown_grace_seconds,
+        "shutting down: no new connections; in-flight requests may finish"
+    );
+    let _ = stop_tx.send(true);
+    let grace = Duration::from_secs(config.server.shutdown_grace_seconds);
+    match tokio::time::timeout(grace, server).await {
+        Ok(Ok(r)) => r?,
+        Ok(Err(e)) => return Err(ServerError::Startup(format!("server task: {e}"))),
+        Err(_) => tracing::warn!("grace period over; ending the remaining requests"),
+    }
+    Ok(())
+}
+
+/// SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,248 @@
+//! OpenAI request bodies, parsed strictly enough to refuse what we cannot honour.
+//!
+//! Why it exists: the wire format is the contract with every OpenAI client, so it lives apart
+//! from the handlers. Fields we do not know are ignored (clients send many), but a known field
+//! of the wrong type or a value we do not support (`n > 1`, logprobs) is a 400 naming it.
+
+use std::collections::HashMap;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use super::error::ApiError;
+
+/// Parses a JSON body, naming the field whose value has the wrong type.
+pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    from_value(parse_json(bytes)?)
+}
+
+/// Parses an endpoint's body into its own fields and the shared ones. (Two passes over one
+/// parsed value instead of `#[serde(flatten)]`, which would hide the path of a bad field.)
+pub fn parse_request<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, CommonParams), ApiError> {
+    let v = parse_json(bytes)?;
+    if !v.is_object() {
+        return Err(ApiError::invalid("The request body must be a JSON object."));
+    }
+    Ok((from_value(v.clone())?, from_value(v)?))
+}
+
+fn parse_json(bytes: &[u8]) -> Result<serde_json::Value, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid(
+            "The request body is empty; send a JSON object.",
+        ));
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::invalid(format!("The request body is not valid JSON: {e}")))
+}
+
+fn from_value<T: DeserializeOwned>(v: serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || path.is_empty() {
+            ApiError::invalid(format!("Invalid request body: {inner}"))
+        } else {
+            ApiError::invalid_param(&path, format!("Invalid value for `{path}`: {inner}"))
+        }
+    })
+}
+
+/// `prompt`: one string, one string in an array, or token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenBatches(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopInput {
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s.clone()],
+            Self::Many(v) => v.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// The `speculative` extension: per-request speculation settings.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeParams {
+    pub enabled: Option<bool>,
+    pub gamma: Option<usize>,
+    pub lenience: Option<f32>,
+}
+
+/// Sampling and control fields shared by both endpoints.
+#[derive(Debug, Default, Deserialize)]
+pub struct CommonParams {
+    pub model: Option<String>,
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub seed: Option<u64>,
+    pub stop: Option<StopInput>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<usize>,
+    pub best_of: Option<usize>,
+    pub echo: Option<bool>,
+    /// Completions: an integer; chat: a boolean. Neither is supported.
+    pub logprobs: Option<serde_json::Value>,
+    pub speculative: Option<SpeculativeParams>,
+    /// vLLM's extension: keep going past end-of-sequence tokens (benchmarks).
+    pub ignore_eos: Option<bool>,
+}
+
+impl CommonParams {
+    /// Refuses what this server does not do.
+    pub fn check_supported(&self) -> Result<(), ApiError> {
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid_param(
+                "n",
+                "Only n = 1 is supported: send one request per completion.",
+            ));
+        }
+        if self.best_of.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid_param(
+                "best_of",
+                "Only best_of = 1 is supported.",
+            ));
+        }
+        if self.echo == Some(true) {
+            return Err(ApiError::invalid_param("echo", "echo is not supported."));
+        }
+        match &self.logprobs {
+            None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => {}
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    "logprobs",
+                    "logprobs are not supported.",
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Option<PromptInput>,
+}
+
+/// A message's content: a string or OpenAI's list of parts (text parts only).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: String,
+    pub content: Option<MessageContent>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// The newer name of `max_tokens`.
+    pub max_completion_tokens: Option<usize>,
+}
+
+impl MessageContent {
+    /// The text, or why the content cannot be used.
+    pub fn into_text(self, index: usize) -> Result<String, ApiError> {
+        match self {
+            Self::Text(s) => Ok(s),
+            Self::Parts(parts) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), p.text) {
+                        ("text", Some(t)) => text.push_str(&t),
+                        (kind, _) => {
+                            return Err(ApiError::invalid_param(
+                                &format!("messages[{index}].content"),
+                                format!(
+                                    "Content parts of type `{kind}` are not supported; only text."
+                                ),
+                            ))
+                        }
+                    }
+                }
+                Ok(text)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let e = parse_request::<CompletionRequest>(br#"{"prompt":"hi","temperature":"hot"}"#)
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"), "{}", e.message);
+        let e = parse_request::<ChatRequest>(br#"{"messages":[{"role":"user","content":5}]}"#)
+            .unwrap_err();
+        assert!(e.param.unwrap().starts_with("messages"));
+        let e = parse_request::<CompletionRequest>(br#"{"prompt": "hi", "#).unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{}", e.message);
+        let e = parse_request::<CompletionRequest>(b"  ").unwrap_err();
+        assert!(e.message.contains("empty"), "{}", e.message);
+        let e = parse_request::<CompletionRequest>(b"[1]").unwrap_err();
+        assert!(e.message.contains("object"), "{}", e.message);
+        let e = parse_request::<CompletionRequest>(br#"{"prompt":"x","speculative":{"gama":2}}"#)
+            .unwrap_err();
+        assert!(e.message.contains("gama"), "{}", e.message);
+    }
+
+    #[test]
+    fn prompts_and_stops_take_every_openai_shape() {
+        let (r, c): (CompletionRequest, _) =
+            parse_request(br#"{"prompt":["a"],"stop":"x","n":1,"logprobs":null}"#).unwrap();
+        assert!(matches!(r.prompt, Some(PromptInput::Texts(ref v)) if v.len() == 1));
+        assert_eq!(c.stop.unwrap().to_vec(), vec!["x"]);
+        let (r, _): (CompletionRequest, _) =
+            parse_request(br#"{"prompt":[1,2,3],"stop":["a","b"]}"#).unwrap();
+        assert!(matches!(r.prompt, Some(PromptInput::Tokens(ref v)) if v == &[1, 2, 3]));
+        let (_, c): (CompletionRequest, _) = parse_request(br#"{"prompt":"x","n":2}"#).unwrap();
+        assert_eq!(c.check_supported().unwrap_err().param.as_deref(), Some("n"));
+        let (_, c): (ChatRequest, _) = parse_request(
+            br#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"logprobs":false}"#,
+        )
+        .unwrap();
+        assert!(c.check_supported().is_ok());
+    }
+}

@@ -1,0 +1,217 @@
+//! Every Prometheus metric tandem exports, defined in one place (DESIGN.md §6).
+//!
+//! Why it exists: dashboards, alert rules and tests refer to these names, so they must not drift
+//! between the places that record them. Recording goes through the `metrics` facade; without an
+//! installed recorder (the library in tests, `tandem generate`) it costs next to nothing. The
+//! speculation counters use the names vLLM, llama.cpp and mistral.rs share.
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const REQUESTS_TOTAL: &str = "tandem_requests_total";
+pub const PROMPT_TOKENS_TOTAL: &str = "tandem_prompt_tokens_total";
+pub const GENERATION_TOKENS_TOTAL: &str = "tandem_generation_tokens_total";
+pub const SPEC_NUM_DRAFTS: &str = "tandem_spec_decode_num_drafts_total";
+pub const SPEC_NUM_DRAFT_TOKENS: &str = "tandem_spec_decode_num_draft_tokens_total";
+pub const SPEC_NUM_ACCEPTED_TOKENS: &str = "tandem_spec_decode_num_accepted_tokens_total";
+pub const SPEC_ACCEPTED_PER_POS: &str = "tandem_spec_decode_num_accepted_tokens_per_pos_total";
+
+pub const REQUEST_ACCEPTANCE_RATE: &str = "tandem_request_acceptance_rate";
+pub const SPEC_ACCEPTED_LENGTH: &str = "tandem_spec_decode_accepted_length";
+pub const DRAFT_STEP_SECONDS: &str = "tandem_draft_step_seconds";
+pub const VERIFY_STEP_SECONDS: &str = "tandem_verify_step_seconds";
+pub const ROUND_SECONDS: &str = "tandem_round_seconds";
+pub const TTFT_SECONDS: &str = "tandem_time_to_first_token_seconds";
+pub const INTER_TOKEN_SECONDS: &str = "tandem_inter_token_seconds";
+pub const REQUEST_DURATION_SECONDS: &str = "tandem_request_duration_seconds";
+pub const PREFILL_SECONDS: &str = "tandem_prefill_seconds";
+
+pub const REQUESTS_RUNNING: &str = "tandem_requests_running";
+pub const REQUESTS_WAITING: &str = "tandem_requests_waiting";
+pub const KV_CACHE_USAGE: &str = "tandem_kv_cache_usage_ratio";
+pub const SPEC_LENIENCE: &str = "tandem_spec_lenience";
+pub const SPEC_GAMMA: &str = "tandem_spec_gamma";
+pub const PIPELINE_OVERLAP: &str = "tandem_pipeline_overlap_ratio";
+pub const SPEC_SPEEDUP_ESTIMATE: &str = "tandem_spec_speedup_estimate";
+
+/// Step latencies span sub-millisecond GPU steps to seconds-long CPU prefills.
+const STEP_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+const REQUEST_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+];
+const RATIO_BUCKETS: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
+const LENGTH_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0];
+
+/// Installs the process-wide Prometheus recorder (once, at server start) and describes every
+/// metric. The handle renders `/metrics`.
+pub fn install() -> Result<PrometheusHandle, BuildError> {
+    let mut b = PrometheusBuilder::new();
+    for (name, buckets) in [
+        (DRAFT_STEP_SECONDS, STEP_BUCKETS),
+        (VERIFY_STEP_SECONDS, STEP_BUCKETS),
+        (ROUND_SECONDS, STEP_BUCKETS),
+        (INTER_TOKEN_SECONDS, STEP_BUCKETS),
+        (PREFILL_SECONDS, REQUEST_BUCKETS),
+        (TTFT_SECONDS, REQUEST_BUCKETS),
+        (REQUEST_DURATION_SECONDS, REQUEST_BUCKETS),
+        (REQUEST_ACCEPTANCE_RATE, RATIO_BUCKETS),
+        (SPEC_ACCEPTED_LENGTH, LENGTH_BUCKETS),
+    ] {
+        b = b.set_buckets_for_metric(Matcher::Full(name.into()), buckets)?;
+    }
+    let handle = b.install_recorder()?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    describe_counter!(REQUESTS_TOTAL, "Finished requests by status.");
+    describe_counter!(PROMPT_TOKENS_TOTAL, "Prompt tokens of admitted requests.");
+    describe_counter!(GENERATION_TOKENS_TOTAL, "Tokens generated.");
+    describe_counter!(SPEC_NUM_DRAFTS, "Speculation rounds that verified drafts.");
+    describe_counter!(SPEC_NUM_DRAFT_TOKENS, "Tokens drafted and verified.");
+    describe_counter!(
+        SPEC_NUM_ACCEPTED_TOKENS,
+        "Drafted tokens the target accepted."
+    );
+    describe_counter!(
+        SPEC_ACCEPTED_PER_POS,
+        "Accepted drafted tokens by position in the round (0-based)."
+    );
+    describe_histogram!(
+        REQUEST_ACCEPTANCE_RATE,
+        "Acceptance rate of each finished speculative request."
+    );
+    describe_histogram!(
+        SPEC_ACCEPTED_LENGTH,
+        "Tokens emitted per speculative round (accepted drafts + 1)."
+    );
+    describe_histogram!(DRAFT_STEP_SECONDS, "Drafter time per round.");
+    describe_histogram!(
+        VERIFY_STEP_SECONDS,
+        "Batched target forward time per round."
+    );
+    describe_histogram!(ROUND_SECONDS, "Wall time of one scheduler round.");
+    describe_histogram!(TTFT_SECONDS, "Time from arrival to the first output token.");
+    describe_histogram!(
+        INTER_TOKEN_SECONDS,
+        "Time between output tokens of a request."
+    );
+    describe_histogram!(REQUEST_DURATION_SECONDS, "Time from arrival to the end.");
+    describe_histogram!(
+        PREFILL_SECONDS,
+        "Time from admission to the end of prefill."
+    );
+    describe_gauge!(REQUESTS_RUNNING, "Requests being decoded.");
+    describe_gauge!(REQUESTS_WAITING, "Requests waiting for admission.");
+    describe_gauge!(KV_CACHE_USAGE, "Reserved share of the KV cache, by model.");
+    describe_gauge!(SPEC_LENIENCE, "Current server-wide lenience (1 = exact).");
+    describe_gauge!(
+        SPEC_GAMMA,
+        "Current fixed γ, or γmax when adaptive; 0 when off."
+    );
+    describe_gauge!(
+        SPEC_SPEEDUP_ESTIMATE,
+        "Decode speed over plain decoding's, from recent rounds and measured costs (<1: speculation loses)."
+    );
+    describe_gauge!(
+        PIPELINE_OVERLAP,
+        "Share of busy time the drafter and verifier ran at once."
+    );
+}
+
+/// One speculation round of one request: `drafted` drafts of which the first `accepted` stood.
+pub fn record_round(drafted: usize, accepted: usize) {
+    if drafted == 0 {
+        return;
+    }
+    counter!(SPEC_NUM_DRAFTS).increment(1);
+    counter!(SPEC_NUM_DRAFT_TOKENS).increment(drafted as u64);
+    counter!(SPEC_NUM_ACCEPTED_TOKENS).increment(accepted as u64);
+    for pos in 0..accepted {
+        counter!(SPEC_ACCEPTED_PER_POS, "position" => POSITIONS[pos.min(POSITIONS.len() - 1)])
+            .increment(1);
+    }
+    histogram!(SPEC_ACCEPTED_LENGTH).record((accepted + 1) as f64);
+}
+
+/// Position labels as static strings (low cardinality: γ is bounded; the last one is "15+").
+const POSITIONS: [&str; 16] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15+",
+];
+
+/// A finished request; `status` is a low-cardinality word ("stop", "length", "error", ...).
+pub fn record_finished(status: &'static str, drafted: usize, accepted: usize, duration_s: f64) {
+    counter!(REQUESTS_TOTAL, "status" => status).increment(1);
+    histogram!(REQUEST_DURATION_SECONDS).record(duration_s);
+    if drafted > 0 {
+        histogram!(REQUEST_ACCEPTANCE_RATE).record(accepted as f64 / drafted as f64);
+    }
+}
+
+pub fn record_step(round_s: f64, verify_s: f64, draft_s: Option<f64>) {
+    histogram!(ROUND_SECONDS).record(round_s);
+    histogram!(VERIFY_STEP_SECONDS).record(verify_s);
+    if let Some(d) = draft_s {
+        histogram!(DRAFT_STEP_SECONDS).record(d);
+    }
+}
+
+pub fn set_queue(running: usize, waiting: usize) {
+    gauge!(REQUESTS_RUNNING).set(running as f64);
+    gauge!(REQUESTS_WAITING).set(waiting as f64);
+}
+
+pub fn set_speculation(lenience: f32, gamma: usize) {
+    gauge!(SPEC_LENIENCE).set(f64::from(lenience));
+    gauge!(SPEC_GAMMA).set(gamma as f64);
+}
+
+/// Tokens a request emitted in one round, `since_last` after its previous ones (`None`: these
+/// are its first, `since_arrival` after it arrived).
+pub fn record_tokens(count: usize, since_last: Option<f64>, since_arrival: f64) {
+    if count == 0 {
+        return;
+    }
+    counter!(GENERATION_TOKENS_TOTAL).increment(count as u64);
+    let per_token = match since_last {
+        Some(gap) => Some(gap / count as f64),
+        None => {
+            histogram!(TTFT_SECONDS).record(since_arrival);
+            // The round's other tokens arrived with the first one.
+            (count > 1).then_some(0.0)
+        }
+    };
+    if let Some(t) = per_token {
+        let n = if since_last.is_some() {
+            count
+        } else {
+            count - 1
+        };
+        for _ in 0..n {
+            histogram!(INTER_TOKEN_SECONDS).record(t);
+        }
+    }
+}
+
+pub fn record_admitted(prompt_tokens: usize) {
+    counter!(PROMPT_TOKENS_TOTAL).increment(prompt_tokens as u64);
+}
+
+pub fn record_prefill(seconds: f64) {
+    histogram!(PREFILL_SECONDS).record(seconds);
+}
+
+pub fn set_speedup_estimate(ratio: f64) {
+    gauge!(SPEC_SPEEDUP_ESTIMATE).set(ratio);
+}
+
+pub fn set_overlap(ratio: f64) {
+    gauge!(PIPELINE_OVERLAP).set(ratio);
+}
+
+pub fn set_kv_usage(model: &'static str, ratio: f64) {
+    gauge!(KV_CACHE_USAGE, "model" => model).set(ratio);
+}

@@ -1,0 +1,600 @@
+//! `tandem serve` over real HTTP on the default model: the OpenAI routes (streaming and not),
+//! greedy output identical to `tandem generate`, the official `openai` Python client, every bad
+//! input the server must refuse (while a good request runs beside them), client disconnects,
+//! the admin API, and graceful shutdown.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::http::{self, get, post_json, request, Server};
+use serde_json::{json, Value};
+
+const CONTEXT: &str = "512";
+
+/// `tandem generate --json` on the same model: the plain (non-speculative) greedy reference.
+fn generate_reference(prompt: &str, raw: bool, max_tokens: usize, ignore_eos: bool) -> Value {
+    common::default_model();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
+    cmd.args([
+        "generate",
+        "--json",
+        "--threads",
+        "2",
+        "--context-length",
+        CONTEXT,
+    ])
+    .args([
+        "--temperature",
+        "0",
+        "--max-tokens",
+        &max_tokens.to_string(),
+    ])
+    .args(["--prompt", prompt]);
+    if raw {
+        cmd.arg("--raw");
+    }
+    if ignore_eos {
+        cmd.arg("--ignore-eos");
+    }
+    let out = cmd.output().expect("tandem generate runs");
+    assert!(
+        out.status.success(),
+        "generate failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("generate --json prints JSON")
+}
+
+fn usage_is_consistent(usage: &Value) {
+    let p = usage["prompt_tokens"].as_u64().unwrap();
+    let c = usage["completion_tokens"].as_u64().unwrap();
+    assert_eq!(usage["total_tokens"].as_u64().unwrap(), p + c, "{usage}");
+    let s = &usage["speculative"];
+    let drafted = s["draft_tokens"].as_u64().unwrap();
+    let accepted = s["accepted_tokens"].as_u64().unwrap();
+    let rounds = s["rounds"].as_u64().unwrap();
+    assert!(accepted <= drafted, "{usage}");
+    // Every round emits its accepted drafts plus one token, and only rounds emit tokens.
+    assert!(accepted + rounds <= c, "{usage}");
+    if drafted > 0 {
+        let rate = s["acceptance_rate"].as_f64().unwrap();
+        assert!(
+            (rate - accepted as f64 / drafted as f64).abs() < 1e-9,
+            "{usage}"
+        );
+        let mean = s["mean_accepted_length"].as_f64().unwrap();
+        assert!(
+            (mean - (1.0 + accepted as f64 / rounds as f64)).abs() < 1e-9,
+            "{usage}"
+        );
+    }
+}
+
+/// The status, the OpenAI error shape, and (where given) the parameter it names.
+fn assert_error(r: &http::Response, status: u16, param: Option<&str>) {
+    assert_eq!(r.status, status, "{}", r.text());
+    let v = r.json();
+    let e = &v["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(e["type"].is_string(), "{v}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+    if let Some(p) = param {
+        assert_eq!(e["param"].as_str(), Some(p), "{v}");
+    }
+}
+
+/// Concatenates the text of SSE chunks; returns (text, chunks, finish reason, usage).
+fn read_sse(data: &[String], chat: bool) -> (String, usize, Option<String>, Option<Value>) {
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    let (mut text, mut finish, mut usage) = (String::new(), None, None);
+    for d in &data[..data.len() - 1] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        assert!(v.get("error").is_none(), "{v}");
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            assert_eq!(v["choices"].as_array().unwrap().len(), 0, "{v}");
+            usage = Some(u.clone());
+            continue;
+        }
+        let c = &v["choices"][0];
+        let piece = if chat {
+            assert_eq!(v["object"], "chat.completion.chunk");
+            c["delta"]["content"].as_str()
+        } else {
+            assert_eq!(v["object"], "text_completion");
+            c["text"].as_str()
+        };
+        text.push_str(piece.unwrap_or(""));
+        if let Some(f) = c["finish_reason"].as_str() {
+            assert!(finish.is_none(), "two finish reasons");
+            finish = Some(f.to_string());
+        }
+    }
+    (text, data.len() - 1, finish, usage)
+}
+
+#[test]
+fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
+    let server = Server::start(
+        &[
+            "--context-length",
+            CONTEXT,
+            "--draft-model",
+            "prompt-lookup",
+        ],
+        &[],
+    );
+    let addr = server.addr.clone();
+
+    let models = get(&addr, "/v1/models").json();
+    let model_id = models["data"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["max_model_len"], 512);
+
+    // Completions, greedy: identical to plain greedy `tandem generate` (speculation is on, with
+    // the governor choosing γ; a repetitive prompt gives prompt lookup something to draft).
+    let prompt = "The list goes: alpha beta gamma delta, alpha beta gamma delta, alpha beta";
+    let reference = generate_reference(prompt, true, 40, true);
+    let r = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"model": model_id, "prompt": prompt, "max_tokens": 40, "temperature": 0,
+                "ignore_eos": true, "speculative": {"gamma": 3}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["model"], model_id.as_str());
+    assert_eq!(
+        v["choices"][0]["text"], reference["text"],
+        "server vs generate"
+    );
+    let reference_text = reference["text"].as_str().unwrap().to_string();
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let usage = &v["usage"];
+    usage_is_consistent(usage);
+    assert_eq!(usage["completion_tokens"], 40);
+    assert_eq!(usage["prompt_tokens"], reference["prompt_tokens"]);
+    assert!(
+        usage["speculative"]["draft_tokens"].as_u64().unwrap() > 0,
+        "γ = 3 with prompt lookup drafts on a repetitive prompt: {usage}"
+    );
+
+    // Chat completions, greedy, through the model's chat template.
+    let question = "Name three colours of the rainbow.";
+    let reference = generate_reference(question, false, 48, false);
+    let body = json!({"messages": [{"role": "user", "content": question}], "max_tokens": 48,
+                      "temperature": 0});
+    let v = post_json(&addr, "/v1/chat/completions", &body).json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(json!(text), reference["text"], "chat vs generate");
+    assert_eq!(
+        v["choices"][0]["finish_reason"], reference["finish_reason"],
+        "{v}"
+    );
+    usage_is_consistent(&v["usage"]);
+    assert_eq!(
+        v["usage"]["completion_tokens"],
+        reference["generated_tokens"]
+    );
+
+    // The same chat streamed: the deltas add up to the same text, usage comes last.
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    sbody["stream_options"] = json!({"include_usage": true});
+    let r = post_json(&addr, "/v1/chat/completions", &sbody);
+    assert_eq!(r.status, 200);
+    assert!(r
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("text/event-stream")));
+    let data = r.sse_data();
+    let first: Value = serde_json::from_str(&data[0]).unwrap();
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    let (streamed, chunks, finish, usage) = read_sse(&data, true);
+    assert_eq!(streamed, text);
+    assert!(chunks > 3, "streamed in pieces: {chunks}");
+    assert_eq!(json!(finish), v["choices"][0]["finish_reason"]);
+    let usage = usage.expect("include_usage sends a usage chunk");
+    usage_is_consistent(&usage);
+    assert_eq!(usage["completion_tokens"], v["usage"]["completion_tokens"]);
+
+    // A streamed completion without include_usage has no usage chunk; with speculation off
+    // per request, nothing is drafted.
+    let r = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 12, "stream": true,
+                "speculative": {"enabled": false}}),
+    );
+    let (_, _, finish, usage) = read_sse(&r.sse_data(), false);
+    assert!(usage.is_none());
+    assert!(finish.is_some());
+    let v = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 12, "speculative": {"enabled": false}}),
+    )
+    .json();
+    assert_eq!(v["usage"]["speculative"]["draft_tokens"], 0, "{v}");
+
+    // Stop strings end the text right before their first occurrence.
+    let full = reference_text.as_str();
+    let stop: String = full.chars().skip(12).take(6).collect();
+    let cut = full.find(&stop).unwrap();
+    let v = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 40, "ignore_eos": true, "temperature": 0,
+                "stop": ["never appears", stop]}),
+    )
+    .json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), &full[..cut]);
+
+    // The official `openai` Python package as a client.
+    let out = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/openai_client.py"
+        ))
+        .arg(format!("http://{addr}/v1"))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "openai client script failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("openai client: ok"));
+
+    // The admin API is off without a token, and says how to turn it on.
+    let r = get(&addr, "/admin/speculation");
+    assert_error(&r, 404, None);
+    assert!(r.text().contains("TANDEM_ADMIN_TOKEN"));
+
+    // SIGTERM with a stream in flight: the stream still ends properly, then the process exits 0.
+    let mut stream = http::open_stream(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 120, "ignore_eos": true, "stream": true}),
+    );
+    assert_eq!(stream.status, 200);
+    assert!(stream.next_data().is_some());
+    let stopped = server.terminate_in_background();
+    let mut rest = Vec::new();
+    while let Some(d) = stream.next_data() {
+        rest.push(d);
+    }
+    let (_, _, finish, _) = read_sse(&rest, false);
+    assert_eq!(
+        finish.as_deref(),
+        Some("length"),
+        "the in-flight stream finished"
+    );
+    assert!(
+        stopped.join().unwrap(),
+        "tandem serve exits cleanly on SIGTERM"
+    );
+}
+
+/// Every kind of bad request gets its 4xx and an OpenAI error body, while good requests running
+/// at the same time finish exactly as they would alone; a full queue answers 429 with
+/// Retry-After; a client that disconnects mid-stream frees its slot.
+#[test]
+fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
+    let server = Server::start(
+        &[
+            "--context-length",
+            CONTEXT,
+            "--max-seqs",
+            "1",
+            "--max-queue",
+            "1",
+            "--max-body-bytes",
+            "4096",
+        ],
+        &[],
+    );
+    let addr = server.addr.clone();
+    let prompt = "Write a short story about a lighthouse keeper.";
+    let long = json!({"prompt": prompt, "max_tokens": 300, "ignore_eos": true,
+                      "temperature": 0, "stream": true});
+
+    // A runs (the only slot), B waits (the only queue place): the next request is one too many.
+    let mut a = http::open_stream(&addr, "/v1/completions", &long);
+    assert_eq!(a.status, 200);
+    let first = a.next_data().expect("A produces output");
+    let mut b = http::open_stream(&addr, "/v1/completions", &long);
+    assert_eq!(b.status, 200);
+    let r = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 4}),
+    );
+    assert_error(&r, 429, None);
+    assert!(r.header("retry-after").is_some(), "429 carries Retry-After");
+
+    let big = "word ".repeat(2000);
+    let cases: Vec<(&str, &[u8], u16, Option<&str>)> = vec![
+        ("/v1/completions", b"{\"prompt\": \"hi\", ", 400, None),
+        ("/v1/completions", b"", 400, None),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "temperature": "hot"}"#,
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "max_tokens": -3}"#,
+            400,
+            Some("max_tokens"),
+        ),
+        ("/v1/completions", br#"{"prompt": ""}"#, 400, Some("prompt")),
+        (
+            "/v1/completions",
+            br#"{"max_tokens": 5}"#,
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": [999999]}"#,
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": []}"#,
+            400,
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "wizard", "content": "x"}]}"#,
+            400,
+            Some("messages[0].role"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": 5}]}"#,
+            400,
+            None,
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "max_tokens": 600}"#,
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "temperature": -1}"#,
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "top_p": 0}"#,
+            400,
+            Some("top_p"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "top_p": 1.5}"#,
+            400,
+            Some("top_p"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "speculative": {"lenience": 0}}"#,
+            400,
+            Some("speculative.lenience"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "speculative": {"lenience": 1.5}}"#,
+            400,
+            Some("speculative.lenience"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "speculative": {"gamma": 0}}"#,
+            400,
+            Some("speculative.gamma"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "n": 2}"#,
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "model": "gpt-9"}"#,
+            404,
+            Some("model"),
+        ),
+        ("/v1/completions", big.as_bytes(), 413, None),
+        ("/v1/nothing", b"{}", 404, None),
+    ];
+    for (path, body, status, param) in cases {
+        let r = request(&addr, "POST", path, &[], body);
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
+        eprintln!("{path} {shown} -> {} {}", r.status, r.text());
+        assert_error(&r, status, param);
+    }
+    // A prompt longer than the context is refused before any work.
+    let long_prompt = "a ".repeat(600);
+    let r = post_json(&addr, "/v1/completions", &json!({"prompt": long_prompt}));
+    assert_error(&r, 400, Some("prompt"));
+
+    // A and B, greedy on the same prompt, finish with the same 300 tokens, equal to `tandem
+    // generate` alone.
+    let mut a_data = vec![first];
+    while let Some(d) = a.next_data() {
+        a_data.push(d);
+    }
+    let mut b_data = Vec::new();
+    while let Some(d) = b.next_data() {
+        b_data.push(d);
+    }
+    let (a_text, _, a_finish, _) = read_sse(&a_data, false);
+    let (b_text, _, _, _) = read_sse(&b_data, false);
+    assert_eq!(a_finish.as_deref(), Some("length"));
+    let reference = generate_reference(prompt, true, 300, true);
+    assert_eq!(json!(a_text), reference["text"]);
+    assert_eq!(a_text, b_text);
+
+    // A client that goes away mid-stream frees its slot: the running gauge drops to 0, the
+    // request counts as cancelled, and the single slot serves the next request.
+    let cancelled_before = server
+        .metric("tandem_requests_total", "status=\"cancelled\"")
+        .unwrap_or(0.0);
+    let mut c = http::open_stream(&addr, "/v1/completions", &long);
+    assert!(c.next_data().is_some());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.metric("tandem_requests_running", "") != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the streaming request never showed as running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(c);
+    while server.metric("tandem_requests_running", "") != Some(0.0) {
+        assert!(Instant::now() < deadline, "the slot was never freed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cancelled = server
+        .metric("tandem_requests_total", "status=\"cancelled\"")
+        .unwrap();
+    assert_eq!(cancelled, cancelled_before + 1.0);
+    let r = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 4}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+fn admin(addr: &str, method: &str, token: Option<&str>, body: &str) -> http::Response {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth
+        .as_deref()
+        .map(|a| vec![("Authorization", a)])
+        .unwrap_or_default();
+    request(
+        addr,
+        method,
+        "/admin/speculation",
+        &headers,
+        body.as_bytes(),
+    )
+}
+
+/// Sampled workload with a fixed γ: acceptance rate over a few prompts.
+fn sampled_acceptance(addr: &str) -> f64 {
+    let (mut drafted, mut accepted) = (0u64, 0u64);
+    for (i, topic) in ["the sea", "a city at night", "an old clock"]
+        .iter()
+        .enumerate()
+    {
+        let v = post_json(
+            addr,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": format!("Write a poem about {topic}.")}],
+                    "max_tokens": 48, "temperature": 1.0, "seed": 11 + i, "ignore_eos": true,
+                    "speculative": {"gamma": 4}}),
+        )
+        .json();
+        usage_is_consistent(&v["usage"]);
+        let s = &v["usage"]["speculative"];
+        drafted += s["draft_tokens"].as_u64().unwrap();
+        accepted += s["accepted_tokens"].as_u64().unwrap();
+    }
+    assert!(drafted > 0);
+    accepted as f64 / drafted as f64
+}
+
+#[test]
+fn admin_api_changes_speculation_live() {
+    // A draft model (the same file at q4_0) drafting for the q8_0 target: close but not equal.
+    let server = Server::start(
+        &[
+            "--context-length",
+            CONTEXT,
+            "--draft-model",
+            "default",
+            "--draft-weights-dtype",
+            "q4_0",
+        ],
+        &[("TANDEM_ADMIN_TOKEN", "s3cret")],
+    );
+    let addr = server.addr.clone();
+
+    assert_error(&admin(&addr, "GET", None, ""), 401, None);
+    assert_error(&admin(&addr, "GET", Some("wrong"), ""), 401, None);
+    assert_error(
+        &admin(&addr, "PUT", Some("wrong"), r#"{"lenience": 0.5}"#),
+        401,
+        None,
+    );
+    let v = admin(&addr, "GET", Some("s3cret"), "").json();
+    assert_eq!(v["lenience"], 1.0, "{v}");
+    assert_eq!(v["drafter_loaded"], true, "{v}");
+    for (body, param) in [
+        (r#"{"lenience": 0}"#, Some("lenience")),
+        (r#"{"lenience": 1.01}"#, Some("lenience")),
+        (r#"{"gamma": 99}"#, Some("gamma")),
+        (r#"{"gamma_min": 5, "gamma_max": 2}"#, Some("gamma_min")),
+        (r#"{"gamma": "four"}"#, Some("gamma")),
+        (r#"{"lenence": 0.5}"#, None),
+        ("not json", None),
+    ] {
+        assert_error(&admin(&addr, "PUT", Some("s3cret"), body), 400, param);
+    }
+    // Nothing changed by the refused updates.
+    assert_eq!(admin(&addr, "GET", Some("s3cret"), "").json(), v);
+
+    let exact = sampled_acceptance(&addr);
+    assert_eq!(server.metric("tandem_spec_lenience", ""), Some(1.0));
+    let r = admin(&addr, "PUT", Some("s3cret"), r#"{"lenience": 0.1}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["lenience"].as_f64().map(|l| (l * 1e6).round()),
+        Some(1e5)
+    );
+    let got = admin(&addr, "GET", Some("s3cret"), "").json();
+    assert!(
+        (got["lenience"].as_f64().unwrap() - 0.1).abs() < 1e-6,
+        "{got}"
+    );
+    let gauge = server.metric("tandem_spec_lenience", "").unwrap();
+    assert!((gauge - 0.1).abs() < 1e-6, "gauge {gauge}");
+    let lenient = sampled_acceptance(&addr);
+    assert!(
+        lenient > exact + 0.05,
+        "lenience 0.1 raises acceptance: {lenient:.3} vs {exact:.3} at 1.0"
+    );
+
+    // Switching speculation off server-wide: requests that follow the server draft nothing.
+    let r = admin(&addr, "PUT", Some("s3cret"), r#"{"enabled": false}"#);
+    assert_eq!(r.status, 200);
+    assert_eq!(server.metric("tandem_spec_gamma", ""), Some(0.0));
+    let v = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 16}),
+    )
+    .json();
+    assert_eq!(v["usage"]["speculative"]["draft_tokens"], 0, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 16);
+}
