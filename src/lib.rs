@@ -5,6 +5,7 @@
 //! acceptance), `draft` (drafters), `engine`
 //! (generation loops and, later, the actors), then the CLI in `main.rs`.
 
+pub mod bench;
 pub mod config;
 pub mod draft;
 pub mod engine;
@@ -13,4 +14,5 @@ pub mod model;
 pub mod runtime;
 pub mod sampling;
 pub mod server;
+pub mod setup;
 pub mod telemetry;

@@ -36,6 +36,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Generate a completion for one prompt, streaming it to stdout; stats go to stderr.
     Generate(Box<GenerateArgs>),
+    /// Benchmark plain vs speculative decoding on Spec-Bench prompts, all modes in one run.
+    Bench(Box<BenchArgs>),
     /// Time forwards of k new tokens against a cache of a given depth (the cost a speculative
     /// verification pays), reported against a 1-token forward.
     ForwardBench(ForwardBenchArgs),
@@ -78,6 +80,67 @@ struct ServeArgs {
     pipeline: Option<bool>,
     #[arg(long, env = "TANDEM_MAX_BODY_BYTES")]
     max_body_bytes: Option<usize>,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Spec-Bench-style JSONL: {"question_id", "category", "turns": [...]} per line.
+    #[arg(long)]
+    prompts: PathBuf,
+    /// Only these categories (comma-separated; default: all).
+    #[arg(long, value_delimiter = ',')]
+    categories: Vec<String>,
+    /// At most this many prompts per category.
+    #[arg(long)]
+    limit_per_category: Option<usize>,
+    /// Tokens to generate per turn.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// 0 = greedy (outputs are then checked against plain decoding token for token).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Base seed for sampled runs (each question, turn and repeat derives its own).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Comma-separated modes: plain, prompt-lookup (pld), draft, each optionally with
+    /// `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true` (plain is always run).
+    #[arg(long, default_value = "plain,prompt-lookup")]
+    modes: String,
+    /// Requests in flight at once per mode.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Runs of every prompt per mode (spread = min–max over repeats).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Questions run under every mode first and not counted.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Generate exactly --max-tokens tokens per turn.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// The draft model of `draft` modes: `default` or a model path.
+    #[arg(long, default_value = "default")]
+    draft_model: String,
+    #[arg(long, default_value = "q8_0")]
+    draft_weights_dtype: String,
+    /// Largest γ any mode may use.
+    #[arg(long, default_value_t = 8)]
+    max_gamma: usize,
+    /// Write every raw figure (and the machine, model and settings) as JSON here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Draw the speedup per category and mode as SVG here.
+    #[arg(long)]
+    chart: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(Args)]
@@ -189,6 +252,10 @@ fn main() -> Result<()> {
             apply_model_args(&mut config, &args.model)?;
             generate(&config, *args)
         }
+        Command::Bench(args) => {
+            apply_model_args(&mut config, &args.model)?;
+            bench(config, *args)
+        }
         Command::ForwardBench(args) => {
             apply_model_args(&mut config, &args.model)?;
             forward_bench(&config, args)
@@ -274,6 +341,139 @@ fn serve(config: Config) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(tandem::server::run(config, threads))?;
+    Ok(())
+}
+
+fn bench(mut config: Config, args: BenchArgs) -> Result<()> {
+    use tandem::bench;
+    let modes = bench::parse_modes(&args.modes, args.max_gamma)?;
+    let prompts = bench::select(
+        bench::load_prompts(&args.prompts)?,
+        &args.categories,
+        args.limit_per_category,
+    )?;
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p.unwrap_or(1.0),
+        top_k: args.top_k.unwrap_or(0),
+        ..Default::default()
+    };
+    sampling.validate()?;
+    let threads = tandem::runtime::init_threads(config.runtime.threads);
+    let needs_draft_model = modes.iter().any(|m| m.drafter == bench::DrafterKind::Model);
+    config.speculation.draft_model = if needs_draft_model {
+        args.draft_model.clone()
+    } else {
+        "none".into()
+    };
+    config.speculation.draft_weights_dtype = args.draft_weights_dtype.clone();
+    config.validate()?;
+    let (target, draft, draft_name) = tandem::setup::load_models(&config)?;
+    let model_json = serde_json::json!({
+        "target": target.source.display_name(),
+        "target_weights": target.model.linear_dtypes().join("/"),
+        "draft": draft_name,
+        "context_length": target.model.context_len(),
+    });
+    let models = bench::BenchModels {
+        target: std::sync::Arc::new(target.model),
+        tokenizer: std::sync::Arc::clone(&target.tokenizer),
+        draft,
+    };
+    let opts = bench::BenchOptions {
+        modes: modes.clone(),
+        max_tokens: args.max_tokens,
+        sampling,
+        seed: args.seed,
+        ignore_eos: args.ignore_eos,
+        concurrency: args.concurrency,
+        repeat: args.repeat,
+        warmup: args.warmup,
+        threads,
+        max_gamma: args.max_gamma,
+        prefill_chunk: config.engine.prefill_chunk,
+    };
+    eprintln!(
+        "bench: {} prompts in {} categories, modes {}, {} tokens, temperature {}, concurrency {}, {} repeat(s), {} thread(s)",
+        prompts.len(),
+        {
+            let mut c: Vec<&str> = prompts.iter().map(|p| p.category.as_str()).collect();
+            c.dedup();
+            c.len()
+        },
+        modes.iter().map(|m| m.label.as_str()).collect::<Vec<_>>().join(", "),
+        args.max_tokens,
+        args.temperature,
+        args.concurrency,
+        args.repeat,
+        threads
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let mut bar = bench::progress::ProgressBar::default();
+    let quiet = args.quiet;
+    let run = rt.block_on(bench::run_bench(&models, &prompts, opts, &mut |p| {
+        if !quiet {
+            bar.update(p.done, p.total, p.what);
+        }
+    }))?;
+    let rows = bench::summarize(
+        &modes,
+        &run.categories,
+        &run.runs,
+        &run.batches,
+        args.repeat,
+    );
+    println!("{}", bench::render_tables(&rows, args.repeat));
+    if args.temperature == 0.0 {
+        let mismatched: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.category == bench::report::OVERALL && r.outputs_match == Some(false))
+            .map(|r| r.mode.as_str())
+            .collect();
+        if !mismatched.is_empty() {
+            eprintln!(
+                "bench: WARNING: greedy outputs differ from plain decoding for {}",
+                mismatched.join(", ")
+            );
+        }
+    }
+    if let Some(path) = &args.out {
+        let settings = serde_json::json!({
+            "prompts": args.prompts.display().to_string(),
+            "categories": args.categories,
+            "limit_per_category": args.limit_per_category,
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k,
+            "seed": args.seed,
+            "concurrency": args.concurrency,
+            "repeat": args.repeat,
+            "warmup": args.warmup,
+            "ignore_eos": args.ignore_eos,
+            "max_gamma": args.max_gamma,
+            "model": model_json,
+        });
+        let doc = bench::results_json(settings, bench::machine_json(threads), &modes, &rows, &run);
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: results in {}", path.display());
+    }
+    if let Some(path) = &args.chart {
+        let title = format!(
+            "tandem speedup over plain decoding ({}, T={}, concurrency {})",
+            model_json["target"].as_str().unwrap_or(""),
+            args.temperature,
+            args.concurrency
+        );
+        std::fs::write(path, bench::chart::speedup_svg(&rows, &title))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: chart in {}", path.display());
+    }
     Ok(())
 }
 

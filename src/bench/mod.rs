@@ -1,0 +1,103 @@
+//! `tandem bench`: plain and speculative decoding on Spec-Bench prompts in one run, reported as
+//! tables, raw JSON and a speedup chart.
+//!
+//! Why it exists: it is how the team and users judge speed. Every mode runs in the same process
+//! on the same prompts, interleaved, so the reported speedups are ratios measured side by side,
+//! and greedy runs are checked token for token against plain decoding (speculation that changes
+//! the output is not a speedup).
+
+pub mod chart;
+pub mod mode;
+pub mod progress;
+pub mod prompts;
+pub mod report;
+pub mod run;
+
+use serde_json::{json, Value};
+
+use crate::engine::EngineError;
+
+pub use mode::{parse_modes, DrafterKind, Mode};
+pub use prompts::{load_prompts, parse_prompts, select, BenchPrompt};
+pub use report::{render_tables, summarize, BatchRecord, RunRecord, Spread, SummaryRow};
+pub use run::{run_bench, BenchModels, BenchOptions, BenchRun, Progress};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{}", prompt_location(.origin, *.line, .reason))]
+    Prompts {
+        origin: String,
+        /// 1-based; 0 = the file as a whole.
+        line: usize,
+        reason: String,
+    },
+    #[error("bench: {0}")]
+    Options(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("bench: generation failed: {0}")]
+    Generation(String),
+}
+
+fn prompt_location(origin: &str, line: usize, reason: &str) -> String {
+    if line == 0 {
+        format!("prompt file {origin}: {reason}")
+    } else {
+        format!("prompt file {origin}:{line}: {reason}")
+    }
+}
+
+/// What the machine is, for the record.
+pub fn machine_json(threads: usize) -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    json!({
+        "cpu": cpu,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "threads": threads,
+        "os": std::env::consts::OS,
+    })
+}
+
+/// The `--out` document: settings, the summary rows and every raw figure.
+pub fn results_json(
+    settings: Value,
+    machine: Value,
+    modes: &[Mode],
+    rows: &[SummaryRow],
+    run: &BenchRun,
+) -> Value {
+    let modes: Vec<Value> = modes
+        .iter()
+        .map(|m| {
+            json!({
+                "label": m.label,
+                "drafter": format!("{:?}", m.drafter),
+                "gamma": format!("{:?}", m.gamma),
+                "lenience": m.lenience.unwrap_or(1.0),
+                "pipeline": m.pipeline,
+            })
+        })
+        .collect();
+    json!({
+        "tandem_version": env!("CARGO_PKG_VERSION"),
+        "created_unix_s": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        "machine": machine,
+        "settings": settings,
+        "modes": modes,
+        "categories": run.categories,
+        "summary": rows,
+        "batches": run.batches,
+        "runs": run.runs,
+    })
+}

@@ -1,0 +1,164 @@
+//! Benchmark modes: how one run decodes (plain, or which drafter with which γ, lenience and
+//! pipelining), written as `NAME[:key=value...]` on the command line.
+//!
+//! Why it exists: every mode runs in the same process on the same prompts, so a mode must say
+//! exactly which engine it needs (drafter and pipelining) and how each request speculates.
+
+use crate::engine::GammaPolicy;
+
+use super::BenchError;
+
+/// Which drafter an engine carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DrafterKind {
+    None,
+    PromptLookup,
+    Model,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mode {
+    /// As given on the command line: the name in tables, JSON and the chart.
+    pub label: String,
+    pub drafter: DrafterKind,
+    pub gamma: GammaPolicy,
+    /// `None` = exact (1).
+    pub lenience: Option<f32>,
+    pub pipeline: bool,
+}
+
+impl Mode {
+    pub fn is_plain(&self) -> bool {
+        self.drafter == DrafterKind::None
+    }
+
+    /// The engine this mode runs on: modes with the same drafter and pipelining share one.
+    pub fn engine_key(&self) -> (DrafterKind, bool) {
+        (self.drafter, self.pipeline)
+    }
+
+    /// Parses `plain`, `prompt-lookup` (alias `pld`) or `draft` (alias `draft-model`), each
+    /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`.
+    /// Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
+    /// pipelining.
+    pub fn parse(spec: &str, max_gamma: usize) -> Result<Mode, BenchError> {
+        let bad = |reason: String| BenchError::Options(format!("mode `{spec}`: {reason}"));
+        let mut parts = spec.trim().split(':');
+        let drafter = match parts.next().unwrap_or("") {
+            "plain" => DrafterKind::None,
+            "prompt-lookup" | "pld" => DrafterKind::PromptLookup,
+            "draft" | "draft-model" => DrafterKind::Model,
+            other => {
+                return Err(bad(format!(
+                    "unknown mode `{other}` (plain, prompt-lookup, draft)"
+                )))
+            }
+        };
+        let mut mode = Mode {
+            label: spec.trim().to_string(),
+            drafter,
+            gamma: if drafter == DrafterKind::None {
+                GammaPolicy::Off
+            } else {
+                GammaPolicy::Adaptive
+            },
+            lenience: None,
+            pipeline: false,
+        };
+        for kv in parts {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{kv}` is not key=value")))?;
+            if mode.is_plain() {
+                return Err(bad("plain decoding takes no settings".into()));
+            }
+            match k {
+                "gamma" | "spec_length" if v == "adaptive" => mode.gamma = GammaPolicy::Adaptive,
+                "gamma" | "spec_length" => {
+                    let g: usize = v.parse().map_err(|_| bad(format!("gamma `{v}`")))?;
+                    if g == 0 || g > max_gamma {
+                        return Err(bad(format!("gamma must be in 1..={max_gamma}")));
+                    }
+                    mode.gamma = GammaPolicy::Fixed(g);
+                }
+                "lenience" => {
+                    let l: f32 = v.parse().map_err(|_| bad(format!("lenience `{v}`")))?;
+                    if !(l > 0.0 && l <= 1.0) {
+                        return Err(bad("lenience must be in (0, 1]".into()));
+                    }
+                    mode.lenience = Some(l);
+                }
+                "pipeline" => {
+                    mode.pipeline = v.parse().map_err(|_| bad(format!("pipeline `{v}`")))?;
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown setting `{other}` (gamma, lenience, pipeline)"
+                    )))
+                }
+            }
+        }
+        Ok(mode)
+    }
+}
+
+/// Parses a comma-separated mode list; `plain` is added first when missing, since every
+/// speedup is measured against it.
+pub fn parse_modes(list: &str, max_gamma: usize) -> Result<Vec<Mode>, BenchError> {
+    let mut modes = Vec::new();
+    for spec in list.split(',').filter(|s| !s.trim().is_empty()) {
+        let m = Mode::parse(spec, max_gamma)?;
+        if modes.iter().any(|o: &Mode| o.label == m.label) {
+            return Err(BenchError::Options(format!(
+                "mode `{}` is listed twice",
+                m.label
+            )));
+        }
+        modes.push(m);
+    }
+    if !modes.iter().any(Mode::is_plain) {
+        modes.insert(0, Mode::parse("plain", max_gamma)?);
+    }
+    Ok(modes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_with_defaults_and_settings() {
+        let m = parse_modes(
+            "pld:gamma=2,draft:gamma=adaptive:pipeline=true:lenience=0.5",
+            8,
+        )
+        .unwrap();
+        assert_eq!(m.len(), 3, "plain is added");
+        assert!(m[0].is_plain());
+        assert_eq!(m[0].gamma, GammaPolicy::Off);
+        assert_eq!(m[1].drafter, DrafterKind::PromptLookup);
+        assert_eq!(m[1].gamma, GammaPolicy::Fixed(2));
+        assert_eq!(m[2].drafter, DrafterKind::Model);
+        assert_eq!(m[2].gamma, GammaPolicy::Adaptive);
+        assert!(m[2].pipeline);
+        assert_eq!(m[2].lenience, Some(0.5));
+        assert_eq!(m[2].engine_key(), (DrafterKind::Model, true));
+    }
+
+    #[test]
+    fn bad_modes_are_refused_clearly() {
+        for (spec, needle) in [
+            ("eagle", "unknown mode"),
+            ("pld:gamma=0", "gamma"),
+            ("pld:gamma=9", "gamma"),
+            ("pld:lenience=2", "lenience"),
+            ("pld:speed=3", "unknown setting"),
+            ("pld:gamma", "key=value"),
+            ("plain:gamma=2", "no settings"),
+            ("pld,pld", "twice"),
+        ] {
+            let e = parse_modes(spec, 8).unwrap_err().to_string();
+            assert!(e.contains(needle), "{spec}: {e}");
+        }
+    }
+}

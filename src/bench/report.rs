@@ -1,0 +1,359 @@
+//! What a benchmark measured, and the summaries drawn from it.
+//!
+//! Why it exists: the raw figures (every request, every batch) go to `--out` as they are, and
+//! the tables are pure functions of them, so anyone can recompute a table from the JSON.
+
+use serde::Serialize;
+
+use super::mode::Mode;
+
+/// One request (one turn of one question) under one mode.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunRecord {
+    pub mode: String,
+    pub question_id: i64,
+    pub category: String,
+    pub repeat: usize,
+    pub turn: usize,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// From submission to the last token.
+    pub seconds: f64,
+    /// From submission to the first token.
+    pub ttft_s: f64,
+    pub draft_tokens: usize,
+    pub accepted_tokens: usize,
+    pub rounds: usize,
+    pub finish: String,
+    /// Greedy runs: whether the tokens equal plain decoding's for the same question, repeat
+    /// and turn. `None` for sampled runs and for plain decoding itself.
+    pub outputs_match: Option<bool>,
+    #[serde(skip)]
+    pub tokens: Vec<u32>,
+}
+
+/// Requests of one mode run together (`concurrency` at a time), with the wall time they took.
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchRecord {
+    pub mode: String,
+    pub category: String,
+    pub repeat: usize,
+    pub requests: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+}
+
+/// A spread of per-repeat figures.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    pub fn of(values: &[f64]) -> Option<Spread> {
+        if values.is_empty() {
+            return None;
+        }
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Some(Spread {
+            median,
+            min: v[0],
+            max: v[n - 1],
+        })
+    }
+}
+
+/// One line of a table: a mode in a category (or `overall`).
+#[derive(Clone, Debug, Serialize)]
+pub struct SummaryRow {
+    pub mode: String,
+    pub category: String,
+    pub requests: usize,
+    pub tokens: usize,
+    /// Tokens over wall time, prefill included (what a user waits for), per repeat.
+    pub tokens_per_s: Spread,
+    /// Against plain decoding in the same repeats; `None` for plain itself.
+    pub speedup: Option<Spread>,
+    /// After the first token: (tokens − 1) over (time − TTFT), pooled over the requests.
+    pub decode_tokens_per_s: Option<f64>,
+    /// `decode_tokens_per_s` over plain decoding's.
+    pub decode_speedup: Option<f64>,
+    pub acceptance_rate: Option<f64>,
+    /// Tokens per speculative round (accepted drafts + 1).
+    pub mean_accepted_length: Option<f64>,
+    pub ttft_median_s: Option<f64>,
+    pub outputs_match: Option<bool>,
+}
+
+pub const OVERALL: &str = "overall";
+
+/// Tokens per second of each repeat, over the batches that pass `keep`.
+fn per_repeat_rate(
+    batches: &[BatchRecord],
+    repeats: usize,
+    keep: impl Fn(&BatchRecord) -> bool,
+) -> Vec<f64> {
+    (0..repeats)
+        .filter_map(|r| {
+            let (tokens, secs) = batches
+                .iter()
+                .filter(|b| b.repeat == r && keep(b))
+                .fold((0usize, 0.0f64), |(t, s), b| (t + b.tokens, s + b.seconds));
+            (secs > 0.0).then(|| tokens as f64 / secs)
+        })
+        .collect()
+}
+
+/// Rows for every mode in every category, then `overall`, in the given category order.
+pub fn summarize(
+    modes: &[Mode],
+    categories: &[String],
+    runs: &[RunRecord],
+    batches: &[BatchRecord],
+    repeats: usize,
+) -> Vec<SummaryRow> {
+    let plain = modes.iter().find(|m| m.is_plain()).map(|m| m.label.clone());
+    let mut rows = Vec::new();
+    let scopes = categories
+        .iter()
+        .map(String::as_str)
+        .chain([OVERALL])
+        .collect::<Vec<_>>();
+    for scope in scopes {
+        let in_scope = |c: &str| scope == OVERALL || c == scope;
+        for mode in modes {
+            let rates = per_repeat_rate(batches, repeats, |b| {
+                b.mode == mode.label && in_scope(&b.category)
+            });
+            let Some(tokens_per_s) = Spread::of(&rates) else {
+                continue;
+            };
+            let speedup = match &plain {
+                Some(p) if !mode.is_plain() => {
+                    let base = per_repeat_rate(batches, repeats, |b| {
+                        &b.mode == p && in_scope(&b.category)
+                    });
+                    let ratios: Vec<f64> = rates
+                        .iter()
+                        .zip(&base)
+                        .filter(|(_, b)| **b > 0.0)
+                        .map(|(r, b)| r / b)
+                        .collect();
+                    Spread::of(&ratios)
+                }
+                _ => None,
+            };
+            let mine: Vec<&RunRecord> = runs
+                .iter()
+                .filter(|r| r.mode == mode.label && in_scope(&r.category))
+                .collect();
+            let decode_rate = |label: &str| {
+                let (t, secs) = runs
+                    .iter()
+                    .filter(|r| r.mode == label && in_scope(&r.category))
+                    .fold((0usize, 0.0f64), |(t, s), r| {
+                        (
+                            t + r.completion_tokens.saturating_sub(1),
+                            s + (r.seconds - r.ttft_s),
+                        )
+                    });
+                (secs > 0.0).then(|| t as f64 / secs)
+            };
+            let decode_tokens_per_s = decode_rate(&mode.label);
+            let decode_speedup = match (&plain, decode_tokens_per_s) {
+                (Some(p), Some(d)) if !mode.is_plain() => decode_rate(p).map(|b| d / b),
+                _ => None,
+            };
+            let drafted: usize = mine.iter().map(|r| r.draft_tokens).sum();
+            let accepted: usize = mine.iter().map(|r| r.accepted_tokens).sum();
+            let rounds: usize = mine.iter().map(|r| r.rounds).sum();
+            let mut ttfts: Vec<f64> = mine
+                .iter()
+                .filter(|r| r.turn == 0)
+                .map(|r| r.ttft_s)
+                .collect();
+            let matches: Vec<bool> = mine.iter().filter_map(|r| r.outputs_match).collect();
+            rows.push(SummaryRow {
+                mode: mode.label.clone(),
+                category: scope.to_string(),
+                requests: mine.len(),
+                tokens: mine.iter().map(|r| r.completion_tokens).sum(),
+                tokens_per_s,
+                speedup,
+                decode_tokens_per_s,
+                decode_speedup,
+                acceptance_rate: (drafted > 0).then(|| accepted as f64 / drafted as f64),
+                mean_accepted_length: (rounds > 0).then(|| 1.0 + accepted as f64 / rounds as f64),
+                ttft_median_s: {
+                    ttfts.sort_by(f64::total_cmp);
+                    Spread::of(&ttfts).map(|s| s.median)
+                },
+                outputs_match: (!matches.is_empty()).then(|| matches.iter().all(|&m| m)),
+            });
+        }
+    }
+    rows
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "–".into())
+}
+
+/// Markdown tables, one per category and one overall.
+pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
+    let mut out = String::new();
+    let mut categories: Vec<&str> = Vec::new();
+    for r in rows {
+        if !categories.contains(&r.category.as_str()) {
+            categories.push(&r.category);
+        }
+    }
+    for c in categories {
+        out.push_str(&format!("\n### {c}\n\n"));
+        out.push_str(
+            "| mode | tok/s | spread | speedup | speedup spread | decode tok/s | decode speedup | acceptance | tokens/round | TTFT | outputs match |\n",
+        );
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for r in rows.iter().filter(|r| r.category == c) {
+            let s = &r.tokens_per_s;
+            let spread = if repeats > 1 {
+                format!("{:.1}–{:.1}", s.min, s.max)
+            } else {
+                "–".into()
+            };
+            let speedup_spread = match (&r.speedup, repeats > 1) {
+                (Some(x), true) => format!("{:.2}–{:.2}x", x.min, x.max),
+                _ => "–".into(),
+            };
+            out.push_str(&format!(
+                "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                r.mode,
+                s.median,
+                spread,
+                opt(r.speedup.map(|x| x.median), |v| format!("{v:.2}x")),
+                speedup_spread,
+                opt(r.decode_tokens_per_s, |v| format!("{v:.1}")),
+                opt(r.decode_speedup, |v| format!("{v:.2}x")),
+                opt(r.acceptance_rate, |v| format!("{:.0}%", v * 100.0)),
+                opt(r.mean_accepted_length, |v| format!("{v:.2}")),
+                opt(r.ttft_median_s, |v| format!("{:.0} ms", v * 1000.0)),
+                match r.outputs_match {
+                    Some(true) => "yes",
+                    Some(false) => "**no**",
+                    None => "–",
+                },
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::mode::parse_modes;
+
+    fn batch(
+        mode: &str,
+        category: &str,
+        repeat: usize,
+        tokens: usize,
+        seconds: f64,
+    ) -> BatchRecord {
+        BatchRecord {
+            mode: mode.into(),
+            category: category.into(),
+            repeat,
+            requests: 1,
+            tokens,
+            seconds,
+        }
+    }
+
+    fn run(
+        mode: &str,
+        category: &str,
+        drafted: usize,
+        accepted: usize,
+        rounds: usize,
+    ) -> RunRecord {
+        RunRecord {
+            mode: mode.into(),
+            question_id: 1,
+            category: category.into(),
+            repeat: 0,
+            turn: 0,
+            prompt_tokens: 10,
+            completion_tokens: 10,
+            seconds: 1.0,
+            ttft_s: 0.1,
+            draft_tokens: drafted,
+            accepted_tokens: accepted,
+            rounds,
+            finish: "length".into(),
+            outputs_match: (mode != "plain").then_some(true),
+            tokens: vec![],
+        }
+    }
+
+    #[test]
+    fn speedups_are_per_repeat_ratios_and_overall_pools_categories() {
+        let modes = parse_modes("plain,pld", 8).unwrap();
+        let cats = vec!["a".to_string(), "b".to_string()];
+        let batches = vec![
+            batch("plain", "a", 0, 100, 1.0),
+            batch("pld", "a", 0, 100, 0.5),
+            batch("plain", "b", 0, 100, 1.0),
+            batch("pld", "b", 0, 100, 1.0),
+            batch("plain", "a", 1, 100, 2.0),
+            batch("pld", "a", 1, 100, 0.5),
+            batch("plain", "b", 1, 100, 1.0),
+            batch("pld", "b", 1, 100, 1.0),
+        ];
+        let runs = vec![run("plain", "a", 0, 0, 0), run("pld", "a", 10, 5, 4)];
+        let rows = summarize(&modes, &cats, &runs, &batches, 2);
+        let get = |m: &str, c: &str| {
+            rows.iter()
+                .find(|r| r.mode == m && r.category == c)
+                .unwrap()
+        };
+        let a = get("pld", "a");
+        assert_eq!(a.speedup.unwrap().min, 2.0);
+        assert_eq!(a.speedup.unwrap().max, 4.0);
+        assert_eq!(a.speedup.unwrap().median, 3.0);
+        assert_eq!(a.acceptance_rate, Some(0.5));
+        assert_eq!(a.mean_accepted_length, Some(1.0 + 5.0 / 4.0));
+        assert_eq!(a.outputs_match, Some(true));
+        assert_eq!(get("pld", "b").speedup.unwrap().median, 1.0);
+        // overall, repeat 0: plain 200 tokens in 2 s, pld 200 in 1.5 s (4/3x); repeat 1:
+        // plain 200 in 3 s, pld 200 in 1.5 s (2x).
+        let o = get("pld", OVERALL).speedup.unwrap();
+        assert!(
+            (o.min - 4.0 / 3.0).abs() < 1e-9 && (o.max - 2.0).abs() < 1e-9,
+            "{o:?}"
+        );
+        assert!(get("plain", OVERALL).speedup.is_none());
+        let table = render_tables(&rows, 2);
+        assert!(
+            table.contains("### overall") && table.contains("| pld | "),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn spreads_take_medians() {
+        assert_eq!(Spread::of(&[]), None);
+        let s = Spread::of(&[3.0, 1.0, 2.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        assert_eq!(Spread::of(&[1.0, 2.0]).unwrap().median, 1.5);
+    }
+}

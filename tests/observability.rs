@@ -1,0 +1,444 @@
+//! The observability bundle against the real thing: a live `tandem serve` on the default model,
+//! a real Prometheus (Debian's `prometheus` package, installed by `.ci/run`) scraping it while a
+//! workload runs, then every dashboard query and every alert rule evaluated through Prometheus's
+//! HTTP API. Also: `promtool` accepts the config and the rules (and the rules' unit tests), every
+//! metric DESIGN.md §6 names is exported, and the speculation counters agree with the `usage`
+//! figures the clients got.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::http::{self, get, post_json, Server};
+use serde_json::{json, Value};
+
+fn dashboards() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards")
+}
+
+/// Every metric DESIGN.md §6 lists, plus the speedup estimate the alerts use.
+const DESIGN_METRICS: &[&str] = &[
+    "tandem_spec_decode_num_drafts_total",
+    "tandem_spec_decode_num_draft_tokens_total",
+    "tandem_spec_decode_num_accepted_tokens_total",
+    "tandem_spec_decode_num_accepted_tokens_per_pos_total",
+    "tandem_requests_total",
+    "tandem_prompt_tokens_total",
+    "tandem_generation_tokens_total",
+    "tandem_request_acceptance_rate",
+    "tandem_spec_decode_accepted_length",
+    "tandem_draft_step_seconds",
+    "tandem_verify_step_seconds",
+    "tandem_round_seconds",
+    "tandem_time_to_first_token_seconds",
+    "tandem_inter_token_seconds",
+    "tandem_request_duration_seconds",
+    "tandem_prefill_seconds",
+    "tandem_requests_running",
+    "tandem_requests_waiting",
+    "tandem_kv_cache_usage_ratio",
+    "tandem_spec_lenience",
+    "tandem_spec_gamma",
+    "tandem_pipeline_overlap_ratio",
+    "tandem_spec_speedup_estimate",
+];
+
+fn promtool(args: &[&str]) {
+    let out = Command::new("promtool")
+        .args(args)
+        .output()
+        .expect("promtool is installed (Debian package `prometheus`; .ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "promtool {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A Prometheus process scraping one target every second; killed when dropped.
+struct Prometheus {
+    addr: String,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(target: &str) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        // Our own scrape config and rules, pointed at the test's server and sped up.
+        let config = std::fs::read_to_string(dashboards().join("prometheus.yml"))
+            .unwrap()
+            .replace("127.0.0.1:8080", target)
+            .replace("scrape_interval: 5s", "scrape_interval: 1s")
+            .replace("evaluation_interval: 5s", "evaluation_interval: 1s");
+        assert!(
+            config.contains(target),
+            "the scrape config names 127.0.0.1:8080"
+        );
+        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+        std::fs::copy(
+            dashboards().join("alerts.yml"),
+            dir.path().join("alerts.yml"),
+        )
+        .unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let child = Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus is installed (Debian package `prometheus`; .ci/run installs it)");
+        let p = Prometheus {
+            addr,
+            child,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(&p.addr).is_err()
+            || get(&p.addr, "/-/ready").status != 200
+        {
+            assert!(Instant::now() < deadline, "prometheus never became ready");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        p
+    }
+
+    fn api(&self, path: &str) -> Value {
+        let r = get(&self.addr, path);
+        let v = r.json();
+        assert_eq!(v["status"], "success", "{path}: {v}");
+        v["data"].clone()
+    }
+
+    fn query(&self, expr: &str) -> Vec<Value> {
+        let data = self.api(&format!("/api/v1/query?query={}", percent_encode(expr)));
+        data["result"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the clients were told, summed.
+#[derive(Default, Debug)]
+struct Totals {
+    requests: u64,
+    prompt: u64,
+    completion: u64,
+    drafted: u64,
+    accepted: u64,
+    rounds: u64,
+    /// Requests that drafted at all (each gives one acceptance-rate sample).
+    speculative_requests: u64,
+}
+
+fn add_usage(t: &mut Totals, usage: &Value) {
+    t.requests += 1;
+    t.prompt += usage["prompt_tokens"].as_u64().unwrap();
+    t.completion += usage["completion_tokens"].as_u64().unwrap();
+    let s = &usage["speculative"];
+    t.drafted += s["draft_tokens"].as_u64().unwrap();
+    t.accepted += s["accepted_tokens"].as_u64().unwrap();
+    t.rounds += s["rounds"].as_u64().unwrap();
+    t.speculative_requests += u64::from(s["draft_tokens"].as_u64().unwrap() > 0);
+}
+
+/// Concurrent chat requests, some greedy, some sampled, one streamed with usage.
+fn workload(addr: &str) -> Totals {
+    let topics = [
+        "the sea",
+        "mountains",
+        "a library",
+        "rain",
+        "a train journey",
+        "bread",
+    ];
+    let handles: Vec<_> = topics
+        .iter()
+        .enumerate()
+        .map(|(i, topic)| {
+            let addr = addr.to_string();
+            let body = json!({
+                "messages": [{"role": "user", "content": format!("Write two sentences about {topic}.")}],
+                "max_tokens": 40, "ignore_eos": true,
+                "temperature": if i % 2 == 0 { 0.0 } else { 0.8 }, "seed": i,
+                "stream": i == 3, "stream_options": {"include_usage": true},
+            });
+            std::thread::spawn(move || {
+                let r = post_json(&addr, "/v1/chat/completions", &body);
+                assert_eq!(r.status, 200, "{}", r.text());
+                if i == 3 {
+                    let data = r.sse_data();
+                    let usage = data
+                        .iter()
+                        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                        .find_map(|v| v.get("usage").filter(|u| !u.is_null()).cloned())
+                        .expect("the stream's usage chunk");
+                    usage
+                } else {
+                    r.json()["usage"].clone()
+                }
+            })
+        })
+        .collect();
+    let mut t = Totals::default();
+    for h in handles {
+        add_usage(&mut t, &h.join().unwrap());
+    }
+    t
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    http::metric_value(text, name, "").unwrap_or_else(|| panic!("{name} is not in /metrics"))
+}
+
+#[test]
+fn prometheus_scrapes_tandem_and_every_dashboard_query_and_alert_evaluates() {
+    let dir = dashboards();
+    promtool(&[
+        "check",
+        "config",
+        dir.join("prometheus.yml").to_str().unwrap(),
+    ]);
+    promtool(&["check", "rules", dir.join("alerts.yml").to_str().unwrap()]);
+    promtool(&[
+        "test",
+        "rules",
+        dir.join("alerts.test.yml").to_str().unwrap(),
+    ]);
+
+    // A draft model (so both KV caches and the drafter's step times exist) with pipelining on.
+    let server = Server::start(
+        &[
+            "--context-length",
+            "512",
+            "--draft-model",
+            "default",
+            "--draft-weights-dtype",
+            "q4_0",
+            "--pipeline",
+            "true",
+            "--max-seqs",
+            "4",
+        ],
+        &[],
+    );
+    let prom = Prometheus::start(&server.addr);
+    // Wait for the first scrape so the counters' starting points are recorded.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while prom.query("up{job=\"tandem\"} == 1").is_empty() {
+        assert!(Instant::now() < deadline, "prometheus never scraped tandem");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let mut totals = workload(&server.addr);
+    // One more round of load, so rates have two points with activity between them.
+    let second = workload(&server.addr);
+    for (a, b) in [
+        (&mut totals.requests, second.requests),
+        (&mut totals.prompt, second.prompt),
+        (&mut totals.completion, second.completion),
+        (&mut totals.drafted, second.drafted),
+        (&mut totals.accepted, second.accepted),
+        (&mut totals.rounds, second.rounds),
+        (
+            &mut totals.speculative_requests,
+            second.speculative_requests,
+        ),
+    ] {
+        *a += b;
+    }
+    assert!(totals.drafted > 0, "the workload speculated: {totals:?}");
+
+    // The counters agree with what the clients were told.
+    let text = get(&server.addr, "/metrics").text();
+    assert_eq!(
+        metric(&text, "tandem_spec_decode_num_accepted_tokens_total"),
+        totals.accepted as f64
+    );
+    assert_eq!(
+        metric(&text, "tandem_spec_decode_num_draft_tokens_total"),
+        totals.drafted as f64
+    );
+    assert_eq!(
+        metric(&text, "tandem_spec_decode_num_drafts_total"),
+        totals.rounds as f64
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "tandem_spec_decode_num_accepted_tokens_per_pos_total"
+        ),
+        totals.accepted as f64,
+        "per-position counts add up to the accepted total"
+    );
+    assert_eq!(
+        metric(&text, "tandem_generation_tokens_total"),
+        totals.completion as f64
+    );
+    assert_eq!(
+        metric(&text, "tandem_prompt_tokens_total"),
+        totals.prompt as f64
+    );
+    assert_eq!(
+        metric(&text, "tandem_requests_total"),
+        totals.requests as f64
+    );
+    assert_eq!(
+        http::metric_value(&text, "tandem_request_acceptance_rate_count", "").unwrap(),
+        totals.speculative_requests as f64,
+        "one acceptance sample per finished speculative request"
+    );
+    for name in DESIGN_METRICS {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("# TYPE {name} "))),
+            "{name} is missing from /metrics"
+        );
+    }
+    for model in ["target", "draft"] {
+        assert!(
+            http::metric_value(
+                &text,
+                "tandem_kv_cache_usage_ratio",
+                &format!("model=\"{model}\"")
+            )
+            .is_some(),
+            "kv usage for {model}"
+        );
+    }
+
+    // Prometheus has scraped the final values.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = prom.query("sum(tandem_generation_tokens_total)");
+        let v: Option<f64> = r
+            .first()
+            .and_then(|s| s["value"][1].as_str())
+            .and_then(|s| s.parse().ok());
+        if v == Some(totals.completion as f64) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "prometheus never saw the final counters ({v:?})"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // Every dashboard query returns data; every metric it names exists.
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tandem.json")).unwrap())
+            .expect("the dashboard is JSON");
+    let exported: BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let mut queries = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("a PromQL expr");
+            for name in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("tandem_"))
+            {
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .filter(|b| exported.contains(b))
+                    .unwrap_or(name);
+                assert!(
+                    exported.contains(base),
+                    "panel {:?} uses {name}, which tandem does not export",
+                    panel["title"]
+                );
+            }
+            let expr = expr.replace("$__rate_interval", "5m");
+            assert!(
+                !expr.contains('$'),
+                "only $__rate_interval is substituted: {expr}"
+            );
+            let result = prom.query(&expr);
+            assert!(
+                !result.is_empty(),
+                "panel {:?}: `{expr}` returned no data",
+                panel["title"]
+            );
+            queries += 1;
+        }
+    }
+    assert!(
+        queries >= 20,
+        "the dashboard has its panels ({queries} queries)"
+    );
+
+    // Every alert rule is loaded and evaluates without error.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let groups = prom.api("/api/v1/rules");
+        let rules: Vec<Value> = groups["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap().clone())
+            .collect();
+        assert!(rules.len() >= 5, "{groups}");
+        let evaluated = rules.iter().all(|r| {
+            r["lastEvaluation"]
+                .as_str()
+                .is_some_and(|t| !t.starts_with("0001"))
+        });
+        if evaluated {
+            for r in &rules {
+                assert_eq!(
+                    r["health"], "ok",
+                    "rule {} failed: {}",
+                    r["name"], r["lastError"]
+                );
+                // The expression itself runs through the query API too.
+                prom.query(r["query"].as_str().unwrap());
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rules were never evaluated: {groups}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
