@@ -7,13 +7,12 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use tandem::config::Config;
-use tandem::draft::{check_same_vocabulary, Drafter, ModelDrafter, PromptLookup};
+use tandem::draft::{Drafter, ModelDrafter, PromptLookup};
 use tandem::engine::{
     generate_plain, generate_speculative, GenerationOutput, GenerationRequest, OutputPiece,
     SpecSettings, SpecStats,
 };
-use tandem::model::loader::LoadOptions;
-use tandem::model::{ChatMessage, LoadedModel, ModelSource};
+use tandem::model::{ChatMessage, LoadedModel};
 use tandem::sampling::SamplingParams;
 
 #[derive(Parser)]
@@ -479,19 +478,13 @@ fn bench(mut config: Config, args: BenchArgs) -> Result<()> {
 
 fn load_model(config: &Config) -> Result<LoadedModel> {
     let threads = tandem::runtime::init_threads(config.runtime.threads);
-    let source = ModelSource::resolve(&config.model.path)?;
-    let opts = LoadOptions {
-        weights_dtype: config.weights_dtype(),
-        context_len: config.model.context_length,
-        ..Default::default()
-    };
     let t = std::time::Instant::now();
-    let loaded = LoadedModel::load(&source, &opts)
-        .with_context(|| format!("loading model {}", source.path().display()))?;
+    let loaded = tandem::setup::load_target(config)
+        .with_context(|| format!("loading model {}", config.model.path))?;
     eprintln!(
         "loaded {} (--weights-dtype {}: linear weights as {}) in {:.2}s on {threads} thread(s)",
-        source.display_name(),
-        opts.weights_dtype,
+        loaded.source.display_name(),
+        config.weights_dtype(),
         loaded.model.linear_dtypes().join("/"),
         t.elapsed().as_secs_f64()
     );
@@ -666,29 +659,14 @@ fn build_drafter(
         "none" => None,
         "prompt-lookup" => Some(DraftChoice::Lookup(PromptLookup::default())),
         spec => {
-            let source = ModelSource::resolve(spec)?;
             let weights_dtype = args
                 .draft_weights_dtype
                 .parse()
                 .map_err(|e: String| anyhow::anyhow!("--draft-weights-dtype: {e}"))?;
-            let opts = LoadOptions {
-                weights_dtype,
-                context_len: config.model.context_length,
-                ..Default::default()
-            };
-            let draft = LoadedModel::load(&source, &opts)
-                .with_context(|| format!("loading draft model {}", source.path().display()))?;
-            check_same_vocabulary(
-                &draft.tokenizer,
-                &source.display_name(),
-                &target.tokenizer,
-                &target.source.display_name(),
-            )?;
-            eprintln!(
-                "draft model {} (--draft-weights-dtype {weights_dtype}: linear weights as {})",
-                source.display_name(),
-                draft.model.linear_dtypes().join("/")
-            );
+            let (draft, name) =
+                tandem::setup::load_draft_model(spec, weights_dtype, config, target)
+                    .with_context(|| format!("loading draft model {spec}"))?;
+            eprintln!("draft model {name} (--draft-weights-dtype {weights_dtype})");
             Some(DraftChoice::Model(Box::new(draft)))
         }
     })

@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::draft::check_same_vocabulary;
 use crate::engine::{DraftSource, EngineConfig};
 use crate::model::loader::LoadOptions;
-use crate::model::{LoadedModel, ModelError, ModelSource};
+use crate::model::{LoadedModel, ModelError, ModelSource, WeightsDtype};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
@@ -21,57 +21,77 @@ pub enum SetupError {
     Draft(String),
 }
 
-/// Loads the target and the drafter (blocking work: call it off the async runtime's threads
-/// via `spawn_blocking`) and returns what `start_engine` needs.
-pub fn load_models(
-    config: &Config,
-) -> Result<(LoadedModel, Option<DraftSource>, String), SetupError> {
+/// Loads the target model named by `model.path` at `model.weights_dtype`.
+pub fn load_target(config: &Config) -> Result<LoadedModel, SetupError> {
     let source = ModelSource::resolve(&config.model.path)?;
-    let opts = LoadOptions {
-        weights_dtype: config.weights_dtype(),
-        context_len: config.model.context_length,
-        ..Default::default()
-    };
     let t = std::time::Instant::now();
-    let target = LoadedModel::load(&source, &opts)?;
+    let target = LoadedModel::load(&source, &target_options(config))?;
     tracing::info!(
         model = %source.display_name(),
         weights = %target.model.linear_dtypes().join("/"),
         seconds = t.elapsed().as_secs_f64(),
         "loaded the target model"
     );
+    Ok(target)
+}
+
+fn target_options(config: &Config) -> LoadOptions {
+    LoadOptions {
+        weights_dtype: config.weights_dtype(),
+        context_len: config.model.context_length,
+        ..Default::default()
+    }
+}
+
+/// Loads a draft model (`default` or a path) at `dtype` and checks that it shares the target's
+/// vocabulary token for token; returns it with a display name such as `model.gguf (Q8_0)`.
+pub fn load_draft_model(
+    spec: &str,
+    dtype: WeightsDtype,
+    config: &Config,
+    target: &LoadedModel,
+) -> Result<(LoadedModel, String), SetupError> {
+    let source = ModelSource::resolve(spec)?;
+    let opts = LoadOptions {
+        weights_dtype: dtype,
+        ..target_options(config)
+    };
+    let draft = LoadedModel::load(&source, &opts)?;
+    check_same_vocabulary(
+        &draft.tokenizer,
+        &source.display_name(),
+        &target.tokenizer,
+        &target.source.display_name(),
+    )
+    .map_err(|e| SetupError::Draft(e.to_string()))?;
+    let name = format!(
+        "{} ({})",
+        source.display_name(),
+        draft.model.linear_dtypes().join("/")
+    );
+    tracing::info!(draft_model = %name, "loaded the draft model");
+    Ok((draft, name))
+}
+
+/// Loads the target and the drafter that `speculation.draft_model` names (blocking work: call
+/// it off the async runtime's threads via `spawn_blocking`); returns them with the drafter's
+/// display name.
+pub fn load_models(
+    config: &Config,
+) -> Result<(LoadedModel, Option<DraftSource>, String), SetupError> {
+    let target = load_target(config)?;
     let spec = config.speculation.draft_model.as_str();
     let (draft, name) = match spec {
         "none" => (None, "none".to_string()),
         "prompt-lookup" => (Some(DraftSource::PromptLookup), spec.to_string()),
         path => {
-            let dsource = ModelSource::resolve(path)?;
-            let dopts = LoadOptions {
-                weights_dtype: config.draft_weights_dtype(),
-                ..opts.clone()
+            let (draft, name) =
+                load_draft_model(path, config.draft_weights_dtype(), config, &target)?;
+            let source = DraftSource::Model {
+                model: Arc::new(draft.model),
+                name: name.clone(),
             };
-            let draft = LoadedModel::load(&dsource, &dopts)?;
-            check_same_vocabulary(
-                &draft.tokenizer,
-                &dsource.display_name(),
-                &target.tokenizer,
-                &source.display_name(),
-            )
-            .map_err(|e| SetupError::Draft(e.to_string()))?;
-            let name = format!(
-                "{} ({})",
-                dsource.display_name(),
-                draft.model.linear_dtypes().join("/")
-            );
-            tracing::info!(draft_model = %name, "loaded the draft model");
-            let model = Arc::new(draft.model);
-            (
-                Some(DraftSource::Model {
-                    model,
-                    name: name.clone(),
-                }),
-                name,
-            )
+            (Some(source), name)
         }
     };
     Ok((target, draft, name))
