@@ -446,8 +446,9 @@ fn bench(mut config: Config, args: BenchArgs) -> Result<()> {
             "categories": args.categories,
             "limit_per_category": args.limit_per_category,
             "max_tokens": args.max_tokens,
-            "temperature": args.temperature,
-            "top_p": args.top_p,
+            // f32 flags, recorded as the decimal the user typed (0.7, not 0.699999988).
+            "temperature": args.temperature.to_string().parse::<f64>().unwrap_or_default(),
+            "top_p": args.top_p.map(|p| p.to_string().parse::<f64>().unwrap_or_default()),
             "top_k": args.top_k,
             "seed": args.seed,
             "concurrency": args.concurrency,
