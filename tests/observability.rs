@@ -286,38 +286,24 @@ fn prometheus_scrapes_tandem_and_every_dashboard_query_and_alert_evaluates() {
 
     // The counters agree with what the clients were told.
     let text = get(&server.addr, "/metrics").text();
-    assert_eq!(
-        metric(&text, "tandem_spec_decode_num_accepted_tokens_total"),
-        totals.accepted as f64
-    );
-    assert_eq!(
-        metric(&text, "tandem_spec_decode_num_draft_tokens_total"),
-        totals.drafted as f64
-    );
-    assert_eq!(
-        metric(&text, "tandem_spec_decode_num_drafts_total"),
-        totals.rounds as f64
-    );
-    assert_eq!(
-        metric(
-            &text,
-            "tandem_spec_decode_num_accepted_tokens_per_pos_total"
+    // (The per-position counts add up to the accepted total.)
+    for (name, want) in [
+        (
+            "tandem_spec_decode_num_accepted_tokens_total",
+            totals.accepted,
         ),
-        totals.accepted as f64,
-        "per-position counts add up to the accepted total"
-    );
-    assert_eq!(
-        metric(&text, "tandem_generation_tokens_total"),
-        totals.completion as f64
-    );
-    assert_eq!(
-        metric(&text, "tandem_prompt_tokens_total"),
-        totals.prompt as f64
-    );
-    assert_eq!(
-        metric(&text, "tandem_requests_total"),
-        totals.requests as f64
-    );
+        ("tandem_spec_decode_num_draft_tokens_total", totals.drafted),
+        ("tandem_spec_decode_num_drafts_total", totals.rounds),
+        (
+            "tandem_spec_decode_num_accepted_tokens_per_pos_total",
+            totals.accepted,
+        ),
+        ("tandem_generation_tokens_total", totals.completion),
+        ("tandem_prompt_tokens_total", totals.prompt),
+        ("tandem_requests_total", totals.requests),
+    ] {
+        assert_eq!(metric(&text, name), want as f64, "{name}");
+    }
     assert_eq!(
         http::metric_value(&text, "tandem_request_acceptance_rate_count", "").unwrap(),
         totals.speculative_requests as f64,
