@@ -427,6 +427,14 @@ fn bench(mut config: Config, args: BenchArgs) -> Result<()> {
         args.repeat,
     );
     println!("{}", bench::render_tables(&rows, args.repeat));
+    for e in run.engines.iter().filter(|e| e.pipeline) {
+        println!(
+            "pipeline overlap ({}): {:.0}% of busy time over {} rounds",
+            e.modes.join(", "),
+            e.overlap_ratio * 100.0,
+            e.rounds
+        );
+    }
     if args.temperature == 0.0 {
         let mismatched: Vec<&str> = rows
             .iter()

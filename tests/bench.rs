@@ -112,6 +112,13 @@ fn short_bench_run_writes_json_and_svg_and_greedy_outputs_match() {
         "a self-drafter at the same weights agrees: {draft_overall}"
     );
     assert!(v["machine"]["cpu"].is_string() && v["settings"]["max_tokens"] == 16);
+    let engines = v["engines"].as_array().unwrap();
+    assert_eq!(engines.len(), 3, "one engine per drafter: {engines:?}");
+    for e in engines {
+        assert!(e["rounds"].as_u64().unwrap() > 0, "{e}");
+        let overlap = e["overlap_ratio"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&overlap), "{e}");
+    }
 
     let svg = std::fs::read_to_string(&chart).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));

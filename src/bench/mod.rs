@@ -20,7 +20,7 @@ use crate::engine::EngineError;
 pub use mode::{parse_modes, DrafterKind, Mode};
 pub use prompts::{load_prompts, parse_prompts, select, BenchPrompt};
 pub use report::{render_tables, summarize, BatchRecord, RunRecord, Spread, SummaryRow};
-pub use run::{run_bench, BenchModels, BenchOptions, BenchRun, Progress};
+pub use run::{run_bench, BenchModels, BenchOptions, BenchRun, EngineReport, Progress};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -96,6 +96,7 @@ pub fn results_json(
         "settings": settings,
         "modes": modes,
         "categories": run.categories,
+        "engines": run.engines,
         "summary": rows,
         "batches": run.batches,
         "runs": run.runs,

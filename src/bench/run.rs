@@ -60,6 +60,17 @@ pub struct BenchRun {
     pub runs: Vec<RunRecord>,
     pub batches: Vec<BatchRecord>,
     pub categories: Vec<String>,
+    pub engines: Vec<EngineReport>,
+}
+
+/// One engine of the run: its modes, and how much of its busy time the drafter and the
+/// verifier ran at once (non-zero only with pipelining).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct EngineReport {
+    pub modes: Vec<String>,
+    pub pipeline: bool,
+    pub rounds: u64,
+    pub overlap_ratio: f64,
 }
 
 async fn start_engines(
@@ -328,10 +339,25 @@ pub async fn run_bench(
     if opts.sampling.temperature == 0.0 {
         mark_matches(&mut runs, &modes);
     }
+    let mut reports = Vec::new();
+    for (key, engine) in &engines {
+        let stats = engine.stats().await?;
+        reports.push(EngineReport {
+            modes: modes
+                .iter()
+                .filter(|m| &m.engine_key() == key)
+                .map(|m| m.label.clone())
+                .collect(),
+            pipeline: key.1,
+            rounds: stats.rounds,
+            overlap_ratio: stats.overlap_ratio,
+        });
+    }
     Ok(BenchRun {
         runs,
         batches,
         categories,
+        engines: reports,
     })
 }
 
