@@ -268,6 +268,11 @@ impl Server {
         }
     }
 
+    /// Sends SIGTERM from another thread; the handle tells whether the process exited cleanly.
+    pub fn terminate_in_background(self) -> std::thread::JoinHandle<bool> {
+        std::thread::spawn(move || self.terminate())
+    }
+
     /// A metric's value from `/metrics` (the sum over label sets matching `labels`).
     pub fn metric(&self, name: &str, labels: &str) -> Option<f64> {
         let text = get(&self.addr, "/metrics").text();
@@ -303,12 +308,5 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    /// Sends SIGTERM from another thread; the handle tells whether the process exited cleanly.
-    pub fn terminate_in_background(self) -> std::thread::JoinHandle<bool> {
-        std::thread::spawn(move || self.terminate())
     }
 }
