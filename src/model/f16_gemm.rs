@@ -17,6 +17,11 @@ use half::f16;
 use super::packed_gemm::{self, PackedWeight};
 
 const TILE_N: usize = 8;
+/// How far ahead in each tile's weight stream the kernel prefetches. Without it streaming the
+/// weights and the arithmetic did not overlap: a 4-token forward cost 23 ms against 14 ms for
+/// one token at depth 64; 4 KB ahead brought it to 16-17 ms (512 B to 8 KB measured with
+/// `tandem forward-bench --weights-dtype f16`).
+const PREFETCH_BYTES: usize = 4096;
 /// Tiles are padded to a multiple of this so every work unit covers whole tile groups.
 const TILE_GROUP: usize = 4;
 
@@ -153,6 +158,13 @@ unsafe fn block<const R: usize, const T: usize>(
     let wbase = w.data.as_ptr().add(t0 * k * TILE_N);
     let xbase = x.as_ptr().add(r0 * k);
     for kk in 0..k {
+        // One prefetch per 64-byte line of each tile's stream (4 steps of 8 f16 values).
+        if kk % 4 == 0 {
+            for j in 0..T {
+                let p = wbase.add((j * k + kk) * TILE_N) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES));
+            }
+        }
         let mut wv = [_mm256_setzero_ps(); T];
         for (j, v) in wv.iter_mut().enumerate() {
             let p = wbase.add((j * k + kk) * TILE_N) as *const __m128i;

@@ -23,6 +23,12 @@ use super::packed_gemm::{self, PackedWeight};
 const TILE_N: usize = 8;
 const QK: usize = 32;
 const ROWS: usize = 4;
+/// How many tiles ahead the kernel prefetches. Without it a core waits on each tile's load and
+/// then computes, so a 4-token forward cost the sum of streaming the weights and the arithmetic
+/// (15.2 ms against 9.0 ms for one token at depth 64); 8 tiles (~2.3 KB) ahead overlaps the two
+/// (10.0 ms). 4, 12, 16 and 32 were measured too: `tandem forward-bench`.
+const PREFETCH_TILES: usize = 8;
+const TILE_BYTES: usize = std::mem::size_of::<Tile>();
 /// Bytes of one GGUF Q8_0 block: an f16 scale then 32 signed bytes.
 const BLOCK_BYTES: usize = 2 + QK;
 
@@ -171,6 +177,12 @@ unsafe fn tile_kernel(
     let mut acc = [_mm256_setzero_ps(); ROWS];
     for b in 0..kb {
         let tile = &w.tiles[t * kb + b];
+        // Tiles are read in address order (across units too), so a fixed distance ahead is
+        // what comes next; a prefetch address past the end is harmless.
+        let ahead = (tile as *const Tile as *const i8).wrapping_add(PREFETCH_TILES * TILE_BYTES);
+        for line in 0..TILE_BYTES.div_ceil(64) {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
+        }
         let mut iacc = [_mm256_setzero_si256(); ROWS];
         for g in 0..QK / 4 {
             let wv = _mm256_load_si256(tile.qs.as_ptr().add(g * 32) as *const __m256i);
