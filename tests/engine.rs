@@ -65,6 +65,13 @@ fn prompts(n: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Tests in this file run one at a time: the governor test times forwards of a tiny model
+/// (tens of microseconds), which a concurrent test's load would swamp.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -75,6 +82,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
+    let _serial = one_at_a_time();
     let (_d1, target) = load(&untied(7), WeightsDtype::F32);
     let (_d2, other) = load(&untied(99), WeightsDtype::F32);
     let target_model = Arc::new(target.model);
@@ -158,6 +166,7 @@ fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
 
 #[test]
 fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
+    let _serial = one_at_a_time();
     let (_d1, target) = load(&untied(7), WeightsDtype::F32);
     let (_d2, other) = load(&untied(99), WeightsDtype::F32);
     let rt = runtime();
@@ -225,6 +234,7 @@ fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
 
 #[test]
 fn cancelling_frees_slots_and_leaves_others_alone() {
+    let _serial = one_at_a_time();
     let (_d1, target) = load(&untied(7), WeightsDtype::F32);
     let model = Arc::new(target.model);
     let rt = runtime();
@@ -274,6 +284,7 @@ fn cancelling_frees_slots_and_leaves_others_alone() {
 
 #[test]
 fn overload_and_oversized_prompts_are_refused_before_any_work() {
+    let _serial = one_at_a_time();
     let (_d1, target) = load(&untied(7), WeightsDtype::F32);
     let context = target.model.context_len();
     let rt = runtime();
@@ -315,6 +326,7 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
 
 #[test]
 fn governor_decodes_plainly_with_a_bad_drafter_and_speculates_with_a_good_one() {
+    let _serial = one_at_a_time();
     let rt = runtime();
     // Bad: a draft model as big as the target with other weights: it rarely agrees and costs
     // as much as a target step, so speculation cannot pay.

@@ -8,7 +8,7 @@
 mod model;
 mod prompt_lookup;
 
-pub use model::{check_same_vocabulary, ModelDrafter};
+pub use model::{check_same_vocabulary, DraftJob, DraftTiming, ModelDrafter};
 pub use prompt_lookup::PromptLookup;
 
 use crate::model::ModelError;
@@ -18,6 +18,9 @@ use crate::sampling::{SamplingError, SamplingParams, SeededRng};
 pub enum DraftError {
     #[error("draft model: {0}")]
     Model(#[from] ModelError),
+    /// A forward shared by several sequences failed (each of them gets this).
+    #[error("draft model: {0}")]
+    Forward(String),
     #[error("draft sampling: {0}")]
     Sampling(#[from] SamplingError),
     #[error(

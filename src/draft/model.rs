@@ -1,7 +1,13 @@
 //! A draft model: any model the model layer loads, with the target's vocabulary. It keeps its
 //! own KV cache, filled lazily from the context on the first round and rolled back after each.
+//!
+//! One `ModelDrafter` drafts for many sequences at once (the engine's drafter holds one for all
+//! its sequences): each draft step is a single forward over every sequence still drafting, so
+//! the draft weights are read once per step rather than once per sequence.
 
+use std::collections::HashMap;
 use std::ops::Deref;
+use std::time::Instant;
 
 use super::{DraftError, Drafter, Proposal};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput, TextTokenizer};
@@ -14,9 +20,44 @@ pub struct ModelDrafter<M: Deref<Target = Llama>> {
     model: M,
     name: String,
     cache: KvCache,
-    slot: usize,
+    /// Which cache slot each sequence drafts in.
+    slots: HashMap<u64, usize>,
     logits: Vec<f32>,
     probs: Vec<f32>,
+}
+
+/// One sequence's share of a batched draft: its context (last token not yet verified), where
+/// its output starts (for penalties), how many tokens to draft, and where they go.
+pub struct DraftJob<'a> {
+    pub seq: u64,
+    pub context: &'a [u32],
+    pub generated_from: usize,
+    pub gamma: usize,
+    pub params: &'a SamplingParams,
+    pub rng: &'a mut SeededRng,
+    pub out: &'a mut Proposal,
+    pub result: Result<(), DraftError>,
+}
+
+/// What a batched draft cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DraftTiming {
+    /// Forwards of the draft steps (one per step, all sequences together).
+    pub steps: usize,
+    pub step_seconds: f64,
+    /// Context tokens the cache had to take in before drafting (a prompt, or output decoded
+    /// while speculation was off), beyond the one or two every round feeds.
+    pub catch_up_tokens: usize,
+    pub catch_up_seconds: f64,
+}
+
+/// The sequence id the single-sequence [`Drafter`] interface drafts under.
+const SOLO: u64 = u64::MAX;
+
+/// Per-job state while a batch drafts.
+struct Lane {
+    slot: usize,
+    gamma: usize,
     feed: Vec<u32>,
     history: Vec<u32>,
 }
@@ -54,25 +95,205 @@ pub fn check_same_vocabulary(
 }
 
 impl<M: Deref<Target = Llama>> ModelDrafter<M> {
+    /// A drafter for one sequence at a time (the [`Drafter`] interface).
     pub fn new(model: M, name: impl Into<String>) -> Self {
-        let mut cache = model.new_cache(1);
-        let slot = cache
-            .allocate()
-            .expect("a fresh one-slot cache has a free slot");
+        Self::with_slots(model, name, 1)
+    }
+
+    /// A drafter for up to `slots` sequences at once ([`ModelDrafter::propose_batch`]).
+    pub fn with_slots(model: M, name: impl Into<String>, slots: usize) -> Self {
+        let cache = model.new_cache(slots.max(1));
         Self {
             model,
             name: name.into(),
             cache,
-            slot,
+            slots: HashMap::new(),
             logits: Vec::new(),
             probs: Vec::new(),
-            feed: Vec::new(),
-            history: Vec::new(),
         }
     }
 
-    fn cached(&self) -> usize {
-        self.cache.len(self.slot).unwrap_or(0)
+    /// Forgets a sequence and frees its cache slot.
+    pub fn end(&mut self, seq: u64) {
+        if let Some(slot) = self.slots.remove(&seq) {
+            let _ = self.cache.free(slot);
+        }
+    }
+
+    /// The first `keep` tokens of `seq`'s context stand; forget anything past them.
+    pub fn rollback_seq(&mut self, seq: u64, keep: usize) -> Result<(), DraftError> {
+        if let Some(&slot) = self.slots.get(&seq) {
+            if self.cache.len(slot)? > keep {
+                self.cache.truncate_to(slot, keep)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn slot_for(&mut self, seq: u64) -> Result<usize, DraftError> {
+        if let Some(&slot) = self.slots.get(&seq) {
+            return Ok(slot);
+        }
+        let slot = self.cache.allocate().ok_or_else(|| {
+            DraftError::Model(crate::model::ModelError::BadInput(format!(
+                "the draft cache has no free slot ({} in use)",
+                self.slots.len()
+            )))
+        })?;
+        self.slots.insert(seq, slot);
+        Ok(slot)
+    }
+
+    /// Drafts for every job at once; each job's outcome lands in its `result`. A failure of a
+    /// shared forward fails every job still drafting; a sampling failure fails only its job.
+    pub fn propose_batch(&mut self, jobs: &mut [DraftJob]) -> DraftTiming {
+        let mut timing = DraftTiming::default();
+        let vocab = self.model.hparams().vocab_size;
+        // Set up lanes; a job that cannot draft (no slot) fails here and gets no lane.
+        let mut lanes: Vec<Option<Lane>> = Vec::with_capacity(jobs.len());
+        for job in jobs.iter_mut() {
+            job.out.clear();
+            job.out.vocab = vocab;
+            job.result = Ok(());
+            let lane = self.lane(job);
+            match lane {
+                Ok(l) => lanes.push(Some(l)),
+                Err(e) => {
+                    job.result = Err(e);
+                    lanes.push(None);
+                }
+            }
+        }
+        // Catch-up: context the cache has not seen (a prompt, plain-decoded output) goes in
+        // first, all but its last token, so the draft steps below are uniform and cheap.
+        let catch_up: Vec<(usize, usize)> = lanes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.as_ref().filter(|l| l.feed.len() > 2).map(|_| (i, 0)))
+            .collect();
+        if !catch_up.is_empty() {
+            let start = Instant::now();
+            let mut inputs = Vec::with_capacity(catch_up.len());
+            for &(i, _) in &catch_up {
+                let l = lanes[i].as_ref().expect("filtered");
+                let n = l.feed.len() - 1;
+                timing.catch_up_tokens += n;
+                inputs.push(SeqInput {
+                    slot: l.slot,
+                    start_pos: self.cache.len(l.slot).unwrap_or(0),
+                    tokens: &l.feed[..n],
+                    logits: LogitsRows::None,
+                });
+            }
+            let done = self.model.forward(&mut self.cache, &inputs);
+            drop(inputs);
+            for &(i, _) in &catch_up {
+                match &done {
+                    Ok(_) => {
+                        let l = lanes[i].as_mut().expect("filtered");
+                        l.feed.drain(..l.feed.len() - 1);
+                    }
+                    Err(e) => {
+                        jobs[i].result = Err(DraftError::Forward(e.to_string()));
+                        lanes[i] = None;
+                    }
+                }
+            }
+            timing.catch_up_seconds = start.elapsed().as_secs_f64();
+        }
+        let start = Instant::now();
+        let steps = lanes.iter().flatten().map(|l| l.gamma).max().unwrap_or(0);
+        for j in 0..steps {
+            let order: Vec<usize> = (0..jobs.len())
+                .filter(|&i| lanes[i].as_ref().is_some_and(|l| j < l.gamma))
+                .collect();
+            if order.is_empty() {
+                break;
+            }
+            let inputs: Vec<SeqInput> = order
+                .iter()
+                .map(|&i| {
+                    let l = lanes[i].as_ref().expect("filtered");
+                    SeqInput {
+                        slot: l.slot,
+                        start_pos: self.cache.len(l.slot).unwrap_or(0),
+                        tokens: &l.feed,
+                        logits: LogitsRows::Last,
+                    }
+                })
+                .collect();
+            let logits = self.model.forward(&mut self.cache, &inputs);
+            drop(inputs);
+            timing.steps += 1;
+            let logits = match logits {
+                Ok(l) => l,
+                Err(e) => {
+                    for &i in &order {
+                        jobs[i].result = Err(DraftError::Forward(e.to_string()));
+                        lanes[i] = None;
+                    }
+                    break;
+                }
+            };
+            for (row_idx, &i) in order.iter().enumerate() {
+                let lane = lanes[i].as_mut().expect("filtered");
+                let job = &mut jobs[i];
+                let picked = logits
+                    .seq_rows(row_idx)
+                    .map_err(DraftError::Model)
+                    .and_then(|mut rows| {
+                        let row = rows.pop().expect("asked for the last row");
+                        self.logits.clear();
+                        self.logits.extend_from_slice(&row);
+                        apply_penalties(
+                            &mut self.logits,
+                            job.params,
+                            &lane.history,
+                            &lane.history[job.generated_from..],
+                        );
+                        if job.params.is_greedy() {
+                            Ok(argmax(&self.logits)?)
+                        } else {
+                            probabilities(&self.logits, job.params, &mut self.probs)?;
+                            job.out.dists.extend_from_slice(&self.probs);
+                            Ok(sample_from(&self.probs, job.rng.next_f64()))
+                        }
+                    });
+                match picked {
+                    Ok(t) => {
+                        job.out.tokens.push(t);
+                        lane.history.push(t);
+                        lane.feed.clear();
+                        lane.feed.push(t);
+                    }
+                    Err(e) => {
+                        job.result = Err(e);
+                        lanes[i] = None;
+                    }
+                }
+            }
+        }
+        timing.step_seconds = start.elapsed().as_secs_f64();
+        timing
+    }
+
+    fn lane(&mut self, job: &DraftJob) -> Result<Lane, DraftError> {
+        let slot = self.slot_for(job.seq)?;
+        if self.cache.len(slot)? >= job.context.len() {
+            // Out of step with the caller (it should have rolled us back): start over.
+            self.cache.truncate_to(slot, 0)?;
+        }
+        let cached = self.cache.len(slot)?;
+        // Room for the context and γ-1 fed drafts.
+        let gamma = job
+            .gamma
+            .min((self.cache.max_len() + 1).saturating_sub(job.context.len()));
+        Ok(Lane {
+            slot,
+            gamma,
+            feed: job.context[cached..].to_vec(),
+            history: job.context.to_vec(),
+        })
     }
 }
 
@@ -90,65 +311,30 @@ impl<M: Deref<Target = Llama>> Drafter for ModelDrafter<M> {
         rng: &mut SeededRng,
         out: &mut Proposal,
     ) -> Result<(), DraftError> {
-        out.clear();
-        out.vocab = self.model.hparams().vocab_size;
-        let cached = self.cached();
-        if cached >= context.len() {
-            // Out of step with the caller (it should have rolled us back): start over.
-            self.cache.truncate_to(self.slot, 0)?;
-        }
-        // Room for the context and γ-1 fed drafts.
-        let gamma = gamma.min((self.cache.max_len() + 1).saturating_sub(context.len()));
-        self.feed.clear();
-        self.feed.extend_from_slice(&context[self.cached()..]);
-        self.history.clear();
-        self.history.extend_from_slice(context);
-        for j in 0..gamma {
-            let start_pos = self.cached();
-            let logits = self.model.forward(
-                &mut self.cache,
-                &[SeqInput {
-                    slot: self.slot,
-                    start_pos,
-                    tokens: &self.feed,
-                    logits: LogitsRows::Last,
-                }],
-            )?;
-            let row = logits.seq_rows(0)?.pop().expect("asked for the last row");
-            self.logits.clear();
-            self.logits.extend_from_slice(&row);
-            apply_penalties(
-                &mut self.logits,
-                params,
-                &self.history,
-                &self.history[generated_from..],
-            );
-            let t = if params.is_greedy() {
-                argmax(&self.logits)?
-            } else {
-                probabilities(&self.logits, params, &mut self.probs)?;
-                let t = sample_from(&self.probs, rng.next_f64());
-                out.dists.extend_from_slice(&self.probs);
-                t
-            };
-            out.tokens.push(t);
-            self.history.push(t);
-            if j + 1 < gamma {
-                self.feed.clear();
-                self.feed.push(t);
-            }
-        }
-        Ok(())
+        let mut jobs = [DraftJob {
+            seq: SOLO,
+            context,
+            generated_from,
+            gamma,
+            params,
+            rng,
+            out,
+            result: Ok(()),
+        }];
+        self.propose_batch(&mut jobs);
+        let [job] = jobs;
+        job.result
     }
 
     fn prefill(&mut self, prompt: &[u32]) -> Result<(), DraftError> {
-        self.cache.truncate_to(self.slot, 0)?;
+        let slot = self.slot_for(SOLO)?;
+        self.cache.truncate_to(slot, 0)?;
         let tokens = &prompt[..prompt.len().min(self.cache.max_len())];
         if !tokens.is_empty() {
             self.model.forward(
                 &mut self.cache,
                 &[SeqInput {
-                    slot: self.slot,
+                    slot,
                     start_pos: 0,
                     tokens,
                     logits: LogitsRows::None,
@@ -159,9 +345,6 @@ impl<M: Deref<Target = Llama>> Drafter for ModelDrafter<M> {
     }
 
     fn rollback(&mut self, keep: usize) -> Result<(), DraftError> {
-        if self.cached() > keep {
-            self.cache.truncate_to(self.slot, keep)?;
-        }
-        Ok(())
+        self.rollback_seq(SOLO, keep)
     }
 }

@@ -1,5 +1,6 @@
 //! The Drafter actor: proposes drafts for a set of sequences on its own compute worker, keeping
-//! each sequence's drafter state (a draft model's KV cache) between rounds.
+//! each sequence's drafter state (a draft model's KV cache) between rounds. A draft model
+//! drafts for all the sequences of a batch together, one forward per draft step.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,10 +10,14 @@ use kameo::error::Infallible;
 use kameo::message::{Context, Message};
 use kameo::Actor;
 
-use super::messages::{DraftBatch, DraftItem, DraftOutcome, EndSequence, GetDraftStepCost};
+use super::messages::{
+    DraftBatch, DraftBatchResult, DraftItem, DraftOutcome, EndSequence, MeasureDraftCosts,
+};
 use super::worker::ComputeWorker;
 use super::EngineError;
-use crate::draft::{Drafter as Propose, ModelDrafter, PromptLookup, Proposal};
+use crate::draft::{
+    DraftJob, DraftTiming, Drafter as Propose, ModelDrafter, PromptLookup, Proposal,
+};
 use crate::model::Llama;
 use crate::sampling::{SamplingParams, SeededRng};
 
@@ -32,9 +37,25 @@ impl DraftSource {
     }
 }
 
-pub struct DraftState {
-    source: DraftSource,
-    seqs: HashMap<u64, Box<dyn Propose + Send>>,
+/// What the drafter's worker owns: one draft model drafting for every sequence at once, or
+/// one prompt-lookup index per sequence.
+pub enum DraftState {
+    Model {
+        source: DraftSource,
+        drafter: ModelDrafter<Arc<Llama>>,
+    },
+    Lookup {
+        source: DraftSource,
+        seqs: HashMap<u64, Box<dyn Propose + Send>>,
+    },
+}
+
+impl DraftState {
+    fn source(&self) -> &DraftSource {
+        match self {
+            Self::Model { source, .. } | Self::Lookup { source, .. } => source,
+        }
+    }
 }
 
 pub struct Drafter {
@@ -42,10 +63,17 @@ pub struct Drafter {
 }
 
 impl Drafter {
-    pub fn new(source: DraftSource, threads: usize) -> Result<Self, EngineError> {
-        let state = DraftState {
-            source,
-            seqs: HashMap::new(),
+    /// `max_seqs`: how many sequences may draft at once (the draft model's cache slots).
+    pub fn new(source: DraftSource, threads: usize, max_seqs: usize) -> Result<Self, EngineError> {
+        let state = match &source {
+            DraftSource::Model { model, name } => DraftState::Model {
+                drafter: ModelDrafter::with_slots(Arc::clone(model), name.clone(), max_seqs),
+                source,
+            },
+            DraftSource::PromptLookup => DraftState::Lookup {
+                source,
+                seqs: HashMap::new(),
+            },
         };
         Ok(Self {
             worker: ComputeWorker::spawn("tandem-draft", threads, state)?,
@@ -63,22 +91,99 @@ impl Actor for Drafter {
 }
 
 impl Message<DraftBatch> for Drafter {
-    type Reply = Result<Vec<DraftOutcome>, EngineError>;
+    type Reply = Result<DraftBatchResult, EngineError>;
 
     async fn handle(&mut self, msg: DraftBatch, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        self.worker
-            .run(move |s| msg.items.into_iter().map(|it| draft_one(s, it)).collect())
-            .await
+        self.worker.run(move |s| draft_batch(s, msg.items)).await
     }
 }
 
-fn draft_one(s: &mut DraftState, it: DraftItem) -> DraftOutcome {
-    let start = Instant::now();
+fn draft_batch(s: &mut DraftState, items: Vec<DraftItem>) -> DraftBatchResult {
+    match s {
+        DraftState::Model { drafter, .. } => draft_with_model(drafter, items),
+        DraftState::Lookup { source, seqs } => {
+            let start = Instant::now();
+            let steps = items.iter().map(|it| it.gamma).max().unwrap_or(0);
+            let outcomes = items
+                .into_iter()
+                .map(|it| {
+                    let d = seqs.entry(it.seq).or_insert_with(|| source.new_drafter());
+                    lookup_one(d.as_mut(), it)
+                })
+                .collect();
+            DraftBatchResult {
+                outcomes,
+                timing: DraftTiming {
+                    steps,
+                    step_seconds: start.elapsed().as_secs_f64(),
+                    ..DraftTiming::default()
+                },
+            }
+        }
+    }
+}
+
+/// Every sequence's drafts in one batched draft per step.
+fn draft_with_model(
+    drafter: &mut ModelDrafter<Arc<Llama>>,
+    items: Vec<DraftItem>,
+) -> DraftBatchResult {
+    let mut rngs: Vec<SeededRng> = items.iter().map(|it| it.rng.clone()).collect();
+    let mut proposals: Vec<Proposal> = items.iter().map(|_| Proposal::default()).collect();
+    let mut failed: Vec<Option<String>> = vec![None; items.len()];
+    // Everything but the last (unverified) token of each context stands.
+    for (it, f) in items.iter().zip(&mut failed) {
+        if let Err(e) = drafter.rollback_seq(it.seq, it.context.len().saturating_sub(1)) {
+            *f = Some(e.to_string());
+        }
+    }
+    let mut jobs: Vec<DraftJob> = Vec::with_capacity(items.len());
+    let mut job_of = Vec::with_capacity(items.len());
+    for (i, ((it, rng), out)) in items.iter().zip(&mut rngs).zip(&mut proposals).enumerate() {
+        if failed[i].is_none() {
+            job_of.push(i);
+            jobs.push(DraftJob {
+                seq: it.seq,
+                context: &it.context,
+                generated_from: it.prompt_len,
+                gamma: it.gamma,
+                params: &it.params,
+                rng,
+                out,
+                result: Ok(()),
+            });
+        }
+    }
+    let timing = drafter.propose_batch(&mut jobs);
+    for (job, &i) in jobs.into_iter().zip(&job_of) {
+        if let Err(e) = job.result {
+            failed[i] = Some(e.to_string());
+        }
+    }
+    let outcomes = items
+        .into_iter()
+        .zip(rngs)
+        .zip(proposals)
+        .zip(failed)
+        .map(|(((it, rng), mut p), f)| DraftOutcome {
+            seq: it.seq,
+            proposal: match f {
+                Some(e) => Err(e),
+                None => {
+                    p.tokens.truncate(it.gamma);
+                    p.dists.truncate(it.gamma * p.vocab);
+                    Ok(p)
+                }
+            },
+            rng,
+        })
+        .collect();
+    DraftBatchResult { outcomes, timing }
+}
+
+fn lookup_one(drafter: &mut (dyn Propose + Send), it: DraftItem) -> DraftOutcome {
     let mut rng = it.rng;
-    let source = &s.source;
-    let drafter = s.seqs.entry(it.seq).or_insert_with(|| source.new_drafter());
     let mut proposal = Proposal::default();
-    // Everything but the last (unverified) token of the context stands.
     let result = drafter
         .rollback(it.context.len().saturating_sub(1))
         .and_then(|()| {
@@ -101,7 +206,6 @@ fn draft_one(s: &mut DraftState, it: DraftItem) -> DraftOutcome {
         seq: it.seq,
         proposal: result,
         rng,
-        seconds: start.elapsed().as_secs_f64(),
     }
 }
 
@@ -114,39 +218,81 @@ impl Message<EndSequence> for Drafter {
         _: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
         self.worker
-            .run(move |s| {
-                s.seqs.remove(&msg.seq);
+            .run(move |s| match s {
+                DraftState::Model { drafter, .. } => drafter.end(msg.seq),
+                DraftState::Lookup { seqs, .. } => {
+                    seqs.remove(&msg.seq);
+                }
             })
             .await
     }
 }
 
-impl Message<GetDraftStepCost> for Drafter {
-    type Reply = Result<f64, EngineError>;
+impl Message<MeasureDraftCosts> for Drafter {
+    type Reply = Result<DraftTiming, EngineError>;
 
-    /// Drafts 4 tokens after a 32-token context twice with a throwaway drafter and times the
-    /// second (cache already filled): one draft step is a quarter of it.
+    /// Drafts 4 tokens after a 32-token context with a throwaway drafter, three times: the
+    /// context fill (catch-up) from an empty cache, the steps from a filled one; best of each.
     async fn handle(
         &mut self,
-        _: GetDraftStepCost,
+        _: MeasureDraftCosts,
         _: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
         self.worker
             .run(|s| {
-                let mut d = s.source.new_drafter();
                 let context: Vec<u32> = (0..32u32).map(|i| (i * 7919 + 13) % 256).collect();
-                let mut p = Proposal::default();
-                let mut rng = SeededRng::new(0);
                 let params = SamplingParams::greedy();
-                let mut best = f64::INFINITY;
-                for _ in 0..3 {
-                    d.rollback(context.len() - 1).map_err(|e| e.to_string())?;
-                    let t = Instant::now();
-                    d.propose(&context, context.len(), 4, &params, &mut rng, &mut p)
-                        .map_err(|e| e.to_string())?;
-                    best = best.min(t.elapsed().as_secs_f64());
+                let mut rng = SeededRng::new(0);
+                let mut best = DraftTiming::default();
+                let mut keep_best = |t: DraftTiming| {
+                    let min = |a: f64, b: f64| if a == 0.0 { b } else { a.min(b) };
+                    best.steps = t.steps;
+                    best.step_seconds = min(best.step_seconds, t.step_seconds);
+                    if t.catch_up_tokens > 0 {
+                        best.catch_up_tokens = t.catch_up_tokens;
+                        best.catch_up_seconds = min(best.catch_up_seconds, t.catch_up_seconds);
+                    }
+                };
+                match s.source() {
+                    DraftSource::Model { model, name } => {
+                        let mut d = ModelDrafter::new(Arc::clone(model), name.clone());
+                        for _ in 0..3 {
+                            for keep in [0, context.len() - 1] {
+                                d.rollback_seq(0, keep).map_err(|e| e.to_string())?;
+                                let mut out = Proposal::default();
+                                let mut jobs = [DraftJob {
+                                    seq: 0,
+                                    context: &context,
+                                    generated_from: context.len(),
+                                    gamma: 4,
+                                    params: &params,
+                                    rng: &mut rng,
+                                    out: &mut out,
+                                    result: Ok(()),
+                                }];
+                                let t = d.propose_batch(&mut jobs);
+                                let [job] = jobs;
+                                job.result.map_err(|e| e.to_string())?;
+                                keep_best(t);
+                            }
+                        }
+                    }
+                    DraftSource::PromptLookup => {
+                        let mut d = s.source().new_drafter();
+                        let mut p = Proposal::default();
+                        for _ in 0..3 {
+                            let t = Instant::now();
+                            d.propose(&context, context.len(), 4, &params, &mut rng, &mut p)
+                                .map_err(|e| e.to_string())?;
+                            keep_best(DraftTiming {
+                                steps: 4,
+                                step_seconds: t.elapsed().as_secs_f64(),
+                                ..DraftTiming::default()
+                            });
+                        }
+                    }
                 }
-                Ok::<f64, String>(best / 4.0)
+                Ok::<DraftTiming, String>(best)
             })
             .await?
             .map_err(EngineError::Draft)

@@ -1,4 +1,4 @@
-//! The speed governor (DESIGN.md §4): per request, choose how many tokens to draft.
+//! The speed governor (DESIGN.md §4): each round, choose how many tokens every request drafts.
 //!
 //! Why it exists: speculation only pays when the drafter agrees with the target often enough to
 //! cover what drafting and a wider verification cost, and on a compute-bound CPU a γ+1-token
@@ -9,14 +9,15 @@
 //! speculation back. Pure arithmetic: no clocks, no I/O; the caller feeds it measurements.
 
 /// Governor settings. The γ range it chooses from is live (`SpeculationSettings`), so it is
-/// passed to `choose` each round instead.
+/// passed in each round instead.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GovernorConfig {
     /// Weight of the past in the acceptance average, per round (0.9 ≈ the last ~10 rounds).
     pub decay: f64,
-    /// While decoding plainly, draft one probing round every this many steps.
+    /// While decoding plainly, draft one probing round after this many steps; each probe that
+    /// does not bring speculation back doubles the wait (up to 16 times this).
     pub probe_every: usize,
-    /// Speculate only if the best γ is expected to beat plain decoding by this factor.
+    /// Speculate only if the round's plan is expected to beat plain decoding by this factor.
     pub min_gain: f64,
 }
 
@@ -30,47 +31,66 @@ impl Default for GovernorConfig {
     }
 }
 
-/// A decaying average of a measured cost.
+/// A measured cost: the least of the last few measurements. Timing noise on a shared machine
+/// only ever adds (preemption, another process's burst can turn a 40 µs forward into 5 ms),
+/// so the minimum of a short window tracks the real cost, and the window lets it follow slow
+/// drifts such as attention growing with the context.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CostAverage {
-    value: Option<f64>,
+pub struct CostEstimate {
+    recent: [f64; Self::WINDOW],
+    len: usize,
+    next: usize,
 }
 
-impl CostAverage {
-    const DECAY: f64 = 0.8;
+impl CostEstimate {
+    const WINDOW: usize = 8;
 
     pub fn record(&mut self, seconds: f64) {
-        self.value = Some(match self.value {
-            Some(v) => Self::DECAY * v + (1.0 - Self::DECAY) * seconds,
-            None => seconds,
-        });
+        if !seconds.is_finite() || seconds < 0.0 {
+            return;
+        }
+        self.recent[self.next] = seconds;
+        self.next = (self.next + 1) % Self::WINDOW;
+        self.len = (self.len + 1).min(Self::WINDOW);
     }
 
     pub fn get(&self) -> Option<f64> {
-        self.value
+        self.recent[..self.len].iter().copied().reduce(f64::min)
     }
 }
 
-/// Measured costs: one draft step, and target forwards by width (tokens per sequence).
+/// Measured costs, in seconds: one draft step (all drafting sequences together), the
+/// drafter's catching up per context token, and target forwards by width (new tokens of every
+/// sequence in the forward together).
 #[derive(Clone, Debug)]
 pub struct CostModel {
-    draft_step: CostAverage,
-    /// `verify[w - 1]`: a target forward of `w` new tokens.
-    verify: Vec<CostAverage>,
+    draft_step: CostEstimate,
+    catch_up_token: CostEstimate,
+    /// `verify[w - 1]`: a target forward of `w` new tokens in all.
+    verify: Vec<CostEstimate>,
 }
 
 impl CostModel {
-    pub fn new(gamma_max: usize) -> Self {
+    /// A model for target forwards of up to `max_width` tokens (wider ones are extrapolated).
+    pub fn new(max_width: usize) -> Self {
         Self {
-            draft_step: CostAverage::default(),
-            verify: vec![CostAverage::default(); gamma_max + 1],
+            draft_step: CostEstimate::default(),
+            catch_up_token: CostEstimate::default(),
+            verify: vec![CostEstimate::default(); max_width.max(1)],
         }
     }
 
-    /// Time spent drafting `tokens` tokens (one draft step each).
-    pub fn record_draft(&mut self, seconds: f64, tokens: usize) {
+    /// Time spent on `steps` draft steps.
+    pub fn record_draft(&mut self, seconds: f64, steps: usize) {
+        if steps > 0 {
+            self.draft_step.record(seconds / steps as f64);
+        }
+    }
+
+    /// Time the drafter spent taking in `tokens` context tokens it had not seen.
+    pub fn record_catch_up(&mut self, seconds: f64, tokens: usize) {
         if tokens > 0 {
-            self.draft_step.record(seconds / tokens as f64);
+            self.catch_up_token.record(seconds / tokens as f64);
         }
     }
 
@@ -81,27 +101,35 @@ impl CostModel {
         }
     }
 
-    /// Cost of a round of γ relative to one plain step; unknown widths are interpolated
-    /// linearly from the nearest measured ones (or assumed to cost one step per token until
-    /// anything is measured, the pessimistic guess).
-    pub fn round_cost(&self, gamma: usize) -> Option<f64> {
-        let plain = self.verify[0].get()?;
-        let draft = self.draft_step.get()?;
-        let verify = self
-            .verify_cost(gamma + 1)
-            .unwrap_or(plain * (gamma + 1) as f64);
-        Some((gamma as f64 * draft + verify) / plain)
+    /// Seconds of `steps` draft steps, once measured.
+    pub fn draft_seconds(&self, steps: usize) -> Option<f64> {
+        if steps == 0 {
+            return Some(0.0);
+        }
+        self.draft_step.get().map(|d| d * steps as f64)
     }
 
-    fn verify_cost(&self, width: usize) -> Option<f64> {
-        if let Some(v) = self.verify.get(width - 1).and_then(CostAverage::get) {
+    /// Seconds for the drafter to take in `tokens` unseen context tokens (nothing until
+    /// measured: prompt lookup never has any).
+    pub fn catch_up_seconds(&self, tokens: usize) -> f64 {
+        self.catch_up_token.get().unwrap_or(0.0) * tokens as f64
+    }
+
+    /// Seconds of a target forward of `width` new tokens (0 for none); unmeasured widths are
+    /// interpolated linearly between the nearest measured ones, or extrapolated per token past
+    /// the widest.
+    pub fn verify_seconds(&self, width: usize) -> Option<f64> {
+        if width == 0 {
+            return Some(0.0);
+        }
+        if let Some(v) = self.verify.get(width - 1).and_then(CostEstimate::get) {
             return Some(v);
         }
-        let below = (1..width)
+        let measured = |w: usize| self.verify.get(w - 1).and_then(CostEstimate::get);
+        let below = (1..width.min(self.verify.len() + 1))
             .rev()
-            .find_map(|w| self.verify[w - 1].get().map(|c| (w, c)))?;
-        let above =
-            (width + 1..=self.verify.len()).find_map(|w| self.verify[w - 1].get().map(|c| (w, c)));
+            .find_map(|w| measured(w).map(|c| (w, c)))?;
+        let above = (width + 1..=self.verify.len()).find_map(|w| measured(w).map(|c| (w, c)));
         Some(match above {
             Some((wa, ca)) => {
                 let t = (width - below.0) as f64 / (wa - below.0) as f64;
@@ -112,20 +140,31 @@ impl CostModel {
             None => below.1 * width as f64 / below.0 as f64,
         })
     }
+
+    /// Cost of one sequence's round of γ relative to one plain step, alone in the batch.
+    pub fn round_cost(&self, gamma: usize) -> Option<f64> {
+        let plain = self.verify_seconds(1)?;
+        Some((self.draft_seconds(gamma)? + self.verify_seconds(gamma + 1)?) / plain)
+    }
 }
 
 /// The expected speedup of drafting γ with acceptance rate α and a round costing `round_cost`
 /// plain steps: expected tokens per round `(1 − α^(γ+1)) / (1 − α)` over the round's cost.
 pub fn expected_speedup(alpha: f64, gamma: usize, round_cost: f64) -> f64 {
-    let tokens = if alpha >= 1.0 {
+    expected_tokens(alpha, gamma) / round_cost
+}
+
+/// Expected tokens a round of γ drafts yields at acceptance rate α (the accepted drafts and
+/// the one token the target always adds).
+pub fn expected_tokens(alpha: f64, gamma: usize) -> f64 {
+    if alpha >= 1.0 {
         (gamma + 1) as f64
     } else {
         (1.0 - alpha.powi(gamma as i32 + 1)) / (1.0 - alpha)
-    };
-    tokens / round_cost
+    }
 }
 
-/// One request's governor.
+/// One request's governor: its acceptance rate, and when it last speculated.
 #[derive(Clone, Debug)]
 pub struct Governor {
     cfg: GovernorConfig,
@@ -133,6 +172,10 @@ pub struct Governor {
     accepted: f64,
     rejected: f64,
     plain_steps: usize,
+    /// Plain steps before the next probe.
+    probe_wait: usize,
+    /// The last round was a probe.
+    probed: bool,
 }
 
 impl Governor {
@@ -142,6 +185,8 @@ impl Governor {
             accepted: 0.0,
             rejected: 0.0,
             plain_steps: 0,
+            probe_wait: cfg.probe_every.max(1),
+            probed: false,
         }
     }
 
@@ -154,40 +199,189 @@ impl Governor {
     /// Records a round: `accepted` of `drafted` drafts stood (a round stops at its first
     /// rejection, so a short count means exactly one rejection).
     pub fn record_round(&mut self, drafted: usize, accepted: usize) {
+        let base = self.cfg.probe_every.max(1);
+        if std::mem::take(&mut self.probed) {
+            // The round after a probe tells whether the probe brought speculation back.
+            self.probe_wait = if drafted == 0 {
+                (self.probe_wait * 2).min(base * 16)
+            } else {
+                base
+            };
+        }
         if drafted == 0 {
             self.plain_steps += 1;
             return;
         }
+        self.probed = self.plain_steps > 0 && self.plain_steps + 1 >= self.probe_wait;
         self.plain_steps = 0;
         let d = self.cfg.decay;
         self.accepted = d * self.accepted + accepted as f64;
         self.rejected = d * self.rejected + f64::from(u8::from(accepted < drafted));
     }
 
-    /// γ in `gamma_min..=gamma_max` for the next round (0 = a plain step), given the measured
-    /// costs.
-    pub fn choose(&self, costs: &CostModel, gamma_min: usize, gamma_max: usize) -> usize {
-        let alpha = self.alpha();
-        let gamma_min = gamma_min.max(1);
-        let mut best = (0usize, 1.0f64);
-        for gamma in gamma_min..=gamma_max {
-            // Until costs are measured, speculate with the smallest γ to measure them.
-            let Some(cost) = costs.round_cost(gamma) else {
-                return gamma_min;
-            };
-            let s = expected_speedup(alpha, gamma, cost);
-            if s > best.1 {
-                best = (gamma, s);
+    /// This request's say in the next round's plan, γ in `gamma_min..=gamma_max` or plain:
+    /// free, or a probe at `gamma_min` after enough plain steps so α stays current.
+    pub fn candidate(
+        &self,
+        gamma_min: usize,
+        gamma_max: usize,
+        catch_up: usize,
+        remaining: usize,
+    ) -> Candidate {
+        let gamma_min = gamma_min.max(1).min(gamma_max);
+        let choice = if gamma_max == 0 {
+            Choice::Fixed(0)
+        } else if self.plain_steps + 1 >= self.probe_wait {
+            Choice::Probe {
+                gamma: gamma_min,
+                max: gamma_max,
             }
-        }
-        if best.0 > 0 && best.1 >= self.cfg.min_gain {
-            best.0
-        } else if self.plain_steps + 1 >= self.cfg.probe_every {
-            gamma_min // a probe keeps α current
         } else {
-            0
+            Choice::Free {
+                min: gamma_min,
+                max: gamma_max,
+            }
+        };
+        Candidate {
+            alpha: self.alpha(),
+            choice,
+            catch_up,
+            remaining,
         }
     }
+}
+
+/// How a sequence's γ is set for a round.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Choice {
+    /// Set by the request or a probe (0 = a plain step).
+    Fixed(usize),
+    /// The planner picks 0 or a γ in `min..=max`.
+    Free { min: usize, max: usize },
+    /// A probe of `gamma` drafts, made only if what speculation could save over the rest of
+    /// the request (at best, every draft accepted, up to `max` drafts a round) outweighs the
+    /// drafter catching up first.
+    Probe { gamma: usize, max: usize },
+}
+
+/// One decoding sequence as the round planner sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub alpha: f64,
+    pub choice: Choice,
+    /// Context tokens its drafter has not seen yet (taken in before drafting).
+    pub catch_up: usize,
+    /// Tokens it may still generate (its one-off catch-up is spread over them).
+    pub remaining: usize,
+}
+
+/// Chooses every sequence's γ for one round (DESIGN.md §4) to maximise the round's expected
+/// tokens per second: expected tokens over the round's cost, which is the draft steps (shared
+/// by every drafting sequence), each drafter's catch-up spread over what its sequence may
+/// still generate, and one target forward as wide as everyone's tokens plus `base_width`
+/// (prompt chunks in the same forward). A lone sequence gets the γ with the best expected
+/// speedup; in a batch, where a plain step already shares the weights, extra verification
+/// width is weighed against everyone's time. Free sequences speculate only if the plan beats
+/// all-plain by `min_gain`. Until costs are measured, free sequences draft `min`.
+pub fn plan_round(
+    candidates: &[Candidate],
+    base_width: usize,
+    costs: &CostModel,
+    min_gain: f64,
+) -> Vec<usize> {
+    let mut plan: Vec<usize> = candidates
+        .iter()
+        .map(|c| match c.choice {
+            Choice::Fixed(g) => g,
+            Choice::Probe { gamma, max } if probe_pays(c, max, costs) => gamma,
+            Choice::Probe { .. } | Choice::Free { .. } => 0,
+        })
+        .collect();
+    let rate = |plan: &[usize]| round_rate(candidates, plan, base_width, costs);
+    if rate(&plan).is_none() {
+        for (g, c) in plan.iter_mut().zip(candidates) {
+            if let Choice::Free { min, .. } = c.choice {
+                *g = min;
+            }
+        }
+        return plan;
+    }
+    let plain_rate = rate(&plan).unwrap_or(0.0);
+    // Coordinate ascent: each free sequence in turn takes its best γ given the others, until
+    // nothing changes (a few passes at most; every move strictly raises the rate).
+    for _ in 0..4 {
+        let mut changed = false;
+        for i in 0..candidates.len() {
+            let Choice::Free { min, max } = candidates[i].choice else {
+                continue;
+            };
+            let before = plan[i];
+            let mut best = (before, rate(&plan).unwrap_or(0.0));
+            for g in std::iter::once(0).chain(min..=max) {
+                plan[i] = g;
+                let r = rate(&plan).unwrap_or(0.0);
+                if r > best.1 * (1.0 + 1e-9) {
+                    best = (g, r);
+                }
+            }
+            changed |= best.0 != before;
+            plan[i] = best.0;
+        }
+        if !changed {
+            break;
+        }
+    }
+    if rate(&plan).unwrap_or(0.0) < plain_rate * min_gain {
+        for (g, c) in plan.iter_mut().zip(candidates) {
+            if matches!(c.choice, Choice::Free { .. }) {
+                *g = 0;
+            }
+        }
+    }
+    plan
+}
+
+/// Whether a probe could pay for itself: the most speculation could save over the request's
+/// remaining tokens (every draft accepted, the best γ up to `max`, alone in a round) against
+/// the drafter catching up on what it missed. A drafter that loses even at full acceptance is
+/// never probed.
+fn probe_pays(c: &Candidate, max: usize, costs: &CostModel) -> bool {
+    let Some(plain) = costs.verify_seconds(1) else {
+        return true;
+    };
+    let best = (1..=max.max(1))
+        .filter_map(|g| costs.round_cost(g).map(|cost| (g + 1) as f64 / cost))
+        .fold(0.0, f64::max);
+    if best <= 1.0 {
+        return false;
+    }
+    let could_save = c.remaining as f64 * plain * (1.0 - 1.0 / best);
+    costs.catch_up_seconds(c.catch_up) < could_save
+}
+
+/// Expected tokens per second of a round run with `plan`, once costs are measured.
+fn round_rate(
+    candidates: &[Candidate],
+    plan: &[usize],
+    base_width: usize,
+    costs: &CostModel,
+) -> Option<f64> {
+    let mut tokens = 0.0;
+    let mut width = base_width;
+    let mut steps = 0;
+    let mut catch_up = 0.0;
+    for (c, &g) in candidates.iter().zip(plan) {
+        let t = expected_tokens(c.alpha, g);
+        tokens += t;
+        width += g + 1;
+        steps = steps.max(g);
+        if g > 0 && c.catch_up > 0 {
+            catch_up +=
+                costs.catch_up_seconds(c.catch_up) * (t / c.remaining.max(1) as f64).min(1.0);
+        }
+    }
+    let seconds = costs.draft_seconds(steps)? + catch_up + costs.verify_seconds(width)?;
+    (seconds > 0.0).then(|| tokens / seconds)
 }
 
 /// The server-wide estimate of how much faster decoding runs than plain decoding would: tokens
@@ -229,12 +423,17 @@ mod tests {
     use super::*;
 
     fn costs(draft: f64, verify: &[f64]) -> CostModel {
-        let mut c = CostModel::new(8);
+        let mut c = CostModel::new(verify.len());
         c.record_draft(draft * 3.0, 3);
         for (i, &v) in verify.iter().enumerate() {
             c.record_verify(v, i + 1);
         }
         c
+    }
+
+    /// The plan for one request alone, as its governor sees it.
+    fn solo(g: &Governor, c: &CostModel) -> usize {
+        plan_round(&[g.candidate(1, 8, 0, 1000)], 0, c, 1.02)[0]
     }
 
     #[test]
@@ -257,8 +456,8 @@ mod tests {
             bad.record_round(4, 0);
             good.record_round(4, 4);
         }
-        assert_eq!(bad.choose(&c, 1, 8), 0, "α ≈ {}", bad.alpha());
-        assert!(good.choose(&c, 1, 8) >= 4, "α ≈ {}", good.alpha());
+        assert_eq!(solo(&bad, &c), 0, "α ≈ {}", bad.alpha());
+        assert!(solo(&good, &c) >= 4, "α ≈ {}", good.alpha());
     }
 
     #[test]
@@ -269,7 +468,7 @@ mod tests {
         for _ in 0..30 {
             g.record_round(3, 3);
         }
-        assert_eq!(g.choose(&c, 1, 8), 0);
+        assert_eq!(solo(&g, &c), 0);
     }
 
     #[test]
@@ -280,10 +479,10 @@ mod tests {
         for _ in 0..40 {
             g.record_round(2, 0);
         }
-        assert_eq!(g.choose(&c, 1, 8), 0);
+        assert_eq!(solo(&g, &c), 0);
         let mut probed = false;
         for _ in 0..cfg.probe_every {
-            let gamma = g.choose(&c, 1, 8);
+            let gamma = solo(&g, &c);
             if gamma > 0 {
                 probed = true;
                 g.record_round(gamma, gamma);
@@ -295,27 +494,129 @@ mod tests {
         for _ in 0..30 {
             g.record_round(4, 4);
         }
-        assert!(
-            g.choose(&c, 1, 8) > 0,
-            "speculation comes back once drafts agree"
-        );
+        assert!(solo(&g, &c) > 0, "speculation comes back once drafts agree");
+    }
+
+    #[test]
+    fn probes_that_fail_wait_longer_each_time() {
+        let c = costs(0.1, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]);
+        let cfg = GovernorConfig::default();
+        let mut g = Governor::new(cfg);
+        for _ in 0..40 {
+            g.record_round(2, 0);
+        }
+        // Every probe is rejected: the gaps between probes grow 16, 32, 64.
+        let mut probes = Vec::new();
+        for step in 0..200 {
+            let gamma = solo(&g, &c);
+            if gamma > 0 {
+                probes.push(step);
+            }
+            g.record_round(gamma, 0);
+        }
+        let gaps: Vec<usize> = probes.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.len() >= 2, "{probes:?}");
+        assert!(gaps.windows(2).all(|w| w[1] >= 2 * w[0] - 1), "{gaps:?}");
+    }
+
+    #[test]
+    fn no_probe_when_catching_up_costs_more_than_it_could_save() {
+        let mut c = costs(0.5, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]);
+        c.record_catch_up(10.0, 100);
+        let probe = |catch_up, remaining| Candidate {
+            alpha: 0.5,
+            choice: Choice::Probe { gamma: 1, max: 8 },
+            catch_up,
+            remaining,
+        };
+        // At best (all accepted, γ = 8) rounds cost 5.8 steps for 9 tokens: 1.55x, saving a
+        // third of a step per token; catching up on 100 tokens costs 10 steps.
+        assert_eq!(plan_round(&[probe(100, 20)], 0, &c, 1.02), vec![0]);
+        assert_eq!(plan_round(&[probe(100, 200)], 0, &c, 1.02), vec![1]);
+        // A drafter that loses even when always right is never probed.
+        let slow = costs(2.0, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]);
+        assert_eq!(plan_round(&[probe(0, 10_000)], 0, &slow, 1.02), vec![0]);
     }
 
     #[test]
     fn unmeasured_costs_start_with_the_smallest_gamma() {
         let g = Governor::new(GovernorConfig::default());
-        assert_eq!(g.choose(&CostModel::new(8), 2, 8), 2);
+        let plan = plan_round(&[g.candidate(2, 8, 0, 100)], 0, &CostModel::new(9), 1.02);
+        assert_eq!(plan, vec![2]);
     }
 
     #[test]
     fn verify_costs_are_interpolated_between_measured_widths() {
-        let mut c = CostModel::new(8);
+        let mut c = CostModel::new(9);
         c.record_draft(0.0, 1);
         c.record_verify(1.0, 1);
         c.record_verify(2.0, 3);
-        // Width 2 halfway between widths 1 and 3; width 6 extrapolated per token.
+        // Width 2 halfway between widths 1 and 3; width 6 extrapolated per token, and so is a
+        // width past the model's range.
         assert!((c.round_cost(1).unwrap() - 1.5).abs() < 1e-12);
         assert!((c.round_cost(5).unwrap() - 4.0).abs() < 1e-12);
+        assert!((c.verify_seconds(30).unwrap() - 20.0).abs() < 1e-12);
+        assert_eq!(c.verify_seconds(0), Some(0.0));
+    }
+
+    #[test]
+    fn a_batch_speculates_less_when_verification_width_is_not_free() {
+        // Forwards of up to 4 tokens cost about one step (weights streamed once), wider ones
+        // pay per token; prompt lookup drafts for free.
+        let verify: Vec<f64> = (1..=72)
+            .map(|w: usize| 1.0 + 0.02 * w.min(4) as f64 + 0.3 * w.saturating_sub(4) as f64)
+            .collect();
+        let c = costs(0.0, &verify);
+        let mut g = Governor::new(GovernorConfig::default());
+        for _ in 0..30 {
+            g.record_round(4, 2);
+            g.record_round(4, 4);
+        }
+        let one = g.candidate(1, 8, 0, 1000);
+        let alone = plan_round(&[one], 0, &c, 1.02);
+        assert!(alone[0] >= 2, "alone it speculates: {alone:?}");
+        let batch = plan_round(&[one; 8], 0, &c, 1.02);
+        assert!(
+            batch.iter().sum::<usize>() < 8 * alone[0],
+            "eight at once draft less each: {batch:?} vs {alone:?}"
+        );
+        let rate = |plan: &[usize]| round_rate(&[one; 8], plan, 0, &c).unwrap();
+        assert!(rate(&batch) >= rate(&[0; 8]) && rate(&batch) >= rate(&[alone[0]; 8]));
+        // Beside a prompt chunk the forward is wide anyway: a few more tokens cost little next
+        // to the whole round, so drafting still pays.
+        let with_prefill = plan_round(&[one], 64, &c, 1.02);
+        assert!(with_prefill[0] > 0, "{with_prefill:?}");
+    }
+
+    #[test]
+    fn a_drafter_far_behind_speculates_only_if_enough_output_is_left() {
+        let mut c = costs(0.2, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]);
+        // Taking in a context token costs a tenth of a step.
+        c.record_catch_up(50.0, 500);
+        let mut g = Governor::new(GovernorConfig::default());
+        for _ in 0..30 {
+            g.record_round(4, 4);
+        }
+        let near_end = plan_round(&[g.candidate(1, 8, 500, 3)], 0, &c, 1.02);
+        assert_eq!(
+            near_end,
+            vec![0],
+            "500 tokens to catch up for 3 tokens of output"
+        );
+        let lots_left = plan_round(&[g.candidate(1, 8, 500, 2000)], 0, &c, 1.02);
+        assert!(lots_left[0] > 0, "{lots_left:?}");
+    }
+
+    #[test]
+    fn fixed_choices_are_kept() {
+        let c = costs(1.0, &[1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0]);
+        let fixed = Candidate {
+            alpha: 0.0,
+            choice: Choice::Fixed(3),
+            catch_up: 0,
+            remaining: 100,
+        };
+        assert_eq!(plan_round(&[fixed], 0, &c, 1.02), vec![3]);
     }
 
     #[test]

@@ -57,6 +57,9 @@ impl Default for EngineConfig {
     }
 }
 
+/// The widest target forward timed at start-up; wider ones are extrapolated until measured.
+const CALIBRATE_MAX_WIDTH: usize = 64;
+
 pub struct Engine {
     scheduler: ActorRef<Scheduler>,
     cache: ActorRef<CacheManager>,
@@ -82,25 +85,30 @@ impl Engine {
             .map_err(|e| EngineError::InvalidRequest(format!("speculation.{e}")))?;
         let context_len = target.context_len();
         let verifier = Verifier::new(Arc::clone(&target), cfg.max_seqs, cfg.target_threads)?;
-        let mut costs = CostModel::new(cfg.max_gamma);
-        for (i, secs) in verifier
-            .calibrate(0, cfg.max_gamma + 1, 2)
-            .await?
-            .into_iter()
-            .enumerate()
-        {
-            costs.record_verify(secs, i + 1);
+        // Widths up to a whole batch of full verifications; every width a lone request can
+        // verify is timed, wider ones at a few points (interpolated between).
+        let max_width = cfg.max_seqs * (cfg.max_gamma + 1);
+        let mut widths: Vec<usize> = (1..=(cfg.max_gamma + 1).min(max_width)).collect();
+        let mut w = widths.last().copied().unwrap_or(1);
+        while w < max_width.min(CALIBRATE_MAX_WIDTH) {
+            w = (w * 2).min(max_width.min(CALIBRATE_MAX_WIDTH));
+            widths.push(w);
+        }
+        let mut costs = CostModel::new(max_width);
+        for (w, secs) in verifier.calibrate(0, widths.clone(), 2).await? {
+            costs.record_verify(secs, w);
         }
         let has_drafter = draft.is_some();
         let draft_cache = matches!(draft, Some(DraftSource::Model { .. }));
         let drafter = match draft {
             Some(source) => {
-                let d = Drafter::spawn(Drafter::new(source, cfg.draft_threads)?);
-                let step = d
-                    .ask(GetDraftStepCost)
+                let d = Drafter::spawn(Drafter::new(source, cfg.draft_threads, cfg.max_seqs)?);
+                let t = d
+                    .ask(MeasureDraftCosts)
                     .await
                     .map_err(|e| EngineError::Draft(e.to_string()))?;
-                costs.record_draft(step, 1);
+                costs.record_draft(t.step_seconds, t.steps);
+                costs.record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
                 Some(d)
             }
             None => None,

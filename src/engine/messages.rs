@@ -4,7 +4,7 @@ use tokio::sync::mpsc;
 
 use super::plain::{FinishReason, GenerationRequest};
 use super::speculative::SpecStats;
-use crate::draft::Proposal;
+use crate::draft::{DraftTiming, Proposal};
 use crate::sampling::{SamplingParams, SeededRng};
 
 /// How a request speculates.
@@ -170,7 +170,13 @@ pub struct DraftOutcome {
     pub seq: u64,
     pub proposal: Result<Proposal, String>,
     pub rng: SeededRng,
-    pub seconds: f64,
+}
+
+/// The drafts of a batch, and what they cost.
+#[derive(Default)]
+pub struct DraftBatchResult {
+    pub outcomes: Vec<DraftOutcome>,
+    pub timing: DraftTiming,
 }
 
 /// Drafter: the sequence ended; drop its state.
@@ -178,5 +184,5 @@ pub struct EndSequence {
     pub seq: u64,
 }
 
-/// Drafter: the cost of one draft step, measured at start-up (seconds).
-pub struct GetDraftStepCost;
+/// Drafter: what drafting costs, measured at start-up: a draft step, and taking in context.
+pub struct MeasureDraftCosts;

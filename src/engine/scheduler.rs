@@ -20,7 +20,9 @@ use tokio::sync::mpsc;
 use super::cache_manager::CacheManager;
 use super::drafter::Drafter;
 use super::emitter::Emitter;
-use super::governor::{CostModel, Governor, GovernorConfig, SpeedupEstimate};
+use super::governor::{
+    plan_round, Candidate, Choice, CostModel, Governor, GovernorConfig, SpeedupEstimate,
+};
 use super::messages::*;
 use super::plain::{check_request, FinishReason};
 use super::settings::{LiveSettings, SpeculationSettings};
@@ -71,6 +73,8 @@ struct Sequence {
     max_context: usize,
     /// Drafts made in an earlier step, waiting for verification (pipelining).
     pending: Option<Proposal>,
+    /// Context length when it last drafted (what a draft model's cache has seen, about).
+    drafter_seen: usize,
     arrived: Instant,
     admitted: Instant,
     last_output: Option<Instant>,
@@ -85,31 +89,41 @@ impl Sequence {
         self.prefilled >= self.prompt_len()
     }
 
-    /// γ for the next round: the policy's choice, shrunk so the verification fits the context
-    /// and does not draft past `max_tokens`.
-    fn next_gamma(
+    /// How γ is set for the next round: the request's policy, capped so the verification fits
+    /// the context and does not draft past `max_tokens`.
+    fn candidate(
         &self,
-        costs: &CostModel,
         has_drafter: bool,
         context_len: usize,
         live: &SpeculationSettings,
-    ) -> usize {
-        if !has_drafter {
-            return 0;
-        }
-        let adaptive = || self.governor.choose(costs, live.gamma_min, live.gamma_max);
-        let want = match self.request.gamma {
-            GammaPolicy::Off => 0,
-            GammaPolicy::Fixed(g) => g,
-            GammaPolicy::Adaptive => adaptive(),
-            GammaPolicy::Server if !live.enabled => 0,
-            GammaPolicy::Server if live.adaptive => adaptive(),
-            GammaPolicy::Server => live.gamma,
-        };
+    ) -> Candidate {
         let n = self.context.len() - 1;
         let room = context_len.saturating_sub(n + 1);
         let remaining = self.request.generation.max_tokens - self.emitter.generated();
-        want.min(room).min(remaining.saturating_sub(1))
+        let cap = room.min(remaining.saturating_sub(1));
+        let adaptive = || {
+            self.governor.candidate(
+                live.gamma_min.min(cap),
+                live.gamma_max.min(cap),
+                self.context.len().saturating_sub(self.drafter_seen + 2),
+                remaining,
+            )
+        };
+        let fixed = |g: usize| Candidate {
+            alpha: self.governor.alpha(),
+            choice: Choice::Fixed(g.min(cap)),
+            catch_up: 0,
+            remaining,
+        };
+        match self.request.gamma {
+            _ if !has_drafter => fixed(0),
+            GammaPolicy::Off => fixed(0),
+            GammaPolicy::Fixed(g) => fixed(g),
+            GammaPolicy::Adaptive => adaptive(),
+            GammaPolicy::Server if !live.enabled => fixed(0),
+            GammaPolicy::Server if live.adaptive => adaptive(),
+            GammaPolicy::Server => fixed(live.gamma),
+        }
     }
 }
 
@@ -232,6 +246,7 @@ impl Scheduler {
                 group: usize::from(group),
                 max_context: self.cfg.context_len,
                 pending: None,
+                drafter_seen: 0,
                 arrived: q.arrived,
                 admitted: Instant::now(),
                 last_output: None,
@@ -277,31 +292,49 @@ impl Scheduler {
         }
     }
 
-    async fn draft(&self, items: Vec<DraftItem>) -> Result<Vec<DraftOutcome>, EngineError> {
+    async fn draft(&self, items: Vec<DraftItem>) -> Result<DraftBatchResult, EngineError> {
         match (&self.drafter, items.is_empty()) {
             (Some(d), false) => d
                 .ask(DraftBatch { items })
                 .await
                 .map_err(|e| EngineError::Worker(format!("drafter: {e}"))),
-            _ => Ok(Vec::new()),
+            _ => Ok(DraftBatchResult::default()),
         }
     }
 
-    fn take_drafts(&mut self, outcomes: Vec<DraftOutcome>) {
-        for o in outcomes {
+    /// Stores drafts with their sequences and the drafting cost in the cost model; returns the
+    /// seconds drafting took.
+    fn take_drafts(&mut self, drafts: DraftBatchResult) -> f64 {
+        let t = drafts.timing;
+        self.costs.record_draft(t.step_seconds, t.steps);
+        self.costs
+            .record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
+        for o in drafts.outcomes {
             let Some(s) = self.active.iter_mut().find(|s| s.id == o.seq) else {
                 continue;
             };
             s.draft_rng = o.rng;
-            match o.proposal {
-                Ok(p) => {
-                    self.costs.record_draft(o.seconds, p.tokens.len());
-                    s.pending = Some(p);
-                }
-                // A drafter failure costs this round's speculation, not the request.
-                Err(_) => s.pending = None,
-            }
+            s.drafter_seen = s.context.len();
+            // A drafter failure costs this round's speculation, not the request.
+            s.pending = o.proposal.ok();
         }
+        t.step_seconds + t.catch_up_seconds
+    }
+
+    /// γ for each sequence in `which` (indices into `active`) for one round, with `base_width`
+    /// other tokens in the same target forward.
+    fn plan(&self, which: &[usize], base_width: usize, live: &SpeculationSettings) -> Vec<usize> {
+        let has_drafter = self.drafter.is_some();
+        let candidates: Vec<Candidate> = which
+            .iter()
+            .map(|&i| self.active[i].candidate(has_drafter, self.cfg.context_len, live))
+            .collect();
+        plan_round(
+            &candidates,
+            base_width,
+            &self.costs,
+            self.cfg.governor.min_gain,
+        )
     }
 
     /// One round: prefill chunks, drafting and one batched target forward.
@@ -319,31 +352,43 @@ impl Scheduler {
         let verify_group = (self.rounds % 2) as usize;
 
         // Which decoding sequences are verified now and which are drafted for later.
-        let mut to_draft_now = Vec::new();
-        let mut to_draft_ahead = Vec::new();
-        for s in &self.active {
-            if !s.decoding() {
+        let mut now = Vec::new();
+        let mut ahead = Vec::new();
+        for (i, s) in self.active.iter().enumerate() {
+            if !s.decoding() || s.pending.is_some() {
                 continue;
             }
-            let verifies_now = !pipelined || s.group == verify_group;
-            if verifies_now && s.pending.is_none() && !pipelined {
-                let gamma = s.next_gamma(&self.costs, has_drafter, self.cfg.context_len, &live);
-                if gamma > 0 {
-                    to_draft_now.push(self.draft_item(s, gamma));
-                }
-            } else if !verifies_now && s.pending.is_none() {
-                let gamma = s.next_gamma(&self.costs, has_drafter, self.cfg.context_len, &live);
-                if gamma > 0 {
-                    to_draft_ahead.push(self.draft_item(s, gamma));
-                }
+            if !pipelined {
+                now.push(i);
+            } else if s.group != verify_group {
+                ahead.push(i);
+            }
+        }
+        // Prompt tokens that will share this round's target forward.
+        let prefill_width = self
+            .active
+            .iter()
+            .filter(|s| !s.decoding())
+            .map(|s| s.prompt_len() - s.prefilled)
+            .sum::<usize>()
+            .min(self.cfg.prefill_chunk.max(1));
+        let mut to_draft_now = Vec::new();
+        for (&i, gamma) in now.iter().zip(self.plan(&now, prefill_width, &live)) {
+            if gamma > 0 {
+                to_draft_now.push(self.draft_item(&self.active[i], gamma));
+            }
+        }
+        let mut to_draft_ahead = Vec::new();
+        for (&i, gamma) in ahead.iter().zip(self.plan(&ahead, 0, &live)) {
+            if gamma > 0 {
+                to_draft_ahead.push(self.draft_item(&self.active[i], gamma));
             }
         }
         let round_start = Instant::now();
         let mut draft_secs = 0.0;
         if !to_draft_now.is_empty() {
-            let outcomes = self.draft(to_draft_now).await?;
-            draft_secs = outcomes.iter().map(|o| o.seconds).sum();
-            self.take_drafts(outcomes);
+            let drafts = self.draft(to_draft_now).await?;
+            draft_secs = self.take_drafts(drafts);
         }
 
         // The target batch: prompt chunks within the budget, then verifications.
@@ -411,9 +456,7 @@ impl Scheduler {
         };
         let (target, ahead) = tokio::join!(target, self.draft(to_draft_ahead));
         let wall = wall.elapsed().as_secs_f64();
-        let ahead = ahead?;
-        let ahead_secs: f64 = ahead.iter().map(|o| o.seconds).sum();
-        self.take_drafts(ahead);
+        let ahead_secs = self.take_drafts(ahead?);
         self.rounds += 1;
         let Some(result) = target? else {
             return Ok(());
@@ -429,8 +472,11 @@ impl Scheduler {
         if self.any_busy > 0.0 {
             telemetry::set_overlap(self.both_busy / self.any_busy);
         }
-        if let [(TargetWork::Verify, w)] = widths[..] {
-            self.costs.record_verify(result.seconds, w);
+        // Decode-only forwards keep the verification costs current at today's context depths
+        // and batch widths.
+        if widths.iter().all(|(work, _)| *work == TargetWork::Verify) {
+            let width = widths.iter().map(|(_, w)| w).sum();
+            self.costs.record_verify(result.seconds, width);
         }
 
         let mut ended = Vec::new();

@@ -43,16 +43,16 @@ impl Verifier {
         })
     }
 
-    /// Times target forwards of 1..=`max_width` new tokens at a small depth on `slot` (free at
-    /// start-up), best of `repeats`, for the governor's cost model.
+    /// Times target forwards of each of `widths` new tokens at a small depth on `slot` (free
+    /// at start-up), best of `repeats`, for the governor's cost model: `(width, seconds)`.
     pub async fn calibrate(
         &self,
         slot: usize,
-        max_width: usize,
+        widths: Vec<usize>,
         repeats: usize,
-    ) -> Result<Vec<f64>, EngineError> {
+    ) -> Result<Vec<(usize, f64)>, EngineError> {
         self.worker
-            .run(move |s| calibrate(s, slot, max_width, repeats))
+            .run(move |s| calibrate(s, slot, &widths, repeats))
             .await?
     }
 }
@@ -60,16 +60,23 @@ impl Verifier {
 fn calibrate(
     s: &mut TargetState,
     slot: usize,
-    max_width: usize,
+    widths: &[usize],
     repeats: usize,
-) -> Result<Vec<f64>, EngineError> {
+) -> Result<Vec<(usize, f64)>, EngineError> {
     let vocab = s.model.hparams().vocab_size as u32;
+    let max_len = s.cache.max_len();
+    let widths: Vec<usize> = widths
+        .iter()
+        .copied()
+        .filter(|&w| w > 0 && w < max_len)
+        .collect();
+    let max_width = widths.iter().copied().max().unwrap_or(0);
     let depth = 32.min(s.cache.max_len().saturating_sub(max_width + 1));
     s.cache.allocate_slot(slot)?;
-    let ids: Vec<u32> = (0..depth + max_width)
+    let ids: Vec<u32> = (0..depth.max(1) + max_width)
         .map(|i| (i as u32 * 7919 + 13) % vocab)
         .collect();
-    let run = |s: &mut TargetState| -> Result<Vec<f64>, EngineError> {
+    let run = |s: &mut TargetState| -> Result<Vec<(usize, f64)>, EngineError> {
         s.model.forward(
             &mut s.cache,
             &[SeqInput {
@@ -80,9 +87,9 @@ fn calibrate(
             }],
         )?;
         let base = s.cache.len(slot)?;
-        let mut best = vec![f64::INFINITY; max_width];
+        let mut best = vec![f64::INFINITY; widths.len()];
         for _ in 0..repeats.max(1) {
-            for w in 1..=max_width {
+            for (b, &w) in best.iter_mut().zip(&widths) {
                 let t = Instant::now();
                 s.model.forward(
                     &mut s.cache,
@@ -93,11 +100,11 @@ fn calibrate(
                         logits: LogitsRows::All,
                     }],
                 )?;
-                best[w - 1] = best[w - 1].min(t.elapsed().as_secs_f64());
+                *b = b.min(t.elapsed().as_secs_f64());
                 s.cache.truncate_to(slot, base)?;
             }
         }
-        Ok(best)
+        Ok(widths.iter().copied().zip(best).collect())
     };
     let result = run(s);
     s.cache.free(slot)?;
