@@ -198,6 +198,9 @@ fn workload(addr: &str, t: &mut Totals) {
                 "max_tokens": 40, "ignore_eos": true,
                 "temperature": if i % 2 == 0 { 0.0 } else { 0.8 }, "seed": i,
                 "stream": i == 3, "stream_options": {"include_usage": true},
+                // The governor may well find this pair not worth speculating with on the
+                // machine at hand; most requests draft a fixed γ so drafting metrics exist.
+                "speculative": if i % 3 == 0 { json!({}) } else { json!({"gamma": 3}) },
             });
             std::thread::spawn(move || {
                 let r = post_json(&addr, "/v1/chat/completions", &body);

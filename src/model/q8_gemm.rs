@@ -138,6 +138,11 @@ fn quantize_rows(x: &[f32]) -> QuantRows {
 
 /// `dst (m, n) = x (m, k) · Wᵀ`.
 pub fn matmul(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32]) {
+    matmul_on(w, x, m, dst, has_vnni())
+}
+
+/// [`matmul`] on the AVX-VNNI kernel (`vnni`, which the CPU must have) or the AVX2 one.
+fn matmul_on(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32], vnni: bool) {
     assert!(available(), "q8_gemm::matmul needs AVX2 and FMA");
     assert_eq!(x.len(), m * w.k);
     assert_eq!(dst.len(), m * w.n);
@@ -154,60 +159,99 @@ pub fn matmul(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32]) {
         // (rows, 8-column) block of `dst`, inside the bounds asserted above.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            tile_kernel(w, &q, t, r0, rows, dst_ptr as *mut f32)
+            if vnni {
+                tile_kernel_vnni(w, &q, t, r0, rows, dst_ptr as *mut f32)
+            } else {
+                tile_kernel_avx2(w, &q, t, r0, rows, dst_ptr as *mut f32)
+            }
         };
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (t, r0, rows, dst_ptr);
+        let _ = (t, r0, rows, dst_ptr, vnni);
     });
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_kernel(
-    w: &PackedQ8,
-    q: &QuantRows,
-    t: usize,
-    r0: usize,
-    rows: usize,
-    dst: *mut f32,
-) {
-    use std::arch::x86_64::*;
-    let kb = w.k / QK;
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); ROWS];
-    for b in 0..kb {
-        let tile = &w.tiles[t * kb + b];
-        // Tiles are read in address order (across units too), so a fixed distance ahead is
-        // what comes next; a prefetch address past the end is harmless.
-        let ahead = (tile as *const Tile as *const i8).wrapping_add(PREFETCH_TILES * TILE_BYTES);
-        for line in 0..TILE_BYTES.div_ceil(64) {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
-        }
-        let mut iacc = [_mm256_setzero_si256(); ROWS];
-        for g in 0..QK / 4 {
-            let wv = _mm256_load_si256(tile.qs.as_ptr().add(g * 32) as *const __m256i);
-            let wabs = _mm256_abs_epi8(wv);
-            for (r, ia) in iacc.iter_mut().enumerate().take(rows) {
-                let a = (q.qs.as_ptr().add((r0 + r) * w.k + b * QK + g * 4) as *const i32)
-                    .read_unaligned();
-                let signed = _mm256_sign_epi8(_mm256_set1_epi32(a), wv);
-                let pairs = _mm256_maddubs_epi16(wabs, signed);
-                *ia = _mm256_add_epi32(*ia, _mm256_madd_epi16(pairs, ones));
+/// The tile kernel, written once for two instruction sets. `$dot4(acc, wabs, signed)` adds
+/// each group of 4 byte products into acc's 32-bit lanes: `maddubs` + `madd` on AVX2, one
+/// `vpdpbusd` with AVX-VNNI. Both sums are exact (the sign trick keeps `maddubs` from
+/// saturating), so the two give the same bits.
+macro_rules! tile_kernel {
+    ($name:ident, $features:literal, $dot4:expr) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name(
+            w: &PackedQ8,
+            q: &QuantRows,
+            t: usize,
+            r0: usize,
+            rows: usize,
+            dst: *mut f32,
+        ) {
+            use std::arch::x86_64::*;
+            let kb = w.k / QK;
+            let mut acc = [_mm256_setzero_ps(); ROWS];
+            for b in 0..kb {
+                let tile = &w.tiles[t * kb + b];
+                // Tiles are read in address order (across units too), so a fixed distance
+                // ahead is what comes next; a prefetch address past the end is harmless.
+                let ahead =
+                    (tile as *const Tile as *const i8).wrapping_add(PREFETCH_TILES * TILE_BYTES);
+                for line in 0..TILE_BYTES.div_ceil(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
+                }
+                let mut iacc = [_mm256_setzero_si256(); ROWS];
+                for g in 0..QK / 4 {
+                    let wv = _mm256_load_si256(tile.qs.as_ptr().add(g * 32) as *const __m256i);
+                    let wabs = _mm256_abs_epi8(wv);
+                    for (r, ia) in iacc.iter_mut().enumerate().take(rows) {
+                        let a = (q.qs.as_ptr().add((r0 + r) * w.k + b * QK + g * 4) as *const i32)
+                            .read_unaligned();
+                        let signed = _mm256_sign_epi8(_mm256_set1_epi32(a), wv);
+                        *ia = $dot4(*ia, wabs, signed);
+                    }
+                }
+                let sc = _mm256_load_ps(tile.scales.as_ptr());
+                for (r, (a, ia)) in acc.iter_mut().zip(&iacc).enumerate().take(rows) {
+                    let scale = _mm256_mul_ps(sc, _mm256_set1_ps(q.scales[(r0 + r) * kb + b]));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*ia), scale, *a);
+                }
+            }
+            let cols = (w.n - t * TILE_N).min(TILE_N);
+            for (r, a) in acc.iter().enumerate().take(rows) {
+                let mut out = [0f32; TILE_N];
+                _mm256_storeu_ps(out.as_mut_ptr(), *a);
+                let row = dst.add((r0 + r) * w.n + t * TILE_N);
+                std::ptr::copy_nonoverlapping(out.as_ptr(), row, cols);
             }
         }
-        let sc = _mm256_load_ps(tile.scales.as_ptr());
-        for (r, (a, ia)) in acc.iter_mut().zip(&iacc).enumerate().take(rows) {
-            let scale = _mm256_mul_ps(sc, _mm256_set1_ps(q.scales[(r0 + r) * kb + b]));
-            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*ia), scale, *a);
-        }
-    }
-    let cols = (w.n - t * TILE_N).min(TILE_N);
-    for (r, a) in acc.iter().enumerate().take(rows) {
-        let mut out = [0f32; TILE_N];
-        _mm256_storeu_ps(out.as_mut_ptr(), *a);
-        let row = dst.add((r0 + r) * w.n + t * TILE_N);
-        std::ptr::copy_nonoverlapping(out.as_ptr(), row, cols);
-    }
+    };
+}
+
+tile_kernel!(tile_kernel_avx2, "avx2,fma", |acc, wabs, signed| {
+    use std::arch::x86_64::*;
+    let pairs = _mm256_maddubs_epi16(wabs, signed);
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+});
+
+tile_kernel!(tile_kernel_vnni, "avx2,fma,avxvnni", |acc, wabs, signed| {
+    std::arch::x86_64::_mm256_dpbusd_avx_epi32(acc, wabs, signed)
+});
+
+/// Whether this CPU has AVX-VNNI (and `TANDEM_DISABLE_VNNI` is not set): one instruction for
+/// what takes three on plain AVX2.
+fn has_vnni() -> bool {
+    static VNNI: OnceLock<bool> = OnceLock::new();
+    *VNNI.get_or_init(|| {
+        packed_gemm::enabled("TANDEM_DISABLE_VNNI", || {
+            #[cfg(target_arch = "x86_64")]
+            {
+                is_x86_feature_detected!("avxvnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                false
+            }
+        })
+    })
 }
 
 #[cfg(test)]
@@ -269,6 +313,12 @@ mod tests {
             err_ours <= err_theirs * 1.05,
             "ours {err_ours} vs candle {err_theirs}"
         );
+        // The AVX2 and AVX-VNNI kernels give the same bits (where this CPU has both).
+        for vnni in [false, true].into_iter().filter(|&v| !v || has_vnni()) {
+            let mut other = vec![0f32; m * n];
+            matmul_on(&packed, &x, m, &mut other, vnni);
+            assert!(other == ours, "vnni={vnni} differs");
+        }
         // Each row alone gives the same bits as inside the batch.
         for r in 0..m {
             let mut one = vec![0f32; n];
