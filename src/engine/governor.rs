@@ -59,12 +59,13 @@ impl CostEstimate {
     }
 }
 
-/// Measured costs, in seconds: one draft step (all drafting sequences together), the
+/// Measured costs, in seconds: one draft step by how many sequences draft together, the
 /// drafter's catching up per context token, and target forwards by width (new tokens of every
 /// sequence in the forward together).
 #[derive(Clone, Debug)]
 pub struct CostModel {
-    draft_step: CostEstimate,
+    /// `draft_step[n - 1]`: one draft step of `n` sequences together.
+    draft_step: Vec<CostEstimate>,
     catch_up_token: CostEstimate,
     /// `verify[w - 1]`: a target forward of `w` new tokens in all.
     verify: Vec<CostEstimate>,
@@ -74,16 +75,19 @@ impl CostModel {
     /// A model for target forwards of up to `max_width` tokens (wider ones are extrapolated).
     pub fn new(max_width: usize) -> Self {
         Self {
-            draft_step: CostEstimate::default(),
+            draft_step: Vec::new(),
             catch_up_token: CostEstimate::default(),
             verify: vec![CostEstimate::default(); max_width.max(1)],
         }
     }
 
-    /// Time spent on `steps` draft steps.
-    pub fn record_draft(&mut self, seconds: f64, steps: usize) {
-        if steps > 0 {
-            self.draft_step.record(seconds / steps as f64);
+    /// Time spent on `steps` draft steps of `seqs` sequences together.
+    pub fn record_draft(&mut self, seconds: f64, steps: usize, seqs: usize) {
+        if steps > 0 && seqs > 0 {
+            if self.draft_step.len() < seqs {
+                self.draft_step.resize(seqs, CostEstimate::default());
+            }
+            self.draft_step[seqs - 1].record(seconds / steps as f64);
         }
     }
 
@@ -101,12 +105,26 @@ impl CostModel {
         }
     }
 
-    /// Seconds of `steps` draft steps, once measured.
-    pub fn draft_seconds(&self, steps: usize) -> Option<f64> {
-        if steps == 0 {
+    /// Seconds of `steps` draft steps of `seqs` sequences together, once any step is measured:
+    /// a batch size not measured yet is interpolated between its nearest measured neighbours,
+    /// or priced as the nearest one (the first round at that size then measures it).
+    pub fn draft_seconds(&self, steps: usize, seqs: usize) -> Option<f64> {
+        if steps == 0 || seqs == 0 {
             return Some(0.0);
         }
-        self.draft_step.get().map(|d| d * steps as f64)
+        let measured = |n: usize| self.draft_step.get(n - 1).and_then(CostEstimate::get);
+        let below = (1..=seqs.min(self.draft_step.len()))
+            .rev()
+            .find_map(|n| measured(n).map(|c| (n, c)));
+        let above = (seqs + 1..=self.draft_step.len()).find_map(|n| measured(n).map(|c| (n, c)));
+        let step = match (below, above) {
+            (Some((nb, cb)), Some((na, ca))) if nb < seqs => {
+                cb + (seqs - nb) as f64 / (na - nb) as f64 * (ca - cb)
+            }
+            (Some((_, c)), _) | (None, Some((_, c))) => c,
+            (None, None) => return None,
+        };
+        Some(step * steps as f64)
     }
 
     /// Seconds for the drafter to take in `tokens` unseen context tokens (nothing until
@@ -144,7 +162,7 @@ impl CostModel {
     /// Cost of one sequence's round of γ relative to one plain step, alone in the batch.
     pub fn round_cost(&self, gamma: usize) -> Option<f64> {
         let plain = self.verify_seconds(1)?;
-        Some((self.draft_seconds(gamma)? + self.verify_seconds(gamma + 1)?) / plain)
+        Some((self.draft_seconds(gamma, 1)? + self.verify_seconds(gamma + 1)?) / plain)
     }
 }
 
@@ -369,18 +387,20 @@ fn round_rate(
     let mut tokens = 0.0;
     let mut width = base_width;
     let mut steps = 0;
+    let mut drafting = 0;
     let mut catch_up = 0.0;
     for (c, &g) in candidates.iter().zip(plan) {
         let t = expected_tokens(c.alpha, g);
         tokens += t;
         width += g + 1;
         steps = steps.max(g);
+        drafting += usize::from(g > 0);
         if g > 0 && c.catch_up > 0 {
             catch_up +=
                 costs.catch_up_seconds(c.catch_up) * (t / c.remaining.max(1) as f64).min(1.0);
         }
     }
-    let seconds = costs.draft_seconds(steps)? + catch_up + costs.verify_seconds(width)?;
+    let seconds = costs.draft_seconds(steps, drafting)? + catch_up + costs.verify_seconds(width)?;
     (seconds > 0.0).then(|| tokens / seconds)
 }
 
@@ -424,7 +444,7 @@ mod tests {
 
     fn costs(draft: f64, verify: &[f64]) -> CostModel {
         let mut c = CostModel::new(verify.len());
-        c.record_draft(draft * 3.0, 3);
+        c.record_draft(draft * 3.0, 3, 1);
         for (i, &v) in verify.iter().enumerate() {
             c.record_verify(v, i + 1);
         }
@@ -548,7 +568,7 @@ mod tests {
     #[test]
     fn verify_costs_are_interpolated_between_measured_widths() {
         let mut c = CostModel::new(9);
-        c.record_draft(0.0, 1);
+        c.record_draft(0.0, 1, 1);
         c.record_verify(1.0, 1);
         c.record_verify(2.0, 3);
         // Width 2 halfway between widths 1 and 3; width 6 extrapolated per token, and so is a
@@ -557,6 +577,20 @@ mod tests {
         assert!((c.round_cost(5).unwrap() - 4.0).abs() < 1e-12);
         assert!((c.verify_seconds(30).unwrap() - 20.0).abs() < 1e-12);
         assert_eq!(c.verify_seconds(0), Some(0.0));
+    }
+
+    #[test]
+    fn draft_steps_are_priced_by_how_many_sequences_draft() {
+        let mut c = CostModel::new(8);
+        c.record_draft(3.0, 3, 1);
+        c.record_draft(6.0, 2, 4);
+        assert_eq!(c.draft_seconds(2, 1), Some(2.0));
+        assert_eq!(c.draft_seconds(1, 4), Some(3.0));
+        // Between measured sizes: interpolated; past the largest: the largest's price.
+        assert!((c.draft_seconds(1, 2).unwrap() - 5.0 / 3.0).abs() < 1e-12);
+        assert_eq!(c.draft_seconds(1, 8), Some(3.0));
+        assert_eq!(c.draft_seconds(0, 8), Some(0.0));
+        assert_eq!(CostModel::new(8).draft_seconds(1, 1), None);
     }
 
     #[test]
@@ -624,7 +658,7 @@ mod tests {
         let mut c = CostModel::new(4);
         c.record_verify(0.010, 1);
         c.record_verify(0.015, 4);
-        c.record_draft(0.002, 1);
+        c.record_draft(0.002, 1, 1);
         let mut e = SpeedupEstimate::default();
         assert_eq!(e.get(), None);
         e.record(0, 0, &c);

@@ -107,7 +107,7 @@ impl Engine {
                     .ask(MeasureDraftCosts)
                     .await
                     .map_err(|e| EngineError::Draft(e.to_string()))?;
-                costs.record_draft(t.step_seconds, t.steps);
+                costs.record_draft(t.step_seconds, t.steps, 1);
                 costs.record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
                 Some(d)
             }
