@@ -113,6 +113,14 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         }
     }
 
+    /// The model it drafts with.
+    pub fn model(&self) -> M
+    where
+        M: Clone,
+    {
+        self.model.clone()
+    }
+
     /// Forgets a sequence and frees its cache slot.
     pub fn end(&mut self, seq: u64) {
         if let Some(slot) = self.slots.remove(&seq) {

@@ -28,34 +28,11 @@ pub enum DraftSource {
     Model { model: Arc<Llama>, name: String },
 }
 
-impl DraftSource {
-    fn new_drafter(&self) -> Box<dyn Propose + Send> {
-        match self {
-            Self::PromptLookup => Box::new(PromptLookup::default()),
-            Self::Model { model, name } => Box::new(ModelDrafter::new(Arc::clone(model), name)),
-        }
-    }
-}
-
 /// What the drafter's worker owns: one draft model drafting for every sequence at once, or
 /// one prompt-lookup index per sequence.
 pub enum DraftState {
-    Model {
-        source: DraftSource,
-        drafter: ModelDrafter<Arc<Llama>>,
-    },
-    Lookup {
-        source: DraftSource,
-        seqs: HashMap<u64, Box<dyn Propose + Send>>,
-    },
-}
-
-impl DraftState {
-    fn source(&self) -> &DraftSource {
-        match self {
-            Self::Model { source, .. } | Self::Lookup { source, .. } => source,
-        }
-    }
+    Model(ModelDrafter<Arc<Llama>>),
+    Lookup(HashMap<u64, PromptLookup>),
 }
 
 pub struct Drafter {
@@ -65,15 +42,11 @@ pub struct Drafter {
 impl Drafter {
     /// `max_seqs`: how many sequences may draft at once (the draft model's cache slots).
     pub fn new(source: DraftSource, threads: usize, max_seqs: usize) -> Result<Self, EngineError> {
-        let state = match &source {
-            DraftSource::Model { model, name } => DraftState::Model {
-                drafter: ModelDrafter::with_slots(Arc::clone(model), name.clone(), max_seqs),
-                source,
-            },
-            DraftSource::PromptLookup => DraftState::Lookup {
-                source,
-                seqs: HashMap::new(),
-            },
+        let state = match source {
+            DraftSource::Model { model, name } => {
+                DraftState::Model(ModelDrafter::with_slots(model, name, max_seqs))
+            }
+            DraftSource::PromptLookup => DraftState::Lookup(HashMap::new()),
         };
         Ok(Self {
             worker: ComputeWorker::spawn("tandem-draft", threads, state)?,
@@ -100,16 +73,13 @@ impl Message<DraftBatch> for Drafter {
 
 fn draft_batch(s: &mut DraftState, items: Vec<DraftItem>) -> DraftBatchResult {
     match s {
-        DraftState::Model { drafter, .. } => draft_with_model(drafter, items),
-        DraftState::Lookup { source, seqs } => {
+        DraftState::Model(drafter) => draft_with_model(drafter, items),
+        DraftState::Lookup(seqs) => {
             let start = Instant::now();
             let steps = items.iter().map(|it| it.gamma).max().unwrap_or(0);
             let outcomes = items
                 .into_iter()
-                .map(|it| {
-                    let d = seqs.entry(it.seq).or_insert_with(|| source.new_drafter());
-                    lookup_one(d.as_mut(), it)
-                })
+                .map(|it| lookup_one(seqs.entry(it.seq).or_default(), it))
                 .collect();
             DraftBatchResult {
                 outcomes,
@@ -181,7 +151,7 @@ fn draft_with_model(
     DraftBatchResult { outcomes, timing }
 }
 
-fn lookup_one(drafter: &mut (dyn Propose + Send), it: DraftItem) -> DraftOutcome {
+fn lookup_one(drafter: &mut PromptLookup, it: DraftItem) -> DraftOutcome {
     let mut rng = it.rng;
     let mut proposal = Proposal::default();
     let result = drafter
@@ -219,8 +189,8 @@ impl Message<EndSequence> for Drafter {
     ) -> Self::Reply {
         self.worker
             .run(move |s| match s {
-                DraftState::Model { drafter, .. } => drafter.end(msg.seq),
-                DraftState::Lookup { seqs, .. } => {
+                DraftState::Model(drafter) => drafter.end(msg.seq),
+                DraftState::Lookup(seqs) => {
                     seqs.remove(&msg.seq);
                 }
             })
@@ -253,9 +223,9 @@ impl Message<MeasureDraftCosts> for Drafter {
                         best.catch_up_seconds = min(best.catch_up_seconds, t.catch_up_seconds);
                     }
                 };
-                match s.source() {
-                    DraftSource::Model { model, name } => {
-                        let mut d = ModelDrafter::new(Arc::clone(model), name.clone());
+                match s {
+                    DraftState::Model(drafter) => {
+                        let mut d = ModelDrafter::new(drafter.model(), "calibration");
                         for _ in 0..3 {
                             for keep in [0, context.len() - 1] {
                                 d.rollback_seq(0, keep).map_err(|e| e.to_string())?;
@@ -277,8 +247,8 @@ impl Message<MeasureDraftCosts> for Drafter {
                             }
                         }
                     }
-                    DraftSource::PromptLookup => {
-                        let mut d = s.source().new_drafter();
+                    DraftState::Lookup(_) => {
+                        let mut d = PromptLookup::default();
                         let mut p = Proposal::default();
                         for _ in 0..3 {
                             let t = Instant::now();
