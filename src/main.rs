@@ -345,6 +345,11 @@ fn serve(config: Config) -> Result<()> {
 
 fn bench(mut config: Config, args: BenchArgs) -> Result<()> {
     use tandem::bench;
+    // The engine's per-round debug lines (forecast against measured cost) are opt-in here, so a
+    // bench's own output stays clean unless TANDEM_LOG asks for them.
+    if std::env::var_os("TANDEM_LOG").is_some() {
+        tandem::logging::init(&config.logging.level, &config.logging.format)?;
+    }
     let modes = bench::parse_modes(&args.modes, args.max_gamma)?;
     let prompts = bench::select(
         bench::load_prompts(&args.prompts)?,
@@ -592,6 +597,7 @@ fn generate(config: &Config, args: GenerateArgs) -> Result<()> {
         let mut v = serde_json::json!({
             "text": text,
             "tokens": out.tokens,
+            "prompt_token_ids": req.prompt,
             "finish_reason": out.finish.as_openai(),
             "prompt_tokens": s.prompt_tokens,
             "generated_tokens": s.generated_tokens,

@@ -199,72 +199,87 @@ impl Message<EndSequence> for Drafter {
 }
 
 impl Message<MeasureDraftCosts> for Drafter {
-    type Reply = Result<DraftTiming, EngineError>;
+    type Reply = Result<Vec<DraftTiming>, EngineError>;
 
-    /// Drafts 4 tokens after a 32-token context with a throwaway drafter, three times: the
-    /// context fill (catch-up) from an empty cache, the steps from a filled one; best of each.
+    /// For each context length, drafts 4 tokens after it with a throwaway drafter: the context
+    /// fill (catch-up) from an empty cache, the steps from a filled one; best of a few tries.
     async fn handle(
         &mut self,
-        _: MeasureDraftCosts,
+        msg: MeasureDraftCosts,
         _: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
         self.worker
-            .run(|s| {
-                let context: Vec<u32> = (0..32u32).map(|i| (i * 7919 + 13) % 256).collect();
-                let params = SamplingParams::greedy();
-                let mut rng = SeededRng::new(0);
-                let mut best = DraftTiming::default();
-                let mut keep_best = |t: DraftTiming| {
-                    let min = |a: f64, b: f64| if a == 0.0 { b } else { a.min(b) };
-                    best.steps = t.steps;
-                    best.step_seconds = min(best.step_seconds, t.step_seconds);
-                    if t.catch_up_tokens > 0 {
-                        best.catch_up_tokens = t.catch_up_tokens;
-                        best.catch_up_seconds = min(best.catch_up_seconds, t.catch_up_seconds);
-                    }
-                };
-                match s {
-                    DraftState::Model(drafter) => {
-                        let mut d = ModelDrafter::new(drafter.model(), "calibration");
-                        for _ in 0..3 {
-                            for keep in [0, context.len() - 1] {
-                                d.rollback_seq(0, keep).map_err(|e| e.to_string())?;
-                                let mut out = Proposal::default();
-                                let mut jobs = [DraftJob {
-                                    seq: 0,
-                                    context: &context,
-                                    generated_from: context.len(),
-                                    gamma: 4,
-                                    params: &params,
-                                    rng: &mut rng,
-                                    out: &mut out,
-                                    result: Ok(()),
-                                }];
-                                let t = d.propose_batch(&mut jobs);
-                                let [job] = jobs;
-                                job.result.map_err(|e| e.to_string())?;
-                                keep_best(t);
-                            }
-                        }
-                    }
-                    DraftState::Lookup(_) => {
-                        let mut d = PromptLookup::default();
-                        let mut p = Proposal::default();
-                        for _ in 0..3 {
-                            let t = Instant::now();
-                            d.propose(&context, context.len(), 4, &params, &mut rng, &mut p)
-                                .map_err(|e| e.to_string())?;
-                            keep_best(DraftTiming {
-                                steps: 4,
-                                step_seconds: t.elapsed().as_secs_f64(),
-                                ..DraftTiming::default()
-                            });
-                        }
-                    }
+            .run(move |s| {
+                let mut timings = Vec::with_capacity(msg.contexts.len());
+                for (n, &len) in msg.contexts.iter().enumerate() {
+                    // Short contexts are cheap, so they get more tries against timing noise.
+                    let tries = if n == 0 { 3 } else { 2 };
+                    timings.push(measure_draft_costs(s, len.max(2), tries)?);
                 }
-                Ok::<DraftTiming, String>(best)
+                Ok::<Vec<DraftTiming>, String>(timings)
             })
             .await?
             .map_err(EngineError::Draft)
     }
+}
+
+/// Best-of-`tries` timings of drafting after a `len`-token context (see [`MeasureDraftCosts`]).
+fn measure_draft_costs(
+    s: &mut DraftState,
+    len: usize,
+    tries: usize,
+) -> Result<DraftTiming, String> {
+    let context: Vec<u32> = (0..len as u32).map(|i| (i * 7919 + 13) % 256).collect();
+    let params = SamplingParams::greedy();
+    let mut rng = SeededRng::new(0);
+    let mut best = DraftTiming::default();
+    let mut keep_best = |t: DraftTiming| {
+        let min = |a: f64, b: f64| if a == 0.0 { b } else { a.min(b) };
+        best.steps = t.steps;
+        best.step_seconds = min(best.step_seconds, t.step_seconds);
+        if t.catch_up_tokens > 0 {
+            best.catch_up_tokens = t.catch_up_tokens;
+            best.catch_up_seconds = min(best.catch_up_seconds, t.catch_up_seconds);
+        }
+    };
+    match s {
+        DraftState::Model(drafter) => {
+            let mut d = ModelDrafter::new(drafter.model(), "calibration");
+            for _ in 0..tries {
+                for keep in [0, context.len() - 1] {
+                    d.rollback_seq(0, keep).map_err(|e| e.to_string())?;
+                    let mut out = Proposal::default();
+                    let mut jobs = [DraftJob {
+                        seq: 0,
+                        context: &context,
+                        generated_from: context.len(),
+                        gamma: 4,
+                        params: &params,
+                        rng: &mut rng,
+                        out: &mut out,
+                        result: Ok(()),
+                    }];
+                    let t = d.propose_batch(&mut jobs);
+                    let [job] = jobs;
+                    job.result.map_err(|e| e.to_string())?;
+                    keep_best(t);
+                }
+            }
+        }
+        DraftState::Lookup(_) => {
+            let mut d = PromptLookup::default();
+            let mut p = Proposal::default();
+            for _ in 0..tries {
+                let t = Instant::now();
+                d.propose(&context, context.len(), 4, &params, &mut rng, &mut p)
+                    .map_err(|e| e.to_string())?;
+                keep_best(DraftTiming {
+                    steps: 4,
+                    step_seconds: t.elapsed().as_secs_f64(),
+                    ..DraftTiming::default()
+                });
+            }
+        }
+    }
+    Ok(best)
 }

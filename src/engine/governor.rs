@@ -40,6 +40,8 @@ pub struct CostEstimate {
     recent: [f64; Self::WINDOW],
     len: usize,
     next: usize,
+    /// Holds only start-up measurements, which the first live one replaces.
+    provisional: bool,
 }
 
 impl CostEstimate {
@@ -48,6 +50,10 @@ impl CostEstimate {
     pub fn record(&mut self, seconds: f64) {
         if !seconds.is_finite() || seconds < 0.0 {
             return;
+        }
+        if std::mem::take(&mut self.provisional) {
+            self.len = 0;
+            self.next = 0;
         }
         self.recent[self.next] = seconds;
         self.next = (self.next + 1) % Self::WINDOW;
@@ -60,15 +66,20 @@ impl CostEstimate {
 }
 
 /// Measured costs, in seconds: one draft step by how many sequences draft together, the
-/// drafter's catching up per context token, and target forwards by width (new tokens of every
-/// sequence in the forward together).
+/// drafter's catching up per context token by how many tokens it takes in at once, and target
+/// forwards by width (new tokens of every sequence in the forward together).
 #[derive(Clone, Debug)]
 pub struct CostModel {
     /// `draft_step[n - 1]`: one draft step of `n` sequences together.
     draft_step: Vec<CostEstimate>,
-    catch_up_token: CostEstimate,
+    /// `catch_up_token[b]`: seconds per token of catch-ups of `2^b..2^(b+1)` tokens. One price
+    /// for all sizes was off by 4x: a drafter taking in a 900-token prompt pays attention over
+    /// a deep context on every token, so it costs ~2 ms a token where a 32-token one costs 0.5.
+    catch_up_token: Vec<CostEstimate>,
     /// `verify[w - 1]`: a target forward of `w` new tokens in all.
     verify: Vec<CostEstimate>,
+    /// The start-up prices of `verify`, set by [`CostModel::mark_provisional`].
+    verify_start_up: Vec<Option<f64>>,
 }
 
 impl CostModel {
@@ -76,8 +87,25 @@ impl CostModel {
     pub fn new(max_width: usize) -> Self {
         Self {
             draft_step: Vec::new(),
-            catch_up_token: CostEstimate::default(),
+            catch_up_token: Vec::new(),
             verify: vec![CostEstimate::default(); max_width.max(1)],
+            verify_start_up: Vec::new(),
+        }
+    }
+
+    /// Marks every price so far as provisional: start-up measurements run on a short context
+    /// and an idle machine, so they are kept only until live rounds measure the same thing (a
+    /// minimum over a window would otherwise hold the flattering start-up figure for 8 more
+    /// rounds: 6.8 ms for a draft step that took 9.7 at real depths).
+    pub fn mark_provisional(&mut self) {
+        self.verify_start_up = self.verify.iter().map(CostEstimate::get).collect();
+        for c in self
+            .draft_step
+            .iter_mut()
+            .chain(&mut self.catch_up_token)
+            .chain(&mut self.verify)
+        {
+            c.provisional = c.len > 0;
         }
     }
 
@@ -94,7 +122,11 @@ impl CostModel {
     /// Time the drafter spent taking in `tokens` context tokens it had not seen.
     pub fn record_catch_up(&mut self, seconds: f64, tokens: usize) {
         if tokens > 0 {
-            self.catch_up_token.record(seconds / tokens as f64);
+            let b = catch_up_bucket(tokens);
+            if self.catch_up_token.len() <= b {
+                self.catch_up_token.resize(b + 1, CostEstimate::default());
+            }
+            self.catch_up_token[b].record(seconds / tokens as f64);
         }
     }
 
@@ -128,9 +160,22 @@ impl CostModel {
     }
 
     /// Seconds for the drafter to take in `tokens` unseen context tokens (nothing until
-    /// measured: prompt lookup never has any).
+    /// measured: prompt lookup never has any), priced per token at the nearest measured size
+    /// (the larger one on a tie: deeper catch-ups cost more per token, and guessing low is what
+    /// lets an unpayable catch-up through).
     pub fn catch_up_seconds(&self, tokens: usize) -> f64 {
-        self.catch_up_token.get().unwrap_or(0.0) * tokens as f64
+        if tokens == 0 {
+            return 0.0;
+        }
+        let want = catch_up_bucket(tokens);
+        let per_token = self
+            .catch_up_token
+            .iter()
+            .enumerate()
+            .filter_map(|(b, c)| c.get().map(|v| (b, v)))
+            .min_by_key(|&(b, _)| (b.abs_diff(want), std::cmp::Reverse(b)))
+            .map_or(0.0, |(_, v)| v);
+        per_token * tokens as f64
     }
 
     /// Seconds of a target forward of `width` new tokens (0 for none); unmeasured widths are
@@ -140,10 +185,10 @@ impl CostModel {
         if width == 0 {
             return Some(0.0);
         }
-        if let Some(v) = self.verify.get(width - 1).and_then(CostEstimate::get) {
+        let measured = |w: usize| self.verify_at(w);
+        if let Some(v) = measured(width) {
             return Some(v);
         }
-        let measured = |w: usize| self.verify.get(w - 1).and_then(CostEstimate::get);
         let below = (1..width.min(self.verify.len() + 1))
             .rev()
             .find_map(|w| measured(w).map(|c| (w, c)))?;
@@ -159,11 +204,38 @@ impl CostModel {
         })
     }
 
+    /// The price of a `w`-token forward if measured. A start-up price is scaled by how far live
+    /// rounds found the nearest width they measured from its start-up price: live rounds run
+    /// deeper in the context than start-up's, and pricing one width live and its neighbour at
+    /// start-up would make the wider one look cheaper than it is.
+    fn verify_at(&self, w: usize) -> Option<f64> {
+        let c = self.verify.get(w.checked_sub(1)?)?;
+        let v = c.get()?;
+        if !c.provisional {
+            return Some(v);
+        }
+        let drift = (1..=self.verify.len())
+            .filter_map(|r| {
+                let live = &self.verify[r - 1];
+                let start = self.verify_start_up.get(r - 1).copied().flatten()?;
+                let now = live.get().filter(|_| !live.provisional && start > 0.0)?;
+                Some((r.abs_diff(w), now / start))
+            })
+            .min_by_key(|&(d, _)| d)
+            .map_or(1.0, |(_, ratio)| ratio);
+        Some(v * drift)
+    }
+
     /// Cost of one sequence's round of γ relative to one plain step, alone in the batch.
     pub fn round_cost(&self, gamma: usize) -> Option<f64> {
         let plain = self.verify_seconds(1)?;
         Some((self.draft_seconds(gamma, 1)? + self.verify_seconds(gamma + 1)?) / plain)
     }
+}
+
+/// The size class of a catch-up of `tokens` tokens: ⌊log2 tokens⌋.
+fn catch_up_bucket(tokens: usize) -> usize {
+    tokens.max(1).ilog2() as usize
 }
 
 /// The expected speedup of drafting γ with acceptance rate α and a round costing `round_cost`
@@ -333,6 +405,12 @@ pub fn plan_round(
             let Choice::Free { min, max } = candidates[i].choice else {
                 continue;
             };
+            // A drafter that must first catch up on a long prompt is worth it only if
+            // speculation could win that time back over the rest of the request: the round's
+            // share of the catch-up looks small, but it is paid in full now.
+            if candidates[i].catch_up > 0 && !probe_pays(&candidates[i], max, costs) {
+                continue;
+            }
             let before = plan[i];
             let mut best = (before, rate(&plan).unwrap_or(0.0));
             for g in std::iter::once(0).chain(min..=max) {
@@ -359,8 +437,8 @@ pub fn plan_round(
     plan
 }
 
-/// Whether a probe could pay for itself: the most speculation could save over the request's
-/// remaining tokens (every draft accepted, the best γ up to `max`, alone in a round) against
+/// Whether a probe (or a first round) could pay for itself: the most speculation could save
+/// over the request's remaining tokens (every draft accepted, the best γ up to `max`, alone in a round) against
 /// the drafter catching up on what it missed. A drafter that loses even at full acceptance is
 /// never probed.
 fn probe_pays(c: &Candidate, max: usize, costs: &CostModel) -> bool {
@@ -377,6 +455,54 @@ fn probe_pays(c: &Candidate, max: usize, costs: &CostModel) -> bool {
     costs.catch_up_seconds(c.catch_up) < could_save
 }
 
+/// What a round run with a plan is expected to yield and cost, by part, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RoundForecast {
+    pub tokens: f64,
+    pub draft: f64,
+    pub catch_up: f64,
+    pub verify: f64,
+    /// Sequences drafting, draft steps, and the target forward's width.
+    pub drafting: usize,
+    pub steps: usize,
+    pub width: usize,
+}
+
+impl RoundForecast {
+    pub fn seconds(&self) -> f64 {
+        self.draft + self.catch_up + self.verify
+    }
+}
+
+/// The forecast of a round run with `plan`, once costs are measured. A catch-up is charged
+/// only the share of it this round's expected tokens carry of what the request may still
+/// generate.
+pub fn forecast_round(
+    candidates: &[Candidate],
+    plan: &[usize],
+    base_width: usize,
+    costs: &CostModel,
+) -> Option<RoundForecast> {
+    let mut f = RoundForecast {
+        width: base_width,
+        ..RoundForecast::default()
+    };
+    for (c, &g) in candidates.iter().zip(plan) {
+        let t = expected_tokens(c.alpha, g);
+        f.tokens += t;
+        f.width += g + 1;
+        f.steps = f.steps.max(g);
+        f.drafting += usize::from(g > 0);
+        if g > 0 && c.catch_up > 0 {
+            f.catch_up +=
+                costs.catch_up_seconds(c.catch_up) * (t / c.remaining.max(1) as f64).min(1.0);
+        }
+    }
+    f.draft = costs.draft_seconds(f.steps, f.drafting)?;
+    f.verify = costs.verify_seconds(f.width)?;
+    Some(f)
+}
+
 /// Expected tokens per second of a round run with `plan`, once costs are measured.
 fn round_rate(
     candidates: &[Candidate],
@@ -384,24 +510,9 @@ fn round_rate(
     base_width: usize,
     costs: &CostModel,
 ) -> Option<f64> {
-    let mut tokens = 0.0;
-    let mut width = base_width;
-    let mut steps = 0;
-    let mut drafting = 0;
-    let mut catch_up = 0.0;
-    for (c, &g) in candidates.iter().zip(plan) {
-        let t = expected_tokens(c.alpha, g);
-        tokens += t;
-        width += g + 1;
-        steps = steps.max(g);
-        drafting += usize::from(g > 0);
-        if g > 0 && c.catch_up > 0 {
-            catch_up +=
-                costs.catch_up_seconds(c.catch_up) * (t / c.remaining.max(1) as f64).min(1.0);
-        }
-    }
-    let seconds = costs.draft_seconds(steps, drafting)? + catch_up + costs.verify_seconds(width)?;
-    (seconds > 0.0).then(|| tokens / seconds)
+    let f = forecast_round(candidates, plan, base_width, costs)?;
+    let seconds = f.seconds();
+    (seconds > 0.0).then(|| f.tokens / seconds)
 }
 
 /// The server-wide estimate of how much faster decoding runs than plain decoding would: tokens
@@ -639,6 +750,62 @@ mod tests {
         );
         let lots_left = plan_round(&[g.candidate(1, 8, 500, 2000)], 0, &c, 1.02);
         assert!(lots_left[0] > 0, "{lots_left:?}");
+    }
+
+    #[test]
+    fn a_long_catch_up_is_not_hidden_beside_a_prompt_chunk() {
+        let mut c = costs(0.5, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]);
+        // Taking in a context token costs 0.15 steps: a 900-token prompt costs 135 steps,
+        // more than speculation could save over 64 tokens even if every draft stood.
+        c.record_catch_up(15.0, 100);
+        let fresh = Governor::new(GovernorConfig::default());
+        // Beside a 200-token prompt chunk the round is long anyway, so this round's share of
+        // the catch-up looks cheap; it is paid in full all the same.
+        let far_behind = plan_round(&[fresh.candidate(1, 8, 900, 64)], 200, &c, 1.02);
+        assert_eq!(far_behind, vec![0]);
+        let close = plan_round(&[fresh.candidate(1, 8, 20, 64)], 200, &c, 1.02);
+        assert!(close[0] > 0, "{close:?}");
+    }
+
+    #[test]
+    fn live_measurements_replace_start_up_ones() {
+        let mut c = CostModel::new(2);
+        c.record_verify(1.0, 1);
+        c.record_verify(2.0, 2);
+        c.record_draft(0.5, 1, 1);
+        c.mark_provisional();
+        assert_eq!(c.verify_seconds(1), Some(1.0));
+        c.record_verify(1.3, 1);
+        c.record_draft(0.7, 1, 1);
+        assert_eq!(c.verify_seconds(1), Some(1.3));
+        assert_eq!(c.draft_seconds(1, 1), Some(0.7));
+        // Live ones then keep the minimum of the window; a width measured only at start-up
+        // drifts as its nearest live-measured neighbour did (1.0 -> 1.3).
+        c.record_verify(1.5, 1);
+        assert_eq!(c.verify_seconds(1), Some(1.3));
+        assert!((c.verify_seconds(2).unwrap() - 2.6).abs() < 1e-12);
+        c.record_verify(2.1, 2);
+        assert_eq!(c.verify_seconds(2), Some(2.1));
+    }
+
+    #[test]
+    fn catch_ups_are_priced_by_size() {
+        let mut c = CostModel::new(4);
+        assert_eq!(c.catch_up_seconds(100), 0.0);
+        c.record_catch_up(0.5, 32);
+        c.record_catch_up(2.0, 256);
+        // Each size class at its own price per token; an unmeasured one at the nearest
+        // measured class, the dearer one on a tie.
+        assert!((c.catch_up_seconds(40) - 40.0 * 0.5 / 32.0).abs() < 1e-12);
+        assert!((c.catch_up_seconds(300) - 300.0 * 2.0 / 256.0).abs() < 1e-12);
+        assert!((c.catch_up_seconds(1000) - 1000.0 * 2.0 / 256.0).abs() < 1e-12);
+        assert!((c.catch_up_seconds(3) - 3.0 * 0.5 / 32.0).abs() < 1e-12);
+        assert!((c.catch_up_seconds(100) - 100.0 * 0.5 / 32.0).abs() < 1e-12);
+        assert_eq!(c.catch_up_seconds(0), 0.0);
+        let mut tie = CostModel::new(4);
+        tie.record_catch_up(0.5, 32);
+        tie.record_catch_up(1.0, 128);
+        assert!((tie.catch_up_seconds(64) - 64.0 / 128.0).abs() < 1e-12);
     }
 
     #[test]

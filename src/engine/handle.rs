@@ -59,6 +59,8 @@ impl Default for EngineConfig {
 
 /// The widest target forward timed at start-up; wider ones are extrapolated until measured.
 const CALIBRATE_MAX_WIDTH: usize = 64;
+/// Context lengths the drafter's catch-up is timed at, at start-up.
+const CALIBRATE_CATCH_UP: [usize; 2] = [32, 256];
 
 pub struct Engine {
     scheduler: ActorRef<Scheduler>,
@@ -103,16 +105,33 @@ impl Engine {
         let drafter = match draft {
             Some(source) => {
                 let d = Drafter::spawn(Drafter::new(source, cfg.draft_threads, cfg.max_seqs)?);
-                let t = d
-                    .ask(MeasureDraftCosts)
+                // A short context prices draft steps and small catch-ups; a long one the
+                // catch-up of a real prompt.
+                let contexts: Vec<usize> = CALIBRATE_CATCH_UP
+                    .into_iter()
+                    .filter(|&n| n + cfg.max_gamma + 1 < context_len)
+                    .collect();
+                let timings = d
+                    .ask(MeasureDraftCosts { contexts })
                     .await
                     .map_err(|e| EngineError::Draft(e.to_string()))?;
-                costs.record_draft(t.step_seconds, t.steps, 1);
-                costs.record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
+                if let Some(t) = timings.first() {
+                    costs.record_draft(t.step_seconds, t.steps, 1);
+                }
+                for t in &timings {
+                    tracing::debug!(
+                        tokens = t.catch_up_tokens,
+                        catch_up_ms = t.catch_up_seconds * 1e3,
+                        step_ms = t.step_seconds * 1e3 / t.steps.max(1) as f64,
+                        "drafter calibrated"
+                    );
+                    costs.record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
+                }
                 Some(d)
             }
             None => None,
         };
+        costs.mark_provisional();
         let cache = CacheManager::spawn(CacheManager::new(
             cfg.max_seqs,
             cfg.kv_capacity_tokens.unwrap_or(cfg.max_seqs * context_len),

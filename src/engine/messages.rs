@@ -184,5 +184,9 @@ pub struct EndSequence {
     pub seq: u64,
 }
 
-/// Drafter: what drafting costs, measured at start-up: a draft step, and taking in context.
-pub struct MeasureDraftCosts;
+/// Drafter: what drafting costs, measured at start-up: a draft step after, and taking in, a
+/// context of each length (catch-ups cost more per token the deeper they go). Replies one
+/// timing per length.
+pub struct MeasureDraftCosts {
+    pub contexts: Vec<usize>,
+}

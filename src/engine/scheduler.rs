@@ -21,7 +21,8 @@ use super::cache_manager::CacheManager;
 use super::drafter::Drafter;
 use super::emitter::Emitter;
 use super::governor::{
-    plan_round, Candidate, Choice, CostModel, Governor, GovernorConfig, SpeedupEstimate,
+    forecast_round, plan_round, Candidate, Choice, CostModel, Governor, GovernorConfig,
+    RoundForecast, SpeedupEstimate,
 };
 use super::messages::*;
 use super::plain::{check_request, FinishReason};
@@ -29,7 +30,7 @@ use super::settings::{LiveSettings, SpeculationSettings};
 use super::speculative::SpecStats;
 use super::verifier::Verifier;
 use super::EngineError;
-use crate::draft::Proposal;
+use crate::draft::{DraftTiming, Proposal};
 use crate::sampling::SeededRng;
 use crate::telemetry;
 
@@ -323,19 +324,26 @@ impl Scheduler {
     }
 
     /// γ for each sequence in `which` (indices into `active`) for one round, with `base_width`
-    /// other tokens in the same target forward.
-    fn plan(&self, which: &[usize], base_width: usize, live: &SpeculationSettings) -> Vec<usize> {
+    /// other tokens in the same target forward, and what the plan is expected to cost.
+    fn plan(
+        &self,
+        which: &[usize],
+        base_width: usize,
+        live: &SpeculationSettings,
+    ) -> (Vec<usize>, Option<RoundForecast>) {
         let has_drafter = self.drafter.is_some();
         let candidates: Vec<Candidate> = which
             .iter()
             .map(|&i| self.active[i].candidate(has_drafter, self.cfg.context_len, live))
             .collect();
-        plan_round(
+        let plan = plan_round(
             &candidates,
             base_width,
             &self.costs,
             self.cfg.governor.min_gain,
-        )
+        );
+        let forecast = forecast_round(&candidates, &plan, base_width, &self.costs);
+        (plan, forecast)
     }
 
     /// One round: prefill chunks, drafting and one batched target forward.
@@ -374,21 +382,24 @@ impl Scheduler {
             .sum::<usize>()
             .min(self.cfg.prefill_chunk.max(1));
         let mut to_draft_now = Vec::new();
-        for (&i, gamma) in now.iter().zip(self.plan(&now, prefill_width, &live)) {
+        let (plan_now, forecast) = self.plan(&now, prefill_width, &live);
+        for (&i, gamma) in now.iter().zip(plan_now) {
             if gamma > 0 {
                 to_draft_now.push(self.draft_item(&self.active[i], gamma));
             }
         }
         let mut to_draft_ahead = Vec::new();
-        for (&i, gamma) in ahead.iter().zip(self.plan(&ahead, 0, &live)) {
+        for (&i, gamma) in ahead.iter().zip(self.plan(&ahead, 0, &live).0) {
             if gamma > 0 {
                 to_draft_ahead.push(self.draft_item(&self.active[i], gamma));
             }
         }
         let round_start = Instant::now();
         let mut draft_secs = 0.0;
+        let mut draft_timing = DraftTiming::default();
         if !to_draft_now.is_empty() {
             let drafts = self.draft(to_draft_now).await?;
+            draft_timing = drafts.timing;
             draft_secs = self.take_drafts(drafts);
         }
 
@@ -465,8 +476,27 @@ impl Scheduler {
         self.any_busy += wall;
         self.both_busy += (result.seconds + ahead_secs - wall).clamp(0.0, wall);
         draft_secs += ahead_secs;
+        let round_secs = round_start.elapsed().as_secs_f64();
+        if let (Some(f), false) = (forecast, pipelined) {
+            // Forecast against measurement, part by part: what the governor's plans rest on.
+            tracing::debug!(
+                width = f.width,
+                drafting = f.drafting,
+                steps = f.steps,
+                expected_tokens = f.tokens,
+                forecast_draft_ms = f.draft * 1e3,
+                draft_ms = draft_timing.step_seconds * 1e3,
+                forecast_catch_up_ms = f.catch_up * 1e3,
+                catch_up_ms = draft_timing.catch_up_seconds * 1e3,
+                catch_up_tokens = draft_timing.catch_up_tokens,
+                forecast_verify_ms = f.verify * 1e3,
+                verify_ms = result.seconds * 1e3,
+                round_ms = round_secs * 1e3,
+                "round"
+            );
+        }
         telemetry::record_step(
-            round_start.elapsed().as_secs_f64(),
+            round_secs,
             result.seconds,
             (draft_secs > 0.0).then_some(draft_secs),
         );
