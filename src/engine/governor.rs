@@ -438,9 +438,9 @@ pub fn plan_round(
 }
 
 /// Whether a probe (or a first round) could pay for itself: the most speculation could save
-/// over the request's remaining tokens (every draft accepted, the best γ up to `max`, alone in a round) against
-/// the drafter catching up on what it missed. A drafter that loses even at full acceptance is
-/// never probed.
+/// over the request's remaining tokens (every draft accepted, the best γ up to `max`, alone in
+/// a round) against the drafter catching up on what it missed. A drafter that loses even at
+/// full acceptance is never probed.
 fn probe_pays(c: &Candidate, max: usize, costs: &CostModel) -> bool {
     let Some(plain) = costs.verify_seconds(1) else {
         return true;
