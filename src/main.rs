@@ -126,7 +126,8 @@ struct BenchArgs {
     /// The draft model of `draft` modes: `default` or a model path.
     #[arg(long, default_value = "default")]
     draft_model: String,
-    #[arg(long, default_value = "q8_0")]
+    /// Weight type of the draft model (`as-is` keeps a GGUF's own quantization).
+    #[arg(long, default_value = "as-is")]
     draft_weights_dtype: String,
     /// Largest γ any mode may use.
     #[arg(long, default_value_t = 8)]
@@ -163,7 +164,7 @@ struct ModelArgs {
     /// `default`, a .gguf file, or a Hugging Face model folder.
     #[arg(long, env = "TANDEM_MODEL")]
     model: Option<String>,
-    /// Linear weight type after loading: as-is, f32, f16, bf16, q8_0, q4_0, q4k.
+    /// Linear weight type after loading: as-is, f32, f16, bf16, q8_0, q4_0, q4_1, q4k.
     #[arg(long, env = "TANDEM_WEIGHTS_DTYPE")]
     weights_dtype: Option<String>,
     /// Compute threads (0 = all cores).
@@ -221,7 +222,7 @@ struct GenerateArgs {
     #[arg(long, env = "TANDEM_DRAFT_MODEL", default_value = "none")]
     draft_model: String,
     /// Linear weight type of a draft model (the same file at another type is a self-drafter).
-    #[arg(long, env = "TANDEM_DRAFT_WEIGHTS_DTYPE", default_value = "q8_0")]
+    #[arg(long, env = "TANDEM_DRAFT_WEIGHTS_DTYPE", default_value = "as-is")]
     draft_weights_dtype: String,
     /// Drafted tokens per round (γ); `--spec-length` is the seeds' name for it.
     #[arg(long, alias = "spec-length", default_value_t = 4)]

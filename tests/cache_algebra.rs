@@ -161,6 +161,7 @@ fn tiny_model_every_weight_type() {
         WeightsDtype::BF16,
         WeightsDtype::Q8_0,
         WeightsDtype::Q4_0,
+        WeightsDtype::Q4_1,
         WeightsDtype::Q4K,
     ] {
         let loaded = common::load_tiny(dir.path(), dtype);
@@ -169,8 +170,8 @@ fn tiny_model_every_weight_type() {
 }
 
 #[test]
-fn real_model_q8_0_and_f16() {
-    for dtype in [WeightsDtype::Q8_0, WeightsDtype::F16] {
+fn real_model_q8_0_f16_and_its_own_q4_1() {
+    for dtype in [WeightsDtype::Q8_0, WeightsDtype::F16, WeightsDtype::AsIs] {
         let loaded = common::load_default(dtype);
         check_all(&loaded, 49152);
     }

@@ -1,10 +1,10 @@
 //! Linear layers and the weight types they can be converted to at load time.
 //!
-//! Q8_0 and f16 weights run on our own batch-invariant AVX2 kernels (`q8_gemm`, `f16_gemm`)
-//! where the CPU has them. Every other type is held as a candle `QTensor` (f32/bf16 included)
-//! and multiplied with candle's CPU quantized matmul: that kernel quantizes each activation row
-//! on its own and computes each (row, column) dot product with the same code whatever the row
-//! count. Either way a token's output does not depend on how many tokens share the pass (batch
+//! Q8_0, Q4_0 and f16 weights run on our own batch-invariant AVX2 kernels (`q8_gemm`,
+//! `q4_gemm`, `f16_gemm`) where the CPU has them. Every other type is held as a candle `QTensor`
+//! (f32/bf16 included) and multiplied with candle's CPU quantized matmul: that kernel quantizes
+//! each activation row on its own and computes each (row, column) dot product with the same code
+//! whatever the row count. Either way a token's output does not depend on how many tokens share the pass (batch
 //! invariance). Dense weights are deliberately *not* turned into gemm matmuls, whose blocking
 //! changes with shape.
 
@@ -16,6 +16,7 @@ use candle_core::{Device, Module, Tensor};
 
 use super::f16_gemm::{self, PackedF16};
 use super::packed_gemm::{PackedLinear, PackedWeight};
+use super::q4_gemm::{self, PackedQ4, Q4Format};
 use super::q8_gemm::{self, PackedQ8};
 use super::{ModelError, Result};
 
@@ -30,13 +31,15 @@ pub enum WeightsDtype {
     BF16,
     Q8_0,
     Q4_0,
+    /// Q4_1 (the default model's own type: loaded as it is, no weight is re-rounded).
+    Q4_1,
     /// Q4_K; rows whose length is not a multiple of 256 fall back to Q4_0.
     Q4K,
 }
 
 impl WeightsDtype {
     pub const NAMES: &'static [&'static str] =
-        &["as-is", "f32", "f16", "bf16", "q8_0", "q4_0", "q4k"];
+        &["as-is", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4k"];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -46,6 +49,7 @@ impl WeightsDtype {
             Self::BF16 => "bf16",
             Self::Q8_0 => "q8_0",
             Self::Q4_0 => "q4_0",
+            Self::Q4_1 => "q4_1",
             Self::Q4K => "q4k",
         }
     }
@@ -59,6 +63,7 @@ impl WeightsDtype {
             Self::BF16 => GgmlDType::BF16,
             Self::Q8_0 => GgmlDType::Q8_0,
             Self::Q4_0 => GgmlDType::Q4_0,
+            Self::Q4_1 => GgmlDType::Q4_1,
             Self::Q4K => GgmlDType::Q4K,
         };
         if k.is_multiple_of(want.block_size()) {
@@ -87,6 +92,7 @@ impl FromStr for WeightsDtype {
             "bf16" => Self::BF16,
             "q8_0" | "q8" => Self::Q8_0,
             "q4_0" => Self::Q4_0,
+            "q4_1" => Self::Q4_1,
             "q4k" | "q4_k" => Self::Q4K,
             other => {
                 return Err(format!(
@@ -144,7 +150,7 @@ impl RawWeight {
 enum Kernel {
     /// candle's quantized matmul (any ggml type).
     Candle(QMatMul),
-    /// One of our batch-invariant AVX2 kernels (`q8_gemm`, `f16_gemm`).
+    /// One of our batch-invariant AVX2 kernels (`q8_gemm`, `q4_gemm`, `f16_gemm`).
     Packed(PackedLinear),
 }
 
@@ -215,6 +221,15 @@ impl Linear {
         let packed: Option<Arc<dyn PackedWeight>> = match target {
             GgmlDType::Q8_0 if q8_gemm::available() => {
                 PackedQ8::from_q8_0_bytes(&qtensor.data()?, out_features, in_features)
+                    .map(|p| Arc::new(p) as _)
+            }
+            GgmlDType::Q4_0 | GgmlDType::Q4_1 if q4_gemm::available() => {
+                let format = if target == GgmlDType::Q4_0 {
+                    Q4Format::Q4_0
+                } else {
+                    Q4Format::Q4_1
+                };
+                PackedQ4::from_gguf_bytes(format, &qtensor.data()?, out_features, in_features)
                     .map(|p| Arc::new(p) as _)
             }
             GgmlDType::F16 if f16_gemm::available() => {

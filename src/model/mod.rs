@@ -12,6 +12,7 @@ pub mod llama;
 pub mod loader;
 pub mod packed_gemm;
 pub mod parallel;
+pub mod q4_gemm;
 pub mod q8_gemm;
 pub mod rope;
 pub mod tokenizer;

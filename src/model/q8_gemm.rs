@@ -113,13 +113,14 @@ impl PackedWeight for PackedQ8 {
     }
 }
 
-/// Activation rows quantized to 8 bits per 32-value block, as ggml's Q8_0 does it.
-struct QuantRows {
-    qs: Vec<i8>,
-    scales: Vec<f32>,
+/// Activation rows quantized to 8 bits per 32-value block, as ggml's Q8_0 does it (shared with
+/// `q4_gemm`, whose weights multiply the same 8-bit activations).
+pub(super) struct QuantRows {
+    pub(super) qs: Vec<i8>,
+    pub(super) scales: Vec<f32>,
 }
 
-fn quantize_rows(x: &[f32]) -> QuantRows {
+pub(super) fn quantize_rows(x: &[f32]) -> QuantRows {
     let mut out = QuantRows {
         qs: vec![0; x.len()],
         scales: vec![0.0; x.len() / QK],
@@ -238,7 +239,7 @@ tile_kernel!(tile_kernel_vnni, "avx2,fma,avxvnni", |acc, wabs, signed| {
 
 /// Whether this CPU has AVX-VNNI (and `TANDEM_DISABLE_VNNI` is not set): one instruction for
 /// what takes three on plain AVX2.
-fn has_vnni() -> bool {
+pub(super) fn has_vnni() -> bool {
     static VNNI: OnceLock<bool> = OnceLock::new();
     *VNNI.get_or_init(|| {
         packed_gemm::enabled("TANDEM_DISABLE_VNNI", || {
