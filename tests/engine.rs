@@ -379,8 +379,11 @@ fn governor_decodes_plainly_with_a_bad_drafter_and_speculates_with_a_good_one() 
         })
         .unwrap();
     let spec = &good.usage.speculative;
+    // How long its rounds get depends on timings of tens of microseconds (the governor weighs
+    // each γ's verification cost), which other processes skew: 2.8 to 5 tokens a round were
+    // seen. Plain decoding is 1 token a round; 2 means it clearly chose to speculate.
     assert!(
-        spec.acceptance_rate() > 0.9 && spec.mean_accepted_length() > 3.0,
+        spec.acceptance_rate() > 0.9 && spec.mean_accepted_length() > 2.0,
         "speculation with a drafter that is always right: {spec:?} {:?}",
         &good.tokens[..10]
     );
