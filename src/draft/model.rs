@@ -44,7 +44,13 @@ pub struct DraftJob<'a> {
 pub struct DraftTiming {
     /// Forwards of the draft steps (one per step, all sequences together).
     pub steps: usize,
+    /// All the steps together.
     pub step_seconds: f64,
+    /// The first step alone (0 = not timed apart: steps cost alike). After a round whose
+    /// drafts all stood it also takes in the last draft and the target's bonus token, so it
+    /// costs ~1.3x a later step, and pricing every step at the average made long drafts look
+    /// dearer than they are to a request drafting 1 token a round.
+    pub first_step_seconds: f64,
     /// Context tokens the cache had to take in before drafting (a prompt, or output decoded
     /// while speculation was off), beyond the one or two every round feeds.
     pub catch_up_tokens: usize,
@@ -233,6 +239,9 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             let logits = self.model.forward(&mut self.cache, &inputs);
             drop(inputs);
             timing.steps += 1;
+            if j == 0 {
+                timing.first_step_seconds = start.elapsed().as_secs_f64();
+            }
             let logits = match logits {
                 Ok(l) => l,
                 Err(e) => {

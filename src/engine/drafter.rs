@@ -237,6 +237,7 @@ fn measure_draft_costs(
         let min = |a: f64, b: f64| if a == 0.0 { b } else { a.min(b) };
         best.steps = t.steps;
         best.step_seconds = min(best.step_seconds, t.step_seconds);
+        best.first_step_seconds = min(best.first_step_seconds, t.first_step_seconds);
         if t.catch_up_tokens > 0 {
             best.catch_up_tokens = t.catch_up_tokens;
             best.catch_up_seconds = min(best.catch_up_seconds, t.catch_up_seconds);

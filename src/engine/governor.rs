@@ -12,7 +12,11 @@
 /// passed in each round instead.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GovernorConfig {
-    /// Weight of the past in the acceptance average, per round (0.9 ≈ the last ~10 rounds).
+    /// Weight of the past in the acceptance average, per drafted token (0.97 ≈ the last ~30
+    /// drafts). Per token, not per round: decayed per round, a request drafting 1 token a round
+    /// kept ~10 observations, so with the one-each-way prior its estimate could not pass
+    /// 11/12 even at 100% acceptance, which made longer drafts look unprofitable and held
+    /// it at γ = 1 (measured: 2.00 tokens a round at 100% acceptance, where γ = 3 won 1.09x).
     pub decay: f64,
     /// While decoding plainly, draft one probing round after this many steps; each probe that
     /// does not bring speculation back doubles the wait (up to 16 times this).
@@ -24,7 +28,7 @@ pub struct GovernorConfig {
 impl Default for GovernorConfig {
     fn default() -> Self {
         Self {
-            decay: 0.9,
+            decay: 0.97,
             probe_every: 16,
             min_gain: 1.02,
         }
@@ -70,7 +74,9 @@ impl CostEstimate {
 /// forwards by width (new tokens of every sequence in the forward together).
 #[derive(Clone, Debug)]
 pub struct CostModel {
-    /// `draft_step[n - 1]`: one draft step of `n` sequences together.
+    /// `draft_first[n - 1]`: the first draft step of a round of `n` sequences together.
+    draft_first: Vec<CostEstimate>,
+    /// `draft_step[n - 1]`: each later draft step of `n` sequences together.
     draft_step: Vec<CostEstimate>,
     /// `catch_up_token[b]`: seconds per token of catch-ups of `2^b..2^(b+1)` tokens. One price
     /// for all sizes was off by 4x: a drafter taking in a 900-token prompt pays attention over
@@ -86,6 +92,7 @@ impl CostModel {
     /// A model for target forwards of up to `max_width` tokens (wider ones are extrapolated).
     pub fn new(max_width: usize) -> Self {
         Self {
+            draft_first: Vec::new(),
             draft_step: Vec::new(),
             catch_up_token: Vec::new(),
             verify: vec![CostEstimate::default(); max_width.max(1)],
@@ -100,8 +107,9 @@ impl CostModel {
     pub fn mark_provisional(&mut self) {
         self.verify_start_up = self.verify.iter().map(CostEstimate::get).collect();
         for c in self
-            .draft_step
+            .draft_first
             .iter_mut()
+            .chain(&mut self.draft_step)
             .chain(&mut self.catch_up_token)
             .chain(&mut self.verify)
         {
@@ -109,13 +117,25 @@ impl CostModel {
         }
     }
 
-    /// Time spent on `steps` draft steps of `seqs` sequences together.
-    pub fn record_draft(&mut self, seconds: f64, steps: usize, seqs: usize) {
-        if steps > 0 && seqs > 0 {
-            if self.draft_step.len() < seqs {
-                self.draft_step.resize(seqs, CostEstimate::default());
-            }
-            self.draft_step[seqs - 1].record(seconds / steps as f64);
+    /// Time spent on `steps` draft steps of `seqs` sequences together, `first` of it on the
+    /// first step (0 = not timed apart).
+    pub fn record_draft(&mut self, seconds: f64, first: f64, steps: usize, seqs: usize) {
+        if steps == 0 || seqs == 0 {
+            return;
+        }
+        if self.draft_step.len() < seqs {
+            self.draft_step.resize(seqs, CostEstimate::default());
+            self.draft_first.resize(seqs, CostEstimate::default());
+        }
+        if first <= 0.0 || first > seconds {
+            let each = seconds / steps as f64;
+            self.draft_first[seqs - 1].record(each);
+            self.draft_step[seqs - 1].record(each);
+            return;
+        }
+        self.draft_first[seqs - 1].record(first);
+        if steps > 1 {
+            self.draft_step[seqs - 1].record((seconds - first) / (steps - 1) as f64);
         }
     }
 
@@ -138,25 +158,22 @@ impl CostModel {
     }
 
     /// Seconds of `steps` draft steps of `seqs` sequences together, once any step is measured:
-    /// a batch size not measured yet is interpolated between its nearest measured neighbours,
-    /// or priced as the nearest one (the first round at that size then measures it).
+    /// the first step at its own price, the rest at the later steps' (each standing in for the
+    /// other until measured). A batch size not measured yet is interpolated between its nearest
+    /// measured neighbours, or priced as the nearest one (the first round at that size then
+    /// measures it).
     pub fn draft_seconds(&self, steps: usize, seqs: usize) -> Option<f64> {
         if steps == 0 || seqs == 0 {
             return Some(0.0);
         }
-        let measured = |n: usize| self.draft_step.get(n - 1).and_then(CostEstimate::get);
-        let below = (1..=seqs.min(self.draft_step.len()))
-            .rev()
-            .find_map(|n| measured(n).map(|c| (n, c)));
-        let above = (seqs + 1..=self.draft_step.len()).find_map(|n| measured(n).map(|c| (n, c)));
-        let step = match (below, above) {
-            (Some((nb, cb)), Some((na, ca))) if nb < seqs => {
-                cb + (seqs - nb) as f64 / (na - nb) as f64 * (ca - cb)
-            }
-            (Some((_, c)), _) | (None, Some((_, c))) => c,
+        let first = by_batch_size(&self.draft_first, seqs);
+        let later = by_batch_size(&self.draft_step, seqs);
+        let (first, later) = match (first, later) {
+            (Some(f), Some(l)) => (f, l),
+            (Some(c), None) | (None, Some(c)) => (c, c),
             (None, None) => return None,
         };
-        Some(step * steps as f64)
+        Some(first + later * (steps - 1) as f64)
     }
 
     /// Seconds for the drafter to take in `tokens` unseen context tokens (nothing until
@@ -233,6 +250,23 @@ impl CostModel {
     }
 }
 
+/// A per-batch-size price for `seqs` sequences: measured, interpolated between the nearest
+/// measured sizes, or the nearest one's.
+fn by_batch_size(prices: &[CostEstimate], seqs: usize) -> Option<f64> {
+    let measured = |n: usize| prices.get(n - 1).and_then(CostEstimate::get);
+    let below = (1..=seqs.min(prices.len()))
+        .rev()
+        .find_map(|n| measured(n).map(|c| (n, c)));
+    let above = (seqs + 1..=prices.len()).find_map(|n| measured(n).map(|c| (n, c)));
+    match (below, above) {
+        (Some((nb, cb)), Some((na, ca))) if nb < seqs => {
+            Some(cb + (seqs - nb) as f64 / (na - nb) as f64 * (ca - cb))
+        }
+        (Some((_, c)), _) | (None, Some((_, c))) => Some(c),
+        (None, None) => None,
+    }
+}
+
 /// The size class of a catch-up of `tokens` tokens: ⌊log2 tokens⌋.
 fn catch_up_bucket(tokens: usize) -> usize {
     tokens.max(1).ilog2() as usize
@@ -304,7 +338,7 @@ impl Governor {
         }
         self.probed = self.plain_steps > 0 && self.plain_steps + 1 >= self.probe_wait;
         self.plain_steps = 0;
-        let d = self.cfg.decay;
+        let d = self.cfg.decay.powi(drafted as i32);
         self.accepted = d * self.accepted + accepted as f64;
         self.rejected = d * self.rejected + f64::from(u8::from(accepted < drafted));
     }
@@ -555,7 +589,7 @@ mod tests {
 
     fn costs(draft: f64, verify: &[f64]) -> CostModel {
         let mut c = CostModel::new(verify.len());
-        c.record_draft(draft * 3.0, 3, 1);
+        c.record_draft(draft * 3.0, 0.0, 3, 1);
         for (i, &v) in verify.iter().enumerate() {
             c.record_verify(v, i + 1);
         }
@@ -589,6 +623,37 @@ mod tests {
         }
         assert_eq!(solo(&bad, &c), 0, "α ≈ {}", bad.alpha());
         assert!(solo(&good, &c) >= 4, "α ≈ {}", good.alpha());
+    }
+
+    #[test]
+    fn a_short_gamma_that_always_agrees_does_not_hold_speculation_back() {
+        // Run N's costs (f16 target, as-is drafter, in target steps): a draft step 0.65, a
+        // 2-5 token verification 1.27-1.75. At γ = 1 every draft stood for 50 rounds: γ = 1
+        // barely beats plain (2 tokens for 1.92 steps), γ = 3 or 4 wins ~1.1x. Decayed per
+        // round, α stayed at 11/12 and the plan never left γ = 1.
+        let c = costs(0.65, &[1.0, 1.27, 1.45, 1.59, 1.75]);
+        let mut g = Governor::new(GovernorConfig::default());
+        for _ in 0..50 {
+            g.record_round(1, 1);
+        }
+        assert!(g.alpha() > 0.96, "α ≈ {}", g.alpha());
+        assert!(solo(&g, &c) >= 3, "γ = {}, α ≈ {}", solo(&g, &c), g.alpha());
+    }
+
+    #[test]
+    fn a_rounds_first_draft_step_is_priced_apart_from_the_rest() {
+        let mut c = CostModel::new(5);
+        // A γ = 3 round: its first step took in two tokens (8 ms), the later ones one (5 ms).
+        c.record_draft(0.018, 0.008, 3, 1);
+        assert!((c.draft_seconds(1, 1).unwrap() - 0.008).abs() < 1e-12);
+        assert!((c.draft_seconds(4, 1).unwrap() - 0.023).abs() < 1e-12);
+        // γ = 1 rounds measure only first steps; the later-step price stands.
+        c.record_draft(0.009, 0.009, 1, 1);
+        assert!((c.draft_seconds(3, 1).unwrap() - 0.018).abs() < 1e-12);
+        // Untimed first steps count as average ones.
+        let mut u = CostModel::new(5);
+        u.record_draft(0.012, 0.0, 3, 1);
+        assert!((u.draft_seconds(2, 1).unwrap() - 0.008).abs() < 1e-12);
     }
 
     #[test]
@@ -679,7 +744,7 @@ mod tests {
     #[test]
     fn verify_costs_are_interpolated_between_measured_widths() {
         let mut c = CostModel::new(9);
-        c.record_draft(0.0, 1, 1);
+        c.record_draft(0.0, 0.0, 1, 1);
         c.record_verify(1.0, 1);
         c.record_verify(2.0, 3);
         // Width 2 halfway between widths 1 and 3; width 6 extrapolated per token, and so is a
@@ -693,8 +758,8 @@ mod tests {
     #[test]
     fn draft_steps_are_priced_by_how_many_sequences_draft() {
         let mut c = CostModel::new(8);
-        c.record_draft(3.0, 3, 1);
-        c.record_draft(6.0, 2, 4);
+        c.record_draft(3.0, 0.0, 3, 1);
+        c.record_draft(6.0, 0.0, 2, 4);
         assert_eq!(c.draft_seconds(2, 1), Some(2.0));
         assert_eq!(c.draft_seconds(1, 4), Some(3.0));
         // Between measured sizes: interpolated; past the largest: the largest's price.
@@ -772,11 +837,11 @@ mod tests {
         let mut c = CostModel::new(2);
         c.record_verify(1.0, 1);
         c.record_verify(2.0, 2);
-        c.record_draft(0.5, 1, 1);
+        c.record_draft(0.5, 0.0, 1, 1);
         c.mark_provisional();
         assert_eq!(c.verify_seconds(1), Some(1.0));
         c.record_verify(1.3, 1);
-        c.record_draft(0.7, 1, 1);
+        c.record_draft(0.7, 0.0, 1, 1);
         assert_eq!(c.verify_seconds(1), Some(1.3));
         assert_eq!(c.draft_seconds(1, 1), Some(0.7));
         // Live ones then keep the minimum of the window; a width measured only at start-up
@@ -825,7 +890,7 @@ mod tests {
         let mut c = CostModel::new(4);
         c.record_verify(0.010, 1);
         c.record_verify(0.015, 4);
-        c.record_draft(0.002, 1, 1);
+        c.record_draft(0.002, 0.0, 1, 1);
         let mut e = SpeedupEstimate::default();
         assert_eq!(e.get(), None);
         e.record(0, 0, &c);

@@ -116,7 +116,7 @@ impl Engine {
                     .await
                     .map_err(|e| EngineError::Draft(e.to_string()))?;
                 if let Some(t) = timings.first() {
-                    costs.record_draft(t.step_seconds, t.steps, 1);
+                    costs.record_draft(t.step_seconds, t.first_step_seconds, t.steps, 1);
                 }
                 for t in &timings {
                     tracing::debug!(

@@ -307,8 +307,12 @@ impl Scheduler {
     /// seconds drafting took.
     fn take_drafts(&mut self, drafts: DraftBatchResult) -> f64 {
         let t = drafts.timing;
-        self.costs
-            .record_draft(t.step_seconds, t.steps, drafts.outcomes.len());
+        self.costs.record_draft(
+            t.step_seconds,
+            t.first_step_seconds,
+            t.steps,
+            drafts.outcomes.len(),
+        );
         self.costs
             .record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
         for o in drafts.outcomes {
