@@ -96,19 +96,32 @@ impl PackedWeight for PackedF16 {
     }
 
     fn matmul(&self, x: &[f32], m: usize, dst: &mut [f32]) {
+        self.matmul_on(x, m, dst, m >= 3 && wide_available());
+    }
+}
+
+impl PackedF16 {
+    /// [`PackedWeight::matmul`], on the AVX-512 kernel if `wide` (same bits either way).
+    fn matmul_on(&self, x: &[f32], m: usize, dst: &mut [f32], wide: bool) {
         assert!(available(), "f16_gemm needs AVX2, FMA and F16C");
+        assert!(
+            !wide || wide_available(),
+            "the wide f16 kernel needs AVX-512F"
+        );
         assert_eq!(x.len(), m * self.k);
         assert_eq!(dst.len(), m * self.n);
         let dst_ptr = dst.as_mut_ptr() as usize;
         // Up to 8 rows (a verification pass) read each weight once: 1-2 rows x 4 tiles, 3-4 rows
         // x 2 tiles, 5-8 rows x 1 tile, so a unit has 4-8 independent FMA chains in registers.
         // More rows (prefill): 4 rows x 2 tiles, row chunks varying fastest so a unit's weights
-        // stay in cache across chunks.
-        let (rows_per_unit, tiles_per_unit) = match m {
-            0..=2 => (m, 4),
-            3..=4 => (m, 2),
-            5..=8 => (m, 1),
-            _ => (4, 2),
+        // stay in cache across chunks. The wide kernel holds 2 tiles a register and has 32 of
+        // them: up to 8 rows x 4 tiles.
+        let (rows_per_unit, tiles_per_unit) = match (wide, m) {
+            (true, _) => (m.min(8), 4),
+            (false, 0..=2) => (m, 4),
+            (false, 3..=4) => (m, 2),
+            (false, 5..=8) => (m, 1),
+            (false, _) => (4, 2),
         };
         let row_chunks = m.div_ceil(rows_per_unit.max(1));
         let units = (self.tiles / tiles_per_unit) * row_chunks;
@@ -117,11 +130,26 @@ impl PackedWeight for PackedF16 {
             let r0 = rc * rows_per_unit;
             let rows = (m - r0).min(rows_per_unit);
             let t0 = g * tiles_per_unit;
-            // SAFETY: `available()` checked the CPU features; each unit writes only its own
-            // (rows, tiles) block of `dst`, inside the bounds asserted above.
+            // SAFETY: `available()` (and for the wide kernel `wide_available()`) checked the
+            // CPU features; each unit writes only its own (rows, tiles) block of `dst`, inside
+            // the bounds asserted above.
             #[cfg(target_arch = "x86_64")]
             unsafe {
                 let dst = dst_ptr as *mut f32;
+                if wide {
+                    match rows {
+                        1 => wide_block::<1>(self, x, t0, r0, dst),
+                        2 => wide_block::<2>(self, x, t0, r0, dst),
+                        3 => wide_block::<3>(self, x, t0, r0, dst),
+                        4 => wide_block::<4>(self, x, t0, r0, dst),
+                        5 => wide_block::<5>(self, x, t0, r0, dst),
+                        6 => wide_block::<6>(self, x, t0, r0, dst),
+                        7 => wide_block::<7>(self, x, t0, r0, dst),
+                        8 => wide_block::<8>(self, x, t0, r0, dst),
+                        other => unreachable!("no wide f16 block for {other} rows"),
+                    }
+                    return;
+                }
                 match (rows, tiles_per_unit) {
                     (1, 4) => block::<1, 4>(self, x, t0, r0, dst),
                     (2, 4) => block::<2, 4>(self, x, t0, r0, dst),
@@ -139,6 +167,84 @@ impl PackedWeight for PackedF16 {
             #[cfg(not(target_arch = "x86_64"))]
             let _ = (t0, r0, rows, dst_ptr);
         });
+    }
+}
+
+/// Whether the AVX-512 kernel can run (and `TANDEM_DISABLE_AVX512` is not set). It computes
+/// every output with the same fused multiply-add chain as the AVX2 kernel, 16 columns a
+/// register instead of 8: a 4-8-token verification is bound by arithmetic, not by streaming
+/// the weights (an 8-token f16 forward ran at ~60% of AVX2's peak).
+pub fn wide_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        available()
+            && packed_gemm::enabled("TANDEM_DISABLE_AVX512", || {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    is_x86_feature_detected!("avx512f")
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                {
+                    false
+                }
+            })
+    })
+}
+
+/// `R` rows times 4 tiles starting at tile `t0`, row `r0`, two tiles a 512-bit register.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn wide_block<const R: usize>(
+    w: &PackedF16,
+    x: &[f32],
+    t0: usize,
+    r0: usize,
+    dst: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    const T: usize = 4;
+    let k = w.k;
+    let mut acc = [[_mm512_setzero_ps(); T / 2]; R];
+    let wbase = w.data.as_ptr().add(t0 * k * TILE_N);
+    let xbase = x.as_ptr().add(r0 * k);
+    for kk in 0..k {
+        if kk % 4 == 0 {
+            for j in 0..T {
+                let p = wbase.add((j * k + kk) * TILE_N) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES));
+            }
+        }
+        let mut wv = [_mm512_setzero_ps(); T / 2];
+        for (pair, v) in wv.iter_mut().enumerate() {
+            let lo = wbase.add((2 * pair * k + kk) * TILE_N) as *const __m128i;
+            let hi = wbase.add(((2 * pair + 1) * k + kk) * TILE_N) as *const __m128i;
+            let both = _mm256_inserti128_si256::<1>(
+                _mm256_castsi128_si256(_mm_loadu_si128(lo)),
+                _mm_loadu_si128(hi),
+            );
+            *v = _mm512_cvtph_ps(both);
+        }
+        for (r, row_acc) in acc.iter_mut().enumerate() {
+            let xb = _mm512_set1_ps(*xbase.add(r * k + kk));
+            for (a, v) in row_acc.iter_mut().zip(&wv) {
+                *a = _mm512_fmadd_ps(*v, xb, *a);
+            }
+        }
+    }
+    for (r, row_acc) in acc.iter().enumerate() {
+        for (pair, a) in row_acc.iter().enumerate() {
+            let mut out = [0f32; 2 * TILE_N];
+            _mm512_storeu_ps(out.as_mut_ptr(), *a);
+            for half in 0..2 {
+                let col0 = (t0 + 2 * pair + half) * TILE_N;
+                if col0 >= w.n {
+                    break;
+                }
+                let cols = (w.n - col0).min(TILE_N);
+                let row = dst.add((r0 + r) * w.n + col0);
+                std::ptr::copy_nonoverlapping(out.as_ptr().add(half * TILE_N), row, cols);
+            }
+        }
     }
 }
 
@@ -233,6 +339,28 @@ mod tests {
             let mut one = vec![0f32; n];
             packed.matmul(&x[r * k..(r + 1) * k], 1, &mut one);
             assert!(one[..] == all[r * n..(r + 1) * n], "row {r} differs alone");
+        }
+    }
+
+    #[test]
+    fn wide_kernel_gives_the_avx2_kernels_bits() {
+        if !wide_available() {
+            // Only AVX-512 machines run the wide kernel; the AVX2 one is tested above.
+            eprintln!("no AVX-512 here: the wide kernel is not used on this machine");
+            return;
+        }
+        // n = 44: a partial tile and padding; k = 1536 like the MLP's down projection.
+        let (n, k) = (44usize, 1536usize);
+        let w = random(3, n * k);
+        let packed = PackedF16::from_f32(&w, n, k).unwrap();
+        for m in [1, 3, 4, 5, 8, 9, 19] {
+            let x = random(4 + m as u64, m * k);
+            let mut narrow = vec![0f32; m * n];
+            let mut wide = vec![0f32; m * n];
+            packed.matmul_on(&x, m, &mut narrow, false);
+            packed.matmul_on(&x, m, &mut wide, true);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&narrow), bits(&wide), "{m} rows");
         }
     }
 
