@@ -21,9 +21,13 @@ use super::cache_manager::CacheManager;
 use super::drafter::Drafter;
 use super::emitter::Emitter;
 use super::governor::{
-    forecast_round, plan_round, Candidate, Choice, CostModel, Governor, GovernorConfig,
-    RoundForecast, SpeedupEstimate,
+    forecast_round, plan_round, AcceptanceRate, Candidate, Choice, CostModel, Governor,
+    GovernorConfig, RoundForecast, SpeedupEstimate,
 };
+
+/// Weight of the past in the server-wide acceptance rate, per drafted token (≈ the last few
+/// hundred drafts of any request).
+const POOLED_ACCEPTANCE_DECAY: f64 = 0.995;
 use super::messages::*;
 use super::plain::{check_request, FinishReason};
 use super::settings::{LiveSettings, SpeculationSettings};
@@ -140,6 +144,8 @@ pub struct Scheduler {
     step_scheduled: bool,
     costs: CostModel,
     speedup: SpeedupEstimate,
+    /// Every request's drafts together: where a new request's governor starts.
+    acceptance: AcceptanceRate,
     rounds: u64,
     /// Seconds both workers were busy at once, and seconds at least one was.
     both_busy: f64,
@@ -167,6 +173,7 @@ impl Scheduler {
             step_scheduled: false,
             costs,
             speedup: SpeedupEstimate::default(),
+            acceptance: AcceptanceRate::new(0.5),
             rounds: 0,
             both_busy: 0.0,
             any_busy: 0.0,
@@ -242,7 +249,7 @@ impl Scheduler {
                 emitter: Emitter::new(&q.request.generation),
                 draft_rng: SeededRng::new(seed ^ 0x9E37_79B9_7F4A_7C15),
                 accept_rng: SeededRng::new(seed),
-                governor: Governor::new(self.cfg.governor),
+                governor: Governor::with_prior(self.cfg.governor, self.acceptance.get()),
                 spec: SpecStats::default(),
                 group: usize::from(group),
                 max_context: self.cfg.context_len,
@@ -546,6 +553,8 @@ impl Scheduler {
                     s.spec.accepted_tokens += o.accepted;
                 }
                 s.governor.record_round(drafts.len(), o.accepted);
+                self.acceptance
+                    .record(drafts.len(), o.accepted, POOLED_ACCEPTANCE_DECAY);
             }
             let Some(next) = o.next_token else { continue };
             let round = drafts[..o.accepted].iter().copied().chain([next]);
