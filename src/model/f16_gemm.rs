@@ -191,6 +191,20 @@ pub fn wide_available() -> bool {
     })
 }
 
+/// One prefetch per 64-byte line of each of `T` tiles' weight streams (every 4 steps of 8 f16
+/// values), `PREFETCH_BYTES` ahead of step `kk`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch_tiles<const T: usize>(wbase: *const u16, k: usize, kk: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    if kk.is_multiple_of(4) {
+        for j in 0..T {
+            let p = wbase.wrapping_add((j * k + kk) * TILE_N) as *const i8;
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES));
+        }
+    }
+}
+
 /// `R` rows times 4 tiles starting at tile `t0`, row `r0`, two tiles a 512-bit register.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -208,12 +222,7 @@ unsafe fn wide_block<const R: usize>(
     let wbase = w.data.as_ptr().add(t0 * k * TILE_N);
     let xbase = x.as_ptr().add(r0 * k);
     for kk in 0..k {
-        if kk % 4 == 0 {
-            for j in 0..T {
-                let p = wbase.add((j * k + kk) * TILE_N) as *const i8;
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES));
-            }
-        }
+        prefetch_tiles::<T>(wbase, k, kk);
         let mut wv = [_mm512_setzero_ps(); T / 2];
         for (pair, v) in wv.iter_mut().enumerate() {
             let lo = wbase.add((2 * pair * k + kk) * TILE_N) as *const __m128i;
@@ -264,13 +273,7 @@ unsafe fn block<const R: usize, const T: usize>(
     let wbase = w.data.as_ptr().add(t0 * k * TILE_N);
     let xbase = x.as_ptr().add(r0 * k);
     for kk in 0..k {
-        // One prefetch per 64-byte line of each tile's stream (4 steps of 8 f16 values).
-        if kk % 4 == 0 {
-            for j in 0..T {
-                let p = wbase.add((j * k + kk) * TILE_N) as *const i8;
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES));
-            }
-        }
+        prefetch_tiles::<T>(wbase, k, kk);
         let mut wv = [_mm256_setzero_ps(); T];
         for (j, v) in wv.iter_mut().enumerate() {
             let p = wbase.add((j * k + kk) * TILE_N) as *const __m128i;
@@ -301,11 +304,7 @@ unsafe fn block<const R: usize, const T: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn random(seed: u64, n: usize) -> Vec<f32> {
-        let mut rng = crate::sampling::SeededRng::new(seed);
-        (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect()
-    }
+    use crate::model::packed_gemm::test_support::random;
 
     #[test]
     fn matches_exact_products_and_is_row_invariant() {

@@ -67,3 +67,69 @@ pub fn enabled(env_off: &str, has_features: impl FnOnce() -> bool) -> bool {
     }
     has_features()
 }
+
+/// Whether this CPU has AVX2 and FMA, what the 8-bit and 4-bit kernels need.
+pub fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// What the kernels' tests share: random inputs, and the comparison with candle's quantized
+/// matmul.
+#[cfg(test)]
+pub(super) mod test_support {
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module, Tensor};
+
+    /// `n` values uniform in [-1, 1) from a seeded generator.
+    pub fn random(seed: u64, n: usize) -> Vec<f32> {
+        let mut rng = crate::sampling::SeededRng::new(seed);
+        (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect()
+    }
+
+    /// The largest absolute errors of `ours` (`x (m, k)` times the `(n, k)` weight `w`
+    /// quantized to `dtype`) and of candle's quantized matmul on the same weights, both against
+    /// the exact product with the dequantized weights.
+    pub fn errors_against_candle(
+        w: &Tensor,
+        dtype: GgmlDType,
+        x: &[f32],
+        m: usize,
+        ours: &[f32],
+    ) -> (f64, f64) {
+        let (n, k) = w.dims2().unwrap();
+        let qt = QTensor::quantize(w, dtype).unwrap();
+        let wd: Vec<f32> = qt
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let xt = Tensor::from_vec(x.to_vec(), (m, k), &Device::Cpu).unwrap();
+        let theirs: Vec<f32> = QMatMul::QTensor(std::sync::Arc::new(qt))
+            .forward(&xt)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let (mut err_ours, mut err_theirs) = (0f64, 0f64);
+        for r in 0..m {
+            for c in 0..n {
+                let exact: f64 = (0..k)
+                    .map(|i| x[r * k + i] as f64 * wd[c * k + i] as f64)
+                    .sum();
+                err_ours = err_ours.max((ours[r * n + c] as f64 - exact).abs());
+                err_theirs = err_theirs.max((theirs[r * n + c] as f64 - exact).abs());
+            }
+        }
+        (err_ours, err_theirs)
+    }
+}

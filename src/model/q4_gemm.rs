@@ -70,18 +70,8 @@ pub struct PackedQ4 {
 /// Whether this CPU runs the kernel (and `TANDEM_DISABLE_Q4_GEMM` is not set).
 pub fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        packed_gemm::enabled("TANDEM_DISABLE_Q4_GEMM", || {
-            #[cfg(target_arch = "x86_64")]
-            {
-                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                false
-            }
-        })
-    })
+    *AVAILABLE
+        .get_or_init(|| packed_gemm::enabled("TANDEM_DISABLE_Q4_GEMM", packed_gemm::has_avx2_fma))
 }
 
 impl PackedQ4 {
@@ -261,13 +251,9 @@ tile_kernel!(tile_kernel_vnni, "avx2,fma,avxvnni", |acc, w, a| {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-    use candle_core::{Device, Module, Tensor};
-
-    fn random(seed: u64, n: usize) -> Vec<f32> {
-        let mut rng = crate::sampling::SeededRng::new(seed);
-        (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect()
-    }
+    use crate::model::packed_gemm::test_support::{errors_against_candle, random};
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
 
     #[test]
     fn matches_candle_and_is_row_invariant() {
@@ -287,34 +273,9 @@ mod tests {
             let x = random(4, m * k);
             let mut ours = vec![0f32; m * n];
             matmul(&packed, &x, m, &mut ours);
-            let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
-            let again = QTensor::quantize(&w, dtype).unwrap();
-            let theirs: Vec<f32> = QMatMul::QTensor(std::sync::Arc::new(again))
-                .forward(&xt)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            // Exact reference on the dequantized weights: we must be at least as close to it as
-            // candle (which rounds activation block scales to f16 where we keep f32).
-            let wd: Vec<f32> = qt
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let (mut err_ours, mut err_theirs) = (0f64, 0f64);
-            for r in 0..m {
-                for c in 0..n {
-                    let exact: f64 = (0..k)
-                        .map(|i| x[r * k + i] as f64 * wd[c * k + i] as f64)
-                        .sum();
-                    err_ours = err_ours.max((ours[r * n + c] as f64 - exact).abs());
-                    err_theirs = err_theirs.max((theirs[r * n + c] as f64 - exact).abs());
-                }
-            }
+            // We must be at least as close to the exact product as candle (which rounds
+            // activation block scales to f16 where we keep f32).
+            let (err_ours, err_theirs) = errors_against_candle(&w, dtype, &x, m, &ours);
             assert!(err_ours < 0.1, "{format:?}: max error {err_ours}");
             assert!(
                 err_ours <= err_theirs * 1.05,
