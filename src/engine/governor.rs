@@ -38,7 +38,10 @@ impl Default for GovernorConfig {
 /// A measured cost: the least of the last few measurements. Timing noise on a shared machine
 /// only ever adds (preemption, another process's burst can turn a 40 µs forward into 5 ms),
 /// so the minimum of a short window tracks the real cost, and the window lets it follow slow
-/// drifts such as attention growing with the context.
+/// drifts such as attention growing with the context. (The median was tried: it priced draft
+/// steps closer to their typical cost, but after long prompts it held their deep-context price
+/// for several rounds, rounds it then declined to draft, so it was never re-measured: 1.40x →
+/// 1.24x on short questions after a summarization batch.)
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CostEstimate {
     recent: [f64; Self::WINDOW],
@@ -86,6 +89,9 @@ pub struct CostModel {
     verify: Vec<CostEstimate>,
     /// The start-up prices of `verify`, set by [`CostModel::mark_provisional`].
     verify_start_up: Vec<Option<f64>>,
+    /// `verify_stamp[w - 1]`: when width `w` was last measured (a count of measurements).
+    verify_stamp: Vec<u64>,
+    verify_clock: u64,
 }
 
 impl CostModel {
@@ -97,6 +103,8 @@ impl CostModel {
             catch_up_token: Vec::new(),
             verify: vec![CostEstimate::default(); max_width.max(1)],
             verify_start_up: Vec::new(),
+            verify_stamp: vec![0; max_width.max(1)],
+            verify_clock: 0,
         }
     }
 
@@ -154,6 +162,8 @@ impl CostModel {
     pub fn record_verify(&mut self, seconds: f64, width: usize) {
         if let Some(c) = width.checked_sub(1).and_then(|i| self.verify.get_mut(i)) {
             c.record(seconds);
+            self.verify_clock += 1;
+            self.verify_stamp[width - 1] = self.verify_clock;
         }
     }
 
@@ -197,11 +207,32 @@ impl CostModel {
 
     /// Seconds of a target forward of `width` new tokens (0 for none); unmeasured widths are
     /// interpolated linearly between the nearest measured ones, or extrapolated per token past
-    /// the widest.
+    /// the widest. A width measured more recently than this one bounds it: never more than a
+    /// fresher wider forward, never less than a fresher narrower one. Each width's price is
+    /// its own recent minimum, and a width not run lately keeps what it cost at another context
+    /// depth (measured: width 3 priced at 15.9 ms from long-prompt rounds while width 4 ran at
+    /// 14.2 on short ones, so one request drafting looked cheaper than none and a batch of
+    /// four drafted at a loss, 0.77x).
     pub fn verify_seconds(&self, width: usize) -> Option<f64> {
         if width == 0 {
             return Some(0.0);
         }
+        let own = self.verify_interpolated(width)?;
+        let stamp = self.verify_stamp.get(width - 1).copied().unwrap_or(0);
+        let fresher = |w: usize| {
+            (self.verify_stamp[w - 1] > stamp)
+                .then(|| self.verify_at(w))
+                .flatten()
+        };
+        let n = self.verify.len();
+        let cap = (width + 1..=n).filter_map(fresher).fold(own, f64::min);
+        let floor = (1..width.min(n + 1))
+            .filter_map(fresher)
+            .fold(0.0, f64::max);
+        Some(cap.max(floor))
+    }
+
+    fn verify_interpolated(&self, width: usize) -> Option<f64> {
         let measured = |w: usize| self.verify_at(w);
         if let Some(v) = measured(width) {
             return Some(v);
@@ -460,10 +491,17 @@ pub fn plan_round(
         .iter()
         .map(|c| match c.choice {
             Choice::Fixed(g) => g,
-            Choice::Probe { gamma, max } if probe_pays(c, max, costs) => gamma,
             Choice::Probe { .. } | Choice::Free { .. } => 0,
         })
         .collect();
+    let fixed = plan.clone();
+    for (i, c) in candidates.iter().enumerate() {
+        if let Choice::Probe { gamma, max } = c.choice {
+            if probe_pays(candidates, i, &fixed, max, costs) {
+                plan[i] = gamma;
+            }
+        }
+    }
     let rate = |plan: &[usize]| round_rate(candidates, plan, base_width, costs);
     if rate(&plan).is_none() {
         for (g, c) in plan.iter_mut().zip(candidates) {
@@ -485,7 +523,7 @@ pub fn plan_round(
             // A drafter that must first catch up on a long prompt is worth it only if
             // speculation could win that time back over the rest of the request: the round's
             // share of the catch-up looks small, but it is paid in full now.
-            if candidates[i].catch_up > 0 && !probe_pays(&candidates[i], max, costs) {
+            if candidates[i].catch_up > 0 && !probe_pays(candidates, i, &plan, max, costs) {
                 continue;
             }
             let before = plan[i];
@@ -514,22 +552,59 @@ pub fn plan_round(
     plan
 }
 
-/// Whether a probe (or a first round) could pay for itself: the most speculation could save
-/// over the request's remaining tokens (every draft accepted, the best γ up to `max`, alone in
-/// a round) against the drafter catching up on what it missed. A drafter that loses even at
-/// full acceptance is never probed.
-fn probe_pays(c: &Candidate, max: usize, costs: &CostModel) -> bool {
-    let Some(plain) = costs.verify_seconds(1) else {
+/// Whether speculating could pay for `candidates[i]`'s drafter catching up on what it missed:
+/// the most its speculation could save over the request's remaining tokens (every draft
+/// accepted, the best γ up to `max`, the others as in `plan`) against the catch-up. At best,
+/// not at the current estimate: a probe's estimate is stale (finding out is what it is for),
+/// and pricing a first round at its estimate declined catch-ups the rounds after them repaid
+/// (run P: 1.13x → 1.10x, the losses where turn-two prompts are long). A drafter that loses
+/// even at full acceptance is never probed.
+///
+/// Savings are priced in the batch the request is in, not as if it were alone: beside other
+/// sequences a plain step already yields several tokens per weight pass, so one request's
+/// drafts save far less (measured, two requests: a plain step 13 ms for 2 tokens; both
+/// drafting 2 tokens, 38–41 ms for ~5.8). Priced alone, probes paid 100–200 ms catch-ups in
+/// batches where the next round found speculation did not pay.
+fn probe_pays(
+    candidates: &[Candidate],
+    i: usize,
+    plan: &[usize],
+    max: usize,
+    costs: &CostModel,
+) -> bool {
+    let Some(save) = could_save(candidates, i, plan, max, costs) else {
         return true;
     };
-    let best = (1..=max.max(1))
-        .filter_map(|g| costs.round_cost(g).map(|cost| (g + 1) as f64 / cost))
-        .fold(0.0, f64::max);
-    if best <= 1.0 {
-        return false;
+    save > 0.0 && costs.catch_up_seconds(candidates[i].catch_up) < save
+}
+
+/// The most time `candidates[i]` speculating could save over its remaining tokens, every draft
+/// accepted, the others keeping `plan`, outside any prompt chunk (a chunk is one round; the
+/// savings come in the rounds after): per round, what the round's tokens would cost at the
+/// batch's plain price per token less what the round costs, times the rounds its remaining
+/// tokens take. `None` until costs are measured.
+fn could_save(
+    candidates: &[Candidate],
+    i: usize,
+    plan: &[usize],
+    max: usize,
+    costs: &CostModel,
+) -> Option<f64> {
+    let mut best_case = candidates.to_vec();
+    best_case[i].alpha = 1.0;
+    best_case[i].catch_up = 0;
+    let mut plan = plan.to_vec();
+    plan[i] = 0;
+    let plain = forecast_round(&best_case, &plan, 0, costs)?;
+    let per_token = plain.seconds() / plain.tokens;
+    let mut best = 0.0_f64;
+    for g in 1..=max.max(1) {
+        plan[i] = g;
+        let f = forecast_round(&best_case, &plan, 0, costs)?;
+        let rounds = candidates[i].remaining as f64 / (g + 1) as f64;
+        best = best.max(rounds * (f.tokens * per_token - f.seconds()));
     }
-    let could_save = c.remaining as f64 * plain * (1.0 - 1.0 / best);
-    costs.catch_up_seconds(c.catch_up) < could_save
+    Some(best)
 }
 
 /// What a round run with a plan is expected to yield and cost, by part, in seconds.
@@ -580,7 +655,13 @@ pub fn forecast_round(
     Some(f)
 }
 
-/// Expected tokens per second of a round run with `plan`, once costs are measured.
+/// Expected decoding tokens per second of a round run with `plan`, once costs are measured.
+/// A prompt chunk in the same forward is charged to its prompt, not to decoding: its part of
+/// the forward (what the forward costs with it over what it costs without) is taken off the
+/// round, so plans are compared at the prices they have between prefills. Charged to decoding,
+/// the chunk made any round look slow, so drafting and catch-ups beside it looked nearly free
+/// (measured: a 164-token chunk beside a 171-token catch-up and 8 draft steps, a 473 ms round
+/// where the chunk alone took 188, which the new request waited for its first token).
 fn round_rate(
     candidates: &[Candidate],
     plan: &[usize],
@@ -588,7 +669,9 @@ fn round_rate(
     costs: &CostModel,
 ) -> Option<f64> {
     let f = forecast_round(candidates, plan, base_width, costs)?;
-    let seconds = f.seconds();
+    let n = candidates.len();
+    let chunk = costs.verify_seconds(base_width + n)? - costs.verify_seconds(n)?;
+    let seconds = f.seconds() - chunk;
     (seconds > 0.0).then(|| f.tokens / seconds)
 }
 
@@ -801,6 +884,38 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_beside_other_requests_is_priced_in_their_batch() {
+        // A forward costs 0.9 steps plus 0.1 a token; a draft step 0.3; catching up on the
+        // 100-token prompt 20 steps.
+        let verify: Vec<f64> = (1..=16).map(|w| 0.9 + 0.1 * w as f64).collect();
+        let mut c = costs(0.3, &verify);
+        c.record_catch_up(20.0, 100);
+        let probe = Candidate {
+            alpha: 0.5,
+            choice: Choice::Probe { gamma: 1, max: 8 },
+            catch_up: 100,
+            remaining: 60,
+        };
+        // Alone, every draft accepted at γ = 8 turns 9 plain steps into 4.2: it could save 32
+        // steps over 60 tokens, so the catch-up is worth trying.
+        assert_eq!(plan_round(&[probe], 0, &c, 1.02), vec![1]);
+        // Beside a request decoding plainly, a plain step already yields 2 tokens for 1.1
+        // steps; drafting 8 saves 1.2 steps a round, 8 over the request: not worth 20.
+        let plain = Candidate {
+            choice: Choice::Fixed(0),
+            catch_up: 0,
+            ..probe
+        };
+        assert_eq!(plan_round(&[probe, plain], 0, &c, 1.02), vec![0, 0]);
+        // With no catch-up to pay, the probe goes ahead in the batch too.
+        let caught_up = Candidate {
+            catch_up: 0,
+            ..probe
+        };
+        assert_eq!(plan_round(&[caught_up, plain], 0, &c, 1.02), vec![1, 0]);
+    }
+
+    #[test]
     fn unmeasured_costs_start_with_the_smallest_gamma() {
         let g = Governor::new(GovernorConfig::default());
         let plan = plan_round(&[g.candidate(2, 8, 0, 100)], 0, &CostModel::new(9), 1.02);
@@ -819,6 +934,35 @@ mod tests {
         assert!((c.round_cost(5).unwrap() - 4.0).abs() < 1e-12);
         assert!((c.verify_seconds(30).unwrap() - 20.0).abs() < 1e-12);
         assert_eq!(c.verify_seconds(0), Some(0.0));
+    }
+
+    #[test]
+    fn fresher_prices_of_other_widths_bound_a_stale_one() {
+        let mut c = CostModel::new(8);
+        c.record_verify(1.0, 1);
+        // Width 3 last ran deep in long prompts; width 4 runs now, on short ones.
+        c.record_verify(1.6, 3);
+        c.record_verify(1.4, 4);
+        assert_eq!(c.verify_seconds(3), Some(1.4));
+        assert_eq!(c.verify_seconds(4), Some(1.4));
+        assert!(c.verify_seconds(2).unwrap() <= 1.4);
+        assert_eq!(c.verify_seconds(1), Some(1.0));
+        // And a wide forward priced on short contexts is not cheaper than a narrow one that
+        // ran since, deeper in.
+        c.record_verify(1.5, 2);
+        assert_eq!(c.verify_seconds(3), Some(1.5));
+        assert_eq!(c.verify_seconds(4), Some(1.5));
+        c.record_verify(1.4, 4);
+        c.record_verify(1.3, 3);
+        assert_eq!(c.verify_seconds(3), Some(1.3));
+        // So one of three requests drafting a token is not mistaken for free.
+        let mut g = Governor::new(GovernorConfig::default());
+        for _ in 0..30 {
+            g.record_round(4, 4);
+        }
+        c.record_draft(0.5, 0.0, 1, 1);
+        let three = [g.candidate(1, 1, 0, 100); 3];
+        assert_eq!(plan_round(&three, 0, &c, 1.02), vec![0, 0, 0]);
     }
 
     #[test]
@@ -889,13 +1033,34 @@ mod tests {
         // Taking in a context token costs 0.15 steps: a 900-token prompt costs 135 steps,
         // more than speculation could save over 64 tokens even if every draft stood.
         c.record_catch_up(15.0, 100);
-        let fresh = Governor::new(GovernorConfig::default());
+        let mut good = Governor::new(GovernorConfig::default());
+        for _ in 0..30 {
+            good.record_round(4, 4);
+        }
         // Beside a 200-token prompt chunk the round is long anyway, so this round's share of
         // the catch-up looks cheap; it is paid in full all the same.
-        let far_behind = plan_round(&[fresh.candidate(1, 8, 900, 64)], 200, &c, 1.02);
+        let far_behind = plan_round(&[good.candidate(1, 8, 900, 64)], 200, &c, 1.02);
         assert_eq!(far_behind, vec![0]);
-        let close = plan_round(&[fresh.candidate(1, 8, 20, 64)], 200, &c, 1.02);
+        let close = plan_round(&[good.candidate(1, 8, 20, 64)], 200, &c, 1.02);
         assert!(close[0] > 0, "{close:?}");
+    }
+
+    #[test]
+    fn drafting_beside_a_prompt_chunk_is_priced_as_between_prefills() {
+        // A forward costs 0.9 steps plus 0.1 a token; a draft step half a step.
+        let verify: Vec<f64> = (1..=256).map(|w| 0.9 + 0.1 * w as f64).collect();
+        let c = costs(0.5, &verify);
+        // At 60% acceptance a round of one draft yields 1.6 tokens for 1.6 steps: no gain.
+        let so_so = Governor::with_prior(GovernorConfig::default(), 0.6).candidate(1, 8, 0, 100);
+        assert_eq!(plan_round(&[so_so], 0, &c, 1.02), vec![0]);
+        // Beside a 164-token chunk the forward costs 17.4 steps whatever this request does;
+        // charged to decoding, drafting looked 1.5x faster, yet it only makes the chunk's
+        // prompt wait longer for its first token.
+        assert_eq!(plan_round(&[so_so], 164, &c, 1.02), vec![0]);
+        // A drafter that pays between prefills still drafts beside one.
+        let good = Governor::with_prior(GovernorConfig::default(), 0.95).candidate(1, 8, 0, 100);
+        assert!(plan_round(&[good], 0, &c, 1.02)[0] > 0);
+        assert!(plan_round(&[good], 164, &c, 1.02)[0] > 0);
     }
 
     #[test]

@@ -354,6 +354,9 @@ impl Scheduler {
             self.cfg.governor.min_gain,
         );
         let forecast = forecast_round(&candidates, &plan, base_width, &self.costs);
+        if has_drafter && !candidates.is_empty() {
+            tracing::debug!(?candidates, ?plan, "plan");
+        }
         (plan, forecast)
     }
 
