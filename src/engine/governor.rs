@@ -21,7 +21,10 @@ pub struct GovernorConfig {
     /// While decoding plainly, draft one probing round after this many steps; each probe that
     /// does not bring speculation back doubles the wait (up to 16 times this).
     pub probe_every: usize,
-    /// Speculate only if the round's plan is expected to beat plain decoding by this factor.
+    /// Speculate only if the round's plan is expected to beat plain decoding by this factor:
+    /// the margin for forecast error. At 1.02, prompt lookup beside 7 other requests was
+    /// forecast 4% faster (6.8 tokens in 18.9 ms against 6 in 17.4) and ran 2–5% slower;
+    /// 1.05 declines it there and changed nothing measurable for one request (run S).
     pub min_gain: f64,
 }
 
@@ -30,7 +33,7 @@ impl Default for GovernorConfig {
         Self {
             decay: 0.97,
             probe_every: 16,
-            min_gain: 1.02,
+            min_gain: 1.05,
         }
     }
 }
