@@ -211,8 +211,11 @@ impl Config {
         if sp.draft_model.trim().is_empty() {
             return invalid(
                 "speculation.draft_model",
-                "must be none, prompt-lookup, default or a model path".into(),
+                "must be none, prompt-lookup[:MIN-MAX], default or a model path".into(),
             );
+        }
+        if let Some(Err(e)) = crate::draft::PromptLookup::parse_spec(&sp.draft_model) {
+            return invalid("speculation.draft_model", e);
         }
         if let Err(e) = sp.draft_weights_dtype.parse::<WeightsDtype>() {
             return invalid("speculation.draft_weights_dtype", e);
@@ -325,6 +328,13 @@ mod tests {
         assert_eq!((c.speculation.gamma, c.speculation.enabled), (3, false));
         let e = Config::from_toml("[speculation]\nspec_length = 3\ngamma = 2").unwrap_err();
         assert!(e.to_string().contains("alias"), "{e}");
+        let e =
+            Config::from_toml("[speculation]\ndraft_model = \"prompt-lookup:3-1\"").unwrap_err();
+        assert!(
+            e.to_string().contains("speculation.draft_model") && e.to_string().contains("n-gram"),
+            "{e}"
+        );
+        Config::from_toml("[speculation]\ndraft_model = \"prompt-lookup:2-4\"").unwrap();
     }
 
     #[test]

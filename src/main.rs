@@ -671,9 +671,12 @@ fn build_drafter(
     args: &GenerateArgs,
     target: &LoadedModel,
 ) -> Result<Option<DraftChoice>> {
+    if let Some(lookup) = PromptLookup::parse_spec(&args.draft_model) {
+        let lookup = lookup.map_err(|e| anyhow::anyhow!("--draft-model: {e}"))?;
+        return Ok(Some(DraftChoice::Lookup(lookup)));
+    }
     Ok(match args.draft_model.as_str() {
         "none" => None,
-        "prompt-lookup" => Some(DraftChoice::Lookup(PromptLookup::default())),
         spec => {
             let weights_dtype = args
                 .draft_weights_dtype

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::draft::check_same_vocabulary;
+use crate::draft::{check_same_vocabulary, PromptLookup};
 use crate::engine::{DraftSource, EngineConfig};
 use crate::model::loader::LoadOptions;
 use crate::model::{LoadedModel, ModelError, ModelSource, WeightsDtype};
@@ -81,9 +81,18 @@ pub fn load_models(
 ) -> Result<(LoadedModel, Option<DraftSource>, String), SetupError> {
     let target = load_target(config)?;
     let spec = config.speculation.draft_model.as_str();
+    let lookup = PromptLookup::parse_spec(spec);
     let (draft, name) = match spec {
         "none" => (None, "none".to_string()),
-        "prompt-lookup" => (Some(DraftSource::PromptLookup), spec.to_string()),
+        // The config check has already refused bad n-gram sizes.
+        _ if lookup.is_some() => {
+            let p = lookup.and_then(Result::ok).unwrap_or_default();
+            let (lo, hi) = p.ngrams();
+            (
+                Some(DraftSource::PromptLookup(p)),
+                format!("prompt-lookup:{lo}-{hi}"),
+            )
+        }
         path => {
             let (draft, name) =
                 load_draft_model(path, config.draft_weights_dtype(), config, &target)?;

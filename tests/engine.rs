@@ -9,6 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tandem::draft::PromptLookup;
 use tandem::engine::{
     generate_plain, Completion, DraftSource, Engine, EngineConfig, EngineError, EngineEvent,
     EngineRequest, FinishReason, GammaPolicy, GenerationRequest,
@@ -95,7 +96,7 @@ fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
         .collect();
     let sources = [
         None,
-        Some(DraftSource::PromptLookup),
+        Some(DraftSource::PromptLookup(PromptLookup::default())),
         Some(DraftSource::Model {
             model: Arc::new(other.model),
             name: "tiny-other".into(),
@@ -149,7 +150,7 @@ fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
                         want[i],
                         "request {i} of {n}, pipeline {pipeline}, drafter {}",
                         source.as_ref().map_or("none", |s| match s {
-                            DraftSource::PromptLookup => "prompt-lookup",
+                            DraftSource::PromptLookup(_) => "prompt-lookup",
                             DraftSource::Model { .. } => "model",
                         })
                     );
@@ -241,7 +242,7 @@ fn cancelling_frees_slots_and_leaves_others_alone() {
     let engine = rt
         .block_on(Engine::start(
             Arc::clone(&model),
-            Some(DraftSource::PromptLookup),
+            Some(DraftSource::PromptLookup(PromptLookup::default())),
             EngineConfig {
                 max_seqs: 2,
                 ..Default::default()
@@ -365,7 +366,7 @@ fn governor_decodes_plainly_with_a_bad_drafter_and_speculates_with_a_good_one() 
     let engine = rt
         .block_on(Engine::start(
             Arc::new(repeater.model),
-            Some(DraftSource::PromptLookup),
+            Some(DraftSource::PromptLookup(PromptLookup::default())),
             EngineConfig::default(),
         ))
         .unwrap();

@@ -4,6 +4,7 @@
 //! Why it exists: every mode runs in the same process on the same prompts, so a mode must say
 //! exactly which engine it needs (drafter and pipelining) and how each request speculates.
 
+use crate::draft::PromptLookup;
 use crate::engine::GammaPolicy;
 
 use super::BenchError;
@@ -12,7 +13,8 @@ use super::BenchError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DrafterKind {
     None,
-    PromptLookup,
+    /// Prompt lookup with these n-gram sizes.
+    PromptLookup(PromptLookup),
     Model,
 }
 
@@ -38,7 +40,8 @@ impl Mode {
     }
 
     /// Parses `plain`, `prompt-lookup` (alias `pld`) or `draft` (alias `draft-model`), each
-    /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`.
+    /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`
+    /// and, for prompt lookup, `:ngram=MIN-MAX`.
     /// Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
     /// pipelining.
     pub fn parse(spec: &str, max_gamma: usize) -> Result<Mode, BenchError> {
@@ -46,7 +49,7 @@ impl Mode {
         let mut parts = spec.trim().split(':');
         let drafter = match parts.next().unwrap_or("") {
             "plain" => DrafterKind::None,
-            "prompt-lookup" | "pld" => DrafterKind::PromptLookup,
+            "prompt-lookup" | "pld" => DrafterKind::PromptLookup(PromptLookup::default()),
             "draft" | "draft-model" => DrafterKind::Model,
             other => {
                 return Err(bad(format!(
@@ -91,9 +94,16 @@ impl Mode {
                 "pipeline" => {
                     mode.pipeline = v.parse().map_err(|_| bad(format!("pipeline `{v}`")))?;
                 }
+                "ngram" => match mode.drafter {
+                    DrafterKind::PromptLookup(_) => {
+                        mode.drafter =
+                            DrafterKind::PromptLookup(PromptLookup::parse_ngrams(v).map_err(bad)?);
+                    }
+                    _ => return Err(bad("ngram is a prompt-lookup setting".into())),
+                },
                 other => {
                     return Err(bad(format!(
-                        "unknown setting `{other}` (gamma, lenience, pipeline)"
+                        "unknown setting `{other}` (gamma, lenience, pipeline, ngram)"
                     )))
                 }
             }
@@ -129,14 +139,22 @@ mod tests {
     #[test]
     fn modes_parse_with_defaults_and_settings() {
         let m = parse_modes(
-            "pld:gamma=2,draft:gamma=adaptive:pipeline=true:lenience=0.5",
+            "pld:gamma=2,draft:gamma=adaptive:pipeline=true:lenience=0.5,pld:ngram=2-5",
             8,
         )
         .unwrap();
-        assert_eq!(m.len(), 3, "plain is added");
+        assert_eq!(m.len(), 4, "plain is added");
         assert!(m[0].is_plain());
         assert_eq!(m[0].gamma, GammaPolicy::Off);
-        assert_eq!(m[1].drafter, DrafterKind::PromptLookup);
+        assert_eq!(
+            m[1].drafter,
+            DrafterKind::PromptLookup(PromptLookup::new(1, 3))
+        );
+        assert_eq!(
+            m[3].drafter,
+            DrafterKind::PromptLookup(PromptLookup::new(2, 5))
+        );
+        assert_ne!(m[1].engine_key(), m[3].engine_key(), "its own engine");
         assert_eq!(m[1].gamma, GammaPolicy::Fixed(2));
         assert_eq!(m[2].drafter, DrafterKind::Model);
         assert_eq!(m[2].gamma, GammaPolicy::Adaptive);
@@ -156,6 +174,8 @@ mod tests {
             ("pld:gamma", "key=value"),
             ("plain:gamma=2", "no settings"),
             ("pld,pld", "twice"),
+            ("pld:ngram=0-2", "n-gram sizes"),
+            ("draft:ngram=1-3", "prompt-lookup setting"),
         ] {
             let e = parse_modes(spec, 8).unwrap_err().to_string();
             assert!(e.contains(needle), "{spec}: {e}");

@@ -85,7 +85,7 @@ async fn start_engines(
         }
         let draft = match mode.drafter {
             DrafterKind::None => None,
-            DrafterKind::PromptLookup => Some(DraftSource::PromptLookup),
+            DrafterKind::PromptLookup(p) => Some(DraftSource::PromptLookup(p)),
             DrafterKind::Model => Some(models.draft.clone().ok_or_else(|| {
                 BenchError::Options(format!("mode `{}` needs a draft model", mode.label))
             })?),

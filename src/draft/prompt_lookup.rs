@@ -5,13 +5,47 @@
 use super::{DraftError, Drafter, Proposal};
 use crate::sampling::{SamplingParams, SeededRng};
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PromptLookup {
     min_ngram: usize,
     max_ngram: usize,
 }
 
+/// The longest n-gram a lookup may match: longer ones never occur in practice, and each size
+/// is a scan of the context.
+pub const MAX_NGRAM: usize = 16;
+
 impl PromptLookup {
+    /// Reads a drafter name that means prompt lookup: `prompt-lookup` (n-grams of 1 to 3
+    /// tokens) or `prompt-lookup:MIN-MAX`. `None` when `spec` names another drafter; an error
+    /// says what is wrong with the sizes.
+    pub fn parse_spec(spec: &str) -> Option<Result<Self, String>> {
+        let rest = spec.trim().strip_prefix("prompt-lookup")?;
+        if rest.is_empty() {
+            return Some(Ok(Self::default()));
+        }
+        let sizes = rest.strip_prefix(':')?;
+        Some(Self::parse_ngrams(sizes))
+    }
+
+    /// Reads n-gram sizes written `MIN-MAX` (or `N` for one size), each in 1..=16, MIN <= MAX.
+    pub fn parse_ngrams(sizes: &str) -> Result<Self, String> {
+        let bad =
+            || format!("n-gram sizes `{sizes}`: want MIN-MAX, 1 <= MIN <= MAX <= {MAX_NGRAM}");
+        let (lo, hi) = sizes.split_once('-').unwrap_or((sizes, sizes));
+        let lo: usize = lo.trim().parse().map_err(|_| bad())?;
+        let hi: usize = hi.trim().parse().map_err(|_| bad())?;
+        if lo == 0 || lo > hi || hi > MAX_NGRAM {
+            return Err(bad());
+        }
+        Ok(Self::new(lo, hi))
+    }
+
+    /// The smallest and largest n-gram sizes it matches.
+    pub fn ngrams(&self) -> (usize, usize) {
+        (self.min_ngram, self.max_ngram)
+    }
+
     pub fn new(min_ngram: usize, max_ngram: usize) -> Self {
         let min_ngram = min_ngram.max(1);
         Self {
@@ -98,6 +132,29 @@ mod tests {
         assert!(pl.lookup(&[], 4).is_empty());
         // continuation is cut at the end of the context and at gamma
         assert_eq!(pl.lookup(&[4, 4, 4], 5), &[4]);
+    }
+
+    #[test]
+    fn drafter_names_give_the_ngram_sizes() {
+        let got = |s: &str| PromptLookup::parse_spec(s).map(|r| r.map(|p| p.ngrams()));
+        assert_eq!(got("prompt-lookup"), Some(Ok((1, 3))));
+        assert_eq!(got("prompt-lookup:2-5"), Some(Ok((2, 5))));
+        assert_eq!(got("prompt-lookup:4"), Some(Ok((4, 4))));
+        for bad in [
+            "prompt-lookup:0-3",
+            "prompt-lookup:3-2",
+            "prompt-lookup:1-17",
+            "prompt-lookup:x",
+        ] {
+            let err = got(bad).unwrap().unwrap_err();
+            assert!(err.contains("n-gram sizes"), "{bad}: {err}");
+        }
+        assert_eq!(got("default"), None);
+        assert_eq!(got("prompt-lookupx"), None);
+        // A larger minimum ignores shorter matches.
+        let ctx = [5, 6, 1, 9, 7, 2, 6];
+        assert_eq!(PromptLookup::new(1, 3).lookup(&ctx, 2), &[1, 9]);
+        assert!(PromptLookup::new(2, 3).lookup(&ctx, 2).is_empty());
     }
 
     #[test]

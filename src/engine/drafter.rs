@@ -24,15 +24,19 @@ use crate::sampling::{SamplingParams, SeededRng};
 /// Where drafts come from.
 #[derive(Clone)]
 pub enum DraftSource {
-    PromptLookup,
-    Model { model: Arc<Llama>, name: String },
+    /// Prompt lookup with these n-gram sizes.
+    PromptLookup(PromptLookup),
+    Model {
+        model: Arc<Llama>,
+        name: String,
+    },
 }
 
 /// What the drafter's worker owns: one draft model drafting for every sequence at once, or
 /// one prompt-lookup index per sequence.
 pub enum DraftState {
     Model(ModelDrafter<Arc<Llama>>),
-    Lookup(HashMap<u64, PromptLookup>),
+    Lookup(PromptLookup, HashMap<u64, PromptLookup>),
 }
 
 pub struct Drafter {
@@ -46,7 +50,7 @@ impl Drafter {
             DraftSource::Model { model, name } => {
                 DraftState::Model(ModelDrafter::with_slots(model, name, max_seqs))
             }
-            DraftSource::PromptLookup => DraftState::Lookup(HashMap::new()),
+            DraftSource::PromptLookup(p) => DraftState::Lookup(p, HashMap::new()),
         };
         Ok(Self {
             worker: ComputeWorker::spawn("tandem-draft", threads, state)?,
@@ -74,12 +78,12 @@ impl Message<DraftBatch> for Drafter {
 fn draft_batch(s: &mut DraftState, items: Vec<DraftItem>) -> DraftBatchResult {
     match s {
         DraftState::Model(drafter) => draft_with_model(drafter, items),
-        DraftState::Lookup(seqs) => {
+        DraftState::Lookup(config, seqs) => {
             let start = Instant::now();
             let steps = items.iter().map(|it| it.gamma).max().unwrap_or(0);
             let outcomes = items
                 .into_iter()
-                .map(|it| lookup_one(seqs.entry(it.seq).or_default(), it))
+                .map(|it| lookup_one(seqs.entry(it.seq).or_insert(*config), it))
                 .collect();
             DraftBatchResult {
                 outcomes,
@@ -190,7 +194,7 @@ impl Message<EndSequence> for Drafter {
         self.worker
             .run(move |s| match s {
                 DraftState::Model(drafter) => drafter.end(msg.seq),
-                DraftState::Lookup(seqs) => {
+                DraftState::Lookup(_, seqs) => {
                     seqs.remove(&msg.seq);
                 }
             })
@@ -267,8 +271,8 @@ fn measure_draft_costs(
                 }
             }
         }
-        DraftState::Lookup(_) => {
-            let mut d = PromptLookup::default();
+        DraftState::Lookup(config, _) => {
+            let mut d = *config;
             let mut p = Proposal::default();
             for _ in 0..tries {
                 let t = Instant::now();
