@@ -211,10 +211,13 @@ impl Config {
         if sp.draft_model.trim().is_empty() {
             return invalid(
                 "speculation.draft_model",
-                "must be none, prompt-lookup[:MIN-MAX], default or a model path".into(),
+                "must be none, prompt-lookup[:MIN-MAX], default, self:K or a model path".into(),
             );
         }
         if let Some(Err(e)) = crate::draft::PromptLookup::parse_spec(&sp.draft_model) {
+            return invalid("speculation.draft_model", e);
+        }
+        if let Some(Err(e)) = crate::setup::parse_self_draft(&sp.draft_model) {
             return invalid("speculation.draft_model", e);
         }
         if let Err(e) = sp.draft_weights_dtype.parse::<WeightsDtype>() {
@@ -335,6 +338,9 @@ mod tests {
             "{e}"
         );
         Config::from_toml("[speculation]\ndraft_model = \"prompt-lookup:2-4\"").unwrap();
+        let e = Config::from_toml("[speculation]\ndraft_model = \"self:0\"").unwrap_err();
+        assert!(e.to_string().contains("speculation.draft_model"), "{e}");
+        Config::from_toml("[speculation]\ndraft_model = \"self:8\"").unwrap();
     }
 
     #[test]

@@ -43,17 +43,43 @@ fn target_options(config: &Config) -> LoadOptions {
     }
 }
 
-/// Loads a draft model (`default` or a path) at `dtype` and checks that it shares the target's
-/// vocabulary token for token; returns it with a display name such as `model.gguf (Q8_0)`.
+/// Reads a self-speculative drafter name, `self:K`: the target's own first K layers. `None`
+/// when `spec` names another drafter.
+pub fn parse_self_draft(spec: &str) -> Option<Result<usize, String>> {
+    let k = spec.trim().strip_prefix("self:")?;
+    Some(match k.trim().parse::<usize>() {
+        Ok(k) if k >= 1 => Ok(k),
+        _ => Err(format!("`{spec}`: want self:K, K >= 1 layers of the target")),
+    })
+}
+
+/// Loads a draft model (`default`, a path, or `self:K` for the target's first K layers) at
+/// `dtype` and checks that it shares the target's vocabulary token for token; returns it with
+/// a display name such as `model.gguf (Q8_0)`.
 pub fn load_draft_model(
     spec: &str,
     dtype: WeightsDtype,
     config: &Config,
     target: &LoadedModel,
 ) -> Result<(LoadedModel, String), SetupError> {
-    let source = ModelSource::resolve(spec)?;
+    let layers = parse_self_draft(spec)
+        .transpose()
+        .map_err(SetupError::Draft)?;
+    let source = match layers {
+        Some(k) => {
+            let n = target.model.hparams().num_layers;
+            if k >= n {
+                return Err(SetupError::Draft(format!(
+                    "`{spec}`: the target has {n} layers; a self-drafter takes fewer"
+                )));
+            }
+            target.source.clone()
+        }
+        None => ModelSource::resolve(spec)?,
+    };
     let opts = LoadOptions {
         weights_dtype: dtype,
+        max_layers: layers,
         ..target_options(config)
     };
     let draft = LoadedModel::load(&source, &opts)?;
@@ -64,8 +90,12 @@ pub fn load_draft_model(
         &target.source.display_name(),
     )
     .map_err(|e| SetupError::Draft(e.to_string()))?;
+    let layers_note = match layers {
+        Some(k) => format!(", first {k} of {} layers", target.model.hparams().num_layers),
+        None => String::new(),
+    };
     let name = format!(
-        "{} ({})",
+        "{} ({}{layers_note})",
         source.display_name(),
         draft.model.linear_dtypes().join("/")
     );

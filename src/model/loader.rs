@@ -147,6 +147,9 @@ pub struct LoadOptions {
     /// Positions the model instance supports (capped by the model's own maximum).
     pub context_len: usize,
     pub device: Device,
+    /// Load only the first this many transformer layers (final norm and output head kept):
+    /// the target's own early layers as a self-speculative drafter.
+    pub max_layers: Option<usize>,
 }
 
 impl Default for LoadOptions {
@@ -155,6 +158,7 @@ impl Default for LoadOptions {
             weights_dtype: WeightsDtype::AsIs,
             context_len: 4096,
             device: Device::Cpu,
+            max_layers: None,
         }
     }
 }
@@ -179,6 +183,13 @@ impl LoadedModel {
     }
 }
 
+fn first_layers(mut hp: LlamaHparams, opts: &LoadOptions) -> LlamaHparams {
+    if let Some(k) = opts.max_layers {
+        hp.num_layers = hp.num_layers.min(k.max(1));
+    }
+    hp
+}
+
 fn unreadable(path: &Path, e: impl std::fmt::Display) -> ModelError {
     ModelError::Unreadable {
         path: path.to_owned(),
@@ -194,7 +205,7 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> 
     let content = gguf_file::Content::read(&mut file)
         .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
     check_gguf_complete(path, &content)?;
-    let hp = LlamaHparams::from_gguf(&content)?;
+    let hp = first_layers(LlamaHparams::from_gguf(&content)?, opts);
     let tokenizer =
         TextTokenizer::from_gguf(&content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let mut reader = WeightReader::gguf(content, path, &opts.device)?;
@@ -229,7 +240,7 @@ fn check_gguf_complete(path: &Path, content: &gguf_file::Content) -> Result<()> 
 fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> {
     let config_path = dir.join("config.json");
     let json = std::fs::read_to_string(&config_path).map_err(|e| unreadable(&config_path, e))?;
-    let hp = LlamaHparams::from_hf_config(&json)?;
+    let hp = first_layers(LlamaHparams::from_hf_config(&json)?, opts);
     let tokenizer =
         TextTokenizer::from_hf_dir(dir).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let mut reader = WeightReader::safetensors_dir(dir, &opts.device)?;
