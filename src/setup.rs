@@ -49,7 +49,9 @@ pub fn parse_self_draft(spec: &str) -> Option<Result<usize, String>> {
     let k = spec.trim().strip_prefix("self:")?;
     Some(match k.trim().parse::<usize>() {
         Ok(k) if k >= 1 => Ok(k),
-        _ => Err(format!("`{spec}`: want self:K, K >= 1 layers of the target")),
+        _ => Err(format!(
+            "`{spec}`: want self:K, K >= 1 layers of the target"
+        )),
     })
 }
 
@@ -91,7 +93,10 @@ pub fn load_draft_model(
     )
     .map_err(|e| SetupError::Draft(e.to_string()))?;
     let layers_note = match layers {
-        Some(k) => format!(", first {k} of {} layers", target.model.hparams().num_layers),
+        Some(k) => format!(
+            ", first {k} of {} layers",
+            target.model.hparams().num_layers
+        ),
         None => String::new(),
     };
     let name = format!(

@@ -492,6 +492,10 @@ impl Scheduler {
         draft_secs += ahead_secs;
         let round_secs = round_start.elapsed().as_secs_f64();
         if let (Some(f), false) = (forecast, pipelined) {
+            if f.drafting > 0 {
+                self.costs
+                    .record_draft_forecast(f.draft, draft_timing.step_seconds);
+            }
             // Forecast against measurement, part by part: what the governor's plans rest on.
             tracing::debug!(
                 width = f.width,
