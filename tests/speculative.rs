@@ -287,7 +287,9 @@ fn tandem_cmd() -> std::process::Command {
 #[test]
 fn cli_compare_reports_identical_greedy_outputs_for_both_drafters() {
     common::default_model();
-    for draft in ["prompt-lookup", "default"] {
+    // Prompt lookup (default and other n-gram sizes), the quantized self-drafter, and the
+    // target's own first 8 layers.
+    for draft in ["prompt-lookup", "prompt-lookup:2-4", "default", "self:8"] {
         let out = tandem_cmd()
             .args([
                 "generate",
@@ -323,6 +325,22 @@ fn cli_compare_reports_identical_greedy_outputs_for_both_drafters() {
             "{stderr}"
         );
     }
+}
+
+#[test]
+fn a_self_drafter_must_have_fewer_layers_than_the_target() {
+    common::default_model();
+    let out = tandem_cmd()
+        .args(["generate", "--prompt", "Hi", "--max-tokens", "4"])
+        .args(["--draft-model", "self:30"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("self:30") && stderr.contains("30 layers"),
+        "{stderr}"
+    );
 }
 
 #[test]
