@@ -217,7 +217,7 @@ impl Config {
         if let Some(Err(e)) = crate::draft::PromptLookup::parse_spec(&sp.draft_model) {
             return invalid("speculation.draft_model", e);
         }
-        if let Some(Err(e)) = crate::setup::parse_self_draft(&sp.draft_model) {
+        if let Some(Err(e)) = crate::draft::parse_self_draft(&sp.draft_model) {
             return invalid("speculation.draft_model", e);
         }
         if let Err(e) = sp.draft_weights_dtype.parse::<WeightsDtype>() {

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::draft::{check_same_vocabulary, PromptLookup};
+use crate::draft::{check_same_vocabulary, parse_self_draft, PromptLookup};
 use crate::engine::{DraftSource, EngineConfig};
 use crate::model::loader::LoadOptions;
 use crate::model::{LoadedModel, ModelError, ModelSource, WeightsDtype};
@@ -41,18 +41,6 @@ fn target_options(config: &Config) -> LoadOptions {
         context_len: config.model.context_length,
         ..Default::default()
     }
-}
-
-/// Reads a self-speculative drafter name, `self:K`: the target's own first K layers. `None`
-/// when `spec` names another drafter.
-pub fn parse_self_draft(spec: &str) -> Option<Result<usize, String>> {
-    let k = spec.trim().strip_prefix("self:")?;
-    Some(match k.trim().parse::<usize>() {
-        Ok(k) if k >= 1 => Ok(k),
-        _ => Err(format!(
-            "`{spec}`: want self:K, K >= 1 layers of the target"
-        )),
-    })
 }
 
 /// Loads a draft model (`default`, a path, or `self:K` for the target's first K layers) at
@@ -116,19 +104,19 @@ pub fn load_models(
 ) -> Result<(LoadedModel, Option<DraftSource>, String), SetupError> {
     let target = load_target(config)?;
     let spec = config.speculation.draft_model.as_str();
-    let lookup = PromptLookup::parse_spec(spec);
-    let (draft, name) = match spec {
-        "none" => (None, "none".to_string()),
-        // The config check has already refused bad n-gram sizes.
-        _ if lookup.is_some() => {
-            let p = lookup.and_then(Result::ok).unwrap_or_default();
+    let lookup = PromptLookup::parse_spec(spec)
+        .transpose()
+        .map_err(SetupError::Draft)?;
+    let (draft, name) = match (spec, lookup) {
+        ("none", _) => (None, "none".to_string()),
+        (_, Some(p)) => {
             let (lo, hi) = p.ngrams();
             (
                 Some(DraftSource::PromptLookup(p)),
                 format!("prompt-lookup:{lo}-{hi}"),
             )
         }
-        path => {
+        (path, None) => {
             let (draft, name) =
                 load_draft_model(path, config.draft_weights_dtype(), config, &target)?;
             let source = DraftSource::Model {
