@@ -452,11 +452,14 @@ const KEY_CHUNK: usize = 64;
 ///
 /// `q`: `n_new * q_dim` (already rotated); `keys`/`values`: the sequence's whole cache,
 /// `(start_pos + n_new) * kv_dim`, new tokens included; `out`: `n_new * q_dim`.
-/// Work is split over (query, head) units on candle's thread pool; consecutive units of one
-/// query whose heads share a key-value head are computed together, key chunk by key chunk, so
-/// the group reads each key and value once from memory instead of once per head (the reads,
-/// not the arithmetic, bound attention at depth: at 2000 tokens an 8-token forward took 44 ms
-/// against 16 at 64). Neither the split nor the grouping changes a unit's arithmetic.
+/// Work is split over (query, head) units on candle's thread pool, ordered by key-value head
+/// first, then query, then head, so consecutive units read the same keys and values: runs of
+/// up to [`MAX_GROUP`] of them are computed together, key chunk by key chunk, and each key and
+/// value row is read from memory once per run instead of once per query and head. The reads,
+/// not the arithmetic, bound attention at depth: a depth-800 cache is 37 MB of keys and values,
+/// and each extra query token of a verification re-read it, ~0.6 ms a token (measured with
+/// `forward-bench`), before queries shared a run. Neither the split nor the grouping changes a
+/// unit's arithmetic.
 pub fn causal_attention(
     shape: AttnShape,
     q: &[f32],
@@ -478,6 +481,12 @@ pub fn causal_attention(
     let group = num_heads / num_kv_heads;
     let scale = 1f32 / (head_dim as f32).sqrt();
     let units = n_new * num_heads;
+    let per_kv_head = n_new * group;
+    // Unit `u` is query `i`, head `h`: key-value head first, then query, then head.
+    let unit = |u: usize| {
+        let (kvh, r) = (u / per_kv_head, u % per_kv_head);
+        (r / group, kvh * group + r % group)
+    };
     let out_ptr = out.as_mut_ptr() as usize;
 
     thread_local! {
@@ -486,61 +495,72 @@ pub fn causal_attention(
         static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
             const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
     }
-    // Heads `heads` of query `i`, all reading key-value head `kvh`.
-    let attend =
-        |i: usize, heads: std::ops::Range<usize>, scores: &mut Vec<f32>, acc: &mut Vec<f32>| {
-            let kvh = heads.start / group;
-            let nh = heads.len();
-            let seen = start_pos + i + 1;
-            let kv_off = kvh * head_dim;
-            let q_of = |h: usize| &q[i * q_dim + h * head_dim..][..head_dim];
-            scores.clear();
-            scores.resize(nh * seen, 0.0);
-            for j0 in (0..seen).step_by(KEY_CHUNK) {
-                let len = KEY_CHUNK.min(seen - j0);
-                for (g, h) in heads.clone().enumerate() {
-                    let s = &mut scores[g * seen + j0..][..len];
-                    scaled_dots(q_of(h), &keys[j0 * kv_dim..], kv_dim, kv_off, scale, s);
-                }
-            }
-            let mut inv = [0f32; MAX_GROUP];
-            for (g, inv) in inv.iter_mut().enumerate().take(nh) {
-                *inv = 1f32 / softmax_weights(&mut scores[g * seen..(g + 1) * seen]);
-            }
-            acc.clear();
-            acc.resize(nh * 2 * head_dim, 0.0);
-            for j0 in (0..seen).step_by(KEY_CHUNK) {
-                let len = KEY_CHUNK.min(seen - j0);
-                for g in 0..nh {
-                    accumulate_values(
-                        &scores[g * seen + j0..][..len],
-                        &values[j0 * kv_dim..],
-                        kv_dim,
-                        kv_off,
-                        &mut acc[g * 2 * head_dim..][..2 * head_dim],
-                    );
-                }
-            }
-            for (g, h) in heads.enumerate() {
-                // SAFETY: each (query, head) unit writes only its own head_dim-long span of `out`,
-                // and every unit belongs to exactly one call.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        (out_ptr as *mut f32).add(i * q_dim + h * head_dim),
-                        head_dim,
-                    )
-                };
-                finish_values(&acc[g * 2 * head_dim..][..2 * head_dim], inv[g], o);
-            }
+    // Units `members` (in order, so the last query sees the most keys), all reading key-value
+    // head `kvh`. Member `m`'s scores start at `m * stride`.
+    let attend = |members: std::ops::Range<usize>, scores: &mut Vec<f32>, acc: &mut Vec<f32>| {
+        let nm = members.len();
+        let kv_off = (members.start / per_kv_head) * head_dim;
+        let seen_of = |u: usize| start_pos + unit(u).0 + 1;
+        let stride = seen_of(members.end - 1);
+        let q_of = |u: usize| {
+            let (i, h) = unit(u);
+            &q[i * q_dim + h * head_dim..][..head_dim]
         };
+        scores.clear();
+        scores.resize(nm * stride, 0.0);
+        for j0 in (0..stride).step_by(KEY_CHUNK) {
+            for (m, u) in members.clone().enumerate() {
+                let seen = seen_of(u);
+                if j0 >= seen {
+                    continue;
+                }
+                let len = KEY_CHUNK.min(seen - j0);
+                let s = &mut scores[m * stride + j0..][..len];
+                scaled_dots(q_of(u), &keys[j0 * kv_dim..], kv_dim, kv_off, scale, s);
+            }
+        }
+        let mut inv = [0f32; MAX_GROUP];
+        for (m, u) in members.clone().enumerate() {
+            inv[m] = 1f32 / softmax_weights(&mut scores[m * stride..][..seen_of(u)]);
+        }
+        acc.clear();
+        acc.resize(nm * 2 * head_dim, 0.0);
+        for j0 in (0..stride).step_by(KEY_CHUNK) {
+            for (m, u) in members.clone().enumerate() {
+                let seen = seen_of(u);
+                if j0 >= seen {
+                    continue;
+                }
+                let len = KEY_CHUNK.min(seen - j0);
+                accumulate_values(
+                    &scores[m * stride + j0..][..len],
+                    &values[j0 * kv_dim..],
+                    kv_dim,
+                    kv_off,
+                    &mut acc[m * 2 * head_dim..][..2 * head_dim],
+                );
+            }
+        }
+        for (m, u) in members.enumerate() {
+            let (i, h) = unit(u);
+            // SAFETY: each (query, head) unit writes only its own head_dim-long span of `out`,
+            // and every unit belongs to exactly one call.
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (out_ptr as *mut f32).add(i * q_dim + h * head_dim),
+                    head_dim,
+                )
+            };
+            finish_values(&acc[m * 2 * head_dim..][..2 * head_dim], inv[m], o);
+        }
+    };
     let run_units = |range: std::ops::Range<usize>, scores: &mut Vec<f32>, acc: &mut Vec<f32>| {
         let mut u = range.start;
         while u < range.end {
-            let (i, h) = (u / num_heads, u % num_heads);
-            // The rest of this head's group, within the range, at most MAX_GROUP heads.
-            let group_end = ((h / group + 1) * group).min(h + MAX_GROUP);
-            let end = (u + group_end - h).min(range.end);
-            attend(i, h..h + (end - u), scores, acc);
+            // The rest of this key-value head's units, within the range, at most MAX_GROUP.
+            let kv_end = (u / per_kv_head + 1) * per_kv_head;
+            let end = kv_end.min(u + MAX_GROUP).min(range.end);
+            attend(u..end, scores, acc);
             u = end;
         }
     };
@@ -554,8 +574,10 @@ pub fn causal_attention(
     }
 }
 
-/// The most heads computed together (a longer group is taken in parts).
-const MAX_GROUP: usize = 8;
+/// The most (query, head) units computed together: the 3 heads of each of 8 verified tokens
+/// on SmolLM2. Measured at depth 1500 (8 tokens / a 256-token chunk): 12 units 29.0 / 642 ms,
+/// 24 28.6 / 616, 48 30.4 / 631; grouping heads of one query only, 34.1 / 856.
+const MAX_GROUP: usize = 24;
 
 #[cfg(test)]
 mod tests {
@@ -651,37 +673,41 @@ mod tests {
     #[test]
     fn heads_computed_together_give_each_heads_own_result() {
         use super::{causal_attention, AttnShape};
-        // 9 heads on 3 key-value heads (SmolLM2's shape); 150 cached tokens span three key
-        // chunks, the last one odd; 3 new tokens, split over threads or not.
+        // 9 heads on 3 key-value heads (SmolLM2's shape). 150 cached tokens span three key
+        // chunks, the last one odd; 3 new tokens fit one run per key-value head, 8 (24 units)
+        // fill one exactly and 11 spill into a second, and a 70-token prefill from an empty
+        // cache runs queries that see different numbers of chunks together. Large enough
+        // shapes are split over threads.
         let shape = AttnShape {
             num_heads: 9,
             num_kv_heads: 3,
             head_dim: 64,
         };
-        let (start, n_new) = (150, 3);
-        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-        let q: Vec<f32> = (0..n_new * q_dim).map(|i| val(i * 11 + 2)).collect();
-        let keys: Vec<f32> = (0..(start + n_new) * kv_dim)
-            .map(|i| val(i * 7 + 3))
-            .collect();
-        let values: Vec<f32> = (0..(start + n_new) * kv_dim)
-            .map(|i| val(i * 5 + 1))
-            .collect();
-        let mut ours = vec![0f32; n_new * q_dim];
-        causal_attention(shape, &q, &keys, &values, start, &mut ours);
-        let mut want = vec![0f32; n_new * q_dim];
-        for i in 0..n_new {
-            for h in 0..9 {
-                let seen = start + i + 1;
-                let mut scores = vec![0f32; seen];
-                let qv = &q[i * q_dim + h * 64..][..64];
-                scaled_dots(qv, &keys, kv_dim, h / 3 * 64, 0.125, &mut scores);
-                let inv = 1.0 / softmax_weights(&mut scores);
-                let o = &mut want[i * q_dim + h * 64..][..64];
-                weighted_values(&scores, inv, &values, kv_dim, h / 3 * 64, o);
+        for (start, n_new) in [(150, 3), (150, 8), (150, 11), (0, 70)] {
+            let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+            let q: Vec<f32> = (0..n_new * q_dim).map(|i| val(i * 11 + 2)).collect();
+            let keys: Vec<f32> = (0..(start + n_new) * kv_dim)
+                .map(|i| val(i * 7 + 3))
+                .collect();
+            let values: Vec<f32> = (0..(start + n_new) * kv_dim)
+                .map(|i| val(i * 5 + 1))
+                .collect();
+            let mut ours = vec![0f32; n_new * q_dim];
+            causal_attention(shape, &q, &keys, &values, start, &mut ours);
+            let mut want = vec![0f32; n_new * q_dim];
+            for i in 0..n_new {
+                for h in 0..9 {
+                    let seen = start + i + 1;
+                    let mut scores = vec![0f32; seen];
+                    let qv = &q[i * q_dim + h * 64..][..64];
+                    scaled_dots(qv, &keys, kv_dim, h / 3 * 64, 0.125, &mut scores);
+                    let inv = 1.0 / softmax_weights(&mut scores);
+                    let o = &mut want[i * q_dim + h * 64..][..64];
+                    weighted_values(&scores, inv, &values, kv_dim, h / 3 * 64, o);
+                }
             }
+            assert_eq!(bits(&ours), bits(&want), "{n_new} new tokens after {start}");
         }
-        assert_eq!(bits(&ours), bits(&want));
     }
 
     #[test]
