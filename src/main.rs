@@ -435,10 +435,13 @@ fn bench(mut config: Config, args: BenchArgs) -> Result<()> {
     println!("{}", bench::render_tables(&rows, args.repeat));
     for e in run.engines.iter().filter(|e| e.pipeline) {
         println!(
-            "pipeline overlap ({}): {:.0}% of busy time over {} rounds",
+            "pipeline overlap ({}): {:.0}% of busy time over {} rounds; next rounds drafted \
+             ahead within a request: {}, used {}",
             e.modes.join(", "),
             e.overlap_ratio * 100.0,
-            e.rounds
+            e.rounds,
+            e.drafted_ahead,
+            e.ahead_used
         );
     }
     if args.temperature == 0.0 {

@@ -15,6 +15,7 @@ pub const SPEC_NUM_DRAFTS: &str = "tandem_spec_decode_num_drafts_total";
 pub const SPEC_NUM_DRAFT_TOKENS: &str = "tandem_spec_decode_num_draft_tokens_total";
 pub const SPEC_NUM_ACCEPTED_TOKENS: &str = "tandem_spec_decode_num_accepted_tokens_total";
 pub const SPEC_ACCEPTED_PER_POS: &str = "tandem_spec_decode_num_accepted_tokens_per_pos_total";
+pub const SPEC_DRAFT_AHEAD: &str = "tandem_spec_draft_ahead_total";
 
 pub const REQUEST_ACCEPTANCE_RATE: &str = "tandem_request_acceptance_rate";
 pub const SPEC_ACCEPTED_LENGTH: &str = "tandem_spec_decode_accepted_length";
@@ -79,6 +80,10 @@ fn describe() {
     describe_counter!(
         SPEC_ACCEPTED_PER_POS,
         "Accepted drafted tokens by position in the round (0-based)."
+    );
+    describe_counter!(
+        SPEC_DRAFT_AHEAD,
+        "Next rounds drafted during a verification within a request (pipelining), by outcome: used (every draft stood and the guess of the target's token held) or discarded."
     );
     describe_histogram!(
         REQUEST_ACCEPTANCE_RATE,
@@ -206,6 +211,12 @@ pub fn record_prefill(seconds: f64) {
 
 pub fn set_speedup_estimate(ratio: f64) {
     gauge!(SPEC_SPEEDUP_ESTIMATE).set(ratio);
+}
+
+/// A next round drafted during a verification within a request: `used` if the guess held.
+pub fn record_draft_ahead(used: bool) {
+    let outcome = if used { "used" } else { "discarded" };
+    counter!(SPEC_DRAFT_AHEAD, "outcome" => outcome).increment(1);
 }
 
 pub fn set_overlap(ratio: f64) {

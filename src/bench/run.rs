@@ -71,6 +71,9 @@ pub struct EngineReport {
     pub pipeline: bool,
     pub rounds: u64,
     pub overlap_ratio: f64,
+    /// Next rounds drafted during a verification within a request, and how many were used.
+    pub drafted_ahead: u64,
+    pub ahead_used: u64,
 }
 
 async fn start_engines(
@@ -351,6 +354,8 @@ pub async fn run_bench(
             pipeline: key.1,
             rounds: stats.rounds,
             overlap_ratio: stats.overlap_ratio,
+            drafted_ahead: stats.drafted_ahead,
+            ahead_used: stats.ahead_used,
         });
     }
     Ok(BenchRun {

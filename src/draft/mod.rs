@@ -60,6 +60,18 @@ impl Proposal {
         self.dists.clear();
     }
 
+    /// Drops the first drafted token and its distribution (a guess that was checked against
+    /// the target's own token: see the scheduler's drafting ahead).
+    pub fn drop_first(&mut self) {
+        if self.tokens.is_empty() {
+            return;
+        }
+        self.tokens.remove(0);
+        if !self.dists.is_empty() {
+            self.dists.drain(..self.vocab);
+        }
+    }
+
     /// Draft distribution of token `i`, or `None` for a point mass.
     pub fn dist(&self, i: usize) -> Option<&[f32]> {
         if self.dists.is_empty() {
@@ -95,4 +107,34 @@ pub trait Drafter {
 
     /// The first `keep` tokens of the context stand; forget anything past them.
     fn rollback(&mut self, keep: usize) -> Result<(), DraftError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Proposal;
+
+    #[test]
+    fn dropping_the_first_draft_keeps_each_later_token_with_its_own_distribution() {
+        let mut p = Proposal {
+            tokens: vec![4, 7, 1],
+            dists: (0..9).map(|i| i as f32).collect(),
+            vocab: 3,
+        };
+        p.drop_first();
+        assert_eq!(p.tokens, [7, 1]);
+        assert_eq!(p.dist(0), Some(&[3.0, 4.0, 5.0][..]));
+        assert_eq!(p.dist(1), Some(&[6.0, 7.0, 8.0][..]));
+        // A point-mass proposal has no distributions to drop.
+        let mut p = Proposal {
+            tokens: vec![4, 7],
+            dists: Vec::new(),
+            vocab: 3,
+        };
+        p.drop_first();
+        assert_eq!(p.tokens, [7]);
+        assert_eq!(p.dist(0), None);
+        p.drop_first();
+        p.drop_first();
+        assert!(p.tokens.is_empty());
+    }
 }

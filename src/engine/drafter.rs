@@ -233,7 +233,12 @@ fn measure_draft_costs(
     len: usize,
     tries: usize,
 ) -> Result<DraftTiming, String> {
-    let context: Vec<u32> = (0..len as u32).map(|i| (i * 7919 + 13) % 256).collect();
+    // Token ids inside the draft model's vocabulary (a tiny test model may have 16).
+    let vocab = match s {
+        DraftState::Model(d) => d.model().hparams().vocab_size.clamp(1, 256) as u32,
+        DraftState::Lookup(..) => 256,
+    };
+    let context: Vec<u32> = (0..len as u32).map(|i| (i * 7919 + 13) % vocab).collect();
     let params = SamplingParams::greedy();
     let mut rng = SeededRng::new(0);
     let mut best = DraftTiming::default();

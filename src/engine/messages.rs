@@ -73,6 +73,10 @@ pub struct SchedulerStats {
     pub rounds: u64,
     /// Time both workers were busy at once, over time at least one was.
     pub overlap_ratio: f64,
+    /// Next rounds drafted during a verification within a request (pipelining with one
+    /// group), and how many of them were used (every draft stood and the guess held).
+    pub drafted_ahead: u64,
+    pub ahead_used: u64,
 }
 
 /// CacheManager: reserve a target KV slot and `tokens` of KV capacity for a sequence.

@@ -6,7 +6,10 @@
 //! cancelled) between rounds; prompts are prefilled in chunks of at most `prefill_chunk` tokens
 //! per round, inside the same forward as everyone else's decoding. With `pipeline` on, decoding
 //! sequences are split into two groups: while the verifier checks one group's drafts, the
-//! drafter drafts for the other (DESIGN.md §4).
+//! drafter drafts for the other (DESIGN.md §4). While only one group has decoding sequences (a
+//! lone request, say), it is verified every round, and the drafter drafts each sequence's next
+//! round during the verification, assuming every draft stands and guessing the target's token
+//! after them; the guess is used when both held and discarded otherwise.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -150,6 +153,9 @@ pub struct Scheduler {
     /// Seconds both workers were busy at once, and seconds at least one was.
     both_busy: f64,
     any_busy: f64,
+    /// Next rounds drafted during a verification within a request, and how many were used.
+    drafted_ahead: u64,
+    ahead_used: u64,
 }
 
 impl Scheduler {
@@ -177,6 +183,8 @@ impl Scheduler {
             rounds: 0,
             both_busy: 0.0,
             any_busy: 0.0,
+            drafted_ahead: 0,
+            ahead_used: 0,
         }
     }
 
@@ -263,6 +271,26 @@ impl Scheduler {
         }
     }
 
+    /// A draft of `s`'s next round made while `drafts` are verified: from its context with
+    /// every draft standing, `gamma + 1` tokens, the first a guess of the token the target
+    /// adds, so that a right guess leaves `gamma` drafts (fewer near the token or context
+    /// limit). `None` when the next round could not draft any.
+    fn draft_ahead_item(&self, s: &Sequence, drafts: &[u32], gamma: usize) -> Option<DraftItem> {
+        // The next round verifies from context + drafts + guess: as `Sequence::candidate` caps
+        // it.
+        let n = s.context.len() + drafts.len();
+        let room = self.cfg.context_len.saturating_sub(n + 1);
+        let remaining = (s.request.generation.max_tokens - s.emitter.generated())
+            .saturating_sub(drafts.len() + 1);
+        let next = gamma.min(room).min(remaining.saturating_sub(1));
+        if next == 0 {
+            return None;
+        }
+        let mut item = self.draft_item(s, next + 1);
+        item.context.extend_from_slice(drafts);
+        Some(item)
+    }
+
     fn draft_item(&self, s: &Sequence, gamma: usize) -> DraftItem {
         DraftItem {
             seq: s.id,
@@ -311,9 +339,15 @@ impl Scheduler {
     }
 
     /// Stores drafts with their sequences and the drafting cost in the cost model; returns the
-    /// seconds drafting took.
-    fn take_drafts(&mut self, drafts: DraftBatchResult) -> f64 {
+    /// seconds drafting took, and the drafts of the sequences in `held` (drafted ahead within
+    /// a request: they wait for the verification of the round before).
+    fn take_drafts(
+        &mut self,
+        drafts: DraftBatchResult,
+        held: &[(u64, usize)],
+    ) -> (f64, HashMap<u64, DraftOutcome>) {
         let t = drafts.timing;
+        let mut kept = HashMap::new();
         self.costs.record_draft(
             t.step_seconds,
             t.first_step_seconds,
@@ -323,6 +357,10 @@ impl Scheduler {
         self.costs
             .record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
         for o in drafts.outcomes {
+            if held.iter().any(|&(seq, _)| seq == o.seq) {
+                kept.insert(o.seq, o);
+                continue;
+            }
             let Some(s) = self.active.iter_mut().find(|s| s.id == o.seq) else {
                 continue;
             };
@@ -331,7 +369,7 @@ impl Scheduler {
             // A drafter failure costs this round's speculation, not the request.
             s.pending = o.proposal.ok();
         }
-        t.step_seconds + t.catch_up_seconds
+        (t.step_seconds + t.catch_up_seconds, kept)
     }
 
     /// γ for each sequence in `which` (indices into `active`) for one round, with `base_width`
@@ -372,7 +410,16 @@ impl Scheduler {
         telemetry::set_speculation(lenience, live.gamma_gauge());
         let has_drafter = self.drafter.is_some();
         let pipelined = self.cfg.pipeline && has_drafter;
-        let verify_group = (self.rounds % 2) as usize;
+        // The groups alternate while both have decoding sequences; a lone group is verified
+        // every round and drafts ahead within its own requests.
+        let decoding_in = |g: usize| self.active.iter().any(|s| s.decoding() && s.group == g);
+        let (in_0, in_1) = (decoding_in(0), decoding_in(1));
+        let within = pipelined && !(in_0 && in_1);
+        let verify_group = if within {
+            usize::from(in_1 && !in_0)
+        } else {
+            (self.rounds % 2) as usize
+        };
 
         // Which decoding sequences are verified now and which are drafted for later.
         let mut now = Vec::new();
@@ -381,7 +428,7 @@ impl Scheduler {
             if !s.decoding() || s.pending.is_some() {
                 continue;
             }
-            if !pipelined {
+            if !pipelined || within {
                 now.push(i);
             } else if s.group != verify_group {
                 ahead.push(i);
@@ -403,6 +450,8 @@ impl Scheduler {
             }
         }
         let mut to_draft_ahead = Vec::new();
+        // Sequences drafting their next round during this verification, and their γ.
+        let mut guesses: Vec<(u64, usize)> = Vec::new();
         for (&i, gamma) in ahead.iter().zip(self.plan(&ahead, 0, &live).0) {
             if gamma > 0 {
                 to_draft_ahead.push(self.draft_item(&self.active[i], gamma));
@@ -414,7 +463,7 @@ impl Scheduler {
         if !to_draft_now.is_empty() {
             let drafts = self.draft(to_draft_now).await?;
             draft_timing = drafts.timing;
-            draft_secs = self.take_drafts(drafts);
+            draft_secs = self.take_drafts(drafts, &[]).0;
         }
 
         // The target batch: prompt chunks within the budget, then verifications.
@@ -426,6 +475,10 @@ impl Scheduler {
                     continue;
                 }
                 let proposal = s.pending.take().unwrap_or_default();
+                let gamma = proposal.tokens.len();
+                if within && gamma > 0 {
+                    guesses.push((s.id, gamma));
+                }
                 let mut tokens = Vec::with_capacity(1 + proposal.tokens.len());
                 tokens.push(*s.context.last().expect("context holds the prompt"));
                 tokens.extend_from_slice(&proposal.tokens);
@@ -453,6 +506,17 @@ impl Scheduler {
                     lenience,
                 ));
             }
+        }
+        for &(seq, gamma) in &guesses {
+            let item = items
+                .iter()
+                .find(|i| i.seq == seq)
+                .map(|i| i.tokens[1..].to_vec())
+                .and_then(|drafts| {
+                    let s = self.active.iter().find(|s| s.id == seq)?;
+                    self.draft_ahead_item(s, &drafts, gamma)
+                });
+            to_draft_ahead.extend(item);
         }
         let widths: Vec<(TargetWork, usize)> =
             items.iter().map(|i| (i.work, i.tokens.len())).collect();
@@ -482,7 +546,8 @@ impl Scheduler {
         };
         let (target, ahead) = tokio::join!(target, self.draft(to_draft_ahead));
         let wall = wall.elapsed().as_secs_f64();
-        let ahead_secs = self.take_drafts(ahead?);
+        // Drafts of a next round made during this one wait for its outcome.
+        let (ahead_secs, mut guessed) = self.take_drafts(ahead?, &guesses);
         self.rounds += 1;
         let Some(result) = target? else {
             return Ok(());
@@ -567,7 +632,14 @@ impl Scheduler {
             let round = drafts[..o.accepted].iter().copied().chain([next]);
             match emit_round(s, round) {
                 Ok(Some(finish)) => ended.push((id, Ok(finish))),
-                Ok(None) => {}
+                Ok(None) => {
+                    if let Some(g) = guessed.remove(&id) {
+                        let used = o.accepted == drafts.len() && adopt_guess(s, g, next);
+                        self.drafted_ahead += 1;
+                        self.ahead_used += u64::from(used);
+                        telemetry::record_draft_ahead(used);
+                    }
+                }
                 Err(e) => ended.push((id, Err(e.to_string()))),
             }
         }
@@ -604,6 +676,25 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// Makes a draft made ahead (see `Scheduler::draft_ahead_item`) the sequence's next drafts if
+/// its guess held: the round's drafts all stood (the caller checks) and its first token is the
+/// one the target added, `next`. Its other tokens were drafted after exactly the context the
+/// sequence now has, so they are drafts like any other, and the acceptance rule keeps the
+/// output exact. Otherwise it is dropped, and the sequence's draft RNG stays where it was.
+fn adopt_guess(s: &mut Sequence, guess: DraftOutcome, next: u32) -> bool {
+    let Ok(mut p) = guess.proposal else {
+        return false;
+    };
+    if p.tokens.len() < 2 || p.tokens[0] != next {
+        return false;
+    }
+    p.drop_first();
+    s.pending = Some(p);
+    s.draft_rng = guess.rng;
+    s.drafter_seen = s.context.len();
+    true
 }
 
 /// Emits a round's tokens (the accepted drafts, then the sampled token) through the sequence's
@@ -729,6 +820,8 @@ impl Message<GetSchedulerStats> for Scheduler {
             } else {
                 0.0
             },
+            drafted_ahead: self.drafted_ahead,
+            ahead_used: self.ahead_used,
         }
     }
 }
