@@ -26,7 +26,8 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Prompt tokens prefilled per round (all sequences together).
     pub prefill_chunk: usize,
-    /// Draft one group of sequences while verifying the other.
+    /// Draft one group of sequences while verifying the other; with one group, draft each
+    /// request's next round while verifying its current one.
     pub pipeline: bool,
     pub target_threads: usize,
     pub draft_threads: usize,
