@@ -34,6 +34,14 @@ fn load(spec: &common::TinySpec, dtype: WeightsDtype) -> (tempfile::TempDir, Loa
     (dir, m)
 }
 
+/// The tiny target (seed 7) and a tiny model of the same shape with other weights (seed 99),
+/// which as a drafter mostly disagrees with it; the directories hold their files.
+fn target_and_other() -> ([tempfile::TempDir; 2], Arc<Llama>, Arc<Llama>) {
+    let (d1, target) = load(&untied(7), WeightsDtype::F32);
+    let (d2, other) = load(&untied(99), WeightsDtype::F32);
+    ([d1, d2], Arc::new(target.model), Arc::new(other.model))
+}
+
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
     GenerationRequest {
         prompt,
@@ -86,9 +94,7 @@ fn runtime() -> tokio::runtime::Runtime {
 #[test]
 fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
     let _serial = one_at_a_time();
-    let (_d1, target) = load(&untied(7), WeightsDtype::F32);
-    let (_d2, other) = load(&untied(99), WeightsDtype::F32);
-    let target_model = Arc::new(target.model);
+    let (_dirs, target_model, other) = target_and_other();
     let rt = runtime();
     let all = prompts(8);
     let want: Vec<Vec<u32>> = all
@@ -100,7 +106,7 @@ fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
         None,
         Some(DraftSource::PromptLookup(PromptLookup::default())),
         Some(DraftSource::Model {
-            model: Arc::new(other.model),
+            model: other,
             name: "tiny-other".into(),
         }),
     ];
@@ -170,14 +176,13 @@ fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
 #[test]
 fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
     let _serial = one_at_a_time();
-    let (_d1, target) = load(&untied(7), WeightsDtype::F32);
-    let (_d2, other) = load(&untied(99), WeightsDtype::F32);
+    let (_dirs, target, other) = target_and_other();
     let rt = runtime();
     let engine = rt
         .block_on(Engine::start(
-            Arc::new(target.model),
+            target,
             Some(DraftSource::Model {
-                model: Arc::new(other.model),
+                model: other,
                 name: "tiny-other".into(),
             }),
             EngineConfig::default(),
@@ -333,13 +338,12 @@ fn governor_decodes_plainly_with_a_bad_drafter_and_speculates_with_a_good_one() 
     let rt = runtime();
     // Bad: a draft model as big as the target with other weights: it rarely agrees and costs
     // as much as a target step, so speculation cannot pay.
-    let (_d1, target) = load(&untied(7), WeightsDtype::F32);
-    let (_d2, other) = load(&untied(99), WeightsDtype::F32);
+    let (_dirs, target, other) = target_and_other();
     let engine = rt
         .block_on(Engine::start(
-            Arc::new(target.model),
+            target,
             Some(DraftSource::Model {
-                model: Arc::new(other.model),
+                model: other,
                 name: "tiny-other".into(),
             }),
             EngineConfig::default(),
@@ -362,9 +366,22 @@ fn governor_decodes_plainly_with_a_bad_drafter_and_speculates_with_a_good_one() 
         spec.rounds * 4 < bad.tokens.len(),
         "mostly plain steps with a bad drafter: {spec:?}"
     );
+    drop(engine);
     // Good: a tied tiny model repeats its input token forever, which prompt lookup (free)
-    // predicts perfectly.
-    let (_d3, repeater) = load(&common::TinySpec::default(), WeightsDtype::F32);
+    // predicts perfectly. Its weights are f16 (tandem's own kernel) and wide enough (~5 M)
+    // that reading them dominates a forward, as in a real model, so verifying several tokens
+    // costs little more than one (measured: 2 tokens ~0.40 ms, 4 ~0.48, 5 ~0.60). At the
+    // default width in f32 a 2-token forward cost 1.5-2 times a 35 µs step, and whether
+    // speculation paid at the prior α was decided by timing noise (1 run in 4 decoded
+    // plainly throughout; 0 in 60 now, 20 of them beside a busy core).
+    let wide = common::TinySpec {
+        hidden: 512,
+        intermediate: 1024,
+        heads: 8,
+        kv_heads: 4,
+        ..Default::default()
+    };
+    let (_d3, repeater) = load(&wide, WeightsDtype::F16);
     let engine = rt
         .block_on(Engine::start(
             Arc::new(repeater.model),
@@ -392,13 +409,25 @@ fn governor_decodes_plainly_with_a_bad_drafter_and_speculates_with_a_good_one() 
     );
 }
 
-fn pipelined() -> EngineConfig {
-    EngineConfig {
+/// An engine with pipelining on (one thread per worker) and `draft` as its draft model.
+fn start_pipelined(
+    rt: &tokio::runtime::Runtime,
+    target: &Arc<Llama>,
+    draft: Arc<Llama>,
+    name: &str,
+) -> Engine {
+    let source = DraftSource::Model {
+        model: draft,
+        name: name.into(),
+    };
+    let cfg = EngineConfig {
         pipeline: true,
         target_threads: 1,
         draft_threads: 1,
         ..Default::default()
-    }
+    };
+    rt.block_on(Engine::start(Arc::clone(target), Some(source), cfg))
+        .unwrap()
 }
 
 /// A lone request with pipelining on drafts its next round while the current one is verified.
@@ -407,26 +436,14 @@ fn pipelined() -> EngineConfig {
 #[test]
 fn drafting_ahead_within_a_request_keeps_greedy_output_identical() {
     let _serial = one_at_a_time();
-    let (_d1, target) = load(&untied(7), WeightsDtype::F32);
-    let (_d2, other) = load(&untied(99), WeightsDtype::F32);
-    let target = Arc::new(target.model);
+    let (_dirs, target, other) = target_and_other();
     let rt = runtime();
     let all = prompts(3);
     for (name, draft, always_right) in [
         ("itself", Arc::clone(&target), true),
-        ("tiny-other", Arc::new(other.model), false),
+        ("tiny-other", other, false),
     ] {
-        let source = DraftSource::Model {
-            model: draft,
-            name: name.into(),
-        };
-        let engine = rt
-            .block_on(Engine::start(
-                Arc::clone(&target),
-                Some(source),
-                pipelined(),
-            ))
-            .unwrap();
+        let engine = start_pipelined(&rt, &target, draft, name);
         for (i, p) in all.iter().enumerate() {
             let req = greedy(p.clone(), 30 + 5 * i);
             let got = rt
@@ -502,17 +519,7 @@ fn sampled_output_drafted_ahead_is_distributed_as_plain_sampling() {
         }
     }
     let rt = runtime();
-    let source = DraftSource::Model {
-        model: Arc::new(draft.model),
-        name: "tiny-q4_0".into(),
-    };
-    let engine = rt
-        .block_on(Engine::start(
-            Arc::clone(&target),
-            Some(source),
-            pipelined(),
-        ))
-        .unwrap();
+    let engine = start_pipelined(&rt, &target, Arc::new(draft.model), "tiny-q4_0");
     let mut spec_h = [[0u64; VOCAB]; TOKENS];
     let mut spec = tandem::engine::SpecStats::default();
     rt.block_on(async {

@@ -176,8 +176,20 @@ impl CostModel {
         }
     }
 
-    /// Time of a target forward of `width` new tokens.
+    /// Time of a target forward of `width` new tokens. A forward of `width` tokens slower than
+    /// `width` one-token forwards is noise (it could have run as that many single steps), and
+    /// is not kept: it would be the width's only live price until the width runs again, and a
+    /// plan never picks a width it prices that high, so it would never be re-measured (seen on
+    /// a 35 µs tiny model: one preempted 2-token forward at 2.4 times a step stopped an
+    /// always-right drafter for the rest of its request).
     pub fn record_verify(&mut self, seconds: f64, width: usize) {
+        let single = self
+            .verify
+            .first()
+            .and_then(|c| c.get().filter(|_| !c.provisional));
+        if width > 1 && single.is_some_and(|one| seconds > one * width as f64) {
+            return;
+        }
         if let Some(c) = width.checked_sub(1).and_then(|i| self.verify.get_mut(i)) {
             c.record(seconds);
             self.verify_clock += 1;
@@ -842,6 +854,32 @@ mod tests {
             g.record_round(3, 3);
         }
         assert_eq!(solo(&g, &c), 0);
+    }
+
+    #[test]
+    fn a_wide_forward_slower_than_as_many_steps_is_not_kept() {
+        let mut c = CostModel::new(4);
+        c.record_verify(1.0, 1);
+        c.record_verify(1.5, 2);
+        c.mark_provisional();
+        c.record_verify(1.0, 1);
+        // Kept, it would replace the start-up price as the width's only live one.
+        c.record_verify(2.4, 2);
+        assert_eq!(
+            c.verify_seconds(2),
+            Some(1.5),
+            "2.4 > 2 steps of 1.0: noise"
+        );
+        c.record_verify(1.8, 2);
+        assert_eq!(
+            c.verify_seconds(2),
+            Some(1.8),
+            "a plausible live price replaces it"
+        );
+        // Before a live one-token price, nothing is judged.
+        let mut fresh = CostModel::new(4);
+        fresh.record_verify(9.0, 3);
+        assert_eq!(fresh.verify_seconds(3), Some(9.0));
     }
 
     #[test]

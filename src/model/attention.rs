@@ -506,41 +506,39 @@ pub fn causal_attention(
             let (i, h) = unit(u);
             &q[i * q_dim + h * head_dim..][..head_dim]
         };
+        // Key chunk by key chunk, so a chunk is read once for all members: calls
+        // `f(member, unit, first key, keys in the chunk)` for each member that sees it.
+        let each_chunk = |f: &mut dyn FnMut(usize, usize, usize, usize)| {
+            for j0 in (0..stride).step_by(KEY_CHUNK) {
+                for (m, u) in members.clone().enumerate() {
+                    let seen = seen_of(u);
+                    if j0 < seen {
+                        f(m, u, j0, KEY_CHUNK.min(seen - j0));
+                    }
+                }
+            }
+        };
         scores.clear();
         scores.resize(nm * stride, 0.0);
-        for j0 in (0..stride).step_by(KEY_CHUNK) {
-            for (m, u) in members.clone().enumerate() {
-                let seen = seen_of(u);
-                if j0 >= seen {
-                    continue;
-                }
-                let len = KEY_CHUNK.min(seen - j0);
-                let s = &mut scores[m * stride + j0..][..len];
-                scaled_dots(q_of(u), &keys[j0 * kv_dim..], kv_dim, kv_off, scale, s);
-            }
-        }
+        each_chunk(&mut |m, u, j0, len| {
+            let s = &mut scores[m * stride + j0..][..len];
+            scaled_dots(q_of(u), &keys[j0 * kv_dim..], kv_dim, kv_off, scale, s);
+        });
         let mut inv = [0f32; MAX_GROUP];
         for (m, u) in members.clone().enumerate() {
             inv[m] = 1f32 / softmax_weights(&mut scores[m * stride..][..seen_of(u)]);
         }
         acc.clear();
         acc.resize(nm * 2 * head_dim, 0.0);
-        for j0 in (0..stride).step_by(KEY_CHUNK) {
-            for (m, u) in members.clone().enumerate() {
-                let seen = seen_of(u);
-                if j0 >= seen {
-                    continue;
-                }
-                let len = KEY_CHUNK.min(seen - j0);
-                accumulate_values(
-                    &scores[m * stride + j0..][..len],
-                    &values[j0 * kv_dim..],
-                    kv_dim,
-                    kv_off,
-                    &mut acc[m * 2 * head_dim..][..2 * head_dim],
-                );
-            }
-        }
+        each_chunk(&mut |m, _, j0, len| {
+            accumulate_values(
+                &scores[m * stride + j0..][..len],
+                &values[j0 * kv_dim..],
+                kv_dim,
+                kv_off,
+                &mut acc[m * 2 * head_dim..][..2 * head_dim],
+            );
+        });
         for (m, u) in members.enumerate() {
             let (i, h) = unit(u);
             // SAFETY: each (query, head) unit writes only its own head_dim-long span of `out`,
