@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::engine::SpeculationSettings;
-use crate::model::WeightsDtype;
+use crate::model::{KvDtype, WeightsDtype};
 
 /// The embedded default configuration.
 pub const DEFAULT_CONFIG: &str = include_str!("../config/default.toml");
@@ -90,6 +90,7 @@ pub struct ModelConfig {
     pub path: String,
     pub weights_dtype: String,
     pub context_length: usize,
+    pub kv_cache_dtype: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -143,10 +144,20 @@ impl Config {
         self.model.weights_dtype.parse().expect("validated at load")
     }
 
+    pub fn kv_cache_dtype(&self) -> KvDtype {
+        self.model
+            .kv_cache_dtype
+            .parse()
+            .expect("validated at load")
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, reason: String| Err(ConfigError::Invalid { key, reason });
         if let Err(e) = self.model.weights_dtype.parse::<WeightsDtype>() {
             return invalid("model.weights_dtype", e);
+        }
+        if let Err(e) = self.model.kv_cache_dtype.parse::<KvDtype>() {
+            return invalid("model.kv_cache_dtype", e);
         }
         if self.model.path.trim().is_empty() {
             return invalid("model.path", "must not be empty".into());
@@ -308,6 +319,10 @@ mod tests {
         assert!(e.to_string().contains("generation.top_p"), "{e}");
         let e = Config::from_toml("[model]\nweights_dtype = \"q3\"").unwrap_err();
         assert!(e.to_string().contains("model.weights_dtype"), "{e}");
+        let e = Config::from_toml("[model]\nkv_cache_dtype = \"q8\"").unwrap_err();
+        assert!(e.to_string().contains("model.kv_cache_dtype"), "{e}");
+        let c = Config::from_toml("[model]\nkv_cache_dtype = \"F32\"").unwrap();
+        assert_eq!(c.kv_cache_dtype(), KvDtype::F32);
         let e = Config::from_toml("[model]\nbogus = 1").unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
         let e = Config::from_toml("[generation]\nmax_tokens = \"many\"").unwrap_err();

@@ -173,6 +173,9 @@ struct ModelArgs {
     /// Context length (prompt + output tokens).
     #[arg(long, env = "TANDEM_CONTEXT_LENGTH")]
     context_length: Option<usize>,
+    /// KV cache element type of both models: f16 or f32.
+    #[arg(long, env = "TANDEM_KV_CACHE_DTYPE")]
+    kv_cache_dtype: Option<String>,
 }
 
 #[derive(Args)]
@@ -275,6 +278,9 @@ fn apply_model_args(config: &mut Config, args: &ModelArgs) -> Result<()> {
     }
     if let Some(c) = args.context_length {
         config.model.context_length = c;
+    }
+    if let Some(d) = &args.kv_cache_dtype {
+        config.model.kv_cache_dtype = d.clone();
     }
     config.validate()?;
     Ok(())
@@ -379,6 +385,7 @@ fn bench(mut config: Config, args: BenchArgs) -> Result<()> {
         "target_weights": target.model.linear_dtypes().join("/"),
         "draft": draft_name,
         "context_length": target.model.context_len(),
+        "kv_cache_dtype": target.model.kv_dtype().to_string(),
     });
     let models = bench::BenchModels {
         target: std::sync::Arc::new(target.model),
@@ -500,10 +507,11 @@ fn load_model(config: &Config) -> Result<LoadedModel> {
     let loaded = tandem::setup::load_target(config)
         .with_context(|| format!("loading model {}", config.model.path))?;
     eprintln!(
-        "loaded {} (--weights-dtype {}: linear weights as {}) in {:.2}s on {threads} thread(s)",
+        "loaded {} (--weights-dtype {}: linear weights as {}; {} KV cache) in {:.2}s on {threads} thread(s)",
         loaded.source.display_name(),
         config.weights_dtype(),
         loaded.model.linear_dtypes().join("/"),
+        loaded.model.kv_dtype(),
         t.elapsed().as_secs_f64()
     );
     Ok(loaded)

@@ -29,6 +29,7 @@ pub fn load_target(config: &Config) -> Result<LoadedModel, SetupError> {
     tracing::info!(
         model = %source.display_name(),
         weights = %target.model.linear_dtypes().join("/"),
+        kv_cache = %target.model.kv_dtype(),
         seconds = t.elapsed().as_secs_f64(),
         "loaded the target model"
     );
@@ -39,6 +40,7 @@ fn target_options(config: &Config) -> LoadOptions {
     LoadOptions {
         weights_dtype: config.weights_dtype(),
         context_len: config.model.context_length,
+        kv_dtype: config.kv_cache_dtype(),
         ..Default::default()
     }
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use tandem::model::{KvCache, Llama, LoadedModel, LogitsRows, SeqInput, WeightsDtype};
+use tandem::model::{KvCache, KvDtype, Llama, LoadedModel, LogitsRows, SeqInput, WeightsDtype};
 
 fn fwd(
     model: &Llama,
@@ -175,6 +175,110 @@ fn real_model_q8_0_f16_and_its_own_q4_1() {
         let loaded = common::load_default(dtype);
         check_all(&loaded, 49152);
     }
+}
+
+/// An f16 cache rounds keys and values once, as they are stored, so the algebra above holds
+/// bit for bit with it too: on the tiny model (f32 and 4-bit weights) and the real one.
+#[test]
+fn f16_kv_cache_keeps_the_algebra() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_tiny_llama(
+        dir.path(),
+        &common::TinySpec {
+            hidden: 256,
+            intermediate: 512,
+            heads: 4,
+            kv_heads: 2,
+            ..Default::default()
+        },
+    );
+    for dtype in [WeightsDtype::F32, WeightsDtype::Q4_0] {
+        let mut loaded = common::load_tiny(dir.path(), dtype);
+        loaded.model = loaded.model.with_kv_dtype(KvDtype::F16);
+        check_all(&loaded, 256);
+    }
+    let mut loaded = common::load_default(WeightsDtype::F16);
+    loaded.model = loaded.model.with_kv_dtype(KvDtype::F16);
+    assert_eq!(loaded.model.new_cache(1).dtype(), KvDtype::F16);
+    check_all(&loaded, 49152);
+}
+
+/// The f16 cache stays close to the f32 one on the real model: over a 300-token context every
+/// position's logits are within a small distance of the f32 cache's, and the top token agrees
+/// nearly everywhere (random tokens make many near-ties, so not always).
+#[test]
+fn f16_kv_cache_stays_close_to_f32_on_the_real_model() {
+    let f32_model = common::load_default(WeightsDtype::F16).model;
+    let f16_model = common::load_default(WeightsDtype::F16)
+        .model
+        .with_kv_dtype(KvDtype::F16);
+    let tokens = common::random_tokens(21, 300, 49152);
+    let logits = |m: &Llama| {
+        let mut cache = m.new_cache(1);
+        let s = cache.allocate().unwrap();
+        let mut rows = Vec::new();
+        for chunk in tokens.chunks(64) {
+            rows.extend(fwd(m, &mut cache, s, chunk, LogitsRows::All));
+        }
+        rows
+    };
+    let (a, b) = (logits(&f32_model), logits(&f16_model));
+    let argmax = |r: &[f32]| {
+        r.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .unwrap()
+            .0
+    };
+    let mut agree = 0;
+    let mut worst = 0f32;
+    for (x, y) in a.iter().zip(&b) {
+        let diff = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        worst = worst.max(diff);
+        agree += usize::from(argmax(x) == argmax(y));
+    }
+    assert!(a != b, "the f16 cache must really round");
+    assert!(worst < TOLERANCE, "largest logit difference {worst}");
+    assert!(
+        agree * 100 >= a.len() * 97,
+        "top token agrees at {agree} of {}",
+        a.len()
+    );
+}
+
+/// Largest logit difference allowed between the two caches over the test's 300 positions:
+/// measured 0.075 (logits span about ±20), with the top token agreeing at 299 of 300; this
+/// leaves room for other machines' kernels, while a cache that rounded to fewer bits, or
+/// mixed up positions, moves logits by whole units.
+const TOLERANCE: f32 = 0.25;
+
+#[test]
+fn an_f16_cache_holds_half_the_bytes() {
+    let (_dir, loaded) = tiny_f32();
+    let f32_cache = loaded.model.new_cache(1);
+    let model = loaded.model.with_kv_dtype(KvDtype::F16);
+    let mut cache = model.new_cache(1);
+    assert_eq!(2 * cache.bytes_per_token(), f32_cache.bytes_per_token());
+    let a = cache.allocate().unwrap();
+    fwd(
+        &model,
+        &mut cache,
+        a,
+        &common::random_tokens(1, 10, 256),
+        LogitsRows::Last,
+    );
+    let bytes = cache.slot_memory_bytes(a);
+    assert!(bytes >= 10 * cache.bytes_per_token(), "{bytes}");
+    cache.truncate_to(a, 3).unwrap();
+    assert_eq!(
+        cache.slot_memory_bytes(a),
+        bytes,
+        "truncation keeps the memory"
+    );
 }
 
 /// The default tiny model with f32 weights (the folder lives as long as the returned guard).

@@ -12,6 +12,48 @@
 //! Profiled at a depth of 1000, the score and value loops and `expf` were ~30% of a multi-token
 //! forward: separate multiply and add, a scalar eight-lane reduction per key, and one libm
 //! call per key.
+//!
+//! Keys and values are f32 or f16 ([`KvElement`]); f16 ones are widened to f32 as they are
+//! loaded (exactly, and by one instruction on the vector paths), so the arithmetic and its bits
+//! are those of f32 keys and values holding the same numbers, while a deep cache, whose reads
+//! bound attention, is half the bytes.
+
+/// An element of a KV cache as attention reads it.
+pub trait KvElement: Copy + Send + Sync + 'static {
+    /// IEEE half precision (else f32): the vector paths widen it as they load.
+    const HALF: bool;
+    /// The value as f32 (exact for both types).
+    fn widen(self) -> f32;
+}
+
+impl KvElement for f32 {
+    const HALF: bool = false;
+    #[inline]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl KvElement for half::f16 {
+    const HALF: bool = true;
+    #[inline]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+/// Eight elements from `p` as f32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(super) unsafe fn load8<T: KvElement>(p: *const T) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    if T::HALF {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    } else {
+        _mm256_loadu_ps(p.cast())
+    }
+}
 
 /// Shapes of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -35,14 +77,14 @@ impl AttnShape {
 /// same bits for the same inputs wherever it is called, and what the vector paths compute
 /// (AVX-512 as one 16-lane register, AVX2 as two 8-lane ones).
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot<T: KvElement>(a: &[f32], b: &[T]) -> f32 {
     let mut acc = [0f32; 16];
     let ca = a.chunks_exact(16);
     let cb = b.chunks_exact(16);
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
         for l in 0..16 {
-            acc[l] = x[l].mul_add(y[l], acc[l]);
+            acc[l] = x[l].mul_add(y[l].widen(), acc[l]);
         }
     }
     let folded: [f32; 8] = std::array::from_fn(|l| acc[l] + acc[l + 8]);
@@ -52,7 +94,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
     let mut tail = 0f32;
     for (x, y) in ra.iter().zip(rb) {
-        tail = x.mul_add(*y, tail);
+        tail = x.mul_add(y.widen(), tail);
     }
     sum + tail
 }
@@ -103,9 +145,9 @@ const EXP_P: [f32; 6] = [
 /// with their eight-lane reductions done in registers (a transpose by shuffles and horizontal
 /// adds that pairs the lanes as `lane_sum` does): bitwise the same scores as the scalar path,
 /// whatever the number of keys or the instruction set.
-fn scaled_dots(
+fn scaled_dots<T: KvElement>(
     q: &[f32],
-    keys: &[f32],
+    keys: &[T],
     stride: usize,
     offset: usize,
     scale: f32,
@@ -161,10 +203,10 @@ pub(super) unsafe fn reduce_eight_keys(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn scaled_dots_avx2(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scaled_dots_avx2<T: KvElement>(
     q: &[f32],
-    keys: &[f32],
+    keys: &[T],
     stride: usize,
     offset: usize,
     scale: f32,
@@ -178,17 +220,13 @@ unsafe fn scaled_dots_avx2(
     let sv = _mm256_set1_ps(scale);
     // One key's sixteen lanes as two registers (`lo`: elements 0-7 of each block, `hi`:
     // 8-15), folded into one.
-    let key_lanes = |k: *const f32| {
+    let key_lanes = |k: *const T| {
         let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for c in 0..blocks {
-            lo = _mm256_fmadd_ps(
-                _mm256_loadu_ps(qp.add(c * 16)),
-                _mm256_loadu_ps(k.add(c * 16)),
-                lo,
-            );
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(c * 16)), load8(k.add(c * 16)), lo);
             hi = _mm256_fmadd_ps(
                 _mm256_loadu_ps(qp.add(c * 16 + 8)),
-                _mm256_loadu_ps(k.add(c * 16 + 8)),
+                load8(k.add(c * 16 + 8)),
                 hi,
             );
         }
@@ -206,8 +244,8 @@ unsafe fn scaled_dots_avx2(
                 let q1 = _mm256_loadu_ps(qp.add(c * 16 + 8));
                 for i in 0..4 {
                     let k = kp.add((j + half * 4 + i) * stride + c * 16);
-                    lo[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k), lo[i]);
-                    hi[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k.add(8)), hi[i]);
+                    lo[i] = _mm256_fmadd_ps(q0, load8(k), lo[i]);
+                    hi[i] = _mm256_fmadd_ps(q1, load8(k.add(8)), hi[i]);
                 }
             }
             for i in 0..4 {
@@ -327,9 +365,9 @@ unsafe fn exp_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
 /// one let the vector paths keep twice as many independent accumulators in flight; they keep
 /// a block of sums in registers while they stream the values (32 on AVX2, 64 on AVX-512), with
 /// the same operations per element in the same order as the scalar path.
-fn accumulate_values(
+fn accumulate_values<T: KvElement>(
     weights: &[f32],
-    values: &[f32],
+    values: &[T],
     stride: usize,
     offset: usize,
     acc: &mut [f32],
@@ -360,7 +398,7 @@ fn accumulate_values(
         let v = &values[j * stride + offset..][..dim];
         let sums = if j % 2 == 0 { &mut *even } else { &mut *odd };
         for (o, vd) in sums.iter_mut().zip(v) {
-            *o = w.mul_add(*vd, *o);
+            *o = w.mul_add(vd.widen(), *o);
         }
     }
 }
@@ -375,10 +413,10 @@ fn finish_values(acc: &[f32], inv: f32, out: &mut [f32]) {
 
 /// `out = (Σ_{j even} weights[j] · value j + Σ_{j odd} weights[j] · value j) · inv` in one go.
 #[cfg(test)]
-fn weighted_values(
+fn weighted_values<T: KvElement>(
     weights: &[f32],
     inv: f32,
-    values: &[f32],
+    values: &[T],
     stride: usize,
     offset: usize,
     out: &mut [f32],
@@ -389,10 +427,10 @@ fn weighted_values(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn accumulate_values_avx2(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accumulate_values_avx2<T: KvElement>(
     weights: &[f32],
-    values: &[f32],
+    values: &[T],
     stride: usize,
     offset: usize,
     acc: &mut [f32],
@@ -411,8 +449,8 @@ unsafe fn accumulate_values_avx2(
             let (we, wo) = (_mm256_set1_ps(weights[j]), _mm256_set1_ps(weights[j + 1]));
             let (ve, vo) = (vp.add(j * stride), vp.add((j + 1) * stride));
             for r in 0..4 {
-                even[r] = _mm256_fmadd_ps(we, _mm256_loadu_ps(ve.add(r * 8)), even[r]);
-                odd[r] = _mm256_fmadd_ps(wo, _mm256_loadu_ps(vo.add(r * 8)), odd[r]);
+                even[r] = _mm256_fmadd_ps(we, load8(ve.add(r * 8)), even[r]);
+                odd[r] = _mm256_fmadd_ps(wo, load8(vo.add(r * 8)), odd[r]);
             }
             j += 2;
         }
@@ -420,7 +458,7 @@ unsafe fn accumulate_values_avx2(
             let we = _mm256_set1_ps(weights[j]);
             let ve = vp.add(j * stride);
             for (r, e) in even.iter_mut().enumerate() {
-                *e = _mm256_fmadd_ps(we, _mm256_loadu_ps(ve.add(r * 8)), *e);
+                *e = _mm256_fmadd_ps(we, load8(ve.add(r * 8)), *e);
             }
         }
         for r in 0..4 {
@@ -440,7 +478,11 @@ fn wide_available() -> bool {
 #[cfg(target_arch = "x86_64")]
 fn simd_available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    *AVAILABLE.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    })
 }
 
 /// Keys taken at a time by every head of a group before the next ones: 64 keys of 64 values
@@ -460,11 +502,11 @@ const KEY_CHUNK: usize = 64;
 /// and each extra query token of a verification re-read it, ~0.6 ms a token (measured with
 /// `forward-bench`), before queries shared a run. Neither the split nor the grouping changes a
 /// unit's arithmetic.
-pub fn causal_attention(
+pub fn causal_attention<T: KvElement>(
     shape: AttnShape,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[T],
+    values: &[T],
     start_pos: usize,
     out: &mut [f32],
 ) {
@@ -665,6 +707,101 @@ mod tests {
                 path(&weights, 0.37, &values, stride, offset, &mut ours);
                 assert_eq!(bits(&ours), bits(&want), "{name}: {dim} outputs, {n} keys");
             }
+        }
+    }
+
+    /// f16 keys and values give, on every path, the bits f32 ones holding the same numbers
+    /// give: the scalar loops (head sizes 40 and 48 for values, 40 for scores), AVX2 and
+    /// AVX-512.
+    #[test]
+    fn f16_keys_and_values_give_the_bits_of_their_f32_values_on_every_path() {
+        use half::f16;
+        let half_and_wide = |n: usize, k: usize| -> (Vec<f16>, Vec<f32>) {
+            let h: Vec<f16> = (0..n)
+                .map(|i| f16::from_f32(val(i * k + 3) * 1.7))
+                .collect();
+            let w = h.iter().map(|x| x.to_f32()).collect();
+            (h, w)
+        };
+        for dim in [128, 64, 48, 40] {
+            for n in [1, 8, 23, 64] {
+                let (stride, offset) = (3 * dim, dim);
+                let q: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
+                let (k16, k32) = half_and_wide(n * stride, 7);
+                let (v16, v32) = half_and_wide(n * stride, 5);
+                let mut want = vec![0f32; n];
+                scaled_dots(&q, &k32, stride, offset, 0.125, &mut want);
+                let mut got = vec![0f32; n];
+                scaled_dots(&q, &k16, stride, offset, 0.125, &mut got);
+                assert_eq!(bits(&got), bits(&want), "scores: head size {dim}, {n} keys");
+                #[cfg(target_arch = "x86_64")]
+                if super::simd_available() && dim % 16 == 0 {
+                    unsafe { super::scaled_dots_avx2(&q, &k16, stride, offset, 0.125, &mut got) };
+                    assert_eq!(bits(&got), bits(&want), "avx2 scores: {dim}, {n}");
+                    if is_x86_feature_detected!("avx512f") {
+                        unsafe {
+                            super::super::attention_avx512::scaled_dots(
+                                &q, &k16, stride, offset, 0.125, &mut got,
+                            )
+                        };
+                        assert_eq!(bits(&got), bits(&want), "avx512 scores: {dim}, {n}");
+                    }
+                }
+                let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
+                let want = value_sums_by_definition(&weights, 0.37, &v32, stride, offset, dim);
+                let mut got = vec![0f32; dim];
+                weighted_values(&weights, 0.37, &v16, stride, offset, &mut got);
+                assert_eq!(bits(&got), bits(&want), "values: head size {dim}, {n} keys");
+                #[cfg(target_arch = "x86_64")]
+                if super::simd_available() && dim % 32 == 0 {
+                    let mut acc = vec![0f32; 2 * dim];
+                    unsafe {
+                        super::accumulate_values_avx2(&weights, &v16, stride, offset, &mut acc)
+                    };
+                    super::finish_values(&acc, 0.37, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "avx2 values: {dim}, {n}");
+                    if is_x86_feature_detected!("avx512f") && dim % 64 == 0 {
+                        acc.fill(0.0);
+                        unsafe {
+                            super::super::attention_avx512::accumulate_values(
+                                &weights, &v16, stride, offset, &mut acc,
+                            )
+                        };
+                        super::finish_values(&acc, 0.37, &mut got);
+                        assert_eq!(bits(&got), bits(&want), "avx512 values: {dim}, {n}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The same through the whole attention call (grouped heads, key chunks, threads).
+    #[test]
+    fn an_f16_cache_gives_the_bits_of_its_values_in_f32() {
+        use super::{causal_attention, AttnShape};
+        use half::f16;
+        let shape = AttnShape {
+            num_heads: 9,
+            num_kv_heads: 3,
+            head_dim: 64,
+        };
+        // One token, a verification that fills a run, and a prefill spanning two key chunks.
+        for (start, n_new) in [(150, 1), (150, 8), (0, 70)] {
+            let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+            let q: Vec<f32> = (0..n_new * q_dim).map(|i| val(i * 11 + 2)).collect();
+            let half_of = |k: usize| -> Vec<f16> {
+                (0..(start + n_new) * kv_dim)
+                    .map(|i| f16::from_f32(val(i * k + 3) * 1.7))
+                    .collect()
+            };
+            let (keys16, values16) = (half_of(7), half_of(5));
+            let widen = |v: &[f16]| -> Vec<f32> { v.iter().map(|x| x.to_f32()).collect() };
+            let (keys32, values32) = (widen(&keys16), widen(&values16));
+            let mut from16 = vec![0f32; n_new * q_dim];
+            causal_attention(shape, &q, &keys16, &values16, start, &mut from16);
+            let mut from32 = vec![0f32; n_new * q_dim];
+            causal_attention(shape, &q, &keys32, &values32, start, &mut from32);
+            assert_eq!(bits(&from16), bits(&from32), "start {start}, {n_new} new");
         }
     }
 

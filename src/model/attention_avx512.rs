@@ -11,7 +11,18 @@
 
 use std::arch::x86_64::*;
 
-use super::attention::{lane_sum, reduce_eight_keys};
+use super::attention::{lane_sum, reduce_eight_keys, KvElement};
+
+/// Sixteen elements from `p` as f32.
+#[target_feature(enable = "avx512f,f16c")]
+#[inline]
+unsafe fn load16<T: KvElement>(p: *const T) -> __m512 {
+    if T::HALF {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    } else {
+        _mm512_loadu_ps(p.cast())
+    }
+}
 
 /// The sixteen lanes of one key's products folded to eight (`lane i + lane i+8`).
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -23,10 +34,10 @@ unsafe fn halves_sum(z: __m512) -> __m256 {
 
 /// See `attention::scaled_dots`; `q.len()` is a multiple of 16 and every key read is inside
 /// `keys` (the caller checks both).
-#[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn scaled_dots(
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn scaled_dots<T: KvElement>(
     q: &[f32],
-    keys: &[f32],
+    keys: &[T],
     stride: usize,
     offset: usize,
     scale: f32,
@@ -43,7 +54,7 @@ pub(super) unsafe fn scaled_dots(
         for c in 0..blocks {
             let qz = _mm512_loadu_ps(qp.add(c * 16));
             for (i, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(qz, _mm512_loadu_ps(kp.add((j + i) * stride + c * 16)), *a);
+                *a = _mm512_fmadd_ps(qz, load16(kp.add((j + i) * stride + c * 16)), *a);
             }
         }
         let folded: [__m256; 8] = std::array::from_fn(|i| halves_sum(acc[i]));
@@ -55,11 +66,7 @@ pub(super) unsafe fn scaled_dots(
         let k = kp.add(j * stride);
         let mut acc = _mm512_setzero_ps();
         for c in 0..blocks {
-            acc = _mm512_fmadd_ps(
-                _mm512_loadu_ps(qp.add(c * 16)),
-                _mm512_loadu_ps(k.add(c * 16)),
-                acc,
-            );
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(c * 16)), load16(k.add(c * 16)), acc);
         }
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), halves_sum(acc));
@@ -70,10 +77,10 @@ pub(super) unsafe fn scaled_dots(
 
 /// See `attention::accumulate_values`; the sums' length is a multiple of 128 (two halves of a
 /// multiple of 64) and every value read is inside `values` (the caller checks both).
-#[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn accumulate_values(
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn accumulate_values<T: KvElement>(
     weights: &[f32],
-    values: &[f32],
+    values: &[T],
     stride: usize,
     offset: usize,
     acc: &mut [f32],
@@ -91,8 +98,8 @@ pub(super) unsafe fn accumulate_values(
             let (we, wo) = (_mm512_set1_ps(weights[j]), _mm512_set1_ps(weights[j + 1]));
             let (ve, vo) = (vp.add(j * stride), vp.add((j + 1) * stride));
             for r in 0..4 {
-                even[r] = _mm512_fmadd_ps(we, _mm512_loadu_ps(ve.add(r * 16)), even[r]);
-                odd[r] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(vo.add(r * 16)), odd[r]);
+                even[r] = _mm512_fmadd_ps(we, load16(ve.add(r * 16)), even[r]);
+                odd[r] = _mm512_fmadd_ps(wo, load16(vo.add(r * 16)), odd[r]);
             }
             j += 2;
         }
@@ -100,7 +107,7 @@ pub(super) unsafe fn accumulate_values(
             let we = _mm512_set1_ps(weights[j]);
             let ve = vp.add(j * stride);
             for (r, e) in even.iter_mut().enumerate() {
-                *e = _mm512_fmadd_ps(we, _mm512_loadu_ps(ve.add(r * 16)), *e);
+                *e = _mm512_fmadd_ps(we, load16(ve.add(r * 16)), *e);
             }
         }
         for r in 0..4 {

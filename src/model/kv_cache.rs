@@ -1,33 +1,159 @@
 //! The KV cache: a fixed number of sequence slots, each holding keys and values for every
 //! layer, that can be truncated (speculative rollback) and freed.
 //!
-//! Plain f32 memory laid out token-major (`[pos][kv_head][head_dim]`), so appending a round's
-//! tokens is a copy and truncation is a length change that keeps the allocation for reuse.
+//! Memory laid out token-major (`[pos][kv_head][head_dim]`), so appending a round's tokens is a
+//! copy and truncation is a length change that keeps the allocation for reuse. Elements are
+//! f32 or f16 ([`KvDtype`]): attention over a deep cache is bound by reading it, and f16 halves
+//! both the reads and the memory a sequence holds (llama.cpp's default cache type too). Keys
+//! and values are rounded to f16 once, when they are appended, so a token's cached values are
+//! the same bits however it was batched: greedy parity does not depend on the type.
+
+use std::str::FromStr;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use super::{ModelError, Result};
 
+/// Element type of a KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    /// Exactly the projections' values.
+    #[default]
+    F32,
+    /// Rounded to half precision (to nearest, ties to even) when appended.
+    F16,
+}
+
+impl KvDtype {
+    pub fn size_of(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+impl FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvDtype::F32),
+            "f16" => Ok(KvDtype::F16),
+            _ => Err(format!("unknown KV cache type {s:?} (expected f32 or f16)")),
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        })
+    }
+}
+
+/// One layer's keys or values, `len * kv_dim` elements in use.
+enum LayerBuf {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl LayerBuf {
+    fn new(dtype: KvDtype) -> Self {
+        match dtype {
+            KvDtype::F32 => LayerBuf::F32(Vec::new()),
+            KvDtype::F16 => LayerBuf::F16(Vec::new()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            LayerBuf::F32(v) => v.len(),
+            LayerBuf::F16(v) => v.len(),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match self {
+            LayerBuf::F32(v) => v.truncate(len),
+            LayerBuf::F16(v) => v.truncate(len),
+        }
+    }
+
+    fn reserve_total(&mut self, want: usize) {
+        match self {
+            LayerBuf::F32(v) if v.capacity() < want => v.reserve_exact(want - v.len()),
+            LayerBuf::F16(v) if v.capacity() < want => v.reserve_exact(want - v.len()),
+            _ => {}
+        }
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        match self {
+            LayerBuf::F32(v) => v.capacity() * 4,
+            LayerBuf::F16(v) => v.capacity() * 2,
+        }
+    }
+
+    fn extend(&mut self, src: &[f32]) {
+        match self {
+            LayerBuf::F32(v) => v.extend_from_slice(src),
+            LayerBuf::F16(v) => {
+                let start = v.len();
+                v.resize(start + src.len(), f16::ZERO);
+                v[start..].convert_from_f32_slice(src);
+            }
+        }
+    }
+}
+
+/// One layer's cached keys and values, in the cache's element type.
+pub(crate) enum LayerKv<'a> {
+    F32 { keys: &'a [f32], values: &'a [f32] },
+    F16 { keys: &'a [f16], values: &'a [f16] },
+}
+
 struct Slot {
     len: usize,
-    /// Per layer, `len * kv_dim` keys (and values) in use; capacity is kept across truncation.
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    /// Per layer; capacity is kept across truncation.
+    keys: Vec<LayerBuf>,
+    values: Vec<LayerBuf>,
 }
 
 pub struct KvCache {
     num_layers: usize,
     kv_dim: usize,
     max_len: usize,
+    dtype: KvDtype,
     slots: Vec<Option<Slot>>,
 }
 
 impl KvCache {
     pub fn new(num_layers: usize, kv_dim: usize, num_slots: usize, max_len: usize) -> Self {
+        Self::with_dtype(num_layers, kv_dim, num_slots, max_len, KvDtype::F32)
+    }
+
+    pub fn with_dtype(
+        num_layers: usize,
+        kv_dim: usize,
+        num_slots: usize,
+        max_len: usize,
+        dtype: KvDtype,
+    ) -> Self {
         Self {
             num_layers,
             kv_dim,
             max_len,
+            dtype,
             slots: (0..num_slots).map(|_| None).collect(),
         }
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
     }
 
     pub fn num_slots(&self) -> usize {
@@ -55,10 +181,11 @@ impl KvCache {
     pub fn allocate_slot(&mut self, slot: usize) -> Result<()> {
         match self.slots.get(slot) {
             Some(None) => {
+                let dtype = self.dtype;
                 self.slots[slot] = Some(Slot {
                     len: 0,
-                    keys: (0..self.num_layers).map(|_| Vec::new()).collect(),
-                    values: (0..self.num_layers).map(|_| Vec::new()).collect(),
+                    keys: (0..self.num_layers).map(|_| LayerBuf::new(dtype)).collect(),
+                    values: (0..self.num_layers).map(|_| LayerBuf::new(dtype)).collect(),
                 });
                 Ok(())
             }
@@ -109,9 +236,7 @@ impl KvCache {
         let s = self.slot_mut(slot)?;
         let want = len.min(max_len) * kv_dim;
         for buf in s.keys.iter_mut().chain(s.values.iter_mut()) {
-            if buf.capacity() < want {
-                buf.reserve_exact(want - buf.len());
-            }
+            buf.reserve_total(want);
         }
         Ok(())
     }
@@ -119,14 +244,12 @@ impl KvCache {
     /// Bytes allocated for a slot (0 when free).
     pub fn slot_memory_bytes(&self, slot: usize) -> usize {
         match self.slots.get(slot) {
-            Some(Some(s)) => {
-                s.keys
-                    .iter()
-                    .chain(s.values.iter())
-                    .map(Vec::capacity)
-                    .sum::<usize>()
-                    * std::mem::size_of::<f32>()
-            }
+            Some(Some(s)) => s
+                .keys
+                .iter()
+                .chain(s.values.iter())
+                .map(LayerBuf::capacity_bytes)
+                .sum(),
             _ => 0,
         }
     }
@@ -139,7 +262,7 @@ impl KvCache {
 
     /// Bytes one token occupies across all layers (keys and values).
     pub fn bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.kv_dim * std::mem::size_of::<f32>()
+        2 * self.num_layers * self.kv_dim * self.dtype.size_of()
     }
 
     fn slot(&self, slot: usize) -> Result<&Slot> {
@@ -156,8 +279,8 @@ impl KvCache {
             .ok_or_else(|| ModelError::Cache(format!("slot {slot} is not allocated")))
     }
 
-    /// Appends one layer's keys and values for new tokens (the slot's length is committed
-    /// separately, once every layer has appended).
+    /// Appends one layer's keys and values for new tokens, converted to the cache's type (the
+    /// slot's length is committed separately, once every layer has appended).
     pub(crate) fn append_layer(
         &mut self,
         slot: usize,
@@ -166,14 +289,18 @@ impl KvCache {
         values: &[f32],
     ) -> Result<()> {
         let s = self.slot_mut(slot)?;
-        s.keys[layer].extend_from_slice(keys);
-        s.values[layer].extend_from_slice(values);
+        s.keys[layer].extend(keys);
+        s.values[layer].extend(values);
         Ok(())
     }
 
-    pub(crate) fn layer(&self, slot: usize, layer: usize) -> Result<(&[f32], &[f32])> {
+    pub(crate) fn layer(&self, slot: usize, layer: usize) -> Result<LayerKv<'_>> {
         let s = self.slot(slot)?;
-        Ok((&s.keys[layer], &s.values[layer]))
+        Ok(match (&s.keys[layer], &s.values[layer]) {
+            (LayerBuf::F32(keys), LayerBuf::F32(values)) => LayerKv::F32 { keys, values },
+            (LayerBuf::F16(keys), LayerBuf::F16(values)) => LayerKv::F16 { keys, values },
+            _ => unreachable!("a slot's buffers all have the cache's type"),
+        })
     }
 
     /// Sets a slot's length after a forward appended to every layer.

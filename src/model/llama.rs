@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::attention::{causal_attention, AttnShape};
 use super::hparams::LlamaHparams;
-use super::kv_cache::KvCache;
+use super::kv_cache::{KvCache, KvDtype, LayerKv};
 use super::linear::{Linear, WeightsDtype};
 use super::rope::RopeTable;
 use super::weights::{WeightName, WeightReader};
@@ -83,6 +83,7 @@ pub struct Llama {
     rope: RopeTable,
     context_len: usize,
     weights_dtype: WeightsDtype,
+    kv_dtype: KvDtype,
 }
 
 impl Llama {
@@ -157,7 +158,18 @@ impl Llama {
             rope,
             context_len,
             weights_dtype,
+            kv_dtype: KvDtype::F32,
         })
+    }
+
+    /// Sets the element type of the caches [`Llama::new_cache`] makes.
+    pub fn with_kv_dtype(mut self, kv_dtype: KvDtype) -> Self {
+        self.kv_dtype = kv_dtype;
+        self
+    }
+
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     pub fn hparams(&self) -> &LlamaHparams {
@@ -199,11 +211,12 @@ impl Llama {
 
     /// A cache with `num_slots` sequence slots of up to `context_len` tokens each.
     pub fn new_cache(&self, num_slots: usize) -> KvCache {
-        KvCache::new(
+        KvCache::with_dtype(
             self.hp.num_layers,
             self.hp.num_kv_heads * self.hp.head_dim,
             num_slots,
             self.context_len,
+            self.kv_dtype,
         )
     }
 
@@ -326,15 +339,18 @@ impl Llama {
             let mut offset = 0;
             for s in batch {
                 let n = s.tokens.len();
-                let (keys, values) = cache.layer(s.slot, l)?;
-                causal_attention(
-                    shape,
+                let (q, out) = (
                     &q[offset * q_dim..(offset + n) * q_dim],
-                    keys,
-                    values,
-                    s.start_pos,
                     &mut attn_out[offset * q_dim..(offset + n) * q_dim],
                 );
+                match cache.layer(s.slot, l)? {
+                    LayerKv::F32 { keys, values } => {
+                        causal_attention(shape, q, keys, values, s.start_pos, out)
+                    }
+                    LayerKv::F16 { keys, values } => {
+                        causal_attention(shape, q, keys, values, s.start_pos, out)
+                    }
+                }
                 offset += n;
             }
             let attn = Tensor::from_slice(&attn_out, (total, q_dim), &self.device)?;

@@ -7,6 +7,7 @@ use candle_core::quantized::gguf_file;
 use candle_core::Device;
 
 use super::hparams::LlamaHparams;
+use super::kv_cache::KvDtype;
 use super::linear::WeightsDtype;
 use super::llama::Llama;
 use super::tokenizer::TextTokenizer;
@@ -150,6 +151,8 @@ pub struct LoadOptions {
     /// Load only the first this many transformer layers (final norm and output head kept):
     /// the target's own early layers as a self-speculative drafter.
     pub max_layers: Option<usize>,
+    /// Element type of the model's KV caches.
+    pub kv_dtype: KvDtype,
 }
 
 impl Default for LoadOptions {
@@ -159,6 +162,7 @@ impl Default for LoadOptions {
             context_len: 4096,
             device: Device::Cpu,
             max_layers: None,
+            kv_dtype: KvDtype::F32,
         }
     }
 }
@@ -209,7 +213,8 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> 
     let tokenizer =
         TextTokenizer::from_gguf(&content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let mut reader = WeightReader::gguf(content, path, &opts.device)?;
-    let model = Llama::load(&mut reader, hp, opts.weights_dtype, opts.context_len)?;
+    let model = Llama::load(&mut reader, hp, opts.weights_dtype, opts.context_len)?
+        .with_kv_dtype(opts.kv_dtype);
     Ok((model, tokenizer))
 }
 
@@ -244,6 +249,7 @@ fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> {
     let tokenizer =
         TextTokenizer::from_hf_dir(dir).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let mut reader = WeightReader::safetensors_dir(dir, &opts.device)?;
-    let model = Llama::load(&mut reader, hp, opts.weights_dtype, opts.context_len)?;
+    let model = Llama::load(&mut reader, hp, opts.weights_dtype, opts.context_len)?
+        .with_kv_dtype(opts.kv_dtype);
     Ok((model, tokenizer))
 }

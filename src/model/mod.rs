@@ -22,7 +22,7 @@ pub mod weights;
 
 pub use chat_template::{ChatMessage, ChatTemplate};
 pub use hparams::{LlamaHparams, RopeScaling};
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvDtype};
 pub use linear::WeightsDtype;
 pub use llama::{Llama, LogitsRows, SeqInput};
 pub use loader::{default_model_path, LoadedModel, ModelSource};
