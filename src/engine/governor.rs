@@ -88,6 +88,13 @@ pub struct CostModel {
     /// for all sizes was off by 4x: a drafter taking in a 900-token prompt pays attention over
     /// a deep context on every token, so it costs ~2 ms a token where a 32-token one costs 0.5.
     catch_up_token: Vec<CostEstimate>,
+    /// `catch_up_size[b]`: the tokens of bucket `b`'s latest catch-up, where its price was
+    /// measured (catch-ups past the deepest measured bucket are extrapolated from the two
+    /// deepest).
+    catch_up_size: Vec<usize>,
+    /// How a draft step's price grows with the context it attends over, from start-up steps
+    /// timed at two depths: the floor under the price of a step at a given depth.
+    draft_depth: Option<DepthLine>,
     /// `verify[w - 1]`: a target forward of `w` new tokens in all.
     verify: Vec<CostEstimate>,
     /// The start-up prices of `verify`, set by [`CostModel::mark_provisional`].
@@ -108,6 +115,8 @@ impl CostModel {
             draft_first: Vec::new(),
             draft_step: Vec::new(),
             catch_up_token: Vec::new(),
+            catch_up_size: Vec::new(),
+            draft_depth: None,
             verify: vec![CostEstimate::default(); max_width.max(1)],
             verify_start_up: Vec::new(),
             verify_stamp: vec![0; max_width.max(1)],
@@ -171,8 +180,34 @@ impl CostModel {
             let b = catch_up_bucket(tokens);
             if self.catch_up_token.len() <= b {
                 self.catch_up_token.resize(b + 1, CostEstimate::default());
+                self.catch_up_size.resize(b + 1, 0);
             }
             self.catch_up_token[b].record(seconds / tokens as f64);
+            self.catch_up_size[b] = tokens;
+        }
+    }
+
+    /// A draft step's seconds measured at two context depths (tokens): a step attends over
+    /// the whole context, so at depth it costs more than the shallow steps that price it
+    /// until drafting runs there (measured: 3.5 ms at 31 tokens, 4.3 at 255, 6.5 at 800).
+    pub fn record_draft_depths(&mut self, shallow: (usize, f64), deep: (usize, f64)) {
+        let (d0, s0) = (shallow.0 as f64, shallow.1);
+        let (d1, s1) = (deep.0 as f64, deep.1);
+        if d1 > d0 && s0.is_finite() && s1.is_finite() && s0 > 0.0 {
+            self.draft_depth = Some(DepthLine {
+                depth: d0,
+                step: s0,
+                slope: ((s1 - s0) / (d1 - d0)).max(0.0),
+            });
+        }
+    }
+
+    /// The least a draft step costs with `depth` context tokens: the start-up line through
+    /// its two depths, from its shallower one on (0 when not measured, or shallower).
+    pub fn draft_step_floor(&self, depth: usize) -> f64 {
+        match self.draft_depth {
+            Some(l) if depth as f64 > l.depth => l.step + l.slope * (depth as f64 - l.depth),
+            _ => 0.0,
         }
     }
 
@@ -219,19 +254,32 @@ impl CostModel {
     /// Seconds for the drafter to take in `tokens` unseen context tokens (nothing until
     /// measured: prompt lookup never has any), priced per token at the nearest measured size
     /// (the larger one on a tie: deeper catch-ups cost more per token, and guessing low is what
-    /// lets an unpayable catch-up through).
+    /// lets an unpayable catch-up through). Past the deepest measured size the per-token price
+    /// is extrapolated along the line through the two deepest: every token of a long prompt
+    /// attends over the ones before it (measured: 0.92 ms a token at 31 tokens, 1.03 at 255,
+    /// 1.22 at 782, which the 255-token price put at 0.8 s instead of 0.95).
     pub fn catch_up_seconds(&self, tokens: usize) -> f64 {
         if tokens == 0 {
             return 0.0;
         }
         let want = catch_up_bucket(tokens);
-        let per_token = self
+        let measured: Vec<(usize, f64)> = self
             .catch_up_token
             .iter()
             .enumerate()
             .filter_map(|(b, c)| c.get().map(|v| (b, v)))
-            .min_by_key(|&(b, _)| (b.abs_diff(want), std::cmp::Reverse(b)))
-            .map_or(0.0, |(_, v)| v);
+            .collect();
+        let per_token = match measured.as_slice() {
+            [.., (b0, p0), (b1, p1)] if want > *b1 => {
+                let (n0, n1) = (self.catch_up_size[*b0], self.catch_up_size[*b1]);
+                let slope = ((p1 - p0) / (n1 as f64 - n0 as f64)).max(0.0);
+                p1 + slope * (tokens - n1) as f64
+            }
+            _ => measured
+                .iter()
+                .min_by_key(|&&(b, _)| (b.abs_diff(want), std::cmp::Reverse(b)))
+                .map_or(0.0, |&(_, v)| v),
+        };
         per_token * tokens as f64
     }
 
@@ -309,6 +357,14 @@ impl CostModel {
         let plain = self.verify_seconds(1)?;
         Some((self.draft_seconds(gamma, 1)? + self.verify_seconds(gamma + 1)?) / plain)
     }
+}
+
+/// A straight line of draft-step seconds over context depth, from `depth` on.
+#[derive(Clone, Copy, Debug)]
+struct DepthLine {
+    depth: f64,
+    step: f64,
+    slope: f64,
 }
 
 /// A per-batch-size price for `seqs` sequences: measured, interpolated between the nearest
@@ -475,6 +531,7 @@ impl Governor {
             choice,
             catch_up,
             remaining,
+            depth: 0,
         }
     }
 }
@@ -501,6 +558,8 @@ pub struct Candidate {
     pub catch_up: usize,
     /// Tokens it may still generate (its one-off catch-up is spread over them).
     pub remaining: usize,
+    /// Context tokens its draft steps attend over (0 = not known: priced as measured).
+    pub depth: usize,
 }
 
 /// Chooses every sequence's γ for one round (DESIGN.md §4) to maximise the round's expected
@@ -691,6 +750,19 @@ pub fn forecast_round(
         }
     }
     f.draft = costs.draft_seconds(f.steps, f.drafting)?;
+    // Prices measured on shallower contexts (start-up's, other requests') would make drafting
+    // beside a deep context look cheap: a step costs at least the start-up line at the depth
+    // of the deepest drafting sequence.
+    let deepest = candidates
+        .iter()
+        .zip(plan)
+        .filter(|&(_, &g)| g > 0)
+        .map(|(c, _)| c.depth)
+        .max()
+        .unwrap_or(0);
+    f.draft = f
+        .draft
+        .max(f.steps as f64 * costs.draft_step_floor(deepest));
     f.verify = costs.verify_seconds(f.width)?;
     Some(f)
 }
@@ -939,6 +1011,7 @@ mod tests {
             choice: Choice::Probe { gamma: 1, max: 8 },
             catch_up,
             remaining,
+            depth: 0,
         };
         // At best (all accepted, γ = 8) rounds cost 5.8 steps for 9 tokens: 1.55x, saving a
         // third of a step per token; catching up on 100 tokens costs 10 steps.
@@ -962,6 +1035,7 @@ mod tests {
             choice: Choice::Probe { gamma: 1, max: 8 },
             catch_up: 100,
             remaining: 60,
+            depth: 0,
         };
         // Alone, a round of 8 drafts yields 7.4 tokens for 4.2 steps: it could save 26 steps
         // over 60 tokens, so the catch-up is worth trying.
@@ -993,6 +1067,7 @@ mod tests {
             choice: Choice::Probe { gamma: 1, max: 8 },
             catch_up: 100,
             remaining: 60,
+            depth: 0,
         };
         // Every draft accepted would save 32 steps; at 60% (halfway from its 20%) under 8.
         assert_eq!(plan_round(&[probe(0.2)], 0, &c, 1.05), vec![0]);
@@ -1223,6 +1298,47 @@ mod tests {
     }
 
     #[test]
+    fn catch_ups_past_the_deepest_measured_size_are_extrapolated() {
+        let mut c = CostModel::new(4);
+        c.record_catch_up(31.0 * 0.9e-3, 31);
+        c.record_catch_up(255.0 * 1.0e-3, 255);
+        // 0.1 ms a token dearer over 224 more tokens: a 767-token prompt at 1.0 ms a token
+        // plus 512/224 of that.
+        let want = 767.0 * (1.0e-3 + 0.1e-3 * 512.0 / 224.0);
+        assert!((c.catch_up_seconds(767) - want).abs() < 1e-9);
+        // Sizes measured, or below the deepest, keep their class's price.
+        assert!((c.catch_up_seconds(200) - 0.2).abs() < 1e-9);
+        assert!((c.catch_up_seconds(40) - 40.0 * 0.9e-3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn draft_steps_at_depth_cost_at_least_the_start_up_line() {
+        let verify = [
+            0.012, 0.0125, 0.013, 0.0135, 0.014, 0.0145, 0.015, 0.0155, 0.016,
+        ];
+        let mut c = costs(0.003, &verify);
+        c.record_catch_up(0.6, 600);
+        // Start-up: 3 ms a step at 30 tokens of context, 4 ms at 250.
+        c.record_draft_depths((30, 0.003), (250, 0.004));
+        assert_eq!(c.draft_step_floor(10), 0.0);
+        let deep = 0.003 + 0.001 * 1970.0 / 220.0;
+        assert!((c.draft_step_floor(2000) - deep).abs() < 1e-12);
+        let free = |depth| Candidate {
+            alpha: 0.9,
+            choice: Choice::Free { min: 1, max: 8 },
+            catch_up: 600,
+            remaining: 200,
+            depth,
+        };
+        // Shallow, a draft step is a quarter of a plain step and the catch-up repays itself;
+        // at a depth of 2000 a step costs as much as the plain step it should save.
+        assert!(plan_round(&[free(40)], 0, &c, 1.05)[0] > 0);
+        assert_eq!(plan_round(&[free(2000)], 0, &c, 1.05), vec![0]);
+        let f = forecast_round(&[free(2000)], &[4], 0, &c).unwrap();
+        assert!((f.draft - 4.0 * deep).abs() < 1e-12, "{f:?}");
+    }
+
+    #[test]
     fn fixed_choices_are_kept() {
         let c = costs(1.0, &[1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0]);
         let fixed = Candidate {
@@ -1230,6 +1346,7 @@ mod tests {
             choice: Choice::Fixed(3),
             catch_up: 0,
             remaining: 100,
+            depth: 0,
         };
         assert_eq!(plan_round(&[fixed], 0, &c, 1.02), vec![3]);
     }

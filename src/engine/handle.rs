@@ -15,6 +15,7 @@ use super::scheduler::{Scheduler, SchedulerConfig};
 use super::settings::{LiveSettings, SpeculationSettings};
 use super::verifier::Verifier;
 use super::EngineError;
+use crate::draft::DraftTiming;
 use crate::model::Llama;
 
 /// Engine settings (the `[engine]` config section).
@@ -119,11 +120,18 @@ impl Engine {
                 if let Some(t) = timings.first() {
                     costs.record_draft(t.step_seconds, t.first_step_seconds, t.steps, 1);
                 }
+                let per_step = |t: &DraftTiming| t.step_seconds / t.steps.max(1) as f64;
+                if let (Some(a), Some(b)) = (timings.first(), timings.last()) {
+                    costs.record_draft_depths(
+                        (a.catch_up_tokens, per_step(a)),
+                        (b.catch_up_tokens, per_step(b)),
+                    );
+                }
                 for t in &timings {
                     tracing::debug!(
                         tokens = t.catch_up_tokens,
                         catch_up_ms = t.catch_up_seconds * 1e3,
-                        step_ms = t.step_seconds * 1e3 / t.steps.max(1) as f64,
+                        step_ms = per_step(t) * 1e3,
                         "drafter calibrated"
                     );
                     costs.record_catch_up(t.catch_up_seconds, t.catch_up_tokens);

@@ -109,8 +109,9 @@ impl Sequence {
         let room = context_len.saturating_sub(n + 1);
         let remaining = self.request.generation.max_tokens - self.emitter.generated();
         let cap = room.min(remaining.saturating_sub(1));
-        let adaptive = || {
-            self.governor.candidate(
+        let adaptive = || Candidate {
+            depth: n,
+            ..self.governor.candidate(
                 live.gamma_min.min(cap),
                 live.gamma_max.min(cap),
                 self.context.len().saturating_sub(self.drafter_seen + 2),
@@ -122,6 +123,7 @@ impl Sequence {
             choice: Choice::Fixed(g.min(cap)),
             catch_up: 0,
             remaining,
+            depth: n,
         };
         match self.request.gamma {
             _ if !has_drafter => fixed(0),
