@@ -140,10 +140,10 @@ fn check_all(loaded: &LoadedModel, vocab: usize) {
     );
 }
 
-#[test]
-fn tiny_model_every_weight_type() {
+/// A tiny model with hidden size 256, so q4k and the repacked x86 kernels (k a multiple of
+/// 256) are exercised too.
+fn wide_tiny_model() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    // hidden 256 so q4k and the repacked x86 kernels (k a multiple of 256) are exercised too.
     common::write_tiny_llama(
         dir.path(),
         &common::TinySpec {
@@ -154,6 +154,12 @@ fn tiny_model_every_weight_type() {
             ..Default::default()
         },
     );
+    dir
+}
+
+#[test]
+fn tiny_model_every_weight_type() {
+    let dir = wide_tiny_model();
     for dtype in [
         WeightsDtype::AsIs,
         WeightsDtype::F32,
@@ -181,17 +187,7 @@ fn real_model_q8_0_f16_and_its_own_q4_1() {
 /// bit for bit with it too: on the tiny model (f32 and 4-bit weights) and the real one.
 #[test]
 fn f16_kv_cache_keeps_the_algebra() {
-    let dir = tempfile::tempdir().unwrap();
-    common::write_tiny_llama(
-        dir.path(),
-        &common::TinySpec {
-            hidden: 256,
-            intermediate: 512,
-            heads: 4,
-            kv_heads: 2,
-            ..Default::default()
-        },
-    );
+    let dir = wide_tiny_model();
     for dtype in [WeightsDtype::F32, WeightsDtype::Q4_0] {
         let mut loaded = common::load_tiny(dir.path(), dtype);
         loaded.model = loaded.model.with_kv_dtype(KvDtype::F16);
