@@ -164,7 +164,7 @@ struct ModelArgs {
     /// `default`, a .gguf file, or a Hugging Face model folder.
     #[arg(long, env = "TANDEM_MODEL")]
     model: Option<String>,
-    /// Linear weight type after loading: as-is, f32, f16, bf16, q8_0, q4_0, q4_1, q4k.
+    /// Linear weight type after loading: auto, as-is, f32, f16, bf16, q8_0, q4_0, q4_1, q4k.
     #[arg(long, env = "TANDEM_WEIGHTS_DTYPE")]
     weights_dtype: Option<String>,
     /// Compute threads (0 = all cores).

@@ -43,12 +43,13 @@ fn short_bench_run_writes_json_and_svg_and_greedy_outputs_match() {
             "--warmup",
             "0",
         ])
-        // The same weights drafting for themselves: a draft model that always agrees.
+        // The same weights drafting for themselves (the default target keeps the file's
+        // weights as they are): a draft model that always agrees.
         .args([
             "--modes",
             "plain,pld:gamma=2,draft:gamma=3",
             "--draft-weights-dtype",
-            "q8_0",
+            "as-is",
         ])
         .arg("--out")
         .arg(&out)

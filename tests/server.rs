@@ -526,7 +526,8 @@ fn sampled_acceptance(addr: &str) -> f64 {
 
 #[test]
 fn admin_api_changes_speculation_live() {
-    // A draft model (the same file at q4_0) drafting for the q8_0 target: close but not equal.
+    // A draft model (the same file at q4_0) drafting for the default target (the file's own
+    // Q4_1 weights): close but not equal.
     let server = Server::start(
         &[
             "--context-length",
