@@ -132,11 +132,7 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(num_layers: usize, kv_dim: usize, num_slots: usize, max_len: usize) -> Self {
-        Self::with_dtype(num_layers, kv_dim, num_slots, max_len, KvDtype::F32)
-    }
-
-    pub fn with_dtype(
+    pub fn new(
         num_layers: usize,
         kv_dim: usize,
         num_slots: usize,

@@ -211,7 +211,7 @@ impl Llama {
 
     /// A cache with `num_slots` sequence slots of up to `context_len` tokens each.
     pub fn new_cache(&self, num_slots: usize) -> KvCache {
-        KvCache::with_dtype(
+        KvCache::new(
             self.hp.num_layers,
             self.hp.num_kv_heads * self.hp.head_dim,
             num_slots,
