@@ -17,7 +17,7 @@ fn tandem() -> Command {
 }
 
 fn spec_bench_dev() -> std::path::PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/spec_bench_dev.jsonl");
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/spec_bench_dev.jsonl");
     assert!(
         p.is_file(),
         "Spec-Bench dev prompts missing at {}",

@@ -176,7 +176,7 @@ fn stops_inside_rounds_and_respects_limits() {
 fn spec_bench_prompts(model: &tandem::model::LoadedModel, n: usize) -> Vec<Vec<u32>> {
     let data = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/data/spec_bench_dev.jsonl"
+        "/data/spec_bench_dev.jsonl"
     ))
     .unwrap();
     let mut seen = std::collections::HashSet::new();

@@ -40,7 +40,7 @@ fn smollm() -> &'static TextTokenizer {
 fn spec_bench_turns() -> Vec<String> {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/data/spec_bench_dev.jsonl"
+        "/data/spec_bench_dev.jsonl"
     );
     let text = std::fs::read_to_string(path).expect("read spec_bench_dev.jsonl");
     let mut turns = Vec::new();

@@ -28,8 +28,21 @@ pub struct RunRecord {
     /// Greedy runs: whether the tokens equal plain decoding's for the same question, repeat
     /// and turn. `None` for sampled runs and for plain decoding itself.
     pub outputs_match: Option<bool>,
+    /// FNV-1a of the output token ids: runs of two builds or machines compare outputs by it.
+    pub output_digest: String,
     #[serde(skip)]
     pub tokens: Vec<u32>,
+}
+
+/// A short fingerprint of an output's token ids (64-bit FNV-1a, hex).
+pub fn token_digest(tokens: &[u32]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for t in tokens {
+        for b in t.to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
 }
 
 /// Requests of one mode run together (`concurrency` at a time), with the wall time they took.
@@ -301,6 +314,7 @@ mod tests {
             rounds,
             finish: "length".into(),
             outputs_match: (mode != "plain").then_some(true),
+            output_digest: token_digest(&[]),
             tokens: vec![],
         }
     }

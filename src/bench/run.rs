@@ -218,6 +218,7 @@ async fn run_question(
             rounds: usage.speculative.rounds,
             finish: finish.as_openai().to_string(),
             outputs_match: None,
+            output_digest: super::report::token_digest(&tokens),
             tokens,
         });
     }
