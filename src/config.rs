@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::engine::SpeculationSettings;
+use crate::engine::{SettingsUpdate, SpeculationSettings};
 use crate::model::{KvDtype, WeightsDtype};
 
 /// The embedded default configuration.
@@ -234,34 +234,35 @@ impl Config {
         if let Err(e) = sp.draft_weights_dtype.parse::<WeightsDtype>() {
             return invalid("speculation.draft_weights_dtype", e);
         }
-        if let Err(e) = self.speculation_settings().validate(self.engine.max_gamma) {
-            return Err(ConfigError::Invalid {
-                key: match e.key {
-                    "lenience" => "speculation.lenience",
-                    "lenience_under_load" => "speculation.lenience_under_load",
-                    "gamma" => "speculation.gamma",
-                    "gamma_min" => "speculation.gamma_min",
-                    _ => "speculation.gamma_max",
-                },
-                reason: e.reason,
-            });
-        }
+        self.speculation_settings()?;
         Ok(())
     }
 
-    /// The live speculation settings the engine starts with.
-    pub fn speculation_settings(&self) -> SpeculationSettings {
+    /// The live speculation settings the engine starts with, checked as the admin API checks a
+    /// change.
+    pub fn speculation_settings(&self) -> Result<SpeculationSettings, ConfigError> {
         let sp = &self.speculation;
-        SpeculationSettings {
-            enabled: sp.enabled,
-            adaptive: sp.adaptive,
-            gamma: sp.gamma,
-            gamma_min: sp.gamma_min,
-            gamma_max: sp.gamma_max,
-            lenience: sp.lenience,
-            under_load_queue_depth: sp.under_load_queue_depth,
-            lenience_under_load: sp.lenience_under_load,
+        SettingsUpdate {
+            enabled: Some(sp.enabled),
+            adaptive: Some(sp.adaptive),
+            gamma: Some(sp.gamma),
+            gamma_min: Some(sp.gamma_min),
+            gamma_max: Some(sp.gamma_max),
+            lenience: Some(sp.lenience),
+            under_load_queue_depth: Some(sp.under_load_queue_depth),
+            lenience_under_load: Some(sp.lenience_under_load),
         }
+        .apply(&SpeculationSettings::default(), self.engine.max_gamma)
+        .map_err(|e| ConfigError::Invalid {
+            key: match e.key {
+                "lenience" => "speculation.lenience",
+                "lenience_under_load" => "speculation.lenience_under_load",
+                "gamma" => "speculation.gamma",
+                "gamma_min" => "speculation.gamma_min",
+                _ => "speculation.gamma_max",
+            },
+            reason: e.reason,
+        })
     }
 
     pub fn draft_weights_dtype(&self) -> WeightsDtype {
@@ -332,7 +333,10 @@ mod tests {
     #[test]
     fn speculation_keys_are_checked_and_aliases_work() {
         let e = Config::from_toml("[speculation]\ngamma = 0").unwrap_err();
-        assert_eq!(e.to_string(), "config: speculation.gamma must be >= 1");
+        assert_eq!(
+            e.to_string(),
+            "config: speculation.gamma must be in 1..=32, got 0"
+        );
         let e = Config::from_toml("[speculation]\nlenience = 1.5").unwrap_err();
         assert!(e.to_string().contains("speculation.lenience"), "{e}");
         let e = Config::from_toml("[engine]\nmax_seqs = 0").unwrap_err();

@@ -7,10 +7,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use tandem::config::Config;
-use tandem::draft::{Drafter, ModelDrafter, PromptLookup};
+use tandem::draft::{ModelDrafter, PromptLookup, Proposer};
 use tandem::engine::{
-    generate_plain, generate_speculative, GenerationOutput, GenerationRequest, OutputPiece,
-    SpecSettings, SpecStats,
+    generate_plain, generate_speculative, FixedSpeculation, Gamma, GenerationOutput,
+    GenerationRequest, OutputPiece, SpeculationStats,
 };
 use tandem::model::{ChatMessage, LoadedModel};
 use tandem::sampling::SamplingParams;
@@ -571,13 +571,11 @@ fn generate(config: &Config, args: GenerateArgs) -> Result<()> {
     };
     let drafted = build_drafter(config, &args, &loaded)?;
     let stream = !args.quiet && !args.json;
-    let spec = SpecSettings {
-        gamma: args.gamma,
-        lenience: args.lenience,
+    let spec = FixedSpeculation {
+        gamma: Gamma::try_from(args.gamma).map_err(|e| anyhow::anyhow!("--gamma {e}"))?,
+        lenience: tandem::sampling::Lenience::try_from(args.lenience)
+            .map_err(|e| anyhow::anyhow!("--lenience {e}"))?,
     };
-    if args.gamma == 0 {
-        bail!("--gamma must be >= 1");
-    }
     let plain_run = if args.compare || drafted.is_none() {
         Some(run_generation(
             &loaded,
@@ -669,7 +667,7 @@ enum DraftChoice {
 }
 
 impl DraftChoice {
-    fn as_drafter(&mut self) -> Box<dyn Drafter + '_> {
+    fn as_drafter(&mut self) -> Box<dyn Proposer + '_> {
         match self {
             DraftChoice::Lookup(p) => Box::new(std::mem::take(p)),
             DraftChoice::Model(m) => Box::new(ModelDrafter::new(&m.model, m.source.display_name())),
@@ -705,11 +703,11 @@ fn build_drafter(
 /// One generation, plain (`drafter` = None) or speculative, optionally streaming its text.
 fn run_generation(
     loaded: &LoadedModel,
-    drafter: Option<Box<dyn Drafter + '_>>,
+    drafter: Option<Box<dyn Proposer + '_>>,
     req: &GenerationRequest,
-    spec: SpecSettings,
+    spec: FixedSpeculation,
     stream: bool,
-) -> Result<(GenerationOutput, Option<SpecStats>)> {
+) -> Result<(GenerationOutput, Option<SpeculationStats>)> {
     let mut cache = loaded.model.new_cache(1);
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;

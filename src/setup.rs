@@ -144,7 +144,7 @@ pub fn engine_config(config: &Config, threads: usize) -> EngineConfig {
         draft_threads: or_runtime(e.draft_threads),
         kv_capacity_tokens: None,
         max_gamma: e.max_gamma,
-        speculation: config.speculation_settings(),
+        speculation: config.speculation_settings().expect("validated at load"),
         governor: Default::default(),
     }
 }

@@ -58,6 +58,11 @@ fn plain(model: &Llama, req: &GenerationRequest) -> Vec<u32> {
         .tokens
 }
 
+/// A fixed γ of `g` drafts a round.
+fn fixed(g: usize) -> GammaPolicy {
+    GammaPolicy::Fixed(tandem::engine::Gamma::try_from(g).unwrap())
+}
+
 fn request(generation: GenerationRequest, gamma: GammaPolicy) -> EngineRequest {
     EngineRequest {
         generation,
@@ -132,9 +137,9 @@ fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
                     let mut handles = Vec::new();
                     for (i, p) in all.iter().take(n).enumerate() {
                         let gamma = match i % 3 {
-                            0 => GammaPolicy::Fixed(3),
+                            0 => fixed(3),
                             1 => GammaPolicy::Adaptive,
-                            _ => GammaPolicy::Fixed(1 + i % 8),
+                            _ => fixed(1 + i % 8),
                         };
                         let stream = engine
                             .submit(request(greedy(p.clone(), 20 + 3 * i), gamma))
@@ -200,7 +205,7 @@ fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
                 },
                 ..Default::default()
             },
-            GammaPolicy::Fixed(3),
+            fixed(3),
         )
     };
     let p = prompts(5);
@@ -261,13 +266,10 @@ fn cancelling_frees_slots_and_leaves_others_alone() {
     let want = plain(&model, &keep_req);
     rt.block_on(async {
         let mut doomed = engine
-            .submit(request(greedy(p[0].clone(), 200), GammaPolicy::Fixed(2)))
+            .submit(request(greedy(p[0].clone(), 200), fixed(2)))
             .await
             .unwrap();
-        let keep = engine
-            .submit(request(keep_req, GammaPolicy::Fixed(2)))
-            .await
-            .unwrap();
+        let keep = engine.submit(request(keep_req, fixed(2))).await.unwrap();
         // Some output first, then hang up.
         assert!(matches!(
             doomed.next().await,
@@ -449,7 +451,7 @@ fn drafting_ahead_within_a_request_keeps_greedy_output_identical() {
             let got = rt
                 .block_on(async {
                     engine
-                        .submit(request(req.clone(), GammaPolicy::Fixed(1 + i)))
+                        .submit(request(req.clone(), fixed(1 + i)))
                         .await?
                         .collect()
                         .await
@@ -521,11 +523,11 @@ fn sampled_output_drafted_ahead_is_distributed_as_plain_sampling() {
     let rt = runtime();
     let engine = start_pipelined(&rt, &target, Arc::new(draft.model), "tiny-q4_0");
     let mut spec_h = [[0u64; VOCAB]; TOKENS];
-    let mut spec = tandem::engine::SpecStats::default();
+    let mut spec = tandem::engine::SpeculationStats::default();
     rt.block_on(async {
         for seed in 0..N {
             let got = engine
-                .submit(request(req(1_000_000 + seed), GammaPolicy::Fixed(2)))
+                .submit(request(req(1_000_000 + seed), fixed(2)))
                 .await
                 .unwrap()
                 .collect()

@@ -4,13 +4,13 @@
 
 mod common;
 
-use tandem::draft::{Drafter, ModelDrafter, PromptLookup};
+use tandem::draft::{ModelDrafter, PromptLookup, Proposer};
 use tandem::engine::{
-    generate_plain, generate_speculative, FinishReason, GenerationOutput, GenerationRequest,
-    SpecSettings,
+    generate_plain, generate_speculative, FinishReason, FixedSpeculation, Gamma, GenerationOutput,
+    GenerationRequest,
 };
 use tandem::model::{Llama, WeightsDtype};
-use tandem::sampling::SamplingParams;
+use tandem::sampling::{Lenience, SamplingParams};
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize, eos_ids: Vec<u32>) -> GenerationRequest {
     GenerationRequest {
@@ -34,10 +34,10 @@ fn plain_output(target: &Llama, req: &GenerationRequest) -> GenerationOutput {
 
 fn speculative(
     target: &Llama,
-    drafter: &mut dyn Drafter,
+    drafter: &mut dyn Proposer,
     req: &GenerationRequest,
     gamma: usize,
-) -> (Vec<u32>, FinishReason, tandem::engine::SpecStats) {
+) -> (Vec<u32>, FinishReason, tandem::engine::SpeculationStats) {
     let (out, stats) = speculative_output(target, drafter, req, gamma);
     (out.tokens, out.finish, stats)
 }
@@ -45,14 +45,14 @@ fn speculative(
 /// Speculative output plus the text streamed through the callback.
 fn speculative_output(
     target: &Llama,
-    drafter: &mut dyn Drafter,
+    drafter: &mut dyn Proposer,
     req: &GenerationRequest,
     gamma: usize,
-) -> (GenerationOutput, tandem::engine::SpecStats) {
+) -> (GenerationOutput, tandem::engine::SpeculationStats) {
     let mut cache = target.new_cache(1);
-    let spec = SpecSettings {
-        gamma,
-        lenience: 1.0,
+    let spec = FixedSpeculation {
+        gamma: Gamma::try_from(gamma).unwrap(),
+        lenience: Lenience::EXACT,
     };
     let mut streamed = String::new();
     let mut streamed_tokens = Vec::new();
@@ -107,7 +107,7 @@ fn tiny_models_every_gamma_both_drafters() {
         let req = greedy(repetitive_prompt(seed * 10, 256), 40, vec![]);
         let (want, _) = plain(&target.model, &req);
         for gamma in 1..=8 {
-            let drafters: Vec<Box<dyn Drafter + '_>> = vec![
+            let drafters: Vec<Box<dyn Proposer + '_>> = vec![
                 Box::new(ModelDrafter::new(&draft.model, "tiny-other")),
                 Box::new(ModelDrafter::new(&self_draft.model, "tiny-self-q8")),
                 Box::new(PromptLookup::default()),
@@ -264,7 +264,7 @@ fn real_model_stop_strings_end_speculative_output_like_plain() {
         assert!(want.tokens.len() < free.tokens.len());
         for gamma in [1, 2, 4, 8] {
             let mut model_drafter = ModelDrafter::new(&draft.model, "q8_0 self-draft");
-            let drafters: [&mut dyn Drafter; 2] =
+            let drafters: [&mut dyn Proposer; 2] =
                 [&mut model_drafter, &mut PromptLookup::default()];
             for d in drafters {
                 let (got, _) = speculative_output(&target.model, d, &req, gamma);
@@ -446,9 +446,9 @@ fn sampled_speculation_matches_plain_sampling_in_distribution() {
     let lenient_h = histogram(&mut |seed| {
         let mut cache = target.model.new_cache(1);
         let mut d = ModelDrafter::new(&draft.model, "tiny-other");
-        let spec = SpecSettings {
-            gamma: 3,
-            lenience: 0.2,
+        let spec = FixedSpeculation {
+            gamma: Gamma::try_from(3).unwrap(),
+            lenience: Lenience::try_from(0.2).unwrap(),
         };
         let r = req(2_000_000 + seed);
         generate_speculative(&target.model, &mut cache, &mut d, &r, spec, &mut |_| true)

@@ -38,10 +38,7 @@ fn smollm() -> &'static TextTokenizer {
 }
 
 fn spec_bench_turns() -> Vec<String> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/data/spec_bench_dev.jsonl"
-    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/spec_bench_dev.jsonl");
     let text = std::fs::read_to_string(path).expect("read spec_bench_dev.jsonl");
     let mut turns = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {

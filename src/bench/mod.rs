@@ -81,7 +81,7 @@ pub fn results_json(
                 "label": m.label,
                 "drafter": format!("{:?}", m.drafter),
                 "gamma": format!("{:?}", m.gamma),
-                "lenience": m.lenience.unwrap_or(1.0),
+                "lenience": m.lenience.unwrap_or_default().get(),
                 "pipeline": m.pipeline,
             })
         })

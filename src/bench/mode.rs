@@ -5,7 +5,8 @@
 //! exactly which engine it needs (drafter and pipelining) and how each request speculates.
 
 use crate::draft::PromptLookup;
-use crate::engine::GammaPolicy;
+use crate::engine::{Gamma, GammaPolicy};
+use crate::sampling::Lenience;
 
 use super::BenchError;
 
@@ -25,7 +26,7 @@ pub struct Mode {
     pub drafter: DrafterKind,
     pub gamma: GammaPolicy,
     /// `None` = exact (1).
-    pub lenience: Option<f32>,
+    pub lenience: Option<Lenience>,
     pub pipeline: bool,
 }
 
@@ -79,16 +80,12 @@ impl Mode {
                 "gamma" | "spec_length" if v == "adaptive" => mode.gamma = GammaPolicy::Adaptive,
                 "gamma" | "spec_length" => {
                     let g: usize = v.parse().map_err(|_| bad(format!("gamma `{v}`")))?;
-                    if g == 0 || g > max_gamma {
-                        return Err(bad(format!("gamma must be in 1..={max_gamma}")));
-                    }
+                    let g = Gamma::within(g, max_gamma).map_err(|e| bad(format!("gamma {e}")))?;
                     mode.gamma = GammaPolicy::Fixed(g);
                 }
                 "lenience" => {
                     let l: f32 = v.parse().map_err(|_| bad(format!("lenience `{v}`")))?;
-                    if !(l > 0.0 && l <= 1.0) {
-                        return Err(bad("lenience must be in (0, 1]".into()));
-                    }
+                    let l = Lenience::try_from(l).map_err(|e| bad(format!("lenience {e}")))?;
                     mode.lenience = Some(l);
                 }
                 "pipeline" => {
@@ -155,11 +152,11 @@ mod tests {
             DrafterKind::PromptLookup(PromptLookup::new(2, 5))
         );
         assert_ne!(m[1].engine_key(), m[3].engine_key(), "its own engine");
-        assert_eq!(m[1].gamma, GammaPolicy::Fixed(2));
+        assert_eq!(m[1].gamma, GammaPolicy::Fixed(Gamma::try_from(2).unwrap()));
         assert_eq!(m[2].drafter, DrafterKind::Model);
         assert_eq!(m[2].gamma, GammaPolicy::Adaptive);
         assert!(m[2].pipeline);
-        assert_eq!(m[2].lenience, Some(0.5));
+        assert_eq!(m[2].lenience.map(Lenience::get), Some(0.5));
         assert_eq!(m[2].engine_key(), (DrafterKind::Model, true));
     }
 

@@ -11,7 +11,7 @@ use std::time::Instant;
 use tokio::task::JoinSet;
 
 use crate::engine::{
-    DraftSource, Engine, EngineConfig, EngineEvent, EngineRequest, GenerationRequest,
+    DraftSource, Engine, EngineConfig, EngineEvent, EngineRequest, Gamma, GenerationRequest,
     SpeculationSettings,
 };
 use crate::model::{ChatMessage, Llama, TextTokenizer};
@@ -111,8 +111,8 @@ async fn start_engines(
             kv_capacity_tokens: None,
             max_gamma: opts.max_gamma,
             speculation: SpeculationSettings {
-                gamma: 4.min(opts.max_gamma),
-                gamma_max: opts.max_gamma,
+                gamma: bench_gamma(4.min(opts.max_gamma))?,
+                gamma_max: bench_gamma(opts.max_gamma)?,
                 ..SpeculationSettings::default()
             },
             governor: Default::default(),
@@ -383,4 +383,8 @@ pub fn mark_matches(runs: &mut [RunRecord], modes: &[Mode]) {
             .get(&(r.question_id, r.repeat, r.turn))
             .map(|t| t == &r.tokens);
     }
+}
+
+fn bench_gamma(v: usize) -> Result<Gamma, BenchError> {
+    Gamma::try_from(v).map_err(|e| BenchError::Options(format!("--max-gamma {e}")))
 }

@@ -82,7 +82,7 @@ impl Proposal {
     }
 }
 
-pub trait Drafter {
+pub trait Proposer {
     /// A short name for logs and stats.
     fn name(&self) -> String;
 

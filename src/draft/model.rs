@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ops::Deref;
 use std::time::Instant;
 
-use super::{DraftError, Drafter, Proposal};
+use super::{DraftError, Proposal, Proposer};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput, TextTokenizer};
 use crate::sampling::{
     apply_penalties, argmax, probabilities, sample_from, SamplingParams, SeededRng,
@@ -57,7 +57,7 @@ pub struct DraftTiming {
     pub catch_up_seconds: f64,
 }
 
-/// The sequence id the single-sequence [`Drafter`] interface drafts under.
+/// The sequence id the single-sequence [`Proposer`] interface drafts under.
 const SOLO: u64 = u64::MAX;
 
 /// Per-job state while a batch drafts.
@@ -101,7 +101,7 @@ pub fn check_same_vocabulary(
 }
 
 impl<M: Deref<Target = Llama>> ModelDrafter<M> {
-    /// A drafter for one sequence at a time (the [`Drafter`] interface).
+    /// A drafter for one sequence at a time (the [`Proposer`] interface).
     pub fn new(model: M, name: impl Into<String>) -> Self {
         Self::with_slots(model, name, 1)
     }
@@ -314,7 +314,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
     }
 }
 
-impl<M: Deref<Target = Llama>> Drafter for ModelDrafter<M> {
+impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
     fn name(&self) -> String {
         self.name.clone()
     }

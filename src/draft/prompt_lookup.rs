@@ -2,7 +2,7 @@
 //! context's last n tokens (longest n first). No model and near-zero cost; it pays off where the
 //! output repeats its input (summaries, code edits, retrieval answers).
 
-use super::{DraftError, Drafter, Proposal};
+use super::{DraftError, Proposal, Proposer};
 use crate::sampling::{SamplingParams, SeededRng};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -91,7 +91,7 @@ impl Default for PromptLookup {
     }
 }
 
-impl Drafter for PromptLookup {
+impl Proposer for PromptLookup {
     fn name(&self) -> String {
         format!("prompt-lookup(n={}..{})", self.min_ngram, self.max_ngram)
     }

@@ -5,12 +5,12 @@
 //! themselves live on the compute workers; this ledger decides which slot a sequence gets and
 //! how many tokens it may grow to, and takes both back when the sequence ends.
 
-use kameo::error::Infallible;
 use kameo::message::{Context, Message};
 use kameo::Actor;
 
 use super::messages::{CacheStats, GetCacheStats, Release, Reserve};
 
+#[derive(Actor)]
 pub struct CacheManager {
     free: Vec<usize>,
     total_slots: usize,
@@ -31,15 +31,6 @@ impl CacheManager {
         };
         manager.report_usage();
         manager
-    }
-}
-
-impl Actor for CacheManager {
-    type Args = Self;
-    type Error = Infallible;
-
-    async fn on_start(state: Self, _: kameo::actor::ActorRef<Self>) -> Result<Self, Infallible> {
-        Ok(state)
     }
 }
 

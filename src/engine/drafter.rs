@@ -6,18 +6,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kameo::error::Infallible;
 use kameo::message::{Context, Message};
 use kameo::Actor;
 
+use super::error::EngineError;
 use super::messages::{
     DraftBatch, DraftBatchResult, DraftItem, DraftOutcome, EndSequence, MeasureDraftCosts,
 };
 use super::worker::ComputeWorker;
-use super::EngineError;
-use crate::draft::{
-    DraftJob, DraftTiming, Drafter as Propose, ModelDrafter, PromptLookup, Proposal,
-};
+use crate::draft::{DraftJob, DraftTiming, ModelDrafter, PromptLookup, Proposal, Proposer};
 use crate::model::Llama;
 use crate::sampling::{SamplingParams, SeededRng};
 
@@ -39,6 +36,7 @@ pub enum DraftState {
     Lookup(PromptLookup, HashMap<u64, PromptLookup>),
 }
 
+#[derive(Actor)]
 pub struct Drafter {
     worker: ComputeWorker<DraftState>,
 }
@@ -55,15 +53,6 @@ impl Drafter {
         Ok(Self {
             worker: ComputeWorker::spawn("tandem-draft", threads, state)?,
         })
-    }
-}
-
-impl Actor for Drafter {
-    type Args = Self;
-    type Error = Infallible;
-
-    async fn on_start(state: Self, _: kameo::actor::ActorRef<Self>) -> Result<Self, Infallible> {
-        Ok(state)
     }
 }
 

@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
-use super::plain::{FinishReason, GenerationRequest};
+use super::error::EngineError;
+use super::request::{FinishReason, GenerationRequest};
 use super::stop::StopMatcher;
-use super::EngineError;
 use crate::model::{IncrementalDecoder, TextTokenizer};
 
 /// The text side of an output: detokenizer plus stop strings.

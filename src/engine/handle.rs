@@ -7,15 +7,16 @@ use kameo::actor::{ActorRef, Spawn};
 use tokio::sync::mpsc;
 
 use super::cache_manager::CacheManager;
+use super::calibration::{calibrate_drafter, calibrate_target};
 use super::drafter::{DraftSource, Drafter};
-use super::governor::{CostModel, GovernorConfig};
+use super::error::EngineError;
+use super::gamma::{Gamma, GammaPolicy};
+use super::governor::GovernorConfig;
 use super::messages::*;
-use super::plain::FinishReason;
+use super::request::{check_request, EngineRequest, FinishReason, Usage};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::settings::{LiveSettings, SpeculationSettings};
 use super::verifier::Verifier;
-use super::EngineError;
-use crate::draft::DraftTiming;
 use crate::model::Llama;
 
 /// Engine settings (the `[engine]` config section).
@@ -59,11 +60,6 @@ impl Default for EngineConfig {
     }
 }
 
-/// The widest target forward timed at start-up; wider ones are extrapolated until measured.
-const CALIBRATE_MAX_WIDTH: usize = 64;
-/// Context lengths the drafter's catch-up is timed at, at start-up.
-const CALIBRATE_CATCH_UP: [usize; 2] = [32, 256];
-
 pub struct Engine {
     scheduler: ActorRef<Scheduler>,
     cache: ActorRef<CacheManager>,
@@ -89,53 +85,13 @@ impl Engine {
             .map_err(|e| EngineError::InvalidRequest(format!("speculation.{e}")))?;
         let context_len = target.context_len();
         let verifier = Verifier::new(Arc::clone(&target), cfg.max_seqs, cfg.target_threads)?;
-        // Widths up to a whole batch of full verifications; every width a lone request can
-        // verify is timed, wider ones at a few points (interpolated between).
-        let max_width = cfg.max_seqs * (cfg.max_gamma + 1);
-        let mut widths: Vec<usize> = (1..=(cfg.max_gamma + 1).min(max_width)).collect();
-        let mut w = widths.last().copied().unwrap_or(1);
-        while w < max_width.min(CALIBRATE_MAX_WIDTH) {
-            w = (w * 2).min(max_width.min(CALIBRATE_MAX_WIDTH));
-            widths.push(w);
-        }
-        let mut costs = CostModel::new(max_width);
-        for (w, secs) in verifier.calibrate(0, widths.clone(), 2).await? {
-            costs.record_verify(secs, w);
-        }
+        let mut costs = calibrate_target(&verifier, cfg.max_seqs, cfg.max_gamma).await?;
         let has_drafter = draft.is_some();
         let draft_cache = matches!(draft, Some(DraftSource::Model { .. }));
         let drafter = match draft {
             Some(source) => {
                 let d = Drafter::spawn(Drafter::new(source, cfg.draft_threads, cfg.max_seqs)?);
-                // A short context prices draft steps and small catch-ups; a long one the
-                // catch-up of a real prompt.
-                let contexts: Vec<usize> = CALIBRATE_CATCH_UP
-                    .into_iter()
-                    .filter(|&n| n + cfg.max_gamma + 1 < context_len)
-                    .collect();
-                let timings = d
-                    .ask(MeasureDraftCosts { contexts })
-                    .await
-                    .map_err(|e| EngineError::Draft(e.to_string()))?;
-                if let Some(t) = timings.first() {
-                    costs.record_draft(t.step_seconds, t.first_step_seconds, t.steps, 1);
-                }
-                let per_step = |t: &DraftTiming| t.step_seconds / t.steps.max(1) as f64;
-                if let (Some(a), Some(b)) = (timings.first(), timings.last()) {
-                    costs.record_draft_depths(
-                        (a.catch_up_tokens, per_step(a)),
-                        (b.catch_up_tokens, per_step(b)),
-                    );
-                }
-                for t in &timings {
-                    tracing::debug!(
-                        tokens = t.catch_up_tokens,
-                        catch_up_ms = t.catch_up_seconds * 1e3,
-                        step_ms = per_step(t) * 1e3,
-                        "drafter calibrated"
-                    );
-                    costs.record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
-                }
+                calibrate_drafter(&d, cfg.max_gamma, context_len, &mut costs).await?;
                 Some(d)
             }
             None => None,
@@ -185,9 +141,11 @@ impl Engine {
         self.has_drafter
     }
 
-    /// Queues a request. Errors (invalid, too long, overloaded) come back before any work;
-    /// dropping the returned stream cancels the request within a round.
+    /// Queues a request. Errors (invalid, too long, overloaded) come back before any work: the
+    /// request is checked here, so a bad one never waits behind a running round. Dropping the
+    /// returned stream cancels the request within a round.
     pub async fn submit(&self, request: EngineRequest) -> Result<EventStream, EngineError> {
+        self.check(&request)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let id = self
             .scheduler
@@ -201,6 +159,17 @@ impl Engine {
                 other => EngineError::Worker(format!("scheduler: {other}")),
             })?;
         Ok(EventStream { id, rx })
+    }
+
+    /// What a request must pass before it is queued (lenience and γ's own range are checked
+    /// when their values are made).
+    pub fn check(&self, request: &EngineRequest) -> Result<(), EngineError> {
+        check_request(&request.generation, self.context_len)?;
+        if let GammaPolicy::Fixed(g) = request.gamma {
+            Gamma::within(g.get(), self.settings.gamma_limit())
+                .map_err(|e| EngineError::InvalidRequest(format!("speculative.gamma {e}")))?;
+        }
+        Ok(())
     }
 
     pub async fn cache_stats(&self) -> Result<CacheStats, EngineError> {

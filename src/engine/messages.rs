@@ -2,40 +2,9 @@
 
 use tokio::sync::mpsc;
 
-use super::plain::{FinishReason, GenerationRequest};
-use super::speculative::SpecStats;
+use super::request::{EngineRequest, FinishReason, Usage};
 use crate::draft::{DraftTiming, Proposal};
-use crate::sampling::{SamplingParams, SeededRng};
-
-/// How a request speculates.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum GammaPolicy {
-    /// Follow the server's live speculation settings (the admin API can change them mid-request).
-    Server,
-    /// No speculation: plain decoding.
-    Off,
-    /// Always draft this many tokens (fewer near the context or token limit).
-    Fixed(usize),
-    /// The governor picks γ (or plain decoding) round by round.
-    Adaptive,
-}
-
-/// A request to the engine.
-#[derive(Clone, Debug)]
-pub struct EngineRequest {
-    pub generation: GenerationRequest,
-    pub gamma: GammaPolicy,
-    /// 1 is exact; `None` follows the server's live setting, round by round.
-    pub lenience: Option<f32>,
-}
-
-/// Token counts of a finished request.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    pub speculative: SpecStats,
-}
+use crate::sampling::{Lenience, SamplingParams, SeededRng};
 
 /// What a request's stream yields: output pieces, then exactly one `Done` or `Failed`.
 #[derive(Clone, Debug, PartialEq)]
@@ -122,7 +91,7 @@ pub struct TargetItem {
     /// The draft distributions of `tokens[1..]` (Verify).
     pub proposal: Proposal,
     pub params: SamplingParams,
-    pub lenience: f32,
+    pub lenience: Lenience,
     /// Prompt and output so far (penalties see it); its last token is `tokens[0]` for Verify.
     pub context: Vec<u32>,
     pub prompt_len: usize,

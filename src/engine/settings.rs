@@ -3,11 +3,15 @@
 //! Why it exists: operators tune lenience and γ under live traffic (the admin API) without a
 //! restart. The settings live behind one lock the scheduler reads at the start of every round,
 //! so a change applies from the next round to every request that did not pin its own values.
-//! Validation is pure and names the key that is wrong.
+//! Validation is pure and names the key that is wrong; the config file and the CLI go through
+//! the same [`SettingsUpdate`], so every boundary checks the same way.
 
 use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
+
+use super::gamma::{Gamma, GammaPolicy, RoundGamma};
+use crate::sampling::Lenience;
 
 /// The server-wide speculation policy.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -17,27 +21,27 @@ pub struct SpeculationSettings {
     /// Let the governor pick γ per request and round (between `gamma_min` and `gamma_max`);
     /// otherwise every round drafts `gamma`.
     pub adaptive: bool,
-    pub gamma: usize,
-    pub gamma_min: usize,
-    pub gamma_max: usize,
-    /// Relaxed acceptance in (0, 1]; 1 is exact.
-    pub lenience: f32,
+    pub gamma: Gamma,
+    pub gamma_min: Gamma,
+    pub gamma_max: Gamma,
+    pub lenience: Lenience,
     /// Above this many waiting requests, `lenience_under_load` replaces `lenience` (0 = off).
     pub under_load_queue_depth: usize,
-    pub lenience_under_load: f32,
+    pub lenience_under_load: Lenience,
 }
 
 impl Default for SpeculationSettings {
     fn default() -> Self {
+        let g = |v| Gamma::try_from(v).expect("a valid default");
         Self {
             enabled: true,
             adaptive: true,
-            gamma: 4,
-            gamma_min: 1,
-            gamma_max: 8,
-            lenience: 1.0,
+            gamma: g(4),
+            gamma_min: g(1),
+            gamma_max: g(8),
+            lenience: Lenience::EXACT,
             under_load_queue_depth: 0,
-            lenience_under_load: 1.0,
+            lenience_under_load: Lenience::EXACT,
         }
     }
 }
@@ -50,50 +54,34 @@ pub struct SettingsError {
     pub reason: String,
 }
 
-fn lenience_ok(l: f32) -> bool {
-    l > 0.0 && l <= 1.0
+impl SettingsError {
+    fn new(key: &'static str, reason: impl ToString) -> Self {
+        Self {
+            key,
+            reason: reason.to_string(),
+        }
+    }
 }
 
 impl SpeculationSettings {
-    /// Checks every value; `gamma_limit` is the largest γ the engine was started for (its KV
-    /// headroom and measured verification costs).
+    /// Checks what the types cannot: γ against the largest the engine was started for (its KV
+    /// headroom and measured verification costs), and `gamma_min <= gamma_max`.
     pub fn validate(&self, gamma_limit: usize) -> Result<(), SettingsError> {
-        let bad = |key, reason: String| Err(SettingsError { key, reason });
-        if !lenience_ok(self.lenience) {
-            return bad(
-                "lenience",
-                format!("must be in (0, 1], got {}", self.lenience),
-            );
-        }
-        if !lenience_ok(self.lenience_under_load) {
-            return bad(
-                "lenience_under_load",
-                format!("must be in (0, 1], got {}", self.lenience_under_load),
-            );
-        }
-        for (key, v) in [
+        for (key, g) in [
             ("gamma", self.gamma),
             ("gamma_min", self.gamma_min),
             ("gamma_max", self.gamma_max),
         ] {
-            if v == 0 {
-                return bad(key, "must be >= 1".into());
-            }
-            if v > gamma_limit {
-                return bad(
-                    key,
-                    format!("must be <= {gamma_limit} (engine.max_gamma), got {v}"),
-                );
-            }
+            Gamma::within(g.get(), gamma_limit).map_err(|e| SettingsError::new(key, e))?;
         }
         if self.gamma_min > self.gamma_max {
-            return bad(
+            return Err(SettingsError::new(
                 "gamma_min",
                 format!(
                     "must be <= gamma_max ({}), got {}",
                     self.gamma_max, self.gamma_min
                 ),
-            );
+            ));
         }
         Ok(())
     }
@@ -102,22 +90,40 @@ impl SpeculationSettings {
     pub fn gamma_gauge(&self) -> usize {
         match (self.enabled, self.adaptive) {
             (false, _) => 0,
-            (true, true) => self.gamma_max,
-            (true, false) => self.gamma,
+            (true, true) => self.gamma_max.get(),
+            (true, false) => self.gamma.get(),
         }
     }
 
     /// The lenience for requests that did not set one, given how many requests wait.
-    pub fn lenience_for_queue(&self, queued: usize) -> f32 {
+    pub fn lenience_for_queue(&self, queued: usize) -> Lenience {
         if self.under_load_queue_depth > 0 && queued > self.under_load_queue_depth {
             self.lenience_under_load
         } else {
             self.lenience
         }
     }
+
+    /// What a request's γ policy comes to in a round run under these settings.
+    pub fn round_gamma(&self, policy: GammaPolicy) -> RoundGamma {
+        let adaptive = RoundGamma::Adaptive {
+            min: self.gamma_min.get(),
+            max: self.gamma_max.get(),
+        };
+        match policy {
+            GammaPolicy::Off => RoundGamma::Plain,
+            GammaPolicy::Fixed(g) => RoundGamma::Fixed(g.get()),
+            GammaPolicy::Adaptive => adaptive,
+            GammaPolicy::On if !self.enabled => adaptive,
+            GammaPolicy::Server if !self.enabled => RoundGamma::Plain,
+            GammaPolicy::Server | GammaPolicy::On if self.adaptive => adaptive,
+            GammaPolicy::Server | GammaPolicy::On => RoundGamma::Fixed(self.gamma.get()),
+        }
+    }
 }
 
-/// A partial change, as the admin API's `PUT` body carries it.
+/// A partial change, as the admin API's `PUT` body, the config file's `[speculation]` table and
+/// the CLI's flags carry it: raw values, checked by [`SettingsUpdate::apply`] with the key named.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SettingsUpdate {
@@ -138,6 +144,8 @@ impl SettingsUpdate {
         current: &SpeculationSettings,
         gamma_limit: usize,
     ) -> Result<SpeculationSettings, SettingsError> {
+        let gamma = |key, v: usize| Gamma::try_from(v).map_err(|e| SettingsError::new(key, e));
+        let lenience = |key, v: f32| Lenience::try_from(v).map_err(|e| SettingsError::new(key, e));
         let mut s = *current;
         if let Some(v) = self.enabled {
             s.enabled = v;
@@ -146,26 +154,26 @@ impl SettingsUpdate {
             s.adaptive = v;
         }
         if let Some(v) = self.gamma {
-            s.gamma = v;
+            s.gamma = gamma("gamma", v)?;
             // A fixed γ is what an operator who sets only `gamma` means.
             if self.adaptive.is_none() {
                 s.adaptive = false;
             }
         }
         if let Some(v) = self.gamma_min {
-            s.gamma_min = v;
+            s.gamma_min = gamma("gamma_min", v)?;
         }
         if let Some(v) = self.gamma_max {
-            s.gamma_max = v;
+            s.gamma_max = gamma("gamma_max", v)?;
         }
         if let Some(v) = self.lenience {
-            s.lenience = v;
+            s.lenience = lenience("lenience", v)?;
         }
         if let Some(v) = self.under_load_queue_depth {
             s.under_load_queue_depth = v;
         }
         if let Some(v) = self.lenience_under_load {
-            s.lenience_under_load = v;
+            s.lenience_under_load = lenience("lenience_under_load", v)?;
         }
         s.validate(gamma_limit)?;
         Ok(s)
@@ -275,7 +283,10 @@ mod tests {
                 ..Default::default()
             })
             .unwrap();
-        assert_eq!((s.lenience, s.gamma, s.adaptive), (0.5, 3, false));
+        assert_eq!(
+            (s.lenience.get(), s.gamma.get(), s.adaptive),
+            (0.5, 3, false)
+        );
         assert_eq!(live.get(), s);
         let s = live
             .update(&SettingsUpdate {
@@ -284,24 +295,54 @@ mod tests {
                 ..Default::default()
             })
             .unwrap();
-        assert!(s.adaptive && !s.enabled && s.gamma == 3);
+        assert!(s.adaptive && !s.enabled && s.gamma.get() == 3);
     }
 
     #[test]
     fn lenience_drops_only_above_the_queue_depth() {
+        let half = Lenience::try_from(0.5).unwrap();
         let s = SpeculationSettings {
-            lenience: 1.0,
+            lenience: Lenience::EXACT,
             under_load_queue_depth: 4,
-            lenience_under_load: 0.5,
+            lenience_under_load: half,
             ..Default::default()
         };
-        assert_eq!(s.lenience_for_queue(4), 1.0);
-        assert_eq!(s.lenience_for_queue(5), 0.5);
+        assert_eq!(s.lenience_for_queue(4), Lenience::EXACT);
+        assert_eq!(s.lenience_for_queue(5), half);
         let off = SpeculationSettings {
             under_load_queue_depth: 0,
-            lenience_under_load: 0.5,
+            lenience_under_load: half,
             ..Default::default()
         };
-        assert_eq!(off.lenience_for_queue(100), 1.0);
+        assert_eq!(off.lenience_for_queue(100), Lenience::EXACT);
+    }
+
+    #[test]
+    fn a_policy_comes_to_a_round_gamma_under_the_live_settings() {
+        let on = SpeculationSettings::default();
+        let fixed = SpeculationSettings {
+            adaptive: false,
+            ..on
+        };
+        let off = SpeculationSettings {
+            enabled: false,
+            ..on
+        };
+        let adaptive = RoundGamma::Adaptive { min: 1, max: 8 };
+        let three = GammaPolicy::Fixed(Gamma::try_from(3).unwrap());
+        let cases = [
+            (GammaPolicy::Server, on, adaptive),
+            (GammaPolicy::Server, fixed, RoundGamma::Fixed(4)),
+            (GammaPolicy::Server, off, RoundGamma::Plain),
+            (GammaPolicy::On, on, adaptive),
+            (GammaPolicy::On, fixed, RoundGamma::Fixed(4)),
+            (GammaPolicy::On, off, adaptive),
+            (GammaPolicy::Off, on, RoundGamma::Plain),
+            (GammaPolicy::Adaptive, off, adaptive),
+            (three, off, RoundGamma::Fixed(3)),
+        ];
+        for (policy, live, want) in cases {
+            assert_eq!(live.round_gamma(policy), want, "{policy:?} under {live:?}");
+        }
     }
 }

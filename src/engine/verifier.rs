@@ -4,16 +4,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kameo::error::Infallible;
 use kameo::message::{Context, Message};
 use kameo::Actor;
 
+use super::error::EngineError;
 use super::messages::{
     FreeSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome, TargetWork,
 };
-use super::speculative::{verify, Scratch};
+use super::verify::{verify, Scratch};
 use super::worker::ComputeWorker;
-use super::EngineError;
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::Sampler;
 
@@ -25,6 +24,7 @@ pub struct TargetState {
     sampler: Sampler,
 }
 
+#[derive(Actor)]
 pub struct Verifier {
     worker: ComputeWorker<TargetState>,
 }
@@ -109,15 +109,6 @@ fn calibrate(
     let result = run(s);
     s.cache.free(slot)?;
     result
-}
-
-impl Actor for Verifier {
-    type Args = Self;
-    type Error = Infallible;
-
-    async fn on_start(state: Self, _: kameo::actor::ActorRef<Self>) -> Result<Self, Infallible> {
-        Ok(state)
-    }
 }
 
 impl Message<TargetBatch> for Verifier {

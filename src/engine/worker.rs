@@ -10,7 +10,7 @@
 use std::panic::AssertUnwindSafe;
 use std::thread::JoinHandle;
 
-use super::EngineError;
+use super::error::EngineError;
 
 type Job<S> = Box<dyn FnOnce(&mut S) + Send>;
 

@@ -5,9 +5,11 @@
 //! temperature, softmax, top-k, top-p, min-p, renormalisation. Temperature 0 is greedy: the
 //! argmax of the penalised logits.
 
+mod lenience;
 mod rng;
 pub mod speculative;
 
+pub use lenience::{InvalidLenience, Lenience};
 pub use rng::SeededRng;
 
 /// A request's sampling settings.

@@ -37,8 +37,8 @@ pub struct RoundOutcome {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SpecError {
-    #[error("invalid lenience {0}: must be in (0, 1] (1 = exact)")]
-    InvalidLenience(f32),
+    #[error("lenience {0}")]
+    InvalidLenience(#[from] super::InvalidLenience),
     #[error("expected {expected} {what} rows for this round, got {got}")]
     RowCount {
         what: &'static str,
@@ -313,12 +313,8 @@ pub fn first_token_distribution(
 }
 
 fn check_lenience(lenience: f32) -> Result<(), SpecError> {
-    // Written so that NaN fails too.
-    if lenience > 0.0 && lenience <= 1.0 {
-        Ok(())
-    } else {
-        Err(SpecError::InvalidLenience(lenience))
-    }
+    super::Lenience::try_from(lenience)?;
+    Ok(())
 }
 
 /// Checks γ + 1 target rows of one vocabulary and drafts inside it; returns the vocabulary size.

@@ -75,7 +75,7 @@ pub async fn put_speculation(
         .settings()
         .update(&update)
         .map_err(|e| ApiError::invalid_param(e.key, format!("{e}")))?;
-    crate::telemetry::set_speculation(after.lenience, after.gamma_gauge());
+    crate::telemetry::set_speculation(after.lenience.get(), after.gamma_gauge());
     tracing::info!(?before, ?after, "admin changed the speculation settings");
     Ok(Json(settings_json(&after, &state)?))
 }

@@ -9,8 +9,10 @@
 pub mod admin;
 pub mod error;
 pub mod openai;
+mod response;
 pub mod schema;
 pub mod startup;
+mod validation;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

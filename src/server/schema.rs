@@ -16,14 +16,26 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     from_value(parse_json(bytes)?)
 }
 
-/// Parses an endpoint's body into its own fields and the shared ones. (Two passes over one
-/// parsed value instead of `#[serde(flatten)]`, which would hide the path of a bad field.)
-pub fn parse_request<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, CommonParams), ApiError> {
-    let v = parse_json(bytes)?;
-    if !v.is_object() {
+/// An endpoint's own body fields (the rest are the shared [`CommonParams`]).
+pub trait EndpointFields: DeserializeOwned {
+    const FIELDS: &'static [&'static str];
+}
+
+/// Parses an endpoint's body into its own fields and the shared ones, each field read once:
+/// the endpoint's fields are taken out of the object and the rest is the shared part. (Not
+/// `#[serde(flatten)]`, which would hide the path of a bad field.)
+pub fn parse_request<T: EndpointFields>(bytes: &[u8]) -> Result<(T, CommonParams), ApiError> {
+    let serde_json::Value::Object(mut all) = parse_json(bytes)? else {
         return Err(ApiError::invalid("The request body must be a JSON object."));
-    }
-    Ok((from_value(v.clone())?, from_value(v)?))
+    };
+    let own: serde_json::Map<String, serde_json::Value> = T::FIELDS
+        .iter()
+        .filter_map(|k| all.remove_entry(*k))
+        .collect();
+    Ok((
+        from_value(serde_json::Value::Object(own))?,
+        from_value(serde_json::Value::Object(all))?,
+    ))
 }
 
 fn parse_json(bytes: &[u8]) -> Result<serde_json::Value, ApiError> {
@@ -82,7 +94,7 @@ pub struct StreamOptions {
 /// The `speculative` extension: per-request speculation settings.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SpeculativeParams {
+pub struct RequestSpeculation {
     pub enabled: Option<bool>,
     pub gamma: Option<usize>,
     pub lenience: Option<f32>,
@@ -110,7 +122,7 @@ pub struct CommonParams {
     pub echo: Option<bool>,
     /// Completions: an integer; chat: a boolean. Neither is supported.
     pub logprobs: Option<serde_json::Value>,
-    pub speculative: Option<SpeculativeParams>,
+    pub speculative: Option<RequestSpeculation>,
     /// vLLM's extension: keep going past end-of-sequence tokens (benchmarks).
     pub ignore_eos: Option<bool>,
 }
@@ -151,6 +163,10 @@ pub struct CompletionRequest {
     pub prompt: Option<PromptInput>,
 }
 
+impl EndpointFields for CompletionRequest {
+    const FIELDS: &'static [&'static str] = &["prompt"];
+}
+
 /// A message's content: a string or OpenAI's list of parts (text parts only).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -177,6 +193,10 @@ pub struct ChatRequest {
     pub messages: Option<Vec<ChatMessageIn>>,
     /// The newer name of `max_tokens`.
     pub max_completion_tokens: Option<usize>,
+}
+
+impl EndpointFields for ChatRequest {
+    const FIELDS: &'static [&'static str] = &["messages", "max_completion_tokens"];
 }
 
 impl MessageContent {

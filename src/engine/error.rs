@@ -1,0 +1,47 @@
+//! The engine's error type, at the bottom of the engine so every part of it can use it without
+//! pointing back up at the module root.
+
+use crate::draft::DraftError;
+use crate::model::ModelError;
+use crate::sampling::speculative::SpecError;
+use crate::sampling::SamplingError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    #[error("overloaded: {queued} requests are already waiting; retry later")]
+    Overloaded { queued: usize },
+    #[error("engine worker: {0}")]
+    Worker(String),
+    #[error("generation failed: {0}")]
+    Failed(String),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("cannot decode the output: {0}")]
+    Detokenize(String),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {prompt} tokens but the context holds {context}")]
+    PromptTooLong { prompt: usize, context: usize },
+    #[error("no free KV cache slot")]
+    NoFreeSlot,
+    #[error("drafter: {0}")]
+    Draft(String),
+    #[error("speculation: {0}")]
+    Speculation(String),
+}
+
+impl From<DraftError> for EngineError {
+    fn from(e: DraftError) -> Self {
+        EngineError::Draft(e.to_string())
+    }
+}
+
+impl From<SpecError> for EngineError {
+    fn from(e: SpecError) -> Self {
+        EngineError::Speculation(e.to_string())
+    }
+}

@@ -1,0 +1,566 @@
+//! What rounds cost: measured prices of draft steps, drafter catch-ups and target forwards of
+//! each width, and the forecasts built from them. Timing noise on a shared machine only ever adds,
+//! so every price is the least of a short window of measurements.
+
+/// A measured cost: the least of the last few measurements. Timing noise on a shared machine
+/// only ever adds (preemption, another process's burst can turn a 40 µs forward into 5 ms),
+/// so the minimum of a short window tracks the real cost, and the window lets it follow slow
+/// drifts such as attention growing with the context. (A median would hold a deep-context
+/// price after long prompts for rounds the planner then declines to draft, so the price would
+/// never be re-measured.)
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CostEstimate {
+    recent: [f64; Self::WINDOW],
+    len: usize,
+    next: usize,
+    /// Holds only start-up measurements, which the first live one replaces.
+    provisional: bool,
+}
+
+impl CostEstimate {
+    const WINDOW: usize = 8;
+
+    pub fn record(&mut self, seconds: f64) {
+        if !seconds.is_finite() || seconds < 0.0 {
+            return;
+        }
+        if std::mem::take(&mut self.provisional) {
+            self.len = 0;
+            self.next = 0;
+        }
+        self.recent[self.next] = seconds;
+        self.next = (self.next + 1) % Self::WINDOW;
+        self.len = (self.len + 1).min(Self::WINDOW);
+    }
+
+    pub fn get(&self) -> Option<f64> {
+        self.recent[..self.len].iter().copied().reduce(f64::min)
+    }
+}
+
+/// Measured costs, in seconds: one draft step by how many sequences draft together, the
+/// drafter's catching up per context token by how many tokens it takes in at once, and target
+/// forwards by width (new tokens of every sequence in the forward together).
+#[derive(Clone, Debug)]
+pub struct CostModel {
+    /// `draft_first[n - 1]`: the first draft step of a round of `n` sequences together.
+    draft_first: Vec<CostEstimate>,
+    /// `draft_step[n - 1]`: each later draft step of `n` sequences together.
+    draft_step: Vec<CostEstimate>,
+    /// `catch_up_token[b]`: seconds per token of catch-ups of `2^b..2^(b+1)` tokens. One price
+    /// for all sizes would misprice long catch-ups: a drafter taking in a long prompt pays
+    /// attention over a deep context on every token, several times a short one's price.
+    catch_up_token: Vec<CostEstimate>,
+    /// `catch_up_size[b]`: the tokens of bucket `b`'s latest catch-up, where its price was
+    /// measured (catch-ups past the deepest measured bucket are extrapolated from the two
+    /// deepest).
+    catch_up_size: Vec<usize>,
+    /// How a draft step's price grows with the context it attends over, from start-up steps
+    /// timed at two depths: the floor under the price of a step at a given depth.
+    draft_depth: Option<DepthLine>,
+    /// `verify[w - 1]`: a target forward of `w` new tokens in all.
+    verify: Vec<CostEstimate>,
+    /// The start-up prices of `verify`, set by [`CostModel::mark_provisional`].
+    verify_start_up: Vec<Option<f64>>,
+    /// `verify_stamp[w - 1]`: when width `w` was last measured (a count of measurements).
+    verify_stamp: Vec<u64>,
+    verify_clock: u64,
+    /// How far measured drafting has run over its forecast lately (a decayed average of the
+    /// ratio, 1 = on the mark): draft prices are the luckiest recent step, and drafting is
+    /// noisier than a target forward.
+    draft_bias: f64,
+}
+
+impl CostModel {
+    /// A model for target forwards of up to `max_width` tokens (wider ones are extrapolated).
+    pub fn new(max_width: usize) -> Self {
+        Self {
+            draft_first: Vec::new(),
+            draft_step: Vec::new(),
+            catch_up_token: Vec::new(),
+            catch_up_size: Vec::new(),
+            draft_depth: None,
+            verify: vec![CostEstimate::default(); max_width.max(1)],
+            verify_start_up: Vec::new(),
+            verify_stamp: vec![0; max_width.max(1)],
+            verify_clock: 0,
+            draft_bias: 1.0,
+        }
+    }
+
+    /// Marks every price so far as provisional: start-up measurements run on a short context
+    /// and an idle machine, so they are kept only until live rounds measure the same thing (a
+    /// minimum over a window would otherwise hold the flattering start-up figure for a whole
+    /// window of rounds).
+    pub fn mark_provisional(&mut self) {
+        self.verify_start_up = self.verify.iter().map(CostEstimate::get).collect();
+        for c in self
+            .draft_first
+            .iter_mut()
+            .chain(&mut self.draft_step)
+            .chain(&mut self.catch_up_token)
+            .chain(&mut self.verify)
+        {
+            c.provisional = c.len > 0;
+        }
+    }
+
+    /// Time spent on `steps` draft steps of `seqs` sequences together, `first` of it on the
+    /// first step (0 = not timed apart).
+    pub fn record_draft(&mut self, seconds: f64, first: f64, steps: usize, seqs: usize) {
+        if steps == 0 || seqs == 0 {
+            return;
+        }
+        if self.draft_step.len() < seqs {
+            self.draft_step.resize(seqs, CostEstimate::default());
+            self.draft_first.resize(seqs, CostEstimate::default());
+        }
+        if first <= 0.0 || first > seconds {
+            let each = seconds / steps as f64;
+            self.draft_first[seqs - 1].record(each);
+            self.draft_step[seqs - 1].record(each);
+            return;
+        }
+        self.draft_first[seqs - 1].record(first);
+        if steps > 1 {
+            self.draft_step[seqs - 1].record((seconds - first) / (steps - 1) as f64);
+        }
+    }
+
+    /// A round's drafting took `measured` seconds where `forecast` (from [`Self::draft_seconds`],
+    /// bias included) was expected: later forecasts are scaled by the recent ratio.
+    pub fn record_draft_forecast(&mut self, forecast: f64, measured: f64) {
+        if !(forecast > 0.0 && measured.is_finite() && measured > 0.0) {
+            return;
+        }
+        let ratio = (measured / (forecast / self.draft_bias)).clamp(0.5, 3.0);
+        self.draft_bias = 0.9 * self.draft_bias + 0.1 * ratio;
+    }
+
+    /// Time the drafter spent taking in `tokens` context tokens it had not seen.
+    pub fn record_catch_up(&mut self, seconds: f64, tokens: usize) {
+        if tokens > 0 {
+            let b = catch_up_bucket(tokens);
+            if self.catch_up_token.len() <= b {
+                self.catch_up_token.resize(b + 1, CostEstimate::default());
+                self.catch_up_size.resize(b + 1, 0);
+            }
+            self.catch_up_token[b].record(seconds / tokens as f64);
+            self.catch_up_size[b] = tokens;
+        }
+    }
+
+    /// A draft step's seconds measured at two context depths (tokens): a step attends over
+    /// the whole context, so at depth it costs more than the shallow steps that price it
+    /// until drafting runs there.
+    pub fn record_draft_depths(&mut self, shallow: (usize, f64), deep: (usize, f64)) {
+        let (d0, s0) = (shallow.0 as f64, shallow.1);
+        let (d1, s1) = (deep.0 as f64, deep.1);
+        if d1 > d0 && s0.is_finite() && s1.is_finite() && s0 > 0.0 {
+            self.draft_depth = Some(DepthLine {
+                depth: d0,
+                step: s0,
+                slope: ((s1 - s0) / (d1 - d0)).max(0.0),
+            });
+        }
+    }
+
+    /// The least a draft step costs with `depth` context tokens: the start-up line through
+    /// its two depths, from its shallower one on (0 when not measured, or shallower).
+    pub fn draft_step_floor(&self, depth: usize) -> f64 {
+        match self.draft_depth {
+            Some(l) if depth as f64 > l.depth => l.step + l.slope * (depth as f64 - l.depth),
+            _ => 0.0,
+        }
+    }
+
+    /// Time of a target forward of `width` new tokens. A forward of `width` tokens slower than
+    /// `width` one-token forwards is noise (it could have run as that many single steps), and
+    /// is not kept: it would be the width's only live price until the width runs again, and a
+    /// plan never picks a width it prices that high, so it would never be re-measured (one
+    /// preempted forward could stop an always-right drafter for the rest of its request).
+    pub fn record_verify(&mut self, seconds: f64, width: usize) {
+        let single = self
+            .verify
+            .first()
+            .and_then(|c| c.get().filter(|_| !c.provisional));
+        if width > 1 && single.is_some_and(|one| seconds > one * width as f64) {
+            return;
+        }
+        if let Some(c) = width.checked_sub(1).and_then(|i| self.verify.get_mut(i)) {
+            c.record(seconds);
+            self.verify_clock += 1;
+            self.verify_stamp[width - 1] = self.verify_clock;
+        }
+    }
+
+    /// Seconds of `steps` draft steps of `seqs` sequences together, once any step is measured:
+    /// the first step at its own price, the rest at the later steps' (each standing in for the
+    /// other until measured). A batch size not measured yet is interpolated between its nearest
+    /// measured neighbours, or priced as the nearest one (the first round at that size then
+    /// measures it).
+    pub fn draft_seconds(&self, steps: usize, seqs: usize) -> Option<f64> {
+        if steps == 0 || seqs == 0 {
+            return Some(0.0);
+        }
+        let first = by_batch_size(&self.draft_first, seqs);
+        let later = by_batch_size(&self.draft_step, seqs);
+        let (first, later) = match (first, later) {
+            (Some(f), Some(l)) => (f, l),
+            (Some(c), None) | (None, Some(c)) => (c, c),
+            (None, None) => return None,
+        };
+        Some((first + later * (steps - 1) as f64) * self.draft_bias)
+    }
+
+    /// Seconds for the drafter to take in `tokens` unseen context tokens (nothing until
+    /// measured: prompt lookup never has any), priced per token at the nearest measured size
+    /// (the larger one on a tie: deeper catch-ups cost more per token, and guessing low is what
+    /// lets an unpayable catch-up through). Past the deepest measured size the per-token price
+    /// is extrapolated along the line through the two deepest: every token of a long prompt
+    /// attends over the ones before it, so the per-token price keeps growing with size.
+    pub fn catch_up_seconds(&self, tokens: usize) -> f64 {
+        if tokens == 0 {
+            return 0.0;
+        }
+        let want = catch_up_bucket(tokens);
+        let measured: Vec<(usize, f64)> = self
+            .catch_up_token
+            .iter()
+            .enumerate()
+            .filter_map(|(b, c)| c.get().map(|v| (b, v)))
+            .collect();
+        let per_token = match measured.as_slice() {
+            [.., (b0, p0), (b1, p1)] if want > *b1 => {
+                let (n0, n1) = (self.catch_up_size[*b0], self.catch_up_size[*b1]);
+                let slope = ((p1 - p0) / (n1 as f64 - n0 as f64)).max(0.0);
+                p1 + slope * (tokens - n1) as f64
+            }
+            _ => measured
+                .iter()
+                .min_by_key(|&&(b, _)| (b.abs_diff(want), std::cmp::Reverse(b)))
+                .map_or(0.0, |&(_, v)| v),
+        };
+        per_token * tokens as f64
+    }
+
+    /// Seconds of a target forward of `width` new tokens (0 for none); unmeasured widths are
+    /// interpolated linearly between the nearest measured ones, or extrapolated per token past
+    /// the widest. A width measured more recently than this one bounds it: never more than a
+    /// fresher wider forward, never less than a fresher narrower one. Each width's price is
+    /// its own recent minimum, and a width not run lately keeps what it cost at another context
+    /// depth: priced from long-prompt rounds beside a neighbour priced on short ones, a wider
+    /// forward could look cheaper than a narrower one, and a batch would draft at a loss.
+    pub fn verify_seconds(&self, width: usize) -> Option<f64> {
+        if width == 0 {
+            return Some(0.0);
+        }
+        let own = self.verify_interpolated(width)?;
+        let stamp = self.verify_stamp.get(width - 1).copied().unwrap_or(0);
+        let fresher = |w: usize| {
+            (self.verify_stamp[w - 1] > stamp)
+                .then(|| self.verify_at(w))
+                .flatten()
+        };
+        let n = self.verify.len();
+        let cap = (width + 1..=n).filter_map(fresher).fold(own, f64::min);
+        let floor = (1..width.min(n + 1))
+            .filter_map(fresher)
+            .fold(0.0, f64::max);
+        Some(cap.max(floor))
+    }
+
+    fn verify_interpolated(&self, width: usize) -> Option<f64> {
+        let measured = |w: usize| self.verify_at(w);
+        if let Some(v) = measured(width) {
+            return Some(v);
+        }
+        let below = (1..width.min(self.verify.len() + 1))
+            .rev()
+            .find_map(|w| measured(w).map(|c| (w, c)))?;
+        let above = (width + 1..=self.verify.len()).find_map(|w| measured(w).map(|c| (w, c)));
+        Some(match above {
+            Some((wa, ca)) => {
+                let t = (width - below.0) as f64 / (wa - below.0) as f64;
+                below.1 + t * (ca - below.1)
+            }
+            // Past the widest measured forward: each extra token costs what the last one did
+            // on average, never less than nothing.
+            None => below.1 * width as f64 / below.0 as f64,
+        })
+    }
+
+    /// The price of a `w`-token forward if measured. A start-up price is scaled by how far live
+    /// rounds found the nearest width they measured from its start-up price: live rounds run
+    /// deeper in the context than start-up's, and pricing one width live and its neighbour at
+    /// start-up would make the wider one look cheaper than it is.
+    fn verify_at(&self, w: usize) -> Option<f64> {
+        let c = self.verify.get(w.checked_sub(1)?)?;
+        let v = c.get()?;
+        if !c.provisional {
+            return Some(v);
+        }
+        let drift = (1..=self.verify.len())
+            .filter_map(|r| {
+                let live = &self.verify[r - 1];
+                let start = self.verify_start_up.get(r - 1).copied().flatten()?;
+                let now = live.get().filter(|_| !live.provisional && start > 0.0)?;
+                Some((r.abs_diff(w), now / start))
+            })
+            .min_by_key(|&(d, _)| d)
+            .map_or(1.0, |(_, ratio)| ratio);
+        Some(v * drift)
+    }
+
+    /// Cost of one sequence's round of γ relative to one plain step, alone in the batch.
+    pub fn round_cost(&self, gamma: usize) -> Option<f64> {
+        let plain = self.verify_seconds(1)?;
+        Some((self.draft_seconds(gamma, 1)? + self.verify_seconds(gamma + 1)?) / plain)
+    }
+}
+
+/// A straight line of draft-step seconds over context depth, from `depth` on.
+#[derive(Clone, Copy, Debug)]
+struct DepthLine {
+    depth: f64,
+    step: f64,
+    slope: f64,
+}
+
+/// A per-batch-size price for `seqs` sequences: measured, interpolated between the nearest
+/// measured sizes, or the nearest one's.
+fn by_batch_size(prices: &[CostEstimate], seqs: usize) -> Option<f64> {
+    let measured = |n: usize| prices.get(n - 1).and_then(CostEstimate::get);
+    let below = (1..=seqs.min(prices.len()))
+        .rev()
+        .find_map(|n| measured(n).map(|c| (n, c)));
+    let above = (seqs + 1..=prices.len()).find_map(|n| measured(n).map(|c| (n, c)));
+    match (below, above) {
+        (Some((nb, cb)), Some((na, ca))) if nb < seqs => {
+            Some(cb + (seqs - nb) as f64 / (na - nb) as f64 * (ca - cb))
+        }
+        (Some((_, c)), _) | (None, Some((_, c))) => Some(c),
+        (None, None) => None,
+    }
+}
+
+/// The size class of a catch-up of `tokens` tokens: ⌊log2 tokens⌋.
+fn catch_up_bucket(tokens: usize) -> usize {
+    tokens.max(1).ilog2() as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::governor::test_support::costs;
+    use crate::engine::governor::*;
+
+    #[test]
+    fn a_rounds_first_draft_step_is_priced_apart_from_the_rest() {
+        let mut c = CostModel::new(5);
+        // A γ = 3 round: its first step took in two tokens (8 ms), the later ones one (5 ms).
+        c.record_draft(0.018, 0.008, 3, 1);
+        assert!((c.draft_seconds(1, 1).unwrap() - 0.008).abs() < 1e-12);
+        assert!((c.draft_seconds(4, 1).unwrap() - 0.023).abs() < 1e-12);
+        // γ = 1 rounds measure only first steps; the later-step price stands.
+        c.record_draft(0.009, 0.009, 1, 1);
+        assert!((c.draft_seconds(3, 1).unwrap() - 0.018).abs() < 1e-12);
+        // Untimed first steps count as average ones.
+        let mut u = CostModel::new(5);
+        u.record_draft(0.012, 0.0, 3, 1);
+        assert!((u.draft_seconds(2, 1).unwrap() - 0.008).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_wide_forward_slower_than_as_many_steps_is_not_kept() {
+        let mut c = CostModel::new(4);
+        c.record_verify(1.0, 1);
+        c.record_verify(1.5, 2);
+        c.mark_provisional();
+        c.record_verify(1.0, 1);
+        // Kept, it would replace the start-up price as the width's only live one.
+        c.record_verify(2.4, 2);
+        assert_eq!(
+            c.verify_seconds(2),
+            Some(1.5),
+            "2.4 > 2 steps of 1.0: noise"
+        );
+        c.record_verify(1.8, 2);
+        assert_eq!(
+            c.verify_seconds(2),
+            Some(1.8),
+            "a plausible live price replaces it"
+        );
+        // Before a live one-token price, nothing is judged.
+        let mut fresh = CostModel::new(4);
+        fresh.record_verify(9.0, 3);
+        assert_eq!(fresh.verify_seconds(3), Some(9.0));
+    }
+
+    #[test]
+    fn verify_costs_are_interpolated_between_measured_widths() {
+        let mut c = CostModel::new(9);
+        c.record_draft(0.0, 0.0, 1, 1);
+        c.record_verify(1.0, 1);
+        c.record_verify(2.0, 3);
+        // Width 2 halfway between widths 1 and 3; width 6 extrapolated per token, and so is a
+        // width past the model's range.
+        assert!((c.round_cost(1).unwrap() - 1.5).abs() < 1e-12);
+        assert!((c.round_cost(5).unwrap() - 4.0).abs() < 1e-12);
+        assert!((c.verify_seconds(30).unwrap() - 20.0).abs() < 1e-12);
+        assert_eq!(c.verify_seconds(0), Some(0.0));
+    }
+
+    #[test]
+    fn fresher_prices_of_other_widths_bound_a_stale_one() {
+        let mut c = CostModel::new(8);
+        c.record_verify(1.0, 1);
+        // Width 3 last ran deep in long prompts; width 4 runs now, on short ones.
+        c.record_verify(1.6, 3);
+        c.record_verify(1.4, 4);
+        assert_eq!(c.verify_seconds(3), Some(1.4));
+        assert_eq!(c.verify_seconds(4), Some(1.4));
+        assert!(c.verify_seconds(2).unwrap() <= 1.4);
+        assert_eq!(c.verify_seconds(1), Some(1.0));
+        // And a wide forward priced on short contexts is not cheaper than a narrow one that
+        // ran since, deeper in.
+        c.record_verify(1.5, 2);
+        assert_eq!(c.verify_seconds(3), Some(1.5));
+        assert_eq!(c.verify_seconds(4), Some(1.5));
+        c.record_verify(1.4, 4);
+        c.record_verify(1.3, 3);
+        assert_eq!(c.verify_seconds(3), Some(1.3));
+        // So one of three requests drafting a token is not mistaken for free.
+        let mut g = Governor::new(GovernorConfig::default());
+        for _ in 0..30 {
+            g.record_round(4, 4);
+        }
+        c.record_draft(0.5, 0.0, 1, 1);
+        let three = [g.candidate(1, 1, 0, 100); 3];
+        assert_eq!(plan_round(&three, 0, &c, 1.02), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn drafting_that_runs_over_its_forecast_is_priced_higher() {
+        let mut c = CostModel::new(4);
+        c.record_draft(1.0, 0.0, 1, 1);
+        c.record_verify(1.0, 1);
+        assert_eq!(c.draft_seconds(1, 1), Some(1.0));
+        for _ in 0..50 {
+            let f = c.draft_seconds(2, 1).unwrap();
+            c.record_draft_forecast(f, 2.0 * 1.5);
+        }
+        assert!((c.draft_seconds(1, 1).unwrap() - 1.5).abs() < 0.01);
+        // A drafter whose steps cost 0.5 of a target step when lucky and 0.75 typically, at
+        // 70% acceptance: worth it by the luckiest price, not by the typical one.
+        let g = Governor::with_prior(GovernorConfig::default(), 0.7);
+        let mut lucky = CostModel::new(4);
+        lucky.record_draft(0.5, 0.0, 1, 1);
+        for w in 1..=4 {
+            lucky.record_verify(1.0 + 0.05 * (w - 1) as f64, w);
+        }
+        let one = [g.candidate(1, 3, 0, 100)];
+        assert!(plan_round(&one, 0, &lucky, 1.05)[0] > 0);
+        for _ in 0..50 {
+            let f = lucky.draft_seconds(1, 1).unwrap();
+            lucky.record_draft_forecast(f, 0.75);
+        }
+        assert_eq!(plan_round(&one, 0, &lucky, 1.05), vec![0]);
+    }
+
+    #[test]
+    fn draft_steps_are_priced_by_how_many_sequences_draft() {
+        let mut c = CostModel::new(8);
+        c.record_draft(3.0, 0.0, 3, 1);
+        c.record_draft(6.0, 0.0, 2, 4);
+        assert_eq!(c.draft_seconds(2, 1), Some(2.0));
+        assert_eq!(c.draft_seconds(1, 4), Some(3.0));
+        // Between measured sizes: interpolated; past the largest: the largest's price.
+        assert!((c.draft_seconds(1, 2).unwrap() - 5.0 / 3.0).abs() < 1e-12);
+        assert_eq!(c.draft_seconds(1, 8), Some(3.0));
+        assert_eq!(c.draft_seconds(0, 8), Some(0.0));
+        assert_eq!(CostModel::new(8).draft_seconds(1, 1), None);
+    }
+
+    #[test]
+    fn live_measurements_replace_start_up_ones() {
+        let mut c = CostModel::new(2);
+        c.record_verify(1.0, 1);
+        c.record_verify(2.0, 2);
+        c.record_draft(0.5, 0.0, 1, 1);
+        c.mark_provisional();
+        assert_eq!(c.verify_seconds(1), Some(1.0));
+        c.record_verify(1.3, 1);
+        c.record_draft(0.7, 0.0, 1, 1);
+        assert_eq!(c.verify_seconds(1), Some(1.3));
+        assert_eq!(c.draft_seconds(1, 1), Some(0.7));
+        // Live ones then keep the minimum of the window; a width measured only at start-up
+        // drifts as its nearest live-measured neighbour did (1.0 -> 1.3).
+        c.record_verify(1.5, 1);
+        assert_eq!(c.verify_seconds(1), Some(1.3));
+        assert!((c.verify_seconds(2).unwrap() - 2.6).abs() < 1e-12);
+        c.record_verify(2.1, 2);
+        assert_eq!(c.verify_seconds(2), Some(2.1));
+    }
+
+    #[test]
+    fn catch_ups_are_priced_by_size() {
+        let mut c = CostModel::new(4);
+        assert_eq!(c.catch_up_seconds(100), 0.0);
+        c.record_catch_up(0.5, 32);
+        c.record_catch_up(2.0, 256);
+        // Each size class at its own price per token; an unmeasured one at the nearest
+        // measured class, the dearer one on a tie.
+        assert!((c.catch_up_seconds(40) - 40.0 * 0.5 / 32.0).abs() < 1e-12);
+        assert!((c.catch_up_seconds(300) - 300.0 * 2.0 / 256.0).abs() < 1e-12);
+        assert!((c.catch_up_seconds(1000) - 1000.0 * 2.0 / 256.0).abs() < 1e-12);
+        assert!((c.catch_up_seconds(3) - 3.0 * 0.5 / 32.0).abs() < 1e-12);
+        assert!((c.catch_up_seconds(100) - 100.0 * 0.5 / 32.0).abs() < 1e-12);
+        assert_eq!(c.catch_up_seconds(0), 0.0);
+        let mut tie = CostModel::new(4);
+        tie.record_catch_up(0.5, 32);
+        tie.record_catch_up(1.0, 128);
+        assert!((tie.catch_up_seconds(64) - 64.0 / 128.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn catch_ups_past_the_deepest_measured_size_are_extrapolated() {
+        let mut c = CostModel::new(4);
+        c.record_catch_up(31.0 * 0.9e-3, 31);
+        c.record_catch_up(255.0 * 1.0e-3, 255);
+        // 0.1 ms a token dearer over 224 more tokens: a 767-token prompt at 1.0 ms a token
+        // plus 512/224 of that.
+        let want = 767.0 * (1.0e-3 + 0.1e-3 * 512.0 / 224.0);
+        assert!((c.catch_up_seconds(767) - want).abs() < 1e-9);
+        // Sizes measured, or below the deepest, keep their class's price.
+        assert!((c.catch_up_seconds(200) - 0.2).abs() < 1e-9);
+        assert!((c.catch_up_seconds(40) - 40.0 * 0.9e-3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn draft_steps_at_depth_cost_at_least_the_start_up_line() {
+        let verify = [
+            0.012, 0.0125, 0.013, 0.0135, 0.014, 0.0145, 0.015, 0.0155, 0.016,
+        ];
+        let mut c = costs(0.003, &verify);
+        c.record_catch_up(0.6, 600);
+        // Start-up: 3 ms a step at 30 tokens of context, 4 ms at 250.
+        c.record_draft_depths((30, 0.003), (250, 0.004));
+        assert_eq!(c.draft_step_floor(10), 0.0);
+        let deep = 0.003 + 0.001 * 1970.0 / 220.0;
+        assert!((c.draft_step_floor(2000) - deep).abs() < 1e-12);
+        let free = |depth| Candidate {
+            alpha: 0.9,
+            choice: Choice::Free { min: 1, max: 8 },
+            catch_up: 600,
+            remaining: 200,
+            depth,
+        };
+        // Shallow, a draft step is a quarter of a plain step and the catch-up repays itself;
+        // at a depth of 2000 a step costs as much as the plain step it should save.
+        assert!(plan_round(&[free(40)], 0, &c, 1.05)[0] > 0);
+        assert_eq!(plan_round(&[free(2000)], 0, &c, 1.05), vec![0]);
+        let f = forecast_round(&[free(2000)], &[4], 0, &c).unwrap();
+        assert!((f.draft - 4.0 * deep).abs() < 1e-12, "{f:?}");
+    }
+}

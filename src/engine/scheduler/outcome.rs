@@ -1,0 +1,127 @@
+//! What a round's target forward leaves for each sequence: prefill progress, or accepted
+//! drafts and a new token, emitted to the request's stream; and a finished sequence's last
+//! event.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::sequence::{RoundEmission, Sequence};
+use super::{Ending, Scheduler, POOLED_ACCEPTANCE_DECAY};
+use crate::engine::messages::{DraftOutcome, EngineEvent, TargetOutcome};
+use crate::engine::request::Usage;
+use crate::telemetry;
+
+impl Scheduler {
+    /// Applies one sequence's result of the target forward: prefill progress, or the round's
+    /// acceptance (counters, governor, cost estimates) and its tokens. Returns how the
+    /// sequence ended, if it did.
+    pub(super) fn take_outcome(
+        &mut self,
+        outcome: Result<TargetOutcome, (u64, String)>,
+        sent: &HashMap<u64, (usize, Vec<u32>)>,
+        guessed: &mut HashMap<u64, DraftOutcome>,
+    ) -> Option<Ending> {
+        let o = match outcome {
+            Ok(o) => o,
+            Err((seq, msg)) => {
+                return self
+                    .active
+                    .iter()
+                    .any(|s| s.id == seq)
+                    .then_some((seq, Err(msg)))
+            }
+        };
+        let id = o.seq;
+        let s = self.active.iter_mut().find(|s| s.id == id)?;
+        s.accept_rng = o.rng;
+        let (chunk_len, drafts) = &sent[&id];
+        if !s.decoding() {
+            s.prefilled += chunk_len;
+            if s.decoding() {
+                telemetry::record_prefill(s.admitted.elapsed().as_secs_f64());
+            }
+        } else {
+            telemetry::record_round(drafts.len(), o.accepted);
+            self.speedup.record(drafts.len(), o.accepted, &self.costs);
+            if !drafts.is_empty() {
+                s.spec.rounds += 1;
+                s.spec.draft_tokens += drafts.len();
+                s.spec.accepted_tokens += o.accepted;
+            }
+            s.governor.record_round(drafts.len(), o.accepted);
+            self.acceptance
+                .record(drafts.len(), o.accepted, POOLED_ACCEPTANCE_DECAY);
+        }
+        let next = o.next_token?;
+        let round = drafts[..o.accepted].iter().copied().chain([next]);
+        match s.emit_round(round) {
+            Ok(emission) => {
+                let finish = emission.finish;
+                send_output(s, emission);
+                if let Some(finish) = finish {
+                    return Some((id, Ok(finish)));
+                }
+                if let Some(g) = guessed.remove(&id) {
+                    let used = o.accepted == drafts.len() && s.adopt_guess(g, next);
+                    self.drafted_ahead += 1;
+                    self.ahead_used += u64::from(used);
+                    telemetry::record_draft_ahead(used);
+                }
+                None
+            }
+            Err(e) => Some((id, Err(e.to_string()))),
+        }
+    }
+
+    /// Sends a sequence's last event and gives its resources back.
+    pub(super) async fn end_sequence(&mut self, (id, end): Ending) {
+        let Some(pos) = self.active.iter().position(|s| s.id == id) else {
+            return;
+        };
+        let s = self.active.swap_remove(pos);
+        record_finished(
+            match &end {
+                Ok(finish) => finish.as_openai(),
+                Err(_) => "error",
+            },
+            &s,
+        );
+        let event = match end {
+            Ok(finish) => EngineEvent::Done {
+                finish,
+                usage: Usage {
+                    prompt_tokens: s.prompt_len(),
+                    completion_tokens: s.emitter.generated(),
+                    speculative: s.spec.clone(),
+                },
+            },
+            Err(msg) => EngineEvent::Failed(msg),
+        };
+        let _ = s.events.send(event);
+        self.retire(s).await;
+    }
+}
+
+/// Sends a round's output as one event, and records when its tokens came.
+fn send_output(s: &mut Sequence, e: RoundEmission) {
+    let now = Instant::now();
+    telemetry::record_tokens(
+        e.tokens.len(),
+        s.last_output.map(|t| (now - t).as_secs_f64()),
+        (now - s.arrived).as_secs_f64(),
+    );
+    s.last_output = Some(now);
+    let _ = s.events.send(EngineEvent::Output {
+        tokens: e.tokens,
+        text: e.text,
+    });
+}
+
+pub(super) fn record_finished(reason: &'static str, s: &Sequence) {
+    telemetry::record_finished(
+        reason,
+        s.spec.draft_tokens,
+        s.spec.accepted_tokens,
+        s.arrived.elapsed().as_secs_f64(),
+    );
+}

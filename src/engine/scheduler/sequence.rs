@@ -1,0 +1,238 @@
+//! One admitted request as the scheduler keeps it, and what it contributes to a round: its γ
+//! candidate, its drafter and target work items, and the emission of its tokens.
+
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use crate::draft::Proposal;
+use crate::engine::emitter::Emitter;
+use crate::engine::error::EngineError;
+use crate::engine::gamma::{gamma_cap, RoundGamma};
+use crate::engine::governor::{Candidate, Choice, Governor};
+use crate::engine::messages::{DraftItem, DraftOutcome, EngineEvent, TargetItem, TargetWork};
+use crate::engine::request::{EngineRequest, FinishReason, SpeculationStats};
+use crate::engine::settings::SpeculationSettings;
+use crate::sampling::{Lenience, SeededRng};
+
+/// A request waiting for a slot.
+pub(super) struct Queued {
+    pub id: u64,
+    pub request: EngineRequest,
+    pub events: mpsc::UnboundedSender<EngineEvent>,
+    pub arrived: Instant,
+}
+
+/// One admitted request.
+pub(super) struct Sequence {
+    pub id: u64,
+    pub slot: usize,
+    pub reserved: usize,
+    pub events: mpsc::UnboundedSender<EngineEvent>,
+    pub request: EngineRequest,
+    /// Prompt and output so far; while decoding, its last token is not yet in the target cache.
+    pub context: Vec<u32>,
+    pub prefilled: usize,
+    pub emitter: Emitter,
+    pub draft_rng: SeededRng,
+    pub accept_rng: SeededRng,
+    pub governor: Governor,
+    pub spec: SpeculationStats,
+    /// Pipelining group (0 or 1).
+    pub group: usize,
+    /// The context limit: a sequence whose context reaches it ends (`ContextFull`).
+    pub max_context: usize,
+    /// Drafts made in an earlier step, waiting for verification (pipelining).
+    pub pending: Option<Proposal>,
+    /// Context length when it last drafted (what a draft model's cache has seen, about).
+    pub drafter_seen: usize,
+    pub arrived: Instant,
+    pub admitted: Instant,
+    pub last_output: Option<Instant>,
+}
+
+/// The tokens one round released for a sequence, and whether they ended it.
+pub(super) struct RoundEmission {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish: Option<FinishReason>,
+}
+
+impl Sequence {
+    pub fn prompt_len(&self) -> usize {
+        self.request.generation.prompt.len()
+    }
+
+    pub fn decoding(&self) -> bool {
+        self.prefilled >= self.prompt_len()
+    }
+
+    fn remaining(&self) -> usize {
+        self.request.generation.max_tokens - self.emitter.generated()
+    }
+
+    /// How γ is set for the next round: the request's policy under the live settings, capped so
+    /// the verification fits the context and does not draft past `max_tokens`.
+    pub fn candidate(
+        &self,
+        has_drafter: bool,
+        context_len: usize,
+        live: &SpeculationSettings,
+    ) -> Candidate {
+        let n = self.context.len() - 1;
+        let remaining = self.remaining();
+        let cap = gamma_cap(n, context_len, remaining);
+        let fixed = |g: usize| Candidate {
+            alpha: self.governor.alpha(),
+            choice: Choice::Fixed(g),
+            catch_up: 0,
+            remaining,
+            depth: n,
+        };
+        if !has_drafter {
+            return fixed(0);
+        }
+        match live.round_gamma(self.request.gamma).capped(cap) {
+            RoundGamma::Plain => fixed(0),
+            RoundGamma::Fixed(g) => fixed(g),
+            RoundGamma::Adaptive { min, max } => Candidate {
+                depth: n,
+                ..self.governor.candidate(
+                    min,
+                    max,
+                    self.context.len().saturating_sub(self.drafter_seen + 2),
+                    remaining,
+                )
+            },
+        }
+    }
+
+    pub fn draft_item(&self, gamma: usize) -> DraftItem {
+        DraftItem {
+            seq: self.id,
+            context: self.context.clone(),
+            prompt_len: self.prompt_len(),
+            gamma,
+            params: self.request.generation.sampling.clone(),
+            rng: self.draft_rng.clone(),
+        }
+    }
+
+    /// A draft of the next round made while `drafts` are verified: from the context with every
+    /// draft standing, `gamma + 1` tokens, the first a guess of the token the target adds, so
+    /// that a right guess leaves `gamma` drafts (fewer near the token or context limit). `None`
+    /// when the next round could not draft any.
+    pub fn draft_ahead_item(
+        &self,
+        drafts: &[u32],
+        gamma: usize,
+        context_len: usize,
+    ) -> Option<DraftItem> {
+        // The next round's context: this one's, the drafts and the guess.
+        let cached = self.context.len() + drafts.len();
+        let remaining = self.remaining().saturating_sub(drafts.len() + 1);
+        let next = gamma.min(gamma_cap(cached, context_len, remaining));
+        if next == 0 {
+            return None;
+        }
+        let mut item = self.draft_item(next + 1);
+        item.context.extend_from_slice(drafts);
+        Some(item)
+    }
+
+    pub fn target_item(
+        &self,
+        work: TargetWork,
+        tokens: Vec<u32>,
+        proposal: Proposal,
+        default_lenience: Lenience,
+    ) -> TargetItem {
+        let start_pos = match work {
+            TargetWork::Verify => self.context.len() - 1,
+            _ => self.prefilled,
+        };
+        TargetItem {
+            seq: self.id,
+            slot: self.slot,
+            start_pos,
+            tokens,
+            work,
+            proposal,
+            params: self.request.generation.sampling.clone(),
+            lenience: self.request.lenience.unwrap_or(default_lenience),
+            context: self.context.clone(),
+            prompt_len: self.prompt_len(),
+            rng: self.accept_rng.clone(),
+        }
+    }
+
+    /// The verification of this sequence's pending drafts (none: a plain step).
+    pub fn verify_item(&mut self, default_lenience: Lenience) -> TargetItem {
+        let proposal = self.pending.take().unwrap_or_default();
+        let mut tokens = Vec::with_capacity(1 + proposal.tokens.len());
+        tokens.push(*self.context.last().expect("context holds the prompt"));
+        tokens.extend_from_slice(&proposal.tokens);
+        self.target_item(TargetWork::Verify, tokens, proposal, default_lenience)
+    }
+
+    /// The next `len` prompt tokens, to prefill.
+    pub fn prefill_item(&self, len: usize, default_lenience: Lenience) -> TargetItem {
+        let end = self.prefilled + len;
+        let work = if end == self.prompt_len() {
+            TargetWork::PrefillLast
+        } else {
+            TargetWork::PrefillChunk
+        };
+        let chunk = self.request.generation.prompt[self.prefilled..end].to_vec();
+        self.target_item(work, chunk, Proposal::default(), default_lenience)
+    }
+
+    /// Pushes a round's tokens (the accepted drafts, then the sampled token) through the
+    /// emitter, stopping at the first stop condition.
+    pub fn emit_round(
+        &mut self,
+        round: impl Iterator<Item = u32>,
+    ) -> Result<RoundEmission, EngineError> {
+        let mut tokens = Vec::new();
+        let mut text = String::new();
+        let mut finish = None;
+        for t in round {
+            self.context.push(t);
+            tokens.push(t);
+            finish = self.emitter.push(t)?;
+            text.push_str(self.emitter.delta());
+            if finish.is_some() {
+                break;
+            }
+        }
+        if finish.is_none() && self.context.len() > self.max_context {
+            self.emitter.end(FinishReason::ContextFull)?;
+            text.push_str(self.emitter.delta());
+            finish = Some(FinishReason::ContextFull);
+        }
+        Ok(RoundEmission {
+            tokens,
+            text,
+            finish,
+        })
+    }
+
+    /// Makes a draft made ahead (see [`Sequence::draft_ahead_item`]) the next drafts if its
+    /// guess held: the round's drafts all stood (the caller checks) and its first token is the
+    /// one the target added, `next`. Its other tokens were drafted after exactly the context
+    /// the sequence now has, so they are drafts like any other, and the acceptance rule keeps
+    /// the output exact. Otherwise it is dropped, and the draft RNG stays where it was.
+    pub fn adopt_guess(&mut self, guess: DraftOutcome, next: u32) -> bool {
+        let Ok(mut p) = guess.proposal else {
+            return false;
+        };
+        if p.tokens.len() < 2 || p.tokens[0] != next {
+            return false;
+        }
+        p.drop_first();
+        self.pending = Some(p);
+        self.draft_rng = guess.rng;
+        self.drafter_seen = self.context.len();
+        true
+    }
+}

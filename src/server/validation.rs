@@ -1,0 +1,234 @@
+//! Every check an OpenAI request passes before the engine sees it, and its translation into
+//! an engine request.
+//!
+//! Why it exists: a bad request must get a 400 naming its parameter before any work is done,
+//! and each knob is checked where it enters: lenience and γ become their checked types here,
+//! with the parameter's name in the error.
+
+use std::sync::Arc;
+
+use super::error::ApiError;
+use super::schema::{ChatMessageIn, CommonParams, StopInput};
+use super::startup::Loaded;
+use super::AppState;
+use crate::engine::{EngineRequest, Gamma, GammaPolicy, GenerationRequest};
+use crate::model::ChatMessage;
+use crate::sampling::{Lenience, SamplingParams};
+
+pub(super) fn tokenize(loaded: &Loaded, text: &str) -> Result<Vec<u32>, ApiError> {
+    if text.is_empty() {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            "The prompt must not be empty.",
+        ));
+    }
+    loaded
+        .tokenizer
+        .encode(text, true)
+        .map_err(|e| ApiError::invalid_param("prompt", format!("Cannot tokenize: {e}")))
+}
+
+pub(super) fn check_token_ids(loaded: &Loaded, ids: Vec<u32>) -> Result<Vec<u32>, ApiError> {
+    let vocab = loaded.tokenizer.vocab_size();
+    if ids.is_empty() {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            "The prompt must not be empty.",
+        ));
+    }
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!("Token id {bad} is outside the vocabulary (size {vocab})."),
+        ));
+    }
+    Ok(ids)
+}
+
+/// The chat messages as the chat template takes them, with roles checked.
+pub(super) fn chat_turns(
+    messages: Option<Vec<ChatMessageIn>>,
+) -> Result<Vec<ChatMessage>, ApiError> {
+    let Some(messages) = messages else {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "`messages` is required.",
+        ));
+    };
+    if messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "`messages` must hold at least one message.",
+        ));
+    }
+    let mut turns = Vec::with_capacity(messages.len());
+    for (i, m) in messages.into_iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            other => {
+                return Err(ApiError::invalid_param(
+                    &format!("messages[{i}].role"),
+                    format!("Unknown role `{other}`: use system, user or assistant."),
+                ))
+            }
+        };
+        let content = match m.content {
+            Some(c) => c.into_text(i)?,
+            None => String::new(),
+        };
+        turns.push(ChatMessage::new(role, content));
+    }
+    if turns.iter().all(|t| t.content.trim().is_empty()) {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "Every message is empty.",
+        ));
+    }
+    Ok(turns)
+}
+
+/// Checks the request against the model and the server's defaults and builds the engine
+/// request.
+pub(super) fn engine_request(
+    state: &AppState,
+    loaded: &Loaded,
+    prompt: Vec<u32>,
+    p: &CommonParams,
+    max_completion_tokens: Option<usize>,
+) -> Result<EngineRequest, ApiError> {
+    p.check_supported()?;
+    if let Some(m) = &p.model {
+        if m != &loaded.model_name && m != "default" {
+            return Err(ApiError::model_not_found(m, &loaded.model_name));
+        }
+    }
+    let d = &state.defaults;
+    let context = loaded.engine.context_len();
+    if prompt.len() >= context {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!(
+                "This model's maximum context length is {context} tokens; the prompt has {} tokens.",
+                prompt.len()
+            ),
+        ));
+    }
+    let room = context - prompt.len();
+    let max_tokens = match max_completion_tokens.or(p.max_tokens) {
+        Some(0) => {
+            return Err(ApiError::invalid_param(
+                "max_tokens",
+                "max_tokens must be at least 1.",
+            ))
+        }
+        Some(n) if n > room => {
+            return Err(ApiError::invalid_param(
+                "max_tokens",
+                format!(
+                    "This model's maximum context length is {context} tokens; you asked for {} \
+                     ({} in the prompt, {n} to generate).",
+                    prompt.len() + n,
+                    prompt.len()
+                ),
+            ))
+        }
+        Some(n) => n,
+        None => d.max_tokens.min(room),
+    };
+    let temperature = p.temperature.unwrap_or(d.temperature);
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        return Err(ApiError::invalid_param(
+            "temperature",
+            format!("temperature must be >= 0, got {temperature}."),
+        ));
+    }
+    let top_p = p.top_p.unwrap_or(d.top_p);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid_param(
+            "top_p",
+            format!("top_p must be in (0, 1], got {top_p}."),
+        ));
+    }
+    let vocab = loaded.tokenizer.vocab_size();
+    let mut logit_bias = Vec::new();
+    for (k, &v) in p.logit_bias.iter().flatten() {
+        let id: u32 = k
+            .parse()
+            .ok()
+            .filter(|&id: &u32| (id as usize) < vocab)
+            .ok_or_else(|| {
+                ApiError::invalid_param(
+                    "logit_bias",
+                    format!("`{k}` is not a token id of this model's vocabulary."),
+                )
+            })?;
+        if !(-100.0..=100.0).contains(&v) {
+            return Err(ApiError::invalid_param(
+                "logit_bias",
+                format!("Bias values must be in [-100, 100], got {v}."),
+            ));
+        }
+        logit_bias.push((id, v));
+    }
+    logit_bias.sort_by_key(|&(id, _)| id);
+    let sampling = SamplingParams {
+        temperature,
+        top_k: p.top_k.unwrap_or(d.top_k),
+        top_p,
+        min_p: p.min_p.unwrap_or(d.min_p),
+        repetition_penalty: p.repetition_penalty.unwrap_or(d.repetition_penalty),
+        presence_penalty: p.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: p.frequency_penalty.unwrap_or(0.0),
+        logit_bias,
+        seed: p.seed,
+    };
+    sampling.validate().map_err(|e| match e {
+        crate::sampling::SamplingError::InvalidParam { name, .. } => {
+            ApiError::invalid_param(name, e.to_string())
+        }
+        other => ApiError::invalid(other.to_string()),
+    })?;
+    let stop_strings = p.stop.as_ref().map(StopInput::to_vec).unwrap_or_default();
+    if stop_strings.len() > 16 || stop_strings.iter().any(String::is_empty) {
+        return Err(ApiError::invalid_param(
+            "stop",
+            "Give at most 16 stop strings, none of them empty.",
+        ));
+    }
+    let spec = p.speculative.as_ref();
+    let lenience = spec
+        .and_then(|s| s.lenience)
+        .map(Lenience::try_from)
+        .transpose()
+        .map_err(|e| ApiError::invalid_param("speculative.lenience", format!("lenience {e}.")))?;
+    let gamma =
+        match (spec.and_then(|s| s.enabled), spec.and_then(|s| s.gamma)) {
+            (Some(false), _) => GammaPolicy::Off,
+            (_, Some(g)) => {
+                let limit = loaded.engine.settings().gamma_limit();
+                GammaPolicy::Fixed(Gamma::within(g, limit).map_err(|e| {
+                    ApiError::invalid_param("speculative.gamma", format!("gamma {e}."))
+                })?)
+            }
+            (Some(true), None) => GammaPolicy::On,
+            (None, None) => GammaPolicy::Server,
+        };
+    Ok(EngineRequest {
+        generation: GenerationRequest {
+            prompt,
+            max_tokens,
+            sampling,
+            eos_ids: if p.ignore_eos == Some(true) {
+                Vec::new()
+            } else {
+                loaded.tokenizer.eos_ids().to_vec()
+            },
+            stop_strings,
+            detokenizer: Some(Arc::clone(&loaded.tokenizer)),
+        },
+        gamma,
+        lenience,
+    })
+}
