@@ -392,3 +392,7 @@ fn check_distribution(
 #[cfg(test)]
 #[path = "speculative_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "speculative_error_tests.rs"]
+mod error_tests;

@@ -1,8 +1,8 @@
 //! Per-request acceptance: a decayed estimate of how often the drafter's tokens stand, and when a
 //! request decoding plainly should probe speculation again.
 
+use super::config::GovernorConfig;
 use super::planner::{Candidate, Choice};
-use super::GovernorConfig;
 
 /// A decayed acceptance rate: accepted / (accepted + rejected) over recent drafts, with two
 /// pseudo-drafts at a prior rate so a first round does not decide everything.
@@ -138,7 +138,6 @@ impl Governor {
 mod tests {
     use super::*;
     use crate::engine::governor::test_support::{costs, solo};
-    use crate::engine::governor::*;
 
     #[test]
     fn a_new_request_starts_from_what_the_drafter_achieved_lately() {

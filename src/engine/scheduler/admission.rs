@@ -6,7 +6,7 @@ use std::time::Instant;
 use kameo::message::{Context, Message};
 
 use super::sequence::{Queued, Sequence};
-use super::{record_finished, Scheduler};
+use super::state::{record_finished, Scheduler};
 use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
 use crate::engine::governor::Governor;

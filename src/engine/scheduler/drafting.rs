@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::Scheduler;
+use super::state::Scheduler;
 use crate::engine::error::EngineError;
 use crate::engine::governor::{forecast_round, plan_round, Candidate, RoundForecast};
 use crate::engine::messages::{DraftBatch, DraftBatchResult, DraftItem, DraftOutcome};

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::sequence::{RoundEmission, Sequence};
-use super::{Ending, Scheduler, POOLED_ACCEPTANCE_DECAY};
+use super::state::{record_finished, Ending, Scheduler, POOLED_ACCEPTANCE_DECAY};
 use crate::engine::messages::{DraftOutcome, EngineEvent, TargetOutcome};
 use crate::engine::request::Usage;
 use crate::telemetry;
@@ -115,13 +115,4 @@ fn send_output(s: &mut Sequence, e: RoundEmission) {
         tokens: e.tokens,
         text: e.text,
     });
-}
-
-pub(super) fn record_finished(reason: &'static str, s: &Sequence) {
-    telemetry::record_finished(
-        reason,
-        s.spec.draft_tokens,
-        s.spec.accepted_tokens,
-        s.arrived.elapsed().as_secs_f64(),
-    );
 }

@@ -1,0 +1,212 @@
+use super::*;
+use crate::engine::governor::test_support::costs;
+use crate::engine::governor::*;
+
+#[test]
+fn a_rounds_first_draft_step_is_priced_apart_from_the_rest() {
+    let mut c = CostModel::new(5);
+    // A γ = 3 round: its first step took in two tokens (8 ms), the later ones one (5 ms).
+    c.record_draft(0.018, 0.008, 3, 1);
+    assert!((c.draft_seconds(1, 1).unwrap() - 0.008).abs() < 1e-12);
+    assert!((c.draft_seconds(4, 1).unwrap() - 0.023).abs() < 1e-12);
+    // γ = 1 rounds measure only first steps; the later-step price stands.
+    c.record_draft(0.009, 0.009, 1, 1);
+    assert!((c.draft_seconds(3, 1).unwrap() - 0.018).abs() < 1e-12);
+    // Untimed first steps count as average ones.
+    let mut u = CostModel::new(5);
+    u.record_draft(0.012, 0.0, 3, 1);
+    assert!((u.draft_seconds(2, 1).unwrap() - 0.008).abs() < 1e-12);
+}
+
+#[test]
+fn a_wide_forward_slower_than_as_many_steps_is_not_kept() {
+    let mut c = CostModel::new(4);
+    c.record_verify(1.0, 1);
+    c.record_verify(1.5, 2);
+    c.mark_provisional();
+    c.record_verify(1.0, 1);
+    // Kept, it would replace the start-up price as the width's only live one.
+    c.record_verify(2.4, 2);
+    assert_eq!(
+        c.verify_seconds(2),
+        Some(1.5),
+        "2.4 > 2 steps of 1.0: noise"
+    );
+    c.record_verify(1.8, 2);
+    assert_eq!(
+        c.verify_seconds(2),
+        Some(1.8),
+        "a plausible live price replaces it"
+    );
+    // Before a live one-token price, nothing is judged.
+    let mut fresh = CostModel::new(4);
+    fresh.record_verify(9.0, 3);
+    assert_eq!(fresh.verify_seconds(3), Some(9.0));
+}
+
+#[test]
+fn verify_costs_are_interpolated_between_measured_widths() {
+    let mut c = CostModel::new(9);
+    c.record_draft(0.0, 0.0, 1, 1);
+    c.record_verify(1.0, 1);
+    c.record_verify(2.0, 3);
+    // Width 2 halfway between widths 1 and 3; width 6 extrapolated per token, and so is a
+    // width past the model's range.
+    assert!((c.round_cost(1).unwrap() - 1.5).abs() < 1e-12);
+    assert!((c.round_cost(5).unwrap() - 4.0).abs() < 1e-12);
+    assert!((c.verify_seconds(30).unwrap() - 20.0).abs() < 1e-12);
+    assert_eq!(c.verify_seconds(0), Some(0.0));
+}
+
+#[test]
+fn fresher_prices_of_other_widths_bound_a_stale_one() {
+    let mut c = CostModel::new(8);
+    c.record_verify(1.0, 1);
+    // Width 3 last ran deep in long prompts; width 4 runs now, on short ones.
+    c.record_verify(1.6, 3);
+    c.record_verify(1.4, 4);
+    assert_eq!(c.verify_seconds(3), Some(1.4));
+    assert_eq!(c.verify_seconds(4), Some(1.4));
+    assert!(c.verify_seconds(2).unwrap() <= 1.4);
+    assert_eq!(c.verify_seconds(1), Some(1.0));
+    // And a wide forward priced on short contexts is not cheaper than a narrow one that
+    // ran since, deeper in.
+    c.record_verify(1.5, 2);
+    assert_eq!(c.verify_seconds(3), Some(1.5));
+    assert_eq!(c.verify_seconds(4), Some(1.5));
+    c.record_verify(1.4, 4);
+    c.record_verify(1.3, 3);
+    assert_eq!(c.verify_seconds(3), Some(1.3));
+    // So one of three requests drafting a token is not mistaken for free.
+    let mut g = Governor::new(GovernorConfig::default());
+    for _ in 0..30 {
+        g.record_round(4, 4);
+    }
+    c.record_draft(0.5, 0.0, 1, 1);
+    let three = [g.candidate(1, 1, 0, 100); 3];
+    assert_eq!(plan_round(&three, 0, &c, 1.02), vec![0, 0, 0]);
+}
+
+#[test]
+fn drafting_that_runs_over_its_forecast_is_priced_higher() {
+    let mut c = CostModel::new(4);
+    c.record_draft(1.0, 0.0, 1, 1);
+    c.record_verify(1.0, 1);
+    assert_eq!(c.draft_seconds(1, 1), Some(1.0));
+    for _ in 0..50 {
+        let f = c.draft_seconds(2, 1).unwrap();
+        c.record_draft_forecast(f, 2.0 * 1.5);
+    }
+    assert!((c.draft_seconds(1, 1).unwrap() - 1.5).abs() < 0.01);
+    // A drafter whose steps cost 0.5 of a target step when lucky and 0.75 typically, at
+    // 70% acceptance: worth it by the luckiest price, not by the typical one.
+    let g = Governor::with_prior(GovernorConfig::default(), 0.7);
+    let mut lucky = CostModel::new(4);
+    lucky.record_draft(0.5, 0.0, 1, 1);
+    for w in 1..=4 {
+        lucky.record_verify(1.0 + 0.05 * (w - 1) as f64, w);
+    }
+    let one = [g.candidate(1, 3, 0, 100)];
+    assert!(plan_round(&one, 0, &lucky, 1.05)[0] > 0);
+    for _ in 0..50 {
+        let f = lucky.draft_seconds(1, 1).unwrap();
+        lucky.record_draft_forecast(f, 0.75);
+    }
+    assert_eq!(plan_round(&one, 0, &lucky, 1.05), vec![0]);
+}
+
+#[test]
+fn draft_steps_are_priced_by_how_many_sequences_draft() {
+    let mut c = CostModel::new(8);
+    c.record_draft(3.0, 0.0, 3, 1);
+    c.record_draft(6.0, 0.0, 2, 4);
+    assert_eq!(c.draft_seconds(2, 1), Some(2.0));
+    assert_eq!(c.draft_seconds(1, 4), Some(3.0));
+    // Between measured sizes: interpolated; past the largest: the largest's price.
+    assert!((c.draft_seconds(1, 2).unwrap() - 5.0 / 3.0).abs() < 1e-12);
+    assert_eq!(c.draft_seconds(1, 8), Some(3.0));
+    assert_eq!(c.draft_seconds(0, 8), Some(0.0));
+    assert_eq!(CostModel::new(8).draft_seconds(1, 1), None);
+}
+
+#[test]
+fn live_measurements_replace_start_up_ones() {
+    let mut c = CostModel::new(2);
+    c.record_verify(1.0, 1);
+    c.record_verify(2.0, 2);
+    c.record_draft(0.5, 0.0, 1, 1);
+    c.mark_provisional();
+    assert_eq!(c.verify_seconds(1), Some(1.0));
+    c.record_verify(1.3, 1);
+    c.record_draft(0.7, 0.0, 1, 1);
+    assert_eq!(c.verify_seconds(1), Some(1.3));
+    assert_eq!(c.draft_seconds(1, 1), Some(0.7));
+    // Live ones then keep the minimum of the window; a width measured only at start-up
+    // drifts as its nearest live-measured neighbour did (1.0 -> 1.3).
+    c.record_verify(1.5, 1);
+    assert_eq!(c.verify_seconds(1), Some(1.3));
+    assert!((c.verify_seconds(2).unwrap() - 2.6).abs() < 1e-12);
+    c.record_verify(2.1, 2);
+    assert_eq!(c.verify_seconds(2), Some(2.1));
+}
+
+#[test]
+fn catch_ups_are_priced_by_size() {
+    let mut c = CostModel::new(4);
+    assert_eq!(c.catch_up_seconds(100), 0.0);
+    c.record_catch_up(0.5, 32);
+    c.record_catch_up(2.0, 256);
+    // Each size class at its own price per token; an unmeasured one at the nearest
+    // measured class, the dearer one on a tie.
+    assert!((c.catch_up_seconds(40) - 40.0 * 0.5 / 32.0).abs() < 1e-12);
+    assert!((c.catch_up_seconds(300) - 300.0 * 2.0 / 256.0).abs() < 1e-12);
+    assert!((c.catch_up_seconds(1000) - 1000.0 * 2.0 / 256.0).abs() < 1e-12);
+    assert!((c.catch_up_seconds(3) - 3.0 * 0.5 / 32.0).abs() < 1e-12);
+    assert!((c.catch_up_seconds(100) - 100.0 * 0.5 / 32.0).abs() < 1e-12);
+    assert_eq!(c.catch_up_seconds(0), 0.0);
+    let mut tie = CostModel::new(4);
+    tie.record_catch_up(0.5, 32);
+    tie.record_catch_up(1.0, 128);
+    assert!((tie.catch_up_seconds(64) - 64.0 / 128.0).abs() < 1e-12);
+}
+
+#[test]
+fn catch_ups_past_the_deepest_measured_size_are_extrapolated() {
+    let mut c = CostModel::new(4);
+    c.record_catch_up(31.0 * 0.9e-3, 31);
+    c.record_catch_up(255.0 * 1.0e-3, 255);
+    // 0.1 ms a token dearer over 224 more tokens: a 767-token prompt at 1.0 ms a token
+    // plus 512/224 of that.
+    let want = 767.0 * (1.0e-3 + 0.1e-3 * 512.0 / 224.0);
+    assert!((c.catch_up_seconds(767) - want).abs() < 1e-9);
+    // Sizes measured, or below the deepest, keep their class's price.
+    assert!((c.catch_up_seconds(200) - 0.2).abs() < 1e-9);
+    assert!((c.catch_up_seconds(40) - 40.0 * 0.9e-3).abs() < 1e-9);
+}
+
+#[test]
+fn draft_steps_at_depth_cost_at_least_the_start_up_line() {
+    let verify = [
+        0.012, 0.0125, 0.013, 0.0135, 0.014, 0.0145, 0.015, 0.0155, 0.016,
+    ];
+    let mut c = costs(0.003, &verify);
+    c.record_catch_up(0.6, 600);
+    // Start-up: 3 ms a step at 30 tokens of context, 4 ms at 250.
+    c.record_draft_depths((30, 0.003), (250, 0.004));
+    assert_eq!(c.draft_step_floor(10), 0.0);
+    let deep = 0.003 + 0.001 * 1970.0 / 220.0;
+    assert!((c.draft_step_floor(2000) - deep).abs() < 1e-12);
+    let free = |depth| Candidate {
+        alpha: 0.9,
+        choice: Choice::Free { min: 1, max: 8 },
+        catch_up: 600,
+        remaining: 200,
+        depth,
+    };
+    // Shallow, a draft step is a quarter of a plain step and the catch-up repays itself;
+    // at a depth of 2000 a step costs as much as the plain step it should save.
+    assert!(plan_round(&[free(40)], 0, &c, 1.05)[0] > 0);
+    assert_eq!(plan_round(&[free(2000)], 0, &c, 1.05), vec![0]);
+    let f = forecast_round(&[free(2000)], &[4], 0, &c).unwrap();
+    assert!((f.draft - 4.0 * deep).abs() < 1e-12, "{f:?}");
+}

@@ -1,0 +1,235 @@
+use super::*;
+use crate::engine::governor::test_support::{costs, solo};
+use crate::engine::governor::*;
+
+#[test]
+fn expected_speedup_matches_the_paper() {
+    // α = 0: every round yields one token at the round's cost.
+    assert!((expected_speedup(0.0, 4, 2.0) - 0.5).abs() < 1e-12);
+    // α = 1: γ + 1 tokens.
+    assert!((expected_speedup(1.0, 3, 2.0) - 2.0).abs() < 1e-12);
+    // α = 0.5, γ = 2: 1 + 0.5 + 0.25 tokens.
+    assert!((expected_speedup(0.5, 2, 1.0) - 1.75).abs() < 1e-12);
+}
+
+#[test]
+fn bad_drafter_means_plain_good_drafter_means_speculation() {
+    // Draft step 20% of a target step; verifying 2-9 tokens costs 1.2x-3x a step.
+    let c = costs(0.2, &[1.0, 1.2, 1.4, 1.6, 1.9, 2.2, 2.5, 2.8, 3.0]);
+    let mut bad = Governor::new(GovernorConfig::default());
+    let mut good = Governor::new(GovernorConfig::default());
+    for _ in 0..30 {
+        bad.record_round(4, 0);
+        good.record_round(4, 4);
+    }
+    assert_eq!(solo(&bad, &c), 0, "α ≈ {}", bad.alpha());
+    assert!(solo(&good, &c) >= 4, "α ≈ {}", good.alpha());
+}
+
+#[test]
+fn a_short_gamma_that_always_agrees_does_not_hold_speculation_back() {
+    // An f16 target with a quantized self-drafter (in target steps): a draft step 0.65, a
+    // 2-5 token verification 1.27-1.75. At γ = 1 every draft stood for 50 rounds: γ = 1
+    // barely beats plain (2 tokens for 1.92 steps), γ = 3 or 4 wins ~1.1x. Decayed per
+    // round, α stayed at 11/12 and the plan never left γ = 1.
+    let c = costs(0.65, &[1.0, 1.27, 1.45, 1.59, 1.75]);
+    let mut g = Governor::new(GovernorConfig::default());
+    for _ in 0..50 {
+        g.record_round(1, 1);
+    }
+    assert!(g.alpha() > 0.96, "α ≈ {}", g.alpha());
+    assert!(solo(&g, &c) >= 3, "γ = {}, α ≈ {}", solo(&g, &c), g.alpha());
+}
+
+#[test]
+fn costly_drafter_is_refused_even_when_it_agrees() {
+    // A drafter as slow as the target cannot win at any α on this cost curve.
+    let c = costs(1.0, &[1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0]);
+    let mut g = Governor::new(GovernorConfig::default());
+    for _ in 0..30 {
+        g.record_round(3, 3);
+    }
+    assert_eq!(solo(&g, &c), 0);
+}
+
+#[test]
+fn no_probe_when_catching_up_costs_more_than_it_could_save() {
+    let mut c = costs(0.5, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]);
+    c.record_catch_up(10.0, 100);
+    let probe = |catch_up, remaining| Candidate {
+        alpha: 0.5,
+        choice: Choice::Probe { gamma: 1, max: 8 },
+        catch_up,
+        remaining,
+        depth: 0,
+    };
+    // At best (all accepted, γ = 8) rounds cost 5.8 steps for 9 tokens: 1.55x, saving a
+    // third of a step per token; catching up on 100 tokens costs 10 steps.
+    assert_eq!(plan_round(&[probe(100, 20)], 0, &c, 1.02), vec![0]);
+    assert_eq!(plan_round(&[probe(100, 200)], 0, &c, 1.02), vec![1]);
+    // A drafter that loses even when always right is never probed.
+    let slow = costs(2.0, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]);
+    assert_eq!(plan_round(&[probe(0, 10_000)], 0, &slow, 1.02), vec![0]);
+}
+
+#[test]
+fn a_probe_beside_other_requests_is_priced_in_their_batch() {
+    // A forward costs 0.9 steps plus 0.1 a token; a draft step 0.3; catching up on the
+    // 100-token prompt 20 steps.
+    let verify: Vec<f64> = (1..=16).map(|w| 0.9 + 0.1 * w as f64).collect();
+    let mut c = costs(0.3, &verify);
+    c.record_catch_up(20.0, 100);
+    // A probe is priced at 95% acceptance (halfway from its 90% estimate to all).
+    let probe = Candidate {
+        alpha: 0.9,
+        choice: Choice::Probe { gamma: 1, max: 8 },
+        catch_up: 100,
+        remaining: 60,
+        depth: 0,
+    };
+    // Alone, a round of 8 drafts yields 7.4 tokens for 4.2 steps: it could save 26 steps
+    // over 60 tokens, so the catch-up is worth trying.
+    assert_eq!(plan_round(&[probe], 0, &c, 1.02), vec![1]);
+    // Beside a request decoding plainly, a plain step already yields 2 tokens for 1.1
+    // steps; drafting 8 saves 0.3 steps a round, 2.5 over the request: not worth 20.
+    let plain = Candidate {
+        choice: Choice::Fixed(0),
+        catch_up: 0,
+        ..probe
+    };
+    assert_eq!(plan_round(&[probe, plain], 0, &c, 1.02), vec![0, 0]);
+    // With no catch-up to pay, the probe goes ahead in the batch too.
+    let caught_up = Candidate {
+        catch_up: 0,
+        ..probe
+    };
+    assert_eq!(plan_round(&[caught_up, plain], 0, &c, 1.02), vec![1, 0]);
+}
+
+#[test]
+fn a_drafter_that_keeps_failing_is_not_probed_at_the_price_of_a_catch_up() {
+    let verify: Vec<f64> = (1..=16).map(|w| 0.9 + 0.1 * w as f64).collect();
+    let mut c = costs(0.3, &verify);
+    // Catching up on the 100 tokens decoded since the last probe: 10 steps.
+    c.record_catch_up(10.0, 100);
+    let probe = |alpha| Candidate {
+        alpha,
+        choice: Choice::Probe { gamma: 1, max: 8 },
+        catch_up: 100,
+        remaining: 60,
+        depth: 0,
+    };
+    // Every draft accepted would save 32 steps; at 60% (halfway from its 20%) under 8.
+    assert_eq!(plan_round(&[probe(0.2)], 0, &c, 1.05), vec![0]);
+    assert_eq!(plan_round(&[probe(0.9)], 0, &c, 1.05), vec![1]);
+    // With nothing to catch up on (prompt lookup), probing costs a draft and is made.
+    let free = Candidate {
+        catch_up: 0,
+        ..probe(0.2)
+    };
+    assert_eq!(plan_round(&[free], 0, &c, 1.05), vec![1]);
+}
+
+#[test]
+fn unmeasured_costs_start_with_the_smallest_gamma() {
+    let g = Governor::new(GovernorConfig::default());
+    let plan = plan_round(&[g.candidate(2, 8, 0, 100)], 0, &CostModel::new(9), 1.02);
+    assert_eq!(plan, vec![2]);
+}
+
+#[test]
+fn a_batch_speculates_less_when_verification_width_is_not_free() {
+    // Forwards of up to 4 tokens cost about one step (weights streamed once), wider ones
+    // pay per token; prompt lookup drafts for free.
+    let verify: Vec<f64> = (1..=72)
+        .map(|w: usize| 1.0 + 0.02 * w.min(4) as f64 + 0.3 * w.saturating_sub(4) as f64)
+        .collect();
+    let c = costs(0.0, &verify);
+    let mut g = Governor::new(GovernorConfig::default());
+    for _ in 0..30 {
+        g.record_round(4, 2);
+        g.record_round(4, 4);
+    }
+    let one = g.candidate(1, 8, 0, 1000);
+    let alone = plan_round(&[one], 0, &c, 1.02);
+    assert!(alone[0] >= 2, "alone it speculates: {alone:?}");
+    let batch = plan_round(&[one; 8], 0, &c, 1.02);
+    assert!(
+        batch.iter().sum::<usize>() < 8 * alone[0],
+        "eight at once draft less each: {batch:?} vs {alone:?}"
+    );
+    let rate = |plan: &[usize]| round_rate(&[one; 8], plan, 0, &c).unwrap();
+    assert!(rate(&batch) >= rate(&[0; 8]) && rate(&batch) >= rate(&[alone[0]; 8]));
+    // Beside a prompt chunk the forward is wide anyway: a few more tokens cost little next
+    // to the whole round, so drafting still pays.
+    let with_prefill = plan_round(&[one], 64, &c, 1.02);
+    assert!(with_prefill[0] > 0, "{with_prefill:?}");
+}
+
+#[test]
+fn a_drafter_far_behind_speculates_only_if_enough_output_is_left() {
+    let mut c = costs(0.2, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]);
+    // Taking in a context token costs a tenth of a step.
+    c.record_catch_up(50.0, 500);
+    let mut g = Governor::new(GovernorConfig::default());
+    for _ in 0..30 {
+        g.record_round(4, 4);
+    }
+    let near_end = plan_round(&[g.candidate(1, 8, 500, 3)], 0, &c, 1.02);
+    assert_eq!(
+        near_end,
+        vec![0],
+        "500 tokens to catch up for 3 tokens of output"
+    );
+    let lots_left = plan_round(&[g.candidate(1, 8, 500, 2000)], 0, &c, 1.02);
+    assert!(lots_left[0] > 0, "{lots_left:?}");
+}
+
+#[test]
+fn a_long_catch_up_is_not_hidden_beside_a_prompt_chunk() {
+    let mut c = costs(0.5, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]);
+    // Taking in a context token costs 0.15 steps: a 900-token prompt costs 135 steps,
+    // more than speculation could save over 64 tokens even if every draft stood.
+    c.record_catch_up(15.0, 100);
+    let mut good = Governor::new(GovernorConfig::default());
+    for _ in 0..30 {
+        good.record_round(4, 4);
+    }
+    // Beside a 200-token prompt chunk the round is long anyway, so this round's share of
+    // the catch-up looks cheap; it is paid in full all the same.
+    let far_behind = plan_round(&[good.candidate(1, 8, 900, 64)], 200, &c, 1.02);
+    assert_eq!(far_behind, vec![0]);
+    let close = plan_round(&[good.candidate(1, 8, 20, 64)], 200, &c, 1.02);
+    assert!(close[0] > 0, "{close:?}");
+}
+
+#[test]
+fn drafting_beside_a_prompt_chunk_is_priced_as_between_prefills() {
+    // A forward costs 0.9 steps plus 0.1 a token; a draft step half a step.
+    let verify: Vec<f64> = (1..=256).map(|w| 0.9 + 0.1 * w as f64).collect();
+    let c = costs(0.5, &verify);
+    // At 60% acceptance a round of one draft yields 1.6 tokens for 1.6 steps: no gain.
+    let so_so = Governor::with_prior(GovernorConfig::default(), 0.6).candidate(1, 8, 0, 100);
+    assert_eq!(plan_round(&[so_so], 0, &c, 1.02), vec![0]);
+    // Beside a 164-token chunk the forward costs 17.4 steps whatever this request does;
+    // charged to decoding, drafting looked 1.5x faster, yet it only makes the chunk's
+    // prompt wait longer for its first token.
+    assert_eq!(plan_round(&[so_so], 164, &c, 1.02), vec![0]);
+    // A drafter that pays between prefills still drafts beside one.
+    let good = Governor::with_prior(GovernorConfig::default(), 0.95).candidate(1, 8, 0, 100);
+    assert!(plan_round(&[good], 0, &c, 1.02)[0] > 0);
+    assert!(plan_round(&[good], 164, &c, 1.02)[0] > 0);
+}
+
+#[test]
+fn fixed_choices_are_kept() {
+    let c = costs(1.0, &[1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0]);
+    let fixed = Candidate {
+        alpha: 0.0,
+        choice: Choice::Fixed(3),
+        catch_up: 0,
+        remaining: 100,
+        depth: 0,
+    };
+    assert_eq!(plan_round(&[fixed], 0, &c, 1.02), vec![3]);
+}

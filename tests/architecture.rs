@@ -1,0 +1,245 @@
+//! The shape of the library, checked from its sources: layers only point down, and no two
+//! files import each other, directly or around a circle.
+//!
+//! Why it exists: the layering (model, sampling, draft, engine, server) is what lets each part
+//! be tested and replaced alone, and it erodes one convenient `use` at a time. This test reads
+//! every `use` of the library's non-test code, resolves it to the file that defines the module
+//! it names, and fails on an arrow that points up a layer or closes a circle.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Layers, lowest first: a file may import its own layer or a lower one.
+const LAYERS: [&str; 5] = ["model", "sampling", "draft", "engine", "server"];
+/// Modules beside the layers that the layers themselves must never import.
+const ABOVE_THE_LAYERS: [&str; 3] = ["config", "setup", "bench"];
+
+/// A library source file and the module path it defines (`engine::scheduler` for
+/// `src/engine/scheduler/mod.rs`).
+struct Source {
+    file: String,
+    module: Vec<String>,
+    text: String,
+}
+
+fn sources() -> Vec<Source> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&root, &mut files);
+    let mut out = Vec::new();
+    for path in files {
+        let rel = path.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
+        let name = rel.rsplit('/').next().unwrap();
+        // The binary (its own crate) and test-only files are not the library's shape.
+        if rel == "main.rs"
+            || rel.starts_with("cli/")
+            || name == "tests.rs"
+            || name == "test_support.rs"
+            || name.ends_with("_tests.rs")
+        {
+            continue;
+        }
+        let mut module: Vec<String> = rel
+            .trim_end_matches(".rs")
+            .split('/')
+            .map(String::from)
+            .collect();
+        if matches!(module.last().map(String::as_str), Some("mod" | "lib")) {
+            module.pop();
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        // Test modules at the end of a file import freely.
+        let text = match text.find("#[cfg(test)]\nmod tests") {
+            Some(i) => text[..i].to_string(),
+            None => text,
+        };
+        out.push(Source {
+            file: rel,
+            module,
+            text,
+        });
+    }
+    out
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            walk(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every path a file's `use` declarations name, braces expanded (`a::{b, c::d}` gives `a::b`
+/// and `a::c::d`).
+fn use_paths(text: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("use ") {
+        let before = &rest[..i];
+        let line_start = before.rfind('\n').map_or(0, |n| n + 1);
+        let prefix = before[line_start..].trim();
+        let at_statement = prefix.is_empty() || prefix == "pub" || prefix.starts_with("pub(");
+        let Some(end) = rest[i..].find(';') else {
+            break;
+        };
+        if at_statement {
+            let body: String = rest[i + 4..i + end]
+                .chars()
+                .filter(|c| !c.is_whitespace())
+                .collect();
+            expand("", &body, &mut paths);
+        }
+        rest = &rest[i + end..];
+    }
+    paths
+}
+
+fn expand(prefix: &str, body: &str, out: &mut Vec<String>) {
+    match body.find('{') {
+        None => out.push(format!("{prefix}{body}")),
+        Some(open) => {
+            let head = format!("{prefix}{}", &body[..open]);
+            let inner = &body[open + 1..body.len() - 1];
+            let (mut depth, mut start) = (0, 0);
+            for (i, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        expand(&head, &inner[start..i], out);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            if start < inner.len() {
+                expand(&head, &inner[start..], out);
+            }
+        }
+    }
+}
+
+/// The files each file imports from, by resolving `crate::`, `super::` and `self::` paths to
+/// the deepest module that has a file.
+fn arrows(sources: &[Source]) -> BTreeMap<String, BTreeSet<String>> {
+    let files: BTreeMap<Vec<String>, String> = sources
+        .iter()
+        .map(|s| (s.module.clone(), s.file.clone()))
+        .collect();
+    let mut arrows: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for s in sources {
+        let own = arrows.entry(s.file.clone()).or_default();
+        for path in use_paths(&s.text) {
+            let mut segs = path.split("::").filter(|p| !p.is_empty()).peekable();
+            let mut module: Vec<String> = match segs.peek().copied() {
+                Some("crate") => {
+                    segs.next();
+                    Vec::new()
+                }
+                Some("self") => {
+                    segs.next();
+                    s.module.clone()
+                }
+                Some("super") => {
+                    // `a/b.rs` is module a::b and `a/mod.rs` module a: either way `super` is one
+                    // step up.
+                    let mut m = s.module.clone();
+                    while segs.peek() == Some(&"super") {
+                        m.pop();
+                        segs.next();
+                    }
+                    m
+                }
+                _ => continue,
+            };
+            let mut target = files.get(&module).cloned();
+            for seg in segs {
+                module.push(seg.to_string());
+                match files.get(&module) {
+                    Some(f) => target = Some(f.clone()),
+                    None => break,
+                }
+            }
+            if let Some(t) = target.filter(|t| *t != s.file) {
+                own.insert(t);
+            }
+        }
+    }
+    arrows
+}
+
+#[test]
+fn layers_only_point_down() {
+    let sources = sources();
+    let layer_of = |file: &str| file.split(['/', '.']).next().unwrap_or("").to_string();
+    let mut wrong = Vec::new();
+    for (from, tos) in arrows(&sources) {
+        let from_layer = layer_of(&from);
+        let Some(rank) = LAYERS.iter().position(|l| *l == from_layer) else {
+            continue;
+        };
+        for to in tos {
+            let to_layer = layer_of(&to);
+            let up = LAYERS.iter().position(|l| *l == to_layer).is_some_and(|r| r > rank);
+            if up || ABOVE_THE_LAYERS.contains(&to_layer.as_str()) {
+                wrong.push(format!("{from} -> {to}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "imports that point up a layer: {wrong:#?}");
+}
+
+#[test]
+fn no_file_imports_one_that_imports_it_back() {
+    let sources = sources();
+    let arrows = arrows(&sources);
+    // A module's own mod.rs re-exporting its children while they use items it defines is the
+    // facade Rust modules are built on; inside the engine even that is ruled out (its mod.rs
+    // only declares and re-exports), so every arrow there counts.
+    let counts = |from: &str, to: &str| {
+        let to_dir = to.strip_suffix("mod.rs");
+        let is_ancestor = to_dir.is_some_and(|d| from.starts_with(d));
+        !is_ancestor || from.starts_with("engine/")
+    };
+    let mut circles = Vec::new();
+    for start in arrows.keys() {
+        // Depth-first search for a path back to `start`.
+        let mut stack: Vec<(String, Vec<String>)> = vec![(start.clone(), vec![start.clone()])];
+        let mut seen = BTreeSet::new();
+        while let Some((at, path)) = stack.pop() {
+            for next in arrows.get(&at).into_iter().flatten() {
+                if !counts(&at, next) {
+                    continue;
+                }
+                if next == start {
+                    let mut circle = path.clone();
+                    circle.push(start.clone());
+                    circles.push(circle.join(" -> "));
+                } else if seen.insert(next.clone()) {
+                    let mut p = path.clone();
+                    p.push(next.clone());
+                    stack.push((next.clone(), p));
+                }
+            }
+        }
+    }
+    assert!(circles.is_empty(), "import circles: {circles:#?}");
+}
+
+#[test]
+fn the_resolver_sees_real_arrows() {
+    // The checks above pass vacuously if nothing resolves: the engine's scheduler does import
+    // the governor, and `super::` in a mod.rs names the parent.
+    let sources = sources();
+    let arrows = arrows(&sources);
+    let from = |f: &str| arrows.get(f).cloned().unwrap_or_default();
+    assert!(from("engine/scheduler/state.rs").contains("engine/governor/mod.rs"));
+    assert!(from("engine/scheduler/round.rs").contains("engine/scheduler/round_plan.rs"));
+    assert!(from("engine/handle.rs").contains("engine/calibration.rs"));
+    let paths = use_paths("use a::{b, c::{d, e}};\npub(crate) use f::g;\n");
+    assert_eq!(paths, ["a::b", "a::c::d", "a::c::e", "f::g"]);
+}
