@@ -3,8 +3,6 @@
 //! (GGUF and Hugging Face safetensors) with load-time conversion, tokenizer and chat template.
 
 pub mod attention;
-#[cfg(target_arch = "x86_64")]
-mod attention_avx512;
 pub mod chat_template;
 pub mod f16_gemm;
 pub mod hparams;
