@@ -1,9 +1,12 @@
 //! tandem: an LLM inference server built around speculative decoding.
 //!
-//! Layers, lowest first (an upper layer may use a lower one, never the reverse):
-//! `model` (tensors, KV cache, tokenizer), `sampling` (pure logits processing and speculative
-//! acceptance), `draft` (drafters), `engine`
-//! (generation loops and, later, the actors), then the CLI in `main.rs`.
+//! Layers, lowest first (an upper layer may use a lower one, never the reverse): `model`
+//! (kernels, KV cache, forward pass, tokenizer, chat template), `sampling` (pure logits
+//! processing and speculative acceptance), `draft` (drafters), `engine` (the reference
+//! generation loops and the actor engine: scheduler, drafter, verifier, cache manager,
+//! governor), then `server` (the HTTP API). Beside them: `config`, `setup`, `telemetry`,
+//! `logging`, `bench` and `runtime`. The command-line interface lives in the binary
+//! (`src/main.rs` and `src/cli/`).
 
 pub mod bench;
 pub mod config;

@@ -1,10 +1,25 @@
-//! The model layer: tensors only. A Llama forward written on candle with an explicit KV cache
-//! that can be truncated, a batched multi-token forward over many sequences, weight loading
-//! (GGUF and Hugging Face safetensors) with load-time conversion, tokenizer and chat template.
+//! The model layer: token ids in, logits out, and the text on either side of them.
+//!
+//! It exists so that everything above it (sampling, drafters, the engine) sees one Llama
+//! forward that is batch-invariant: a token's logits are the same bits whether it is decoded
+//! alone, verified with drafts, or batched with other sequences, which is what lets
+//! speculative decoding reproduce plain greedy decoding exactly. candle supplies the tensors,
+//! the thread pool, the row-wise operations (RMS norm, SiLU) and the matmul for weight types
+//! we have no kernel for; the heavy arithmetic is our own CPU kernels:
+//!
+//! * matrix multiplies for Q4_0/Q4_1 (`q4_gemm`), Q8_0 (`q8_gemm`) and f16 (`f16_gemm`)
+//!   weights, with the candle glue in `packed_gemm` and the per-layer choice in `linear`;
+//! * attention written by hand with scalar definitions and AVX2/AVX-512 kernels that match
+//!   them bit for bit (`attention`), and rotary embeddings per token (`rope`);
+//! * an explicit KV cache (`kv_cache`), f16 or f32, with slots that can be truncated when
+//!   drafts are rejected;
+//! * a batched forward (`llama`) that runs new tokens of many sequences in one pass;
+//! * loading from GGUF or Hugging Face safetensors (`loader`, `weights`, `hparams`), with
+//!   weights converted at load time to the type the kernels run;
+//! * the tokenizer with incremental decoding (`tokenizer`) and the chat template
+//!   (`chat_template`).
 
 pub mod attention;
-#[cfg(target_arch = "x86_64")]
-mod attention_avx512;
 pub mod chat_template;
 pub mod f16_gemm;
 pub mod hparams;

@@ -4,14 +4,14 @@
 //! context spends its extra time here (each extra query token re-reads the sequence's keys and
 //! values, ~0.8 ms per token at a depth of 1000 on AVX2).
 //!
-//! Each output is computed with exactly the scalar definitions' arithmetic in `attention.rs`
+//! Each output is computed with exactly the scalar definitions' arithmetic in `scalar.rs`
 //! (the same fused chains in the same order, the same fixed reductions), so results are
 //! bitwise those of the scalar and AVX2 paths: batch invariance and greedy parity do not
 //! depend on which instruction set runs.
 
 use std::arch::x86_64::*;
 
-use super::attention::{lane_sum, reduce_eight_keys, KvElement};
+use super::shared::{lane_sum, reduce_eight_keys, KvElement};
 
 /// Sixteen elements from `p` as f32.
 #[target_feature(enable = "avx512f,f16c")]
@@ -32,7 +32,7 @@ unsafe fn halves_sum(z: __m512) -> __m256 {
     _mm256_add_ps(_mm512_castps512_ps256(z), high)
 }
 
-/// See `attention::scaled_dots`; `q.len()` is a multiple of 16 and every key read is inside
+/// See `super::scaled_dots`; `q.len()` is a multiple of 16 and every key read is inside
 /// `keys` (the caller checks both).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn scaled_dots<T: KvElement>(
@@ -75,7 +75,7 @@ pub(super) unsafe fn scaled_dots<T: KvElement>(
     }
 }
 
-/// See `attention::accumulate_values`; the sums' length is a multiple of 128 (two halves of a
+/// See `super::accumulate_values`; the sums' length is a multiple of 128 (two halves of a
 /// multiple of 64) and every value read is inside `values` (the caller checks both).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn accumulate_values<T: KvElement>(
