@@ -35,8 +35,8 @@ impl ConfigError {
     }
 }
 
-/// The whole configuration, checked: built only by [`Config::from_toml`] (and the functions
-/// that call it), and re-checked by [`Config::validate`] after CLI flags change it.
+/// The whole configuration: [`Config::from_toml`] builds and checks it, and
+/// [`Config::validate`] checks it again after CLI flags change it.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub model: ModelConfig,
