@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::draft::{check_same_vocabulary, parse_self_draft, PromptLookup};
+use crate::draft::{check_same_vocabulary, DraftSpec, PromptLookup};
 use crate::engine::{DraftSource, EngineConfig};
 use crate::model::loader::LoadOptions;
 use crate::model::{LoadedModel, ModelError, ModelSource, WeightsDtype};
@@ -45,29 +45,50 @@ fn target_options(config: &Config) -> LoadOptions {
     }
 }
 
-/// Loads a draft model (`default`, a path, or `self:K` for the target's first K layers) at
-/// `dtype` and checks that it shares the target's vocabulary token for token; returns it with
-/// a display name such as `model.gguf (Q8_0)`.
-pub fn load_draft_model(
-    spec: &str,
+/// A drafter ready to use: what a [`DraftSpec`] comes to once its model (if any) is loaded.
+pub enum Drafter {
+    None,
+    PromptLookup(PromptLookup),
+    /// A draft model (a separate file, or the target's first layers) and its display name,
+    /// such as `model.gguf (Q8_0)`.
+    Model {
+        model: Box<LoadedModel>,
+        name: String,
+    },
+}
+
+impl Drafter {
+    /// The drafter's name, as logs, the admin API and `tandem bench` report it.
+    pub fn name(&self) -> String {
+        match self {
+            Drafter::None => "none".into(),
+            Drafter::PromptLookup(p) => DraftSpec::PromptLookup(*p).to_string(),
+            Drafter::Model { name, .. } => name.clone(),
+        }
+    }
+}
+
+/// Loads the drafter `spec` names; a draft model loads at `dtype` and must share the target's
+/// vocabulary token for token.
+pub fn load_drafter(
+    spec: &DraftSpec,
     dtype: WeightsDtype,
     config: &Config,
     target: &LoadedModel,
-) -> Result<(LoadedModel, String), SetupError> {
-    let layers = parse_self_draft(spec)
-        .transpose()
-        .map_err(SetupError::Draft)?;
-    let source = match layers {
-        Some(k) => {
+) -> Result<Drafter, SetupError> {
+    let (source, layers) = match spec {
+        DraftSpec::None => return Ok(Drafter::None),
+        DraftSpec::PromptLookup(p) => return Ok(Drafter::PromptLookup(*p)),
+        DraftSpec::SelfLayers(k) => {
             let n = target.model.hparams().num_layers;
-            if k >= n {
+            if *k >= n {
                 return Err(SetupError::Draft(format!(
                     "`{spec}`: the target has {n} layers; a self-drafter takes fewer"
                 )));
             }
-            target.source.clone()
+            (target.source.clone(), Some(*k))
         }
-        None => ModelSource::resolve(spec)?,
+        DraftSpec::Model(path) => (ModelSource::resolve(path)?, None),
     };
     let opts = LoadOptions {
         weights_dtype: dtype,
@@ -95,7 +116,10 @@ pub fn load_draft_model(
         draft.model.linear_dtypes().join("/")
     );
     tracing::info!(draft_model = %name, "loaded the draft model");
-    Ok((draft, name))
+    Ok(Drafter::Model {
+        model: Box::new(draft),
+        name,
+    })
 }
 
 /// Loads the target and the drafter that `speculation.draft_model` names (blocking work: call
@@ -105,33 +129,23 @@ pub fn load_models(
     config: &Config,
 ) -> Result<(LoadedModel, Option<DraftSource>, String), SetupError> {
     let target = load_target(config)?;
-    let spec = config.speculation.draft_model.as_str();
-    let lookup = PromptLookup::parse_spec(spec)
-        .transpose()
-        .map_err(SetupError::Draft)?;
-    let (draft, name) = match (spec, lookup) {
-        ("none", _) => (None, "none".to_string()),
-        (_, Some(p)) => {
-            let (lo, hi) = p.ngrams();
-            (
-                Some(DraftSource::PromptLookup(p)),
-                format!("prompt-lookup:{lo}-{hi}"),
-            )
-        }
-        (path, None) => {
-            let (draft, name) =
-                load_draft_model(path, config.draft_weights_dtype(), config, &target)?;
-            let source = DraftSource::Model {
-                model: Arc::new(draft.model),
-                name: name.clone(),
-            };
-            (Some(source), name)
-        }
+    let sp = &config.speculation;
+    let drafter = load_drafter(&sp.draft_model, sp.draft_weights_dtype, config, &target)?;
+    let name = drafter.name();
+    let draft = match drafter {
+        Drafter::None => None,
+        Drafter::PromptLookup(p) => Some(DraftSource::PromptLookup(p)),
+        Drafter::Model { model, name } => Some(DraftSource::Model {
+            model: Arc::new(model.model),
+            name,
+        }),
     };
     Ok((target, draft, name))
 }
 
-/// The engine settings from the config; `threads` is the runtime's compute thread count.
+/// The engine settings from the config (the one place `[engine]` becomes the engine's own
+/// `EngineConfig`); `threads` is the runtime's compute thread count, which thread counts of 0
+/// stand for.
 pub fn engine_config(config: &Config, threads: usize) -> EngineConfig {
     let e = &config.engine;
     let or_runtime = |n: usize| if n == 0 { threads } else { n };
@@ -144,7 +158,7 @@ pub fn engine_config(config: &Config, threads: usize) -> EngineConfig {
         draft_threads: or_runtime(e.draft_threads),
         kv_capacity_tokens: None,
         max_gamma: e.max_gamma,
-        speculation: config.speculation_settings().expect("validated at load"),
+        speculation: config.speculation.settings,
         governor: Default::default(),
     }
 }

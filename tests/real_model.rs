@@ -271,8 +271,8 @@ fn llama_pair_config_is_valid() {
     let c = tandem::config::Config::from_file(&path).expect("the pair config validates");
     assert_eq!(c.model.path, "meta-llama/Llama-3.2-3B-Instruct");
     assert_eq!(
-        c.speculation.draft_model,
+        c.speculation.draft_model.to_string(),
         "meta-llama/Llama-3.2-1B-Instruct"
     );
-    assert!(c.speculation.enabled);
+    assert!(c.speculation.settings.enabled);
 }

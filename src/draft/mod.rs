@@ -7,21 +7,11 @@
 
 mod model;
 mod prompt_lookup;
+mod spec;
 
 pub use model::{check_same_vocabulary, DraftJob, DraftTiming, ModelDrafter};
 pub use prompt_lookup::PromptLookup;
-
-/// Reads a self-speculative drafter name, `self:K`: the target's own first K layers. `None`
-/// when `spec` names another drafter.
-pub fn parse_self_draft(spec: &str) -> Option<Result<usize, String>> {
-    let k = spec.trim().strip_prefix("self:")?;
-    Some(match k.trim().parse::<usize>() {
-        Ok(k) if k >= 1 => Ok(k),
-        _ => Err(format!(
-            "`{spec}`: want self:K, K >= 1 layers of the target"
-        )),
-    })
-}
+pub use spec::{DraftSpec, InvalidDraftSpec};
 
 use crate::model::ModelError;
 use crate::sampling::{SamplingError, SamplingParams, SeededRng};

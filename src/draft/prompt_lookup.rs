@@ -16,18 +16,6 @@ pub struct PromptLookup {
 pub const MAX_NGRAM: usize = 16;
 
 impl PromptLookup {
-    /// Reads a drafter name that means prompt lookup: `prompt-lookup` (n-grams of 1 to 3
-    /// tokens) or `prompt-lookup:MIN-MAX`. `None` when `spec` names another drafter; an error
-    /// says what is wrong with the sizes.
-    pub fn parse_spec(spec: &str) -> Option<Result<Self, String>> {
-        let rest = spec.trim().strip_prefix("prompt-lookup")?;
-        if rest.is_empty() {
-            return Some(Ok(Self::default()));
-        }
-        let sizes = rest.strip_prefix(':')?;
-        Some(Self::parse_ngrams(sizes))
-    }
-
     /// Reads n-gram sizes written `MIN-MAX` (or `N` for one size), each in 1..=16, MIN <= MAX.
     pub fn parse_ngrams(sizes: &str) -> Result<Self, String> {
         let bad =
@@ -135,23 +123,14 @@ mod tests {
     }
 
     #[test]
-    fn drafter_names_give_the_ngram_sizes() {
-        let got = |s: &str| PromptLookup::parse_spec(s).map(|r| r.map(|p| p.ngrams()));
-        assert_eq!(got("prompt-lookup"), Some(Ok((1, 3))));
-        assert_eq!(got("prompt-lookup:2-5"), Some(Ok((2, 5))));
-        assert_eq!(got("prompt-lookup:4"), Some(Ok((4, 4))));
-        for bad in [
-            "prompt-lookup:0-3",
-            "prompt-lookup:3-2",
-            "prompt-lookup:1-17",
-            "prompt-lookup:x",
-        ] {
-            let err = got(bad).unwrap().unwrap_err();
+    fn ngram_sizes_are_read_and_a_larger_minimum_ignores_shorter_matches() {
+        let got = |s: &str| PromptLookup::parse_ngrams(s).map(|p| p.ngrams());
+        assert_eq!(got("2-5"), Ok((2, 5)));
+        assert_eq!(got("4"), Ok((4, 4)));
+        for bad in ["0-3", "3-2", "1-17", "x"] {
+            let err = got(bad).unwrap_err();
             assert!(err.contains("n-gram sizes"), "{bad}: {err}");
         }
-        assert_eq!(got("default"), None);
-        assert_eq!(got("prompt-lookupx"), None);
-        // A larger minimum ignores shorter matches.
         let ctx = [5, 6, 1, 9, 7, 2, 6];
         assert_eq!(PromptLookup::new(1, 3).lookup(&ctx, 2), &[1, 9]);
         assert!(PromptLookup::new(2, 3).lookup(&ctx, 2).is_empty());

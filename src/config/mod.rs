@@ -5,11 +5,16 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::engine::{SettingsUpdate, SpeculationSettings};
+use crate::engine::Gamma;
 use crate::model::{KvDtype, WeightsDtype};
 
+mod speculation;
+
+pub use speculation::SpeculationConfig;
+use speculation::{settings_error, SPECULATION_ALIASES};
+
 /// The embedded default configuration.
-pub const DEFAULT_CONFIG: &str = include_str!("../config/default.toml");
+pub const DEFAULT_CONFIG: &str = include_str!("../../config/default.toml");
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -18,11 +23,21 @@ pub enum ConfigError {
     #[error("config: {0}")]
     Parse(String),
     #[error("config: {key} {reason}")]
-    Invalid { key: &'static str, reason: String },
+    Invalid { key: String, reason: String },
 }
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+impl ConfigError {
+    fn invalid(key: impl Into<String>, reason: impl ToString) -> Self {
+        Self::Invalid {
+            key: key.into(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// The whole configuration: [`Config::from_toml`] builds and checks it, and
+/// [`Config::validate`] checks it again after CLI flags change it.
+#[derive(Clone, Debug)]
 pub struct Config {
     pub model: ModelConfig,
     pub runtime: RuntimeConfig,
@@ -31,6 +46,18 @@ pub struct Config {
     pub speculation: SpeculationConfig,
     pub engine: EngineSection,
     pub logging: LoggingConfig,
+}
+
+/// Every table but `[speculation]`, which [`SpeculationConfig`] reads on its own.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sections {
+    model: ModelConfig,
+    runtime: RuntimeConfig,
+    generation: GenerationDefaults,
+    server: ServerConfig,
+    engine: EngineSection,
+    logging: LoggingConfig,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -51,21 +78,9 @@ pub struct ServerConfig {
     pub shutdown_grace_seconds: u64,
 }
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SpeculationConfig {
-    pub enabled: bool,
-    pub draft_model: String,
-    pub draft_weights_dtype: String,
-    pub adaptive: bool,
-    pub gamma: usize,
-    pub gamma_min: usize,
-    pub gamma_max: usize,
-    pub lenience: f32,
-    pub under_load_queue_depth: usize,
-    pub lenience_under_load: f32,
-}
-
+/// `[engine]`: the file's keys for the engine's sizes and threads. `setup::engine_config` is
+/// the one place that turns it (with the checked speculation settings) into the engine's own
+/// `EngineConfig`; thread counts of 0 mean `runtime.threads`, known only once the runtime is up.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineSection {
@@ -77,12 +92,6 @@ pub struct EngineSection {
     pub draft_threads: usize,
     pub max_gamma: usize,
 }
-
-/// The seeds' names for speculation keys, accepted as aliases.
-const SPECULATION_ALIASES: [(&str, &str); 2] = [
-    ("spec_length", "gamma"),
-    ("use_speculative_decoding", "enabled"),
-];
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -121,9 +130,24 @@ impl Config {
             .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         resolve_aliases(&mut user)?;
         merge(&mut base, user);
-        let cfg: Config = toml::Value::Table(base)
+        let Some(toml::Value::Table(speculation)) = base.remove("speculation") else {
+            return Err(ConfigError::Parse("[speculation] must be a table".into()));
+        };
+        let s: Sections = toml::Value::Table(base)
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        // γ is checked against engine.max_gamma, so that must be valid first.
+        s.engine.validate()?;
+        let speculation = SpeculationConfig::from_table(speculation, s.engine.max_gamma)?;
+        let cfg = Config {
+            model: s.model,
+            runtime: s.runtime,
+            generation: s.generation,
+            server: s.server,
+            speculation,
+            engine: s.engine,
+            logging: s.logging,
+        };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -151,8 +175,9 @@ impl Config {
             .expect("validated at load")
     }
 
+    /// Checks what loading cannot fix in a type: ranges, and values CLI flags may have changed.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key, reason: String| Err(ConfigError::Invalid { key, reason });
+        let invalid = |key: &str, reason: String| Err(ConfigError::invalid(key, reason));
         if let Err(e) = self.model.weights_dtype.parse::<WeightsDtype>() {
             return invalid("model.weights_dtype", e);
         }
@@ -204,72 +229,34 @@ impl Config {
         if self.server.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes", "must be >= 1024".into());
         }
-        let e = &self.engine;
-        for (key, v) in [
-            ("engine.max_seqs", e.max_seqs),
-            ("engine.max_queue", e.max_queue),
-            ("engine.prefill_chunk", e.prefill_chunk),
-            ("engine.max_gamma", e.max_gamma),
-        ] {
-            if v == 0 {
-                return invalid(key, "must be >= 1".into());
-            }
-        }
-        if e.max_gamma > 32 {
-            return invalid("engine.max_gamma", "must be <= 32".into());
-        }
-        let sp = &self.speculation;
-        if sp.draft_model.trim().is_empty() {
-            return invalid(
-                "speculation.draft_model",
-                "must be none, prompt-lookup[:MIN-MAX], default, self:K or a model path".into(),
-            );
-        }
-        if let Some(Err(e)) = crate::draft::PromptLookup::parse_spec(&sp.draft_model) {
-            return invalid("speculation.draft_model", e);
-        }
-        if let Some(Err(e)) = crate::draft::parse_self_draft(&sp.draft_model) {
-            return invalid("speculation.draft_model", e);
-        }
-        if let Err(e) = sp.draft_weights_dtype.parse::<WeightsDtype>() {
-            return invalid("speculation.draft_weights_dtype", e);
-        }
-        self.speculation_settings()?;
+        self.engine.validate()?;
+        self.speculation
+            .settings
+            .validate(self.engine.max_gamma)
+            .map_err(settings_error)?;
         Ok(())
     }
+}
 
-    /// The live speculation settings the engine starts with, checked as the admin API checks a
-    /// change.
-    pub fn speculation_settings(&self) -> Result<SpeculationSettings, ConfigError> {
-        let sp = &self.speculation;
-        SettingsUpdate {
-            enabled: Some(sp.enabled),
-            adaptive: Some(sp.adaptive),
-            gamma: Some(sp.gamma),
-            gamma_min: Some(sp.gamma_min),
-            gamma_max: Some(sp.gamma_max),
-            lenience: Some(sp.lenience),
-            under_load_queue_depth: Some(sp.under_load_queue_depth),
-            lenience_under_load: Some(sp.lenience_under_load),
+impl EngineSection {
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (key, v) in [
+            ("engine.max_seqs", self.max_seqs),
+            ("engine.max_queue", self.max_queue),
+            ("engine.prefill_chunk", self.prefill_chunk),
+            ("engine.max_gamma", self.max_gamma),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::invalid(key, "must be >= 1"));
+            }
         }
-        .apply(&SpeculationSettings::default(), self.engine.max_gamma)
-        .map_err(|e| ConfigError::Invalid {
-            key: match e.key {
-                "lenience" => "speculation.lenience",
-                "lenience_under_load" => "speculation.lenience_under_load",
-                "gamma" => "speculation.gamma",
-                "gamma_min" => "speculation.gamma_min",
-                _ => "speculation.gamma_max",
-            },
-            reason: e.reason,
-        })
-    }
-
-    pub fn draft_weights_dtype(&self) -> WeightsDtype {
-        self.speculation
-            .draft_weights_dtype
-            .parse()
-            .expect("validated at load")
+        if self.max_gamma > Gamma::MAX {
+            return Err(ConfigError::invalid(
+                "engine.max_gamma",
+                format!("must be <= {}", Gamma::MAX),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -331,35 +318,18 @@ mod tests {
     }
 
     #[test]
-    fn speculation_keys_are_checked_and_aliases_work() {
-        let e = Config::from_toml("[speculation]\ngamma = 0").unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "config: speculation.gamma must be in 1..=32, got 0"
-        );
-        let e = Config::from_toml("[speculation]\nlenience = 1.5").unwrap_err();
-        assert!(e.to_string().contains("speculation.lenience"), "{e}");
+    fn engine_keys_are_checked() {
         let e = Config::from_toml("[engine]\nmax_seqs = 0").unwrap_err();
-        assert!(e.to_string().contains("engine.max_seqs"), "{e}");
-        let e = Config::from_toml("[speculation]\ngamma_max = 9").unwrap_err();
-        assert!(e.to_string().contains("speculation.gamma_max"), "{e}");
-        let c = Config::from_toml(
-            "[speculation]\nspec_length = 3\nuse_speculative_decoding = false\ndraft_model = \"default\"",
-        )
-        .unwrap();
-        assert_eq!((c.speculation.gamma, c.speculation.enabled), (3, false));
-        let e = Config::from_toml("[speculation]\nspec_length = 3\ngamma = 2").unwrap_err();
-        assert!(e.to_string().contains("alias"), "{e}");
-        let e =
-            Config::from_toml("[speculation]\ndraft_model = \"prompt-lookup:3-1\"").unwrap_err();
-        assert!(
-            e.to_string().contains("speculation.draft_model") && e.to_string().contains("n-gram"),
-            "{e}"
-        );
-        Config::from_toml("[speculation]\ndraft_model = \"prompt-lookup:2-4\"").unwrap();
-        let e = Config::from_toml("[speculation]\ndraft_model = \"self:0\"").unwrap_err();
-        assert!(e.to_string().contains("speculation.draft_model"), "{e}");
-        Config::from_toml("[speculation]\ndraft_model = \"self:8\"").unwrap();
+        assert_eq!(e.to_string(), "config: engine.max_seqs must be >= 1");
+        let e = Config::from_toml("[engine]\nmax_gamma = 33").unwrap_err();
+        assert!(e.to_string().contains("engine.max_gamma"), "{e}");
+        let mut c = Config::embedded();
+        c.engine.max_queue = 0;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("engine.max_queue"));
     }
 
     #[test]

@@ -1,0 +1,232 @@
+//! `tandem bench`: its flags, and turning the library's bench run into tables, JSON and a chart.
+//!
+//! Why it exists: the bench library runs modes and summarizes figures; this is the part that
+//! reads the user's choices (prompts, modes, sampling, the draft model of `draft` modes), loads
+//! the models once for every mode, and writes what the user asked for.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+
+use tandem::bench;
+use tandem::config::Config;
+use tandem::draft::DraftSpec;
+use tandem::model::WeightsDtype;
+use tandem::sampling::SamplingParams;
+
+use super::model_args::ModelArgs;
+use super::CliError;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Spec-Bench-style JSONL: {"question_id", "category", "turns": [...]} per line.
+    #[arg(long)]
+    prompts: PathBuf,
+    /// Only these categories (comma-separated; default: all).
+    #[arg(long, value_delimiter = ',')]
+    categories: Vec<String>,
+    /// At most this many prompts per category.
+    #[arg(long)]
+    limit_per_category: Option<usize>,
+    /// Tokens to generate per turn.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// 0 = greedy (outputs are then checked against plain decoding token for token).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Base seed for sampled runs (each question, turn and repeat derives its own).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Comma-separated modes: plain, prompt-lookup (pld), draft, each optionally with
+    /// `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true` (plain is always run).
+    #[arg(long, default_value = "plain,prompt-lookup")]
+    modes: String,
+    /// Requests in flight at once per mode.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Runs of every prompt per mode (spread = min–max over repeats).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Questions run under every mode first and not counted.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Generate exactly --max-tokens tokens per turn.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// The draft model of `draft` modes: `default`, `self:K` or a model path.
+    #[arg(long, default_value = "default")]
+    draft_model: DraftSpec,
+    /// Weight type of the draft model (`as-is` keeps a GGUF's own quantization).
+    #[arg(long, default_value = "as-is")]
+    draft_weights_dtype: WeightsDtype,
+    /// Largest γ any mode may use.
+    #[arg(long, default_value_t = 8)]
+    max_gamma: usize,
+    /// Write every raw figure (and the machine, model and settings) as JSON here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Draw the speedup per category and mode as SVG here.
+    #[arg(long)]
+    chart: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
+    // The engine's per-round debug lines (forecast against measured cost) are opt-in here, so a
+    // bench's own output stays clean unless TANDEM_LOG asks for them.
+    if std::env::var_os("TANDEM_LOG").is_some() {
+        tandem::logging::init(&config.logging.level, &config.logging.format)?;
+    }
+    let modes = bench::parse_modes(&args.modes, args.max_gamma)?;
+    let prompts = bench::select(
+        bench::load_prompts(&args.prompts)?,
+        &args.categories,
+        args.limit_per_category,
+    )?;
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p.unwrap_or(1.0),
+        top_k: args.top_k.unwrap_or(0),
+        ..Default::default()
+    };
+    sampling.validate()?;
+    let threads = tandem::runtime::init_threads(config.runtime.threads);
+    // Prompt-lookup modes carry their own n-gram sizes; only `draft` modes need a model loaded.
+    let needs_draft_model = modes.iter().any(|m| m.drafter == bench::DrafterKind::Model);
+    config.speculation.draft_model = if needs_draft_model {
+        args.draft_model.clone()
+    } else {
+        DraftSpec::None
+    };
+    config.speculation.draft_weights_dtype = args.draft_weights_dtype;
+    let (target, draft, draft_name) = tandem::setup::load_models(&config)?;
+    let model_json = serde_json::json!({
+        "target": target.source.display_name(),
+        "target_weights": target.model.linear_dtypes().join("/"),
+        "draft": draft_name,
+        "context_length": target.model.context_len(),
+        "kv_cache_dtype": target.model.kv_dtype().to_string(),
+    });
+    let models = bench::BenchModels {
+        target: Arc::new(target.model),
+        tokenizer: Arc::clone(&target.tokenizer),
+        draft,
+    };
+    let opts = bench::BenchOptions {
+        modes: modes.clone(),
+        max_tokens: args.max_tokens,
+        sampling,
+        seed: args.seed,
+        ignore_eos: args.ignore_eos,
+        concurrency: args.concurrency,
+        repeat: args.repeat,
+        warmup: args.warmup,
+        threads,
+        max_gamma: args.max_gamma,
+        prefill_chunk: config.engine.prefill_chunk,
+    };
+    eprintln!(
+        "bench: {} prompts in {} categories, modes {}, {} tokens, temperature {}, concurrency {}, {} repeat(s), {} thread(s)",
+        prompts.len(),
+        {
+            let mut c: Vec<&str> = prompts.iter().map(|p| p.category.as_str()).collect();
+            c.dedup();
+            c.len()
+        },
+        modes.iter().map(|m| m.label.as_str()).collect::<Vec<_>>().join(", "),
+        args.max_tokens,
+        args.temperature,
+        args.concurrency,
+        args.repeat,
+        threads
+    );
+    let rt = super::async_runtime()?;
+    let mut bar = bench::progress::ProgressBar::default();
+    let quiet = args.quiet;
+    let run = rt.block_on(bench::run_bench(&models, &prompts, opts, &mut |p| {
+        if !quiet {
+            bar.update(p.done, p.total, p.what);
+        }
+    }))?;
+    let rows = bench::summarize(
+        &modes,
+        &run.categories,
+        &run.runs,
+        &run.batches,
+        args.repeat,
+    );
+    println!("{}", bench::render_tables(&rows, args.repeat));
+    for e in run.engines.iter().filter(|e| e.pipeline) {
+        println!(
+            "pipeline overlap ({}): {:.0}% of busy time over {} rounds; next rounds drafted \
+             ahead within a request: {}, used {}",
+            e.modes.join(", "),
+            e.overlap_ratio * 100.0,
+            e.rounds,
+            e.drafted_ahead,
+            e.ahead_used
+        );
+    }
+    if args.temperature == 0.0 {
+        let mismatched: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.category == bench::report::OVERALL && r.outputs_match == Some(false))
+            .map(|r| r.mode.as_str())
+            .collect();
+        if !mismatched.is_empty() {
+            eprintln!(
+                "bench: WARNING: greedy outputs differ from plain decoding for {}",
+                mismatched.join(", ")
+            );
+        }
+    }
+    if let Some(path) = &args.out {
+        let settings = serde_json::json!({
+            "prompts": args.prompts.display().to_string(),
+            "categories": args.categories,
+            "limit_per_category": args.limit_per_category,
+            "max_tokens": args.max_tokens,
+            // f32 flags, recorded as the decimal the user typed (0.7, not 0.699999988).
+            "temperature": args.temperature.to_string().parse::<f64>().unwrap_or_default(),
+            "top_p": args.top_p.map(|p| p.to_string().parse::<f64>().unwrap_or_default()),
+            "top_k": args.top_k,
+            "seed": args.seed,
+            "concurrency": args.concurrency,
+            "repeat": args.repeat,
+            "warmup": args.warmup,
+            "ignore_eos": args.ignore_eos,
+            "max_gamma": args.max_gamma,
+            "model": model_json,
+        });
+        let doc = bench::results_json(settings, bench::machine_json(threads), &modes, &rows, &run);
+        write_file(path, serde_json::to_string_pretty(&doc)?)?;
+        eprintln!("bench: results in {}", path.display());
+    }
+    if let Some(path) = &args.chart {
+        let title = format!(
+            "tandem speedup over plain decoding ({}, T={}, concurrency {})",
+            model_json["target"].as_str().unwrap_or(""),
+            args.temperature,
+            args.concurrency
+        );
+        write_file(path, bench::chart::speedup_svg(&rows, &title))?;
+        eprintln!("bench: chart in {}", path.display());
+    }
+    Ok(())
+}
+
+fn write_file(path: &std::path::Path, contents: String) -> Result<(), CliError> {
+    std::fs::write(path, contents).map_err(|source| CliError::WriteFile {
+        path: path.to_path_buf(),
+        source,
+    })
+}

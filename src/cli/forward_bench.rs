@@ -1,0 +1,90 @@
+//! `tandem forward-bench`: the time of one forward of k new tokens against a cache of a given
+//! depth, relative to a 1-token forward.
+//!
+//! Why it exists: speculation pays off only when verifying γ + 1 tokens costs little more than
+//! decoding one; this measures that ratio on the machine and model at hand, with nothing else
+//! (no sampling, no scheduler) in the timing.
+
+use clap::Args;
+
+use tandem::config::Config;
+use tandem::model::{LogitsRows, SeqInput};
+
+use super::model_args::{load_model, ModelArgs};
+use super::CliError;
+
+#[derive(Args)]
+pub struct ForwardBenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// New-token counts to time (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,5,9,16,64")]
+    tokens: Vec<usize>,
+    /// Tokens already in the cache before each timed forward.
+    #[arg(long, default_value_t = 64)]
+    depth: usize,
+    /// Timed repetitions per count (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    repeats: usize,
+}
+
+pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
+    let loaded = load_model(config)?;
+    let model = &loaded.model;
+    let vocab = model.hparams().vocab_size as u32;
+    let mut cache = model.new_cache(1);
+    let slot = cache.allocate().ok_or(CliError::NoCacheSlot)?;
+    // Arbitrary but fixed token ids: the cost does not depend on which tokens they are.
+    let ids = |n: usize, salt: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| ((i * 7919 + salt * 104_729) as u32) % vocab)
+            .collect()
+    };
+    let max_k = args.tokens.iter().copied().max().unwrap_or(1);
+    if args.depth + max_k > model.context_len() {
+        return Err(CliError::DepthPastContext(model.context_len()));
+    }
+    model.forward(
+        &mut cache,
+        &[SeqInput {
+            slot,
+            start_pos: 0,
+            tokens: &ids(args.depth.max(1), 0),
+            logits: LogitsRows::None,
+        }],
+    )?;
+    let depth = cache.len(slot)?;
+    println!("| new tokens | ms per forward | ms per token | cost vs 1 token |");
+    println!("|---|---|---|---|");
+    let mut base = None;
+    for &k in &args.tokens {
+        let mut times = Vec::with_capacity(args.repeats);
+        for r in 0..args.repeats + 1 {
+            let toks = ids(k, r + 1);
+            let t = std::time::Instant::now();
+            model.forward(
+                &mut cache,
+                &[SeqInput {
+                    slot,
+                    start_pos: depth,
+                    tokens: &toks,
+                    logits: LogitsRows::All,
+                }],
+            )?;
+            let dt = t.elapsed().as_secs_f64() * 1e3;
+            cache.truncate_to(slot, depth)?;
+            if r > 0 {
+                times.push(dt); // the first run warms caches
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let ms = times[times.len() / 2];
+        let one = *base.get_or_insert(ms);
+        println!(
+            "| {k} | {ms:.2} | {:.2} | {:.2}x |",
+            ms / k as f64,
+            ms / one
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,301 @@
+//! `tandem generate`: one prompt, plain or speculative, streamed to stdout with stats on stderr.
+//!
+//! Why it exists: it is the quickest way to see a model and a drafter work, and the reference
+//! the server's output is checked against. It runs the engine's reference loops directly (no
+//! scheduler), and with `--compare` runs plain decoding of the same prompt in the same process
+//! so the speedup and the outputs' equality are measured side by side.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use tandem::config::Config;
+use tandem::draft::{DraftSpec, ModelDrafter, Proposer};
+use tandem::engine::{
+    generate_plain, generate_speculative, FixedSpeculation, Gamma, GenerationOutput,
+    GenerationRequest, OutputPiece, SpeculationStats,
+};
+use tandem::model::{ChatMessage, LoadedModel, WeightsDtype};
+use tandem::sampling::{Lenience, SamplingParams};
+use tandem::setup::Drafter;
+
+use super::model_args::{load_model, ModelArgs};
+use super::CliError;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt (a user message unless --raw).
+    #[arg(long, conflicts_with = "prompt_file")]
+    prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    /// Feed the prompt as-is instead of through the model's chat template.
+    #[arg(long)]
+    raw: bool,
+    /// A system message for the chat template.
+    #[arg(long)]
+    system: Option<String>,
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// 0 = greedy.
+    #[arg(long)]
+    temperature: Option<f32>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    min_p: Option<f32>,
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop when the output contains this text (repeatable); the text stops right before it.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens (for benchmarks).
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print only the stats line (no streamed text).
+    #[arg(long)]
+    quiet: bool,
+    /// Print the result (token ids, text, stats) as one JSON object on stdout instead.
+    #[arg(long)]
+    json: bool,
+    /// Speculative decoding drafter: `none`, `prompt-lookup[:MIN-MAX]`, `self:K`, `default` or
+    /// a model path.
+    #[arg(long, env = "TANDEM_DRAFT_MODEL", default_value = "none")]
+    draft_model: DraftSpec,
+    /// Linear weight type of a draft model (the same file at another type is a self-drafter).
+    #[arg(long, env = "TANDEM_DRAFT_WEIGHTS_DTYPE", default_value = "as-is")]
+    draft_weights_dtype: WeightsDtype,
+    /// Drafted tokens per round (γ); `--spec-length` is the seeds' name for it.
+    #[arg(long, alias = "spec-length", default_value_t = 4)]
+    gamma: usize,
+    /// Relaxed acceptance in (0, 1]; 1 keeps the target's distribution exactly.
+    #[arg(long, default_value_t = 1.0)]
+    lenience: f32,
+    /// Also run plain decoding of the same prompt in this process and print the speedup and
+    /// whether the outputs are identical.
+    #[arg(long)]
+    compare: bool,
+}
+
+pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
+    let prompt_text = match (&args.prompt, &args.prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f).map_err(|source| CliError::ReadPrompt {
+            path: f.clone(),
+            source,
+        })?,
+        (None, None) => return Err(CliError::NoPrompt),
+    };
+    let g = &config.generation;
+    let sampling = SamplingParams {
+        temperature: args.temperature.unwrap_or(g.temperature),
+        top_k: args.top_k.unwrap_or(g.top_k),
+        top_p: args.top_p.unwrap_or(g.top_p),
+        min_p: args.min_p.unwrap_or(g.min_p),
+        repetition_penalty: args.repetition_penalty.unwrap_or(g.repetition_penalty),
+        seed: args.seed,
+        ..Default::default()
+    };
+    sampling.validate()?;
+    let spec = FixedSpeculation {
+        gamma: Gamma::try_from(args.gamma).map_err(|e| CliError::Flag {
+            flag: "--gamma",
+            reason: e.to_string(),
+        })?,
+        lenience: Lenience::try_from(args.lenience).map_err(|e| CliError::Flag {
+            flag: "--lenience",
+            reason: e.to_string(),
+        })?,
+    };
+    let loaded = load_model(config)?;
+    let tok = &loaded.tokenizer;
+    let text = if args.raw {
+        prompt_text
+    } else {
+        let template = tok.chat_template().ok_or(CliError::NoChatTemplate)?;
+        let mut messages = Vec::new();
+        if let Some(s) = &args.system {
+            messages.push(ChatMessage {
+                role: "system".into(),
+                content: s.clone(),
+            });
+        }
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: prompt_text,
+        });
+        template.render(&messages, true)?
+    };
+    let prompt = tok.encode(&text, true)?;
+    let req = GenerationRequest {
+        prompt,
+        max_tokens: args.max_tokens.unwrap_or(g.max_tokens),
+        sampling,
+        eos_ids: if args.ignore_eos {
+            Vec::new()
+        } else {
+            tok.eos_ids().to_vec()
+        },
+        stop_strings: args.stop.clone(),
+        detokenizer: Some(std::sync::Arc::clone(tok)),
+    };
+    let drafter =
+        tandem::setup::load_drafter(&args.draft_model, args.draft_weights_dtype, config, &loaded)
+            .map_err(|source| CliError::LoadDraft {
+            spec: args.draft_model.to_string(),
+            source,
+        })?;
+    if let Drafter::Model { name, .. } = &drafter {
+        eprintln!(
+            "draft model {name} (--draft-weights-dtype {})",
+            args.draft_weights_dtype
+        );
+    }
+    let speculative = !matches!(drafter, Drafter::None);
+    let stream = !args.quiet && !args.json;
+    let plain_run = if args.compare || !speculative {
+        Some(run_generation(
+            &loaded,
+            None,
+            &req,
+            spec,
+            stream && !speculative,
+        )?)
+    } else {
+        None
+    };
+    let spec_run = match proposer(&drafter) {
+        Some(p) => Some(run_generation(&loaded, Some(p), &req, spec, stream)?),
+        None => None,
+    };
+    let (out, spec_stats) = spec_run
+        .as_ref()
+        .or(plain_run.as_ref())
+        .expect("one run happened");
+    let s = &out.stats;
+    if args.json {
+        let text = out.text.clone().unwrap_or_default();
+        let mut v = serde_json::json!({
+            "text": text,
+            "tokens": out.tokens,
+            "prompt_token_ids": req.prompt,
+            "finish_reason": out.finish.as_openai(),
+            "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
+            "prefill_tokens_per_s": s.prefill_tokens_per_s(),
+            "decode_tokens_per_s": s.decode_tokens_per_s(),
+        });
+        if let Some(st) = spec_stats {
+            v["speculative"] = serde_json::json!({
+                "draft_tokens": st.draft_tokens,
+                "accepted_tokens": st.accepted_tokens,
+                "acceptance_rate": st.acceptance_rate(),
+                "mean_accepted_length": st.mean_accepted_length(),
+                "rounds": st.rounds,
+            });
+        }
+        if let (Some((p, _)), Some(_)) = (&plain_run, &spec_run) {
+            v["plain_decode_tokens_per_s"] = p.stats.decode_tokens_per_s().into();
+            v["speedup"] = (s.decode_tokens_per_s() / p.stats.decode_tokens_per_s()).into();
+            v["outputs_match"] = (p.tokens == out.tokens).into();
+        }
+        println!("{v}");
+    }
+    eprintln!(
+        "prompt tokens: {} | generated tokens: {} | prefill: {:.1} tok/s | decode: {:.1} tok/s | finish: {:?}",
+        s.prompt_tokens,
+        s.generated_tokens,
+        s.prefill_tokens_per_s(),
+        s.decode_tokens_per_s(),
+        out.finish
+    );
+    if let Some(st) = spec_stats {
+        eprintln!(
+            "speculative: draft tokens: {} | accepted tokens: {} | acceptance rate: {:.1}% | mean tokens per round: {:.2} | rounds: {}",
+            st.draft_tokens,
+            st.accepted_tokens,
+            100.0 * st.acceptance_rate(),
+            st.mean_accepted_length(),
+            st.rounds
+        );
+    }
+    if let (Some((p, _)), Some((sp, _))) = (&plain_run, &spec_run) {
+        eprintln!(
+            "compare: plain decode {:.1} tok/s | speculative {:.1} tok/s | speedup {:.2}x | outputs {}",
+            p.stats.decode_tokens_per_s(),
+            sp.stats.decode_tokens_per_s(),
+            sp.stats.decode_tokens_per_s() / p.stats.decode_tokens_per_s(),
+            if p.tokens == sp.tokens { "identical" } else { "differ" }
+        );
+    }
+    Ok(())
+}
+
+/// The proposer of a loaded drafter (a draft model's borrows its weights); `None` for none.
+fn proposer(drafter: &Drafter) -> Option<Box<dyn Proposer + '_>> {
+    match drafter {
+        Drafter::None => None,
+        Drafter::PromptLookup(p) => Some(Box::new(*p)),
+        Drafter::Model { model, .. } => Some(Box::new(ModelDrafter::new(
+            &model.model,
+            model.source.display_name(),
+        ))),
+    }
+}
+
+/// One generation, plain (`drafter` = None) or speculative, optionally streaming its text.
+fn run_generation(
+    loaded: &LoadedModel,
+    drafter: Option<Box<dyn Proposer + '_>>,
+    req: &GenerationRequest,
+    spec: FixedSpeculation,
+    stream: bool,
+) -> Result<(GenerationOutput, Option<SpeculationStats>), CliError> {
+    let mut cache = loaded.model.new_cache(1);
+    let mut stdout = std::io::stdout().lock();
+    let mut write_err = None;
+    let mut on_output = |piece: OutputPiece<'_>| {
+        if stream && !piece.text.is_empty() {
+            if let Err(e) = stdout
+                .write_all(piece.text.as_bytes())
+                .and_then(|_| stdout.flush())
+            {
+                write_err = Some(e);
+                return false;
+            }
+        }
+        true
+    };
+    let result = match drafter {
+        None => (
+            generate_plain(&loaded.model, &mut cache, req, &mut on_output)?,
+            None,
+        ),
+        Some(mut d) => {
+            let (out, st) = generate_speculative(
+                &loaded.model,
+                &mut cache,
+                d.as_mut(),
+                req,
+                spec,
+                &mut on_output,
+            )?;
+            (out, Some(st))
+        }
+    };
+    if let Some(e) = write_err {
+        return Err(CliError::Output(e));
+    }
+    if stream {
+        writeln!(stdout).map_err(CliError::Output)?;
+    }
+    Ok(result)
+}

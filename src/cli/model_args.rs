@@ -1,0 +1,75 @@
+//! The model and runtime flags every model-loading command shares, and loading the model they
+//! name.
+//!
+//! Why it exists: `serve`, `generate`, `bench` and `forward-bench` take the same `--model`,
+//! `--weights-dtype`, `--threads`, `--context-length` and `--kv-cache-dtype` flags. They
+//! override the config's `[model]` and `[runtime]` keys and are then checked as the config file
+//! is, so a bad value names its config key whichever way it came in.
+
+use clap::Args;
+
+use tandem::config::{Config, ConfigError};
+use tandem::model::LoadedModel;
+
+use super::CliError;
+
+/// Model and runtime overrides shared by commands that load a model.
+#[derive(Args)]
+pub struct ModelArgs {
+    /// `default`, a .gguf file, or a Hugging Face model folder.
+    #[arg(long, env = "TANDEM_MODEL")]
+    model: Option<String>,
+    /// Linear weight type after loading: auto, as-is, f32, f16, bf16, q8_0, q4_0, q4_1, q4k.
+    #[arg(long, env = "TANDEM_WEIGHTS_DTYPE")]
+    weights_dtype: Option<String>,
+    /// Compute threads (0 = all cores).
+    #[arg(long, env = "TANDEM_THREADS")]
+    threads: Option<usize>,
+    /// Context length (prompt + output tokens).
+    #[arg(long, env = "TANDEM_CONTEXT_LENGTH")]
+    context_length: Option<usize>,
+    /// KV cache element type of both models: f16 or f32.
+    #[arg(long, env = "TANDEM_KV_CACHE_DTYPE")]
+    kv_cache_dtype: Option<String>,
+}
+
+impl ModelArgs {
+    /// Overrides the config's keys with the flags given, then checks the result.
+    pub fn apply(&self, config: &mut Config) -> Result<(), ConfigError> {
+        if let Some(m) = &self.model {
+            config.model.path = m.clone();
+        }
+        if let Some(d) = &self.weights_dtype {
+            config.model.weights_dtype = d.clone();
+        }
+        if let Some(t) = self.threads {
+            config.runtime.threads = t;
+        }
+        if let Some(c) = self.context_length {
+            config.model.context_length = c;
+        }
+        if let Some(d) = &self.kv_cache_dtype {
+            config.model.kv_cache_dtype = d.clone();
+        }
+        config.validate()
+    }
+}
+
+/// Loads the target model on the runtime's threads and says on stderr what was loaded.
+pub fn load_model(config: &Config) -> Result<LoadedModel, CliError> {
+    let threads = tandem::runtime::init_threads(config.runtime.threads);
+    let t = std::time::Instant::now();
+    let loaded = tandem::setup::load_target(config).map_err(|source| CliError::LoadModel {
+        path: config.model.path.clone(),
+        source,
+    })?;
+    eprintln!(
+        "loaded {} (--weights-dtype {}: linear weights as {}; {} KV cache) in {:.2}s on {threads} thread(s)",
+        loaded.source.display_name(),
+        config.weights_dtype(),
+        loaded.model.linear_dtypes().join("/"),
+        loaded.model.kv_dtype(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(loaded)
+}

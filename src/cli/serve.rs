@@ -1,0 +1,202 @@
+//! `tandem serve`: the flags that override the server, engine and speculation keys, and starting
+//! the HTTP server.
+//!
+//! Why it exists: serving is configured mostly by the config file; these flags (and their
+//! `TANDEM_*` variables) change single keys for one run. The speculation flags are a
+//! [`SettingsUpdate`], applied by the engine's own rule (a fixed γ means adaptive off unless
+//! `--adaptive` says otherwise) exactly as a config file or an admin API change is.
+
+use clap::Args;
+
+use tandem::config::{Config, ConfigError};
+use tandem::draft::DraftSpec;
+use tandem::engine::{SettingsError, SettingsUpdate};
+use tandem::model::WeightsDtype;
+
+use super::model_args::ModelArgs;
+use super::CliError;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[arg(long, env = "TANDEM_HOST")]
+    host: Option<String>,
+    /// 0 picks a free port (printed at start).
+    #[arg(long, env = "TANDEM_PORT")]
+    port: Option<u16>,
+    /// The model id clients send and /v1/models lists.
+    #[arg(long, env = "TANDEM_MODEL_NAME")]
+    model_name: Option<String>,
+    /// `none`, `prompt-lookup[:MIN-MAX]`, `self:K`, `default` or a model path.
+    #[arg(long, env = "TANDEM_DRAFT_MODEL")]
+    draft_model: Option<DraftSpec>,
+    #[arg(long, env = "TANDEM_DRAFT_WEIGHTS_DTYPE")]
+    draft_weights_dtype: Option<WeightsDtype>,
+    /// Switch speculation on or off (`--speculative-decoding false`).
+    #[arg(long, env = "TANDEM_SPECULATIVE_DECODING")]
+    speculative_decoding: Option<bool>,
+    /// A fixed γ (turns the governor off); `--spec-length` is the seeds' name.
+    #[arg(long, alias = "spec-length", env = "TANDEM_GAMMA")]
+    gamma: Option<usize>,
+    /// Let the governor choose γ (`--adaptive false` for a fixed γ).
+    #[arg(long, env = "TANDEM_ADAPTIVE")]
+    adaptive: Option<bool>,
+    /// Server-wide lenience in (0, 1]; 1 is exact.
+    #[arg(long, env = "TANDEM_LENIENCE")]
+    lenience: Option<f32>,
+    #[arg(long, env = "TANDEM_MAX_SEQS")]
+    max_seqs: Option<usize>,
+    #[arg(long, env = "TANDEM_MAX_QUEUE")]
+    max_queue: Option<usize>,
+    #[arg(long, env = "TANDEM_PIPELINE")]
+    pipeline: Option<bool>,
+    #[arg(long, env = "TANDEM_MAX_BODY_BYTES")]
+    max_body_bytes: Option<usize>,
+}
+
+impl ServeArgs {
+    /// Overrides the config's keys with the flags given, then checks the result.
+    pub fn apply(&self, config: &mut Config) -> Result<(), CliError> {
+        let srv = &mut config.server;
+        if let Some(v) = &self.host {
+            srv.host = v.clone();
+        }
+        if let Some(v) = self.port {
+            srv.port = v;
+        }
+        if let Some(v) = &self.model_name {
+            srv.model_name = v.clone();
+        }
+        if let Some(v) = self.max_body_bytes {
+            srv.max_body_bytes = v;
+        }
+        let eng = &mut config.engine;
+        if let Some(v) = self.max_seqs {
+            eng.max_seqs = v;
+        }
+        if let Some(v) = self.max_queue {
+            eng.max_queue = v;
+        }
+        if let Some(v) = self.pipeline {
+            eng.pipeline = v;
+        }
+        let sp = &mut config.speculation;
+        if let Some(v) = &self.draft_model {
+            sp.draft_model = v.clone();
+        }
+        if let Some(v) = self.draft_weights_dtype {
+            sp.draft_weights_dtype = v;
+        }
+        sp.settings = self
+            .settings_update()
+            .apply(&sp.settings, config.engine.max_gamma)
+            .map_err(flag_error)?;
+        config.validate()?;
+        Ok(())
+    }
+
+    /// The speculation flags given, as the change they make to the live settings.
+    fn settings_update(&self) -> SettingsUpdate {
+        SettingsUpdate {
+            enabled: self.speculative_decoding,
+            adaptive: self.adaptive,
+            gamma: self.gamma,
+            lenience: self.lenience,
+            ..Default::default()
+        }
+    }
+}
+
+/// A settings error, naming the flag that carried the value (or the config key, for a setting
+/// no flag changes).
+fn flag_error(e: SettingsError) -> CliError {
+    let flag = match e.key {
+        "enabled" => "--speculative-decoding",
+        "adaptive" => "--adaptive",
+        "gamma" => "--gamma",
+        "lenience" => "--lenience",
+        other => {
+            return CliError::Config(ConfigError::Invalid {
+                key: format!("speculation.{other}"),
+                reason: e.reason,
+            })
+        }
+    };
+    CliError::Flag {
+        flag,
+        reason: e.reason,
+    }
+}
+
+pub fn run(config: Config) -> Result<(), CliError> {
+    tandem::logging::init(&config.logging.level, &config.logging.format)?;
+    let threads = tandem::runtime::init_threads(config.runtime.threads);
+    super::async_runtime()?.block_on(tandem::server::run(config, threads))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::super::{Cli, Command};
+    use super::*;
+
+    fn serve_config(flags: &[&str]) -> Result<Config, CliError> {
+        let cli = Cli::try_parse_from(["tandem", "serve"].iter().chain(flags)).unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        let mut config = Config::embedded();
+        args.apply(&mut config)?;
+        Ok(config)
+    }
+
+    #[test]
+    fn a_gamma_flag_fixes_gamma_unless_adaptive_is_given_too() {
+        let s = serve_config(&["--gamma", "3"])
+            .unwrap()
+            .speculation
+            .settings;
+        assert_eq!((s.gamma.get(), s.adaptive), (3, false));
+        let s = serve_config(&["--spec-length", "3", "--adaptive", "true"])
+            .unwrap()
+            .speculation
+            .settings;
+        assert_eq!((s.gamma.get(), s.adaptive), (3, true));
+        let s = serve_config(&["--speculative-decoding", "false", "--lenience", "0.5"])
+            .unwrap()
+            .speculation
+            .settings;
+        assert_eq!((s.enabled, s.lenience.get()), (false, 0.5));
+    }
+
+    #[test]
+    fn bad_values_name_the_flag_or_key() {
+        let e = serve_config(&["--gamma", "0"]).unwrap_err();
+        assert_eq!(e.to_string(), "--gamma must be in 1..=32, got 0");
+        let e = serve_config(&["--gamma", "9"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--gamma must be <= 8 (engine.max_gamma), got 9"
+        );
+        let e = serve_config(&["--lenience", "1.5"]).unwrap_err();
+        assert!(
+            e.to_string().starts_with("--lenience must be in (0, 1]"),
+            "{e}"
+        );
+        let e = serve_config(&["--max-seqs", "0"]).unwrap_err();
+        assert!(e.to_string().contains("engine.max_seqs"), "{e}");
+        let bad = Cli::try_parse_from(["tandem", "serve", "--draft-model", "self:0"]);
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn draft_flags_are_parsed_once() {
+        let c =
+            serve_config(&["--draft-model", "self:4", "--draft-weights-dtype", "q8_0"]).unwrap();
+        assert_eq!(c.speculation.draft_model, DraftSpec::SelfLayers(4));
+        assert_eq!(c.speculation.draft_weights_dtype, WeightsDtype::Q8_0);
+    }
+}

@@ -1,0 +1,172 @@
+//! The `[speculation]` table: the drafter, its weight type, and the engine's live speculation
+//! settings.
+//!
+//! Why it exists: the settings keys of `[speculation]` are exactly the admin API's
+//! [`SettingsUpdate`], so the table is read into that type and checked by its `apply`, the
+//! rule every boundary shares, instead of through a mirror struct with rules of its own. The two
+//! keys that are not live settings (`draft_model`, `draft_weights_dtype`) are taken out first and
+//! parsed into their own types here, so a bad value fails at load with its key named.
+
+use crate::draft::DraftSpec;
+use crate::engine::{SettingsError, SettingsUpdate, SpeculationSettings};
+use crate::model::WeightsDtype;
+
+use super::ConfigError;
+
+/// The seeds' names for speculation keys, accepted as aliases.
+pub(super) const SPECULATION_ALIASES: [(&str, &str); 2] = [
+    ("spec_length", "gamma"),
+    ("use_speculative_decoding", "enabled"),
+];
+
+/// `[speculation]`, checked.
+#[derive(Clone, Debug)]
+pub struct SpeculationConfig {
+    /// The drafter (`speculation.draft_model`).
+    pub draft_model: DraftSpec,
+    /// Weight type of a draft model (`speculation.draft_weights_dtype`).
+    pub draft_weights_dtype: WeightsDtype,
+    /// The live settings the engine starts with (`enabled`, `adaptive`, `gamma`, ...).
+    pub settings: SpeculationSettings,
+}
+
+impl SpeculationConfig {
+    /// Reads the table (defaults already merged in); `gamma_limit` is `engine.max_gamma`.
+    pub(super) fn from_table(
+        mut table: toml::Table,
+        gamma_limit: usize,
+    ) -> Result<Self, ConfigError> {
+        let draft_model = take_string(&mut table, "draft_model")?
+            .parse::<DraftSpec>()
+            .map_err(|e| ConfigError::invalid("speculation.draft_model", e))?;
+        let draft_weights_dtype = take_string(&mut table, "draft_weights_dtype")?
+            .parse::<WeightsDtype>()
+            .map_err(|e| ConfigError::invalid("speculation.draft_weights_dtype", e))?;
+        let update: SettingsUpdate = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(format!("[speculation] {e}")))?;
+        let settings = update
+            .apply(&SpeculationSettings::default(), gamma_limit)
+            .map_err(settings_error)?;
+        Ok(Self {
+            draft_model,
+            draft_weights_dtype,
+            settings,
+        })
+    }
+}
+
+/// A settings error, with the key named as the config file spells it.
+pub(super) fn settings_error(e: SettingsError) -> ConfigError {
+    ConfigError::Invalid {
+        key: format!("speculation.{}", e.key),
+        reason: e.reason,
+    }
+}
+
+fn take_string(table: &mut toml::Table, key: &'static str) -> Result<String, ConfigError> {
+    match table.remove(key) {
+        Some(toml::Value::String(s)) => Ok(s),
+        Some(other) => Err(ConfigError::invalid(
+            format!("speculation.{key}"),
+            format!("must be a string, got {}", other.type_str()),
+        )),
+        None => Err(ConfigError::invalid(
+            format!("speculation.{key}"),
+            "is missing",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::draft::{DraftSpec, PromptLookup};
+    use crate::model::WeightsDtype;
+
+    #[test]
+    fn settings_are_checked_by_the_engine_rules_and_name_the_key() {
+        let e = Config::from_toml("[speculation]\ngamma = 0").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config: speculation.gamma must be in 1..=32, got 0"
+        );
+        let e = Config::from_toml("[speculation]\nlenience = 1.5").unwrap_err();
+        assert!(e.to_string().contains("speculation.lenience"), "{e}");
+        let e = Config::from_toml("[speculation]\nlenience_under_load = 0.0").unwrap_err();
+        assert!(
+            e.to_string().contains("speculation.lenience_under_load"),
+            "{e}"
+        );
+        let e = Config::from_toml("[speculation]\ngamma_max = 9").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config: speculation.gamma_max must be <= 8 (engine.max_gamma), got 9"
+        );
+        Config::from_toml("[speculation]\ngamma_max = 9\n[engine]\nmax_gamma = 9").unwrap();
+        let e = Config::from_toml("[speculation]\ngamma_min = 5\ngamma_max = 3").unwrap_err();
+        assert!(e.to_string().contains("speculation.gamma_min"), "{e}");
+        let e = Config::from_toml("[speculation]\nbogus = 1").unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let e = Config::from_toml("[speculation]\ngamma = \"four\"").unwrap_err();
+        assert!(e.to_string().contains("speculation"), "{e}");
+    }
+
+    #[test]
+    fn adaptive_is_a_key_of_its_own_in_the_file() {
+        // The file's defaults give `adaptive` too, so a `gamma` alone does not turn the
+        // governor off here (a lone `--gamma` flag or admin API `gamma` does).
+        let c = Config::from_toml("[speculation]\ngamma = 3").unwrap();
+        let s = c.speculation.settings;
+        assert_eq!((s.gamma.get(), s.adaptive), (3, true));
+        let c = Config::from_toml("[speculation]\ngamma = 3\nadaptive = false").unwrap();
+        let s = c.speculation.settings;
+        assert_eq!((s.gamma.get(), s.adaptive), (3, false));
+    }
+
+    #[test]
+    fn aliases_work_and_only_one_name_may_be_given() {
+        let c = Config::from_toml(
+            "[speculation]\nspec_length = 3\nuse_speculative_decoding = false\ndraft_model = \"default\"",
+        )
+        .unwrap();
+        let s = c.speculation.settings;
+        assert_eq!((s.gamma.get(), s.enabled), (3, false));
+        assert_eq!(
+            c.speculation.draft_model,
+            DraftSpec::Model("default".into())
+        );
+        let e = Config::from_toml("[speculation]\nspec_length = 3\ngamma = 2").unwrap_err();
+        assert!(e.to_string().contains("alias"), "{e}");
+    }
+
+    #[test]
+    fn the_drafter_and_its_weights_are_parsed_at_load() {
+        let e =
+            Config::from_toml("[speculation]\ndraft_model = \"prompt-lookup:3-1\"").unwrap_err();
+        assert!(
+            e.to_string().contains("speculation.draft_model") && e.to_string().contains("n-gram"),
+            "{e}"
+        );
+        let c = Config::from_toml("[speculation]\ndraft_model = \"prompt-lookup:2-4\"").unwrap();
+        assert_eq!(
+            c.speculation.draft_model,
+            DraftSpec::PromptLookup(PromptLookup::new(2, 4))
+        );
+        let e = Config::from_toml("[speculation]\ndraft_model = \"self:0\"").unwrap_err();
+        assert!(e.to_string().contains("speculation.draft_model"), "{e}");
+        let c = Config::from_toml("[speculation]\ndraft_model = \"self:8\"").unwrap();
+        assert_eq!(c.speculation.draft_model, DraftSpec::SelfLayers(8));
+        let e = Config::from_toml("[speculation]\ndraft_model = \"\"").unwrap_err();
+        assert!(e.to_string().contains("speculation.draft_model"), "{e}");
+        let e = Config::from_toml("[speculation]\ndraft_model = 3").unwrap_err();
+        assert!(e.to_string().contains("speculation.draft_model"), "{e}");
+        let e = Config::from_toml("[speculation]\ndraft_weights_dtype = \"q3\"").unwrap_err();
+        assert!(
+            e.to_string().contains("speculation.draft_weights_dtype"),
+            "{e}"
+        );
+        let c = Config::from_toml("[speculation]\ndraft_weights_dtype = \"q8_0\"").unwrap();
+        assert_eq!(c.speculation.draft_weights_dtype, WeightsDtype::Q8_0);
+    }
+}

@@ -1,0 +1,152 @@
+//! The drafter a user names: `none`, `prompt-lookup[:MIN-MAX]`, `self:K`, `default` or a model
+//! path, as one enum.
+//!
+//! Why it exists: the same name arrives from the config file (`speculation.draft_model`) and from
+//! CLI flags, and is acted on by model loading, the server and the CLI. Parsing it once, where it
+//! is read, gives every boundary the same rules and error texts, and lets everything downstream
+//! match on the variant instead of sniffing the string again.
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::PromptLookup;
+
+/// Which drafter proposes tokens for the target to verify.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DraftSpec {
+    /// No speculation: plain decoding.
+    None,
+    /// N-gram matches in the sequence's own text (no model).
+    PromptLookup(PromptLookup),
+    /// The target's own first K layers (`self:K`), K >= 1.
+    SelfLayers(usize),
+    /// A draft model: `default` (the default model file), a .gguf file, a Hugging Face folder
+    /// or a hub id.
+    Model(String),
+}
+
+/// A drafter name that cannot be read; its text is the rule, for the caller to prefix with the
+/// key or flag.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidDraftSpec {
+    #[error("must be none, prompt-lookup[:MIN-MAX], default, self:K or a model path")]
+    Empty,
+    /// Prompt-lookup n-gram sizes out of range (the text is [`PromptLookup::parse_ngrams`]'s).
+    #[error("{0}")]
+    Ngrams(String),
+    #[error("`{0}`: want self:K, K >= 1 layers of the target")]
+    SelfLayers(String),
+}
+
+impl FromStr for DraftSpec {
+    type Err = InvalidDraftSpec;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        if t.is_empty() {
+            return Err(InvalidDraftSpec::Empty);
+        }
+        if t == "none" {
+            return Ok(Self::None);
+        }
+        if t == "prompt-lookup" {
+            return Ok(Self::PromptLookup(PromptLookup::default()));
+        }
+        if let Some(sizes) = t.strip_prefix("prompt-lookup:") {
+            return PromptLookup::parse_ngrams(sizes)
+                .map(Self::PromptLookup)
+                .map_err(InvalidDraftSpec::Ngrams);
+        }
+        if let Some(k) = t.strip_prefix("self:") {
+            return match k.trim().parse::<usize>() {
+                Ok(k) if k >= 1 => Ok(Self::SelfLayers(k)),
+                _ => Err(InvalidDraftSpec::SelfLayers(s.to_string())),
+            };
+        }
+        // Anything else names a model; whether it exists is for loading to say.
+        Ok(Self::Model(s.to_string()))
+    }
+}
+
+impl fmt::Display for DraftSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::None => f.write_str("none"),
+            Self::PromptLookup(p) => {
+                let (lo, hi) = p.ngrams();
+                write!(f, "prompt-lookup:{lo}-{hi}")
+            }
+            Self::SelfLayers(k) => write!(f, "self:{k}"),
+            Self::Model(m) => f.write_str(m),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_of_drafter_name_is_read() {
+        let parse = |s: &str| s.parse::<DraftSpec>();
+        assert_eq!(parse("none"), Ok(DraftSpec::None));
+        assert_eq!(
+            parse("prompt-lookup"),
+            Ok(DraftSpec::PromptLookup(PromptLookup::new(1, 3)))
+        );
+        assert_eq!(
+            parse("prompt-lookup:2-5"),
+            Ok(DraftSpec::PromptLookup(PromptLookup::new(2, 5)))
+        );
+        assert_eq!(
+            parse("prompt-lookup:4"),
+            Ok(DraftSpec::PromptLookup(PromptLookup::new(4, 4)))
+        );
+        assert_eq!(parse("self:8"), Ok(DraftSpec::SelfLayers(8)));
+        assert_eq!(parse("default"), Ok(DraftSpec::Model("default".into())));
+        assert_eq!(
+            parse("models/draft.gguf"),
+            Ok(DraftSpec::Model("models/draft.gguf".into()))
+        );
+        // Only the exact keyword means prompt lookup; anything longer is a model name.
+        assert_eq!(
+            parse("prompt-lookupx"),
+            Ok(DraftSpec::Model("prompt-lookupx".into()))
+        );
+    }
+
+    #[test]
+    fn bad_names_say_what_is_wrong() {
+        for bad in [
+            "prompt-lookup:0-3",
+            "prompt-lookup:3-2",
+            "prompt-lookup:1-17",
+            "prompt-lookup:x",
+        ] {
+            let e = bad.parse::<DraftSpec>().unwrap_err();
+            assert!(e.to_string().contains("n-gram sizes"), "{bad}: {e}");
+        }
+        for bad in ["self:0", "self:x", "self:"] {
+            let e = bad.parse::<DraftSpec>().unwrap_err();
+            assert!(e.to_string().contains("want self:K"), "{bad}: {e}");
+        }
+        assert_eq!(" ".parse::<DraftSpec>(), Err(InvalidDraftSpec::Empty));
+    }
+
+    #[test]
+    fn a_spec_prints_as_it_parses() {
+        for s in [
+            "none",
+            "prompt-lookup:1-3",
+            "prompt-lookup:2-5",
+            "self:8",
+            "default",
+        ] {
+            assert_eq!(s.parse::<DraftSpec>().unwrap().to_string(), s);
+        }
+        assert_eq!(
+            DraftSpec::PromptLookup(PromptLookup::default()).to_string(),
+            "prompt-lookup:1-3"
+        );
+    }
+}
