@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::{emit_token, end_output, in_fresh_slot};
+use super::steps::{emit_token, end_output, in_fresh_slot};
 use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
 use crate::engine::request::{

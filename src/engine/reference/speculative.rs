@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use super::{emit_token, end_output, in_fresh_slot};
+use super::steps::{emit_token, end_output, in_fresh_slot};
 use crate::draft::{Proposal, Proposer};
 use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
