@@ -143,22 +143,15 @@ pub fn load_models(
     Ok((target, draft, name))
 }
 
-/// The engine settings from the config (the one place `[engine]` becomes the engine's own
-/// `EngineConfig`); `threads` is the runtime's compute thread count, which thread counts of 0
-/// stand for.
+/// The engine settings from the config: `[engine]` as read, with its thread counts of 0 made
+/// `threads` (the runtime's compute thread count) and the checked speculation settings.
 pub fn engine_config(config: &Config, threads: usize) -> EngineConfig {
     let e = &config.engine;
     let or_runtime = |n: usize| if n == 0 { threads } else { n };
     EngineConfig {
-        max_seqs: e.max_seqs,
-        max_queue: e.max_queue,
-        prefill_chunk: e.prefill_chunk,
-        pipeline: e.pipeline,
         target_threads: or_runtime(e.target_threads),
         draft_threads: or_runtime(e.draft_threads),
-        kv_capacity_tokens: None,
-        max_gamma: e.max_gamma,
         speculation: config.speculation.settings,
-        governor: Default::default(),
+        ..e.clone()
     }
 }

@@ -5,12 +5,12 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::engine::Gamma;
+use crate::engine::{EngineConfig, Gamma};
 use crate::model::{KvDtype, WeightsDtype};
 
 mod speculation;
 
-pub use speculation::SpeculationConfig;
+pub use speculation::SpeculationSection;
 use speculation::{settings_error, SPECULATION_ALIASES};
 
 /// The embedded default configuration.
@@ -43,12 +43,13 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     pub generation: GenerationDefaults,
     pub server: ServerConfig,
-    pub speculation: SpeculationConfig,
-    pub engine: EngineSection,
+    pub speculation: SpeculationSection,
+    /// `[engine]`, read into the engine's own type (thread counts of 0 mean `runtime.threads`).
+    pub engine: EngineConfig,
     pub logging: LoggingConfig,
 }
 
-/// Every table but `[speculation]`, which [`SpeculationConfig`] reads on its own.
+/// Every table but `[speculation]`, which [`SpeculationSection`] reads on its own.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Sections {
@@ -56,7 +57,7 @@ struct Sections {
     runtime: RuntimeConfig,
     generation: GenerationDefaults,
     server: ServerConfig,
-    engine: EngineSection,
+    engine: EngineConfig,
     logging: LoggingConfig,
 }
 
@@ -76,21 +77,6 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     pub admin_token: String,
     pub shutdown_grace_seconds: u64,
-}
-
-/// `[engine]`: the file's keys for the engine's sizes and threads. `setup::engine_config` is
-/// the one place that turns it (with the checked speculation settings) into the engine's own
-/// `EngineConfig`; thread counts of 0 mean `runtime.threads`, known only once the runtime is up.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EngineSection {
-    pub max_seqs: usize,
-    pub max_queue: usize,
-    pub prefill_chunk: usize,
-    pub pipeline: bool,
-    pub target_threads: usize,
-    pub draft_threads: usize,
-    pub max_gamma: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -137,8 +123,8 @@ impl Config {
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         // γ is checked against engine.max_gamma, so that must be valid first.
-        s.engine.validate()?;
-        let speculation = SpeculationConfig::from_table(speculation, s.engine.max_gamma)?;
+        validate_engine(&s.engine)?;
+        let speculation = SpeculationSection::from_table(speculation, s.engine.max_gamma)?;
         let cfg = Config {
             model: s.model,
             runtime: s.runtime,
@@ -229,7 +215,7 @@ impl Config {
         if self.server.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes", "must be >= 1024".into());
         }
-        self.engine.validate()?;
+        validate_engine(&self.engine)?;
         self.speculation
             .settings
             .validate(self.engine.max_gamma)
@@ -238,26 +224,25 @@ impl Config {
     }
 }
 
-impl EngineSection {
-    fn validate(&self) -> Result<(), ConfigError> {
-        for (key, v) in [
-            ("engine.max_seqs", self.max_seqs),
-            ("engine.max_queue", self.max_queue),
-            ("engine.prefill_chunk", self.prefill_chunk),
-            ("engine.max_gamma", self.max_gamma),
-        ] {
-            if v == 0 {
-                return Err(ConfigError::invalid(key, "must be >= 1"));
-            }
+/// What `[engine]` must hold beyond its types.
+fn validate_engine(e: &EngineConfig) -> Result<(), ConfigError> {
+    for (key, v) in [
+        ("engine.max_seqs", e.max_seqs),
+        ("engine.max_queue", e.max_queue),
+        ("engine.prefill_chunk", e.prefill_chunk),
+        ("engine.max_gamma", e.max_gamma),
+    ] {
+        if v == 0 {
+            return Err(ConfigError::invalid(key, "must be >= 1"));
         }
-        if self.max_gamma > Gamma::MAX {
-            return Err(ConfigError::invalid(
-                "engine.max_gamma",
-                format!("must be <= {}", Gamma::MAX),
-            ));
-        }
-        Ok(())
     }
+    if e.max_gamma > Gamma::MAX {
+        return Err(ConfigError::invalid(
+            "engine.max_gamma",
+            format!("must be <= {}", Gamma::MAX),
+        ));
+    }
+    Ok(())
 }
 
 /// Renames the seeds' alias keys to ours; giving both names is an error.

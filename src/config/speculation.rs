@@ -21,7 +21,7 @@ pub(super) const SPECULATION_ALIASES: [(&str, &str); 2] = [
 
 /// `[speculation]`, checked.
 #[derive(Clone, Debug)]
-pub struct SpeculationConfig {
+pub struct SpeculationSection {
     /// The drafter (`speculation.draft_model`).
     pub draft_model: DraftSpec,
     /// Weight type of a draft model (`speculation.draft_weights_dtype`).
@@ -30,7 +30,7 @@ pub struct SpeculationConfig {
     pub settings: SpeculationSettings,
 }
 
-impl SpeculationConfig {
+impl SpeculationSection {
     /// Reads the table (defaults already merged in); `gamma_limit` is `engine.max_gamma`.
     pub(super) fn from_table(
         mut table: toml::Table,

@@ -19,8 +19,10 @@ use super::settings::{LiveSettings, SpeculationSettings};
 use super::verifier::Verifier;
 use crate::model::Llama;
 
-/// Engine settings (the `[engine]` config section).
-#[derive(Clone, Debug)]
+/// Engine settings. The config file's `[engine]` table is read straight into this type (the
+/// fields it does not hold are skipped and filled in by `setup`).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EngineConfig {
     /// Sequences decoded together.
     pub max_seqs: usize,
@@ -31,15 +33,20 @@ pub struct EngineConfig {
     /// Draft one group of sequences while verifying the other; with one group, draft each
     /// request's next round while verifying its current one.
     pub pipeline: bool,
+    /// Compute threads of the target's and the drafter's workers (in the config file, 0 means
+    /// `runtime.threads`, which `setup` fills in).
     pub target_threads: usize,
     pub draft_threads: usize,
     /// KV capacity in tokens over all sequences (default: every slot full).
+    #[serde(skip)]
     pub kv_capacity_tokens: Option<usize>,
     /// The largest γ any round may draft: verification costs are measured up to it at start
     /// and KV headroom is reserved for it. Live settings cannot go above it.
     pub max_gamma: usize,
     /// The initial live speculation settings (the admin API changes them later).
+    #[serde(skip)]
     pub speculation: SpeculationSettings,
+    #[serde(skip)]
     pub governor: GovernorConfig,
 }
 
