@@ -314,6 +314,17 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
             .submit(request(greedy(vec![1; context], 4), GammaPolicy::Off))
             .await;
         assert!(matches!(too_long, Err(EngineError::PromptTooLong { .. })));
+        // A γ past the engine's limit (8) is refused by name before it is queued.
+        let over = engine
+            .submit(request(greedy(vec![1, 2, 3], 4), fixed(9)))
+            .await
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            over.as_deref()
+                .is_some_and(|m| m.contains("speculative.gamma must be <= 8")),
+            "{over:?}"
+        );
         let mut streams = Vec::new();
         let mut overloaded = false;
         for _ in 0..4 {
@@ -327,6 +338,12 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
             }
         }
         assert!(overloaded, "1 running + 1 queued, then overloaded");
+        // With the queue full, a bad request still gets its own error: it is checked before
+        // it reaches the queue.
+        let too_long = engine
+            .submit(request(greedy(vec![1; context], 4), GammaPolicy::Off))
+            .await;
+        assert!(matches!(too_long, Err(EngineError::PromptTooLong { .. })));
         for s in streams {
             let c = s.collect().await.unwrap();
             assert_eq!(c.tokens.len(), 150);
