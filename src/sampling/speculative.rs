@@ -5,8 +5,9 @@
 //! arithmetic alone: given the drafted tokens, their draft distributions and the target's
 //! distributions, these functions decide which drafts survive and what token follows them. With
 //! lenience 1 the emitted tokens are distributed exactly as plain sampling from the target (or,
-//! greedy, identical to the target's argmax), which the tests prove by exact enumeration and by a
-//! chi-square check of the sampler itself. Kept pure (no I/O, no async, no model) so that proof
+//! greedy, identical to the target's argmax), which the tests prove by exact enumeration of
+//! [`accept_sampled`]'s own branches at γ = 1..4 (its random choices go through [`RoundChoices`]),
+//! and by a chi-square check of the sampler with a real RNG. Kept pure (no I/O, no async, no model) so that proof
 //! stays cheap and independent of everything else.
 //!
 //! All distributions are expected already processed with the request's sampling settings
@@ -159,6 +160,40 @@ pub fn accept_sampled(
     rng: &mut SeededRng,
     scratch: &mut Vec<f32>,
 ) -> Result<RoundOutcome, SpecError> {
+    accept_sampled_with(drafts, q, p, lenience, rng, scratch)
+}
+
+/// Where a sampled round's random choices come from: the request's RNG when serving, or, in
+/// the tests, an enumerator that follows every branch with its probability, so the exact
+/// distribution of [`accept_sampled`]'s outcomes is computed by running its own code.
+pub trait RoundChoices {
+    /// True with probability `prob` (a number in [0, 1]).
+    fn accept(&mut self, prob: f64) -> bool;
+    /// A token drawn from `dist` (non-negative, with some mass; normalised by its sum).
+    fn draw(&mut self, dist: &[f32]) -> u32;
+}
+
+impl RoundChoices for SeededRng {
+    fn accept(&mut self, prob: f64) -> bool {
+        // r < min(1, ratio) is the same test as r < ratio because r < 1.
+        self.next_f64() < prob
+    }
+
+    fn draw(&mut self, dist: &[f32]) -> u32 {
+        sample_from(dist, self.next_f64())
+    }
+}
+
+/// [`accept_sampled`] with its random choices taken from `choices`: one `accept` per drafted
+/// token up to the first rejection, then one `draw` of the correction or the bonus.
+pub fn accept_sampled_with(
+    drafts: &[u32],
+    q: &[DraftDist],
+    p: &[&[f32]],
+    lenience: f32,
+    choices: &mut impl RoundChoices,
+    scratch: &mut Vec<f32>,
+) -> Result<RoundOutcome, SpecError> {
     check_lenience(lenience)?;
     if q.len() != drafts.len() {
         return Err(SpecError::RowCount {
@@ -184,19 +219,18 @@ pub fn accept_sampled(
             DraftDist::Full(q_i) => q_i[t as usize],
             DraftDist::PointMass => 1.0,
         };
-        // r < min(1, ratio) is the same test as r < ratio because r < 1.
-        if rng.next_f64() >= acceptance_probability(p_i[t as usize], q_t, lenience) {
+        if !choices.accept(acceptance_probability(p_i[t as usize], q_t, lenience)) {
             residual(p_i, q_i, t, lenience, scratch);
             return Ok(RoundOutcome {
                 accepted: i,
-                next_token: sample_from(scratch, rng.next_f64()),
+                next_token: choices.draw(scratch),
                 bonus: false,
             });
         }
     }
     Ok(RoundOutcome {
         accepted: drafts.len(),
-        next_token: sample_from(p[drafts.len()], rng.next_f64()),
+        next_token: choices.draw(p[drafts.len()]),
         bonus: true,
     })
 }
@@ -396,3 +430,7 @@ mod tests;
 #[cfg(test)]
 #[path = "speculative_error_tests.rs"]
 mod error_tests;
+
+#[cfg(test)]
+#[path = "speculative_round_tests.rs"]
+mod round_tests;

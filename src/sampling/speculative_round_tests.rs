@@ -1,0 +1,239 @@
+//! The sampled acceptance rule proven exact by enumeration of [`accept_sampled_with`] itself,
+//! at γ = 1..4: every random choice the round makes (each acceptance test, the correction or
+//! bonus draw) is followed down every branch with its probability, so the distribution computed
+//! is that of the code that serves requests, not of a formula written beside it.
+//!
+//! The claim checked: drafts drawn from q (each position's q depending on the drafts before it),
+//! one round of `accept_sampled`, then plain sampling from p for whatever the round did not emit,
+//! gives sequences of γ + 1 tokens distributed exactly as γ + 1 steps of plain sampling from p
+//! (to 1e-6), for random p and q on small vocabularies, with zeros in either and with q = p.
+
+use super::*;
+
+/// Follows every branch of the round's random choices: each run of the round takes the choices
+/// in `path` (extending it with the first branch where it runs out), multiplies their
+/// probabilities into `weight`, and records how many branches each choice had, so that
+/// [`Enumerator::next_path`] can step to the next combination.
+#[derive(Default)]
+struct Enumerator {
+    path: Vec<usize>,
+    branches: Vec<usize>,
+    at: usize,
+    weight: f64,
+}
+
+impl Enumerator {
+    fn choose(&mut self, options: &[(usize, f64)]) -> usize {
+        if self.at == self.path.len() {
+            self.path.push(0);
+            self.branches.push(options.len());
+        }
+        let (value, p) = options[self.path[self.at]];
+        self.at += 1;
+        self.weight *= p;
+        value
+    }
+
+    /// Starts a run; false once every path has been taken.
+    fn next_path(&mut self) -> bool {
+        while let Some(last) = self.path.pop() {
+            let n = self.branches.pop().expect("one count per choice");
+            if last + 1 < n {
+                self.path.push(last + 1);
+                self.branches.push(n);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn start(&mut self) {
+        self.at = 0;
+        self.weight = 1.0;
+    }
+}
+
+impl RoundChoices for Enumerator {
+    fn accept(&mut self, prob: f64) -> bool {
+        let prob = prob.clamp(0.0, 1.0);
+        let options: Vec<(usize, f64)> = [(1, prob), (0, 1.0 - prob)]
+            .into_iter()
+            .filter(|&(_, p)| p > 0.0)
+            .collect();
+        self.choose(&options) == 1
+    }
+
+    fn draw(&mut self, dist: &[f32]) -> u32 {
+        let total: f64 = dist.iter().map(|&x| x as f64).sum();
+        let options: Vec<(usize, f64)> = dist
+            .iter()
+            .enumerate()
+            .filter(|&(_, &x)| x > 0.0)
+            .map(|(i, &x)| (i, x as f64 / total))
+            .collect();
+        self.choose(&options) as u32
+    }
+}
+
+/// Every outcome of one round with its probability: `(emitted tokens, probability)`.
+fn round_outcomes(drafts: &[u32], q: &[Vec<f32>], p: &[Vec<f32>]) -> Vec<(Vec<u32>, f64)> {
+    let qd: Vec<DraftDist> = q.iter().map(|r| DraftDist::Full(r)).collect();
+    let pr: Vec<&[f32]> = p.iter().map(Vec::as_slice).collect();
+    let mut e = Enumerator::default();
+    let mut scratch = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        e.start();
+        let o = accept_sampled_with(drafts, &qd, &pr, 1.0, &mut e, &mut scratch).unwrap();
+        let mut emitted = drafts[..o.accepted].to_vec();
+        emitted.push(o.next_token);
+        out.push((emitted, e.weight));
+        if !e.next_path() {
+            return out;
+        }
+    }
+}
+
+/// A distribution over `vocab` tokens that depends on the context before it, deterministically:
+/// `kind` 0 is dense, 1 has zeros, 2 puts almost all mass on one token.
+fn dist(seed: u64, context: &[u32], vocab: usize, kind: u64) -> Vec<f32> {
+    let mut h = seed;
+    for &t in context {
+        h = h
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(t as u64 + 1);
+    }
+    let mut rng = SeededRng::new(h);
+    let mut w: Vec<f64> = (0..vocab).map(|_| rng.next_f64() + 0.01).collect();
+    match kind {
+        1 => {
+            let keep = (rng.next_f64() * vocab as f64) as usize % vocab;
+            for (i, x) in w.iter_mut().enumerate() {
+                if i != keep && rng.next_f64() < 0.5 {
+                    *x = 0.0;
+                }
+            }
+        }
+        2 => {
+            let top = (rng.next_f64() * vocab as f64) as usize % vocab;
+            for (i, x) in w.iter_mut().enumerate() {
+                *x = if i == top { 1.0 } else { *x * 1e-3 };
+            }
+        }
+        _ => {}
+    }
+    let sum: f64 = w.iter().sum();
+    w.iter().map(|&x| (x / sum) as f32).collect()
+}
+
+/// Every sequence of `len` tokens with `weight(seq)`, plain sampling from `p` after `prefix`.
+fn extend_plainly(
+    prefix: &[u32],
+    len: usize,
+    weight: f64,
+    p: &dyn Fn(&[u32]) -> Vec<f32>,
+    out: &mut std::collections::BTreeMap<Vec<u32>, f64>,
+) {
+    if prefix.len() == len {
+        *out.entry(prefix.to_vec()).or_default() += weight;
+        return;
+    }
+    for (x, &px) in p(prefix).iter().enumerate() {
+        if px > 0.0 {
+            let mut next = prefix.to_vec();
+            next.push(x as u32);
+            extend_plainly(&next, len, weight * px as f64, p, out);
+        }
+    }
+}
+
+/// All draft sequences of `gamma` tokens, each drawn from q given the drafts before it, with
+/// their probabilities.
+fn draft_sequences(gamma: usize, q: &dyn Fn(&[u32]) -> Vec<f32>) -> Vec<(Vec<u32>, f64)> {
+    let mut seqs = vec![(Vec::new(), 1.0)];
+    for _ in 0..gamma {
+        let mut next = Vec::new();
+        for (s, w) in seqs {
+            for (x, &qx) in q(&s).iter().enumerate() {
+                if qx > 0.0 {
+                    let mut t = s.clone();
+                    t.push(x as u32);
+                    next.push((t, w * qx as f64));
+                }
+            }
+        }
+        seqs = next;
+    }
+    seqs
+}
+
+#[test]
+fn accept_sampled_is_exact_for_every_gamma_up_to_four() {
+    let mut cases = 0;
+    for gamma in 1..=4usize {
+        for vocab in [3usize, 4, 5] {
+            if gamma == 4 && vocab == 5 {
+                continue; // 5^4 draft sequences × every branch: long for no new coverage.
+            }
+            for (case, (p_kind, q_kind)) in [(0, 0), (1, 0), (0, 1), (2, 1), (1, 1), (0, 9)]
+                .into_iter()
+                .enumerate()
+            {
+                let seed = (gamma * 100 + vocab * 10 + case) as u64;
+                let p = move |ctx: &[u32]| dist(seed, ctx, vocab, p_kind);
+                // Kind 9: the drafter is the target itself (q = p).
+                let q = move |ctx: &[u32]| {
+                    if q_kind == 9 {
+                        dist(seed, ctx, vocab, p_kind)
+                    } else {
+                        dist(seed ^ 0xABCD, ctx, vocab, q_kind)
+                    }
+                };
+                let mut got = std::collections::BTreeMap::new();
+                for (drafts, w) in draft_sequences(gamma, &q) {
+                    let q_rows: Vec<Vec<f32>> = (0..gamma).map(|i| q(&drafts[..i])).collect();
+                    let p_rows: Vec<Vec<f32>> = (0..=gamma).map(|i| p(&drafts[..i])).collect();
+                    for (emitted, pw) in round_outcomes(&drafts, &q_rows, &p_rows) {
+                        extend_plainly(&emitted, gamma + 1, w * pw, &p, &mut got);
+                    }
+                }
+                let mut want = std::collections::BTreeMap::new();
+                extend_plainly(&[], gamma + 1, 1.0, &p, &mut want);
+                let total: f64 = got.values().sum();
+                assert!(
+                    (total - 1.0).abs() < 1e-6,
+                    "γ={gamma} V={vocab}: mass {total}"
+                );
+                for (seq, &w) in &want {
+                    let g = got.get(seq).copied().unwrap_or(0.0);
+                    assert!(
+                        (g - w).abs() < 1e-6,
+                        "γ={gamma} V={vocab} case {case} {seq:?}: round {g}, plain {w}"
+                    );
+                }
+                assert!(
+                    got.keys().all(|k| want.contains_key(k)),
+                    "a sequence plain never makes"
+                );
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 66);
+}
+
+#[test]
+fn the_enumerator_follows_every_branch_with_its_probability() {
+    // γ = 1 with p = (0.2, 0.8), q = (0.5, 0.5) and the draft 0: accepted with probability 0.4
+    // (then the bonus from p_2), else the residual max(0, p − q) = (0, 0.3) → token 1.
+    let p = vec![vec![0.2f32, 0.8], vec![0.5, 0.5]];
+    let q = vec![vec![0.5f32, 0.5]];
+    let mut outcomes = round_outcomes(&[0], &q, &p);
+    outcomes.sort_by(|a, b| a.0.cmp(&b.0));
+    let want = [(vec![0, 0], 0.2), (vec![0, 1], 0.2), (vec![1], 0.6)];
+    assert_eq!(outcomes.len(), want.len());
+    for ((seq, w), (wseq, ww)) in outcomes.iter().zip(want) {
+        assert_eq!(seq, &wseq);
+        assert!((w - ww).abs() < 1e-6, "{seq:?}: {w}");
+    }
+}
