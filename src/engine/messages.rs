@@ -22,8 +22,8 @@ pub enum EngineEvent {
     Failed(String),
 }
 
-/// Scheduler: a new request and where its events go. Replies with the request id, or an error
-/// (invalid, too long, overloaded) before any work is done.
+/// Scheduler: a new request, already checked by `Engine::submit`, and where its events go.
+/// Replies with the request id, or `Overloaded` when the queue is full.
 pub struct Submit {
     pub request: EngineRequest,
     pub events: mpsc::UnboundedSender<EngineEvent>,
