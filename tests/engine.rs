@@ -1,8 +1,8 @@
 //! The actor engine: concurrent requests (joining at different times, mixed prompt lengths,
 //! pipeline on and off, both drafters) give exactly each request's plain single-request greedy
 //! output; seeded sampling is reproducible whatever else is in the batch; cancellation frees
-//! KV slots; overload and oversized prompts are refused up front; the governor decodes plainly
-//! with a drafter that does not pay and speculates with one that does; drafting a request's
+//! KV slots; overload and oversized prompts are refused up front; the governor, given prices,
+//! decodes plainly with a drafter that does not pay and speculates with one that does; drafting a request's
 //! next round during its verification (pipelining) keeps greedy output identical and sampled
 //! output distributed as plain sampling.
 
@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tandem::draft::PromptLookup;
+use tandem::engine::governor::CostModel;
 use tandem::engine::{
     generate_plain, Completion, DraftSource, Engine, EngineConfig, EngineError, EngineEvent,
     EngineRequest, FinishReason, GammaPolicy, GenerationRequest,
@@ -81,8 +82,8 @@ fn prompts(n: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Tests in this file run one at a time: the governor test times forwards of a tiny model
-/// (tens of microseconds), which a concurrent test's load would swamp.
+/// Tests in this file run one at a time: each starts engines with two compute threads, and
+/// two at once on a 2-core machine would only slow each other down.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
@@ -351,80 +352,119 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
     });
 }
 
-#[test]
-fn governor_decodes_plainly_with_a_bad_drafter_and_speculates_with_a_good_one() {
-    let _serial = one_at_a_time();
-    let rt = runtime();
-    // Bad: a draft model as big as the target with other weights: it rarely agrees and costs
-    // as much as a target step, so speculation cannot pay.
-    let (_dirs, target, other) = target_and_other();
-    let engine = rt
-        .block_on(Engine::start(
-            target,
-            Some(DraftSource::Model {
-                model: other,
-                name: "tiny-other".into(),
-            }),
-            EngineConfig::default(),
-        ))
-        .unwrap();
-    let bad = rt
-        .block_on(async {
-            engine
-                .submit(request(
-                    greedy(prompts(1)[0].clone(), 120),
-                    GammaPolicy::Adaptive,
-                ))
-                .await?
-                .collect()
-                .await
-        })
-        .unwrap();
-    let spec = &bad.usage.speculative;
-    assert!(
-        spec.rounds * 4 < bad.tokens.len(),
-        "mostly plain steps with a bad drafter: {spec:?}"
-    );
-    drop(engine);
-    // Good: a tied tiny model repeats its input token forever, which prompt lookup (free)
-    // predicts perfectly. Its weights are f16 (tandem's own kernel) and wide enough (~5 M)
-    // that reading them dominates a forward, as in a real model, so verifying several tokens
-    // costs little more than one (measured: 2 tokens ~0.40 ms, 4 ~0.48, 5 ~0.60). At the
-    // default width in f32 a 2-token forward cost 1.5-2 times a 35 µs step, and whether
-    // speculation paid at the prior α was decided by timing noise (1 run in 4 decoded
-    // plainly throughout; 0 in 60 now, 20 of them beside a busy core).
-    let wide = common::TinySpec {
-        hidden: 512,
-        intermediate: 1024,
-        heads: 8,
-        kv_heads: 4,
+/// A price table for the governor: a target forward of `w` tokens costs `1 + per_token·(w − 1)`
+/// ms, a draft step `draft` ms, a drafter's catch-up `draft` ms a token (prompt lookup's are
+/// priced at a hundredth of a step: an unpriced drafter is one the governor cannot plan for). Frozen by the engine,
+/// so the governor's choices depend on acceptance alone, never on how busy the machine is.
+fn price_table(per_token: f64, draft: f64, max_width: usize) -> CostModel {
+    let mut costs = CostModel::new(max_width);
+    for w in 1..=max_width {
+        costs.record_verify(1e-3 * (1.0 + per_token * (w - 1) as f64), w);
+    }
+    costs.record_draft(3.0 * draft * 1e-3, draft * 1e-3, 3, 1);
+    costs.record_catch_up(64.0 * draft * 1e-3, 64);
+    costs
+}
+
+/// One greedy request through an engine that prices rounds with `costs`; returns its stats.
+fn governed(
+    rt: &tokio::runtime::Runtime,
+    target: Arc<Llama>,
+    source: DraftSource,
+    costs: CostModel,
+    prompt: Vec<u32>,
+) -> tandem::engine::SpeculationStats {
+    let cfg = EngineConfig {
+        costs: Some(costs),
         ..Default::default()
     };
-    let (_d3, repeater) = load(&wide, WeightsDtype::F16);
     let engine = rt
-        .block_on(Engine::start(
-            Arc::new(repeater.model),
-            Some(DraftSource::PromptLookup(PromptLookup::default())),
-            EngineConfig::default(),
-        ))
+        .block_on(Engine::start(target, Some(source), cfg))
         .unwrap();
-    let good = rt
+    let done = rt
         .block_on(async {
             engine
-                .submit(request(greedy(vec![5; 12], 120), GammaPolicy::Adaptive))
+                .submit(request(greedy(prompt, 120), GammaPolicy::Adaptive))
                 .await?
                 .collect()
                 .await
         })
         .unwrap();
-    let spec = &good.usage.speculative;
-    // How long its rounds get depends on timings of tens of microseconds (the governor weighs
-    // each γ's verification cost), which other processes skew: 2.8 to 5 tokens a round were
-    // seen. Plain decoding is 1 token a round; 2 means it clearly chose to speculate.
+    assert_eq!(done.tokens.len(), 120);
+    done.usage.speculative
+}
+
+/// The governor decides from prices and acceptance: with a table of prices in place of clocks
+/// its choices are a function of the tokens, the same on any machine and under any load (each
+/// case runs twice and must make the same rounds). Under one table where a draft step costs a
+/// tenth of a target step, a drafter that rarely agrees is tried and then dropped, and the
+/// target drafting for itself (always right) speculates with long rounds. An always-right free
+/// drafter does not speculate where a w-token verification costs w steps: no γ beats plain
+/// decoding then.
+#[test]
+fn governor_speculates_only_where_its_prices_say_it_pays() {
+    let _serial = one_at_a_time();
+    let rt = runtime();
+    let max_width = EngineConfig::default().max_seqs * (EngineConfig::default().max_gamma + 1);
+    let (_dirs, target, other) = target_and_other();
+    let twice = |source: &dyn Fn() -> DraftSource,
+                 target: &Arc<Llama>,
+                 costs: &CostModel,
+                 prompt: &[u32]| {
+        let runs: Vec<_> = (0..2)
+            .map(|_| {
+                governed(
+                    &rt,
+                    Arc::clone(target),
+                    source(),
+                    costs.clone(),
+                    prompt.to_vec(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            runs[0], runs[1],
+            "the same prices and tokens, the same choices"
+        );
+        runs[0].clone()
+    };
+    let cheap_drafts = price_table(0.1, 0.1, max_width);
+    let prompt = prompts(1)[0].clone();
+    let model = |m: &Arc<Llama>, name: &str| {
+        let (m, name) = (Arc::clone(m), name.to_string());
+        move || DraftSource::Model {
+            model: Arc::clone(&m),
+            name: name.clone(),
+        }
+    };
+    let bad = twice(
+        &model(&other, "tiny-other"),
+        &target,
+        &cheap_drafts,
+        &prompt,
+    );
     assert!(
-        spec.acceptance_rate() > 0.9 && spec.mean_accepted_length() > 2.0,
-        "speculation with a drafter that is always right: {spec:?} {:?}",
-        &good.tokens[..10]
+        bad.rounds > 0 && bad.acceptance_rate() < 0.5 && bad.rounds * 8 < 120,
+        "a drafter that rarely agrees is tried, then only probes: {bad:?}"
+    );
+    let good = twice(&model(&target, "itself"), &target, &cheap_drafts, &prompt);
+    assert!(
+        good.acceptance_rate() == 1.0 && good.mean_accepted_length() > 6.0,
+        "an always-right drafter speculates with long rounds: {good:?}"
+    );
+    // A tied tiny model repeats its input token forever, which prompt lookup predicts.
+    let (_d3, repeater) = load(&common::TinySpec::default(), WeightsDtype::F32);
+    let repeater = Arc::new(repeater.model);
+    let lookup = || DraftSource::PromptLookup(PromptLookup::default());
+    let dear = twice(
+        &lookup,
+        &repeater,
+        &price_table(1.0, 0.01, max_width),
+        &[5; 12],
+    );
+    assert!(
+        dear.rounds * 8 < 120,
+        "no γ pays when w tokens cost w steps: {dear:?}"
     );
 }
 

@@ -108,14 +108,13 @@ async fn start_engines(
             pipeline: mode.pipeline,
             target_threads,
             draft_threads,
-            kv_capacity_tokens: None,
             max_gamma: opts.max_gamma,
             speculation: SpeculationSettings {
                 gamma: bench_gamma(4.min(opts.max_gamma))?,
                 gamma_max: bench_gamma(opts.max_gamma)?,
                 ..SpeculationSettings::default()
             },
-            governor: Default::default(),
+            ..EngineConfig::default()
         };
         let engine = Engine::start(Arc::clone(&models.target), draft, cfg).await?;
         engines.insert(key, Arc::new(engine));

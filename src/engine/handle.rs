@@ -11,7 +11,7 @@ use super::calibration::{calibrate_drafter, calibrate_target};
 use super::drafter::{DraftSource, Drafter};
 use super::error::EngineError;
 use super::gamma::{Gamma, GammaPolicy};
-use super::governor::GovernorConfig;
+use super::governor::{CostModel, GovernorConfig};
 use super::messages::*;
 use super::request::{check_request, EngineRequest, FinishReason, Usage};
 use super::scheduler::{Scheduler, SchedulerConfig};
@@ -48,6 +48,12 @@ pub struct EngineConfig {
     pub speculation: SpeculationSettings,
     #[serde(skip)]
     pub governor: GovernorConfig,
+    /// Prices the governor plans with instead of measured ones: with a table here, start-up
+    /// calibration is skipped and live rounds leave the prices as they are (a frozen
+    /// [`CostModel`]), so which γ each round drafts depends on acceptance alone. For tests and
+    /// simulations; a server measures its machine.
+    #[serde(skip)]
+    pub costs: Option<CostModel>,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +69,7 @@ impl Default for EngineConfig {
             max_gamma: 8,
             speculation: SpeculationSettings::default(),
             governor: GovernorConfig::default(),
+            costs: None,
         }
     }
 }
@@ -92,18 +99,27 @@ impl Engine {
             .map_err(|e| EngineError::InvalidRequest(format!("speculation.{e}")))?;
         let context_len = target.context_len();
         let verifier = Verifier::new(Arc::clone(&target), cfg.max_seqs, cfg.target_threads)?;
-        let mut costs = calibrate_target(&verifier, cfg.max_seqs, cfg.max_gamma).await?;
         let has_drafter = draft.is_some();
         let draft_cache = matches!(draft, Some(DraftSource::Model { .. }));
         let drafter = match draft {
-            Some(source) => {
-                let d = Drafter::spawn(Drafter::new(source, cfg.draft_threads, cfg.max_seqs)?);
-                calibrate_drafter(&d, cfg.max_gamma, context_len, &mut costs).await?;
-                Some(d)
-            }
+            Some(source) => Some(Drafter::spawn(Drafter::new(
+                source,
+                cfg.draft_threads,
+                cfg.max_seqs,
+            )?)),
             None => None,
         };
-        costs.mark_provisional();
+        let costs = match cfg.costs {
+            Some(table) => table.freeze(),
+            None => {
+                let mut costs = calibrate_target(&verifier, cfg.max_seqs, cfg.max_gamma).await?;
+                if let Some(d) = &drafter {
+                    calibrate_drafter(d, cfg.max_gamma, context_len, &mut costs).await?;
+                }
+                costs.mark_provisional();
+                costs
+            }
+        };
         let cache = CacheManager::spawn(CacheManager::new(
             cfg.max_seqs,
             cfg.kv_capacity_tokens.unwrap_or(cfg.max_seqs * context_len),

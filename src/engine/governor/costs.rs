@@ -69,6 +69,8 @@ pub struct CostModel {
     /// ratio, 1 = on the mark): draft prices are the luckiest recent step, and drafting is
     /// noisier than a target forward.
     draft_bias: f64,
+    /// Set by [`CostModel::freeze`]: measurements no longer change any price.
+    frozen: bool,
 }
 
 impl CostModel {
@@ -85,7 +87,20 @@ impl CostModel {
             verify_stamp: vec![0; max_width.max(1)],
             verify_clock: 0,
             draft_bias: 1.0,
+            frozen: false,
         }
+    }
+
+    /// A price table that measurements no longer change: the engine takes one in
+    /// `EngineConfig::costs` instead of timing forwards, so the governor's choices depend on
+    /// acceptance alone, not on how fast or busy the machine is (tests, simulations).
+    pub fn freeze(mut self) -> Self {
+        self.frozen = true;
+        self
+    }
+
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
     }
 
     /// Marks every price so far as provisional: start-up measurements run on a short context
@@ -93,6 +108,9 @@ impl CostModel {
     /// minimum over a window would otherwise hold the flattering start-up figure for a whole
     /// window of rounds).
     pub fn mark_provisional(&mut self) {
+        if self.frozen {
+            return;
+        }
         self.verify_start_up = self.verify.iter().map(CostEstimate::get).collect();
         for c in self
             .draft_first
@@ -108,6 +126,9 @@ impl CostModel {
     /// Time spent on `steps` draft steps of `seqs` sequences together, `first` of it on the
     /// first step (0 = not timed apart).
     pub fn record_draft(&mut self, seconds: f64, first: f64, steps: usize, seqs: usize) {
+        if self.frozen {
+            return;
+        }
         if steps == 0 || seqs == 0 {
             return;
         }
@@ -130,6 +151,9 @@ impl CostModel {
     /// A round's drafting took `measured` seconds where `forecast` (from [`Self::draft_seconds`],
     /// bias included) was expected: later forecasts are scaled by the recent ratio.
     pub fn record_draft_forecast(&mut self, forecast: f64, measured: f64) {
+        if self.frozen {
+            return;
+        }
         if !(forecast > 0.0 && measured.is_finite() && measured > 0.0) {
             return;
         }
@@ -139,6 +163,9 @@ impl CostModel {
 
     /// Time the drafter spent taking in `tokens` context tokens it had not seen.
     pub fn record_catch_up(&mut self, seconds: f64, tokens: usize) {
+        if self.frozen {
+            return;
+        }
         if tokens > 0 {
             let b = catch_up_bucket(tokens);
             if self.catch_up_token.len() <= b {
@@ -154,6 +181,9 @@ impl CostModel {
     /// the whole context, so at depth it costs more than the shallow steps that price it
     /// until drafting runs there.
     pub fn record_draft_depths(&mut self, shallow: (usize, f64), deep: (usize, f64)) {
+        if self.frozen {
+            return;
+        }
         let (d0, s0) = (shallow.0 as f64, shallow.1);
         let (d1, s1) = (deep.0 as f64, deep.1);
         if d1 > d0 && s0.is_finite() && s1.is_finite() && s0 > 0.0 {
@@ -180,6 +210,9 @@ impl CostModel {
     /// plan never picks a width it prices that high, so it would never be re-measured (one
     /// preempted forward could stop an always-right drafter for the rest of its request).
     pub fn record_verify(&mut self, seconds: f64, width: usize) {
+        if self.frozen {
+            return;
+        }
         let single = self
             .verify
             .first()
