@@ -96,34 +96,39 @@ fn tiny_models_every_gamma_both_drafters() {
     let dir = tempfile::tempdir().unwrap();
     common::write_tiny_llama(dir.path(), &spec(7));
     let draft_dir = tempfile::tempdir().unwrap();
-    // Same shapes, other weights: a drafter that often disagrees with the target.
-    common::write_tiny_llama(draft_dir.path(), &spec(99));
+    // Weights partly another model's: a drafter that often disagrees with the target.
+    common::write_tiny_blend(dir.path(), &spec(99), 0.3, draft_dir.path());
     let target = common::load_tiny(dir.path(), WeightsDtype::F32);
     let draft = common::load_tiny(draft_dir.path(), WeightsDtype::Q8_0);
-    let self_draft = common::load_tiny(dir.path(), WeightsDtype::Q8_0);
-    let mut accepted_any = false;
-    let mut rejected_any = false;
+    let self_draft = common::load_tiny(dir.path(), WeightsDtype::Q4_0);
+    // Per drafter: drafts accepted, drafts rejected.
+    let mut seen: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
     for seed in 0..3u64 {
         let req = greedy(repetitive_prompt(seed * 10, 256), 40, vec![]);
         let (want, _) = plain(&target.model, &req);
         for gamma in 1..=8 {
             let drafters: Vec<Box<dyn Proposer + '_>> = vec![
                 Box::new(ModelDrafter::new(&draft.model, "tiny-other")),
-                Box::new(ModelDrafter::new(&self_draft.model, "tiny-self-q8")),
+                Box::new(ModelDrafter::new(&self_draft.model, "tiny-self-q4_0")),
                 Box::new(PromptLookup::default()),
             ];
             for mut d in drafters {
                 let (got, _, stats) = speculative(&target.model, d.as_mut(), &req, gamma);
                 assert_eq!(got, want, "drafter {} γ={gamma} seed={seed}", d.name());
-                accepted_any |= stats.accepted_tokens > 0;
-                rejected_any |= stats.accepted_tokens < stats.draft_tokens;
+                let s = seen.entry(d.name()).or_default();
+                s.0 += stats.accepted_tokens;
+                s.1 += stats.draft_tokens - stats.accepted_tokens;
             }
         }
     }
-    assert!(
-        accepted_any && rejected_any,
-        "the test must exercise both acceptance and rejection"
-    );
+    // Each drafter's output was checked through both branches of the rule, not just one.
+    assert_eq!(seen.len(), 3);
+    for (name, (accepted, rejected)) in &seen {
+        assert!(
+            *accepted > 0 && *rejected > 0,
+            "{name}: {accepted} drafts accepted, {rejected} rejected"
+        );
+    }
 }
 
 #[test]
@@ -363,107 +368,5 @@ fn a_draft_model_with_another_vocabulary_is_refused() {
     assert!(
         stderr.contains("different vocabularies") && stderr.contains("SmolLM2"),
         "{stderr}"
-    );
-}
-
-/// Sampled speculative decoding is distributed as plain sampling: thousands of seeded 3-token
-/// continuations from a tiny 16-token-vocabulary model, with a drafter that disagrees with the
-/// target, for γ = 1, 3, 5. The 2nd and 3rd tokens come out of acceptance, residual and bonus
-/// draws; a two-sample chi-square test compares their distributions with plain sampling's.
-/// Lenience 0.2 (inexact by design) must fail the same test. The acceptance rule alone, and a
-/// broken variant that skips the residual, are checked in `sampling::speculative`'s tests.
-#[test]
-fn sampled_speculation_matches_plain_sampling_in_distribution() {
-    const VOCAB: usize = 16;
-    const N: u64 = 3000;
-    let dir = tempfile::tempdir().unwrap();
-    let draft_dir = tempfile::tempdir().unwrap();
-    let small = |seed| common::TinySpec {
-        vocab: VOCAB,
-        tied: false,
-        seed,
-        ..Default::default()
-    };
-    common::write_tiny_llama(dir.path(), &small(3));
-    common::write_tiny_llama(draft_dir.path(), &small(4));
-    let target = common::load_tiny(dir.path(), WeightsDtype::F32);
-    let draft = common::load_tiny(draft_dir.path(), WeightsDtype::F32);
-    let req = |seed| GenerationRequest {
-        prompt: vec![1, 5, 9, 2],
-        max_tokens: 3,
-        sampling: SamplingParams {
-            temperature: 1.0,
-            seed: Some(seed),
-            ..Default::default()
-        },
-        eos_ids: vec![],
-        ..Default::default()
-    };
-    let histogram = |runs: &mut dyn FnMut(u64) -> Vec<u32>| {
-        let mut h = [[0u64; VOCAB]; 2];
-        for seed in 0..N {
-            let toks = runs(seed);
-            assert_eq!(toks.len(), 3);
-            h[0][toks[1] as usize] += 1;
-            h[1][toks[2] as usize] += 1;
-        }
-        h
-    };
-    let plain_h = histogram(&mut |seed| plain(&target.model, &req(seed)).0);
-    // chi-square, 15 degrees of freedom: 0.999 quantile 37.7
-    let chi2 = |a: &[u64; VOCAB], b: &[u64; VOCAB]| -> f64 {
-        a.iter()
-            .zip(b)
-            .filter(|(x, y)| **x + **y > 0)
-            .map(|(&x, &y)| (x as f64 - y as f64).powi(2) / (x + y) as f64)
-            .sum()
-    };
-    let mut total_drafted = 0;
-    let mut total_accepted = 0;
-    for gamma in [1, 3, 5] {
-        let mut stats_sum = (0, 0);
-        let spec_h = histogram(&mut |seed| {
-            let mut d = ModelDrafter::new(&draft.model, "tiny-other");
-            let (toks, _, st) = speculative(&target.model, &mut d, &req(1_000_000 + seed), gamma);
-            stats_sum.0 += st.draft_tokens;
-            stats_sum.1 += st.accepted_tokens;
-            toks
-        });
-        for pos in 0..2 {
-            let c = chi2(&plain_h[pos], &spec_h[pos]);
-            assert!(
-                c < 37.7,
-                "γ={gamma} token {}: chi-square {c:.1}\nplain {:?}\nspec  {:?}",
-                pos + 2,
-                plain_h[pos],
-                spec_h[pos]
-            );
-        }
-        total_drafted += stats_sum.0;
-        total_accepted += stats_sum.1;
-    }
-    // The same test catches a rule that is not exact: lenience 0.2 over-accepts drafts.
-    let lenient_h = histogram(&mut |seed| {
-        let mut cache = target.model.new_cache(1);
-        let mut d = ModelDrafter::new(&draft.model, "tiny-other");
-        let spec = FixedSpeculation {
-            gamma: Gamma::try_from(3).unwrap(),
-            lenience: Lenience::try_from(0.2).unwrap(),
-        };
-        let r = req(2_000_000 + seed);
-        generate_speculative(&target.model, &mut cache, &mut d, &r, spec, &mut |_| true)
-            .unwrap()
-            .0
-            .tokens
-    });
-    let c = chi2(&plain_h[0], &lenient_h[0]);
-    assert!(
-        c > 37.7,
-        "inexact acceptance went unnoticed: chi-square {c:.1}"
-    );
-    // The drafter must both agree and disagree for the test to mean anything.
-    assert!(
-        total_accepted > total_drafted / 10 && total_accepted < total_drafted * 9 / 10,
-        "accepted {total_accepted} of {total_drafted}"
     );
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod stats;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -201,6 +202,28 @@ pub fn write_tiny_llama(dir: &Path, spec: &TinySpec) {
             .to_string(),
     )
     .unwrap();
+}
+
+/// Writes to `out` the tiny model in `target` with every weight moved `mix` of the way towards
+/// those of the random model `other` (same shape): a drafter that agrees with the target some
+/// of the time, as a real draft model does, where independent random weights almost never do.
+pub fn write_tiny_blend(target: &Path, other: &TinySpec, mix: f32, out: &Path) {
+    let other_dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(other_dir.path(), other);
+    write_tiny_llama(out, other);
+    let dev = Device::Cpu;
+    let a = candle_core::safetensors::load(target.join("model.safetensors"), &dev).unwrap();
+    let b =
+        candle_core::safetensors::load(other_dir.path().join("model.safetensors"), &dev).unwrap();
+    let blended: HashMap<String, Tensor> = a
+        .iter()
+        .map(|(name, w)| {
+            let mixed =
+                ((w * (1.0 - mix as f64)).unwrap() + (&b[name] * mix as f64).unwrap()).unwrap();
+            (name.clone(), mixed)
+        })
+        .collect();
+    candle_core::safetensors::save(&blended, out.join("model.safetensors")).unwrap();
 }
 
 pub fn load_tiny(dir: &Path, dtype: WeightsDtype) -> LoadedModel {

@@ -1,0 +1,368 @@
+//! Sampled speculation is distributed exactly as plain sampling, end to end, on every path a
+//! request can take: the single-request loop, the batched engine, the pipelined engine and the
+//! batched engine with four requests at once, for γ = 1, 3 and 5, with temperature alone and
+//! with every processor together (top-k, top-p, min-p, a repetition penalty, a logit bias).
+//!
+//! The model is a tiny random Llama with a 6-token vocabulary, so the exact distribution of the
+//! first three generated tokens under plain sampling (216 sequences) is computed from the
+//! model's own logits and the request's processors; each path's seeded requests are compared
+//! with it by a chi-square goodness-of-fit test. The drafter is a model of the same shape with
+//! other weights, which disagrees with the target often (the test asserts its acceptance rate
+//! is between 20% and 90%), so a round that keeps a wrong draft or draws a correction from the
+//! wrong distribution moves the output. Every request asks for 7 tokens, so its first round
+//! (which makes tokens 2 and 3, after the prefill's token 1) drafts the whole γ: the test
+//! asserts every request drafted at least γ tokens.
+//!
+//! Statistics. Each comparison pools sequences expected fewer than 5 times and takes Pearson's
+//! chi-square p-value. All 26 comparisons (24 speculative arms and the two plain ones that check
+//! the reference itself) must have p ≥ 1e-3 / 26, so the whole test raises a false alarm with
+//! probability at most 1e-3 per draw of seeds (Bonferroni). With N = 3000 requests an arm, about
+//! 74 cells remain after pooling with temperature alone and 17 with every processor; at that
+//! threshold each comparison then detects, with probability ≥ 0.99, any deviation whose
+//! noncentrality λ = N·Σ Δ²/p reaches 110 (resp. 69): e.g. 3 points of probability moved
+//! between two sequences of probability 0.05 (noncentral chi-square, computed with SciPy).
+//! Lenience 0.2, inexact by design, must fail the same comparison (p below the threshold) on
+//! both processor settings: the check can fail. `TANDEM_TEST_SEED` picks another draw of seeds.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::stats::{goodness_of_fit, Fit};
+use tandem::draft::ModelDrafter;
+use tandem::engine::{
+    generate_plain, generate_speculative, Engine, EngineConfig, EngineRequest, FixedSpeculation,
+    Gamma, GammaPolicy, GenerationRequest, SpeculationStats,
+};
+use tandem::model::{Llama, LogitsRows, SeqInput, WeightsDtype};
+use tandem::sampling::{apply_penalties, probabilities, Lenience, SamplingParams};
+
+const VOCAB: usize = 6;
+const PROMPT: [u32; 4] = [1, 5, 3, 2];
+/// Requests per arm.
+const N: u64 = 3000;
+/// One prefill token, then a first round of up to γ = 5 drafts and its correction or bonus.
+const MAX_TOKENS: usize = 7;
+const GAMMAS: [usize; 3] = [1, 3, 5];
+/// 4 paths × 3 γ × 2 processor settings, and plain sampling under both settings.
+const COMPARISONS: usize = 26;
+const FALSE_ALARM: f64 = 1e-3;
+
+type Triple = [u32; 3];
+
+fn seed_base() -> u64 {
+    std::env::var("TANDEM_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0)
+        .wrapping_mul(1 << 40)
+}
+
+fn tiny(seed: u64) -> common::TinySpec {
+    common::TinySpec {
+        vocab: VOCAB,
+        hidden: 32,
+        intermediate: 64,
+        layers: 2,
+        heads: 2,
+        kv_heads: 1,
+        tied: false,
+        seed,
+    }
+}
+
+/// How far the drafter's weights are from the target's, towards another random model's.
+const DRAFT_MIX: f32 = 0.35;
+
+fn processors() -> [(&'static str, SamplingParams); 2] {
+    [
+        (
+            "temperature",
+            SamplingParams {
+                temperature: 1.0,
+                ..Default::default()
+            },
+        ),
+        (
+            "every processor",
+            SamplingParams {
+                temperature: 0.8,
+                top_k: 5,
+                top_p: 0.95,
+                min_p: 0.05,
+                repetition_penalty: 1.3,
+                logit_bias: vec![(0, 0.8), (4, -0.6)],
+                ..Default::default()
+            },
+        ),
+    ]
+}
+
+fn request(params: &SamplingParams, seed: u64) -> GenerationRequest {
+    GenerationRequest {
+        prompt: PROMPT.to_vec(),
+        max_tokens: MAX_TOKENS,
+        sampling: SamplingParams {
+            seed: Some(seed),
+            ..params.clone()
+        },
+        ..Default::default()
+    }
+}
+
+/// The target's processed distribution after `generated`, exactly as plain sampling sees it.
+fn next_distribution(target: &Llama, params: &SamplingParams, generated: &[u32]) -> Vec<f32> {
+    let context = [&PROMPT[..], generated].concat();
+    let mut cache = target.new_cache(1);
+    let slot = cache.allocate().unwrap();
+    let logits = target
+        .forward(
+            &mut cache,
+            &[SeqInput {
+                slot,
+                start_pos: 0,
+                tokens: &context,
+                logits: LogitsRows::Last,
+            }],
+        )
+        .unwrap();
+    let mut row = logits.seq_rows(0).unwrap().pop().unwrap();
+    apply_penalties(&mut row, params, &context, generated);
+    let mut probs = Vec::new();
+    probabilities(&row, params, &mut probs).unwrap();
+    probs
+}
+
+/// The exact distribution of the first three tokens of plain sampling.
+fn exact_plain(target: &Llama, params: &SamplingParams) -> BTreeMap<Triple, f64> {
+    let mut out = BTreeMap::new();
+    let p1 = next_distribution(target, params, &[]);
+    for (a, &pa) in p1.iter().enumerate().filter(|(_, &p)| p > 0.0) {
+        let p2 = next_distribution(target, params, &[a as u32]);
+        for (b, &pb) in p2.iter().enumerate().filter(|(_, &p)| p > 0.0) {
+            let p3 = next_distribution(target, params, &[a as u32, b as u32]);
+            for (c, &pc) in p3.iter().enumerate().filter(|(_, &p)| p > 0.0) {
+                out.insert(
+                    [a as u32, b as u32, c as u32],
+                    pa as f64 * pb as f64 * pc as f64,
+                );
+            }
+        }
+    }
+    let total: f64 = out.values().sum();
+    assert!(
+        (total - 1.0).abs() < 1e-4,
+        "exact distribution sums to {total}"
+    );
+    out
+}
+
+/// Counts of the first three tokens, and the speculation counters summed over the arm.
+#[derive(Default)]
+struct Arm {
+    counts: BTreeMap<Triple, u64>,
+    stats: SpeculationStats,
+}
+
+impl Arm {
+    fn add(&mut self, tokens: &[u32], stats: &SpeculationStats, gamma: usize) {
+        assert_eq!(tokens.len(), MAX_TOKENS, "no end token in this vocabulary");
+        assert!(
+            stats.draft_tokens >= gamma,
+            "the first round drafts the whole γ = {gamma}: {stats:?}"
+        );
+        *self
+            .counts
+            .entry([tokens[0], tokens[1], tokens[2]])
+            .or_default() += 1;
+        self.stats.rounds += stats.rounds;
+        self.stats.draft_tokens += stats.draft_tokens;
+        self.stats.accepted_tokens += stats.accepted_tokens;
+    }
+}
+
+fn plain_arm(target: &Llama, params: &SamplingParams, seeds: u64) -> Arm {
+    let mut arm = Arm::default();
+    for i in 0..N {
+        let mut cache = target.new_cache(1);
+        let out = generate_plain(target, &mut cache, &request(params, seeds + i), &mut |_| {
+            true
+        })
+        .unwrap();
+        arm.add(&out.tokens, &SpeculationStats::default(), 0);
+    }
+    arm
+}
+
+fn loop_arm(
+    target: &Llama,
+    draft: &Llama,
+    params: &SamplingParams,
+    gamma: usize,
+    lenience: f32,
+    seeds: u64,
+) -> Arm {
+    let spec = FixedSpeculation {
+        gamma: Gamma::try_from(gamma).unwrap(),
+        lenience: Lenience::try_from(lenience).unwrap(),
+    };
+    let mut arm = Arm::default();
+    let mut cache = target.new_cache(1);
+    for i in 0..N {
+        let mut drafter = ModelDrafter::new(draft, "tiny-other");
+        let req = request(params, seeds + i);
+        let (out, stats) =
+            generate_speculative(target, &mut cache, &mut drafter, &req, spec, &mut |_| true)
+                .unwrap();
+        arm.add(&out.tokens, &stats, gamma);
+    }
+    arm
+}
+
+/// `N` requests through `engine`, `at_once` in flight together.
+fn engine_arm(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    params: &SamplingParams,
+    gamma: usize,
+    at_once: u64,
+    seeds: u64,
+) -> Arm {
+    let mut arm = Arm::default();
+    rt.block_on(async {
+        for batch in 0..N / at_once {
+            let mut streams = Vec::new();
+            for j in 0..at_once {
+                let req = EngineRequest {
+                    generation: request(params, seeds + batch * at_once + j),
+                    gamma: GammaPolicy::Fixed(Gamma::try_from(gamma).unwrap()),
+                    lenience: Some(Lenience::EXACT),
+                };
+                streams.push(engine.submit(req).await.unwrap());
+            }
+            for s in streams {
+                let done = s.collect().await.unwrap();
+                arm.add(&done.tokens, &done.usage.speculative, gamma);
+            }
+        }
+    });
+    arm
+}
+
+fn start_engine(
+    rt: &tokio::runtime::Runtime,
+    target: &Arc<Llama>,
+    draft: &Arc<Llama>,
+    pipeline: bool,
+    max_seqs: usize,
+) -> Engine {
+    let source = tandem::engine::DraftSource::Model {
+        model: Arc::clone(draft),
+        name: "tiny-other".into(),
+    };
+    let cfg = EngineConfig {
+        max_seqs,
+        pipeline,
+        target_threads: 1,
+        draft_threads: 1,
+        ..Default::default()
+    };
+    rt.block_on(Engine::start(Arc::clone(target), Some(source), cfg))
+        .unwrap()
+}
+
+#[test]
+fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
+    // The loops on this thread run the tiny model's forwards here rather than on candle's
+    // spinning pool, which the engines' own compute threads would be competing with.
+    tandem::model::parallel::set_inline(true);
+    let d1 = tempfile::tempdir().unwrap();
+    let d2 = tempfile::tempdir().unwrap();
+    common::write_tiny_llama(d1.path(), &tiny(3));
+    common::write_tiny_blend(d1.path(), &tiny(4), DRAFT_MIX, d2.path());
+    let target = Arc::new(common::load_tiny(d1.path(), WeightsDtype::F32).model);
+    let draft = Arc::new(common::load_tiny(d2.path(), WeightsDtype::F32).model);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let engines = [
+        (
+            "batched engine",
+            start_engine(&rt, &target, &draft, false, 1),
+            1,
+        ),
+        (
+            "pipelined engine",
+            start_engine(&rt, &target, &draft, true, 1),
+            1,
+        ),
+        ("4 at once", start_engine(&rt, &target, &draft, false, 4), 4),
+    ];
+    let threshold = FALSE_ALARM / COMPARISONS as f64;
+    let mut seeds = seed_base();
+    let mut next_seeds = || {
+        seeds += 1 << 24;
+        seeds
+    };
+    let mut failures = Vec::new();
+    let mut check = |what: String, fit: &Fit| {
+        eprintln!(
+            "{what}: chi-square {:.1}, df {}, p {:.2e}",
+            fit.statistic, fit.df, fit.p_value
+        );
+        if !fit.impossible.is_empty() || fit.p_value < threshold {
+            failures.push(format!("{what}: {fit:?}"));
+        }
+    };
+    for (name, params) in processors() {
+        let exact = exact_plain(&target, &params);
+        let plain = plain_arm(&target, &params, next_seeds());
+        check(
+            format!("{name}, plain"),
+            &goodness_of_fit(&plain.counts, &exact),
+        );
+        for gamma in GAMMAS {
+            let mut arms = vec![(
+                "single-request loop",
+                loop_arm(&target, &draft, &params, gamma, 1.0, next_seeds()),
+            )];
+            for (path, engine, at_once) in &engines {
+                let arm = engine_arm(&rt, engine, &params, gamma, *at_once, next_seeds());
+                arms.push((path, arm));
+            }
+            for (path, arm) in arms {
+                let rate = arm.stats.acceptance_rate();
+                assert!(
+                    (0.2..0.9).contains(&rate),
+                    "{name}, γ = {gamma}, {path}: the drafter must disagree often but not \
+                     always, acceptance {rate:.2}"
+                );
+                check(
+                    format!("{name}, γ = {gamma}, {path} (acceptance {rate:.2})"),
+                    &goodness_of_fit(&arm.counts, &exact),
+                );
+            }
+        }
+        // Lenience 0.2 keeps drafts the exact rule rejects: the same comparison must see it.
+        let lenient = loop_arm(&target, &draft, &params, 3, 0.2, next_seeds());
+        let fit = goodness_of_fit(&lenient.counts, &exact);
+        eprintln!(
+            "{name}, lenience 0.2: chi-square {:.1}, df {}, p {:.2e}",
+            fit.statistic, fit.df, fit.p_value
+        );
+        assert!(
+            fit.p_value < threshold,
+            "{name}: inexact acceptance went unnoticed: {fit:?}"
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The pipelined engine drafted rounds ahead, and both kept and dropped such guesses.
+    let ahead = rt.block_on(engines[1].1.stats()).unwrap();
+    assert!(
+        ahead.ahead_used > 0 && ahead.ahead_used < ahead.drafted_ahead,
+        "drafts made ahead must be both used and dropped: {ahead:?}"
+    );
+}
