@@ -7,8 +7,10 @@
 //! lenience 1 the emitted tokens are distributed exactly as plain sampling from the target (or,
 //! greedy, identical to the target's argmax), which the tests prove by exact enumeration of
 //! [`accept_sampled`]'s own branches at γ = 1..4 (its random choices go through [`RoundChoices`]),
-//! and by a chi-square check of the sampler with a real RNG. Kept pure (no I/O, no async, no model) so that proof
-//! stays cheap and independent of everything else.
+//! and by millions of rounds with a real RNG. Below lenience 1 each round token is drawn from
+//! `min(q, p/l) + β·norm(max(0, p − l·q))` (β the rejection probability), which the
+//! enumeration checks too. Kept pure (no I/O, no async, no model) so those proofs stay cheap
+//! and independent of everything else.
 //!
 //! All distributions are expected already processed with the request's sampling settings
 //! (penalties, temperature, top-k/p, min-p; see [`super::probabilities`]), so the rule compares
@@ -434,3 +436,7 @@ mod error_tests;
 #[cfg(test)]
 #[path = "speculative_round_tests.rs"]
 mod round_tests;
+
+#[cfg(test)]
+#[path = "speculative_monte_carlo_tests.rs"]
+mod monte_carlo_tests;
