@@ -210,3 +210,35 @@ fn draft_steps_at_depth_cost_at_least_the_start_up_line() {
     let f = forecast_round(&[free(2000)], &[4], 0, &c).unwrap();
     assert!((f.draft - 4.0 * deep).abs() < 1e-12, "{f:?}");
 }
+
+#[test]
+fn a_frozen_table_ignores_every_measurement() {
+    let table = costs(1e-4, &[1e-3, 1.1e-3, 1.2e-3]).freeze();
+    let before = (
+        table.verify_seconds(2),
+        table.draft_seconds(3, 1),
+        table.catch_up_seconds(64),
+    );
+    let mut live = table.clone();
+    live.mark_provisional();
+    live.record_verify(5e-3, 2);
+    live.record_draft(1.0, 0.5, 2, 1);
+    live.record_draft_forecast(1e-4, 1.0);
+    live.record_catch_up(1.0, 64);
+    live.record_draft_depths((32, 1.0), (256, 2.0));
+    assert!(live.is_frozen());
+    assert_eq!(
+        (
+            live.verify_seconds(2),
+            live.draft_seconds(3, 1),
+            live.catch_up_seconds(64)
+        ),
+        before
+    );
+    assert_eq!(live.draft_step_floor(1000), 0.0);
+    // The same measurements do move an unfrozen table.
+    let mut unfrozen = costs(1e-4, &[1e-3, 1.1e-3, 1.2e-3]);
+    unfrozen.record_draft(1.0, 0.5, 2, 1);
+    unfrozen.record_draft_forecast(1e-4, 1.0);
+    assert_ne!(unfrozen.draft_seconds(3, 1), before.1);
+}
