@@ -1,10 +1,12 @@
 //! `tandem bench` end to end on the default model: a short run over every Spec-Bench dev
 //! category (2 prompts each, 16 tokens, both turns of the MT-bench questions) completes, writes
 //! valid JSON and an SVG chart, and every greedy speculative mode matches plain decoding token
-//! for token. Malformed prompt files stop it with the line named.
+//! for token (by the output digests recorded for both). The summary is recomputed from the raw
+//! figures beside it. Malformed prompt files stop it with the line named.
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
@@ -75,34 +77,144 @@ fn short_bench_run_writes_json_and_svg_and_greedy_outputs_match() {
     let runs = v["runs"].as_array().unwrap();
     // 8 MT-bench categories × 2 questions × 2 turns + 5 categories × 2 questions, per mode.
     assert_eq!(runs.len(), 3 * (8 * 2 * 2 + 5 * 2));
+    let u = |r: &Value, key: &str| r[key].as_u64().unwrap_or_else(|| panic!("{key} in {r}"));
+    let f = |r: &Value, key: &str| r[key].as_f64().unwrap_or_else(|| panic!("{key} in {r}"));
+    let plain_run = |r: &Value| {
+        runs.iter()
+            .find(|p| {
+                p["mode"] == "plain"
+                    && p["question_id"] == r["question_id"]
+                    && p["repeat"] == r["repeat"]
+                    && p["turn"] == r["turn"]
+            })
+            .unwrap_or_else(|| panic!("no plain run beside {r}"))
+    };
     for r in runs {
-        let tokens = r["completion_tokens"].as_u64().unwrap();
+        let tokens = u(r, "completion_tokens");
         assert!((1..=16).contains(&tokens), "{r}");
-        assert!(
-            r["accepted_tokens"].as_u64() <= r["draft_tokens"].as_u64(),
-            "{r}"
+        // A run ends at the token limit it was given, or earlier on an end token.
+        match r["finish"].as_str() {
+            Some("length") => assert_eq!(tokens, 16, "{r}"),
+            Some("stop") => {}
+            other => panic!("finish {other:?}: {r}"),
+        }
+        let (drafted, accepted, rounds) = (
+            u(r, "draft_tokens"),
+            u(r, "accepted_tokens"),
+            u(r, "rounds"),
         );
-        assert!(
-            r["seconds"].as_f64().unwrap() >= r["ttft_s"].as_f64().unwrap(),
-            "{r}"
+        assert!(accepted <= drafted, "{r}");
+        // Only rounds that drafted count, each with 1..=γ drafts. The first token comes from
+        // the prompt and every round after it emits its accepted drafts plus one token, so
+        // a run that reached its limit has more tokens than accepted drafts and rounds.
+        let gamma = match r["mode"].as_str().unwrap() {
+            "plain" => 0,
+            "pld:gamma=2" => 2,
+            "draft:gamma=3" => 3,
+            other => panic!("unexpected mode {other}"),
+        };
+        assert!(rounds <= drafted && drafted <= gamma * rounds, "{r}");
+        if r["finish"] == "length" {
+            assert!(accepted + rounds < tokens, "{r}");
+        }
+        if r["mode"] == "plain" {
+            assert!(r["outputs_match"].is_null(), "{r}");
+            continue;
+        }
+        // Greedy speculative output is plain output: the digests recorded for both, the
+        // token counts and the finish reasons agree, and so does the bench's own verdict.
+        let plain = plain_run(r);
+        assert_eq!(r["output_digest"], plain["output_digest"], "{r} vs {plain}");
+        assert_eq!(r["completion_tokens"], plain["completion_tokens"], "{r}");
+        assert_eq!(r["finish"], plain["finish"], "{r}");
+        assert_eq!(
+            r["outputs_match"], true,
+            "greedy speculative output differs: {r}"
         );
-        if r["mode"] != "plain" {
-            assert_eq!(
-                r["outputs_match"], true,
-                "greedy speculative output differs: {r}"
-            );
+        // The drafter at the target's own weights drafts at a fixed γ whenever it runs, so a
+        // run that reached its 16 tokens drafted.
+        if r["mode"] == "draft:gamma=3" && tokens == 16 {
+            assert!(drafted > 0, "γ = 3 drafts: {r}");
         }
     }
+    let digests: BTreeSet<&str> = runs
+        .iter()
+        .map(|r| r["output_digest"].as_str().unwrap())
+        .collect();
+    assert!(
+        digests.len() > 20,
+        "the digests tell outputs apart: {digests:?}"
+    );
     assert!(
         runs.iter()
             .any(|r| r["turn"] == 1 && r["category"] == "writing"),
         "second turns ran"
     );
+
+    // The summary is recomputed from the raw figures beside it: requests, tokens and drafting
+    // from `runs`; throughput from `batches` (one repeat, so each spread is one value); the
+    // speedup is the ratio of a mode's throughput to plain decoding's.
+    let batches = v["batches"].as_array().unwrap();
     let summary = v["summary"].as_array().unwrap();
     assert_eq!(summary.len(), 3 * 14, "3 modes × (13 categories + overall)");
-    for row in summary.iter().filter(|r| r["mode"] != "plain") {
+    let in_scope = |row: &Value, r: &Value| {
+        r["mode"] == row["mode"]
+            && (row["category"] == "overall" || r["category"] == row["category"])
+    };
+    let throughput = |row: &Value, mode: &str| {
+        let (tokens, seconds) = batches
+            .iter()
+            .filter(|b| {
+                b["mode"] == mode
+                    && (row["category"] == "overall" || b["category"] == row["category"])
+            })
+            .fold((0u64, 0f64), |(t, s), b| {
+                (t + u(b, "tokens"), s + f(b, "seconds"))
+            });
+        tokens as f64 / seconds
+    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+    for row in summary {
+        let mine: Vec<&Value> = runs.iter().filter(|r| in_scope(row, r)).collect();
+        assert_eq!(u(row, "requests"), mine.len() as u64, "{row}");
+        let tokens: u64 = mine.iter().map(|r| u(r, "completion_tokens")).sum();
+        assert_eq!(u(row, "tokens"), tokens, "{row}");
+        let batch_tokens: u64 = batches
+            .iter()
+            .filter(|b| in_scope(row, b))
+            .map(|b| u(b, "tokens"))
+            .sum();
+        assert_eq!(
+            batch_tokens, tokens,
+            "the batches hold the runs' tokens: {row}"
+        );
+        let mode = row["mode"].as_str().unwrap();
+        let rate = throughput(row, mode);
+        let spread = &row["tokens_per_s"];
+        for key in ["median", "min", "max"] {
+            assert!(close(f(spread, key), rate), "{key} of {row} vs {rate}");
+        }
+        let drafted: u64 = mine.iter().map(|r| u(r, "draft_tokens")).sum();
+        let accepted: u64 = mine.iter().map(|r| u(r, "accepted_tokens")).sum();
+        if drafted > 0 {
+            assert!(
+                close(f(row, "acceptance_rate"), accepted as f64 / drafted as f64),
+                "{row}"
+            );
+        } else {
+            assert!(row["acceptance_rate"].is_null(), "{row}");
+        }
+        if mode == "plain" {
+            assert!(
+                row["speedup"].is_null() && row["outputs_match"].is_null(),
+                "{row}"
+            );
+            continue;
+        }
+        let speedup = f(&row["speedup"], "median");
+        let ratio = rate / throughput(row, "plain");
+        assert!(close(speedup, ratio), "speedup {speedup} vs {ratio}: {row}");
         assert_eq!(row["outputs_match"], true, "{row}");
-        assert!(row["speedup"]["median"].as_f64().unwrap() > 0.0, "{row}");
     }
     let draft_overall = summary
         .iter()

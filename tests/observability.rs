@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -382,38 +382,97 @@ fn prometheus_scrapes_tandem_and_every_dashboard_query_and_alert_evaluates() {
         "the dashboard has its panels ({queries} queries)"
     );
 
-    // Every alert rule is loaded and evaluates without error.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let groups = prom.api("/api/v1/rules");
-        let rules: Vec<Value> = groups["groups"]
+    // Every alert rule is loaded and evaluates without error, and its expression, run through
+    // the query API, gives what the rule's state says: series exactly when it is pending or
+    // firing. Rules are read once an evaluation newer than the first look has happened, so
+    // they saw the final counters (checked above).
+    let rules = |groups: &Value| -> Vec<Value> {
+        groups["groups"]
             .as_array()
             .unwrap()
             .iter()
             .flat_map(|g| g["rules"].as_array().unwrap().clone())
-            .collect();
-        assert!(rules.len() >= 5, "{groups}");
-        let evaluated = rules.iter().all(|r| {
-            r["lastEvaluation"]
-                .as_str()
-                .is_some_and(|t| !t.starts_with("0001"))
+            .collect()
+    };
+    let evaluated_at = |r: &Value| r["lastEvaluation"].as_str().unwrap_or("").to_string();
+    let first_look: BTreeMap<String, String> = rules(&prom.api("/api/v1/rules"))
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap().to_string(), evaluated_at(r)))
+        .collect();
+    assert!(first_look.len() >= 5, "{first_look:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let rules = loop {
+        let groups = prom.api("/api/v1/rules");
+        let rules = rules(&groups);
+        let fresh = rules.iter().all(|r| {
+            let at = evaluated_at(r);
+            !at.starts_with("0001") && first_look.get(r["name"].as_str().unwrap()) != Some(&at)
         });
-        if evaluated {
-            for r in &rules {
-                assert_eq!(
-                    r["health"], "ok",
-                    "rule {} failed: {}",
-                    r["name"], r["lastError"]
-                );
-                // The expression itself runs through the query API too.
-                prom.query(r["query"].as_str().unwrap());
-            }
-            break;
+        if fresh {
+            break rules;
         }
         assert!(
             Instant::now() < deadline,
-            "the rules were never evaluated: {groups}"
+            "the rules were never evaluated again: {groups}"
         );
         std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(rules.len(), first_look.len());
+    let acceptance = totals.accepted as f64 / totals.drafted as f64;
+    for r in &rules {
+        let name = r["name"].as_str().unwrap();
+        assert_eq!(r["health"], "ok", "rule {name} failed: {}", r["lastError"]);
+        assert!(
+            r["lastError"].as_str().unwrap_or("").is_empty(),
+            "rule {name}: {}",
+            r["lastError"]
+        );
+        let query = r["query"].as_str().unwrap();
+        let result = prom.query(query);
+        let state = r["state"].as_str().unwrap();
+        let alerts = r["alerts"].as_array().map_or(0, Vec::len);
+        assert_eq!(
+            state != "inactive",
+            !result.is_empty(),
+            "rule {name} is {state}, its query returned {result:?}"
+        );
+        assert_eq!(alerts, result.len(), "rule {name} ({state}): {r}");
+        for series in &result {
+            assert_eq!(series["metric"]["job"], "tandem", "rule {name}: {series}");
+        }
+        // The rules whose conditions the workload decides, and their thresholds turned round
+        // so that each shows it measures what it names.
+        match name {
+            "TandemDown" => {
+                assert_eq!(state, "inactive", "tandem is up");
+                assert!(query.contains("== 0"), "{query}");
+                assert_eq!(
+                    prom.query(&query.replace("== 0", "== 1")).len(),
+                    1,
+                    "{query}"
+                );
+            }
+            "TandemQueueGrowing" => assert_eq!(state, "inactive", "nothing waits now"),
+            "TandemAcceptanceCollapse" => {
+                assert_eq!(
+                    state == "inactive",
+                    acceptance >= 0.2,
+                    "the clients saw acceptance {acceptance}"
+                );
+                // Without the threshold the left side is the acceptance rate the clients saw:
+                // the two counters' rates over one window that holds the whole workload.
+                // rate() extrapolates each series a little past its samples, so they agree
+                // to within 0.1%, not exactly.
+                assert!(query.contains("< 0.2"), "{query}");
+                let rate = prom.query(&query.replace("< 0.2", ">= 0"));
+                assert_eq!(rate.len(), 1, "{rate:?}");
+                let got: f64 = rate[0]["value"][1].as_str().unwrap().parse().unwrap();
+                assert!(
+                    (got - acceptance).abs() <= 1e-3 * acceptance,
+                    "the rule's acceptance rate {got} vs the clients' {acceptance}"
+                );
+            }
+            _ => {}
+        }
     }
 }

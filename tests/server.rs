@@ -47,6 +47,20 @@ fn generate_reference(prompt: &str, raw: bool, max_tokens: usize, ignore_eos: bo
     serde_json::from_slice(&out.stdout).expect("generate --json prints JSON")
 }
 
+/// The request drafted at its fixed γ and the target kept some drafts, so its output came from
+/// speculative decoding, not plain.
+fn assert_speculated(usage: &Value) {
+    let s = &usage["speculative"];
+    assert!(
+        s["draft_tokens"].as_u64().unwrap() > 0,
+        "nothing drafted: {usage}"
+    );
+    assert!(
+        s["accepted_tokens"].as_u64().unwrap() > 0,
+        "nothing accepted: {usage}"
+    );
+}
+
 fn usage_is_consistent(usage: &Value) {
     let p = usage["prompt_tokens"].as_u64().unwrap();
     let c = usage["completion_tokens"].as_u64().unwrap();
@@ -156,16 +170,15 @@ fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
     usage_is_consistent(usage);
     assert_eq!(usage["completion_tokens"], 40);
     assert_eq!(usage["prompt_tokens"], reference["prompt_tokens"]);
-    assert!(
-        usage["speculative"]["draft_tokens"].as_u64().unwrap() > 0,
-        "γ = 3 with prompt lookup drafts on a repetitive prompt: {usage}"
-    );
+    // γ = 3 with prompt lookup drafts on a repetitive prompt.
+    assert_speculated(usage);
 
-    // Chat completions, greedy, through the model's chat template.
+    // Chat completions, greedy, through the model's chat template, speculating at a fixed γ
+    // (prompt lookup finds the question's words in the answer): identical to plain decoding.
     let question = "Name three colours of the rainbow.";
     let reference = generate_reference(question, false, 48, false);
     let body = json!({"messages": [{"role": "user", "content": question}], "max_tokens": 48,
-                      "temperature": 0});
+                      "temperature": 0, "speculative": {"gamma": 3}});
     let v = post_json(&addr, "/v1/chat/completions", &body).json();
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
@@ -179,6 +192,7 @@ fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
         "{v}"
     );
     usage_is_consistent(&v["usage"]);
+    assert_speculated(&v["usage"]);
     assert_eq!(
         v["usage"]["completion_tokens"],
         reference["generated_tokens"]
@@ -202,6 +216,7 @@ fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
     assert_eq!(json!(finish), v["choices"][0]["finish_reason"]);
     let usage = usage.expect("include_usage sends a usage chunk");
     usage_is_consistent(&usage);
+    assert_speculated(&usage);
     assert_eq!(usage["completion_tokens"], v["usage"]["completion_tokens"]);
 
     // A streamed completion without include_usage has no usage chunk; with speculation off
@@ -223,7 +238,8 @@ fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
     .json();
     assert_eq!(v["usage"]["speculative"]["draft_tokens"], 0, "{v}");
 
-    // Stop strings end the text right before their first occurrence.
+    // Stop strings end the text right before their first occurrence (in plain decoding's
+    // text, while speculating).
     let full = reference_text.as_str();
     let stop: String = full.chars().skip(12).take(6).collect();
     let cut = full.find(&stop).unwrap();
@@ -231,11 +247,12 @@ fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
         &addr,
         "/v1/completions",
         &json!({"prompt": prompt, "max_tokens": 40, "ignore_eos": true, "temperature": 0,
-                "stop": ["never appears", stop]}),
+                "stop": ["never appears", stop], "speculative": {"gamma": 3}}),
     )
     .json();
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     assert_eq!(v["choices"][0]["text"].as_str().unwrap(), &full[..cut]);
+    assert_speculated(&v["usage"]);
 
     // The official `openai` Python package as a client.
     let out = Command::new("python3")
@@ -285,14 +302,16 @@ fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
 }
 
 /// Every kind of bad request gets its 4xx and an OpenAI error body, while good requests running
-/// at the same time finish exactly as they would alone; a full queue answers 429 with
-/// Retry-After; a client that disconnects mid-stream frees its slot.
+/// at the same time (speculating) finish exactly as plain decoding alone would; a full queue
+/// answers 429 with Retry-After; a client that disconnects mid-stream frees its slot.
 #[test]
 fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
     let server = Server::start(
         &[
             "--context-length",
             CONTEXT,
+            "--draft-model",
+            "prompt-lookup",
             "--max-seqs",
             "1",
             "--max-queue",
@@ -304,8 +323,11 @@ fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
     );
     let addr = server.addr.clone();
     let prompt = "Write a short story about a lighthouse keeper.";
+    // Speculating at a fixed γ: a 300-token greedy story repeats itself enough for prompt
+    // lookup to draft.
     let long = json!({"prompt": prompt, "max_tokens": 300, "ignore_eos": true,
-                      "temperature": 0, "stream": true});
+                      "temperature": 0, "stream": true, "speculative": {"gamma": 4},
+                      "stream_options": {"include_usage": true}});
 
     // A runs (the only slot), B waits (the only queue place): the next request is one too many.
     let mut a = http::open_stream(&addr, "/v1/completions", &long);
@@ -436,8 +458,8 @@ fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
     let r = post_json(&addr, "/v1/completions", &json!({"prompt": long_prompt}));
     assert_error(&r, 400, Some("prompt"));
 
-    // A and B, greedy on the same prompt, finish with the same 300 tokens, equal to `tandem
-    // generate` alone.
+    // A and B, greedy on the same prompt and speculating, finish with the same 300 tokens,
+    // equal to plain `tandem generate` alone.
     let mut a_data = vec![first];
     while let Some(d) = a.next_data() {
         a_data.push(d);
@@ -446,9 +468,14 @@ fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
     while let Some(d) = b.next_data() {
         b_data.push(d);
     }
-    let (a_text, _, a_finish, _) = read_sse(&a_data, false);
-    let (b_text, _, _, _) = read_sse(&b_data, false);
+    let (a_text, _, a_finish, a_usage) = read_sse(&a_data, false);
+    let (b_text, _, _, b_usage) = read_sse(&b_data, false);
     assert_eq!(a_finish.as_deref(), Some("length"));
+    for usage in [a_usage, b_usage] {
+        let usage = usage.expect("include_usage sends a usage chunk");
+        usage_is_consistent(&usage);
+        assert_speculated(&usage);
+    }
     let reference = generate_reference(prompt, true, 300, true);
     assert_eq!(json!(a_text), reference["text"]);
     assert_eq!(a_text, b_text);

@@ -46,8 +46,8 @@ fn value_sums_by_definition(
 
 type ValuePath = fn(&[f32], f32, &[f32], usize, usize, &mut [f32]);
 
-/// Every `weighted_values` path this machine can run, by name: accumulated in one go or
-/// in chunks of 6 keys, then finished.
+/// Every `weighted_values` path this machine can run but AVX-512 (tested on its own), by
+/// name: accumulated in one go or in chunks of 6 keys, then finished.
 fn value_paths() -> Vec<(&'static str, ValuePath)> {
     let mut paths: Vec<(&'static str, ValuePath)> = vec![
         ("dispatch", weighted_values),
@@ -68,56 +68,91 @@ fn value_paths() -> Vec<(&'static str, ValuePath)> {
                 finish_values(&acc, i, out);
             }));
         }
-        if super::simd_available() && is_x86_feature_detected!("avx512f") {
-            paths.push(("avx512", |w, i, v, s, o, out| {
-                let mut acc = vec![0f32; 2 * out.len()];
-                unsafe {
-                    if out.len() % 64 == 0 {
-                        super::avx512::accumulate_values(w, v, s, o, &mut acc)
-                    } else {
-                        super::avx2::accumulate_values(w, v, s, o, &mut acc)
-                    }
-                }
-                finish_values(&acc, i, out);
-            }));
-        }
     }
     paths
 }
 
-#[test]
-fn vector_value_sums_equal_the_scalar_loop_bit_for_bit() {
-    // 128 and 64 outputs run on every path, 96 on AVX2 only, 40 on the scalar loop; odd
-    // and even key counts end the two chains differently.
-    for (dim, n) in [(128, 37), (64, 1), (64, 8), (96, 5), (40, 6), (64, 19)] {
+/// (outputs, keys) for the value sums: 128 and 64 outputs run on every path, 96 on AVX2
+/// only, 40 on the scalar loop; odd and even key counts end the two chains differently.
+const VALUE_SUM_SHAPES: [(usize, usize); 6] =
+    [(128, 37), (64, 1), (64, 8), (96, 5), (40, 6), (64, 19)];
+
+/// Checks one value-sum path on every shape whose output count it takes (`multiple_of`).
+fn check_value_sums(name: &str, path: ValuePath, multiple_of: usize) {
+    for (dim, n) in VALUE_SUM_SHAPES {
+        if !dim.is_multiple_of(multiple_of) {
+            continue;
+        }
         let (stride, offset) = (3 * dim, dim);
         let values: Vec<f32> = (0..n * stride).map(val).collect();
         let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
         let want = value_sums_by_definition(&weights, 0.37, &values, stride, offset, dim);
-        for (name, path) in value_paths() {
-            if name.starts_with("avx") && dim % 32 != 0 {
-                continue;
-            }
-            let mut ours = vec![0f32; dim];
-            path(&weights, 0.37, &values, stride, offset, &mut ours);
-            assert_eq!(bits(&ours), bits(&want), "{name}: {dim} outputs, {n} keys");
-        }
+        let mut ours = vec![0f32; dim];
+        path(&weights, 0.37, &values, stride, offset, &mut ours);
+        assert_eq!(bits(&ours), bits(&want), "{name}: {dim} outputs, {n} keys");
     }
 }
 
+#[test]
+fn vector_value_sums_equal_the_scalar_loop_bit_for_bit() {
+    for (name, path) in value_paths() {
+        let multiple_of = if name.starts_with("avx") { 32 } else { 1 };
+        check_value_sums(name, path, multiple_of);
+    }
+}
+
+// The AVX-512 kernels' tests are compiled for x86-64 and run where the build targets AVX-512F
+// (`-C target-cpu=native` on such a CPU, see .cargo/config.toml). Elsewhere the kernels never
+// run, and `cargo test` lists these tests as ignored with the reason instead of passing them
+// silently. Forced with `--include-ignored` on a CPU without AVX-512F, they fail by name.
+
+/// Fails by name (instead of an illegal instruction) where the AVX-512 kernels cannot run.
+#[cfg(target_arch = "x86_64")]
+fn assert_avx512_kernels_run_here() {
+    assert!(
+        super::simd_available() && is_x86_feature_detected!("avx512f"),
+        "the AVX-512 kernels need AVX-512F, AVX2, FMA and F16C, which this CPU lacks"
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[cfg_attr(
+    not(all(
+        target_feature = "avx512f",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    )),
+    ignore = "needs AVX-512F (with AVX2, FMA and F16C), which this build's target CPU lacks"
+)]
+fn avx512_value_sums_equal_the_scalar_loop_bit_for_bit() {
+    assert_avx512_kernels_run_here();
+    check_value_sums(
+        "avx512",
+        |w, i, v, s, o, out| {
+            let mut acc = vec![0f32; 2 * out.len()];
+            unsafe { super::avx512::accumulate_values(w, v, s, o, &mut acc) };
+            finish_values(&acc, i, out);
+        },
+        64,
+    );
+}
+
+/// `n` f16 numbers, and the same numbers in f32.
+fn half_and_wide(n: usize, k: usize) -> (Vec<half::f16>, Vec<f32>) {
+    let h: Vec<half::f16> = (0..n)
+        .map(|i| half::f16::from_f32(val(i * k + 3) * 1.7))
+        .collect();
+    let w = h.iter().map(|x| x.to_f32()).collect();
+    (h, w)
+}
+
 /// f16 keys and values give, on every path, the bits f32 ones holding the same numbers
-/// give: the scalar loops (head sizes 40 and 48 for values, 40 for scores), AVX2 and
-/// AVX-512.
+/// give: the scalar loops (head sizes 40 and 48 for values, 40 for scores) and AVX2 (AVX-512
+/// in the test after this one).
 #[test]
 fn f16_keys_and_values_give_the_bits_of_their_f32_values_on_every_path() {
-    use half::f16;
-    let half_and_wide = |n: usize, k: usize| -> (Vec<f16>, Vec<f32>) {
-        let h: Vec<f16> = (0..n)
-            .map(|i| f16::from_f32(val(i * k + 3) * 1.7))
-            .collect();
-        let w = h.iter().map(|x| x.to_f32()).collect();
-        (h, w)
-    };
     for dim in [128, 64, 48, 40] {
         for n in [1, 8, 23, 64] {
             let (stride, offset) = (3 * dim, dim);
@@ -133,12 +168,6 @@ fn f16_keys_and_values_give_the_bits_of_their_f32_values_on_every_path() {
             if super::simd_available() && dim % 16 == 0 {
                 unsafe { super::avx2::scaled_dots(&q, &k16, stride, offset, 0.125, &mut got) };
                 assert_eq!(bits(&got), bits(&want), "avx2 scores: {dim}, {n}");
-                if is_x86_feature_detected!("avx512f") {
-                    unsafe {
-                        super::avx512::scaled_dots(&q, &k16, stride, offset, 0.125, &mut got)
-                    };
-                    assert_eq!(bits(&got), bits(&want), "avx512 scores: {dim}, {n}");
-                }
             }
             let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
             let want = value_sums_by_definition(&weights, 0.37, &v32, stride, offset, dim);
@@ -151,15 +180,47 @@ fn f16_keys_and_values_give_the_bits_of_their_f32_values_on_every_path() {
                 unsafe { super::avx2::accumulate_values(&weights, &v16, stride, offset, &mut acc) };
                 finish_values(&acc, 0.37, &mut got);
                 assert_eq!(bits(&got), bits(&want), "avx2 values: {dim}, {n}");
-                if is_x86_feature_detected!("avx512f") && dim % 64 == 0 {
-                    acc.fill(0.0);
-                    unsafe {
-                        super::avx512::accumulate_values(&weights, &v16, stride, offset, &mut acc)
-                    };
-                    finish_values(&acc, 0.37, &mut got);
-                    assert_eq!(bits(&got), bits(&want), "avx512 values: {dim}, {n}");
-                }
             }
+        }
+    }
+}
+
+/// The AVX-512 kernels on f16 keys and values give the bits of the f32 ones.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[cfg_attr(
+    not(all(
+        target_feature = "avx512f",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    )),
+    ignore = "needs AVX-512F (with AVX2, FMA and F16C), which this build's target CPU lacks"
+)]
+fn avx512_f16_keys_and_values_give_the_bits_of_their_f32_values() {
+    assert_avx512_kernels_run_here();
+    // Scores take head sizes that are multiples of 16, value sums multiples of 64.
+    for dim in [128, 64, 48] {
+        for n in [1, 8, 23, 64] {
+            let (stride, offset) = (3 * dim, dim);
+            let q: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
+            let (k16, k32) = half_and_wide(n * stride, 7);
+            let (v16, v32) = half_and_wide(n * stride, 5);
+            let mut want = vec![0f32; n];
+            scaled_dots(&q, &k32, stride, offset, 0.125, &mut want);
+            let mut got = vec![0f32; n];
+            unsafe { super::avx512::scaled_dots(&q, &k16, stride, offset, 0.125, &mut got) };
+            assert_eq!(bits(&got), bits(&want), "avx512 scores: {dim}, {n}");
+            if dim % 64 != 0 {
+                continue;
+            }
+            let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
+            let want = value_sums_by_definition(&weights, 0.37, &v32, stride, offset, dim);
+            let mut acc = vec![0f32; 2 * dim];
+            unsafe { super::avx512::accumulate_values(&weights, &v16, stride, offset, &mut acc) };
+            let mut got = vec![0f32; dim];
+            finish_values(&acc, 0.37, &mut got);
+            assert_eq!(bits(&got), bits(&want), "avx512 values: {dim}, {n}");
         }
     }
 }
@@ -234,47 +295,65 @@ fn heads_computed_together_give_each_heads_own_result() {
     }
 }
 
-#[test]
-fn vector_scores_equal_the_scalar_dot_bit_for_bit() {
-    type Dots = fn(&[f32], &[f32], usize, usize, f32, &mut [f32]);
-    let mut paths: Vec<(&str, Dots)> = vec![("dispatch", scaled_dots)];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if super::simd_available() {
-            paths.push(("avx2", |q, k, s, o, sc, out| unsafe {
-                super::avx2::scaled_dots(q, k, s, o, sc, out)
-            }));
+type Dots = fn(&[f32], &[f32], usize, usize, f32, &mut [f32]);
+
+/// Checks one score path against the scalar dot on every head size it takes
+/// (`multiple_of`): 8-key blocks and a tail; 23 keys also leave a tail after two blocks.
+/// Head sizes of 64 and 48 run the vector paths, 40 the scalar one.
+fn check_scores(name: &str, path: Dots, multiple_of: usize) {
+    for dim in [64usize, 48, 40] {
+        if !dim.is_multiple_of(multiple_of) {
+            continue;
         }
-        if super::simd_available() && is_x86_feature_detected!("avx512f") {
-            paths.push(("avx512", |q, k, s, o, sc, out| unsafe {
-                super::avx512::scaled_dots(q, k, s, o, sc, out)
-            }));
-        }
-    }
-    // 8-key blocks and a tail; 23 keys also leave a tail after two blocks. Head sizes
-    // of 64 and 48 run the vector paths, 40 the scalar one.
-    for dim in [64, 48, 40] {
         for n in [1, 7, 8, 23, 64] {
             let (stride, offset) = (3 * dim, dim);
             let q: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
             let keys: Vec<f32> = (0..n * stride).map(|i| val(i * 7 + 3)).collect();
-            for (name, path) in &paths {
-                if *name != "dispatch" && dim % 16 != 0 {
-                    continue;
-                }
-                let mut scores = vec![0f32; n];
-                path(&q, &keys, stride, offset, 0.125, &mut scores);
-                for (j, &s) in scores.iter().enumerate() {
-                    let k = &keys[j * stride + offset..j * stride + offset + dim];
-                    assert_eq!(
-                        s.to_bits(),
-                        (dot(&q, k) * 0.125).to_bits(),
-                        "{name}: key {j} of {n}, head size {dim}"
-                    );
-                }
+            let mut scores = vec![0f32; n];
+            path(&q, &keys, stride, offset, 0.125, &mut scores);
+            for (j, &s) in scores.iter().enumerate() {
+                let k = &keys[j * stride + offset..j * stride + offset + dim];
+                assert_eq!(
+                    s.to_bits(),
+                    (dot(&q, k) * 0.125).to_bits(),
+                    "{name}: key {j} of {n}, head size {dim}"
+                );
             }
         }
     }
+}
+
+#[test]
+fn vector_scores_equal_the_scalar_dot_bit_for_bit() {
+    check_scores("dispatch", scaled_dots, 1);
+    #[cfg(target_arch = "x86_64")]
+    if super::simd_available() {
+        check_scores(
+            "avx2",
+            |q, k, s, o, sc, out| unsafe { super::avx2::scaled_dots(q, k, s, o, sc, out) },
+            16,
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[cfg_attr(
+    not(all(
+        target_feature = "avx512f",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    )),
+    ignore = "needs AVX-512F (with AVX2, FMA and F16C), which this build's target CPU lacks"
+)]
+fn avx512_scores_equal_the_scalar_dot_bit_for_bit() {
+    assert_avx512_kernels_run_here();
+    check_scores(
+        "avx512",
+        |q, k, s, o, sc, out| unsafe { super::avx512::scaled_dots(q, k, s, o, sc, out) },
+        16,
+    );
 }
 
 #[test]
