@@ -8,7 +8,7 @@
 //! whatever the round did not emit sampled plainly from p up to γ + 1 tokens:
 //! - lenience 1: the sequences are distributed exactly as γ + 1 steps of plain sampling from p
 //!   (to 1e-6);
-//! - lenience l < 1: they are distributed as the process stated in [`lenient_round`] (to 1e-6),
+//! - lenience l < 1: they are distributed as the process stated in [`LenientRound`] (to 1e-6),
 //!   which emits each round token from `f_l = min(q, p/l) + β·norm(max(0, p − l·q))`
 //!   (β = 1 − Σ min(q, p/l), the rejection probability): never a token with p = 0, never more
 //!   than p/l.
@@ -261,47 +261,56 @@ fn the_enumerator_follows_every_branch_with_its_probability() {
 /// itself when that has no mass) and the round ends. After γ kept drafts the bonus comes from
 /// p. The emitted prefix is then extended plainly to `len` tokens. At l = 1 this is plain
 /// sampling (`min(q, p) + max(0, p − q) = p`).
-fn lenient_round(
-    prefix: &[u32],
-    left: usize,
-    len: usize,
-    weight: f64,
+struct LenientRound<'a> {
     l: f64,
-    p: &dyn Fn(&[u32]) -> Vec<f32>,
-    q: &dyn Fn(&[u32]) -> Vec<f32>,
-    out: &mut std::collections::BTreeMap<Vec<u32>, f64>,
-) {
-    let pr: Vec<f64> = p(prefix).iter().map(|&x| x as f64).collect();
-    let extend = |x: usize, w: f64, out: &mut std::collections::BTreeMap<Vec<u32>, f64>| {
-        let mut next = prefix.to_vec();
-        next.push(x as u32);
-        extend_plainly(&next, len, w, p, out);
-    };
-    if left == 0 {
-        for (x, &px) in pr.iter().enumerate().filter(|(_, &px)| px > 0.0) {
-            extend(x, weight * px, out);
+    /// Sequences are extended plainly to this many tokens.
+    len: usize,
+    p: &'a dyn Fn(&[u32]) -> Vec<f32>,
+    q: &'a dyn Fn(&[u32]) -> Vec<f32>,
+}
+
+impl LenientRound<'_> {
+    /// Adds to `out` every sequence from `prefix` with `left` drafted positions still to go.
+    fn run(
+        &self,
+        prefix: &[u32],
+        left: usize,
+        weight: f64,
+        out: &mut std::collections::BTreeMap<Vec<u32>, f64>,
+    ) {
+        let pr: Vec<f64> = (self.p)(prefix).iter().map(|&x| x as f64).collect();
+        let extend = |x: usize, w: f64, out: &mut std::collections::BTreeMap<Vec<u32>, f64>| {
+            let mut next = prefix.to_vec();
+            next.push(x as u32);
+            extend_plainly(&next, self.len, w, self.p, out);
+        };
+        if left == 0 {
+            for (x, &px) in pr.iter().enumerate().filter(|(_, &px)| px > 0.0) {
+                extend(x, weight * px, out);
+            }
+            return;
         }
-        return;
-    }
-    let qr: Vec<f64> = q(prefix).iter().map(|&x| x as f64).collect();
-    let kept: Vec<f64> = qr.iter().zip(&pr).map(|(&q, &p)| q.min(p / l)).collect();
-    let rejected = (1.0 - kept.iter().sum::<f64>()).max(0.0);
-    let mut residual: Vec<f64> = pr
-        .iter()
-        .zip(&qr)
-        .map(|(&p, &q)| (p - l * q).max(0.0))
-        .collect();
-    if residual.iter().sum::<f64>() == 0.0 {
-        residual = pr.clone();
-    }
-    let total: f64 = residual.iter().sum();
-    for (x, &r) in residual.iter().enumerate().filter(|(_, &r)| r > 0.0) {
-        extend(x, weight * rejected * r / total, out);
-    }
-    for (x, &k) in kept.iter().enumerate().filter(|(_, &k)| k > 0.0) {
-        let mut next = prefix.to_vec();
-        next.push(x as u32);
-        lenient_round(&next, left - 1, len, weight * k, l, p, q, out);
+        let l = self.l;
+        let qr: Vec<f64> = (self.q)(prefix).iter().map(|&x| x as f64).collect();
+        let kept: Vec<f64> = qr.iter().zip(&pr).map(|(&q, &p)| q.min(p / l)).collect();
+        let rejected = (1.0 - kept.iter().sum::<f64>()).max(0.0);
+        let mut residual: Vec<f64> = pr
+            .iter()
+            .zip(&qr)
+            .map(|(&p, &q)| (p - l * q).max(0.0))
+            .collect();
+        if residual.iter().sum::<f64>() == 0.0 {
+            residual = pr.clone();
+        }
+        let total: f64 = residual.iter().sum();
+        for (x, &r) in residual.iter().enumerate().filter(|(_, &r)| r > 0.0) {
+            extend(x, weight * rejected * r / total, out);
+        }
+        for (x, &k) in kept.iter().enumerate().filter(|(_, &k)| k > 0.0) {
+            let mut next = prefix.to_vec();
+            next.push(x as u32);
+            self.run(&next, left - 1, weight * k, out);
+        }
     }
 }
 
@@ -327,7 +336,13 @@ fn below_lenience_one_a_round_gives_the_stated_distribution() {
                         }
                     }
                     let mut want = std::collections::BTreeMap::new();
-                    lenient_round(&[], gamma, gamma + 1, 1.0, l as f64, &p, &q, &mut want);
+                    let stated = LenientRound {
+                        l: l as f64,
+                        len: gamma + 1,
+                        p: &p,
+                        q: &q,
+                    };
+                    stated.run(&[], gamma, 1.0, &mut want);
                     let mut plain = std::collections::BTreeMap::new();
                     extend_plainly(&[], gamma + 1, 1.0, &p, &mut plain);
                     let what = format!("γ={gamma} V={vocab} case {case} l={l}");
