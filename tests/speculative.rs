@@ -324,8 +324,13 @@ fn cli_compare_reports_identical_greedy_outputs_for_both_drafters() {
             s["draft_tokens"].as_u64().unwrap(),
             s["accepted_tokens"].as_u64().unwrap(),
         );
-        // Fixed γ: the speculative run really drafted, and drafts were kept.
-        assert!(0 < accepted && accepted <= drafted, "{draft}: {v}");
+        // Fixed γ: the speculative run really drafted. The model's own Q4_0 weights agree
+        // with it often, so their drafts must be kept too (prompt lookup finds little to reuse
+        // in so short an answer, and the first 8 of 30 layers rarely guess right).
+        assert!(0 < drafted && accepted <= drafted, "{draft}: {v}");
+        if draft == "default" {
+            assert!(accepted > 0, "{draft}: {v}");
+        }
         // The speedup printed is the ratio of the two runs' decode rates, not a figure apart.
         let ratio = v["decode_tokens_per_s"].as_f64().unwrap()
             / v["plain_decode_tokens_per_s"].as_f64().unwrap();
