@@ -404,6 +404,18 @@ fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
         ),
         (
             "/v1/completions",
+            br#"{"prompt": "hi", "frequency_penalty": 1e308}"#,
+            400,
+            Some("frequency_penalty"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "presence_penalty": -1e308}"#,
+            400,
+            Some("presence_penalty"),
+        ),
+        (
+            "/v1/completions",
             br#"{"prompt": "hi", "top_p": 0}"#,
             400,
             Some("top_p"),
@@ -567,6 +579,17 @@ fn admin_api_changes_speculation_live() {
         &[("TANDEM_ADMIN_TOKEN", "s3cret")],
     );
     let addr = server.addr.clone();
+    // Before any round: every position a round can draft (max_gamma 8) is exported at zero.
+    for pos in 0..8 {
+        assert_eq!(
+            server.metric(
+                "tandem_spec_decode_num_accepted_tokens_per_pos_total",
+                &format!("position=\"{pos}\"")
+            ),
+            Some(0.0),
+            "position {pos}"
+        );
+    }
 
     assert_error(&admin(&addr, "GET", None, ""), 401, None);
     assert_error(&admin(&addr, "GET", Some("wrong"), ""), 401, None);
