@@ -92,6 +92,13 @@ fn assert_error(r: &http::Response, status: u16, param: Option<&str>) {
     let v = r.json();
     let e = &v["error"];
     assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    // Plain words for a client, not Rust's: no type or enum names.
+    let message = e["message"].as_str().unwrap();
+    for rust in [
+        "untagged", "enum ", "usize", "u32", "u64", "f32", "f64", "struct ",
+    ] {
+        assert!(!message.contains(rust), "{rust} in {message:?}");
+    }
     assert!(e["type"].is_string(), "{v}");
     assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
     if let Some(p) = param {
@@ -401,6 +408,36 @@ fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
             br#"{"prompt": "hi", "temperature": -1}"#,
             400,
             Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": {"text": "hi"}}"#,
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "max_tokens": "ten"}"#,
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "max_tokens": -5}"#,
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "stop": [1, 2]}"#,
+            400,
+            Some("stop"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": 5}]}"#,
+            400,
+            None,
         ),
         (
             "/v1/completions",
