@@ -127,6 +127,15 @@ fn describe() {
     );
 }
 
+/// Exports the per-position acceptance counter at zero for every position a round can draft
+/// (0 to `max_gamma` − 1), so its dashboard panel shows zeros, not "no data", on a server whose
+/// drafts have all been rejected so far.
+pub fn register_positions(max_gamma: usize) {
+    for label in POSITIONS.iter().take(max_gamma.min(POSITIONS.len())) {
+        counter!(SPEC_ACCEPTED_PER_POS, "position" => *label).increment(0);
+    }
+}
+
 /// One speculation round of one request: `drafted` drafts of which the first `accepted` stood.
 pub fn record_round(drafted: usize, accepted: usize) {
     if drafted == 0 {

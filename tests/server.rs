@@ -92,6 +92,13 @@ fn assert_error(r: &http::Response, status: u16, param: Option<&str>) {
     let v = r.json();
     let e = &v["error"];
     assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    // Plain words for a client, not Rust's: no type or enum names.
+    let message = e["message"].as_str().unwrap();
+    for rust in [
+        "untagged", "enum ", "usize", "u32", "u64", "f32", "f64", "struct ",
+    ] {
+        assert!(!message.contains(rust), "{rust} in {message:?}");
+    }
     assert!(e["type"].is_string(), "{v}");
     assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
     if let Some(p) = param {
@@ -404,6 +411,48 @@ fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
         ),
         (
             "/v1/completions",
+            br#"{"prompt": {"text": "hi"}}"#,
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "max_tokens": "ten"}"#,
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "max_tokens": -5}"#,
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "stop": [1, 2]}"#,
+            400,
+            Some("stop"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": 5}]}"#,
+            400,
+            None,
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "frequency_penalty": 1e308}"#,
+            400,
+            Some("frequency_penalty"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "presence_penalty": -1e308}"#,
+            400,
+            Some("presence_penalty"),
+        ),
+        (
+            "/v1/completions",
             br#"{"prompt": "hi", "top_p": 0}"#,
             400,
             Some("top_p"),
@@ -567,6 +616,17 @@ fn admin_api_changes_speculation_live() {
         &[("TANDEM_ADMIN_TOKEN", "s3cret")],
     );
     let addr = server.addr.clone();
+    // Before any round: every position a round can draft (max_gamma 8) is exported at zero.
+    for pos in 0..8 {
+        assert_eq!(
+            server.metric(
+                "tandem_spec_decode_num_accepted_tokens_per_pos_total",
+                &format!("position=\"{pos}\"")
+            ),
+            Some(0.0),
+            "position {pos}"
+        );
+    }
 
     assert_error(&admin(&addr, "GET", None, ""), 401, None);
     assert_error(&admin(&addr, "GET", Some("wrong"), ""), 401, None);

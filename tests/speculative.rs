@@ -336,8 +336,21 @@ fn cli_compare_reports_identical_greedy_outputs_for_both_drafters() {
             / v["plain_decode_tokens_per_s"].as_f64().unwrap();
         let speedup = v["speedup"].as_f64().unwrap();
         assert!((speedup - ratio).abs() <= 1e-9 * ratio, "{draft}: {v}");
+        // Three timed runs of each mode (after a warm-up), and the range of their speedups.
+        assert_eq!(v["compare_runs"], 3, "{draft}: {v}");
+        let spread: Vec<f64> = v["speedup_spread"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
         assert!(
-            stderr.contains("speculative: draft tokens:") && stderr.contains("compare:"),
+            spread.len() == 2 && 0.0 < spread[0] && spread[0] <= spread[1],
+            "{v}"
+        );
+        assert!(
+            stderr.contains("speculative: draft tokens:")
+                && stderr.contains("compare (3 timed runs"),
             "{stderr}"
         );
     }

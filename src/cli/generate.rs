@@ -80,9 +80,13 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 1.0)]
     lenience: f32,
     /// Also run plain decoding of the same prompt in this process and print the speedup and
-    /// whether the outputs are identical.
+    /// whether the outputs are identical. Both are run once untimed (warm-up), then
+    /// `--compare-runs` times each, alternating, and the medians and the spread are printed.
     #[arg(long)]
     compare: bool,
+    /// Timed runs of each mode for `--compare` (after one warm-up run of each).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    compare_runs: u32,
 }
 
 pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
@@ -161,26 +165,24 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
     }
     let speculative = !matches!(drafter, Drafter::None);
     let stream = !args.quiet && !args.json;
-    let plain_run = if args.compare || !speculative {
-        Some(run_generation(
+    // The run whose output is shown (streamed, its stats printed): the speculative one when
+    // there is a drafter.
+    let (out, spec_stats) = run_generation(&loaded, proposer(&drafter), &req, spec, stream)?;
+    let compare = if args.compare && speculative {
+        Some(compare_runs(
             &loaded,
-            None,
+            &drafter,
             &req,
             spec,
-            stream && !speculative,
+            args.compare_runs,
         )?)
     } else {
         None
     };
-    let spec_run = match proposer(&drafter) {
-        Some(p) => Some(run_generation(&loaded, Some(p), &req, spec, stream)?),
-        None => None,
-    };
-    let (out, spec_stats) = spec_run
-        .as_ref()
-        .or(plain_run.as_ref())
-        .expect("one run happened");
     let s = &out.stats;
+    let decode_rate = compare
+        .as_ref()
+        .map_or(s.decode_tokens_per_s(), |c| c.speculative_rate);
     if args.json {
         let text = out.text.clone().unwrap_or_default();
         let mut v = serde_json::json!({
@@ -191,9 +193,9 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
             "prompt_tokens": s.prompt_tokens,
             "generated_tokens": s.generated_tokens,
             "prefill_tokens_per_s": s.prefill_tokens_per_s(),
-            "decode_tokens_per_s": s.decode_tokens_per_s(),
+            "decode_tokens_per_s": decode_rate,
         });
-        if let Some(st) = spec_stats {
+        if let Some(st) = &spec_stats {
             v["speculative"] = serde_json::json!({
                 "draft_tokens": st.draft_tokens,
                 "accepted_tokens": st.accepted_tokens,
@@ -202,10 +204,12 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
                 "rounds": st.rounds,
             });
         }
-        if let (Some((p, _)), Some(_)) = (&plain_run, &spec_run) {
-            v["plain_decode_tokens_per_s"] = p.stats.decode_tokens_per_s().into();
-            v["speedup"] = (s.decode_tokens_per_s() / p.stats.decode_tokens_per_s()).into();
-            v["outputs_match"] = (p.tokens == out.tokens).into();
+        if let Some(c) = &compare {
+            v["plain_decode_tokens_per_s"] = c.plain_rate.into();
+            v["speedup"] = (c.speculative_rate / c.plain_rate).into();
+            v["speedup_spread"] = serde_json::json!([c.spread.0, c.spread.1]);
+            v["compare_runs"] = args.compare_runs.into();
+            v["outputs_match"] = (c.plain_tokens == out.tokens).into();
         }
         println!("{v}");
     }
@@ -214,10 +218,10 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
         s.prompt_tokens,
         s.generated_tokens,
         s.prefill_tokens_per_s(),
-        s.decode_tokens_per_s(),
+        decode_rate,
         out.finish
     );
-    if let Some(st) = spec_stats {
+    if let Some(st) = &spec_stats {
         eprintln!(
             "speculative: draft tokens: {} | accepted tokens: {} | acceptance rate: {:.1}% | mean tokens per round: {:.2} | rounds: {}",
             st.draft_tokens,
@@ -227,16 +231,71 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
             st.rounds
         );
     }
-    if let (Some((p, _)), Some((sp, _))) = (&plain_run, &spec_run) {
+    if let Some(c) = &compare {
         eprintln!(
-            "compare: plain decode {:.1} tok/s | speculative {:.1} tok/s | speedup {:.2}x | outputs {}",
-            p.stats.decode_tokens_per_s(),
-            sp.stats.decode_tokens_per_s(),
-            sp.stats.decode_tokens_per_s() / p.stats.decode_tokens_per_s(),
-            if p.tokens == sp.tokens { "identical" } else { "differ" }
+            "compare ({} timed runs each, after a warm-up, alternating; medians): plain decode {:.1} tok/s | speculative {:.1} tok/s | speedup {:.2}x (runs {:.2}x to {:.2}x) | outputs {}",
+            args.compare_runs,
+            c.plain_rate,
+            c.speculative_rate,
+            c.speculative_rate / c.plain_rate,
+            c.spread.0,
+            c.spread.1,
+            if c.plain_tokens == out.tokens { "identical" } else { "differ" }
         );
     }
     Ok(())
+}
+
+/// Plain against speculative decoding of one request, each measured `runs` times.
+struct Comparison {
+    /// Median decode rates (tokens/s).
+    plain_rate: f64,
+    speculative_rate: f64,
+    /// The least and the greatest speedup of one speculative run over the plain run before it.
+    spread: (f64, f64),
+    /// Plain decoding's output (the same in every run when greedy or seeded).
+    plain_tokens: Vec<u32>,
+}
+
+/// The shown speculative run warmed the caches and the drafter; a plain run warms plain
+/// decoding's, then timed runs alternate (plain, speculative) so a stall of the machine hits
+/// both modes alike instead of one, and a single slow run moves neither median far.
+fn compare_runs(
+    loaded: &LoadedModel,
+    drafter: &Drafter,
+    req: &GenerationRequest,
+    spec: FixedSpeculation,
+    runs: u32,
+) -> Result<Comparison, CliError> {
+    let (plain, _) = run_generation(loaded, None, req, spec, false)?;
+    let (mut plain_rates, mut spec_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let (p, _) = run_generation(loaded, None, req, spec, false)?;
+        let (s, _) = run_generation(loaded, proposer(drafter), req, spec, false)?;
+        let (p, s) = (p.stats.decode_tokens_per_s(), s.stats.decode_tokens_per_s());
+        plain_rates.push(p);
+        spec_rates.push(s);
+        ratios.push(s / p);
+    }
+    let spread = ratios
+        .iter()
+        .fold((f64::INFINITY, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    Ok(Comparison {
+        plain_rate: median(&mut plain_rates),
+        speculative_rate: median(&mut spec_rates),
+        spread,
+        plain_tokens: plain.tokens,
+    })
+}
+
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
 }
 
 /// The proposer of a loaded drafter (a draft model's borrows its weights); `None` for none.

@@ -86,8 +86,11 @@ impl SamplingParams {
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
             return bad("repetition_penalty", "must be a finite number > 0");
         }
-        if !(self.presence_penalty.is_finite() && self.frequency_penalty.is_finite()) {
-            return bad("presence_penalty", "penalties must be finite");
+        if !self.presence_penalty.is_finite() {
+            return bad("presence_penalty", "must be a finite number");
+        }
+        if !self.frequency_penalty.is_finite() {
+            return bad("frequency_penalty", "must be a finite number");
         }
         Ok(())
     }

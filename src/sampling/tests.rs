@@ -149,6 +149,26 @@ fn invalid_params_are_named() {
     .validate()
     .unwrap_err();
     assert!(e.to_string().contains("temperature"));
+    // Each penalty is named by itself: 1e308 is +inf as an f32.
+    for (presence, frequency, name) in [
+        (1e308f64, 0.0, "presence_penalty"),
+        (0.0, 1e308, "frequency_penalty"),
+    ] {
+        let e = SamplingParams {
+            presence_penalty: presence as f32,
+            frequency_penalty: frequency as f32,
+            ..params()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(
+            e,
+            SamplingError::InvalidParam {
+                name,
+                reason: "must be a finite number".into()
+            }
+        );
+    }
 }
 
 #[test]

@@ -138,6 +138,7 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
 /// Runs the server until SIGTERM/Ctrl-C. `threads` is the runtime's compute thread count.
 pub async fn run(config: Config, threads: usize) -> Result<(), ServerError> {
     let metrics = crate::telemetry::install().map_err(|e| ServerError::Metrics(e.to_string()))?;
+    crate::telemetry::register_positions(config.engine.max_gamma);
     let admin_token = std::env::var("TANDEM_ADMIN_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())

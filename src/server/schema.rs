@@ -51,13 +51,50 @@ fn parse_json(bytes: &[u8]) -> Result<serde_json::Value, ApiError> {
 fn from_value<T: DeserializeOwned>(v: serde_json::Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
+        let inner = in_plain_words(&e.into_inner().to_string());
         if path == "." || path.is_empty() {
             ApiError::invalid(format!("Invalid request body: {inner}"))
         } else {
             ApiError::invalid_param(&path, format!("Invalid value for `{path}`: {inner}"))
         }
     })
+}
+
+/// serde's message about a value of the wrong shape, told in the API's words rather than Rust's:
+/// what the field accepts instead of an enum's or an integer type's name.
+fn in_plain_words(serde_message: &str) -> String {
+    const SHAPES: [(&str, &str); 3] = [
+        (
+            "untagged enum PromptInput",
+            "expected a string, an array of strings, an array of token ids (integers) or an \
+             array of such arrays",
+        ),
+        (
+            "untagged enum StopInput",
+            "expected a string or an array of strings",
+        ),
+        (
+            "untagged enum MessageContent",
+            "expected a string or an array of content parts like {\"type\": \"text\", \"text\": \"...\"}",
+        ),
+    ];
+    if let Some((_, plain)) = SHAPES.iter().find(|(rust, _)| serde_message.contains(rust)) {
+        return (*plain).to_string();
+    }
+    let mut out = serde_message.to_string();
+    for (rust, plain) in [
+        ("expected usize", "expected a non-negative integer"),
+        ("expected u64", "expected a non-negative integer"),
+        ("expected u32", "expected a non-negative integer"),
+        ("expected f32", "expected a number"),
+        ("expected f64", "expected a number"),
+        ("expected a sequence", "expected an array"),
+        ("expected a map", "expected an object"),
+        ("expected struct ", "expected an object "),
+    ] {
+        out = out.replace(rust, plain);
+    }
+    out
 }
 
 /// `prompt`: one string, one string in an array, or token ids.
