@@ -461,14 +461,16 @@ fn prometheus_scrapes_tandem_and_every_dashboard_query_and_alert_evaluates() {
                 );
                 // Without the threshold the left side is the acceptance rate the clients saw:
                 // the two counters' rates over one window that holds the whole workload.
-                // rate() extrapolates each series a little past its samples, so they agree
-                // to within 0.1%, not exactly.
+                // rate() extrapolates each series towards the window's ends by its own first
+                // and last samples, so the two rates' ratio differs from the clients' by up to
+                // a few tenths of a percent (0.17% seen); 2% still tells this ratio from any
+                // other (rejected over drafted would be ~0.59 here).
                 assert!(query.contains("< 0.2"), "{query}");
                 let rate = prom.query(&query.replace("< 0.2", ">= 0"));
                 assert_eq!(rate.len(), 1, "{rate:?}");
                 let got: f64 = rate[0]["value"][1].as_str().unwrap().parse().unwrap();
                 assert!(
-                    (got - acceptance).abs() <= 1e-3 * acceptance,
+                    (got - acceptance).abs() <= 0.02 * acceptance,
                     "the rule's acceptance rate {got} vs the clients' {acceptance}"
                 );
             }
