@@ -69,6 +69,8 @@ fn request(generation: GenerationRequest, gamma: GammaPolicy) -> EngineRequest {
         generation,
         gamma,
         lenience: None,
+        logprobs: None,
+        prompt_logprobs: None,
     }
 }
 

@@ -238,6 +238,8 @@ fn engine_arm(
                     generation: request(params, seeds + batch * at_once + j),
                     gamma: GammaPolicy::Fixed(Gamma::try_from(gamma).unwrap()),
                     lenience: Some(Lenience::EXACT),
+                    logprobs: None,
+                    prompt_logprobs: None,
                 };
                 streams.push(engine.submit(req).await.unwrap());
             }

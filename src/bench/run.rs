@@ -174,6 +174,8 @@ async fn run_question(
             },
             gamma: job.mode.gamma,
             lenience: job.mode.lenience,
+            logprobs: None,
+            prompt_logprobs: None,
         };
         let started = Instant::now();
         let mut events = engine.submit(request).await.map_err(|e| {

@@ -18,6 +18,7 @@ use super::scheduler::{Scheduler, SchedulerConfig};
 use super::settings::{LiveSettings, SpeculationSettings};
 use super::verifier::Verifier;
 use crate::model::Llama;
+use crate::sampling::TokenLogprob;
 
 /// Engine settings. The config file's `[engine]` table is read straight into this type (the
 /// fields it does not hold are skipped and filled in by `setup`).
@@ -80,6 +81,7 @@ pub struct Engine {
     settings: LiveSettings,
     context_len: usize,
     has_drafter: bool,
+    max_seqs: usize,
 }
 
 impl Engine {
@@ -147,6 +149,7 @@ impl Engine {
             settings,
             context_len,
             has_drafter,
+            max_seqs: cfg.max_seqs,
         })
     }
 
@@ -164,24 +167,50 @@ impl Engine {
         self.has_drafter
     }
 
+    /// Sequences decoded together (also the most choices one request may ask for).
+    pub fn max_seqs(&self) -> usize {
+        self.max_seqs
+    }
+
     /// Queues a request. Errors (invalid, too long, overloaded) come back before any work: the
     /// request is checked here, so a bad one never waits behind a running round. Dropping the
     /// returned stream cancels the request within a round.
     pub async fn submit(&self, request: EngineRequest) -> Result<EventStream, EngineError> {
+        let mut streams = self.submit_choices(request, 1).await?;
+        Ok(streams.pop().expect("one choice"))
+    }
+
+    /// Queues `n` choices of one request (at most `engine.max_seqs`), admitted together: the
+    /// first prefills the prompt and the others start from a copy of its cache. Choice `i` of
+    /// a request seeded `s` samples with seed `s + i`, exactly as a lone request with that seed
+    /// would; unseeded, each choice draws its own.
+    pub async fn submit_choices(
+        &self,
+        request: EngineRequest,
+        n: usize,
+    ) -> Result<Vec<EventStream>, EngineError> {
         self.check(&request)?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let id = self
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..n).map(|_| mpsc::unbounded_channel()).unzip();
+        let first = self
             .scheduler
             .ask(Submit {
                 request,
-                events: tx,
+                events: senders,
             })
             .await
             .map_err(|e| match e {
                 kameo::error::SendError::HandlerError(e) => e,
                 other => EngineError::Worker(format!("scheduler: {other}")),
             })?;
-        Ok(EventStream { id, rx })
+        Ok(receivers
+            .into_iter()
+            .enumerate()
+            .map(|(i, rx)| EventStream {
+                id: first + i as u64,
+                rx,
+            })
+            .collect())
     }
 
     /// What a request must pass before it is queued (lenience and γ's own range are checked
@@ -221,6 +250,10 @@ pub struct EventStream {
 pub struct Completion {
     pub tokens: Vec<u32>,
     pub text: String,
+    /// One per token when the request asked for logprobs.
+    pub logprobs: Vec<TokenLogprob>,
+    /// One per prompt token from the second on, when the request asked for them.
+    pub prompt_logprobs: Vec<TokenLogprob>,
     pub finish: FinishReason,
     pub usage: Usage,
 }
@@ -234,19 +267,37 @@ impl EventStream {
         self.rx.recv().await
     }
 
+    /// The next event if one is ready (for merging several streams by hand).
+    pub fn poll_next(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<EngineEvent>> {
+        self.rx.poll_recv(cx)
+    }
+
     /// Reads the stream to its end.
     pub async fn collect(mut self) -> Result<Completion, EngineError> {
         let (mut tokens, mut text) = (Vec::new(), String::new());
+        let (mut logprobs, mut prompt_logprobs) = (Vec::new(), Vec::new());
         while let Some(ev) = self.rx.recv().await {
             match ev {
-                EngineEvent::Output { tokens: t, text: s } => {
+                EngineEvent::Output {
+                    tokens: t,
+                    text: s,
+                    logprobs: l,
+                    prompt_logprobs: p,
+                } => {
                     tokens.extend(t);
                     text.push_str(&s);
+                    logprobs.extend(l);
+                    prompt_logprobs.extend(p);
                 }
                 EngineEvent::Done { finish, usage } => {
                     return Ok(Completion {
                         tokens,
                         text,
+                        logprobs,
+                        prompt_logprobs,
                         finish,
                         usage,
                     })

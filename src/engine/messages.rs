@@ -4,7 +4,7 @@ use tokio::sync::mpsc;
 
 use super::request::{EngineRequest, FinishReason, Usage};
 use crate::draft::{DraftTiming, Proposal};
-use crate::sampling::{Lenience, SamplingParams, SeededRng};
+use crate::sampling::{Lenience, SamplingParams, SeededRng, TokenLogprob};
 
 /// What a request's stream yields: output pieces, then exactly one `Done` or `Failed`.
 #[derive(Clone, Debug, PartialEq)]
@@ -14,6 +14,11 @@ pub enum EngineEvent {
     Output {
         tokens: Vec<u32>,
         text: String,
+        /// One per token when the request asked for logprobs, else empty.
+        logprobs: Vec<TokenLogprob>,
+        /// With the first output, when the request asked for prompt logprobs: one per prompt
+        /// token from the second on.
+        prompt_logprobs: Vec<TokenLogprob>,
     },
     Done {
         finish: FinishReason,
@@ -22,11 +27,12 @@ pub enum EngineEvent {
     Failed(String),
 }
 
-/// Scheduler: a new request, already checked by `Engine::submit`, and where its events go.
-/// Replies with the request id, or `Overloaded` when the queue is full.
+/// Scheduler: a new request, already checked by `Engine::submit`, and where each of its
+/// choices' events go (one choice, or several sharing the prompt's prefill). Replies with the
+/// first choice's id (the others follow it), or `Overloaded` when the queue is full.
 pub struct Submit {
     pub request: EngineRequest,
-    pub events: mpsc::UnboundedSender<EngineEvent>,
+    pub events: Vec<mpsc::UnboundedSender<EngineEvent>>,
 }
 
 /// Scheduler: run one round (sent by the scheduler to itself while there is work).
@@ -96,6 +102,11 @@ pub struct TargetItem {
     pub context: Vec<u32>,
     pub prompt_len: usize,
     pub rng: SeededRng,
+    /// Logprobs of the tokens this item emits (PrefillLast, Verify), with this many
+    /// alternatives.
+    pub logprobs: Option<usize>,
+    /// Logprobs of the prompt tokens this item's rows predict (prefill).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// One sequence's result of a target forward.
@@ -106,6 +117,10 @@ pub struct TargetOutcome {
     /// The sampled token (PrefillLast, Verify).
     pub next_token: Option<u32>,
     pub rng: SeededRng,
+    /// The emitted tokens' logprobs (accepted drafts, then the sampled token), when asked.
+    pub logprobs: Vec<TokenLogprob>,
+    /// The logprobs of the prompt tokens this item's rows predicted, when asked.
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }
 
 /// Verifier: one batched target forward.
@@ -117,6 +132,14 @@ pub struct TargetBatchResult {
     /// Per item: its outcome, or its sequence id and what went wrong.
     pub outcomes: Vec<Result<TargetOutcome, (u64, String)>>,
     pub seconds: f64,
+}
+
+/// Verifier: give slot `to` the first `len` cached tokens of slot `from` (a choice of a
+/// request starts from its first choice's prefill).
+pub struct CopyPrefix {
+    pub from: usize,
+    pub to: usize,
+    pub len: usize,
 }
 
 /// Verifier: forget a slot's cache (the sequence ended).

@@ -112,6 +112,12 @@ pub struct EngineRequest {
     pub gamma: GammaPolicy,
     /// 1 is exact; `None` follows the server's live setting, round by round.
     pub lenience: Option<Lenience>,
+    /// Report each generated token's log-probability with this many alternatives
+    /// ([`crate::sampling::token_logprob`]: after logit bias and penalties).
+    pub logprobs: Option<usize>,
+    /// Report each prompt token's log-probability (from the second on) with this many
+    /// alternatives: the model's own distribution, no processors (nothing was sampled there).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// Token counts of a finished request.

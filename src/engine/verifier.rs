@@ -9,12 +9,12 @@ use kameo::Actor;
 
 use super::error::EngineError;
 use super::messages::{
-    FreeSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome, TargetWork,
+    CopyPrefix, FreeSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome, TargetWork,
 };
 use super::verify::{verify, Scratch};
 use super::worker::ComputeWorker;
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
-use crate::sampling::Sampler;
+use crate::sampling::{apply_penalties, token_logprob, Sampler};
 
 /// What the verifier's worker owns.
 pub struct TargetState {
@@ -123,6 +123,20 @@ impl Message<TargetBatch> for Verifier {
     }
 }
 
+impl Message<CopyPrefix> for Verifier {
+    type Reply = Result<(), EngineError>;
+
+    async fn handle(
+        &mut self,
+        msg: CopyPrefix,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        self.worker
+            .run(move |s| Ok(s.cache.copy_prefix(msg.from, msg.to, msg.len)?))
+            .await?
+    }
+}
+
 impl Message<FreeSlot> for Verifier {
     type Reply = Result<(), EngineError>;
 
@@ -157,6 +171,9 @@ fn run_batch(
             start_pos: it.start_pos,
             tokens: &it.tokens,
             logits: match it.work {
+                _ if it.prompt_logprobs.is_some() && it.work != TargetWork::Verify => {
+                    LogitsRows::All
+                }
                 TargetWork::PrefillChunk => LogitsRows::None,
                 TargetWork::PrefillLast => LogitsRows::Last,
                 TargetWork::Verify => LogitsRows::All,
@@ -167,15 +184,43 @@ fn run_batch(
     let mut outcomes = Vec::with_capacity(items.len());
     for (i, it) in items.into_iter().enumerate() {
         let mut rng = it.rng.clone();
-        let result = (|| -> Result<(usize, Option<u32>), EngineError> {
+        let mut out = TargetOutcome {
+            seq: it.seq,
+            accepted: 0,
+            next_token: None,
+            rng: it.rng.clone(),
+            logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
+        };
+        let result = (|| -> Result<(), EngineError> {
             match it.work {
-                TargetWork::PrefillChunk => Ok((0, None)),
-                TargetWork::PrefillLast => {
-                    let row = logits.seq_rows(i)?.pop().expect("asked for the last row");
-                    let tok = s
-                        .sampler
-                        .pick(&row, &it.params, &it.context, &[], &mut rng)?;
-                    Ok((0, Some(tok)))
+                TargetWork::PrefillChunk | TargetWork::PrefillLast => {
+                    let mut rows = logits.seq_rows(i)?;
+                    let last = match it.work {
+                        TargetWork::PrefillLast => rows.pop(),
+                        _ => None,
+                    };
+                    if let Some(n) = it.prompt_logprobs {
+                        // Row j predicts the prompt token after position start_pos + j.
+                        let next = &it.context[it.start_pos + 1..it.prompt_len];
+                        out.prompt_logprobs = rows
+                            .iter()
+                            .zip(next)
+                            .map(|(row, &t)| token_logprob(row, t, n))
+                            .collect();
+                    }
+                    if let Some(row) = last {
+                        let tok = s
+                            .sampler
+                            .pick(&row, &it.params, &it.context, &[], &mut rng)?;
+                        if let Some(n) = it.logprobs {
+                            let mut processed = row;
+                            apply_penalties(&mut processed, &it.params, &it.context, &[]);
+                            out.logprobs.push(token_logprob(&processed, tok, n));
+                        }
+                        out.next_token = Some(tok);
+                    }
+                    Ok(())
                 }
                 TargetWork::Verify => {
                     let rows = logits.seq_rows(i)?;
@@ -189,23 +234,19 @@ fn run_batch(
                         rows,
                         &mut s.scratch,
                         &mut rng,
+                        it.logprobs,
+                        &mut out.logprobs,
                     )?;
                     s.cache
                         .truncate_to(it.slot, it.start_pos + 1 + outcome.accepted)?;
-                    Ok((outcome.accepted, Some(outcome.next_token)))
+                    out.accepted = outcome.accepted;
+                    out.next_token = Some(outcome.next_token);
+                    Ok(())
                 }
             }
         })();
-        outcomes.push(
-            result
-                .map(|(accepted, next_token)| TargetOutcome {
-                    seq: it.seq,
-                    accepted,
-                    next_token,
-                    rng,
-                })
-                .map_err(|e| (it.seq, e.to_string())),
-        );
+        out.rng = rng;
+        outcomes.push(result.map(|()| out).map_err(|e| (it.seq, e.to_string())));
     }
     Ok(TargetBatchResult {
         outcomes,

@@ -6,7 +6,10 @@
 use super::error::EngineError;
 use crate::draft::Proposal;
 use crate::sampling::speculative::{accept_greedy, accept_sampled, DraftDist, RoundOutcome};
-use crate::sampling::{apply_penalties, probabilities, Lenience, SamplingParams, SeededRng};
+use crate::sampling::{
+    apply_penalties, probabilities, token_logprob, Lenience, SamplingParams, SeededRng,
+    TokenLogprob,
+};
 
 /// Per-round scratch, reused so rounds do not allocate.
 #[derive(Default)]
@@ -14,11 +17,15 @@ pub struct Scratch {
     logits: Vec<f32>,
     target_probs: Vec<Vec<f32>>,
     residual: Vec<f32>,
+    /// Each row's processed logits, kept only when the request asked for logprobs.
+    processed: Vec<Vec<f32>>,
 }
 
 /// Applies the request's processors to each verified row (row i sees the context plus the
 /// first i drafts, exactly the history plain decoding would have had) and runs the acceptance
-/// rule.
+/// rule. With `logprobs: Some(n)`, `emitted` receives one entry per emitted token (the
+/// accepted drafts, then the sampled token), each from the processed row it was chosen at,
+/// with its `n` most likely alternatives: the same rows plain decoding would have had.
 #[allow(clippy::too_many_arguments)]
 pub fn verify(
     params: &SamplingParams,
@@ -30,9 +37,14 @@ pub fn verify(
     rows: Vec<Vec<f32>>,
     s: &mut Scratch,
     rng: &mut SeededRng,
+    logprobs: Option<usize>,
+    emitted: &mut Vec<TokenLogprob>,
 ) -> Result<RoundOutcome, EngineError> {
     let mut history = context.to_vec();
     s.target_probs.resize_with(rows.len(), Vec::new);
+    if logprobs.is_some() && s.processed.len() < rows.len() {
+        s.processed.resize_with(rows.len(), Vec::new);
+    }
     for (i, row) in rows.into_iter().enumerate() {
         if i > 0 {
             history.push(drafts[i - 1]);
@@ -40,6 +52,10 @@ pub fn verify(
         s.logits.clear();
         s.logits.extend_from_slice(&row);
         apply_penalties(&mut s.logits, params, &history, &history[prompt_len..]);
+        if logprobs.is_some() {
+            s.processed[i].clear();
+            s.processed[i].extend_from_slice(&s.logits);
+        }
         if params.is_greedy() {
             if !lenience.is_exact() {
                 // Lenient greedy compares probabilities: softmax of the processed logits.
@@ -63,7 +79,7 @@ pub fn verify(
         .iter()
         .map(Vec::as_slice)
         .collect();
-    Ok(if params.is_greedy() {
+    let outcome = if params.is_greedy() {
         accept_greedy(drafts, &p, lenience.get())?
     } else {
         let q: Vec<DraftDist> = (0..drafts.len())
@@ -74,5 +90,15 @@ pub fn verify(
             })
             .collect();
         accept_sampled(drafts, &q, &p, lenience.get(), rng, &mut s.residual)?
-    })
+    };
+    if let Some(n) = logprobs {
+        let chosen = drafts[..outcome.accepted]
+            .iter()
+            .copied()
+            .chain([outcome.next_token]);
+        for (row, token) in s.processed.iter().zip(chosen) {
+            emitted.push(token_logprob(row, token, n));
+        }
+    }
+    Ok(outcome)
 }

@@ -226,6 +226,51 @@ impl KvCache {
         Ok(())
     }
 
+    /// Makes slot `to` hold exactly the first `len` tokens of slot `from` (allocating `to` if
+    /// it is free): several sequences sharing a prompt are prefilled once. The bits are those
+    /// of `from`, which are the bits `to` would have computed itself (keys and values of a
+    /// token do not depend on how it was batched).
+    pub fn copy_prefix(&mut self, from: usize, to: usize, len: usize) -> Result<()> {
+        if from == to {
+            return Err(ModelError::Cache(format!(
+                "cannot copy slot {from} onto itself"
+            )));
+        }
+        let held = self.len(from)?;
+        if len > held {
+            return Err(ModelError::Cache(format!(
+                "cannot copy {len} tokens of slot {from}: it holds only {held}"
+            )));
+        }
+        if !self.is_allocated(to) {
+            self.allocate_slot(to)?;
+        }
+        let n = len * self.kv_dim;
+        let mut dst = self.slots[to].take().expect("allocated above");
+        let src = self.slot(from)?;
+        for (d, s) in dst
+            .keys
+            .iter_mut()
+            .zip(&src.keys)
+            .chain(dst.values.iter_mut().zip(&src.values))
+        {
+            match (d, s) {
+                (LayerBuf::F32(d), LayerBuf::F32(s)) => {
+                    d.clear();
+                    d.extend_from_slice(&s[..n]);
+                }
+                (LayerBuf::F16(d), LayerBuf::F16(s)) => {
+                    d.clear();
+                    d.extend_from_slice(&s[..n]);
+                }
+                _ => unreachable!("a cache's slots all have its type"),
+            }
+        }
+        dst.len = len;
+        self.slots[to] = Some(dst);
+        Ok(())
+    }
+
     /// Makes room for `len` tokens in a slot up front, so decoding does not reallocate.
     pub fn reserve(&mut self, slot: usize, len: usize) -> Result<()> {
         let (kv_dim, max_len) = (self.kv_dim, self.max_len);

@@ -6,10 +6,12 @@
 //! argmax of the penalised logits.
 
 mod lenience;
+mod logprobs;
 mod rng;
 pub mod speculative;
 
 pub use lenience::{InvalidLenience, Lenience};
+pub use logprobs::{token_logprob, TokenLogprob};
 pub use rng::SeededRng;
 
 /// A request's sampling settings.

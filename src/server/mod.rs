@@ -8,10 +8,12 @@
 
 pub mod admin;
 pub mod error;
+mod logprobs;
 pub mod openai;
 mod response;
 pub mod schema;
 pub mod startup;
+mod tokenize;
 mod validation;
 
 use std::net::SocketAddr;
@@ -83,6 +85,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route(

@@ -16,7 +16,9 @@ use serde_json::{json, Value};
 use tracing::Instrument;
 
 use super::error::ApiError;
-use super::response::{log_finished, now_secs, stream_response, Endpoint, ResponseMeta};
+use super::response::{
+    log_finished, now_secs, stream_response, Echo, Endpoint, Report, ResponseMeta,
+};
 use super::schema::{parse_request, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use super::startup::Loaded;
 use super::validation::{chat_turns, check_token_ids, engine_request, tokenize};
@@ -43,13 +45,16 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Resp
         let bytes = read_body(&state, body).await?;
         let (req, common): (CompletionRequest, _) = parse_request(&bytes)?;
         let loaded = state.ready()?;
-        let prompt = match req.prompt {
+        let (prompt, prompt_text) = match req.prompt {
             None => return Err(ApiError::invalid_param("prompt", "`prompt` is required.")),
-            Some(PromptInput::Text(s)) => tokenize(loaded, &s)?,
-            Some(PromptInput::Texts(v)) if v.len() == 1 => tokenize(loaded, &v[0])?,
-            Some(PromptInput::Tokens(t)) => check_token_ids(loaded, t)?,
+            Some(PromptInput::Text(s)) => (tokenize(loaded, &s)?, Some(s)),
+            Some(PromptInput::Texts(mut v)) if v.len() == 1 => {
+                let s = v.pop().expect("one");
+                (tokenize(loaded, &s)?, Some(s))
+            }
+            Some(PromptInput::Tokens(t)) => (check_token_ids(loaded, t)?, None),
             Some(PromptInput::TokenBatches(mut b)) if b.len() == 1 => {
-                check_token_ids(loaded, b.pop().expect("one"))?
+                (check_token_ids(loaded, b.pop().expect("one"))?, None)
             }
             Some(_) => {
                 return Err(ApiError::invalid_param(
@@ -58,6 +63,19 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Resp
                 ))
             }
         };
+        let logprobs = common.completion_logprobs()?;
+        let echo = match common.echo {
+            Some(true) => Some(Echo {
+                text: match prompt_text {
+                    Some(t) => t,
+                    None => loaded.tokenizer.decode(&prompt).map_err(|e| {
+                        ApiError::invalid_param("prompt", format!("Cannot decode: {e}"))
+                    })?,
+                },
+                tokens: prompt.clone(),
+            }),
+            _ => None,
+        };
         respond(
             &state,
             loaded,
@@ -65,6 +83,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Resp
             prompt,
             common,
             None,
+            Reporting { logprobs, echo },
             &rid,
         )
         .await
@@ -89,6 +108,13 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) ->
             .render(&turns, true)
             .map_err(|e| ApiError::invalid_param("messages", format!("Chat template: {e}")))?;
         let prompt = tokenize(loaded, &text)?;
+        if common.echo == Some(true) {
+            return Err(ApiError::invalid_param(
+                "echo",
+                "echo belongs to /v1/completions; a chat response holds the answer only.",
+            ));
+        }
+        let logprobs = common.chat_logprobs()?;
         respond(
             &state,
             loaded,
@@ -96,6 +122,10 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) ->
             prompt,
             common,
             req.max_completion_tokens,
+            Reporting {
+                logprobs,
+                echo: None,
+            },
             &rid,
         )
         .await
@@ -126,6 +156,15 @@ fn finish_response(
     response
 }
 
+/// What a request asked to see besides the text.
+struct Reporting {
+    /// Logprobs with this many alternatives.
+    logprobs: Option<usize>,
+    /// Completions' `echo`: the prompt before the text (with its logprobs when asked).
+    echo: Option<Echo>,
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn respond(
     state: &AppState,
     loaded: &Loaded,
@@ -133,15 +172,21 @@ async fn respond(
     prompt: Vec<u32>,
     params: CommonParams,
     max_completion_tokens: Option<usize>,
+    reporting: Reporting,
     rid: &str,
 ) -> Result<Response, ApiError> {
-    let request = engine_request(state, loaded, prompt, &params, max_completion_tokens)?;
+    let n = params.choices(loaded.engine.max_seqs())?;
+    let mut request = engine_request(state, loaded, prompt, &params, max_completion_tokens)?;
+    request.logprobs = reporting.logprobs;
+    request.prompt_logprobs = reporting.logprobs.filter(|_| reporting.echo.is_some());
     let prompt_tokens = request.generation.prompt.len();
     let max_tokens = request.generation.max_tokens;
-    let events = loaded.engine.submit(request).await?;
+    let eos_ids = request.generation.eos_ids.clone();
+    let events = loaded.engine.submit_choices(request, n).await?;
     tracing::debug!(
         prompt_tokens,
         max_tokens,
+        n,
         stream = params.stream == Some(true),
         "admitted to the queue"
     );
@@ -150,6 +195,12 @@ async fn respond(
         created: now_secs(),
         model: loaded.model_name.clone(),
         endpoint,
+        tokenizer: Arc::clone(&loaded.tokenizer),
+        report: Report {
+            logprobs: reporting.logprobs.is_some(),
+            echo: reporting.echo,
+            eos_ids,
+        },
     };
     if params.stream == Some(true) {
         let include_usage = params
@@ -160,9 +211,15 @@ async fn respond(
         return Ok(stream_response(meta, events, include_usage));
     }
     let started = Instant::now();
-    let done = events.collect().await.inspect_err(|e| {
-        tracing::warn!(error = %e, "generation failed");
-    })?;
-    log_finished(done.finish, &done.usage, started);
-    Ok(Json(meta.full(&done.text, done.finish, &done.usage)).into_response())
+    // The choices run together in the engine; their events wait in their streams.
+    let mut done = Vec::with_capacity(events.len());
+    for e in events {
+        done.push(e.collect().await.inspect_err(|e| {
+            tracing::warn!(error = %e, "generation failed");
+        })?);
+    }
+    for c in &done {
+        log_finished(c.finish, &c.usage, started);
+    }
+    Ok(Json(meta.full(&done)).into_response())
 }

@@ -3,6 +3,8 @@
 //! disconnects drops it and the engine frees the slot within a round.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::task::Poll;
 use std::convert::Infallible;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -11,7 +13,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use crate::engine::{EngineEvent, EventStream, FinishReason, Usage};
+use super::logprobs::{chat_content, CompletionLogprobs};
+use crate::engine::{Completion, EngineEvent, EventStream, FinishReason, Usage};
+use crate::model::TextTokenizer;
+use crate::sampling::TokenLogprob;
 
 /// Which endpoint a request came through: it decides the response's shape.
 #[derive(Clone, Copy, PartialEq)]
@@ -31,6 +36,39 @@ pub(super) struct ResponseMeta {
     pub created: u64,
     pub model: String,
     pub endpoint: Endpoint,
+    pub tokenizer: Arc<TextTokenizer>,
+    pub report: Report,
+}
+
+/// What each choice reports besides its text.
+pub(super) struct Report {
+    /// Chat `logprobs: true`, or completions `logprobs: N`.
+    pub logprobs: bool,
+    /// Completions `echo`: the prompt, put before each choice's text.
+    pub echo: Option<Echo>,
+    /// The tokens that end the output; like their text, their logprobs are not reported.
+    pub eos_ids: Vec<u32>,
+}
+
+pub(super) struct Echo {
+    pub text: String,
+    pub tokens: Vec<u32>,
+}
+
+/// Every choice's usage together: the prompt counted once (its prefill is shared), the
+/// completions and the speculation counters summed.
+fn total_usage(usages: &[Usage]) -> Usage {
+    let mut total = Usage {
+        prompt_tokens: usages.first().map_or(0, |u| u.prompt_tokens),
+        ..Usage::default()
+    };
+    for u in usages {
+        total.completion_tokens += u.completion_tokens;
+        total.speculative.rounds += u.speculative.rounds;
+        total.speculative.draft_tokens += u.speculative.draft_tokens;
+        total.speculative.accepted_tokens += u.speculative.accepted_tokens;
+    }
+    total
 }
 
 fn usage_json(u: &Usage) -> Value {
@@ -49,6 +87,74 @@ fn usage_json(u: &Usage) -> Value {
     })
 }
 
+/// One choice's output as its events come: the echoed prompt before its first text, and its
+/// logprobs entries until they are sent.
+#[derive(Default)]
+struct ChoiceOut {
+    started: bool,
+    chat_logprobs: Vec<Value>,
+    completion_logprobs: CompletionLogprobs,
+}
+
+impl ChoiceOut {
+    /// Takes one output event's share; returns the text to send.
+    fn absorb(
+        &mut self,
+        meta: &ResponseMeta,
+        text: &str,
+        tokens: &[u32],
+        logprobs: &[TokenLogprob],
+        prompt_logprobs: &[TokenLogprob],
+    ) -> String {
+        let tok = &meta.tokenizer;
+        let r = &meta.report;
+        let mut delta = String::new();
+        if !self.started {
+            self.started = true;
+            if let Some(echo) = &r.echo {
+                delta.push_str(&echo.text);
+                if let (true, Some(&first)) = (r.logprobs, echo.tokens.first()) {
+                    self.completion_logprobs.push_unscored(tok, first);
+                    for e in prompt_logprobs {
+                        self.completion_logprobs.push(tok, e);
+                    }
+                }
+            }
+        }
+        delta.push_str(text);
+        if r.logprobs {
+            let reported = logprobs
+                .iter()
+                .zip(tokens)
+                .filter(|(_, t)| !r.eos_ids.contains(t))
+                .map(|(e, _)| e);
+            for e in reported {
+                match meta.endpoint {
+                    Endpoint::Chat => self
+                        .chat_logprobs
+                        .extend(chat_content(tok, std::slice::from_ref(e))),
+                    Endpoint::Completions => self.completion_logprobs.push(tok, e),
+                }
+            }
+        }
+        delta
+    }
+
+    /// The entries gathered since the last call, in the endpoint's shape (null when the
+    /// request did not ask for logprobs).
+    fn take_logprobs(&mut self, meta: &ResponseMeta) -> Value {
+        if !meta.report.logprobs {
+            return Value::Null;
+        }
+        match meta.endpoint {
+            Endpoint::Chat => json!({
+                "content": std::mem::take(&mut self.chat_logprobs), "refusal": null,
+            }),
+            Endpoint::Completions => self.completion_logprobs.take(),
+        }
+    }
+}
+
 impl ResponseMeta {
     fn object(&self, chunk: bool) -> &'static str {
         match (self.endpoint, chunk) {
@@ -58,30 +164,51 @@ impl ResponseMeta {
         }
     }
 
-    pub(super) fn full(&self, text: &str, finish: FinishReason, usage: &Usage) -> Value {
-        let choice = match self.endpoint {
-            Endpoint::Completions => json!({
-                "index": 0, "text": text, "logprobs": null, "finish_reason": finish.as_openai(),
-            }),
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": null,
-                "finish_reason": finish.as_openai(),
-            }),
-        };
+    /// The whole response to a request whose choices all finished.
+    pub(super) fn full(&self, done: &[Completion]) -> Value {
+        let choices: Vec<Value> = done
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let mut out = ChoiceOut::default();
+                let text = out.absorb(self, &c.text, &c.tokens, &c.logprobs, &c.prompt_logprobs);
+                let logprobs = out.take_logprobs(self);
+                let finish = c.finish.as_openai();
+                match self.endpoint {
+                    Endpoint::Completions => json!({
+                        "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
+                    }),
+                    Endpoint::Chat => json!({
+                        "index": index,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": logprobs,
+                        "finish_reason": finish,
+                    }),
+                }
+            })
+            .collect();
+        let usages: Vec<Usage> = done.iter().map(|c| c.usage.clone()).collect();
         json!({
             "id": self.id, "object": self.object(false), "created": self.created,
-            "model": self.model, "choices": [choice], "usage": usage_json(usage),
+            "model": self.model, "choices": choices, "usage": usage_json(&total_usage(&usages)),
         })
     }
 
-    /// A streamed chunk: `delta` text, `first` (chat: announces the role), or the end.
-    fn chunk(&self, delta: Option<&str>, first: bool, finish: Option<FinishReason>) -> Value {
+    /// A streamed chunk of choice `index`: `delta` text, `first` (chat: announces the role),
+    /// logprobs, or the end.
+    fn chunk(
+        &self,
+        index: usize,
+        delta: Option<&str>,
+        first: bool,
+        logprobs: Value,
+        finish: Option<FinishReason>,
+    ) -> Value {
         let finish = finish.map(FinishReason::as_openai);
         let choice = match self.endpoint {
             Endpoint::Completions => json!({
-                "index": 0, "text": delta.unwrap_or(""), "logprobs": null, "finish_reason": finish,
+                "index": index, "text": delta.unwrap_or(""), "logprobs": logprobs,
+                "finish_reason": finish,
             }),
             Endpoint::Chat => {
                 let mut d = serde_json::Map::new();
@@ -91,7 +218,7 @@ impl ResponseMeta {
                 if let Some(t) = delta {
                     d.insert("content".into(), t.into());
                 }
-                json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "delta": d, "logprobs": logprobs, "finish_reason": finish})
             }
         };
         json!({
@@ -125,17 +252,22 @@ struct StreamState {
     meta: ResponseMeta,
     span: tracing::Span,
     started: Instant,
-    /// `None` once the request ended.
-    events: Option<EventStream>,
+    /// Each choice's events; `None` once that choice ended.
+    events: Vec<Option<EventStream>>,
+    choices: Vec<ChoiceOut>,
+    usages: Vec<Usage>,
+    /// The choice polled first next time, so no choice waits behind another.
+    next_poll: usize,
     out: VecDeque<Event>,
     include_usage: bool,
+    finished: bool,
 }
 
 impl Drop for StreamState {
     fn drop(&mut self) {
-        if self.events.is_some() {
+        if !self.finished {
             // The body was dropped before the request ended: the client went away, and
-            // dropping the event stream cancels the request.
+            // dropping the event streams cancels the request.
             self.span
                 .in_scope(|| tracing::info!("client disconnected; request cancelled"));
         }
@@ -146,62 +278,122 @@ fn data(v: &Value) -> Event {
     Event::default().data(v.to_string())
 }
 
+impl StreamState {
+    /// The next event of any running choice, or `None` when every choice has ended.
+    async fn next_event(&mut self) -> Option<(usize, Option<EngineEvent>)> {
+        let n = self.events.len();
+        std::future::poll_fn(|cx| {
+            let mut any = false;
+            for k in 0..n {
+                let i = (self.next_poll + k) % n;
+                let Some(stream) = self.events[i].as_mut() else {
+                    continue;
+                };
+                any = true;
+                if let Poll::Ready(ev) = stream.poll_next(cx) {
+                    self.next_poll = (i + 1) % n;
+                    return Poll::Ready(Some((i, ev)));
+                }
+            }
+            if any {
+                Poll::Pending
+            } else {
+                Poll::Ready(None)
+            }
+        })
+        .await
+    }
+
+    /// Ends the response with an error chunk: one failed choice fails the request.
+    fn fail(&mut self, message: String) {
+        let e = ApiError::internal(message);
+        self.out.push_back(data(&e.body()));
+        self.out.push_back(Event::default().data("[DONE]"));
+        self.events.clear();
+        self.finished = true;
+    }
+
+    fn take(&mut self, index: usize, ev: Option<EngineEvent>) {
+        match ev {
+            Some(EngineEvent::Output {
+                tokens,
+                text,
+                logprobs,
+                prompt_logprobs,
+            }) => {
+                let choice = &mut self.choices[index];
+                let delta = choice.absorb(&self.meta, &text, &tokens, &logprobs, &prompt_logprobs);
+                let lp = choice.take_logprobs(&self.meta);
+                let has_logprobs = self.meta.report.logprobs
+                    && (!logprobs.is_empty() || !prompt_logprobs.is_empty());
+                if !delta.is_empty() || has_logprobs {
+                    let c = self.meta.chunk(index, Some(&delta), false, lp, None);
+                    self.out.push_back(data(&c));
+                }
+            }
+            Some(EngineEvent::Done { finish, usage }) => {
+                self.span
+                    .in_scope(|| log_finished(finish, &usage, self.started));
+                let c = self
+                    .meta
+                    .chunk(index, None, false, Value::Null, Some(finish));
+                self.out.push_back(data(&c));
+                self.usages.push(usage);
+                self.events[index] = None;
+                if self.events.iter().all(Option::is_none) {
+                    if self.include_usage {
+                        let usage = total_usage(&self.usages);
+                        self.out.push_back(data(&self.meta.usage_chunk(&usage)));
+                    }
+                    self.out.push_back(Event::default().data("[DONE]"));
+                    self.finished = true;
+                }
+            }
+            Some(EngineEvent::Failed(msg)) => {
+                self.span
+                    .in_scope(|| tracing::warn!(error = %msg, "generation failed"));
+                self.fail(format!("Generation failed: {msg}"));
+            }
+            None => self.fail("The engine stopped.".into()),
+        }
+    }
+}
+
+/// Streams every choice's chunks as they come, each tagged with its index, then the usage
+/// (when asked) and `[DONE]` after the last choice ends.
 pub(super) fn stream_response(
     meta: ResponseMeta,
-    events: EventStream,
+    events: Vec<EventStream>,
     include_usage: bool,
 ) -> Response {
     let mut out = VecDeque::new();
     if meta.endpoint == Endpoint::Chat {
-        out.push_back(data(&meta.chunk(Some(""), true, None)));
+        for index in 0..events.len() {
+            out.push_back(data(&meta.chunk(index, Some(""), true, Value::Null, None)));
+        }
     }
     let state = StreamState {
         meta,
         span: tracing::Span::current(),
         started: Instant::now(),
-        events: Some(events),
+        choices: events.iter().map(|_| ChoiceOut::default()).collect(),
+        usages: Vec::with_capacity(events.len()),
+        events: events.into_iter().map(Some).collect(),
+        next_poll: 0,
         out,
         include_usage,
+        finished: false,
     };
     let stream = futures_util::stream::unfold(state, |mut st| async move {
         loop {
             if let Some(ev) = st.out.pop_front() {
                 return Some((Ok::<_, Infallible>(ev), st));
             }
-            let events = st.events.as_mut()?;
-            match events.next().await {
-                Some(EngineEvent::Output { text, .. }) => {
-                    if !text.is_empty() {
-                        let c = st.meta.chunk(Some(&text), false, None);
-                        st.out.push_back(data(&c));
-                    }
-                }
-                Some(EngineEvent::Done { finish, usage }) => {
-                    st.span
-                        .in_scope(|| log_finished(finish, &usage, st.started));
-                    let c = st.meta.chunk(None, false, Some(finish));
-                    st.out.push_back(data(&c));
-                    if st.include_usage {
-                        st.out.push_back(data(&st.meta.usage_chunk(&usage)));
-                    }
-                    st.out.push_back(Event::default().data("[DONE]"));
-                    st.events = None;
-                }
-                Some(EngineEvent::Failed(msg)) => {
-                    st.span
-                        .in_scope(|| tracing::warn!(error = %msg, "generation failed"));
-                    let e = ApiError::internal(format!("Generation failed: {msg}"));
-                    st.out.push_back(data(&e.body()));
-                    st.out.push_back(Event::default().data("[DONE]"));
-                    st.events = None;
-                }
-                None => {
-                    let e = ApiError::internal("The engine stopped.");
-                    st.out.push_back(data(&e.body()));
-                    st.out.push_back(Event::default().data("[DONE]"));
-                    st.events = None;
-                }
+            if st.finished {
+                return None;
             }
+            let (index, ev) = st.next_event().await?;
+            st.take(index, ev);
         }
     });
     Sse::new(stream)

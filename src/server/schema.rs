@@ -2,7 +2,7 @@
 //!
 //! Why it exists: the wire format is the contract with every OpenAI client, so it lives apart
 //! from the handlers. Fields we do not know are ignored (clients send many), but a known field
-//! of the wrong type or a value we do not support (`n > 1`, logprobs) is a 400 naming it.
+//! of the wrong type or a value we do not support (`best_of` above `n`) is a 400 naming it.
 
 use std::collections::HashMap;
 
@@ -157,41 +157,86 @@ pub struct CommonParams {
     pub n: Option<usize>,
     pub best_of: Option<usize>,
     pub echo: Option<bool>,
-    /// Completions: an integer; chat: a boolean. Neither is supported.
+    /// Completions: how many alternatives (an integer); chat: whether to report (a boolean).
     pub logprobs: Option<serde_json::Value>,
+    /// Chat: how many alternatives with `logprobs: true`.
+    pub top_logprobs: Option<usize>,
     pub speculative: Option<RequestSpeculation>,
     /// vLLM's extension: keep going past end-of-sequence tokens (benchmarks).
     pub ignore_eos: Option<bool>,
 }
 
+/// The most alternatives a token's logprobs may list (OpenAI's limit for `top_logprobs`).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
 impl CommonParams {
-    /// Refuses what this server does not do.
-    pub fn check_supported(&self) -> Result<(), ApiError> {
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid_param(
-                "n",
-                "Only n = 1 is supported: send one request per completion.",
-            ));
-        }
-        if self.best_of.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid_param(
-                "best_of",
-                "Only best_of = 1 is supported.",
-            ));
-        }
-        if self.echo == Some(true) {
-            return Err(ApiError::invalid_param("echo", "echo is not supported."));
-        }
-        match &self.logprobs {
-            None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => {}
+    /// Chat's `logprobs` (a boolean) and `top_logprobs`.
+    pub fn chat_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let on = match &self.logprobs {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Bool(b)) => *b,
             Some(_) => {
                 return Err(ApiError::invalid_param(
                     "logprobs",
-                    "logprobs are not supported.",
+                    "On chat completions `logprobs` is true or false; ask for alternatives \
+                     with `top_logprobs`.",
                 ))
             }
+        };
+        match self.top_logprobs {
+            Some(n) if n > MAX_TOP_LOGPROBS => Err(ApiError::invalid_param(
+                "top_logprobs",
+                format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}."),
+            )),
+            Some(n) if n > 0 && !on => Err(ApiError::invalid_param(
+                "top_logprobs",
+                "top_logprobs needs `logprobs: true`.",
+            )),
+            top => Ok(on.then_some(top.unwrap_or(0))),
         }
-        Ok(())
+    }
+
+    /// The completions API's `logprobs` (an integer, the number of alternatives).
+    pub fn completion_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        if self.top_logprobs.is_some() {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                "top_logprobs belongs to chat completions; here `logprobs` is the number of \
+                 alternatives.",
+            ));
+        }
+        let bad = || {
+            ApiError::invalid_param(
+                "logprobs",
+                format!("logprobs must be an integer between 0 and {MAX_TOP_LOGPROBS}."),
+            )
+        };
+        match &self.logprobs {
+            None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => Ok(None),
+            Some(serde_json::Value::Number(n)) => match n.as_u64() {
+                Some(k) if k as usize <= MAX_TOP_LOGPROBS => Ok(Some(k as usize)),
+                _ => Err(bad()),
+            },
+            Some(_) => Err(bad()),
+        }
+    }
+
+    /// `n` and `best_of`: how many choices, at most `limit`.
+    pub fn choices(&self, limit: usize) -> Result<usize, ApiError> {
+        let n = self.n.unwrap_or(1);
+        if n == 0 || n > limit {
+            return Err(ApiError::invalid_param(
+                "n",
+                format!("n must be between 1 and {limit} (this server's engine.max_seqs)."),
+            ));
+        }
+        if self.best_of.is_some_and(|b| b != n) {
+            return Err(ApiError::invalid_param(
+                "best_of",
+                "best_of must equal n: every choice generated is returned.",
+            ));
+        }
+        Ok(n)
     }
 }
 
@@ -294,12 +339,45 @@ mod tests {
         let (r, _): (CompletionRequest, _) =
             parse_request(br#"{"prompt":[1,2,3],"stop":["a","b"]}"#).unwrap();
         assert!(matches!(r.prompt, Some(PromptInput::Tokens(ref v)) if v == &[1, 2, 3]));
-        let (_, c): (CompletionRequest, _) = parse_request(br#"{"prompt":"x","n":2}"#).unwrap();
-        assert_eq!(c.check_supported().unwrap_err().param.as_deref(), Some("n"));
+        let (_, c): (CompletionRequest, _) = parse_request(br#"{"prompt":"x","n":9}"#).unwrap();
+        assert_eq!(c.choices(8).unwrap_err().param.as_deref(), Some("n"));
+        assert_eq!(c.choices(9).unwrap(), 9);
         let (_, c): (ChatRequest, _) = parse_request(
             br#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"logprobs":false}"#,
         )
         .unwrap();
-        assert!(c.check_supported().is_ok());
+        assert_eq!(c.chat_logprobs().unwrap(), None);
+    }
+
+    #[test]
+    fn logprobs_take_each_endpoints_shape() {
+        let chat = |body: &str| {
+            let (_, c): (ChatRequest, _) = parse_request(body.as_bytes()).unwrap();
+            c.chat_logprobs()
+        };
+        assert_eq!(chat(r#"{"logprobs":true}"#).unwrap(), Some(0));
+        assert_eq!(chat(r#"{"logprobs":true,"top_logprobs":5}"#).unwrap(), Some(5));
+        for bad in [
+            r#"{"logprobs":3}"#,
+            r#"{"top_logprobs":2}"#,
+            r#"{"logprobs":true,"top_logprobs":21}"#,
+        ] {
+            assert!(chat(bad).is_err(), "{bad}");
+        }
+        let completion = |body: &str| {
+            let (_, c): (CompletionRequest, _) = parse_request(body.as_bytes()).unwrap();
+            c.completion_logprobs()
+        };
+        assert_eq!(completion(r#"{"logprobs":0}"#).unwrap(), Some(0));
+        assert_eq!(completion(r#"{"logprobs":20}"#).unwrap(), Some(20));
+        assert_eq!(completion(r#"{"logprobs":null}"#).unwrap(), None);
+        for bad in [
+            r#"{"logprobs":21}"#,
+            r#"{"logprobs":true}"#,
+            r#"{"logprobs":-1}"#,
+            r#"{"logprobs":2,"top_logprobs":2}"#,
+        ] {
+            assert!(completion(bad).is_err(), "{bad}");
+        }
     }
 }

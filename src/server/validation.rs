@@ -98,7 +98,6 @@ pub(super) fn engine_request(
     p: &CommonParams,
     max_completion_tokens: Option<usize>,
 ) -> Result<EngineRequest, ApiError> {
-    p.check_supported()?;
     if let Some(m) = &p.model {
         if m != &loaded.model_name && m != "default" {
             return Err(ApiError::model_not_found(m, &loaded.model_name));
@@ -230,5 +229,7 @@ pub(super) fn engine_request(
         },
         gamma,
         lenience,
+        logprobs: None,
+        prompt_logprobs: None,
     })
 }

@@ -143,6 +143,8 @@ fn run(
             rows,
             &mut s,
             &mut rng,
+            None,
+            &mut Vec::new(),
         )?;
         let keep = n + 1 + outcome.accepted;
         cache.truncate_to(slot, keep)?;

@@ -10,7 +10,7 @@ use super::state::{record_finished, Scheduler};
 use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
 use crate::engine::governor::Governor;
-use crate::engine::messages::{EndSequence, FreeSlot, Release, Reserve, Submit};
+use crate::engine::messages::{CopyPrefix, EndSequence, FreeSlot, Release, Reserve, Submit};
 use crate::engine::request::SpeculationStats;
 use crate::sampling::SeededRng;
 use crate::telemetry;
@@ -32,7 +32,7 @@ impl Scheduler {
 
     /// Drops queued and active requests whose stream was dropped.
     pub(super) async fn retire_cancelled(&mut self) {
-        self.queue.retain(|q| !q.events.is_closed());
+        self.queue.retain(|q| !q.events.iter().all(|e| e.is_closed()));
         let (gone, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.active)
             .into_iter()
             .partition(|s| s.events.is_closed());
@@ -43,15 +43,30 @@ impl Scheduler {
         }
     }
 
+    /// Admits queued requests in order while slots and KV capacity last; a request's choices
+    /// are admitted together or not at all.
     pub(super) async fn admit(&mut self) {
-        while self.active.len() < self.cfg.max_seqs {
-            let Some(q) = self.queue.front() else { break };
+        while let Some(q) = self.queue.front() {
+            let choices = q.events.len();
+            if self.active.len() + choices > self.cfg.max_seqs {
+                break;
+            }
             let g = &q.request.generation;
             let tokens =
                 (g.prompt.len() + g.max_tokens + self.cfg.max_gamma + 1).min(self.cfg.context_len);
-            let Ok(Some(slot)) = self.cache.ask(Reserve { tokens }).await else {
+            let mut slots = Vec::with_capacity(choices);
+            while slots.len() < choices {
+                match self.cache.ask(Reserve { tokens }).await {
+                    Ok(Some(slot)) => slots.push(slot),
+                    _ => break,
+                }
+            }
+            if slots.len() < choices {
+                for slot in slots {
+                    let _ = self.cache.tell(Release { slot, tokens }).await;
+                }
                 break;
-            };
+            }
             let q = self.queue.pop_front().expect("peeked");
             telemetry::record_admitted(q.request.generation.prompt.len());
             let seed = q
@@ -60,29 +75,80 @@ impl Scheduler {
                 .sampling
                 .seed
                 .unwrap_or_else(|| SeededRng::from_entropy().next_u64());
-            let group = self.active.iter().filter(|s| s.group == 0).count() > self.active.len() / 2;
-            self.active.push(Sequence {
-                id: q.id,
-                slot,
-                reserved: tokens,
-                events: q.events,
-                context: q.request.generation.prompt.clone(),
-                prefilled: 0,
-                emitter: Emitter::new(&q.request.generation),
-                draft_rng: SeededRng::new(seed ^ 0x9E37_79B9_7F4A_7C15),
-                accept_rng: SeededRng::new(seed),
-                governor: Governor::with_prior(self.cfg.governor, self.acceptance.get()),
-                spec: SpeculationStats::default(),
-                group: usize::from(group),
-                max_context: self.cfg.context_len,
-                pending: None,
-                drafter_seen: 0,
-                arrived: q.arrived,
-                admitted: Instant::now(),
-                last_output: None,
-                request: q.request,
-            });
+            for (i, (events, slot)) in q.events.into_iter().zip(slots).enumerate() {
+                let mut request = q.request.clone();
+                // Choice i samples as a lone request seeded `seed + i` would.
+                let seed = seed.wrapping_add(i as u64);
+                request.generation.sampling.seed = Some(seed);
+                let group =
+                    self.active.iter().filter(|s| s.group == 0).count() > self.active.len() / 2;
+                self.active.push(Sequence {
+                    id: q.id + i as u64,
+                    slot,
+                    reserved: tokens,
+                    events,
+                    context: request.generation.prompt.clone(),
+                    prefilled: 0,
+                    emitter: Emitter::new(&request.generation),
+                    draft_rng: SeededRng::new(seed ^ 0x9E37_79B9_7F4A_7C15),
+                    accept_rng: SeededRng::new(seed),
+                    governor: Governor::with_prior(self.cfg.governor, self.acceptance.get()),
+                    spec: SpeculationStats::default(),
+                    group: usize::from(group),
+                    max_context: self.cfg.context_len,
+                    pending: None,
+                    drafter_seen: 0,
+                    arrived: q.arrived,
+                    admitted: Instant::now(),
+                    last_output: None,
+                    prompt_logprobs: Vec::new(),
+                    waits_for: (i > 0).then_some(q.id),
+                    leads: i == 0 && choices > 1,
+                    request,
+                });
+            }
         }
+    }
+
+    /// Starts the later choices of requests whose first choice has prefilled the prompt: each
+    /// gets a copy of its cache but for the prompt's last token, which it feeds itself to
+    /// sample its own first token. A choice whose first choice ended before that prefills the
+    /// prompt on its own.
+    pub(super) async fn start_waiting_choices(&mut self) -> Result<(), EngineError> {
+        for i in 0..self.active.len() {
+            let Some(leader) = self.active[i].waits_for else {
+                continue;
+            };
+            let Some(l) = self.active.iter().position(|s| s.id == leader) else {
+                self.active[i].waits_for = None;
+                continue;
+            };
+            if !self.active[l].decoding() {
+                continue;
+            }
+            let len = self.active[l].prompt_len() - 1;
+            self.verifier
+                .ask(CopyPrefix {
+                    from: self.active[l].slot,
+                    to: self.active[i].slot,
+                    len,
+                })
+                .await
+                .map_err(|e| EngineError::Worker(format!("verifier: {e}")))?;
+            let logprobs = self.active[l].prompt_logprobs.clone();
+            let s = &mut self.active[i];
+            s.prefilled = len;
+            s.prompt_logprobs = logprobs;
+            s.waits_for = None;
+        }
+        for s in &mut self.active {
+            // Every choice waiting for it was started above.
+            if s.leads && s.decoding() {
+                s.leads = false;
+                s.prompt_logprobs.clear();
+            }
+        }
+        Ok(())
     }
 }
 
@@ -92,13 +158,20 @@ impl Message<Submit> for Scheduler {
     /// Queues a request [`crate::engine::Engine::submit`] has checked; refuses it only when
     /// the queue is full.
     async fn handle(&mut self, msg: Submit, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        if msg.events.is_empty() || msg.events.len() > self.cfg.max_seqs {
+            return Err(EngineError::InvalidRequest(format!(
+                "a request may have 1 to {} choices (engine.max_seqs), not {}",
+                self.cfg.max_seqs,
+                msg.events.len()
+            )));
+        }
         if self.queue.len() >= self.cfg.max_queue {
             return Err(EngineError::Overloaded {
                 queued: self.queue.len(),
             });
         }
         let id = self.next_id;
-        self.next_id += 1;
+        self.next_id += msg.events.len() as u64;
         self.queue.push_back(Queued {
             id,
             arrived: Instant::now(),

@@ -37,6 +37,7 @@ impl Scheduler {
         let (chunk_len, drafts) = &sent[&id];
         if !s.decoding() {
             s.prefilled += chunk_len;
+            s.prompt_logprobs.extend(o.prompt_logprobs);
             if s.decoding() {
                 telemetry::record_prefill(s.admitted.elapsed().as_secs_f64());
             }
@@ -55,7 +56,10 @@ impl Scheduler {
         let next = o.next_token?;
         let round = drafts[..o.accepted].iter().copied().chain([next]);
         match s.emit_round(round) {
-            Ok(emission) => {
+            Ok(mut emission) => {
+                let mut logprobs = o.logprobs;
+                logprobs.truncate(emission.tokens.len());
+                emission.logprobs = logprobs;
                 let finish = emission.finish;
                 send_output(s, emission);
                 if let Some(finish) = finish {
@@ -114,5 +118,12 @@ fn send_output(s: &mut Sequence, e: RoundEmission) {
     let _ = s.events.send(EngineEvent::Output {
         tokens: e.tokens,
         text: e.text,
+        logprobs: e.logprobs,
+        // The other choices of its request start with a copy of them.
+        prompt_logprobs: if s.leads {
+            s.prompt_logprobs.clone()
+        } else {
+            std::mem::take(&mut s.prompt_logprobs)
+        },
     });
 }

@@ -32,6 +32,7 @@ impl Scheduler {
                 pending: s.pending.is_some(),
                 group: s.group,
                 prompt_left: s.prompt_len() - s.prefilled,
+                waiting: s.waits_for.is_some(),
             })
             .collect();
         let shape = RoundPlan::build(&states, pipelined, self.cfg.prefill_chunk, self.rounds);
@@ -145,6 +146,9 @@ impl Scheduler {
         if let Some(x) = self.speedup.get() {
             telemetry::set_speedup_estimate(x);
         }
+        // Before anything ends: a first choice that prefilled and finished in this round still
+        // holds the cache its other choices start from.
+        self.start_waiting_choices().await?;
         for ending in ended {
             self.end_sequence(ending).await;
         }

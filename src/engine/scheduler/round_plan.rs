@@ -13,6 +13,8 @@ pub struct SeqState {
     pub group: usize,
     /// Prompt tokens not yet prefilled.
     pub prompt_left: usize,
+    /// It waits for another choice of its request to prefill the prompt: no part in rounds.
+    pub waiting: bool,
 }
 
 /// A sequence's share of the round's target forward.
@@ -63,6 +65,9 @@ impl RoundPlan {
         };
         let mut budget = prefill_chunk.max(1);
         for (i, s) in seqs.iter().enumerate() {
+            if s.waiting {
+                continue;
+            }
             if s.decoding {
                 // Between groups, the verified group's drafts were made in the round before.
                 if !s.pending {
@@ -96,6 +101,7 @@ mod tests {
             pending: false,
             group,
             prompt_left: 0,
+            waiting: false,
         }
     }
 
@@ -105,6 +111,7 @@ mod tests {
             pending: false,
             group: 0,
             prompt_left: left,
+            waiting: false,
         }
     }
 
@@ -182,6 +189,11 @@ mod tests {
             ]
         );
         assert_eq!(p.prefill_width, 512);
+        // A choice waiting for another's prefill takes no part.
+        let mut waiting = prompt(300);
+        waiting.waiting = true;
+        let p = RoundPlan::build(&[waiting, prompt(5)], false, 512, 0);
+        assert_eq!(p.target, vec![(1, TargetPart::Prefill { len: 5 })]);
         // A zero budget still moves prompts forward one token at a time.
         let p = RoundPlan::build(&[prompt(3)], false, 0, 0);
         assert_eq!(p.target, vec![(0, TargetPart::Prefill { len: 1 })]);

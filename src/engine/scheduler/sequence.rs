@@ -13,13 +13,14 @@ use crate::engine::governor::{Candidate, Choice, Governor};
 use crate::engine::messages::{DraftItem, DraftOutcome, EngineEvent, TargetItem, TargetWork};
 use crate::engine::request::{EngineRequest, FinishReason, SpeculationStats};
 use crate::engine::settings::SpeculationSettings;
-use crate::sampling::{Lenience, SeededRng};
+use crate::sampling::{Lenience, SeededRng, TokenLogprob};
 
-/// A request waiting for a slot.
+/// A request waiting for slots: one per choice, all admitted together.
 pub(super) struct Queued {
+    /// The first choice's id; choice `i` is `id + i`.
     pub id: u64,
     pub request: EngineRequest,
-    pub events: mpsc::UnboundedSender<EngineEvent>,
+    pub events: Vec<mpsc::UnboundedSender<EngineEvent>>,
     pub arrived: Instant,
 }
 
@@ -49,12 +50,21 @@ pub(super) struct Sequence {
     pub arrived: Instant,
     pub admitted: Instant,
     pub last_output: Option<Instant>,
+    /// Prompt logprobs gathered over the prefill chunks, sent with the first output.
+    pub prompt_logprobs: Vec<TokenLogprob>,
+    /// A later choice of a request: it waits for this sequence (the first choice) to prefill
+    /// the prompt, then starts from a copy of its cache.
+    pub waits_for: Option<u64>,
+    /// The first choice of a request whose other choices wait for its prefill.
+    pub leads: bool,
 }
 
 /// The tokens one round released for a sequence, and whether they ended it.
 pub(super) struct RoundEmission {
     pub tokens: Vec<u32>,
     pub text: String,
+    /// The tokens' logprobs when the request asked for them.
+    pub logprobs: Vec<TokenLogprob>,
     pub finish: Option<FinishReason>,
 }
 
@@ -163,6 +173,11 @@ impl Sequence {
             context: self.context.clone(),
             prompt_len: self.prompt_len(),
             rng: self.accept_rng.clone(),
+            logprobs: self.request.logprobs,
+            prompt_logprobs: match work {
+                TargetWork::Verify => None,
+                _ => self.request.prompt_logprobs,
+            },
         }
     }
 
@@ -213,6 +228,7 @@ impl Sequence {
         Ok(RoundEmission {
             tokens,
             text,
+            logprobs: Vec::new(),
             finish,
         })
     }

@@ -29,6 +29,7 @@ use super::chat_template::{ChatTemplate, ChatTemplateError};
 mod gguf;
 mod hf;
 mod incremental;
+mod token_bytes;
 
 pub use incremental::IncrementalDecoder;
 
