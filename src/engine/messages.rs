@@ -52,6 +52,8 @@ pub struct SchedulerStats {
     /// group), and how many of them were used (every draft stood and the guess held).
     pub drafted_ahead: u64,
     pub ahead_used: u64,
+    /// Prompt tokens run through the target (a request's later choices copy the first's).
+    pub prefilled_tokens: u64,
 }
 
 /// CacheManager: reserve a target KV slot and `tokens` of KV capacity for a sequence.

@@ -126,11 +126,7 @@ impl Message<TargetBatch> for Verifier {
 impl Message<CopyPrefix> for Verifier {
     type Reply = Result<(), EngineError>;
 
-    async fn handle(
-        &mut self,
-        msg: CopyPrefix,
-        _: &mut Context<Self, Self::Reply>,
-    ) -> Self::Reply {
+    async fn handle(&mut self, msg: CopyPrefix, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         self.worker
             .run(move |s| Ok(s.cache.copy_prefix(msg.from, msg.to, msg.len)?))
             .await?

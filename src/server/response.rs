@@ -3,9 +3,9 @@
 //! disconnects drops it and the engine frees the slot within a round.
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::Poll;
-use std::convert::Infallible;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::response::sse::{Event, KeepAlive, Sse};

@@ -356,7 +356,10 @@ mod tests {
             c.chat_logprobs()
         };
         assert_eq!(chat(r#"{"logprobs":true}"#).unwrap(), Some(0));
-        assert_eq!(chat(r#"{"logprobs":true,"top_logprobs":5}"#).unwrap(), Some(5));
+        assert_eq!(
+            chat(r#"{"logprobs":true,"top_logprobs":5}"#).unwrap(),
+            Some(5)
+        );
         for bad in [
             r#"{"logprobs":3}"#,
             r#"{"top_logprobs":2}"#,

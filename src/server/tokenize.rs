@@ -53,7 +53,10 @@ fn check_model(model: Option<&str>, served: &str) -> Result<(), ApiError> {
     }
 }
 
-pub async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Result<Json<Value>, ApiError> {
+pub async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
     let bytes = read_body(&state, body).await?;
     let req: TokenizeRequest = parse_body(&bytes)?;
     let loaded = state.ready()?;
@@ -85,7 +88,8 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Result<
     let ids = tok
         .encode(&text, add_special)
         .map_err(|e| ApiError::invalid(format!("Cannot tokenize: {e}")))?;
-    let piece = |id: u32| String::from_utf8_lossy(&tok.token_bytes(id).unwrap_or_default()).into_owned();
+    let piece =
+        |id: u32| String::from_utf8_lossy(&tok.token_bytes(id).unwrap_or_default()).into_owned();
     let tokens: Value = if req.with_pieces == Some(true) {
         ids.iter()
             .map(|&id| json!({"id": id, "piece": piece(id)}))

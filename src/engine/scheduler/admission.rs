@@ -32,7 +32,8 @@ impl Scheduler {
 
     /// Drops queued and active requests whose stream was dropped.
     pub(super) async fn retire_cancelled(&mut self) {
-        self.queue.retain(|q| !q.events.iter().all(|e| e.is_closed()));
+        self.queue
+            .retain(|q| !q.events.iter().all(|e| e.is_closed()));
         let (gone, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.active)
             .into_iter()
             .partition(|s| s.events.is_closed());

@@ -63,6 +63,7 @@ impl Message<GetSchedulerStats> for Scheduler {
             overlap_ratio: self.overlap.ratio(),
             drafted_ahead: self.drafted_ahead,
             ahead_used: self.ahead_used,
+            prefilled_tokens: self.prefilled_tokens,
         }
     }
 }

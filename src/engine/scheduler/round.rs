@@ -80,6 +80,11 @@ impl Scheduler {
             to_draft_ahead.extend(item);
         }
         let decode_only = items.iter().all(|i| i.work == TargetWork::Verify);
+        self.prefilled_tokens += items
+            .iter()
+            .filter(|i| i.work != TargetWork::Verify)
+            .map(|i| i.tokens.len() as u64)
+            .sum::<u64>();
         let width: usize = items.iter().map(|i| i.tokens.len()).sum();
         // What each sequence sent: its chunk length, or its drafts.
         let sent: HashMap<u64, (usize, Vec<u32>)> = items

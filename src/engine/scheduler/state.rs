@@ -56,6 +56,7 @@ pub struct Scheduler {
     /// Next rounds drafted during a verification within a request, and how many were used.
     pub(super) drafted_ahead: u64,
     pub(super) ahead_used: u64,
+    pub(super) prefilled_tokens: u64,
 }
 
 impl Scheduler {
@@ -84,6 +85,7 @@ impl Scheduler {
             overlap: Overlap::default(),
             drafted_ahead: 0,
             ahead_used: 0,
+            prefilled_tokens: 0,
         }
     }
 
