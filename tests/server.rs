@@ -489,6 +489,71 @@ fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
         ),
         (
             "/v1/completions",
+            br#"{"prompt": "hi", "n": 0}"#,
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "best_of": 2}"#,
+            400,
+            Some("best_of"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "logprobs": 21}"#,
+            400,
+            Some("logprobs"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "logprobs": true}"#,
+            400,
+            Some("logprobs"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "logprobs": 2, "top_logprobs": 2}"#,
+            400,
+            Some("top_logprobs"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}"#,
+            400,
+            Some("logprobs"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}"#,
+            400,
+            Some("top_logprobs"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}"#,
+            400,
+            Some("top_logprobs"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "hi"}], "echo": true}"#,
+            400,
+            Some("echo"),
+        ),
+        ("/tokenize", br#"{}"#, 400, None),
+        ("/tokenize", br#"{"content": "a", "prompt": "b"}"#, 400, None),
+        ("/tokenize", br#"{"content": 5}"#, 400, Some("content")),
+        (
+            "/detokenize",
+            br#"{"tokens": [99999999]}"#,
+            400,
+            Some("tokens"),
+        ),
+        ("/detokenize", br#"{"tokens": "abc"}"#, 400, Some("tokens")),
+        ("/detokenize", br#"{}"#, 400, Some("tokens")),
+        (
+            "/v1/completions",
             br#"{"prompt": "hi", "model": "gpt-9"}"#,
             404,
             Some("model"),
@@ -685,4 +750,250 @@ fn admin_api_changes_speculation_live() {
     .json();
     assert_eq!(v["usage"]["speculative"]["draft_tokens"], 0, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 16);
+}
+
+/// Every `logprobs.content` entry of a chat response, and the text its tokens spell.
+fn chat_entries(logprobs: &Value) -> (Vec<Value>, String) {
+    let entries = logprobs["content"]
+        .as_array()
+        .expect("logprobs.content")
+        .clone();
+    let mut bytes = Vec::new();
+    for e in &entries {
+        let b: Vec<u8> = e["bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u8)
+            .collect();
+        bytes.extend(b);
+    }
+    (entries, String::from_utf8(bytes).unwrap())
+}
+
+/// Choice `index`'s streamed chunks: its text, its logprobs entries gathered (chat: `content`
+/// entries; completions: the parallel arrays concatenated) and its finish reason.
+fn choice_stream(data: &[String], index: u64, chat: bool) -> (String, Value, Option<String>) {
+    let (mut text, mut finish) = (String::new(), None);
+    let mut entries = json!({"content": [], "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+    for d in &data[..data.len() - 1] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        let Some(c) = v["choices"].as_array().and_then(|c| c.first()) else {
+            continue;
+        };
+        if c["index"] != index {
+            continue;
+        }
+        text.push_str(if chat {
+            c["delta"]["content"].as_str().unwrap_or("")
+        } else {
+            c["text"].as_str().unwrap()
+        });
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish = Some(f.to_string());
+        }
+        let lp = &c["logprobs"];
+        if lp.is_null() {
+            continue;
+        }
+        let keys: &[&str] = if chat {
+            &["content"]
+        } else {
+            &["tokens", "token_logprobs", "top_logprobs", "text_offset"]
+        };
+        for k in keys {
+            let more = lp[*k].as_array().unwrap().clone();
+            entries[*k].as_array_mut().unwrap().extend(more);
+        }
+    }
+    (text, entries, finish)
+}
+
+/// Logprobs (chat and completions, streamed and not, the same with speculation on and off),
+/// echo, several choices of one request and the tokenizer routes, over HTTP.
+#[test]
+fn logprobs_choices_echo_and_tokenize_over_http() {
+    let server = Server::start(
+        &[
+            "--context-length",
+            CONTEXT,
+            "--draft-model",
+            "prompt-lookup",
+            "--max-seqs",
+            "4",
+        ],
+        &[],
+    );
+    let addr = server.addr.clone();
+    let question = "List the days of the week, then list them again.";
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": question}],
+                              "max_tokens": 40, "temperature": 0, "logprobs": true,
+                              "top_logprobs": 3});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = post_json(&addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r
+    };
+
+    // Chat: one entry a token, spelling the answer; three alternatives each, the greedy choice
+    // first; the same numbers with speculation off and at γ = 1..3.
+    let off = chat(json!({"speculative": {"enabled": false}})).json();
+    let content = off["choices"][0]["message"]["content"].as_str().unwrap();
+    let (entries, spelled) = chat_entries(&off["choices"][0]["logprobs"]);
+    assert_eq!(spelled, content, "the entries spell the answer");
+    assert_eq!(
+        entries.len() as u64,
+        off["usage"]["completion_tokens"].as_u64().unwrap()
+            - u64::from(off["choices"][0]["finish_reason"] == "stop"),
+        "one entry a token (an end-of-turn token is not reported)"
+    );
+    for e in &entries {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{e}");
+        assert_eq!(
+            top[0]["token"], e["token"],
+            "greedy takes the most likely: {e}"
+        );
+        assert_eq!(top[0]["logprob"], e["logprob"]);
+        assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+        assert_eq!(e["bytes"], json!(e["token"].as_str().unwrap().as_bytes()));
+    }
+    for g in 1..=3 {
+        let on = chat(json!({"speculative": {"gamma": g}})).json();
+        assert_speculated(&on["usage"]);
+        assert_eq!(
+            on["choices"][0]["logprobs"], off["choices"][0]["logprobs"],
+            "γ {g}"
+        );
+    }
+    // Streamed: the chunks' entries are the same entries.
+    let r = chat(json!({"stream": true, "speculative": {"gamma": 2}}));
+    let (text, streamed, finish) = choice_stream(&r.sse_data(), 0, true);
+    assert_eq!(text, content);
+    assert_eq!(
+        streamed["content"],
+        off["choices"][0]["logprobs"]["content"]
+    );
+    assert_eq!(json!(finish), off["choices"][0]["finish_reason"]);
+
+    // Completions with echo: the prompt's tokens first (the very first unscored), then the
+    // output's; offsets count characters of the whole text; each top list holds the chosen token.
+    let prompt = "Monday, Tuesday, Wednesday, Thursday,";
+    let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 2,
+                      "echo": true, "ignore_eos": true, "speculative": {"gamma": 3}});
+    let v = post_json(&addr, "/v1/completions", &body).json();
+    let c = &v["choices"][0];
+    let text = c["text"].as_str().unwrap();
+    assert!(text.starts_with(prompt), "{text}");
+    let lp = &c["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let (p, n) = (
+        v["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        v["usage"]["completion_tokens"].as_u64().unwrap() as usize,
+    );
+    assert_eq!(tokens.len(), p + n);
+    assert_eq!(tokens.concat(), text);
+    assert_eq!(tokens[..p].concat(), prompt);
+    assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
+    let mut offset = 0;
+    for (i, t) in tokens.iter().enumerate() {
+        assert_eq!(lp["text_offset"][i], offset, "{lp}");
+        offset += t.chars().count();
+        if i > 0 {
+            let top = lp["top_logprobs"][i].as_object().unwrap();
+            assert!((1..=3).contains(&top.len()), "{top:?}");
+            assert_eq!(
+                top[*t], lp["token_logprobs"][i],
+                "the chosen token is listed"
+            );
+        }
+    }
+    // Scoring the prompt does not depend on generating: the same numbers with speculation off,
+    // and streamed.
+    let mut plain = body.clone();
+    plain["speculative"] = json!({"enabled": false});
+    let v2 = post_json(&addr, "/v1/completions", &plain).json();
+    assert_eq!(v2["choices"][0]["logprobs"], *lp);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = post_json(&addr, "/v1/completions", &streamed);
+    let (stext, slp, _) = choice_stream(&r.sse_data(), 0, false);
+    assert_eq!(stext, text);
+    for k in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        assert_eq!(slp[k], lp[k], "{k}");
+    }
+
+    // Several choices: greedy ones agree; usage counts the prompt once and every completion.
+    let v = chat(json!({"n": 3, "logprobs": false, "top_logprobs": null})).json();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["message"]["content"], json!(content));
+        assert!(c["logprobs"].is_null());
+    }
+    assert_eq!(v["usage"]["prompt_tokens"], off["usage"]["prompt_tokens"]);
+    assert_eq!(
+        v["usage"]["completion_tokens"].as_u64().unwrap(),
+        3 * off["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    // Seeded and sampled, streamed: each choice is the lone request seeded seed + i.
+    let sampled = json!({"prompt": prompt, "max_tokens": 16, "temperature": 1.0, "seed": 5,
+                         "ignore_eos": true, "speculative": {"gamma": 2}});
+    let mut both = sampled.clone();
+    both["n"] = json!(2);
+    both["stream"] = json!(true);
+    both["stream_options"] = json!({"include_usage": true});
+    let data = post_json(&addr, "/v1/completions", &both).sse_data();
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(last["usage"]["completion_tokens"], 32, "{last}");
+    for i in 0..2u64 {
+        let (text, _, finish) = choice_stream(&data, i, false);
+        assert_eq!(finish.as_deref(), Some("length"));
+        let mut lone = sampled.clone();
+        lone["seed"] = json!(5 + i);
+        let v = post_json(&addr, "/v1/completions", &lone).json();
+        assert_eq!(json!(text), v["choices"][0]["text"], "choice {i}");
+    }
+
+    // Tokenizer routes, in llama.cpp's and vLLM's shapes: the counts are the requests' usage.
+    let t = post_json(&addr, "/tokenize", &json!({"content": prompt})).json();
+    assert_eq!(t["count"], p);
+    assert_eq!(t["tokens"].as_array().unwrap().len(), p);
+    let t2 = post_json(
+        &addr,
+        "/tokenize",
+        &json!({"prompt": prompt, "with_pieces": true}),
+    )
+    .json();
+    let pieces: String = t2["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["piece"].as_str().unwrap())
+        .collect();
+    assert_eq!(pieces, prompt);
+    let m = post_json(
+        &addr,
+        "/tokenize",
+        &json!({"messages": [{"role": "user", "content": question}], "return_token_strs": true}),
+    )
+    .json();
+    assert_eq!(m["count"], off["usage"]["prompt_tokens"]);
+    assert_eq!(
+        m["token_strs"].as_array().unwrap().len() as u64,
+        m["count"].as_u64().unwrap()
+    );
+    assert_eq!(m["max_model_len"], 512);
+    let d = post_json(&addr, "/detokenize", &json!({"tokens": t["tokens"]})).json();
+    assert_eq!(d["content"], prompt);
+    assert_eq!(d["prompt"], prompt);
 }
