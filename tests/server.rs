@@ -964,6 +964,46 @@ fn logprobs_choices_echo_and_tokenize_over_http() {
         assert_eq!(json!(text), v["choices"][0]["text"], "choice {i}");
     }
 
+    // A batch of prompts (texts, or token ids) with n = 2: choice i answers prompt i / 2, each
+    // echoing its own prompt; each equals the lone request; usage counts each prompt once.
+    let other = "January, February, March,";
+    let lone: Vec<Value> = [prompt, other]
+        .iter()
+        .map(|p| {
+            post_json(
+                &addr,
+                "/v1/completions",
+                &json!({"prompt": p, "max_tokens": 6, "temperature": 0, "ignore_eos": true}),
+            )
+            .json()
+        })
+        .collect();
+    let ids: Vec<Value> = [prompt, other]
+        .iter()
+        .map(|p| post_json(&addr, "/tokenize", &json!({"prompt": p})).json()["tokens"].clone())
+        .collect();
+    for batch in [json!([prompt, other]), json!(ids)] {
+        let v = post_json(
+            &addr,
+            "/v1/completions",
+            &json!({"prompt": batch, "n": 2, "max_tokens": 6, "temperature": 0,
+                    "ignore_eos": true, "echo": true}),
+        )
+        .json();
+        let choices = v["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 4, "{v}");
+        for (i, c) in choices.iter().enumerate() {
+            assert_eq!(c["index"], i);
+            let (p, want) = ([prompt, other][i / 2], &lone[i / 2]);
+            let generated = want["choices"][0]["text"].as_str().unwrap();
+            assert_eq!(c["text"], format!("{p}{generated}"), "choice {i}");
+        }
+        let prompts = lone[0]["usage"]["prompt_tokens"].as_u64().unwrap()
+            + lone[1]["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert_eq!(v["usage"]["prompt_tokens"], prompts);
+        assert_eq!(v["usage"]["completion_tokens"], 24);
+    }
+
     // Tokenizer routes, in llama.cpp's and vLLM's shapes: the counts are the requests' usage.
     let t = post_json(&addr, "/tokenize", &json!({"content": prompt})).json();
     assert_eq!(t["count"], p);

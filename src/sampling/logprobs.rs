@@ -45,7 +45,7 @@ fn top_entries(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
         return top;
     }
     for (id, &l) in logits.iter().enumerate() {
-        if top.len() == n && !(l > top[n - 1].1) {
+        if top.len() == n && l.partial_cmp(&top[n - 1].1) != Some(std::cmp::Ordering::Greater) {
             continue;
         }
         // After every entry at least as large: equal logits keep the lower id first.

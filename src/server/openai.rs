@@ -45,42 +45,50 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Resp
         let bytes = read_body(&state, body).await?;
         let (req, common): (CompletionRequest, _) = parse_request(&bytes)?;
         let loaded = state.ready()?;
-        let (prompt, prompt_text) = match req.prompt {
+        // One prompt, or a batch: each gets `n` choices, in order.
+        let prompts: Vec<(Vec<u32>, Option<String>)> = match req.prompt {
             None => return Err(ApiError::invalid_param("prompt", "`prompt` is required.")),
-            Some(PromptInput::Text(s)) => (tokenize(loaded, &s)?, Some(s)),
-            Some(PromptInput::Texts(mut v)) if v.len() == 1 => {
-                let s = v.pop().expect("one");
-                (tokenize(loaded, &s)?, Some(s))
-            }
-            Some(PromptInput::Tokens(t)) => (check_token_ids(loaded, t)?, None),
-            Some(PromptInput::TokenBatches(mut b)) if b.len() == 1 => {
-                (check_token_ids(loaded, b.pop().expect("one"))?, None)
-            }
-            Some(_) => {
-                return Err(ApiError::invalid_param(
-                    "prompt",
-                    "Send one prompt per request (batched prompts are not supported).",
-                ))
-            }
+            Some(PromptInput::Text(s)) => vec![(tokenize(loaded, &s)?, Some(s))],
+            Some(PromptInput::Texts(v)) => v
+                .into_iter()
+                .map(|s| Ok((tokenize(loaded, &s)?, Some(s))))
+                .collect::<Result<_, ApiError>>()?,
+            Some(PromptInput::Tokens(t)) => vec![(check_token_ids(loaded, t)?, None)],
+            Some(PromptInput::TokenBatches(b)) => b
+                .into_iter()
+                .map(|t| Ok((check_token_ids(loaded, t)?, None)))
+                .collect::<Result<_, ApiError>>()?,
         };
+        if prompts.is_empty() {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "The prompt list must not be empty.",
+            ));
+        }
         let logprobs = common.completion_logprobs()?;
-        let echo = match common.echo {
-            Some(true) => Some(Echo {
-                text: match prompt_text {
-                    Some(t) => t,
-                    None => loaded.tokenizer.decode(&prompt).map_err(|e| {
-                        ApiError::invalid_param("prompt", format!("Cannot decode: {e}"))
-                    })?,
-                },
-                tokens: prompt.clone(),
-            }),
-            _ => None,
+        let echo = if common.echo == Some(true) {
+            prompts
+                .iter()
+                .map(|(tokens, text)| {
+                    Ok(Echo {
+                        text: match text {
+                            Some(t) => t.clone(),
+                            None => loaded.tokenizer.decode(tokens).map_err(|e| {
+                                ApiError::invalid_param("prompt", format!("Cannot decode: {e}"))
+                            })?,
+                        },
+                        tokens: tokens.clone(),
+                    })
+                })
+                .collect::<Result<_, ApiError>>()?
+        } else {
+            Vec::new()
         };
         respond(
             &state,
             loaded,
             Endpoint::Completions,
-            prompt,
+            prompts.into_iter().map(|(tokens, _)| tokens).collect(),
             common,
             None,
             Reporting { logprobs, echo },
@@ -119,12 +127,12 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) ->
             &state,
             loaded,
             Endpoint::Chat,
-            prompt,
+            vec![prompt],
             common,
             req.max_completion_tokens,
             Reporting {
                 logprobs,
-                echo: None,
+                echo: Vec::new(),
             },
             &rid,
         )
@@ -160,8 +168,9 @@ fn finish_response(
 struct Reporting {
     /// Logprobs with this many alternatives.
     logprobs: Option<usize>,
-    /// Completions' `echo`: the prompt before the text (with its logprobs when asked).
-    echo: Option<Echo>,
+    /// Completions' `echo`: each prompt before its choices' text (with its logprobs when
+    /// asked); empty without echo.
+    echo: Vec<Echo>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -169,20 +178,29 @@ async fn respond(
     state: &AppState,
     loaded: &Loaded,
     endpoint: Endpoint,
-    prompt: Vec<u32>,
+    prompts: Vec<Vec<u32>>,
     params: CommonParams,
     max_completion_tokens: Option<usize>,
     reporting: Reporting,
     rid: &str,
 ) -> Result<Response, ApiError> {
     let n = params.choices(loaded.engine.max_seqs())?;
-    let mut request = engine_request(state, loaded, prompt, &params, max_completion_tokens)?;
-    request.logprobs = reporting.logprobs;
-    request.prompt_logprobs = reporting.logprobs.filter(|_| reporting.echo.is_some());
-    let prompt_tokens = request.generation.prompt.len();
-    let max_tokens = request.generation.max_tokens;
-    let eos_ids = request.generation.eos_ids.clone();
-    let events = loaded.engine.submit_choices(request, n).await?;
+    let mut requests = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        let mut request = engine_request(state, loaded, prompt, &params, max_completion_tokens)?;
+        request.logprobs = reporting.logprobs;
+        request.prompt_logprobs = reporting.logprobs.filter(|_| !reporting.echo.is_empty());
+        requests.push(request);
+    }
+    let prompt_tokens: usize = requests.iter().map(|r| r.generation.prompt.len()).sum();
+    let max_tokens = requests[0].generation.max_tokens;
+    let eos_ids = requests[0].generation.eos_ids.clone();
+    // Every prompt's choices are queued before any answer is read; should the queue fill up
+    // part-way, the streams queued so far are dropped, which cancels them.
+    let mut events = Vec::with_capacity(requests.len() * n);
+    for request in requests {
+        events.extend(loaded.engine.submit_choices(request, n).await?);
+    }
     tracing::debug!(
         prompt_tokens,
         max_tokens,
@@ -198,6 +216,7 @@ async fn respond(
         tokenizer: Arc::clone(&loaded.tokenizer),
         report: Report {
             logprobs: reporting.logprobs.is_some(),
+            choices_per_prompt: n,
             echo: reporting.echo,
             eos_ids,
         },

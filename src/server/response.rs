@@ -44,8 +44,10 @@ pub(super) struct ResponseMeta {
 pub(super) struct Report {
     /// Chat `logprobs: true`, or completions `logprobs: N`.
     pub logprobs: bool,
-    /// Completions `echo`: the prompt, put before each choice's text.
-    pub echo: Option<Echo>,
+    /// Choices of each prompt (`n`); choice `i` answers prompt `i / n`.
+    pub choices_per_prompt: usize,
+    /// Completions `echo`: each prompt, put before the text of its choices (empty: no echo).
+    pub echo: Vec<Echo>,
     /// The tokens that end the output; like their text, their logprobs are not reported.
     pub eos_ids: Vec<u32>,
 }
@@ -55,11 +57,15 @@ pub(super) struct Echo {
     pub tokens: Vec<u32>,
 }
 
-/// Every choice's usage together: the prompt counted once (its prefill is shared), the
-/// completions and the speculation counters summed.
-fn total_usage(usages: &[Usage]) -> Usage {
+/// Every choice's usage together, in choice order: each prompt counted once (its choices share
+/// its prefill), the completions and the speculation counters summed.
+fn total_usage(usages: &[Usage], choices_per_prompt: usize) -> Usage {
     let mut total = Usage {
-        prompt_tokens: usages.first().map_or(0, |u| u.prompt_tokens),
+        prompt_tokens: usages
+            .iter()
+            .step_by(choices_per_prompt.max(1))
+            .map(|u| u.prompt_tokens)
+            .sum(),
         ..Usage::default()
     };
     for u in usages {
@@ -101,6 +107,7 @@ impl ChoiceOut {
     fn absorb(
         &mut self,
         meta: &ResponseMeta,
+        index: usize,
         text: &str,
         tokens: &[u32],
         logprobs: &[TokenLogprob],
@@ -111,7 +118,7 @@ impl ChoiceOut {
         let mut delta = String::new();
         if !self.started {
             self.started = true;
-            if let Some(echo) = &r.echo {
+            if let Some(echo) = r.echo.get(index / r.choices_per_prompt.max(1)) {
                 delta.push_str(&echo.text);
                 if let (true, Some(&first)) = (r.logprobs, echo.tokens.first()) {
                     self.completion_logprobs.push_unscored(tok, first);
@@ -171,7 +178,14 @@ impl ResponseMeta {
             .enumerate()
             .map(|(index, c)| {
                 let mut out = ChoiceOut::default();
-                let text = out.absorb(self, &c.text, &c.tokens, &c.logprobs, &c.prompt_logprobs);
+                let text = out.absorb(
+                    self,
+                    index,
+                    &c.text,
+                    &c.tokens,
+                    &c.logprobs,
+                    &c.prompt_logprobs,
+                );
                 let logprobs = out.take_logprobs(self);
                 let finish = c.finish.as_openai();
                 match self.endpoint {
@@ -190,7 +204,8 @@ impl ResponseMeta {
         let usages: Vec<Usage> = done.iter().map(|c| c.usage.clone()).collect();
         json!({
             "id": self.id, "object": self.object(false), "created": self.created,
-            "model": self.model, "choices": choices, "usage": usage_json(&total_usage(&usages)),
+            "model": self.model, "choices": choices,
+            "usage": usage_json(&total_usage(&usages, self.report.choices_per_prompt)),
         })
     }
 
@@ -255,7 +270,8 @@ struct StreamState {
     /// Each choice's events; `None` once that choice ended.
     events: Vec<Option<EventStream>>,
     choices: Vec<ChoiceOut>,
-    usages: Vec<Usage>,
+    /// Each choice's usage once it ended, by index.
+    usages: Vec<Option<Usage>>,
     /// The choice polled first next time, so no choice waits behind another.
     next_poll: usize,
     out: VecDeque<Event>,
@@ -322,7 +338,14 @@ impl StreamState {
                 prompt_logprobs,
             }) => {
                 let choice = &mut self.choices[index];
-                let delta = choice.absorb(&self.meta, &text, &tokens, &logprobs, &prompt_logprobs);
+                let delta = choice.absorb(
+                    &self.meta,
+                    index,
+                    &text,
+                    &tokens,
+                    &logprobs,
+                    &prompt_logprobs,
+                );
                 let lp = choice.take_logprobs(&self.meta);
                 let has_logprobs = self.meta.report.logprobs
                     && (!logprobs.is_empty() || !prompt_logprobs.is_empty());
@@ -338,11 +361,12 @@ impl StreamState {
                     .meta
                     .chunk(index, None, false, Value::Null, Some(finish));
                 self.out.push_back(data(&c));
-                self.usages.push(usage);
+                self.usages[index] = Some(usage);
                 self.events[index] = None;
                 if self.events.iter().all(Option::is_none) {
                     if self.include_usage {
-                        let usage = total_usage(&self.usages);
+                        let usages: Vec<Usage> = self.usages.iter().flatten().cloned().collect();
+                        let usage = total_usage(&usages, self.meta.report.choices_per_prompt);
                         self.out.push_back(data(&self.meta.usage_chunk(&usage)));
                     }
                     self.out.push_back(Event::default().data("[DONE]"));
@@ -377,7 +401,7 @@ pub(super) fn stream_response(
         span: tracing::Span::current(),
         started: Instant::now(),
         choices: events.iter().map(|_| ChoiceOut::default()).collect(),
-        usages: Vec::with_capacity(events.len()),
+        usages: vec![None; events.len()],
         events: events.into_iter().map(Some).collect(),
         next_poll: 0,
         out,
