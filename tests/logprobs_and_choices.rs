@@ -109,8 +109,8 @@ fn fixed(g: usize) -> GammaPolicy {
 }
 
 /// Greedy with every processor that changes logits (penalties, a logit bias), every drafter and
-/// γ = 1..4: the same tokens and the same logprob bits as plain decoding, one entry per token,
-/// the alternatives sorted with the chosen token first.
+/// every γ the engine allows (1..8): the same tokens and the same logprob bits as plain
+/// decoding, one entry per token, the alternatives sorted with the chosen token first.
 #[test]
 fn greedy_logprobs_are_the_same_bits_with_speculation_on_and_off() {
     let loaded = load(WeightsDtype::AsIs);
@@ -168,7 +168,7 @@ fn greedy_logprobs_are_the_same_bits_with_speculation_on_and_off() {
     for (name, source) in drafters(&f16) {
         let engine = start(&rt, &target, Some(source));
         let (mut drafted, mut accepted) = (0, 0);
-        for g in 1..=4 {
+        for g in 1..=8 {
             let got = run(
                 &rt,
                 &engine,
@@ -322,8 +322,10 @@ fn choices_share_the_prefill_and_equal_lone_requests() {
             );
         }
     }
+    // A request's slots are back before its last event is sent.
     let stats = rt.block_on(engine.cache_stats()).unwrap();
     assert_eq!(stats.free_slots, stats.total_slots, "every slot returned");
+    assert_eq!(stats.reserved_tokens, 0);
     // More choices than the engine decodes together is refused before any work.
     let err = rt
         .block_on(engine.submit_choices(request(prompt, 4, SamplingParams::greedy(), fixed(1)), 5))

@@ -39,8 +39,9 @@ impl Message<Step> for Scheduler {
             // request is told, and its resources go back.
             for s in std::mem::take(&mut self.active) {
                 record_finished("error", &s);
-                let _ = s.events.send(EngineEvent::Failed(e.to_string()));
+                let events = s.events.clone();
                 self.retire(s).await;
+                let _ = events.send(EngineEvent::Failed(e.to_string()));
             }
         }
         telemetry::set_queue(self.active.len(), self.queue.len());

@@ -101,8 +101,10 @@ impl Scheduler {
             },
             Err(msg) => EngineEvent::Failed(msg),
         };
-        let _ = s.events.send(event);
+        // Resources first: once a client sees its request end, its slot is free again.
+        let events = s.events.clone();
         self.retire(s).await;
+        let _ = events.send(event);
     }
 }
 
