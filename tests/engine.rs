@@ -91,19 +91,11 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 #[test]
 fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
     let _serial = one_at_a_time();
     let (_dirs, target_model, other) = target_and_other();
-    let rt = runtime();
+    let rt = common::runtime();
     let all = prompts(8);
     let want: Vec<Vec<u32>> = all
         .iter()
@@ -185,7 +177,7 @@ fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
 fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
     let _serial = one_at_a_time();
     let (_dirs, target, other) = target_and_other();
-    let rt = runtime();
+    let rt = common::runtime();
     let engine = rt
         .block_on(Engine::start(
             target,
@@ -253,7 +245,7 @@ fn cancelling_frees_slots_and_leaves_others_alone() {
     let _serial = one_at_a_time();
     let (_d1, target) = load(&untied(7), WeightsDtype::F32);
     let model = Arc::new(target.model);
-    let rt = runtime();
+    let rt = common::runtime();
     let engine = rt
         .block_on(Engine::start(
             Arc::clone(&model),
@@ -300,7 +292,7 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
     let _serial = one_at_a_time();
     let (_d1, target) = load(&untied(7), WeightsDtype::F32);
     let context = target.model.context_len();
-    let rt = runtime();
+    let rt = common::runtime();
     let engine = rt
         .block_on(Engine::start(
             Arc::new(target.model),
@@ -406,7 +398,7 @@ fn governed(
 #[test]
 fn governor_speculates_only_where_its_prices_say_it_pays() {
     let _serial = one_at_a_time();
-    let rt = runtime();
+    let rt = common::runtime();
     let max_width = EngineConfig::default().max_seqs * (EngineConfig::default().max_gamma + 1);
     let (_dirs, target, other) = target_and_other();
     let twice = |source: &dyn Fn() -> DraftSource,
@@ -498,7 +490,7 @@ fn start_pipelined(
 fn drafting_ahead_within_a_request_keeps_greedy_output_identical() {
     let _serial = one_at_a_time();
     let (_dirs, target, other) = target_and_other();
-    let rt = runtime();
+    let rt = common::runtime();
     let all = prompts(3);
     for (name, draft, always_right) in [
         ("itself", Arc::clone(&target), true),

@@ -41,14 +41,6 @@ fn chat_prompt(loaded: &LoadedModel, question: &str) -> Vec<u32> {
     loaded.tokenizer.encode(&text, true).unwrap()
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn start(rt: &tokio::runtime::Runtime, target: &Arc<Llama>, draft: Option<DraftSource>) -> Engine {
     rt.block_on(Engine::start(
         Arc::clone(target),
@@ -120,7 +112,7 @@ fn greedy_logprobs_are_the_same_bits_with_speculation_on_and_off() {
     );
     let target = Arc::new(loaded.model);
     let f16 = Arc::new(load(WeightsDtype::F16).model);
-    let rt = runtime();
+    let rt = common::runtime();
     let greedy = SamplingParams {
         repetition_penalty: 1.1,
         presence_penalty: 0.3,
@@ -216,7 +208,7 @@ fn sampled_logprobs_equal_scoring_the_output_as_a_prompt() {
     let prompt = chat_prompt(&loaded, "Write a short poem about rivers.");
     let target = Arc::new(loaded.model);
     let f16 = Arc::new(load(WeightsDtype::F16).model);
-    let rt = runtime();
+    let rt = common::runtime();
     let sampled = SamplingParams {
         temperature: 0.8,
         top_k: 40,
@@ -269,7 +261,7 @@ fn choices_share_the_prefill_and_equal_lone_requests() {
     let loaded = load(WeightsDtype::AsIs);
     let prompt = chat_prompt(&loaded, "Name three colours and say why you like them.");
     let target = Arc::new(loaded.model);
-    let rt = runtime();
+    let rt = common::runtime();
     let engine = start(
         &rt,
         &target,

@@ -24,6 +24,15 @@ pub fn default_model() -> PathBuf {
     p
 }
 
+/// The tokio runtime engine tests drive the engine from: two workers, like the machine's cores.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 pub fn load_default(dtype: WeightsDtype) -> LoadedModel {
     LoadedModel::load(
         &ModelSource::Gguf(default_model()),
