@@ -35,6 +35,13 @@ pub const SPEC_GAMMA: &str = "tandem_spec_gamma";
 pub const PIPELINE_OVERLAP: &str = "tandem_pipeline_overlap_ratio";
 pub const SPEC_SPEEDUP_ESTIMATE: &str = "tandem_spec_speedup_estimate";
 
+pub const PREFIX_LOOKUPS: &str = "tandem_prefix_cache_lookups_total";
+pub const PREFIX_HITS: &str = "tandem_prefix_cache_hits_total";
+pub const PREFIX_HIT_TOKENS: &str = "tandem_prefix_cache_hit_tokens_total";
+pub const PREFIX_EVICTIONS: &str = "tandem_prefix_cache_evictions_total";
+pub const PREFIX_RETAINED_SLOTS: &str = "tandem_prefix_cache_retained_slots";
+pub const PREFIX_RETAINED_TOKENS: &str = "tandem_prefix_cache_retained_tokens";
+
 /// Step latencies span sub-millisecond GPU steps to seconds-long CPU prefills.
 const STEP_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -124,6 +131,30 @@ fn describe() {
     describe_gauge!(
         PIPELINE_OVERLAP,
         "Share of busy time the drafter and verifier ran at once."
+    );
+    describe_counter!(
+        PREFIX_LOOKUPS,
+        "New sequences that looked for a cached prompt prefix, by model."
+    );
+    describe_counter!(
+        PREFIX_HITS,
+        "New sequences that started from a cached prompt prefix, by model."
+    );
+    describe_counter!(
+        PREFIX_HIT_TOKENS,
+        "Prompt tokens taken from the prefix cache instead of prefilled, by model."
+    );
+    describe_counter!(
+        PREFIX_EVICTIONS,
+        "Retained slots evicted (least recently used) to make room, by model."
+    );
+    describe_gauge!(
+        PREFIX_RETAINED_SLOTS,
+        "Cache slots kept for their prefix after their sequence ended, by model."
+    );
+    describe_gauge!(
+        PREFIX_RETAINED_TOKENS,
+        "Tokens held by retained slots, by model."
     );
 }
 
@@ -234,4 +265,22 @@ pub fn set_overlap(ratio: f64) {
 
 pub fn set_kv_usage(model: &'static str, ratio: f64) {
     gauge!(KV_CACHE_USAGE, "model" => model).set(ratio);
+}
+
+/// A new sequence looked for a cached prefix and found `hit_tokens` of its prompt (0: a miss).
+pub fn record_prefix_lookup(model: &'static str, hit_tokens: usize) {
+    counter!(PREFIX_LOOKUPS, "model" => model).increment(1);
+    if hit_tokens > 0 {
+        counter!(PREFIX_HITS, "model" => model).increment(1);
+        counter!(PREFIX_HIT_TOKENS, "model" => model).increment(hit_tokens as u64);
+    }
+}
+
+pub fn record_prefix_eviction(model: &'static str) {
+    counter!(PREFIX_EVICTIONS, "model" => model).increment(1);
+}
+
+pub fn set_prefix_cache(model: &'static str, slots: usize, tokens: usize) {
+    gauge!(PREFIX_RETAINED_SLOTS, "model" => model).set(slots as f64);
+    gauge!(PREFIX_RETAINED_TOKENS, "model" => model).set(tokens as f64);
 }

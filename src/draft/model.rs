@@ -10,7 +10,9 @@ use std::ops::Deref;
 use std::time::Instant;
 
 use super::{DraftError, Proposal, Proposer};
+use crate::model::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput, TextTokenizer};
+use crate::telemetry;
 use crate::sampling::{
     apply_penalties, argmax, probabilities, sample_from, SamplingParams, SeededRng,
 };
@@ -22,6 +24,11 @@ pub struct ModelDrafter<M: Deref<Target = Llama>> {
     cache: KvCache,
     /// Which cache slot each sequence drafts in.
     slots: HashMap<u64, usize>,
+    /// The tokens each sequence's cache holds (for the prefix cache).
+    held: HashMap<u64, Vec<u32>>,
+    /// Slots of ended sequences kept for their prefix, when `prefix_cache` is on.
+    retained: PrefixIndex,
+    prefix_cache: bool,
     logits: Vec<f32>,
     probs: Vec<f32>,
 }
@@ -114,9 +121,19 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             name: name.into(),
             cache,
             slots: HashMap::new(),
+            held: HashMap::new(),
+            retained: PrefixIndex::default(),
+            prefix_cache: false,
             logits: Vec::new(),
             probs: Vec::new(),
         }
+    }
+
+    /// Keeps ended sequences' caches and starts new ones from the longest prefix a kept or
+    /// running cache holds, as the target's prefix cache does (the same bits as computing it).
+    pub fn with_prefix_cache(mut self, on: bool) -> Self {
+        self.prefix_cache = on;
+        self
     }
 
     /// The model it drafts with.
@@ -127,11 +144,24 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         self.model.clone()
     }
 
-    /// Forgets a sequence and frees its cache slot.
-    pub fn end(&mut self, seq: u64) {
-        if let Some(slot) = self.slots.remove(&seq) {
-            let _ = self.cache.free(slot);
+    /// Forgets a sequence. Its slot is kept for its prefix when `keep` and the prefix cache
+    /// are on (and the tokens it holds are known), and freed otherwise.
+    pub fn end(&mut self, seq: u64, keep: bool) {
+        let held = self.held.remove(&seq);
+        let Some(slot) = self.slots.remove(&seq) else {
+            return;
+        };
+        match held {
+            Some(tokens) if keep && self.prefix_cache => {
+                for (s, _) in self.retained.retain(slot, tokens) {
+                    let _ = self.cache.free(s);
+                }
+            }
+            _ => {
+                let _ = self.cache.free(slot);
+            }
         }
+        self.report_prefix_cache();
     }
 
     /// The first `keep` tokens of `seq`'s context stand; forget anything past them.
@@ -140,21 +170,78 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             if self.cache.len(slot)? > keep {
                 self.cache.truncate_to(slot, keep)?;
             }
+            if let Some(h) = self.held.get_mut(&seq) {
+                h.truncate(keep);
+            }
         }
         Ok(())
     }
 
-    fn slot_for(&mut self, seq: u64) -> Result<usize, DraftError> {
+    fn report_prefix_cache(&self) {
+        if self.prefix_cache {
+            telemetry::set_prefix_cache("draft", self.retained.len(), self.retained.tokens());
+        }
+    }
+
+    /// A free slot, evicting the least recently used retained one if there is none.
+    fn free_slot(&mut self) -> Result<usize, DraftError> {
+        loop {
+            if let Some(slot) = self.cache.allocate() {
+                return Ok(slot);
+            }
+            let Some((slot, _)) = self.retained.evict(None) else {
+                return Err(DraftError::Model(crate::model::ModelError::BadInput(format!(
+                    "the draft cache has no free slot ({} in use)",
+                    self.slots.len()
+                ))));
+            };
+            self.cache.free(slot)?;
+            telemetry::record_prefix_eviction("draft");
+        }
+    }
+
+    /// The slot `seq` drafts in; a new sequence starts from the longest prefix of its
+    /// `context` (all but its last token) that a retained slot (taken over) or a running
+    /// sequence's (copied) holds.
+    fn slot_for(&mut self, seq: u64, context: &[u32]) -> Result<usize, DraftError> {
         if let Some(&slot) = self.slots.get(&seq) {
             return Ok(slot);
         }
-        let slot = self.cache.allocate().ok_or_else(|| {
-            DraftError::Model(crate::model::ModelError::BadInput(format!(
-                "the draft cache has no free slot ({} in use)",
-                self.slots.len()
-            )))
-        })?;
+        let limit = context.len().saturating_sub(1);
+        let found = if self.prefix_cache {
+            let running = self
+                .held
+                .iter()
+                .filter_map(|(s, t)| Some((*self.slots.get(s)?, t.as_slice())));
+            self.retained.best_match(context, limit, running)
+        } else {
+            None
+        };
+        let (slot, len) = match found {
+            Some(PrefixMatch {
+                source: PrefixSource::Retained { slot },
+                len,
+            }) => {
+                self.retained.take(slot);
+                self.cache.truncate_to(slot, len)?;
+                (slot, len)
+            }
+            Some(PrefixMatch {
+                source: PrefixSource::Running { slot: from },
+                len,
+            }) => {
+                let slot = self.free_slot()?;
+                self.cache.copy_prefix(from, slot, len)?;
+                (slot, len)
+            }
+            None => (self.free_slot()?, 0),
+        };
+        if self.prefix_cache {
+            telemetry::record_prefix_lookup("draft", len);
+            self.report_prefix_cache();
+        }
         self.slots.insert(seq, slot);
+        self.held.insert(seq, context[..len].to_vec());
         Ok(slot)
     }
 
@@ -291,11 +378,24 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             }
         }
         timing.step_seconds = start.elapsed().as_secs_f64();
+        // What each cache now holds: its context and the drafts fed back. A lane that failed
+        // left its cache unknown, so its slot is not kept for a prefix.
+        for (job, lane) in jobs.iter().zip(&lanes) {
+            match lane {
+                Some(l) => {
+                    let len = self.cache.len(l.slot).unwrap_or(0).min(l.history.len());
+                    self.held.insert(job.seq, l.history[..len].to_vec());
+                }
+                None => {
+                    self.held.remove(&job.seq);
+                }
+            }
+        }
         timing
     }
 
     fn lane(&mut self, job: &DraftJob) -> Result<Lane, DraftError> {
-        let slot = self.slot_for(job.seq)?;
+        let slot = self.slot_for(job.seq, job.context)?;
         if self.cache.len(slot)? >= job.context.len() {
             // Out of step with the caller (it should have rolled us back): start over.
             self.cache.truncate_to(slot, 0)?;
@@ -344,7 +444,7 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
     }
 
     fn prefill(&mut self, prompt: &[u32]) -> Result<(), DraftError> {
-        let slot = self.slot_for(SOLO)?;
+        let slot = self.slot_for(SOLO, &[])?;
         self.cache.truncate_to(slot, 0)?;
         let tokens = &prompt[..prompt.len().min(self.cache.max_len())];
         if !tokens.is_empty() {
@@ -358,6 +458,7 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
                 }],
             )?;
         }
+        self.held.insert(SOLO, tokens.to_vec());
         Ok(())
     }
 

@@ -1,21 +1,28 @@
-//! The CacheManager actor: the ledger of target KV slots and KV capacity.
+//! The CacheManager actor: the ledger of target KV slots and KV capacity, and the prefix cache's
+//! index of retained slots.
 //!
-//! Why it exists: admission needs one answer to "is there room for this sequence?" that counts
-//! every active sequence, whichever actor is touching its cache at the moment. The caches
-//! themselves live on the compute workers; this ledger decides which slot a sequence gets and
-//! how many tokens it may grow to, and takes both back when the sequence ends.
+//! Why it exists: admission needs one answer to "is there room for this sequence, and where
+//! does its prompt start?" that counts every active sequence and every retained slot,
+//! whichever actor is touching a cache at the moment. The caches themselves live on the compute
+//! workers; this ledger decides which slot a sequence gets, how many tokens it may grow to,
+//! which finished sequence's slot is kept for its prefix, and which kept slot is evicted (the
+//! least recently used) when a new sequence needs the room.
 
 use kameo::message::{Context, Message};
 use kameo::Actor;
 
-use super::messages::{CacheStats, GetCacheStats, Release, Reserve};
+use super::messages::{Admission, Admit, CacheStats, GetCacheStats, Release, Retain};
+use crate::model::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
+use crate::telemetry;
 
 #[derive(Actor)]
 pub struct CacheManager {
     free: Vec<usize>,
     total_slots: usize,
     capacity_tokens: usize,
+    /// Running sequences' reservations plus the tokens retained slots hold.
     reserved_tokens: usize,
+    retained: PrefixIndex,
     /// Whether a draft model keeps caches of its own (prompt lookup has none).
     draft_cache: bool,
 }
@@ -27,36 +34,121 @@ impl CacheManager {
             total_slots: slots,
             capacity_tokens,
             reserved_tokens: 0,
+            retained: PrefixIndex::default(),
             draft_cache,
         };
         manager.report_usage();
         manager
     }
-}
 
-impl CacheManager {
     /// Reservations cover the draft model's per-sequence caches too (they hold the same
-    /// tokens), so one ratio describes both.
+    /// tokens), so one ratio describes both. Retained slots are not in it: they give way to
+    /// any new sequence (their own gauges show them).
     fn report_usage(&self) {
-        let ratio = self.reserved_tokens as f64 / self.capacity_tokens.max(1) as f64;
-        crate::telemetry::set_kv_usage("target", ratio);
+        let running = self.reserved_tokens.saturating_sub(self.retained.tokens());
+        let ratio = running as f64 / self.capacity_tokens.max(1) as f64;
+        telemetry::set_kv_usage("target", ratio);
         if self.draft_cache {
-            crate::telemetry::set_kv_usage("draft", ratio);
+            telemetry::set_kv_usage("draft", ratio);
         }
+        telemetry::set_prefix_cache("target", self.retained.len(), self.retained.tokens());
+    }
+
+    /// Frees a retained slot; its tokens leave the reservations.
+    fn drop_retained(&mut self, slot: usize, tokens: usize) {
+        self.free.push(slot);
+        self.reserved_tokens = self.reserved_tokens.saturating_sub(tokens);
+    }
+
+    fn admit(&mut self, msg: &Admit) -> Admission {
+        let mut out = Admission::default();
+        let limit = msg.prompt.len().saturating_sub(1);
+        let prefix = if msg.prefix_cache {
+            let retained = self.retained.best_match(&msg.prompt, limit, []);
+            let running = msg.running.map(|(slot, len)| PrefixMatch {
+                source: PrefixSource::Running { slot },
+                len: len.min(limit),
+            });
+            [retained, running]
+                .into_iter()
+                .flatten()
+                .filter(|m| m.len > 0)
+                .max_by_key(|m| (m.len, matches!(m.source, PrefixSource::Retained { .. })))
+        } else {
+            None
+        };
+        let adopted = match prefix {
+            Some(PrefixMatch {
+                source: PrefixSource::Retained { slot },
+                ..
+            }) => Some(slot),
+            _ => None,
+        };
+        let adopted_tokens = adopted.map_or(0, |slot| {
+            self.retained
+                .slots()
+                .find(|&(s, _)| s == slot)
+                .map_or(0, |(_, n)| n)
+        });
+        let fresh = msg.choices - usize::from(adopted.is_some());
+        let fits = |m: &Self| {
+            m.free.len() >= fresh
+                && m.reserved_tokens - adopted_tokens + msg.tokens * msg.choices
+                    <= m.capacity_tokens
+        };
+        // Make room from the least recently used retained slots, never the one to take over.
+        while !fits(self) {
+            let Some((slot, tokens)) = self.retained.evict(adopted) else {
+                break;
+            };
+            self.drop_retained(slot, tokens);
+            out.evicted.push(slot);
+            telemetry::record_prefix_eviction("target");
+        }
+        if !fits(self) {
+            return out;
+        }
+        if let Some(slot) = adopted {
+            self.retained.take(slot);
+            self.reserved_tokens -= adopted_tokens;
+            out.slots.push(slot);
+        }
+        while out.slots.len() < msg.choices {
+            out.slots.push(self.free.pop().expect("counted above"));
+        }
+        self.reserved_tokens += msg.tokens * msg.choices;
+        out.prefix = prefix;
+        out
     }
 }
 
-impl Message<Reserve> for CacheManager {
-    type Reply = Option<usize>;
+impl Message<Admit> for CacheManager {
+    type Reply = Admission;
 
-    async fn handle(&mut self, msg: Reserve, _: &mut Context<Self, Self::Reply>) -> Option<usize> {
-        if self.reserved_tokens + msg.tokens > self.capacity_tokens {
-            return None;
+    async fn handle(&mut self, msg: Admit, _: &mut Context<Self, Self::Reply>) -> Admission {
+        let out = self.admit(&msg);
+        if msg.prefix_cache && !out.slots.is_empty() {
+            telemetry::record_prefix_lookup("target", out.prefix.map_or(0, |m| m.len));
         }
-        let slot = self.free.pop()?;
-        self.reserved_tokens += msg.tokens;
         self.report_usage();
-        Some(slot)
+        out
+    }
+}
+
+impl Message<Retain> for CacheManager {
+    type Reply = Vec<usize>;
+
+    async fn handle(&mut self, msg: Retain, _: &mut Context<Self, Self::Reply>) -> Vec<usize> {
+        // The reservation shrinks to what the cache holds; whatever the index does not keep
+        // leaves it.
+        self.reserved_tokens = self.reserved_tokens.saturating_sub(msg.reserved) + msg.tokens.len();
+        let mut dropped = Vec::new();
+        for (slot, tokens) in self.retained.retain(msg.slot, msg.tokens) {
+            self.drop_retained(slot, tokens);
+            dropped.push(slot);
+        }
+        self.report_usage();
+        dropped
     }
 }
 
@@ -82,6 +174,8 @@ impl Message<GetCacheStats> for CacheManager {
             free_slots: self.free.len(),
             capacity_tokens: self.capacity_tokens,
             reserved_tokens: self.reserved_tokens,
+            retained_slots: self.retained.len(),
+            retained_tokens: self.retained.tokens(),
         }
     }
 }

@@ -43,11 +43,17 @@ pub struct Drafter {
 
 impl Drafter {
     /// `max_seqs`: how many sequences may draft at once (the draft model's cache slots).
-    pub fn new(source: DraftSource, threads: usize, max_seqs: usize) -> Result<Self, EngineError> {
+    /// `prefix_cache`: a draft model keeps ended sequences' caches for their prefixes.
+    pub fn new(
+        source: DraftSource,
+        threads: usize,
+        max_seqs: usize,
+        prefix_cache: bool,
+    ) -> Result<Self, EngineError> {
         let state = match source {
-            DraftSource::Model { model, name } => {
-                DraftState::Model(ModelDrafter::with_slots(model, name, max_seqs))
-            }
+            DraftSource::Model { model, name } => DraftState::Model(
+                ModelDrafter::with_slots(model, name, max_seqs).with_prefix_cache(prefix_cache),
+            ),
             DraftSource::PromptLookup(p) => DraftState::Lookup(p, HashMap::new()),
         };
         Ok(Self {
@@ -182,7 +188,7 @@ impl Message<EndSequence> for Drafter {
     ) -> Self::Reply {
         self.worker
             .run(move |s| match s {
-                DraftState::Model(drafter) => drafter.end(msg.seq),
+                DraftState::Model(drafter) => drafter.end(msg.seq, msg.keep),
                 DraftState::Lookup(_, seqs) => {
                     seqs.remove(&msg.seq);
                 }

@@ -44,6 +44,9 @@ pub struct EngineConfig {
     /// The largest γ any round may draft: verification costs are measured up to it at start
     /// and KV headroom is reserved for it. Live settings cannot go above it.
     pub max_gamma: usize,
+    /// Keep finished sequences' caches and start new prompts from the longest cached prefix
+    /// (target and draft model).
+    pub prefix_cache: bool,
     /// The initial live speculation settings (the admin API changes them later).
     #[serde(skip)]
     pub speculation: SpeculationSettings,
@@ -68,6 +71,7 @@ impl Default for EngineConfig {
             draft_threads: 2,
             kv_capacity_tokens: None,
             max_gamma: 8,
+            prefix_cache: true,
             speculation: SpeculationSettings::default(),
             governor: GovernorConfig::default(),
             costs: None,
@@ -108,6 +112,7 @@ impl Engine {
                 source,
                 cfg.draft_threads,
                 cfg.max_seqs,
+                cfg.prefix_cache,
             )?)),
             None => None,
         };
@@ -135,6 +140,7 @@ impl Engine {
                 pipeline: cfg.pipeline,
                 context_len,
                 max_gamma: cfg.max_gamma,
+                prefix_cache: cfg.prefix_cache,
                 governor: cfg.governor,
             },
             Verifier::spawn(verifier),

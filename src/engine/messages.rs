@@ -3,6 +3,7 @@
 use tokio::sync::mpsc;
 
 use super::request::{EngineRequest, FinishReason, Usage};
+use crate::model::prefix_index::PrefixMatch;
 use crate::draft::{DraftTiming, Proposal};
 use crate::sampling::{Lenience, SamplingParams, SeededRng, TokenLogprob};
 
@@ -56,9 +57,36 @@ pub struct SchedulerStats {
     pub prefilled_tokens: u64,
 }
 
-/// CacheManager: reserve a target KV slot and `tokens` of KV capacity for a sequence.
-pub struct Reserve {
+/// CacheManager: slots and KV capacity for a request's `choices` sequences of up to `tokens`
+/// each. With the prefix cache on, the first choice starts from the longest prefix of `prompt`
+/// that a retained slot holds or `running` (a running sequence's slot and how many tokens of
+/// the prompt it holds) does; retained slots are evicted, least recently used first, to make
+/// room. Replies what was decided, admitted or not.
+pub struct Admit {
+    pub prompt: Vec<u32>,
     pub tokens: usize,
+    pub choices: usize,
+    pub prefix_cache: bool,
+    pub running: Option<(usize, usize)>,
+}
+
+#[derive(Debug, Default, kameo::Reply)]
+pub struct Admission {
+    /// One slot per choice (empty: not admitted now).
+    pub slots: Vec<usize>,
+    /// Where the first choice's prompt prefix comes from.
+    pub prefix: Option<PrefixMatch>,
+    /// Retained slots evicted to make room: their caches must be freed.
+    pub evicted: Vec<usize>,
+}
+
+/// CacheManager: a sequence ended; keep its slot with the `tokens` its cache holds (prefix
+/// cache on), its reservation of `reserved` tokens shrinking to them. Replies the retained slots
+/// no longer needed (covered by a longer text), whose caches must be freed.
+pub struct Retain {
+    pub slot: usize,
+    pub reserved: usize,
+    pub tokens: Vec<u32>,
 }
 
 /// CacheManager: give a sequence's slot and capacity back.
@@ -73,9 +101,23 @@ pub struct GetCacheStats;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, kameo::Reply)]
 pub struct CacheStats {
     pub total_slots: usize,
+    /// Slots with nothing in them.
     pub free_slots: usize,
     pub capacity_tokens: usize,
+    /// Tokens reserved by running sequences plus those retained slots hold.
     pub reserved_tokens: usize,
+    /// Slots kept for their prefix (evicted when room is needed).
+    pub retained_slots: usize,
+    pub retained_tokens: usize,
+}
+
+impl CacheStats {
+    /// No sequence holds anything: every slot is free or retained for its prefix, and only
+    /// retained tokens are reserved.
+    pub fn idle(&self) -> bool {
+        self.free_slots + self.retained_slots == self.total_slots
+            && self.reserved_tokens == self.retained_tokens
+    }
 }
 
 /// What the target forward does with one sequence's tokens.
@@ -144,6 +186,13 @@ pub struct CopyPrefix {
     pub len: usize,
 }
 
+/// Verifier: cut a slot's cache to its first `len` tokens (a new sequence takes over a
+/// retained slot).
+pub struct TruncateSlot {
+    pub slot: usize,
+    pub len: usize,
+}
+
 /// Verifier: forget a slot's cache (the sequence ended).
 pub struct FreeSlot {
     pub slot: usize,
@@ -177,9 +226,11 @@ pub struct DraftBatchResult {
     pub timing: DraftTiming,
 }
 
-/// Drafter: the sequence ended; drop its state.
+/// Drafter: the sequence ended; drop its state (a draft model's cache is kept for its prefix
+/// when `keep` and the prefix cache are on).
 pub struct EndSequence {
     pub seq: u64,
+    pub keep: bool,
 }
 
 /// Drafter: what drafting costs, measured at start-up: a draft step after, and taking in, a

@@ -124,6 +124,8 @@ pub struct EngineRequest {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
+    /// Prompt tokens taken from the prefix cache rather than prefilled.
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub speculative: SpeculationStats,
 }

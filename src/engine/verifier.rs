@@ -9,7 +9,7 @@ use kameo::Actor;
 
 use super::error::EngineError;
 use super::messages::{
-    CopyPrefix, FreeSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome, TargetWork,
+    CopyPrefix, FreeSlot, TruncateSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome, TargetWork,
 };
 use super::verify::{verify, Scratch};
 use super::worker::ComputeWorker;
@@ -129,6 +129,20 @@ impl Message<CopyPrefix> for Verifier {
     async fn handle(&mut self, msg: CopyPrefix, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         self.worker
             .run(move |s| Ok(s.cache.copy_prefix(msg.from, msg.to, msg.len)?))
+            .await?
+    }
+}
+
+impl Message<TruncateSlot> for Verifier {
+    type Reply = Result<(), EngineError>;
+
+    async fn handle(
+        &mut self,
+        msg: TruncateSlot,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        self.worker
+            .run(move |s| Ok(s.cache.truncate_to(msg.slot, msg.len)?))
             .await?
     }
 }

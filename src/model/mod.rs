@@ -12,7 +12,8 @@
 //! * attention written by hand with scalar definitions and AVX2/AVX-512 kernels that match
 //!   them bit for bit (`attention`), and rotary embeddings per token (`rope`);
 //! * an explicit KV cache (`kv_cache`), f16 or f32, with slots that can be truncated when
-//!   drafts are rejected;
+//!   drafts are rejected or copied from one another, and the prefix cache's index of which
+//!   slot holds which tokens (`prefix_index`);
 //! * a batched forward (`llama`) that runs new tokens of many sequences in one pass;
 //! * loading from GGUF or Hugging Face safetensors (`loader`, `weights`, `hparams`), with
 //!   weights converted at load time to the type the kernels run;
@@ -29,6 +30,7 @@ pub mod llama;
 pub mod loader;
 pub mod packed_gemm;
 pub mod parallel;
+pub mod prefix_index;
 pub mod q4_gemm;
 pub mod q8_gemm;
 pub mod rope;

@@ -66,6 +66,11 @@ fn total_usage(usages: &[Usage], choices_per_prompt: usize) -> Usage {
             .step_by(choices_per_prompt.max(1))
             .map(|u| u.prompt_tokens)
             .sum(),
+        cached_tokens: usages
+            .iter()
+            .step_by(choices_per_prompt.max(1))
+            .map(|u| u.cached_tokens)
+            .sum(),
         ..Usage::default()
     };
     for u in usages {
@@ -83,6 +88,7 @@ fn usage_json(u: &Usage) -> Value {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
         "speculative": {
             "draft_tokens": s.draft_tokens,
             "accepted_tokens": s.accepted_tokens,

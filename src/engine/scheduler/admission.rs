@@ -10,23 +10,50 @@ use super::state::{record_finished, Scheduler};
 use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
 use crate::engine::governor::Governor;
-use crate::engine::messages::{CopyPrefix, EndSequence, FreeSlot, Release, Reserve, Submit};
+use crate::engine::messages::{
+    Admit, CopyPrefix, EndSequence, FreeSlot, Release, Retain, Submit, TruncateSlot,
+};
+use crate::model::prefix_index::{common_prefix, PrefixSource};
 use crate::engine::request::SpeculationStats;
 use crate::sampling::SeededRng;
 use crate::telemetry;
 
 impl Scheduler {
-    pub(super) async fn retire(&mut self, seq: Sequence) {
-        let _ = self
-            .cache
-            .tell(Release {
-                slot: seq.slot,
-                tokens: seq.reserved,
-            })
-            .await;
-        let _ = self.verifier.ask(FreeSlot { slot: seq.slot }).await;
+    /// Gives a sequence's resources back. With the prefix cache on and `keep` (it did not
+    /// fail), its target slot is retained with the tokens its cache holds, for later prompts
+    /// that start the same way; the drafter likewise keeps a draft model's cache.
+    pub(super) async fn retire(&mut self, seq: Sequence, keep: bool) {
+        let keep = keep && self.cfg.prefix_cache;
+        let tokens = seq.cached_tokens();
+        let freed = if keep && !tokens.is_empty() {
+            self.cache
+                .ask(Retain {
+                    slot: seq.slot,
+                    reserved: seq.reserved,
+                    tokens: tokens.to_vec(),
+                })
+                .await
+                .unwrap_or_else(|_| vec![seq.slot])
+        } else {
+            let _ = self
+                .cache
+                .tell(Release {
+                    slot: seq.slot,
+                    tokens: seq.reserved,
+                })
+                .await;
+            vec![seq.slot]
+        };
+        self.free_slots(freed).await;
         if let Some(d) = &self.drafter {
-            let _ = d.ask(EndSequence { seq: seq.id }).await;
+            let _ = d.ask(EndSequence { seq: seq.id, keep }).await;
+        }
+    }
+
+    /// Forgets the caches of slots the ledger gave back.
+    async fn free_slots(&mut self, slots: Vec<usize>) {
+        for slot in slots {
+            let _ = self.verifier.ask(FreeSlot { slot }).await;
         }
     }
 
@@ -40,7 +67,7 @@ impl Scheduler {
         self.active = keep;
         for s in gone {
             record_finished("cancelled", &s);
-            self.retire(s).await;
+            self.retire(s, true).await;
         }
     }
 
@@ -53,21 +80,66 @@ impl Scheduler {
                 break;
             }
             let g = &q.request.generation;
+            let prompt = g.prompt.clone();
             let tokens =
                 (g.prompt.len() + g.max_tokens + self.cfg.max_gamma + 1).min(self.cfg.context_len);
-            let mut slots = Vec::with_capacity(choices);
-            while slots.len() < choices {
-                match self.cache.ask(Reserve { tokens }).await {
-                    Ok(Some(slot)) => slots.push(slot),
-                    _ => break,
-                }
-            }
-            if slots.len() < choices {
-                for slot in slots {
-                    let _ = self.cache.tell(Release { slot, tokens }).await;
-                }
+            // Prompt logprobs need every prompt row computed, so such a prompt starts afresh.
+            let prefix_cache = self.cfg.prefix_cache && q.request.prompt_logprobs.is_none();
+            let running = prefix_cache
+                .then(|| {
+                    self.active
+                        .iter()
+                        .map(|s| (s.slot, common_prefix(s.cached_tokens(), &prompt)))
+                        .max_by_key(|&(_, len)| len)
+                        .filter(|&(_, len)| len > 0)
+                })
+                .flatten();
+            let admission = self
+                .cache
+                .ask(Admit {
+                    prompt,
+                    tokens,
+                    choices,
+                    prefix_cache,
+                    running,
+                })
+                .await
+                .unwrap_or_default();
+            self.free_slots(admission.evicted).await;
+            if admission.slots.is_empty() {
                 break;
             }
+            let slots = admission.slots;
+            // The first choice's cache starts as the prefix: a retained slot cut to it, or a
+            // copy of a running sequence's.
+            let cached = match admission.prefix {
+                None => 0,
+                Some(m) => {
+                    let prepared = match m.source {
+                        PrefixSource::Retained { slot } => self
+                            .verifier
+                            .ask(TruncateSlot { slot, len: m.len })
+                            .await
+                            .is_ok(),
+                        PrefixSource::Running { slot } => self
+                            .verifier
+                            .ask(CopyPrefix {
+                                from: slot,
+                                to: slots[0],
+                                len: m.len,
+                            })
+                            .await
+                            .is_ok(),
+                    };
+                    if prepared {
+                        m.len
+                    } else {
+                        // Start afresh: an empty cache is always right.
+                        let _ = self.verifier.ask(FreeSlot { slot: slots[0] }).await;
+                        0
+                    }
+                }
+            };
             let q = self.queue.pop_front().expect("peeked");
             telemetry::record_admitted(q.request.generation.prompt.len());
             let seed = q
@@ -89,7 +161,7 @@ impl Scheduler {
                     reserved: tokens,
                     events,
                     context: request.generation.prompt.clone(),
-                    prefilled: 0,
+                    prefilled: if i == 0 { cached } else { 0 },
                     emitter: Emitter::new(&request.generation),
                     draft_rng: SeededRng::new(seed ^ 0x9E37_79B9_7F4A_7C15),
                     accept_rng: SeededRng::new(seed),
@@ -105,6 +177,7 @@ impl Scheduler {
                     prompt_logprobs: Vec::new(),
                     waits_for: (i > 0).then_some(q.id),
                     leads: i == 0 && choices > 1,
+                    cached: if i == 0 { cached } else { 0 },
                     request,
                 });
             }

@@ -40,7 +40,7 @@ impl Message<Step> for Scheduler {
             for s in std::mem::take(&mut self.active) {
                 record_finished("error", &s);
                 let events = s.events.clone();
-                self.retire(s).await;
+                self.retire(s, false).await;
                 let _ = events.send(EngineEvent::Failed(e.to_string()));
             }
         }

@@ -90,11 +90,14 @@ impl Scheduler {
             },
             &s,
         );
+        // A failed sequence's cache is not trusted for later prompts.
+        let keep = end.is_ok();
         let event = match end {
             Ok(finish) => EngineEvent::Done {
                 finish,
                 usage: Usage {
                     prompt_tokens: s.prompt_len(),
+                    cached_tokens: s.cached,
                     completion_tokens: s.emitter.generated(),
                     speculative: s.spec.clone(),
                 },
@@ -103,7 +106,7 @@ impl Scheduler {
         };
         // Resources first: once a client sees its request end, its slot is free again.
         let events = s.events.clone();
-        self.retire(s).await;
+        self.retire(s, keep).await;
         let _ = events.send(event);
     }
 }

@@ -57,6 +57,8 @@ pub(super) struct Sequence {
     pub waits_for: Option<u64>,
     /// The first choice of a request whose other choices wait for its prefill.
     pub leads: bool,
+    /// Prompt tokens it took from the prefix cache.
+    pub cached: usize,
 }
 
 /// The tokens one round released for a sequence, and whether they ended it.
@@ -75,6 +77,19 @@ impl Sequence {
 
     pub fn decoding(&self) -> bool {
         self.prefilled >= self.prompt_len()
+    }
+
+    /// The tokens its target cache holds (between rounds): the prompt prefilled so far, or
+    /// everything but the newest token while decoding. A cache may hold a few more (drafts
+    /// that stood past a stop), never other ones.
+    pub fn cached_tokens(&self) -> &[u32] {
+        if self.waits_for.is_some() {
+            &[]
+        } else if self.decoding() {
+            &self.context[..self.context.len() - 1]
+        } else {
+            &self.context[..self.prefilled]
+        }
     }
 
     fn remaining(&self) -> usize {

@@ -30,6 +30,8 @@ pub struct SchedulerConfig {
     pub context_len: usize,
     /// The largest γ any round may draft (KV headroom is reserved for it).
     pub max_gamma: usize,
+    /// Retain finished sequences' slots and start prompts from cached prefixes.
+    pub prefix_cache: bool,
     pub governor: GovernorConfig,
 }
 
