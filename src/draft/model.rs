@@ -12,10 +12,10 @@ use std::time::Instant;
 use super::{DraftError, Proposal, Proposer};
 use crate::model::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput, TextTokenizer};
-use crate::telemetry;
 use crate::sampling::{
     apply_penalties, argmax, probabilities, sample_from, SamplingParams, SeededRng,
 };
+use crate::telemetry;
 
 /// `M` is how the model is held: `&Llama` for one generation, `Arc<Llama>` in the engine.
 pub struct ModelDrafter<M: Deref<Target = Llama>> {
@@ -183,17 +183,20 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         }
     }
 
-    /// A free slot, evicting the least recently used retained one if there is none.
-    fn free_slot(&mut self) -> Result<usize, DraftError> {
+    /// A free slot, evicting the least recently used retained one other than `keep` if there
+    /// is none.
+    fn free_slot(&mut self, keep: Option<usize>) -> Result<usize, DraftError> {
         loop {
             if let Some(slot) = self.cache.allocate() {
                 return Ok(slot);
             }
-            let Some((slot, _)) = self.retained.evict(None) else {
-                return Err(DraftError::Model(crate::model::ModelError::BadInput(format!(
-                    "the draft cache has no free slot ({} in use)",
-                    self.slots.len()
-                ))));
+            let Some((slot, _)) = self.retained.evict(keep) else {
+                return Err(DraftError::Model(crate::model::ModelError::BadInput(
+                    format!(
+                        "the draft cache has no free slot ({} in use)",
+                        self.slots.len()
+                    ),
+                )));
             };
             self.cache.free(slot)?;
             telemetry::record_prefix_eviction("draft");
@@ -217,24 +220,41 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         } else {
             None
         };
+        // As the target's ledger does: a retained cache whose whole text the context extends
+        // is taken over; one matched in part is copied from and kept while a slot is free.
         let (slot, len) = match found {
             Some(PrefixMatch {
                 source: PrefixSource::Retained { slot },
                 len,
             }) => {
-                self.retained.take(slot);
-                self.cache.truncate_to(slot, len)?;
-                (slot, len)
+                let whole = self.retained.slots().any(|(s, n)| s == slot && n == len);
+                let fresh = if whole {
+                    None
+                } else {
+                    self.free_slot(Some(slot)).ok()
+                };
+                match fresh {
+                    Some(fresh) => {
+                        self.retained.touch(slot);
+                        self.cache.copy_prefix(slot, fresh, len)?;
+                        (fresh, len)
+                    }
+                    None => {
+                        self.retained.take(slot);
+                        self.cache.truncate_to(slot, len)?;
+                        (slot, len)
+                    }
+                }
             }
             Some(PrefixMatch {
                 source: PrefixSource::Running { slot: from },
                 len,
             }) => {
-                let slot = self.free_slot()?;
+                let slot = self.free_slot(None)?;
                 self.cache.copy_prefix(from, slot, len)?;
                 (slot, len)
             }
-            None => (self.free_slot()?, 0),
+            None => (self.free_slot(None)?, 0),
         };
         if self.prefix_cache {
             telemetry::record_prefix_lookup("draft", len);

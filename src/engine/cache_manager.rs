@@ -11,7 +11,7 @@
 use kameo::message::{Context, Message};
 use kameo::Actor;
 
-use super::messages::{Admission, Admit, CacheStats, GetCacheStats, Release, Retain};
+use super::messages::{Admission, Admit, CacheStats, GetCacheStats, PrefixStart, Release, Retain};
 use crate::model::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
 use crate::telemetry;
 
@@ -63,7 +63,7 @@ impl CacheManager {
     fn admit(&mut self, msg: &Admit) -> Admission {
         let mut out = Admission::default();
         let limit = msg.prompt.len().saturating_sub(1);
-        let prefix = if msg.prefix_cache {
+        let found = if msg.prefix_cache {
             let retained = self.retained.best_match(&msg.prompt, limit, []);
             let running = msg.running.map(|(slot, len)| PrefixMatch {
                 source: PrefixSource::Running { slot },
@@ -77,48 +77,86 @@ impl CacheManager {
         } else {
             None
         };
-        let adopted = match prefix {
-            Some(PrefixMatch {
-                source: PrefixSource::Retained { slot },
-                ..
-            }) => Some(slot),
-            _ => None,
+        // A retained slot whose whole text the prompt extends is taken over (its entry would
+        // be superseded by this sequence's anyway); one matched only in part is copied from and
+        // kept, unless there is no room for a fresh slot beside it.
+        let (source, len) = match found {
+            Some(m) => match m.source {
+                PrefixSource::Retained { slot } | PrefixSource::Running { slot } => {
+                    (Some(slot), m.len)
+                }
+            },
+            None => (None, 0),
         };
-        let adopted_tokens = adopted.map_or(0, |slot| {
-            self.retained
-                .slots()
-                .find(|&(s, _)| s == slot)
-                .map_or(0, |(_, n)| n)
-        });
-        let fresh = msg.choices - usize::from(adopted.is_some());
-        let fits = |m: &Self| {
-            m.free.len() >= fresh
-                && m.reserved_tokens - adopted_tokens + msg.tokens * msg.choices
-                    <= m.capacity_tokens
+        let held = |m: &Self, slot| m.retained.slots().find(|&(s, _)| s == slot).map(|(_, n)| n);
+        let source_held = source.and_then(|s| held(self, s));
+        let take_over = match source_held {
+            Some(n) if n == len => true,
+            Some(_) => !self.make_room(msg, source, 0, 0, &mut out),
+            None => false,
         };
-        // Make room from the least recently used retained slots, never the one to take over.
-        while !fits(self) {
-            let Some((slot, tokens)) = self.retained.evict(adopted) else {
-                break;
-            };
-            self.drop_retained(slot, tokens);
-            out.evicted.push(slot);
-            telemetry::record_prefix_eviction("target");
-        }
-        if !fits(self) {
+        let adopted = take_over.then_some(source).flatten();
+        let adopted_tokens = if take_over {
+            source_held.unwrap_or(0)
+        } else {
+            0
+        };
+        if !self.make_room(
+            msg,
+            adopted.or(source),
+            adopted_tokens,
+            usize::from(take_over),
+            &mut out,
+        ) {
             return out;
         }
         if let Some(slot) = adopted {
             self.retained.take(slot);
             self.reserved_tokens -= adopted_tokens;
             out.slots.push(slot);
+        } else if let Some(slot) = source.filter(|_| source_held.is_some()) {
+            self.retained.touch(slot);
         }
         while out.slots.len() < msg.choices {
-            out.slots.push(self.free.pop().expect("counted above"));
+            out.slots.push(self.free.pop().expect("room made above"));
         }
         self.reserved_tokens += msg.tokens * msg.choices;
-        out.prefix = prefix;
+        out.prefix = source.map(|slot| {
+            let start = if take_over {
+                PrefixStart::TakeOver
+            } else {
+                PrefixStart::CopyFrom(slot)
+            };
+            (start, len)
+        });
         out
+    }
+
+    /// Evicts retained slots other than `keep`, least recently used first, until `msg` fits:
+    /// `adopted` of its slots come from a retained slot holding `adopted_tokens`. Whether it
+    /// fits.
+    fn make_room(
+        &mut self,
+        msg: &Admit,
+        keep: Option<usize>,
+        adopted_tokens: usize,
+        adopted: usize,
+        out: &mut Admission,
+    ) -> bool {
+        let fits = |m: &Self| {
+            m.free.len() + adopted >= msg.choices
+                && m.reserved_tokens - adopted_tokens + msg.tokens * msg.choices
+                    <= m.capacity_tokens
+        };
+        while !fits(self) {
+            let Some((slot, tokens)) = self.retained.evict(keep) else {
+                return false;
+            };
+            self.drop_retained(slot, tokens);
+            out.evicted.push(slot);
+            telemetry::record_prefix_eviction("target");
+        }
+        true
     }
 }
 
@@ -128,7 +166,7 @@ impl Message<Admit> for CacheManager {
     async fn handle(&mut self, msg: Admit, _: &mut Context<Self, Self::Reply>) -> Admission {
         let out = self.admit(&msg);
         if msg.prefix_cache && !out.slots.is_empty() {
-            telemetry::record_prefix_lookup("target", out.prefix.map_or(0, |m| m.len));
+            telemetry::record_prefix_lookup("target", out.prefix.map_or(0, |(_, len)| len));
         }
         self.report_usage();
         out

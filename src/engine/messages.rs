@@ -3,7 +3,6 @@
 use tokio::sync::mpsc;
 
 use super::request::{EngineRequest, FinishReason, Usage};
-use crate::model::prefix_index::PrefixMatch;
 use crate::draft::{DraftTiming, Proposal};
 use crate::sampling::{Lenience, SamplingParams, SeededRng, TokenLogprob};
 
@@ -70,12 +69,22 @@ pub struct Admit {
     pub running: Option<(usize, usize)>,
 }
 
+/// How the first choice's cache gets its prompt prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefixStart {
+    /// Its slot is a retained one, whose whole text the prompt extends: cut to `len`, nothing
+    /// is copied.
+    TakeOver,
+    /// The first `len` tokens are copied from this slot (running, or retained and kept).
+    CopyFrom(usize),
+}
+
 #[derive(Debug, Default, kameo::Reply)]
 pub struct Admission {
     /// One slot per choice (empty: not admitted now).
     pub slots: Vec<usize>,
-    /// Where the first choice's prompt prefix comes from.
-    pub prefix: Option<PrefixMatch>,
+    /// How the first choice's prompt prefix is made, and its length in tokens.
+    pub prefix: Option<(PrefixStart, usize)>,
     /// Retained slots evicted to make room: their caches must be freed.
     pub evicted: Vec<usize>,
 }

@@ -9,7 +9,8 @@ use kameo::Actor;
 
 use super::error::EngineError;
 use super::messages::{
-    CopyPrefix, FreeSlot, TruncateSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome, TargetWork,
+    CopyPrefix, FreeSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome, TargetWork,
+    TruncateSlot,
 };
 use super::verify::{verify, Scratch};
 use super::worker::ComputeWorker;

@@ -171,10 +171,13 @@ mod tests {
         assert_eq!(m.len, 3);
         assert_eq!(m.source, PrefixSource::Retained { slot: 3 });
         let m = idx.best_match(&[1, 2, 3, 4, 8], 4, running).unwrap();
-        assert_eq!(m, PrefixMatch {
-            source: PrefixSource::Retained { slot: 3 },
-            len: 4
-        });
+        assert_eq!(
+            m,
+            PrefixMatch {
+                source: PrefixSource::Retained { slot: 3 },
+                len: 4
+            }
+        );
         assert_eq!(idx.best_match(&[7, 7], 1, Vec::new()), None);
     }
 

@@ -11,10 +11,10 @@ use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
 use crate::engine::governor::Governor;
 use crate::engine::messages::{
-    Admit, CopyPrefix, EndSequence, FreeSlot, Release, Retain, Submit, TruncateSlot,
+    Admit, CopyPrefix, EndSequence, FreeSlot, PrefixStart, Release, Retain, Submit, TruncateSlot,
 };
-use crate::model::prefix_index::{common_prefix, PrefixSource};
 use crate::engine::request::SpeculationStats;
+use crate::model::prefix_index::common_prefix;
 use crate::sampling::SeededRng;
 use crate::telemetry;
 
@@ -115,24 +115,28 @@ impl Scheduler {
             let cached = match admission.prefix {
                 None => 0,
                 Some(m) => {
-                    let prepared = match m.source {
-                        PrefixSource::Retained { slot } => self
+                    let (start, len) = m;
+                    let prepared = match start {
+                        PrefixStart::TakeOver => self
                             .verifier
-                            .ask(TruncateSlot { slot, len: m.len })
+                            .ask(TruncateSlot {
+                                slot: slots[0],
+                                len,
+                            })
                             .await
                             .is_ok(),
-                        PrefixSource::Running { slot } => self
+                        PrefixStart::CopyFrom(from) => self
                             .verifier
                             .ask(CopyPrefix {
-                                from: slot,
+                                from,
                                 to: slots[0],
-                                len: m.len,
+                                len,
                             })
                             .await
                             .is_ok(),
                     };
                     if prepared {
-                        m.len
+                        len
                     } else {
                         // Start afresh: an empty cache is always right.
                         let _ = self.verifier.ask(FreeSlot { slot: slots[0] }).await;

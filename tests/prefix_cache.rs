@@ -1,0 +1,306 @@
+//! The prefix cache on the real default model: greedy output, logprobs and the speculation
+//! counters are the same bits with the cache on and off, for plain decoding and both drafters,
+//! over a multi-turn conversation and concurrent requests sharing a system prompt; prefixes are
+//! really taken (fewer prompt tokens run through the target); retained caches are evicted to
+//! make room and never hold a slot a new request needs.
+
+mod common;
+
+use std::sync::Arc;
+
+use tandem::draft::PromptLookup;
+use tandem::engine::{
+    Completion, DraftSource, Engine, EngineConfig, EngineRequest, Gamma, GammaPolicy,
+    GenerationRequest,
+};
+use tandem::model::loader::LoadOptions;
+use tandem::model::prefix_index::common_prefix;
+use tandem::model::{ChatMessage, Llama, LoadedModel, ModelSource, TextTokenizer, WeightsDtype};
+use tandem::sampling::{SamplingParams, TokenLogprob};
+
+fn load(weights_dtype: WeightsDtype) -> LoadedModel {
+    LoadedModel::load(
+        &ModelSource::Gguf(common::default_model()),
+        &LoadOptions {
+            weights_dtype,
+            context_len: 1024,
+            ..Default::default()
+        },
+    )
+    .expect("default model loads")
+}
+
+fn render(tok: &TextTokenizer, turns: &[ChatMessage]) -> Vec<u32> {
+    let text = tok.chat_template().unwrap().render(turns, true).unwrap();
+    tok.encode(&text, true).unwrap()
+}
+
+fn start(
+    rt: &tokio::runtime::Runtime,
+    target: &Arc<Llama>,
+    draft: Option<DraftSource>,
+    prefix_cache: bool,
+    max_seqs: usize,
+) -> Engine {
+    rt.block_on(Engine::start(
+        Arc::clone(target),
+        draft,
+        EngineConfig {
+            max_seqs,
+            prefill_chunk: 64,
+            prefix_cache,
+            ..Default::default()
+        },
+    ))
+    .unwrap()
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize, gamma: GammaPolicy, eos: &[u32]) -> EngineRequest {
+    EngineRequest {
+        generation: GenerationRequest {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            eos_ids: eos.to_vec(),
+            ..Default::default()
+        },
+        gamma,
+        lenience: None,
+        logprobs: Some(2),
+        prompt_logprobs: None,
+    }
+}
+
+/// What must not change with the cache: tokens, logprob bits, and (at a fixed γ, where the
+/// drafts depend only on the draft cache's contents) the speculation counters.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    tokens: Vec<u32>,
+    logprobs: Vec<(u32, u32, Vec<(u32, u32)>)>,
+    speculation: (usize, usize, usize),
+}
+
+fn outcome(c: &Completion) -> Outcome {
+    let bits = |l: &TokenLogprob| {
+        (
+            l.token,
+            l.logprob.to_bits(),
+            l.top.iter().map(|&(t, p)| (t, p.to_bits())).collect(),
+        )
+    };
+    Outcome {
+        tokens: c.tokens.clone(),
+        logprobs: c.logprobs.iter().map(bits).collect(),
+        speculation: (
+            c.usage.speculative.rounds,
+            c.usage.speculative.draft_tokens,
+            c.usage.speculative.accepted_tokens,
+        ),
+    }
+}
+
+/// A three-turn conversation (each turn's prompt holds the previous turns and answers), then
+/// four requests at once sharing a long system prompt, then the same four again (now their
+/// retained caches are taken over). Returns each request's outcome and the prompt tokens it took
+/// from the cache, and the prompt tokens the target ran.
+fn workload(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    tok: &TextTokenizer,
+    gamma: GammaPolicy,
+) -> (Vec<(Outcome, usize)>, u64) {
+    let eos = tok.eos_ids();
+    let mut results = Vec::new();
+    let mut turns = vec![ChatMessage::new(
+        "user",
+        "Describe the water cycle in a few sentences.",
+    )];
+    for follow_up in ["Now say it more simply.", "And in one sentence?"] {
+        let c = rt
+            .block_on(async {
+                engine
+                    .submit(request(render(tok, &turns), 40, gamma, eos))
+                    .await?
+                    .collect()
+                    .await
+            })
+            .unwrap();
+        results.push((outcome(&c), c.usage.cached_tokens));
+        turns.push(ChatMessage::new("assistant", c.text.clone()));
+        turns.push(ChatMessage::new("user", follow_up));
+    }
+    let system = "You are a patient teacher who explains science to children, always with an \
+                  example from everyday life and never with jargon. "
+        .repeat(3);
+    let questions = [
+        "Why is the sky blue?",
+        "Why do leaves fall?",
+        "What is a magnet?",
+        "How do plants drink?",
+    ];
+    for _ in 0..2 {
+        let done: Vec<Completion> = rt.block_on(async {
+            let mut streams = Vec::new();
+            for q in questions {
+                let prompt = render(
+                    tok,
+                    &[
+                        ChatMessage::new("system", system.clone()),
+                        ChatMessage::new("user", q),
+                    ],
+                );
+                streams.push(
+                    engine
+                        .submit(request(prompt, 24, gamma, eos))
+                        .await
+                        .unwrap(),
+                );
+            }
+            let mut out = Vec::new();
+            for s in streams {
+                out.push(s.collect().await.unwrap());
+            }
+            out
+        });
+        results.extend(done.iter().map(|c| (outcome(c), c.usage.cached_tokens)));
+    }
+    let prefilled = rt.block_on(engine.stats()).unwrap().prefilled_tokens;
+    (results, prefilled)
+}
+
+#[test]
+fn output_is_the_same_bits_with_the_prefix_cache_on_and_off() {
+    let loaded = load(WeightsDtype::AsIs);
+    let tok = Arc::clone(&loaded.tokenizer);
+    let target = Arc::new(loaded.model);
+    let f16 = Arc::new(load(WeightsDtype::F16).model);
+    let rt = common::runtime();
+    let fixed = GammaPolicy::Fixed(Gamma::try_from(3).unwrap());
+    let cases: [(&str, Option<DraftSource>, GammaPolicy); 3] = [
+        ("plain", None, GammaPolicy::Off),
+        (
+            "prompt lookup",
+            Some(DraftSource::PromptLookup(PromptLookup::default())),
+            fixed,
+        ),
+        (
+            "draft model",
+            Some(DraftSource::Model {
+                model: Arc::clone(&f16),
+                name: "f16 copy".into(),
+            }),
+            fixed,
+        ),
+    ];
+    for (name, draft, gamma) in cases {
+        let off = start(&rt, &target, draft.clone(), false, 4);
+        let (want, prefilled_off) = workload(&rt, &off, &tok, gamma);
+        drop(off);
+        let on = start(&rt, &target, draft, true, 4);
+        let (got, prefilled_on) = workload(&rt, &on, &tok, gamma);
+        for (i, ((g, cached), (w, none))) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "{name}: request {i}");
+            assert_eq!(*none, 0, "{name}: nothing is cached with the cache off");
+            // After the first request, every prompt starts with cached text: a later turn from
+            // the earlier turn's cache, concurrent requests from each other's system prompt,
+            // and the second round from the first round's retained caches.
+            if i > 0 {
+                assert!(
+                    *cached > 0,
+                    "{name}: request {i} took nothing from the cache"
+                );
+            }
+        }
+        assert!(
+            prefilled_on * 2 < prefilled_off,
+            "{name}: the target ran {prefilled_on} prompt tokens with the cache, {prefilled_off} without"
+        );
+        if gamma != GammaPolicy::Off {
+            assert!(
+                got.iter().any(|(o, _)| o.speculation.2 > 0),
+                "{name}: nothing accepted"
+            );
+        }
+        let stats = rt.block_on(on.cache_stats()).unwrap();
+        assert!(stats.idle(), "{name}: {stats:?}");
+        assert!(stats.retained_slots > 0, "{name}: {stats:?}");
+    }
+}
+
+/// More distinct prompts than slots: retained caches are evicted, least recently used first,
+/// so every request is admitted; a prompt seen most recently is still found; outputs stay those
+/// of the cache off; a KV budget too small to keep anything beside a running request evicts
+/// too.
+#[test]
+fn retained_caches_give_way_to_new_requests() {
+    let loaded = load(WeightsDtype::AsIs);
+    let tok = Arc::clone(&loaded.tokenizer);
+    let target = Arc::new(loaded.model);
+    let rt = common::runtime();
+    let prompts: Vec<Vec<u32>> = (0..5)
+        .map(|i| {
+            render(
+                &tok,
+                &[ChatMessage::new(
+                    "user",
+                    format!("Write a line of poetry about the number {i}."),
+                )],
+            )
+        })
+        .collect();
+    let run = |engine: &Engine, p: &[u32]| -> Completion {
+        rt.block_on(async {
+            engine
+                .submit(request(p.to_vec(), 12, GammaPolicy::Off, &[]))
+                .await?
+                .collect()
+                .await
+        })
+        .unwrap()
+    };
+    let off = start(&rt, &target, None, false, 2);
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| run(&off, p).tokens).collect();
+    let on = start(&rt, &target, None, true, 2);
+    for (p, w) in prompts.iter().zip(&want) {
+        assert_eq!(&run(&on, p).tokens, w);
+        let stats = rt.block_on(on.cache_stats()).unwrap();
+        assert!(stats.idle() && stats.retained_slots <= 2, "{stats:?}");
+    }
+    // The last prompt is still retained: all of it but its last token comes from the cache.
+    let again = run(&on, &prompts[4]);
+    assert_eq!(again.tokens, want[4]);
+    assert_eq!(again.usage.cached_tokens, prompts[4].len() - 1);
+    // The first was evicted long ago: only what it shares with the prompts still retained
+    // comes from the cache.
+    let first = run(&on, &prompts[0]);
+    assert_eq!(first.tokens, want[0]);
+    let shared = common_prefix(&prompts[0], &prompts[4]);
+    assert!(shared + 2 < prompts[0].len());
+    assert_eq!(first.usage.cached_tokens, shared);
+
+    // A KV budget for one request at a time: the retained cache must go for the next to fit.
+    let tight = rt
+        .block_on(Engine::start(
+            Arc::clone(&target),
+            None,
+            EngineConfig {
+                max_seqs: 2,
+                prefix_cache: true,
+                kv_capacity_tokens: Some(prompts[0].len() + 12 + 8 + 1 + 4),
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    for (p, w) in prompts.iter().zip(&want) {
+        assert_eq!(&run(&tight, p).tokens, w);
+    }
+    let stats = rt.block_on(tight.cache_stats()).unwrap();
+    assert!(
+        stats.idle() && stats.reserved_tokens <= stats.capacity_tokens,
+        "{stats:?}"
+    );
+    assert!(
+        stats.retained_slots <= 1,
+        "room for one at a time: {stats:?}"
+    );
+}
