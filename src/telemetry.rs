@@ -284,3 +284,17 @@ pub fn set_prefix_cache(model: &'static str, slots: usize, tokens: usize) {
     gauge!(PREFIX_RETAINED_SLOTS, "model" => model).set(slots as f64);
     gauge!(PREFIX_RETAINED_TOKENS, "model" => model).set(tokens as f64);
 }
+
+/// Exports a model's prefix-cache counters and gauges at zero, so its dashboard panels show
+/// zeros rather than "no data" before the first hit or eviction.
+pub fn register_prefix_cache(model: &'static str) {
+    for name in [
+        PREFIX_LOOKUPS,
+        PREFIX_HITS,
+        PREFIX_HIT_TOKENS,
+        PREFIX_EVICTIONS,
+    ] {
+        counter!(name, "model" => model).increment(0);
+    }
+    set_prefix_cache(model, 0, 0);
+}

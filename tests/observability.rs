@@ -44,6 +44,12 @@ const DESIGN_METRICS: &[&str] = &[
     "tandem_spec_gamma",
     "tandem_pipeline_overlap_ratio",
     "tandem_spec_speedup_estimate",
+    "tandem_prefix_cache_lookups_total",
+    "tandem_prefix_cache_hits_total",
+    "tandem_prefix_cache_hit_tokens_total",
+    "tandem_prefix_cache_evictions_total",
+    "tandem_prefix_cache_retained_slots",
+    "tandem_prefix_cache_retained_tokens",
 ];
 
 fn promtool(args: &[&str]) {
@@ -164,12 +170,17 @@ struct Totals {
     rounds: u64,
     /// Requests that drafted at all (each gives one acceptance-rate sample).
     speculative_requests: u64,
+    /// Prompt tokens taken from the prefix cache.
+    cached: u64,
 }
 
 fn add_usage(t: &mut Totals, usage: &Value) {
     t.requests += 1;
     t.prompt += usage["prompt_tokens"].as_u64().unwrap();
     t.completion += usage["completion_tokens"].as_u64().unwrap();
+    t.cached += usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     let s = &usage["speculative"];
     t.drafted += s["draft_tokens"].as_u64().unwrap();
     t.accepted += s["accepted_tokens"].as_u64().unwrap();
@@ -293,6 +304,22 @@ fn prometheus_scrapes_tandem_and_every_dashboard_query_and_alert_evaluates() {
     ] {
         assert_eq!(metric(&text, name), want as f64, "{name}");
     }
+    // Every request looked for a cached prefix; the hits add up to what the clients were told.
+    let target = "model=\"target\"";
+    for (name, want) in [
+        ("tandem_prefix_cache_lookups_total", totals.requests),
+        ("tandem_prefix_cache_hit_tokens_total", totals.cached),
+    ] {
+        assert_eq!(
+            http::metric_value(&text, name, target),
+            Some(want as f64),
+            "{name}"
+        );
+    }
+    assert!(
+        totals.cached > 0,
+        "the chats share their template's opening"
+    );
     assert_eq!(
         http::metric_value(&text, "tandem_request_acceptance_rate_count", "").unwrap(),
         totals.speculative_requests as f64,

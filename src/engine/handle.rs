@@ -107,6 +107,12 @@ impl Engine {
         let verifier = Verifier::new(Arc::clone(&target), cfg.max_seqs, cfg.target_threads)?;
         let has_drafter = draft.is_some();
         let draft_cache = matches!(draft, Some(DraftSource::Model { .. }));
+        if cfg.prefix_cache {
+            crate::telemetry::register_prefix_cache("target");
+            if draft_cache {
+                crate::telemetry::register_prefix_cache("draft");
+            }
+        }
         let drafter = match draft {
             Some(source) => Some(Drafter::spawn(Drafter::new(
                 source,
