@@ -160,6 +160,8 @@ mod tests {
             acceptance_rate: None,
             mean_accepted_length: None,
             ttft_median_s: None,
+            ttft_later_turns_median_s: None,
+            cached_share: None,
             outputs_match: None,
         }
     }

@@ -28,6 +28,8 @@ pub struct Mode {
     /// `None` = exact (1).
     pub lenience: Option<Lenience>,
     pub pipeline: bool,
+    /// The engine keeps finished sequences' caches and starts prompts from cached prefixes.
+    pub prefix_cache: bool,
 }
 
 impl Mode {
@@ -35,16 +37,17 @@ impl Mode {
         self.drafter == DrafterKind::None
     }
 
-    /// The engine this mode runs on: modes with the same drafter and pipelining share one.
-    pub fn engine_key(&self) -> (DrafterKind, bool) {
-        (self.drafter, self.pipeline)
+    /// The engine this mode runs on: modes with the same drafter, pipelining and prefix cache
+    /// share one.
+    pub fn engine_key(&self) -> (DrafterKind, bool, bool) {
+        (self.drafter, self.pipeline, self.prefix_cache)
     }
 
     /// Parses `plain`, `prompt-lookup` (alias `pld`) or `draft` (alias `draft-model`), each
-    /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`
-    /// and, for prompt lookup, `:ngram=MIN-MAX`.
+    /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`,
+    /// for prompt lookup `:ngram=MIN-MAX`, and for every mode `:prefix_cache=true|false`.
     /// Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
-    /// pipelining.
+    /// pipelining; every mode to the prefix cache on.
     pub fn parse(spec: &str, max_gamma: usize) -> Result<Mode, BenchError> {
         let bad = |reason: String| BenchError::Options(format!("mode `{spec}`: {reason}"));
         let mut parts = spec.trim().split(':');
@@ -68,13 +71,18 @@ impl Mode {
             },
             lenience: None,
             pipeline: false,
+            prefix_cache: true,
         };
         for kv in parts {
             let (k, v) = kv
                 .split_once('=')
                 .ok_or_else(|| bad(format!("`{kv}` is not key=value")))?;
+            if k == "prefix_cache" {
+                mode.prefix_cache = v.parse().map_err(|_| bad(format!("prefix_cache `{v}`")))?;
+                continue;
+            }
             if mode.is_plain() {
-                return Err(bad("plain decoding takes no settings".into()));
+                return Err(bad("plain decoding takes no settings but prefix_cache".into()));
             }
             match k {
                 "gamma" | "spec_length" if v == "adaptive" => mode.gamma = GammaPolicy::Adaptive,
@@ -100,7 +108,7 @@ impl Mode {
                 },
                 other => {
                     return Err(bad(format!(
-                        "unknown setting `{other}` (gamma, lenience, pipeline, ngram)"
+                        "unknown setting `{other}` (gamma, lenience, pipeline, ngram, prefix_cache)"
                     )))
                 }
             }
@@ -157,7 +165,12 @@ mod tests {
         assert_eq!(m[2].gamma, GammaPolicy::Adaptive);
         assert!(m[2].pipeline);
         assert_eq!(m[2].lenience.map(Lenience::get), Some(0.5));
-        assert_eq!(m[2].engine_key(), (DrafterKind::Model, true));
+        assert_eq!(m[2].engine_key(), (DrafterKind::Model, true, true));
+        // The prefix cache is on unless a mode turns it off, plain included: its own engine.
+        let m = parse_modes("plain,plain:prefix_cache=false", 8).unwrap();
+        assert_eq!(m.len(), 2);
+        assert!(m[0].prefix_cache && !m[1].prefix_cache && m[1].is_plain());
+        assert_ne!(m[0].engine_key(), m[1].engine_key());
     }
 
     #[test]
@@ -170,6 +183,7 @@ mod tests {
             ("pld:speed=3", "unknown setting"),
             ("pld:gamma", "key=value"),
             ("plain:gamma=2", "no settings"),
+            ("plain:prefix_cache=maybe", "prefix_cache"),
             ("pld,pld", "twice"),
             ("pld:ngram=0-2", "n-gram sizes"),
             ("draft:ngram=1-3", "prompt-lookup setting"),

@@ -16,6 +16,8 @@ pub struct RunRecord {
     pub repeat: usize,
     pub turn: usize,
     pub prompt_tokens: usize,
+    /// Prompt tokens taken from the prefix cache.
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     /// From submission to the last token.
     pub seconds: f64,
@@ -103,7 +105,12 @@ pub struct SummaryRow {
     pub acceptance_rate: Option<f64>,
     /// Tokens per speculative round (accepted drafts + 1).
     pub mean_accepted_length: Option<f64>,
+    /// Median time to first token of first turns, and of later turns (whose prompts hold the
+    /// conversation so far: what a prefix cache shortens).
     pub ttft_median_s: Option<f64>,
+    pub ttft_later_turns_median_s: Option<f64>,
+    /// Share of prompt tokens taken from the prefix cache.
+    pub cached_share: Option<f64>,
     pub outputs_match: Option<bool>,
 }
 
@@ -151,7 +158,7 @@ pub fn summarize(
                 continue;
             };
             let speedup = match &plain {
-                Some(p) if !mode.is_plain() => {
+                Some(p) if &mode.label != p => {
                     let base = per_repeat_rate(batches, repeats, |b| {
                         &b.mode == p && in_scope(&b.category)
                     });
@@ -183,17 +190,23 @@ pub fn summarize(
             };
             let decode_tokens_per_s = decode_rate(&mode.label);
             let decode_speedup = match (&plain, decode_tokens_per_s) {
-                (Some(p), Some(d)) if !mode.is_plain() => decode_rate(p).map(|b| d / b),
+                (Some(p), Some(d)) if &mode.label != p => decode_rate(p).map(|b| d / b),
                 _ => None,
             };
             let drafted: usize = mine.iter().map(|r| r.draft_tokens).sum();
             let accepted: usize = mine.iter().map(|r| r.accepted_tokens).sum();
             let rounds: usize = mine.iter().map(|r| r.rounds).sum();
-            let mut ttfts: Vec<f64> = mine
-                .iter()
-                .filter(|r| r.turn == 0)
-                .map(|r| r.ttft_s)
-                .collect();
+            let median_ttft = |first: bool| {
+                let mut t: Vec<f64> = mine
+                    .iter()
+                    .filter(|r| (r.turn == 0) == first)
+                    .map(|r| r.ttft_s)
+                    .collect();
+                t.sort_by(f64::total_cmp);
+                Spread::of(&t).map(|s| s.median)
+            };
+            let prompt_tokens: usize = mine.iter().map(|r| r.prompt_tokens).sum();
+            let cached_tokens: usize = mine.iter().map(|r| r.cached_tokens).sum();
             let matches: Vec<bool> = mine.iter().filter_map(|r| r.outputs_match).collect();
             rows.push(SummaryRow {
                 mode: mode.label.clone(),
@@ -206,10 +219,10 @@ pub fn summarize(
                 decode_speedup,
                 acceptance_rate: (drafted > 0).then(|| accepted as f64 / drafted as f64),
                 mean_accepted_length: (rounds > 0).then(|| 1.0 + accepted as f64 / rounds as f64),
-                ttft_median_s: {
-                    ttfts.sort_by(f64::total_cmp);
-                    Spread::of(&ttfts).map(|s| s.median)
-                },
+                ttft_median_s: median_ttft(true),
+                ttft_later_turns_median_s: median_ttft(false),
+                cached_share: (prompt_tokens > 0)
+                    .then(|| cached_tokens as f64 / prompt_tokens as f64),
                 outputs_match: (!matches.is_empty()).then(|| matches.iter().all(|&m| m)),
             });
         }
@@ -233,9 +246,9 @@ pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
     for c in categories {
         out.push_str(&format!("\n### {c}\n\n"));
         out.push_str(
-            "| mode | tok/s | spread | speedup | speedup spread | decode tok/s | decode speedup | acceptance | tokens/round | TTFT | outputs match |\n",
+            "| mode | tok/s | spread | speedup | speedup spread | decode tok/s | decode speedup | acceptance | tokens/round | TTFT | later-turn TTFT | prompt cached | outputs match |\n",
         );
-        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for r in rows.iter().filter(|r| r.category == c) {
             let s = &r.tokens_per_s;
             let spread = if repeats > 1 {
@@ -248,7 +261,7 @@ pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
                 _ => "–".into(),
             };
             out.push_str(&format!(
-                "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 r.mode,
                 s.median,
                 spread,
@@ -259,6 +272,8 @@ pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
                 opt(r.acceptance_rate, |v| format!("{:.0}%", v * 100.0)),
                 opt(r.mean_accepted_length, |v| format!("{v:.2}")),
                 opt(r.ttft_median_s, |v| format!("{:.0} ms", v * 1000.0)),
+                opt(r.ttft_later_turns_median_s, |v| format!("{:.0} ms", v * 1000.0)),
+                opt(r.cached_share, |v| format!("{:.0}%", v * 100.0)),
                 match r.outputs_match {
                     Some(true) => "yes",
                     Some(false) => "**no**",
@@ -306,6 +321,7 @@ mod tests {
             repeat: 0,
             turn: 0,
             prompt_tokens: 10,
+            cached_tokens: 4,
             completion_tokens: 10,
             seconds: 1.0,
             ttft_s: 0.1,
@@ -356,6 +372,8 @@ mod tests {
             "{o:?}"
         );
         assert!(get("plain", OVERALL).speedup.is_none());
+        assert_eq!(a.cached_share, Some(0.4));
+        assert_eq!(a.ttft_later_turns_median_s, None, "first turns only");
         let table = render_tables(&rows, 2);
         assert!(
             table.contains("### overall") && table.contains("| pld | "),

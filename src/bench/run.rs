@@ -47,6 +47,9 @@ pub struct BenchOptions {
     pub threads: usize,
     pub max_gamma: usize,
     pub prefill_chunk: usize,
+    /// A system message before every question (a templated workload: every prompt opens the
+    /// same way).
+    pub system_prompt: Option<String>,
 }
 
 /// Progress as the loop reports it: `done` of `total` requests, and what just finished.
@@ -79,7 +82,7 @@ pub struct EngineReport {
 async fn start_engines(
     models: &BenchModels,
     opts: &BenchOptions,
-) -> Result<BTreeMap<(DrafterKind, bool), Arc<Engine>>, BenchError> {
+) -> Result<BTreeMap<(DrafterKind, bool, bool), Arc<Engine>>, BenchError> {
     let mut engines = BTreeMap::new();
     for mode in &opts.modes {
         let key = mode.engine_key();
@@ -109,6 +112,7 @@ async fn start_engines(
             target_threads,
             draft_threads,
             max_gamma: opts.max_gamma,
+            prefix_cache: mode.prefix_cache,
             speculation: SpeculationSettings {
                 gamma: bench_gamma(4.min(opts.max_gamma))?,
                 gamma_max: bench_gamma(opts.max_gamma)?,
@@ -140,7 +144,11 @@ async fn run_question(
     let template = tokenizer
         .chat_template()
         .ok_or_else(|| BenchError::Options("the model has no chat template".into()))?;
-    let mut messages: Vec<ChatMessage> = Vec::new();
+    let mut messages: Vec<ChatMessage> = opts
+        .system_prompt
+        .iter()
+        .map(|s| ChatMessage::new("system", s.as_str()))
+        .collect();
     let mut records = Vec::new();
     for (turn, text) in job.prompt.turns.iter().enumerate() {
         messages.push(ChatMessage::new("user", text.as_str()));
@@ -211,6 +219,7 @@ async fn run_question(
             repeat: job.repeat,
             turn,
             prompt_tokens,
+            cached_tokens: usage.cached_tokens,
             completion_tokens: usage.completion_tokens,
             seconds,
             ttft_s: ttft.unwrap_or(seconds),
@@ -368,8 +377,8 @@ pub async fn run_bench(
     })
 }
 
-/// Greedy runs: each speculative run's tokens against plain decoding's for the same question,
-/// repeat and turn (Spec-Bench's equality check).
+/// Greedy runs: each other mode's tokens against the first plain mode's for the same
+/// question, repeat and turn (Spec-Bench's equality check).
 pub fn mark_matches(runs: &mut [RunRecord], modes: &[Mode]) {
     let Some(plain) = modes.iter().find(|m| m.is_plain()) else {
         return;

@@ -45,7 +45,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Comma-separated modes: plain, prompt-lookup (pld), draft, each optionally with
-    /// `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true` (plain is always run).
+    /// `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true`, `:prefix_cache=false` (plain is
+    /// always run; the first plain mode is the baseline of every speedup).
     #[arg(long, default_value = "plain,prompt-lookup")]
     modes: String,
     /// Requests in flight at once per mode.
@@ -60,6 +61,10 @@ pub struct BenchArgs {
     /// Generate exactly --max-tokens tokens per turn.
     #[arg(long)]
     ignore_eos: bool,
+    /// A system message before every question: a templated workload, where every prompt opens
+    /// with the same text (what a prefix cache serves).
+    #[arg(long)]
+    system_prompt: Option<String>,
     /// The draft model of `draft` modes: `default`, `self:K` or a model path.
     #[arg(long, default_value = "default")]
     draft_model: DraftSpec,
@@ -133,6 +138,7 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         threads,
         max_gamma: args.max_gamma,
         prefill_chunk: config.engine.prefill_chunk,
+        system_prompt: args.system_prompt.clone(),
     };
     eprintln!(
         "bench: {} prompts in {} categories, modes {}, {} tokens, temperature {}, concurrency {}, {} repeat(s), {} thread(s)",
@@ -204,6 +210,7 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
             "repeat": args.repeat,
             "warmup": args.warmup,
             "ignore_eos": args.ignore_eos,
+            "system_prompt": args.system_prompt,
             "max_gamma": args.max_gamma,
             "model": model_json,
         });
