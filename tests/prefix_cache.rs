@@ -260,7 +260,19 @@ fn retained_caches_give_way_to_new_requests() {
     };
     let off = start(&rt, &target, None, false, 2);
     let want: Vec<Vec<u32>> = prompts.iter().map(|p| run(&off, p).tokens).collect();
-    let on = start(&rt, &target, None, true, 2);
+    // Two slots in all: no extra slots for kept caches.
+    let on = rt
+        .block_on(Engine::start(
+            Arc::clone(&target),
+            None,
+            EngineConfig {
+                max_seqs: 2,
+                prefix_cache: true,
+                prefix_cache_slots: 0,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
     for (p, w) in prompts.iter().zip(&want) {
         assert_eq!(&run(&on, p).tokens, w);
         let stats = rt.block_on(on.cache_stats()).unwrap();
@@ -302,5 +314,64 @@ fn retained_caches_give_way_to_new_requests() {
     assert!(
         stats.retained_slots <= 1,
         "room for one at a time: {stats:?}"
+    );
+}
+
+/// The cross-request drafter (`suffix`): a question asked again drafts the earlier answer from
+/// the store and has it accepted, where prompt lookup, seeing only the request's own text,
+/// drafts far less; every output is plain decoding's.
+#[test]
+fn a_repeated_request_drafts_the_earlier_answer() {
+    let loaded = load(WeightsDtype::AsIs);
+    let tok = Arc::clone(&loaded.tokenizer);
+    let target = Arc::new(loaded.model);
+    let rt = common::runtime();
+    let prompt = render(
+        &tok,
+        &[ChatMessage::new(
+            "user",
+            "Give three tips for staying focused while studying.",
+        )],
+    );
+    let plain = start(&rt, &target, None, true, 2);
+    let run = |engine: &Engine, gamma: GammaPolicy| -> Completion {
+        rt.block_on(async {
+            engine
+                .submit(request(prompt.clone(), 64, gamma, &[]))
+                .await?
+                .collect()
+                .await
+        })
+        .unwrap()
+    };
+    let want = run(&plain, GammaPolicy::Off).tokens;
+    let fixed = GammaPolicy::Fixed(Gamma::try_from(4).unwrap());
+    let mut accepted = Vec::new();
+    for lookup in [
+        PromptLookup::default(),
+        PromptLookup::default().across_requests(),
+    ] {
+        let engine = start(
+            &rt,
+            &target,
+            Some(DraftSource::PromptLookup(lookup)),
+            true,
+            2,
+        );
+        let first = run(&engine, fixed);
+        let again = run(&engine, fixed);
+        assert_eq!(first.tokens, want);
+        assert_eq!(again.tokens, want);
+        accepted.push(again.usage.speculative.accepted_tokens);
+    }
+    let (own_text, across) = (accepted[0], accepted[1]);
+    assert!(
+        across >= want.len() * 3 / 4,
+        "the earlier answer is drafted and kept: {across} of {} tokens",
+        want.len()
+    );
+    assert!(
+        across > own_text,
+        "prompt lookup alone accepted {own_text}, across requests {across}"
     );
 }

@@ -43,7 +43,8 @@ impl Mode {
         (self.drafter, self.pipeline, self.prefix_cache)
     }
 
-    /// Parses `plain`, `prompt-lookup` (alias `pld`) or `draft` (alias `draft-model`), each
+    /// Parses `plain`, `prompt-lookup` (alias `pld`), `suffix` (prompt lookup across requests)
+    /// or `draft` (alias `draft-model`), each
     /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`,
     /// for prompt lookup `:ngram=MIN-MAX`, and for every mode `:prefix_cache=true|false`.
     /// Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
@@ -54,10 +55,11 @@ impl Mode {
         let drafter = match parts.next().unwrap_or("") {
             "plain" => DrafterKind::None,
             "prompt-lookup" | "pld" => DrafterKind::PromptLookup(PromptLookup::default()),
+            "suffix" => DrafterKind::PromptLookup(PromptLookup::default().across_requests()),
             "draft" | "draft-model" => DrafterKind::Model,
             other => {
                 return Err(bad(format!(
-                    "unknown mode `{other}` (plain, prompt-lookup, draft)"
+                    "unknown mode `{other}` (plain, prompt-lookup, suffix, draft)"
                 )))
             }
         };
@@ -82,7 +84,9 @@ impl Mode {
                 continue;
             }
             if mode.is_plain() {
-                return Err(bad("plain decoding takes no settings but prefix_cache".into()));
+                return Err(bad(
+                    "plain decoding takes no settings but prefix_cache".into()
+                ));
             }
             match k {
                 "gamma" | "spec_length" if v == "adaptive" => mode.gamma = GammaPolicy::Adaptive,
@@ -100,9 +104,9 @@ impl Mode {
                     mode.pipeline = v.parse().map_err(|_| bad(format!("pipeline `{v}`")))?;
                 }
                 "ngram" => match mode.drafter {
-                    DrafterKind::PromptLookup(_) => {
-                        mode.drafter =
-                            DrafterKind::PromptLookup(PromptLookup::parse_ngrams(v).map_err(bad)?);
+                    DrafterKind::PromptLookup(p) => {
+                        let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
+                        mode.drafter = DrafterKind::PromptLookup(p.with_ngrams_of(sizes));
                     }
                     _ => return Err(bad("ngram is a prompt-lookup setting".into())),
                 },

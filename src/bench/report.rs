@@ -272,7 +272,10 @@ pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
                 opt(r.acceptance_rate, |v| format!("{:.0}%", v * 100.0)),
                 opt(r.mean_accepted_length, |v| format!("{v:.2}")),
                 opt(r.ttft_median_s, |v| format!("{:.0} ms", v * 1000.0)),
-                opt(r.ttft_later_turns_median_s, |v| format!("{:.0} ms", v * 1000.0)),
+                opt(r.ttft_later_turns_median_s, |v| format!(
+                    "{:.0} ms",
+                    v * 1000.0
+                )),
                 opt(r.cached_share, |v| format!("{:.0}%", v * 100.0)),
                 match r.outputs_match {
                     Some(true) => "yes",

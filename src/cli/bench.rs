@@ -44,7 +44,7 @@ pub struct BenchArgs {
     /// Base seed for sampled runs (each question, turn and repeat derives its own).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Comma-separated modes: plain, prompt-lookup (pld), draft, each optionally with
+    /// Comma-separated modes: plain, prompt-lookup (pld), suffix, draft, each optionally with
     /// `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true`, `:prefix_cache=false` (plain is
     /// always run; the first plain mode is the baseline of every speedup).
     #[arg(long, default_value = "plain,prompt-lookup")]

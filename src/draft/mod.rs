@@ -5,10 +5,12 @@
 //! proposal is deterministic (prompt lookup: a point mass). After verification it is told how
 //! many tokens of the sequence stand, and rolls back whatever state it keeps past that.
 
+mod history;
 mod model;
 mod prompt_lookup;
 mod spec;
 
+pub use history::{RequestHistory, HISTORY_TOKENS};
 pub use model::{check_same_vocabulary, DraftJob, DraftTiming, ModelDrafter};
 pub use prompt_lookup::PromptLookup;
 pub use spec::{DraftSpec, InvalidDraftSpec};

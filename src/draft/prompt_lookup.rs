@@ -1,6 +1,8 @@
 //! Prompt lookup: propose the continuation of the most recent earlier occurrence of the
 //! context's last n tokens (longest n first). No model and near-zero cost; it pays off where the
-//! output repeats its input (summaries, code edits, retrieval answers).
+//! output repeats its input (summaries, code edits, retrieval answers). Across requests
+//! (`suffix`), the engine's drafter also looks in earlier requests' texts
+//! ([`super::RequestHistory`]) when the request's own text has no match.
 
 use super::{DraftError, Proposal, Proposer};
 use crate::sampling::{SamplingParams, SeededRng};
@@ -9,6 +11,8 @@ use crate::sampling::{SamplingParams, SeededRng};
 pub struct PromptLookup {
     min_ngram: usize,
     max_ngram: usize,
+    /// Also look in earlier requests' prompts and outputs (the request's own text first).
+    across_requests: bool,
 }
 
 /// The longest n-gram a lookup may match: longer ones never occur in practice, and each size
@@ -39,6 +43,28 @@ impl PromptLookup {
         Self {
             min_ngram,
             max_ngram: max_ngram.max(min_ngram),
+            across_requests: false,
+        }
+    }
+
+    /// The same lookup, also in earlier requests' texts (the `suffix` drafter).
+    pub fn across_requests(self) -> Self {
+        Self {
+            across_requests: true,
+            ..self
+        }
+    }
+
+    pub fn looks_across_requests(&self) -> bool {
+        self.across_requests
+    }
+
+    /// The same n-gram sizes, across requests or not as `self`.
+    pub fn with_ngrams_of(self, other: PromptLookup) -> Self {
+        Self {
+            min_ngram: other.min_ngram,
+            max_ngram: other.max_ngram,
+            ..self
         }
     }
 
@@ -46,30 +72,34 @@ impl PromptLookup {
     /// match with a full γ-token continuation, or else the match with the longest one (inside
     /// a run of repeats the latest match has only one token after it).
     pub fn lookup<'c>(&self, context: &'c [u32], gamma: usize) -> &'c [u32] {
+        (self.min_ngram..=self.max_ngram)
+            .rev()
+            .map(|n| Self::lookup_at(context, gamma, n))
+            .find(|c| !c.is_empty())
+            .unwrap_or(&[])
+    }
+
+    /// [`PromptLookup::lookup`] for one n-gram size `n`.
+    pub fn lookup_at(context: &[u32], gamma: usize, n: usize) -> &[u32] {
         let len = context.len();
-        for n in (self.min_ngram..=self.max_ngram).rev() {
-            if len < n + 1 {
-                continue;
-            }
-            let suffix = &context[len - n..];
-            let mut best: &[u32] = &[];
-            for i in (0..len - n).rev() {
-                if &context[i..i + n] == suffix {
-                    let from = i + n;
-                    let cont = &context[from..(from + gamma).min(len)];
-                    if cont.len() > best.len() {
-                        best = cont;
-                    }
-                    if best.len() >= gamma {
-                        break;
-                    }
+        if n == 0 || len < n + 1 {
+            return &[];
+        }
+        let suffix = &context[len - n..];
+        let mut best: &[u32] = &[];
+        for i in (0..len - n).rev() {
+            if &context[i..i + n] == suffix {
+                let from = i + n;
+                let cont = &context[from..(from + gamma).min(len)];
+                if cont.len() > best.len() {
+                    best = cont;
+                }
+                if best.len() >= gamma {
+                    break;
                 }
             }
-            if !best.is_empty() {
-                return best;
-            }
         }
-        &[]
+        best
     }
 }
 
@@ -81,7 +111,12 @@ impl Default for PromptLookup {
 
 impl Proposer for PromptLookup {
     fn name(&self) -> String {
-        format!("prompt-lookup(n={}..{})", self.min_ngram, self.max_ngram)
+        let kind = if self.across_requests {
+            "suffix"
+        } else {
+            "prompt-lookup"
+        };
+        format!("{kind}(n={}..{})", self.min_ngram, self.max_ngram)
     }
 
     fn propose(

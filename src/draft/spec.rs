@@ -1,5 +1,5 @@
-//! The drafter a user names: `none`, `prompt-lookup[:MIN-MAX]`, `self:K`, `default` or a model
-//! path, as one enum.
+//! The drafter a user names: `none`, `prompt-lookup[:MIN-MAX]`, `suffix[:MIN-MAX]`, `self:K`,
+//! `default` or a model path, as one enum.
 //!
 //! Why it exists: the same name arrives from the config file (`speculation.draft_model`) and from
 //! CLI flags, and is acted on by model loading, the server and the CLI. Parsing it once, where it
@@ -16,7 +16,8 @@ use super::PromptLookup;
 pub enum DraftSpec {
     /// No speculation: plain decoding.
     None,
-    /// N-gram matches in the sequence's own text (no model).
+    /// N-gram matches in the sequence's own text (no model); `suffix`: and in earlier
+    /// requests' texts.
     PromptLookup(PromptLookup),
     /// The target's own first K layers (`self:K`), K >= 1.
     SelfLayers(usize),
@@ -29,7 +30,9 @@ pub enum DraftSpec {
 /// key or flag.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidDraftSpec {
-    #[error("must be none, prompt-lookup[:MIN-MAX], default, self:K or a model path")]
+    #[error(
+        "must be none, prompt-lookup[:MIN-MAX], suffix[:MIN-MAX], default, self:K or a model path"
+    )]
     Empty,
     /// Prompt-lookup n-gram sizes out of range (the text is [`PromptLookup::parse_ngrams`]'s).
     #[error("{0}")]
@@ -57,6 +60,16 @@ impl FromStr for DraftSpec {
                 .map(Self::PromptLookup)
                 .map_err(InvalidDraftSpec::Ngrams);
         }
+        if t == "suffix" {
+            return Ok(Self::PromptLookup(
+                PromptLookup::default().across_requests(),
+            ));
+        }
+        if let Some(sizes) = t.strip_prefix("suffix:") {
+            return PromptLookup::parse_ngrams(sizes)
+                .map(|p| Self::PromptLookup(p.across_requests()))
+                .map_err(InvalidDraftSpec::Ngrams);
+        }
         if let Some(k) = t.strip_prefix("self:") {
             return match k.trim().parse::<usize>() {
                 Ok(k) if k >= 1 => Ok(Self::SelfLayers(k)),
@@ -74,7 +87,12 @@ impl fmt::Display for DraftSpec {
             Self::None => f.write_str("none"),
             Self::PromptLookup(p) => {
                 let (lo, hi) = p.ngrams();
-                write!(f, "prompt-lookup:{lo}-{hi}")
+                let kind = if p.looks_across_requests() {
+                    "suffix"
+                } else {
+                    "prompt-lookup"
+                };
+                write!(f, "{kind}:{lo}-{hi}")
             }
             Self::SelfLayers(k) => write!(f, "self:{k}"),
             Self::Model(m) => f.write_str(m),
@@ -102,6 +120,17 @@ mod tests {
             parse("prompt-lookup:4"),
             Ok(DraftSpec::PromptLookup(PromptLookup::new(4, 4)))
         );
+        assert_eq!(
+            parse("suffix"),
+            Ok(DraftSpec::PromptLookup(
+                PromptLookup::default().across_requests()
+            ))
+        );
+        assert_eq!(parse("suffix:2-4").unwrap().to_string(), "suffix:2-4");
+        assert!(matches!(
+            parse("suffix:0-4"),
+            Err(InvalidDraftSpec::Ngrams(_))
+        ));
         assert_eq!(parse("self:8"), Ok(DraftSpec::SelfLayers(8)));
         assert_eq!(parse("default"), Ok(DraftSpec::Model("default".into())));
         assert_eq!(

@@ -14,7 +14,10 @@ use super::messages::{
     DraftBatch, DraftBatchResult, DraftItem, DraftOutcome, EndSequence, MeasureDraftCosts,
 };
 use super::worker::ComputeWorker;
-use crate::draft::{DraftJob, DraftTiming, ModelDrafter, PromptLookup, Proposal, Proposer};
+use crate::draft::{
+    DraftJob, DraftTiming, ModelDrafter, PromptLookup, Proposal, Proposer, RequestHistory,
+    HISTORY_TOKENS,
+};
 use crate::model::Llama;
 use crate::sampling::{SamplingParams, SeededRng};
 
@@ -33,7 +36,13 @@ pub enum DraftSource {
 /// one prompt-lookup index per sequence.
 pub enum DraftState {
     Model(ModelDrafter<Arc<Llama>>),
-    Lookup(PromptLookup, HashMap<u64, PromptLookup>),
+    /// Prompt lookup: its settings, each sequence's lookup, and earlier requests' texts when
+    /// it looks across requests (`suffix`).
+    Lookup(
+        PromptLookup,
+        HashMap<u64, PromptLookup>,
+        Option<RequestHistory>,
+    ),
 }
 
 #[derive(Actor)]
@@ -54,7 +63,13 @@ impl Drafter {
             DraftSource::Model { model, name } => DraftState::Model(
                 ModelDrafter::with_slots(model, name, max_seqs).with_prefix_cache(prefix_cache),
             ),
-            DraftSource::PromptLookup(p) => DraftState::Lookup(p, HashMap::new()),
+            DraftSource::PromptLookup(p) => {
+                let (lo, hi) = p.ngrams();
+                let history = p
+                    .looks_across_requests()
+                    .then(|| RequestHistory::new(HISTORY_TOKENS, lo, hi));
+                DraftState::Lookup(p, HashMap::new(), history)
+            }
         };
         Ok(Self {
             worker: ComputeWorker::spawn("tandem-draft", threads, state)?,
@@ -73,12 +88,15 @@ impl Message<DraftBatch> for Drafter {
 fn draft_batch(s: &mut DraftState, items: Vec<DraftItem>) -> DraftBatchResult {
     match s {
         DraftState::Model(drafter) => draft_with_model(drafter, items),
-        DraftState::Lookup(config, seqs) => {
+        DraftState::Lookup(config, seqs, history) => {
             let start = Instant::now();
             let steps = items.iter().map(|it| it.gamma).max().unwrap_or(0);
             let outcomes = items
                 .into_iter()
-                .map(|it| lookup_one(seqs.entry(it.seq).or_insert(*config), it))
+                .map(|it| {
+                    let own = seqs.entry(it.seq).or_insert(*config);
+                    lookup_one(own, history.as_ref(), it)
+                })
                 .collect();
             DraftBatchResult {
                 outcomes,
@@ -150,7 +168,34 @@ fn draft_with_model(
     DraftBatchResult { outcomes, timing }
 }
 
-fn lookup_one(drafter: &mut PromptLookup, it: DraftItem) -> DraftOutcome {
+/// The longest suffix of `context` that occurs in its own text or in an earlier request's,
+/// the own text first at equal length.
+fn across_requests<'a>(
+    lookup: &PromptLookup,
+    history: &'a RequestHistory,
+    context: &'a [u32],
+    gamma: usize,
+) -> &'a [u32] {
+    let (lo, hi) = lookup.ngrams();
+    for n in (lo..=hi).rev() {
+        let own = PromptLookup::lookup_at(context, gamma, n);
+        if !own.is_empty() {
+            return own;
+        }
+        let earlier = history.lookup_at(context, gamma, n);
+        if !earlier.is_empty() {
+            return earlier;
+        }
+    }
+    &[]
+}
+
+/// Prompt lookup in the request's own text; across requests, in earlier requests' texts too.
+fn lookup_one(
+    drafter: &mut PromptLookup,
+    history: Option<&RequestHistory>,
+    it: DraftItem,
+) -> DraftOutcome {
     let mut rng = it.rng;
     let mut proposal = Proposal::default();
     let result = drafter
@@ -166,6 +211,15 @@ fn lookup_one(drafter: &mut PromptLookup, it: DraftItem) -> DraftOutcome {
             )
         })
         .map(|()| {
+            if let Some(h) = history {
+                proposal.tokens.clear();
+                proposal.tokens.extend_from_slice(across_requests(
+                    drafter,
+                    h,
+                    &it.context,
+                    it.gamma,
+                ));
+            }
             proposal.tokens.truncate(it.gamma);
             proposal.dists.truncate(it.gamma * proposal.vocab);
             proposal
@@ -189,8 +243,11 @@ impl Message<EndSequence> for Drafter {
         self.worker
             .run(move |s| match s {
                 DraftState::Model(drafter) => drafter.end(msg.seq, msg.keep),
-                DraftState::Lookup(_, seqs) => {
+                DraftState::Lookup(_, seqs, history) => {
                     seqs.remove(&msg.seq);
+                    if let Some(h) = history {
+                        h.add(&msg.text);
+                    }
                 }
             })
             .await
@@ -271,7 +328,7 @@ fn measure_draft_costs(
                 }
             }
         }
-        DraftState::Lookup(config, _) => {
+        DraftState::Lookup(config, _, _) => {
             let mut d = *config;
             let mut p = Proposal::default();
             for _ in 0..tries {

@@ -47,6 +47,9 @@ pub struct EngineConfig {
     /// Keep finished sequences' caches and start new prompts from the longest cached prefix
     /// (target and draft model).
     pub prefix_cache: bool,
+    /// Cache slots beyond `max_seqs` for kept caches: more conversations stay cached. Their
+    /// tokens count against the same KV budget, which evicts them for running sequences.
+    pub prefix_cache_slots: usize,
     /// The initial live speculation settings (the admin API changes them later).
     #[serde(skip)]
     pub speculation: SpeculationSettings,
@@ -72,6 +75,7 @@ impl Default for EngineConfig {
             kv_capacity_tokens: None,
             max_gamma: 8,
             prefix_cache: true,
+            prefix_cache_slots: 8,
             speculation: SpeculationSettings::default(),
             governor: GovernorConfig::default(),
             costs: None,
@@ -104,7 +108,14 @@ impl Engine {
         let settings = LiveSettings::new(cfg.speculation, cfg.max_gamma)
             .map_err(|e| EngineError::InvalidRequest(format!("speculation.{e}")))?;
         let context_len = target.context_len();
-        let verifier = Verifier::new(Arc::clone(&target), cfg.max_seqs, cfg.target_threads)?;
+        // Running sequences take at most `max_seqs` slots; kept caches may use the rest.
+        let slots = cfg.max_seqs
+            + if cfg.prefix_cache {
+                cfg.prefix_cache_slots
+            } else {
+                0
+            };
+        let verifier = Verifier::new(Arc::clone(&target), slots, cfg.target_threads)?;
         let has_drafter = draft.is_some();
         let draft_cache = matches!(draft, Some(DraftSource::Model { .. }));
         if cfg.prefix_cache {
@@ -117,7 +128,7 @@ impl Engine {
             Some(source) => Some(Drafter::spawn(Drafter::new(
                 source,
                 cfg.draft_threads,
-                cfg.max_seqs,
+                slots,
                 cfg.prefix_cache,
             )?)),
             None => None,
@@ -134,7 +145,7 @@ impl Engine {
             }
         };
         let cache = CacheManager::spawn(CacheManager::new(
-            cfg.max_seqs,
+            slots,
             cfg.kv_capacity_tokens.unwrap_or(cfg.max_seqs * context_len),
             draft_cache,
         ));

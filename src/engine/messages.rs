@@ -240,6 +240,8 @@ pub struct DraftBatchResult {
 pub struct EndSequence {
     pub seq: u64,
     pub keep: bool,
+    /// Its prompt and output (a drafter across requests remembers them).
+    pub text: Vec<u32>,
 }
 
 /// Drafter: what drafting costs, measured at start-up: a draft step after, and taking in, a

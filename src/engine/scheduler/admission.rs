@@ -46,7 +46,13 @@ impl Scheduler {
         };
         self.free_slots(freed).await;
         if let Some(d) = &self.drafter {
-            let _ = d.ask(EndSequence { seq: seq.id, keep }).await;
+            let _ = d
+                .ask(EndSequence {
+                    seq: seq.id,
+                    keep,
+                    text: seq.context,
+                })
+                .await;
         }
     }
 
