@@ -71,12 +71,15 @@ fn request(prompt: Vec<u32>, max_tokens: usize, gamma: GammaPolicy, eos: &[u32])
     }
 }
 
+/// A token's logprob entry as bits: the token, its logprob, the alternatives and theirs.
+type LogprobBits = (u32, u32, Vec<(u32, u32)>);
+
 /// What must not change with the cache: tokens, logprob bits, and (at a fixed γ, where the
 /// drafts depend only on the draft cache's contents) the speculation counters.
 #[derive(Debug, PartialEq)]
 struct Outcome {
     tokens: Vec<u32>,
-    logprobs: Vec<(u32, u32, Vec<(u32, u32)>)>,
+    logprobs: Vec<LogprobBits>,
     speculation: (usize, usize, usize),
 }
 
