@@ -13,23 +13,10 @@ use tandem::engine::{
     Completion, DraftSource, Engine, EngineConfig, EngineRequest, Gamma, GammaPolicy,
     GenerationRequest,
 };
-use tandem::model::loader::LoadOptions;
-use tandem::model::{ChatMessage, Llama, LoadedModel, ModelSource, WeightsDtype};
+use tandem::model::{ChatMessage, Llama, LoadedModel, WeightsDtype};
 use tandem::sampling::{SamplingParams, TokenLogprob};
 
 const TOP: usize = 5;
-
-fn load(weights_dtype: WeightsDtype) -> LoadedModel {
-    LoadedModel::load(
-        &ModelSource::Gguf(common::default_model()),
-        &LoadOptions {
-            weights_dtype,
-            context_len: 1024,
-            ..Default::default()
-        },
-    )
-    .expect("default model loads")
-}
 
 fn chat_prompt(loaded: &LoadedModel, question: &str) -> Vec<u32> {
     let text = loaded
@@ -105,13 +92,13 @@ fn fixed(g: usize) -> GammaPolicy {
 /// decoding, one entry per token, the alternatives sorted with the chosen token first.
 #[test]
 fn greedy_logprobs_are_the_same_bits_with_speculation_on_and_off() {
-    let loaded = load(WeightsDtype::AsIs);
+    let loaded = common::load_default(WeightsDtype::AsIs);
     let prompt = chat_prompt(
         &loaded,
         "List the planets of the solar system, then list them again.",
     );
     let target = Arc::new(loaded.model);
-    let f16 = Arc::new(load(WeightsDtype::F16).model);
+    let f16 = Arc::new(common::load_default(WeightsDtype::F16).model);
     let rt = common::runtime();
     let greedy = SamplingParams {
         repetition_penalty: 1.1,
@@ -204,10 +191,10 @@ fn drafters(f16: &Arc<Llama>) -> [(&'static str, DraftSource); 2] {
 /// logprobs.
 #[test]
 fn sampled_logprobs_equal_scoring_the_output_as_a_prompt() {
-    let loaded = load(WeightsDtype::AsIs);
+    let loaded = common::load_default(WeightsDtype::AsIs);
     let prompt = chat_prompt(&loaded, "Write a short poem about rivers.");
     let target = Arc::new(loaded.model);
-    let f16 = Arc::new(load(WeightsDtype::F16).model);
+    let f16 = Arc::new(common::load_default(WeightsDtype::F16).model);
     let rt = common::runtime();
     let sampled = SamplingParams {
         temperature: 0.8,
@@ -258,7 +245,7 @@ fn sampled_logprobs_equal_scoring_the_output_as_a_prompt() {
 /// logprobs included, and every slot comes back.
 #[test]
 fn choices_share_the_prefill_and_equal_lone_requests() {
-    let loaded = load(WeightsDtype::AsIs);
+    let loaded = common::load_default(WeightsDtype::AsIs);
     let prompt = chat_prompt(&loaded, "Name three colours and say why you like them.");
     let target = Arc::new(loaded.model);
     let rt = common::runtime();

@@ -13,22 +13,9 @@ use tandem::engine::{
     Completion, DraftSource, Engine, EngineConfig, EngineRequest, Gamma, GammaPolicy,
     GenerationRequest,
 };
-use tandem::model::loader::LoadOptions;
 use tandem::model::prefix_index::common_prefix;
-use tandem::model::{ChatMessage, Llama, LoadedModel, ModelSource, TextTokenizer, WeightsDtype};
+use tandem::model::{ChatMessage, Llama, TextTokenizer, WeightsDtype};
 use tandem::sampling::{SamplingParams, TokenLogprob};
-
-fn load(weights_dtype: WeightsDtype) -> LoadedModel {
-    LoadedModel::load(
-        &ModelSource::Gguf(common::default_model()),
-        &LoadOptions {
-            weights_dtype,
-            context_len: 1024,
-            ..Default::default()
-        },
-    )
-    .expect("default model loads")
-}
 
 fn render(tok: &TextTokenizer, turns: &[ChatMessage]) -> Vec<u32> {
     let text = tok.chat_template().unwrap().render(turns, true).unwrap();
@@ -173,10 +160,10 @@ fn workload(
 
 #[test]
 fn output_is_the_same_bits_with_the_prefix_cache_on_and_off() {
-    let loaded = load(WeightsDtype::AsIs);
+    let loaded = common::load_default(WeightsDtype::AsIs);
     let tok = Arc::clone(&loaded.tokenizer);
     let target = Arc::new(loaded.model);
-    let f16 = Arc::new(load(WeightsDtype::F16).model);
+    let f16 = Arc::new(common::load_default(WeightsDtype::F16).model);
     let rt = common::runtime();
     let fixed = GammaPolicy::Fixed(Gamma::try_from(3).unwrap());
     let cases: [(&str, Option<DraftSource>, GammaPolicy); 3] = [
@@ -236,7 +223,7 @@ fn output_is_the_same_bits_with_the_prefix_cache_on_and_off() {
 /// too.
 #[test]
 fn retained_caches_give_way_to_new_requests() {
-    let loaded = load(WeightsDtype::AsIs);
+    let loaded = common::load_default(WeightsDtype::AsIs);
     let tok = Arc::clone(&loaded.tokenizer);
     let target = Arc::new(loaded.model);
     let rt = common::runtime();
@@ -325,7 +312,7 @@ fn retained_caches_give_way_to_new_requests() {
 /// drafts far less; every output is plain decoding's.
 #[test]
 fn a_repeated_request_drafts_the_earlier_answer() {
-    let loaded = load(WeightsDtype::AsIs);
+    let loaded = common::load_default(WeightsDtype::AsIs);
     let tok = Arc::clone(&loaded.tokenizer);
     let target = Arc::new(loaded.model);
     let rt = common::runtime();
