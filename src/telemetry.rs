@@ -35,6 +35,7 @@ pub const SPEC_GAMMA: &str = "tandem_spec_gamma";
 pub const PIPELINE_OVERLAP: &str = "tandem_pipeline_overlap_ratio";
 pub const SPEC_SPEEDUP_ESTIMATE: &str = "tandem_spec_speedup_estimate";
 
+pub const CONFIG_RELOADS: &str = "tandem_config_reloads_total";
 pub const PREFIX_LOOKUPS: &str = "tandem_prefix_cache_lookups_total";
 pub const PREFIX_HITS: &str = "tandem_prefix_cache_hits_total";
 pub const PREFIX_HIT_TOKENS: &str = "tandem_prefix_cache_hit_tokens_total";
@@ -131,6 +132,10 @@ fn describe() {
     describe_gauge!(
         PIPELINE_OVERLAP,
         "Share of busy time the drafter and verifier ran at once."
+    );
+    describe_counter!(
+        CONFIG_RELOADS,
+        "Reloads of the config file's speculation settings, by result (ok, error)."
     );
     describe_counter!(
         PREFIX_LOOKUPS,
@@ -297,4 +302,17 @@ pub fn register_prefix_cache(model: &'static str) {
         counter!(name, "model" => model).increment(0);
     }
     set_prefix_cache(model, 0, 0);
+}
+
+/// A reload of the config file's speculation settings: applied, or refused (nothing changed).
+pub fn record_config_reload(ok: bool) {
+    let result = if ok { "ok" } else { "error" };
+    counter!(CONFIG_RELOADS, "result" => result).increment(1);
+}
+
+/// Exports the reload counter at zero for both results.
+pub fn register_config_reloads() {
+    for result in ["ok", "error"] {
+        counter!(CONFIG_RELOADS, "result" => result).increment(0);
+    }
 }

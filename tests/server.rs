@@ -1037,3 +1037,78 @@ fn logprobs_choices_echo_and_tokenize_over_http() {
     assert_eq!(d["content"], prompt);
     assert_eq!(d["prompt"], prompt);
 }
+
+/// The config file's `[speculation]` table is live: a change to the file reaches the running
+/// server, a bad file changes nothing and is counted, and SIGHUP rereads the file (and does
+/// not stop the server).
+#[test]
+fn config_file_changes_and_sighup_reload_speculation_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tandem.toml");
+    std::fs::write(&path, "[speculation]\nlenience = 1.0\ngamma = 4\n").unwrap();
+    let server = Server::start(
+        &[
+            "--config",
+            path.to_str().unwrap(),
+            "--context-length",
+            CONTEXT,
+            "--draft-model",
+            "prompt-lookup",
+        ],
+        &[("TANDEM_ADMIN_TOKEN", "t")],
+    );
+    let addr = server.addr.clone();
+    let settings = || admin(&addr, "GET", Some("t"), "").json();
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "never happened: {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    assert_eq!(settings()["lenience"], 1.0);
+
+    std::fs::write(&path, "[speculation]\nlenience = 0.5\ngamma = 3\n").unwrap();
+    wait_for("the file's change applied", &|| {
+        settings()["lenience"] == 0.5
+    });
+    assert_eq!(settings()["gamma"], 3);
+    assert_eq!(server.metric("tandem_spec_lenience", ""), Some(0.5));
+    assert_eq!(
+        server.metric("tandem_config_reloads_total", "result=\"ok\""),
+        Some(1.0)
+    );
+
+    for (i, bad) in ["[speculation]\nlenience = 7\n", "[speculation\n"]
+        .into_iter()
+        .enumerate()
+    {
+        std::fs::write(&path, bad).unwrap();
+        wait_for("the bad file counted", &|| {
+            server.metric("tandem_config_reloads_total", "result=\"error\"") == Some(i as f64 + 1.0)
+        });
+        assert_eq!(settings()["lenience"], 0.5, "{bad} changed the settings");
+        assert_eq!(settings()["gamma"], 3);
+    }
+
+    // The admin API changes this process; SIGHUP puts the file's (good) settings back. (Values
+    // exact in binary: lenience is an f32.)
+    std::fs::write(&path, "[speculation]\nlenience = 0.75\ngamma = 2\n").unwrap();
+    wait_for("the fixed file applied", &|| settings()["lenience"] == 0.75);
+    let r = admin(&addr, "PUT", Some("t"), r#"{"lenience": 0.25}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(settings()["lenience"], 0.25);
+    server.signal("HUP");
+    wait_for("SIGHUP reread the file", &|| settings()["lenience"] == 0.75);
+    assert_eq!(
+        server.metric("tandem_config_reloads_total", "result=\"ok\""),
+        Some(3.0)
+    );
+    // Still serving.
+    let v = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": "One, two,", "max_tokens": 4}),
+    );
+    assert_eq!(v.status, 200, "{}", v.text());
+}

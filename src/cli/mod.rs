@@ -128,7 +128,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Serve(args) => {
             args.model.apply(&mut config)?;
             args.apply(&mut config)?;
-            serve::run(config)
+            serve::run(config, cli.config.clone())
         }
         Command::Generate(args) => {
             args.model.apply(&mut config)?;

@@ -129,10 +129,10 @@ fn flag_error(e: SettingsError) -> CliError {
     }
 }
 
-pub fn run(config: Config) -> Result<(), CliError> {
+pub fn run(config: Config, config_path: Option<std::path::PathBuf>) -> Result<(), CliError> {
     tandem::logging::init(&config.logging.level, &config.logging.format)?;
     let threads = tandem::runtime::init_threads(config.runtime.threads);
-    super::async_runtime()?.block_on(tandem::server::run(config, threads))?;
+    super::async_runtime()?.block_on(tandem::server::run(config, threads, config_path))?;
     Ok(())
 }
 

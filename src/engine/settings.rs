@@ -205,6 +205,14 @@ impl LiveSettings {
         self.gamma_limit
     }
 
+    /// Replaces every setting at once (a reloaded config file), checked first; on error
+    /// nothing changes.
+    pub fn replace(&self, next: SpeculationSettings) -> Result<SpeculationSettings, SettingsError> {
+        next.validate(self.gamma_limit)?;
+        *self.inner.write().unwrap_or_else(|e| e.into_inner()) = next;
+        Ok(next)
+    }
+
     /// Applies a change atomically; on error nothing changes.
     pub fn update(&self, update: &SettingsUpdate) -> Result<SpeculationSettings, SettingsError> {
         let mut guard = self.inner.write().unwrap_or_else(|e| e.into_inner());

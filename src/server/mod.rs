@@ -10,6 +10,7 @@ pub mod admin;
 pub mod error;
 mod logprobs;
 pub mod openai;
+mod reload;
 mod response;
 pub mod schema;
 pub mod startup;
@@ -139,10 +140,17 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!("No route for {uri}"))
 }
 
-/// Runs the server until SIGTERM/Ctrl-C. `threads` is the runtime's compute thread count.
-pub async fn run(config: Config, threads: usize) -> Result<(), ServerError> {
+/// Runs the server until SIGTERM/Ctrl-C. `threads` is the runtime's compute thread count;
+/// `config_path`, the file the config came from, is watched for speculation settings (and
+/// reread on SIGHUP).
+pub async fn run(
+    config: Config,
+    threads: usize,
+    config_path: Option<std::path::PathBuf>,
+) -> Result<(), ServerError> {
     let metrics = crate::telemetry::install().map_err(|e| ServerError::Metrics(e.to_string()))?;
     crate::telemetry::register_positions(config.engine.max_gamma);
+    crate::telemetry::register_config_reloads();
     let admin_token = std::env::var("TANDEM_ADMIN_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())
@@ -165,6 +173,10 @@ pub async fn run(config: Config, threads: usize) -> Result<(), ServerError> {
         next_request: AtomicU64::new(0),
     });
     tracing::info!(%local, "listening on http://{local} (loading models; /health is 503 until ready)");
+    reload::spawn(config_path, {
+        let state = Arc::clone(&state);
+        move || state.loaded.get().map(|l| l.engine.settings().clone())
+    });
     if state.admin_token.is_none() {
         tracing::info!("admin API off (set server.admin_token or TANDEM_ADMIN_TOKEN)");
     }

@@ -269,6 +269,16 @@ impl Server {
     }
 
     /// Sends SIGTERM from another thread; the handle tells whether the process exited cleanly.
+    /// Sends a signal by name (`HUP`, `TERM`) to the server process.
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "kill -{name} failed");
+    }
+
     pub fn terminate_in_background(self) -> std::thread::JoinHandle<bool> {
         std::thread::spawn(move || self.terminate())
     }
