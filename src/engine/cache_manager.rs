@@ -112,7 +112,7 @@ impl CacheManager {
         }
         if let Some(slot) = adopted {
             self.retained.take(slot);
-            self.reserved_tokens -= adopted_tokens;
+            self.reserved_tokens = self.reserved_tokens.saturating_sub(adopted_tokens);
             out.slots.push(slot);
         } else if let Some(slot) = source.filter(|_| source_held.is_some()) {
             self.retained.touch(slot);
@@ -145,7 +145,7 @@ impl CacheManager {
     ) -> bool {
         let fits = |m: &Self| {
             m.free.len() + adopted >= msg.choices
-                && m.reserved_tokens - adopted_tokens + msg.tokens * msg.choices
+                && m.reserved_tokens.saturating_sub(adopted_tokens) + msg.tokens * msg.choices
                     <= m.capacity_tokens
         };
         while !fits(self) {
