@@ -22,7 +22,7 @@ fn number(logprob: f32) -> f64 {
 }
 
 /// A token's text (lossy where it is part of a character) and its bytes.
-fn token_text(tok: &TextTokenizer, id: u32) -> (String, Vec<u8>) {
+pub(super) fn token_text(tok: &TextTokenizer, id: u32) -> (String, Vec<u8>) {
     let bytes = tok.token_bytes(id).unwrap_or_default();
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }

@@ -15,8 +15,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
+use super::logprobs::token_text;
 use super::schema::{parse_body, ChatMessageIn};
-use super::validation::chat_turns;
+use super::validation::{chat_turns, check_model};
 use super::{read_body, AppState};
 
 #[derive(Debug, Deserialize)]
@@ -46,13 +47,6 @@ struct DetokenizeRequest {
     model: Option<String>,
 }
 
-fn check_model(model: Option<&str>, served: &str) -> Result<(), ApiError> {
-    match model {
-        Some(m) if m != served && m != "default" => Err(ApiError::model_not_found(m, served)),
-        _ => Ok(()),
-    }
-}
-
 pub async fn tokenize(
     State(state): State<Arc<AppState>>,
     body: Body,
@@ -60,7 +54,7 @@ pub async fn tokenize(
     let bytes = read_body(&state, body).await?;
     let req: TokenizeRequest = parse_body(&bytes)?;
     let loaded = state.ready()?;
-    check_model(req.model.as_deref(), &loaded.model_name)?;
+    check_model(req.model.as_deref(), loaded)?;
     let tok = &loaded.tokenizer;
     let text = match (req.content, req.prompt, req.messages) {
         (Some(t), None, None) | (None, Some(t), None) => t,
@@ -88,8 +82,7 @@ pub async fn tokenize(
     let ids = tok
         .encode(&text, add_special)
         .map_err(|e| ApiError::invalid(format!("Cannot tokenize: {e}")))?;
-    let piece =
-        |id: u32| String::from_utf8_lossy(&tok.token_bytes(id).unwrap_or_default()).into_owned();
+    let piece = |id: u32| token_text(tok, id).0;
     let tokens: Value = if req.with_pieces == Some(true) {
         ids.iter()
             .map(|&id| json!({"id": id, "piece": piece(id)}))
@@ -117,7 +110,7 @@ pub async fn detokenize(
     let bytes = read_body(&state, body).await?;
     let req: DetokenizeRequest = parse_body(&bytes)?;
     let loaded = state.ready()?;
-    check_model(req.model.as_deref(), &loaded.model_name)?;
+    check_model(req.model.as_deref(), loaded)?;
     let Some(tokens) = req.tokens else {
         return Err(ApiError::invalid_param("tokens", "`tokens` is required."));
     };

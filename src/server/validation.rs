@@ -89,6 +89,16 @@ pub(super) fn chat_turns(
     Ok(turns)
 }
 
+/// A request's `model` must name the served model (or `default`), if it names one.
+pub(super) fn check_model(model: Option<&str>, loaded: &Loaded) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != loaded.model_name && m != "default" => {
+            Err(ApiError::model_not_found(m, &loaded.model_name))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Checks the request against the model and the server's defaults and builds the engine
 /// request.
 pub(super) fn engine_request(
@@ -98,11 +108,7 @@ pub(super) fn engine_request(
     p: &CommonParams,
     max_completion_tokens: Option<usize>,
 ) -> Result<EngineRequest, ApiError> {
-    if let Some(m) = &p.model {
-        if m != &loaded.model_name && m != "default" {
-            return Err(ApiError::model_not_found(m, &loaded.model_name));
-        }
-    }
+    check_model(p.model.as_deref(), loaded)?;
     let d = &state.defaults;
     let context = loaded.engine.context_len();
     if prompt.len() >= context {
