@@ -23,6 +23,7 @@ pub enum SetupError {
 
 /// Loads the target model named by `model.path` at `model.weights_dtype`.
 pub fn load_target(config: &Config) -> Result<LoadedModel, SetupError> {
+    log_vector_level();
     let source = ModelSource::resolve(&config.model.path)?;
     let t = std::time::Instant::now();
     let target = LoadedModel::load(&source, &target_options(config))?;
@@ -34,6 +35,15 @@ pub fn load_target(config: &Config) -> Result<LoadedModel, SetupError> {
         "loaded the target model"
     );
     Ok(target)
+}
+
+/// Says which vector instructions the kernels run on; a CPU without AVX2 still runs, on
+/// portable code, and is warned about.
+fn log_vector_level() {
+    match crate::model::packed_gemm::vector_level() {
+        Some(level) => tracing::info!(cpu = %level, "CPU kernels"),
+        None => tracing::warn!("{}", crate::model::packed_gemm::PORTABLE_WARNING),
+    }
 }
 
 fn target_options(config: &Config) -> LoadOptions {

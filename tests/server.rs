@@ -1112,3 +1112,59 @@ fn config_file_changes_and_sighup_reload_speculation_settings() {
     );
     assert_eq!(v.status, 200, "{}", v.text());
 }
+
+/// `tandem health` is the container's health check; after SIGTERM with `--drain-seconds`, the
+/// server says "draining" on /health (so balancers take it out) but still serves requests until
+/// the drain ends, then stops accepting connections and exits cleanly.
+#[test]
+fn health_command_and_draining_after_sigterm() {
+    let server = Server::start(&["--context-length", CONTEXT, "--drain-seconds", "3"], &[]);
+    let addr = server.addr.clone();
+    let health = || {
+        Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args(["health", "--url", &format!("http://{addr}/health")])
+            .output()
+            .expect("tandem health runs")
+    };
+    let ok = health();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // The port comes from --port / TANDEM_PORT as with serve.
+    let port = addr.rsplit(':').next().unwrap();
+    let by_port = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["health", "--port", port])
+        .output()
+        .unwrap();
+    assert!(by_port.status.success());
+
+    server.signal("TERM");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while get(&addr, "/health").status != 503 {
+        assert!(Instant::now() < deadline, "/health never said draining");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(get(&addr, "/health").json()["status"], "draining");
+    let unhealthy = health();
+    assert!(!unhealthy.status.success());
+    assert!(String::from_utf8_lossy(&unhealthy.stderr).contains("answered 503"));
+    // Still serving while draining.
+    let r = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        server.wait_for_exit(Duration::from_secs(30)),
+        "tandem serve exits cleanly after the drain"
+    );
+    assert!(
+        std::net::TcpStream::connect(&addr).is_err(),
+        "still accepting"
+    );
+    let gone = health();
+    assert!(!gone.status.success());
+}

@@ -7,6 +7,7 @@
 mod bench;
 mod forward_bench;
 mod generate;
+mod health;
 mod model_args;
 mod serve;
 
@@ -50,6 +51,8 @@ enum Command {
     /// Time forwards of k new tokens against a cache of a given depth (the cost a speculative
     /// verification pays), reported against a 1-token forward.
     ForwardBench(forward_bench::ForwardBenchArgs),
+    /// Ask a running server's /health; exit 0 only on 200 (a container health check).
+    Health(health::HealthArgs),
 }
 
 /// Why a command failed.
@@ -116,6 +119,8 @@ pub enum CliError {
     NoCacheSlot,
     #[error("--depth + the largest --tokens exceeds the context length {0}")]
     DepthPastContext(usize),
+    #[error("{url}: not healthy: {reason}")]
+    Unhealthy { url: String, reason: String },
 }
 
 /// Loads the config and runs the command.
@@ -142,6 +147,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             args.model.apply(&mut config)?;
             forward_bench::run(&config, args)
         }
+        Command::Health(args) => health::run(config.server.port, args),
     }
 }
 

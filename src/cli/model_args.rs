@@ -71,5 +71,9 @@ pub fn load_model(config: &Config) -> Result<LoadedModel, CliError> {
         loaded.model.kv_dtype(),
         t.elapsed().as_secs_f64()
     );
+    match tandem::model::packed_gemm::vector_level() {
+        Some(level) => eprintln!("CPU kernels: {level}"),
+        None => eprintln!("{}", tandem::model::packed_gemm::PORTABLE_WARNING),
+    }
     Ok(loaded)
 }

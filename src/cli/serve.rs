@@ -53,6 +53,9 @@ pub struct ServeArgs {
     pipeline: Option<bool>,
     #[arg(long, env = "TANDEM_MAX_BODY_BYTES")]
     max_body_bytes: Option<usize>,
+    /// Seconds between SIGTERM (when /health turns 503) and no longer accepting connections.
+    #[arg(long, env = "TANDEM_DRAIN_SECONDS")]
+    drain_seconds: Option<u64>,
 }
 
 impl ServeArgs {
@@ -70,6 +73,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_body_bytes {
             srv.max_body_bytes = v;
+        }
+        if let Some(v) = self.drain_seconds {
+            srv.drain_seconds = v;
         }
         let eng = &mut config.engine;
         if let Some(v) = self.max_seqs {

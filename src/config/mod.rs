@@ -77,6 +77,7 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     pub admin_token: String,
     pub shutdown_grace_seconds: u64,
+    pub drain_seconds: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]

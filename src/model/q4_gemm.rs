@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use half::f16;
 
 use super::packed_gemm::{self, PackedWeight};
-use super::q8_gemm::{has_vnni, quantize_rows, QuantRows};
+use super::q8_gemm::{quantize_rows, DotIsa, QuantRows};
 
 const TILE_N: usize = 8;
 const QK: usize = 32;
@@ -142,11 +142,11 @@ impl PackedWeight for PackedQ4 {
 
 /// `dst (m, n) = x (m, k) · Wᵀ`.
 pub fn matmul(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32]) {
-    matmul_on(w, x, m, dst, has_vnni())
+    matmul_on(w, x, m, dst, DotIsa::best())
 }
 
-/// [`matmul`] on the AVX-VNNI kernel (`vnni`, which the CPU must have) or the AVX2 one.
-fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], vnni: bool) {
+/// [`matmul`] on the tile kernel for `isa` (which the CPU must have).
+fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
     assert!(available(), "q4_gemm::matmul needs AVX2 and FMA");
     assert_eq!(x.len(), m * w.k);
     assert_eq!(dst.len(), m * w.n);
@@ -169,20 +169,21 @@ fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], vnni: bool) {
         // (rows, 8-column) block of `dst`, inside the bounds asserted above.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            if vnni {
-                tile_kernel_vnni(w, &q, &row_sums, t, r0, rows, dst_ptr as *mut f32)
-            } else {
-                tile_kernel_avx2(w, &q, &row_sums, t, r0, rows, dst_ptr as *mut f32)
+            let dst = dst_ptr as *mut f32;
+            match isa {
+                DotIsa::Avx2 => tile_kernel_avx2(w, &q, &row_sums, t, r0, rows, dst),
+                DotIsa::AvxVnni => tile_kernel_vnni(w, &q, &row_sums, t, r0, rows, dst),
+                DotIsa::Avx512Vnni => tile_kernel_vnni512(w, &q, &row_sums, t, r0, rows, dst),
             }
         };
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (t, r0, rows, dst_ptr, vnni, &row_sums);
+        let _ = (t, r0, rows, dst_ptr, isa, &row_sums);
     });
 }
 
-/// The tile kernel, written once for two instruction sets. `$dot4(acc, w, a)` adds each group
-/// of 4 products of unsigned weight bytes and signed activation bytes into acc's 32-bit lanes:
-/// `maddubs` + `madd` on AVX2, one `vpdpbusd` with AVX-VNNI; both exact.
+/// The tile kernel, written once for three instruction sets. `$dot4(acc, w, a)` adds each
+/// group of 4 products of unsigned weight bytes and signed activation bytes into acc's 32-bit
+/// lanes: `maddubs` + `madd` on AVX2, one `vpdpbusd` with AVX-VNNI or AVX-512 VNNI; all exact.
 macro_rules! tile_kernel {
     ($name:ident, $features:literal, $dot4:expr) => {
         #[cfg(target_arch = "x86_64")]
@@ -248,6 +249,13 @@ tile_kernel!(tile_kernel_vnni, "avx2,fma,avxvnni", |acc, w, a| {
     std::arch::x86_64::_mm256_dpbusd_avx_epi32(acc, w, a)
 });
 
+// The same 256-bit code with AVX-512VL's 32 vector registers (16 make the unrolled loop spill).
+tile_kernel!(
+    tile_kernel_vnni512,
+    "avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni",
+    |acc, w, a| { std::arch::x86_64::_mm256_dpbusd_epi32(acc, w, a) }
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,10 +289,10 @@ mod tests {
                 err_ours <= err_theirs * 1.05,
                 "{format:?}: ours {err_ours} vs candle {err_theirs}"
             );
-            for vnni in [false, true].into_iter().filter(|&v| !v || has_vnni()) {
+            for isa in DotIsa::available() {
                 let mut other = vec![0f32; m * n];
-                matmul_on(&packed, &x, m, &mut other, vnni);
-                assert!(other == ours, "{format:?}: vnni={vnni} differs");
+                matmul_on(&packed, &x, m, &mut other, isa);
+                assert!(other == ours, "{format:?}: {isa:?} differs");
             }
             for r in 0..m {
                 let mut one = vec![0f32; n];
@@ -313,11 +321,11 @@ mod tests {
             .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
             .collect();
         let want: f32 = x.iter().map(|v| 15.5 * v).sum();
-        for vnni in [false, true].into_iter().filter(|&v| !v || has_vnni()) {
+        for isa in DotIsa::available() {
             let mut out = vec![0f32; n];
-            matmul_on(&packed, &x, 1, &mut out, vnni);
+            matmul_on(&packed, &x, 1, &mut out, isa);
             for &o in &out {
-                assert!((o - want).abs() < 1e-3, "vnni={vnni}: {o} vs {want}");
+                assert!((o - want).abs() < 1e-3, "{isa:?}: {o} vs {want}");
             }
         }
     }

@@ -111,6 +111,24 @@ pub(super) struct QuantRows {
 }
 
 pub(super) fn quantize_rows(x: &[f32]) -> QuantRows {
+    // A portable build rounds through libm's `roundf` one value at a time; with AVX2 enabled
+    // the same loop compiles to vector rounding (the same bits).
+    #[cfg(target_arch = "x86_64")]
+    if packed_gemm::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { quantize_rows_avx2(x) };
+    }
+    quantize_rows_portable(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_rows_avx2(x: &[f32]) -> QuantRows {
+    quantize_rows_portable(x)
+}
+
+#[inline(always)]
+fn quantize_rows_portable(x: &[f32]) -> QuantRows {
     let mut out = QuantRows {
         qs: vec![0; x.len()],
         scales: vec![0.0; x.len() / QK],
@@ -129,11 +147,11 @@ pub(super) fn quantize_rows(x: &[f32]) -> QuantRows {
 
 /// `dst (m, n) = x (m, k) · Wᵀ`.
 pub fn matmul(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32]) {
-    matmul_on(w, x, m, dst, has_vnni())
+    matmul_on(w, x, m, dst, DotIsa::best())
 }
 
-/// [`matmul`] on the AVX-VNNI kernel (`vnni`, which the CPU must have) or the AVX2 one.
-fn matmul_on(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32], vnni: bool) {
+/// [`matmul`] on the tile kernel for `isa` (which the CPU must have).
+fn matmul_on(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
     assert!(available(), "q8_gemm::matmul needs AVX2 and FMA");
     assert_eq!(x.len(), m * w.k);
     assert_eq!(dst.len(), m * w.n);
@@ -150,21 +168,23 @@ fn matmul_on(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32], vnni: bool) {
         // (rows, 8-column) block of `dst`, inside the bounds asserted above.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            if vnni {
-                tile_kernel_vnni(w, &q, t, r0, rows, dst_ptr as *mut f32)
-            } else {
-                tile_kernel_avx2(w, &q, t, r0, rows, dst_ptr as *mut f32)
+            let dst = dst_ptr as *mut f32;
+            match isa {
+                DotIsa::Avx2 => tile_kernel_avx2(w, &q, t, r0, rows, dst),
+                DotIsa::AvxVnni => tile_kernel_vnni(w, &q, t, r0, rows, dst),
+                DotIsa::Avx512Vnni => tile_kernel_vnni512(w, &q, t, r0, rows, dst),
             }
         };
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (t, r0, rows, dst_ptr, vnni);
+        let _ = (t, r0, rows, dst_ptr, isa);
     });
 }
 
-/// The tile kernel, written once for two instruction sets. `$dot4(acc, wabs, signed)` adds
+/// The tile kernel, written once for three instruction sets. `$dot4(acc, wabs, signed)` adds
 /// each group of 4 byte products into acc's 32-bit lanes: `maddubs` + `madd` on AVX2, one
-/// `vpdpbusd` with AVX-VNNI. Both sums are exact (the sign trick keeps `maddubs` from
-/// saturating), so the two give the same bits.
+/// `vpdpbusd` with AVX-VNNI or AVX-512 VNNI. Every sum is exact (the sign trick keeps
+/// `maddubs` from saturating), so all give the same bits. The AVX-512 variant runs the same
+/// 256-bit code with AVX-512VL's 32 vector registers, where 16 make the unrolled loop spill.
 macro_rules! tile_kernel {
     ($name:ident, $features:literal, $dot4:expr) => {
         #[cfg(target_arch = "x86_64")]
@@ -227,22 +247,61 @@ tile_kernel!(tile_kernel_vnni, "avx2,fma,avxvnni", |acc, wabs, signed| {
     std::arch::x86_64::_mm256_dpbusd_avx_epi32(acc, wabs, signed)
 });
 
-/// Whether this CPU has AVX-VNNI (and `TANDEM_DISABLE_VNNI` is not set): one instruction for
-/// what takes three on plain AVX2.
-pub(super) fn has_vnni() -> bool {
-    static VNNI: OnceLock<bool> = OnceLock::new();
-    *VNNI.get_or_init(|| {
-        packed_gemm::enabled("TANDEM_DISABLE_VNNI", || {
-            #[cfg(target_arch = "x86_64")]
-            {
+tile_kernel!(
+    tile_kernel_vnni512,
+    "avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni",
+    |acc, wabs, signed| { std::arch::x86_64::_mm256_dpbusd_epi32(acc, wabs, signed) }
+);
+
+/// The instruction set of the 8-bit and 4-bit tile kernels; every one gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DotIsa {
+    Avx2,
+    AvxVnni,
+    Avx512Vnni,
+}
+
+impl DotIsa {
+    /// The fastest this CPU has: AVX-512 VNNI (unless `TANDEM_DISABLE_AVX512` or
+    /// `TANDEM_DISABLE_VNNI` is set), then AVX-VNNI (unless `TANDEM_DISABLE_VNNI`), then AVX2.
+    pub(crate) fn best() -> DotIsa {
+        static BEST: OnceLock<DotIsa> = OnceLock::new();
+        *BEST.get_or_init(|| *Self::available().last().expect("AVX2 is always listed"))
+    }
+
+    /// Every instruction set this CPU runs the kernels on, slowest first (for tests).
+    pub(crate) fn available() -> Vec<DotIsa> {
+        let mut out = vec![DotIsa::Avx2];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if packed_gemm::enabled("TANDEM_DISABLE_VNNI", || {
                 is_x86_feature_detected!("avxvnni")
+            }) {
+                out.push(DotIsa::AvxVnni);
             }
-            #[cfg(not(target_arch = "x86_64"))]
+            let avx512_vnni = || {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+            };
+            if packed_gemm::enabled("TANDEM_DISABLE_VNNI", || true)
+                && packed_gemm::enabled("TANDEM_DISABLE_AVX512", avx512_vnni)
             {
-                false
+                out.push(DotIsa::Avx512Vnni);
             }
-        })
-    })
+        }
+        out
+    }
+
+    /// For the start-up log.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            DotIsa::Avx2 => "AVX2",
+            DotIsa::AvxVnni => "AVX-VNNI",
+            DotIsa::Avx512Vnni => "AVX-512 VNNI",
+        }
+    }
 }
 
 #[cfg(test)]
@@ -275,10 +334,10 @@ mod tests {
             "ours {err_ours} vs candle {err_theirs}"
         );
         // The AVX2 and AVX-VNNI kernels give the same bits (where this CPU has both).
-        for vnni in [false, true].into_iter().filter(|&v| !v || has_vnni()) {
+        for isa in DotIsa::available() {
             let mut other = vec![0f32; m * n];
-            matmul_on(&packed, &x, m, &mut other, vnni);
-            assert!(other == ours, "vnni={vnni} differs");
+            matmul_on(&packed, &x, m, &mut other, isa);
+            assert!(other == ours, "{isa:?} differs");
         }
         // Each row alone gives the same bits as inside the batch.
         for r in 0..m {

@@ -3,8 +3,9 @@
 //! Why it exists: it is how users reach the engine. The server binds its port before the models
 //! load, so `/health` answers 503 while loading and orchestrators can wait on it; every
 //! rejection is an OpenAI-style error; a client that goes away cancels its request (its event
-//! stream is dropped with the response); SIGTERM stops accepting work and gives in-flight
-//! requests a grace period to finish.
+//! stream is dropped with the response); SIGTERM turns `/health` to 503 ("draining") so load
+//! balancers stop sending work, keeps serving for `server.drain_seconds`, then stops accepting
+//! connections and gives in-flight requests a grace period to finish.
 
 pub mod admin;
 pub mod error;
@@ -18,7 +19,7 @@ mod tokenize;
 mod validation;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -65,6 +66,8 @@ pub struct AppState {
     /// Nonce making response ids unique across restarts.
     id_prefix: String,
     next_request: AtomicU64,
+    /// Set on SIGTERM: `/health` answers 503 so balancers route new work elsewhere.
+    draining: AtomicBool,
 }
 
 impl AppState {
@@ -99,13 +102,19 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let unavailable = |status: &str| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": status })),
+        )
+            .into_response()
+    };
+    if state.draining.load(Ordering::Relaxed) {
+        return unavailable("draining");
+    }
     match state.loaded.get() {
         Some(_) => Json(serde_json::json!({"status": "ok"})).into_response(),
-        None => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({"status": "loading"})),
-        )
-            .into_response(),
+        None => unavailable("loading"),
     }
 }
 
@@ -171,6 +180,7 @@ pub async fn run(
         defaults: config.generation.clone(),
         id_prefix: format!("{:08x}", std::process::id() ^ (local.port() as u32) << 16),
         next_request: AtomicU64::new(0),
+        draining: AtomicBool::new(false),
     });
     tracing::info!(%local, "listening on http://{local} (loading models; /health is 503 until ready)");
     reload::spawn(config_path, {
@@ -211,6 +221,19 @@ pub async fn run(
     }
 
     shutdown_signal().await;
+    state.draining.store(true, Ordering::Relaxed);
+    let drain = Duration::from_secs(config.server.drain_seconds);
+    if !drain.is_zero() {
+        tracing::info!(
+            drain_seconds = config.server.drain_seconds,
+            "draining: /health is 503, requests are still served until the drain ends"
+        );
+        // A second signal ends the drain early.
+        tokio::select! {
+            _ = tokio::time::sleep(drain) => {},
+            _ = shutdown_signal() => {},
+        }
+    }
     tracing::info!(
         grace_seconds = config.server.shutdown_grace_seconds,
         "shutting down: no new connections; in-flight requests may finish"

@@ -189,9 +189,15 @@ pub struct Server {
 impl Server {
     /// Starts `tandem serve --port 0 ARGS...` and waits until `/health` says ready.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::start_with_threads(2, args, env)
+    }
+
+    /// [`Server::start`] with `threads` compute threads.
+    pub fn start_with_threads(threads: usize, args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
         cmd.arg("serve")
-            .args(["--host", "127.0.0.1", "--port", "0", "--threads", "2"])
+            .args(["--host", "127.0.0.1", "--port", "0"])
+            .args(["--threads", &threads.to_string()])
             .args(args)
             .env_remove("TANDEM_ADMIN_TOKEN")
             .stdin(Stdio::null())
@@ -268,7 +274,6 @@ impl Server {
         }
     }
 
-    /// Sends SIGTERM from another thread; the handle tells whether the process exited cleanly.
     /// Sends a signal by name (`HUP`, `TERM`) to the server process.
     pub fn signal(&self, name: &str) {
         let ok = Command::new("kill")
@@ -279,8 +284,24 @@ impl Server {
         assert!(ok, "kill -{name} failed");
     }
 
+    /// Sends SIGTERM from another thread; the handle tells whether the process exited cleanly.
     pub fn terminate_in_background(self) -> std::thread::JoinHandle<bool> {
         std::thread::spawn(move || self.terminate())
+    }
+
+    /// Waits for the process to exit by itself; returns whether it exited cleanly.
+    pub fn wait_for_exit(mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.success();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not exit in {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// A metric's value from `/metrics` (the sum over label sets matching `labels`).

@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 use super::shared::{lane_sum, reduce_eight_keys, KvElement};
 
 /// Sixteen elements from `p` as f32.
-#[target_feature(enable = "avx512f,f16c")]
+#[target_feature(enable = "avx512f,avx512vl,f16c")]
 #[inline]
 unsafe fn load16<T: KvElement>(p: *const T) -> __m512 {
     if T::HALF {
@@ -25,7 +25,7 @@ unsafe fn load16<T: KvElement>(p: *const T) -> __m512 {
 }
 
 /// The sixteen lanes of one key's products folded to eight (`lane i + lane i+8`).
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 #[inline]
 unsafe fn halves_sum(z: __m512) -> __m256 {
     let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(z)));
@@ -34,7 +34,7 @@ unsafe fn halves_sum(z: __m512) -> __m256 {
 
 /// See `super::scaled_dots`; `q.len()` is a multiple of 16 and every key read is inside
 /// `keys` (the caller checks both).
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn scaled_dots<T: KvElement>(
     q: &[f32],
     keys: &[T],
@@ -77,7 +77,7 @@ pub(super) unsafe fn scaled_dots<T: KvElement>(
 
 /// See `super::accumulate_values`; the sums' length is a multiple of 128 (two halves of a
 /// multiple of 64) and every value read is inside `values` (the caller checks both).
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn accumulate_values<T: KvElement>(
     weights: &[f32],
     values: &[T],
