@@ -40,9 +40,9 @@ pub fn load_target(config: &Config) -> Result<LoadedModel, SetupError> {
 /// Says which vector instructions the kernels run on; a CPU without AVX2 still runs, on
 /// portable code, and is warned about.
 fn log_vector_level() {
-    match crate::model::packed_gemm::vector_level() {
+    match crate::model::cpu_kernels::vector_level() {
         Some(level) => tracing::info!(cpu = %level, "CPU kernels"),
-        None => tracing::warn!("{}", crate::model::packed_gemm::PORTABLE_WARNING),
+        None => tracing::warn!("{}", crate::model::cpu_kernels::PORTABLE_WARNING),
     }
 }
 

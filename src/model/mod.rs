@@ -22,6 +22,7 @@
 
 pub mod attention;
 pub mod chat_template;
+pub mod cpu_kernels;
 pub mod f16_gemm;
 pub mod hparams;
 pub mod kv_cache;

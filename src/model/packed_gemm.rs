@@ -73,32 +73,6 @@ fn switched_off(var: &str) -> bool {
     std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-/// The vector instructions tandem's kernels use on this CPU, for the start-up log: e.g.
-/// `"AVX2+FMA+F16C, AVX-512F, AVX-512 VNNI"`, or `None` when they run without AVX2 (the CPU lacks
-/// it, or `TANDEM_DISABLE_AVX2` is set) and so several times slower.
-pub fn vector_level() -> Option<String> {
-    if !super::f16_gemm::available() && !has_avx2_fma_enabled() {
-        return None;
-    }
-    let mut parts = vec!["AVX2+FMA+F16C"];
-    if super::f16_gemm::wide_available() {
-        parts.push("AVX-512F");
-    }
-    let dot = super::q8_gemm::DotIsa::best();
-    if dot != super::q8_gemm::DotIsa::Avx2 {
-        parts.push(dot.name());
-    }
-    Some(parts.join(", "))
-}
-
-/// What tandem says when its kernels run without AVX2.
-pub const PORTABLE_WARNING: &str = "CPU kernels: portable (this CPU lacks AVX2/FMA/F16C, or \
-     TANDEM_DISABLE_AVX2 is set): candle's matmuls and scalar attention, several times slower";
-
-fn has_avx2_fma_enabled() -> bool {
-    enabled("TANDEM_DISABLE_AVX2", has_avx2_fma)
-}
-
 /// Whether this CPU has AVX2 and FMA, what the 8-bit and 4-bit kernels need.
 pub fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
