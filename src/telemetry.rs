@@ -16,6 +16,8 @@ pub const SPEC_NUM_DRAFT_TOKENS: &str = "tandem_spec_decode_num_draft_tokens_tot
 pub const SPEC_NUM_ACCEPTED_TOKENS: &str = "tandem_spec_decode_num_accepted_tokens_total";
 pub const SPEC_ACCEPTED_PER_POS: &str = "tandem_spec_decode_num_accepted_tokens_per_pos_total";
 pub const SPEC_DRAFT_AHEAD: &str = "tandem_spec_draft_ahead_total";
+pub const SPEC_DRAFT_GATE_STOPS: &str = "tandem_spec_draft_gate_stops_total";
+pub const SPEC_DRAFT_ENTROPY: &str = "tandem_spec_draft_entropy";
 
 pub const REQUEST_ACCEPTANCE_RATE: &str = "tandem_request_acceptance_rate";
 pub const SPEC_ACCEPTED_LENGTH: &str = "tandem_spec_decode_accepted_length";
@@ -67,6 +69,7 @@ pub fn install() -> Result<PrometheusHandle, BuildError> {
         (REQUEST_DURATION_SECONDS, REQUEST_BUCKETS),
         (REQUEST_ACCEPTANCE_RATE, RATIO_BUCKETS),
         (SPEC_ACCEPTED_LENGTH, LENGTH_BUCKETS),
+        (SPEC_DRAFT_ENTROPY, RATIO_BUCKETS),
     ] {
         b = b.set_buckets_for_metric(Matcher::Full(name.into()), buckets)?;
     }
@@ -102,6 +105,14 @@ fn describe() {
         "Tokens emitted per speculative round (accepted drafts + 1)."
     );
     describe_histogram!(DRAFT_STEP_SECONDS, "Drafter time per round.");
+    describe_histogram!(
+        SPEC_DRAFT_ENTROPY,
+        "Normalized entropy of each next-token distribution the confidence gate judged (0 = certain drafter, 1 = uniform)."
+    );
+    describe_counter!(
+        SPEC_DRAFT_GATE_STOPS,
+        "Draft rounds the confidence gate ended early because the drafter was unsure."
+    );
     describe_histogram!(
         VERIFY_STEP_SECONDS,
         "Batched target forward time per round."
@@ -185,6 +196,21 @@ pub fn record_round(drafted: usize, accepted: usize) {
             .increment(1);
     }
     histogram!(SPEC_ACCEPTED_LENGTH).record((accepted + 1) as f64);
+}
+
+/// The confidence gate judged a next-token distribution of this normalized entropy.
+pub fn record_draft_entropy(entropy: f32) {
+    histogram!(SPEC_DRAFT_ENTROPY).record(f64::from(entropy));
+}
+
+/// The confidence gate ended a round's drafting early.
+pub fn record_draft_gate_stop() {
+    counter!(SPEC_DRAFT_GATE_STOPS).increment(1);
+}
+
+/// Exports the gate's counter at 0 from the start, so a rate over it exists before it fires.
+pub fn register_draft_gate() {
+    counter!(SPEC_DRAFT_GATE_STOPS).increment(0);
 }
 
 /// Position labels as static strings (low cardinality: γ is bounded; the last one is "15+").

@@ -15,10 +15,10 @@ use tandem::draft::PromptLookup;
 use tandem::engine::governor::CostModel;
 use tandem::engine::{
     generate_plain, Completion, DraftSource, Engine, EngineConfig, EngineError, EngineEvent,
-    EngineRequest, FinishReason, GammaPolicy, GenerationRequest,
+    EngineRequest, FinishReason, GammaPolicy, GenerationRequest, SettingsUpdate,
 };
 use tandem::model::{Llama, LoadedModel, WeightsDtype};
-use tandem::sampling::SamplingParams;
+use tandem::sampling::{GateOverride, SamplingParams};
 
 fn untied(seed: u64) -> common::TinySpec {
     common::TinySpec {
@@ -71,6 +71,7 @@ fn request(generation: GenerationRequest, gamma: GammaPolicy) -> EngineRequest {
         lenience: None,
         logprobs: None,
         prompt_logprobs: None,
+        gate: Default::default(),
     }
 }
 
@@ -522,5 +523,102 @@ fn drafting_ahead_within_a_request_keeps_greedy_output_identical() {
         }
         let cache = rt.block_on(engine.cache_stats()).unwrap();
         assert!(cache.idle(), "every slot returned: {cache:?}");
+    }
+}
+
+/// Confidence-gated drafting: a draft model that is unsure of its next token (EGAG's smoothed
+/// entropy, or a low top probability) ends its round early. Greedy output stays plain
+/// decoding's, alone and 4 at once, pipelined or not; a strict gate drafts fewer tokens than
+/// none (the tiny drafter is unsure of everything, so it drafts gamma_min = 1 a round); the
+/// request's own settings and the live server settings both reach the drafter.
+#[test]
+fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
+    let _serial = one_at_a_time();
+    let (_dirs, target_model, other) = target_and_other();
+    let rt = common::runtime();
+    let all = prompts(4);
+    let want: Vec<Vec<u32>> = all
+        .iter()
+        .map(|p| plain(&target_model, &greedy(p.clone(), 24)))
+        .collect();
+    let strict = GateOverride {
+        use_egag: Some(true),
+        egag_threshold: Some(0.05),
+        egag_ema_beta: Some(0.0),
+        ..Default::default()
+    };
+    let sure = GateOverride {
+        draft_p_min: Some(0.99),
+        ..Default::default()
+    };
+    for pipeline in [false, true] {
+        let cfg = EngineConfig {
+            max_seqs: 4,
+            prefill_chunk: 16,
+            pipeline,
+            target_threads: if pipeline { 1 } else { 2 },
+            draft_threads: if pipeline { 1 } else { 2 },
+            ..Default::default()
+        };
+        let source = DraftSource::Model {
+            model: Arc::clone(&other),
+            name: "tiny-other".into(),
+        };
+        let engine = rt
+            .block_on(Engine::start(Arc::clone(&target_model), Some(source), cfg))
+            .unwrap();
+        // Every request drafts 4 a round unless its gate stops it; returns the tokens drafted.
+        let run = |gate: GateOverride, n: usize| -> usize {
+            let got: Vec<Completion> = rt.block_on(async {
+                let mut handles = Vec::new();
+                for p in all.iter().take(n) {
+                    let mut req = request(greedy(p.clone(), 24), fixed(4));
+                    req.gate = gate;
+                    let stream = engine.submit(req).await.unwrap();
+                    handles.push(tokio::spawn(stream.collect()));
+                }
+                let mut out = Vec::new();
+                for h in handles {
+                    out.push(h.await.unwrap().unwrap());
+                }
+                out
+            });
+            for (i, c) in got.iter().enumerate() {
+                assert_eq!(
+                    c.tokens, want[i],
+                    "request {i} of {n}, {gate:?}, pipeline {pipeline}"
+                );
+            }
+            got.iter().map(|c| c.usage.speculative.draft_tokens).sum()
+        };
+        let ungated = run(GateOverride::default(), 1);
+        let gated = run(strict, 1);
+        assert!(
+            gated * 2 < ungated,
+            "a strict entropy gate drafts less: {gated} vs {ungated} tokens"
+        );
+        assert!(gated > 0, "gamma_min tokens are still drafted");
+        assert!(run(sure, 1) * 2 < ungated, "draft_p_min 0.99 drafts less");
+        run(strict, 4);
+        run(sure, 4);
+        // The same gate from the live server settings, for requests that set none.
+        engine
+            .settings()
+            .update(&SettingsUpdate {
+                use_egag: Some(true),
+                egag_threshold: Some(0.05),
+                egag_ema_beta: Some(0.0),
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(run(GateOverride::default(), 1) * 2 < ungated);
+        // A request's own settings override the server's: gate off again for it.
+        let off = GateOverride {
+            use_egag: Some(false),
+            ..Default::default()
+        };
+        assert_eq!(run(off, 1), ungated);
+        let stats = rt.block_on(engine.cache_stats()).unwrap();
+        assert!(stats.idle(), "every slot returned: {stats:?}");
     }
 }

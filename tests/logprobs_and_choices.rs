@@ -58,6 +58,7 @@ fn request(
         lenience: None,
         logprobs: Some(TOP),
         prompt_logprobs: None,
+        gate: Default::default(),
     }
 }
 

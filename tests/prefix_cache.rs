@@ -55,6 +55,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, gamma: GammaPolicy, eos: &[u32])
         lenience: None,
         logprobs: Some(2),
         prompt_logprobs: None,
+        gate: Default::default(),
     }
 }
 

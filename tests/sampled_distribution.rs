@@ -240,6 +240,7 @@ fn engine_arm(
                     lenience: Some(Lenience::EXACT),
                     logprobs: None,
                     prompt_logprobs: None,
+                    gate: Default::default(),
                 };
                 streams.push(engine.submit(req).await.unwrap());
             }

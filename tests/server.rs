@@ -483,6 +483,24 @@ fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
         ),
         (
             "/v1/completions",
+            br#"{"prompt": "hi", "speculative": {"use_egag": true, "egag_threshold": 0}}"#,
+            400,
+            Some("speculative.egag_threshold"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "speculative": {"egag_ema_beta": 1}}"#,
+            400,
+            Some("speculative.egag_ema_beta"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "hi", "speculative": {"draft_p_min": -0.5}}"#,
+            400,
+            Some("speculative.draft_p_min"),
+        ),
+        (
+            "/v1/completions",
             br#"{"prompt": "hi", "n": 2}"#,
             400,
             Some("n"),
@@ -708,6 +726,12 @@ fn admin_api_changes_speculation_live() {
         (r#"{"lenience": 1.01}"#, Some("lenience")),
         (r#"{"gamma": 99}"#, Some("gamma")),
         (r#"{"gamma_min": 5, "gamma_max": 2}"#, Some("gamma_min")),
+        (
+            r#"{"use_egag": true, "egag_threshold": 1.5}"#,
+            Some("egag_threshold"),
+        ),
+        (r#"{"egag_ema_beta": -1}"#, Some("egag_ema_beta")),
+        (r#"{"draft_p_min": 1}"#, Some("draft_p_min")),
         (r#"{"gamma": "four"}"#, Some("gamma")),
         (r#"{"lenence": 0.5}"#, None),
         ("not json", None),

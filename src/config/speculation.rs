@@ -106,6 +106,20 @@ mod tests {
         Config::from_toml("[speculation]\ngamma_max = 9\n[engine]\nmax_gamma = 9").unwrap();
         let e = Config::from_toml("[speculation]\ngamma_min = 5\ngamma_max = 3").unwrap_err();
         assert!(e.to_string().contains("speculation.gamma_min"), "{e}");
+        for (text, key) in [
+            (
+                "use_egag = true\negag_threshold = 0.0",
+                "speculation.egag_threshold",
+            ),
+            ("egag_ema_beta = 1.0", "speculation.egag_ema_beta"),
+            ("draft_p_min = nan", "speculation.draft_p_min"),
+        ] {
+            let e = Config::from_toml(&format!("[speculation]\n{text}")).unwrap_err();
+            assert!(e.to_string().contains(key), "{text}: {e}");
+        }
+        let c = Config::from_toml("[speculation]\nuse_egag = true\negag_threshold = 0.25").unwrap();
+        let g = c.speculation.settings.gate;
+        assert!(g.use_egag && g.egag_threshold == 0.25 && g.egag_ema_beta == 0.5);
         let e = Config::from_toml("[speculation]\nbogus = 1").unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
         let e = Config::from_toml("[speculation]\ngamma = \"four\"").unwrap_err();

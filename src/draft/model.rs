@@ -13,7 +13,8 @@ use super::{DraftError, Proposal, Proposer};
 use crate::model::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput, TextTokenizer};
 use crate::sampling::{
-    apply_penalties, argmax, probabilities, sample_from, SamplingParams, SeededRng,
+    apply_penalties, argmax, confidence, confidence_of_logits, probabilities, sample_from,
+    DraftGate, GateRound, SamplingParams, SeededRng,
 };
 use crate::telemetry;
 
@@ -43,6 +44,10 @@ pub struct DraftJob<'a> {
     pub params: &'a SamplingParams,
     pub rng: &'a mut SeededRng,
     pub out: &'a mut Proposal,
+    /// When to stop drafting early ([`DraftGate`]; `DraftGate::OFF` never does), after at
+    /// least `min_tokens` tokens.
+    pub gate: DraftGate,
+    pub min_tokens: usize,
     pub result: Result<(), DraftError>,
 }
 
@@ -73,6 +78,7 @@ struct Lane {
     gamma: usize,
     feed: Vec<u32>,
     history: Vec<u32>,
+    gate: GateRound,
 }
 
 /// Refuses a drafter whose tokens mean something else than the target's: same vocabulary size
@@ -375,21 +381,49 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                             &lane.history,
                             &lane.history[job.generated_from..],
                         );
-                        if job.params.is_greedy() {
-                            Ok(argmax(&self.logits)?)
-                        } else {
+                        // The gate sees the distribution this token is drafted from: the
+                        // sampling one, or the softmax of what greedy takes the argmax of.
+                        let greedy = job.params.is_greedy();
+                        if !greedy {
                             probabilities(&self.logits, job.params, &mut self.probs)?;
+                        }
+                        if job.gate.is_on() {
+                            let c = if greedy {
+                                confidence_of_logits(&self.logits, &mut self.probs)
+                            } else {
+                                confidence(&self.probs)
+                            };
+                            telemetry::record_draft_entropy(c.entropy);
+                            if !lane.gate.admit(&job.gate, job.min_tokens, c) {
+                                telemetry::record_draft_gate_stop();
+                                tracing::debug!(
+                                    seq = job.seq,
+                                    planned = job.gamma,
+                                    drafted = j,
+                                    entropy = c.entropy,
+                                    ema = lane.gate.ema().unwrap_or(0.0),
+                                    top = c.top,
+                                    "draft gate: drafter unsure, round ends early"
+                                );
+                                return Ok(None);
+                            }
+                        }
+                        if greedy {
+                            Ok(Some(argmax(&self.logits)?))
+                        } else {
                             job.out.dists.extend_from_slice(&self.probs);
-                            Ok(sample_from(&self.probs, job.rng.next_f64()))
+                            Ok(Some(sample_from(&self.probs, job.rng.next_f64())))
                         }
                     });
                 match picked {
-                    Ok(t) => {
+                    Ok(Some(t)) => {
                         job.out.tokens.push(t);
                         lane.history.push(t);
                         lane.feed.clear();
                         lane.feed.push(t);
                     }
+                    // The gate stopped: no later step drafts for this lane.
+                    Ok(None) => lane.gamma = j,
                     Err(e) => {
                         job.result = Err(e);
                         lanes[i] = None;
@@ -430,6 +464,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             gamma,
             feed: job.context[cached..].to_vec(),
             history: job.context.to_vec(),
+            gate: GateRound::default(),
         })
     }
 }
@@ -456,6 +491,8 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
             params,
             rng,
             out,
+            gate: DraftGate::OFF,
+            min_tokens: 0,
             result: Ok(()),
         }];
         self.propose_batch(&mut jobs);

@@ -19,7 +19,7 @@ use crate::draft::{
     HISTORY_TOKENS,
 };
 use crate::model::Llama;
-use crate::sampling::{SamplingParams, SeededRng};
+use crate::sampling::{DraftGate, SamplingParams, SeededRng};
 
 /// Where drafts come from.
 #[derive(Clone)]
@@ -137,6 +137,8 @@ fn draft_with_model(
                 params: &it.params,
                 rng,
                 out,
+                gate: it.gate,
+                min_tokens: it.gate_min,
                 result: Ok(()),
             });
         }
@@ -319,6 +321,8 @@ fn measure_draft_costs(
                         params: &params,
                         rng: &mut rng,
                         out: &mut out,
+                        gate: DraftGate::OFF,
+                        min_tokens: 0,
                         result: Ok(()),
                     }];
                     let t = d.propose_batch(&mut jobs);

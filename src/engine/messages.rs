@@ -4,7 +4,7 @@ use tokio::sync::mpsc;
 
 use super::request::{EngineRequest, FinishReason, Usage};
 use crate::draft::{DraftTiming, Proposal};
-use crate::sampling::{Lenience, SamplingParams, SeededRng, TokenLogprob};
+use crate::sampling::{DraftGate, Lenience, SamplingParams, SeededRng, TokenLogprob};
 
 /// What a request's stream yields: output pieces, then exactly one `Done` or `Failed`.
 #[derive(Clone, Debug, PartialEq)]
@@ -220,6 +220,9 @@ pub struct DraftItem {
     pub gamma: usize,
     pub params: SamplingParams,
     pub rng: SeededRng,
+    /// When a draft model stops this round early, after at least `gate_min` tokens.
+    pub gate: DraftGate,
+    pub gate_min: usize,
 }
 
 pub struct DraftOutcome {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::error::EngineError;
 use super::gamma::GammaPolicy;
 use crate::model::TextTokenizer;
-use crate::sampling::{Lenience, SamplingParams};
+use crate::sampling::{GateOverride, Lenience, SamplingParams};
 
 #[derive(Clone, Debug, Default)]
 pub struct GenerationRequest {
@@ -118,6 +118,8 @@ pub struct EngineRequest {
     /// Report each prompt token's log-probability (from the second on) with this many
     /// alternatives: the model's own distribution, no processors (nothing was sampled there).
     pub prompt_logprobs: Option<usize>,
+    /// The request's own confidence-gate settings over the server's live ones.
+    pub gate: GateOverride,
 }
 
 /// Token counts of a finished request.

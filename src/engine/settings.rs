@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Serialize};
 
 use super::gamma::{Gamma, GammaPolicy, RoundGamma};
-use crate::sampling::Lenience;
+use crate::sampling::{DraftGate, GateOverride, Lenience};
 
 /// The server-wide speculation policy.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -28,6 +28,9 @@ pub struct SpeculationSettings {
     /// Above this many waiting requests, `lenience_under_load` replaces `lenience` (0 = off).
     pub under_load_queue_depth: usize,
     pub lenience_under_load: Lenience,
+    /// When a draft model stops a round early because it is unsure ([`DraftGate`]).
+    #[serde(flatten)]
+    pub gate: DraftGate,
 }
 
 impl Default for SpeculationSettings {
@@ -42,6 +45,7 @@ impl Default for SpeculationSettings {
             lenience: Lenience::EXACT,
             under_load_queue_depth: 0,
             lenience_under_load: Lenience::EXACT,
+            gate: DraftGate::OFF,
         }
     }
 }
@@ -74,6 +78,9 @@ impl SpeculationSettings {
         ] {
             Gamma::within(g.get(), gamma_limit).map_err(|e| SettingsError::new(key, e))?;
         }
+        self.gate
+            .check()
+            .map_err(|(key, reason)| SettingsError::new(key, reason))?;
         if self.gamma_min > self.gamma_max {
             return Err(SettingsError::new(
                 "gamma_min",
@@ -135,6 +142,10 @@ pub struct SettingsUpdate {
     pub lenience: Option<f32>,
     pub under_load_queue_depth: Option<usize>,
     pub lenience_under_load: Option<f32>,
+    pub use_egag: Option<bool>,
+    pub egag_threshold: Option<f32>,
+    pub egag_ema_beta: Option<f32>,
+    pub draft_p_min: Option<f32>,
 }
 
 impl SettingsUpdate {
@@ -175,8 +186,22 @@ impl SettingsUpdate {
         if let Some(v) = self.lenience_under_load {
             s.lenience_under_load = lenience("lenience_under_load", v)?;
         }
+        s.gate = self.gate_over(s.gate);
         s.validate(gamma_limit)?;
         Ok(s)
+    }
+}
+
+impl SettingsUpdate {
+    /// `gate` with this update's gate keys applied (unchecked: [`DraftGate::check`]).
+    pub fn gate_over(&self, gate: DraftGate) -> DraftGate {
+        GateOverride {
+            use_egag: self.use_egag,
+            egag_threshold: self.egag_threshold,
+            egag_ema_beta: self.egag_ema_beta,
+            draft_p_min: self.draft_p_min,
+        }
+        .over(gate)
     }
 }
 

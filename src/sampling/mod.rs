@@ -5,11 +5,15 @@
 //! temperature, softmax, top-k, top-p, min-p, renormalisation. Temperature 0 is greedy: the
 //! argmax of the penalised logits.
 
+mod draft_gate;
 mod lenience;
 mod logprobs;
 mod rng;
 pub mod speculative;
 
+pub use draft_gate::{
+    confidence, confidence_of_logits, Confidence, DraftGate, GateOverride, GateRound,
+};
 pub use lenience::{InvalidLenience, Lenience};
 pub use logprobs::{token_logprob, TokenLogprob};
 pub use rng::SeededRng;

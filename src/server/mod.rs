@@ -160,6 +160,7 @@ pub async fn run(
     let metrics = crate::telemetry::install().map_err(|e| ServerError::Metrics(e.to_string()))?;
     crate::telemetry::register_positions(config.engine.max_gamma);
     crate::telemetry::register_config_reloads();
+    crate::telemetry::register_draft_gate();
     let admin_token = std::env::var("TANDEM_ADMIN_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())

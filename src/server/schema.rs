@@ -135,6 +135,10 @@ pub struct RequestSpeculation {
     pub enabled: Option<bool>,
     pub gamma: Option<usize>,
     pub lenience: Option<f32>,
+    pub use_egag: Option<bool>,
+    pub egag_threshold: Option<f32>,
+    pub egag_ema_beta: Option<f32>,
+    pub draft_p_min: Option<f32>,
 }
 
 /// Sampling and control fields shared by both endpoints.

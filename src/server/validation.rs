@@ -13,7 +13,7 @@ use super::startup::Loaded;
 use super::AppState;
 use crate::engine::{EngineRequest, Gamma, GammaPolicy, GenerationRequest};
 use crate::model::ChatMessage;
-use crate::sampling::{Lenience, SamplingParams};
+use crate::sampling::{GateOverride, Lenience, SamplingParams};
 
 pub(super) fn tokenize(loaded: &Loaded, text: &str) -> Result<Vec<u32>, ApiError> {
     if text.is_empty() {
@@ -208,6 +208,15 @@ pub(super) fn engine_request(
         .map(Lenience::try_from)
         .transpose()
         .map_err(|e| ApiError::invalid_param("speculative.lenience", format!("lenience {e}.")))?;
+    let gate = GateOverride {
+        use_egag: spec.and_then(|s| s.use_egag),
+        egag_threshold: spec.and_then(|s| s.egag_threshold),
+        egag_ema_beta: spec.and_then(|s| s.egag_ema_beta),
+        draft_p_min: spec.and_then(|s| s.draft_p_min),
+    };
+    gate.check().map_err(|(key, rule)| {
+        ApiError::invalid_param(&format!("speculative.{key}"), format!("{key} {rule}."))
+    })?;
     let gamma =
         match (spec.and_then(|s| s.enabled), spec.and_then(|s| s.gamma)) {
             (Some(false), _) => GammaPolicy::Off,
@@ -237,5 +246,6 @@ pub(super) fn engine_request(
         lenience,
         logprobs: None,
         prompt_logprobs: None,
+        gate,
     })
 }

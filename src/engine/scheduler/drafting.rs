@@ -84,12 +84,17 @@ impl Scheduler {
     }
 
     /// Draft requests for the sequences `which` that the plan gives a γ.
-    pub(super) fn draft_items(&self, which: &[usize], plan: &[usize]) -> Vec<DraftItem> {
+    pub(super) fn draft_items(
+        &self,
+        which: &[usize],
+        plan: &[usize],
+        live: &SpeculationSettings,
+    ) -> Vec<DraftItem> {
         which
             .iter()
             .zip(plan)
             .filter(|&(_, &gamma)| gamma > 0)
-            .map(|(&i, &gamma)| self.active[i].draft_item(gamma))
+            .map(|(&i, &gamma)| self.active[i].draft_item(gamma, live))
             .collect()
     }
 }

@@ -37,9 +37,9 @@ impl Scheduler {
             .collect();
         let shape = RoundPlan::build(&states, pipelined, self.cfg.prefill_chunk, self.rounds);
         let (plan_now, forecast) = self.plan(&shape.draft_now, shape.prefill_width, &live);
-        let to_draft_now = self.draft_items(&shape.draft_now, &plan_now);
+        let to_draft_now = self.draft_items(&shape.draft_now, &plan_now, &live);
         let plan_ahead = self.plan(&shape.draft_ahead, 0, &live).0;
-        let mut to_draft_ahead = self.draft_items(&shape.draft_ahead, &plan_ahead);
+        let mut to_draft_ahead = self.draft_items(&shape.draft_ahead, &plan_ahead, &live);
 
         let round_start = Instant::now();
         let mut draft_secs = 0.0;
@@ -75,7 +75,7 @@ impl Scheduler {
                 .map(|i| i.tokens[1..].to_vec())
                 .and_then(|drafts| {
                     let s = self.active.iter().find(|s| s.id == seq)?;
-                    s.draft_ahead_item(&drafts, gamma, self.cfg.context_len)
+                    s.draft_ahead_item(&drafts, gamma, self.cfg.context_len, &live)
                 });
             to_draft_ahead.extend(item);
         }

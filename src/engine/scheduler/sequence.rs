@@ -132,7 +132,9 @@ impl Sequence {
         }
     }
 
-    pub fn draft_item(&self, gamma: usize) -> DraftItem {
+    /// What the drafter needs to draft `gamma` tokens; the confidence gate is the request's
+    /// settings over the live ones, and never stops before `gamma_min` tokens.
+    pub fn draft_item(&self, gamma: usize, live: &SpeculationSettings) -> DraftItem {
         DraftItem {
             seq: self.id,
             context: self.context.clone(),
@@ -140,6 +142,8 @@ impl Sequence {
             gamma,
             params: self.request.generation.sampling.clone(),
             rng: self.draft_rng.clone(),
+            gate: self.request.gate.over(live.gate),
+            gate_min: live.gamma_min.get().min(gamma),
         }
     }
 
@@ -152,6 +156,7 @@ impl Sequence {
         drafts: &[u32],
         gamma: usize,
         context_len: usize,
+        live: &SpeculationSettings,
     ) -> Option<DraftItem> {
         // The next round's context: this one's, the drafts and the guess.
         let cached = self.context.len() + drafts.len();
@@ -160,7 +165,9 @@ impl Sequence {
         if next == 0 {
             return None;
         }
-        let mut item = self.draft_item(next + 1);
+        // The guess is drafted on top of at least gamma_min real drafts.
+        let mut item = self.draft_item(next + 1, live);
+        item.gate_min = (live.gamma_min.get() + 1).min(next + 1);
         item.context.extend_from_slice(drafts);
         Some(item)
     }
