@@ -6,7 +6,7 @@
 
 use crate::draft::PromptLookup;
 use crate::engine::{Gamma, GammaPolicy};
-use crate::sampling::Lenience;
+use crate::sampling::{GateOverride, Lenience};
 
 use super::BenchError;
 
@@ -30,6 +30,8 @@ pub struct Mode {
     pub pipeline: bool,
     /// The engine keeps finished sequences' caches and starts prompts from cached prefixes.
     pub prefix_cache: bool,
+    /// The confidence gate each request drafts under (a draft model only).
+    pub gate: GateOverride,
 }
 
 impl Mode {
@@ -46,8 +48,9 @@ impl Mode {
     /// Parses `plain`, `prompt-lookup` (alias `pld`), `suffix` (prompt lookup across requests)
     /// or `draft` (alias `draft-model`), each
     /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`,
-    /// for prompt lookup `:ngram=MIN-MAX`, and for every mode `:prefix_cache=true|false`.
-    /// Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
+    /// for prompt lookup `:ngram=MIN-MAX`, for a draft model the confidence gate's
+    /// `:egag=THRESHOLD` (EGAG on), `:egag_beta=B` and `:p_min=P`, and for every mode
+    /// `:prefix_cache=true|false`. Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
     /// pipelining; every mode to the prefix cache on.
     pub fn parse(spec: &str, max_gamma: usize) -> Result<Mode, BenchError> {
         let bad = |reason: String| BenchError::Options(format!("mode `{spec}`: {reason}"));
@@ -74,6 +77,7 @@ impl Mode {
             lenience: None,
             pipeline: false,
             prefix_cache: true,
+            gate: GateOverride::default(),
         };
         for kv in parts {
             let (k, v) = kv
@@ -110,9 +114,27 @@ impl Mode {
                     }
                     _ => return Err(bad("ngram is a prompt-lookup setting".into())),
                 },
+                "egag" | "egag_beta" | "p_min" => {
+                    if mode.drafter != DrafterKind::Model {
+                        return Err(bad(format!("{k} is a draft-model setting")));
+                    }
+                    let x: f32 = v.parse().map_err(|_| bad(format!("{k} `{v}`")))?;
+                    match k {
+                        "egag" => {
+                            mode.gate.use_egag = Some(true);
+                            mode.gate.egag_threshold = Some(x);
+                        }
+                        "egag_beta" => mode.gate.egag_ema_beta = Some(x),
+                        _ => mode.gate.draft_p_min = Some(x),
+                    }
+                    mode.gate
+                        .check()
+                        .map_err(|(key, rule)| bad(format!("{key} {rule}")))?;
+                }
                 other => {
                     return Err(bad(format!(
-                        "unknown setting `{other}` (gamma, lenience, pipeline, ngram, prefix_cache)"
+                        "unknown setting `{other}` (gamma, lenience, pipeline, ngram, egag, \
+                         egag_beta, p_min, prefix_cache)"
                     )))
                 }
             }
@@ -144,6 +166,19 @@ pub fn parse_modes(list: &str, max_gamma: usize) -> Result<Vec<Mode>, BenchError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn draft_modes_take_the_confidence_gate() {
+        let m = Mode::parse("draft:gamma=4:egag=0.25:egag_beta=0.5:p_min=0.125", 8).unwrap();
+        assert_eq!(m.gate.use_egag, Some(true));
+        assert_eq!(m.gate.egag_threshold, Some(0.25));
+        assert_eq!(m.gate.egag_ema_beta, Some(0.5));
+        assert_eq!(m.gate.draft_p_min, Some(0.125));
+        assert!(Mode::parse("pld:egag=0.5", 8).is_err());
+        let e = Mode::parse("draft:egag=1.5", 8).unwrap_err().to_string();
+        assert!(e.contains("egag_threshold"), "{e}");
+        assert!(Mode::parse("draft:p_min=1", 8).is_err());
+    }
 
     #[test]
     fn modes_parse_with_defaults_and_settings() {

@@ -184,7 +184,7 @@ async fn run_question(
             lenience: job.mode.lenience,
             logprobs: None,
             prompt_logprobs: None,
-            gate: Default::default(),
+            gate: job.mode.gate,
         };
         let started = Instant::now();
         let mut events = engine.submit(request).await.map_err(|e| {
