@@ -85,6 +85,18 @@ fn prompts(n: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Four sequences at once in small prefill chunks; pipelined engines split the two threads.
+fn four_seqs(pipeline: bool) -> EngineConfig {
+    EngineConfig {
+        max_seqs: 4,
+        prefill_chunk: 16,
+        pipeline,
+        target_threads: if pipeline { 1 } else { 2 },
+        draft_threads: if pipeline { 1 } else { 2 },
+        ..Default::default()
+    }
+}
+
 /// Tests in this file run one at a time: each starts engines with two compute threads, and
 /// two at once on a 2-core machine would only slow each other down.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
@@ -113,14 +125,7 @@ fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
     ];
     for source in sources {
         for pipeline in [false, true] {
-            let cfg = EngineConfig {
-                max_seqs: 4,
-                prefill_chunk: 16,
-                pipeline,
-                target_threads: if pipeline { 1 } else { 2 },
-                draft_threads: if pipeline { 1 } else { 2 },
-                ..Default::default()
-            };
+            let cfg = four_seqs(pipeline);
             let engine = rt
                 .block_on(Engine::start(
                     Arc::clone(&target_model),
@@ -552,14 +557,7 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
         ..Default::default()
     };
     for pipeline in [false, true] {
-        let cfg = EngineConfig {
-            max_seqs: 4,
-            prefill_chunk: 16,
-            pipeline,
-            target_threads: if pipeline { 1 } else { 2 },
-            draft_threads: if pipeline { 1 } else { 2 },
-            ..Default::default()
-        };
+        let cfg = four_seqs(pipeline);
         let source = DraftSource::Model {
             model: Arc::clone(&other),
             name: "tiny-other".into(),

@@ -255,23 +255,9 @@ impl Server {
     }
 
     /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
-    pub fn terminate(mut self) -> bool {
-        let pid = self.child.id().to_string();
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill runs");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.success();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "server did not exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    pub fn terminate(self) -> bool {
+        self.signal("TERM");
+        self.wait_for_exit(Duration::from_secs(60))
     }
 
     /// Sends a signal by name (`HUP`, `TERM`) to the server process.
