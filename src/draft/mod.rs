@@ -9,11 +9,13 @@ mod history;
 mod model;
 mod prompt_lookup;
 mod spec;
+mod vocabulary;
 
 pub use history::{RequestHistory, HISTORY_TOKENS};
-pub use model::{check_same_vocabulary, DraftJob, DraftTiming, ModelDrafter};
+pub use model::{DraftJob, DraftTiming, ModelDrafter};
 pub use prompt_lookup::PromptLookup;
 pub use spec::{DraftSpec, InvalidDraftSpec};
+pub use vocabulary::check_same_vocabulary;
 
 use crate::model::ModelError;
 use crate::sampling::{SamplingError, SamplingParams, SeededRng};

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::{DraftError, Proposal, Proposer};
 use crate::model::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
-use crate::model::{KvCache, Llama, LogitsRows, SeqInput, TextTokenizer};
+use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::{
     apply_penalties, argmax, confidence, confidence_of_logits, probabilities, sample_from,
     DraftGate, GateRound, SamplingParams, SeededRng,
@@ -79,38 +79,6 @@ struct Lane {
     feed: Vec<u32>,
     history: Vec<u32>,
     gate: GateRound,
-}
-
-/// Refuses a drafter whose tokens mean something else than the target's: same vocabulary size
-/// and the same string for every token id.
-pub fn check_same_vocabulary(
-    draft: &TextTokenizer,
-    draft_name: &str,
-    target: &TextTokenizer,
-    target_name: &str,
-) -> Result<(), DraftError> {
-    let mismatch = |reason: String| DraftError::VocabMismatch {
-        draft: draft_name.to_owned(),
-        target: target_name.to_owned(),
-        reason,
-    };
-    if draft.vocab_size() != target.vocab_size() {
-        return Err(mismatch(format!(
-            "{} vs {} tokens",
-            draft.vocab_size(),
-            target.vocab_size()
-        )));
-    }
-    for id in 0..target.vocab_size() as u32 {
-        if draft.id_to_token(id) != target.id_to_token(id) {
-            return Err(mismatch(format!(
-                "token {id} is {:?} in the draft and {:?} in the target",
-                draft.id_to_token(id),
-                target.id_to_token(id)
-            )));
-        }
-    }
-    Ok(())
 }
 
 impl<M: Deref<Target = Llama>> ModelDrafter<M> {
