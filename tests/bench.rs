@@ -2,7 +2,8 @@
 //! category (2 prompts each, 16 tokens, both turns of the MT-bench questions) completes, writes
 //! valid JSON and an SVG chart, and every greedy speculative mode matches plain decoding token
 //! for token (by the output digests recorded for both). The summary is recomputed from the raw
-//! figures beside it. Malformed prompt files stop it with the line named.
+//! figures beside it. Malformed prompt files stop it with the line named. `tandem forward-bench`
+//! prints its cost table and the memory-bandwidth bound.
 
 mod common;
 
@@ -281,4 +282,56 @@ fn malformed_prompt_files_name_the_line() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown mode `eagle`"));
+}
+
+/// `forward-bench` prints one row per width, the marginal cost of each extra token from the
+/// second row on, and the first forward against the memory bound, whose bytes are the weights
+/// (the default model: about 96 MB in its types) plus the cache.
+#[test]
+fn forward_bench_prints_costs_marginal_tokens_and_the_memory_bound() {
+    common::default_model();
+    let out = tandem()
+        .args([
+            "forward-bench",
+            "--tokens",
+            "1,2,4",
+            "--depth",
+            "16",
+            "--repeats",
+            "2",
+        ])
+        .output()
+        .expect("tandem forward-bench runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.chars().nth(2).is_some_and(|c| c.is_ascii_digit()))
+        .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "{text}");
+    assert_eq!(rows[0][4], "–", "{text}");
+    for row in &rows[1..] {
+        let extra: f64 = row[4].parse().unwrap_or_else(|_| panic!("{text}"));
+        assert!(extra.is_finite(), "{text}");
+    }
+    let bound = text
+        .lines()
+        .find(|l| l.starts_with("memory bound: a 1-token forward reads"))
+        .unwrap_or_else(|| panic!("no memory-bound line: {text}"));
+    let weights_mb: f64 = bound
+        .split("(weights ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{bound}"));
+    assert!((80.0..120.0).contains(&weights_mb), "{bound}");
+    assert!(
+        bound.contains("GB/s") && bound.ends_with("% of that bound"),
+        "{bound}"
+    );
 }

@@ -1,9 +1,11 @@
 //! `tandem forward-bench`: the time of one forward of k new tokens against a cache of a given
-//! depth, relative to a 1-token forward.
+//! depth, relative to a 1-token forward, the marginal cost of each extra token, and the first
+//! forward against the memory-bandwidth bound.
 //!
 //! Why it exists: speculation pays off only when verifying γ + 1 tokens costs little more than
 //! decoding one; this measures that ratio on the machine and model at hand, with nothing else
-//! (no sampling, no scheduler) in the timing.
+//! (no sampling, no scheduler) in the timing, and says how far a step is from what the
+//! machine's memory allows.
 
 use clap::Args;
 
@@ -11,6 +13,7 @@ use tandem::config::Config;
 use tandem::model::{LogitsRows, SeqInput};
 
 use super::model_args::{load_model, ModelArgs};
+use super::stream_bandwidth;
 use super::CliError;
 
 #[derive(Args)]
@@ -54,9 +57,11 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
         }],
     )?;
     let depth = cache.len(slot)?;
-    println!("| new tokens | ms per forward | ms per token | cost vs 1 token |");
-    println!("|---|---|---|---|");
-    let mut base = None;
+    println!(
+        "| new tokens | ms per forward | ms per token | cost vs 1 token | ms per extra token |"
+    );
+    println!("|---|---|---|---|---|");
+    let mut base: Option<(usize, f64)> = None;
     for &k in &args.tokens {
         let mut times = Vec::with_capacity(args.repeats);
         for r in 0..args.repeats + 1 {
@@ -79,11 +84,34 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
         }
         times.sort_by(f64::total_cmp);
         let ms = times[times.len() / 2];
-        let one = *base.get_or_insert(ms);
+        let (k0, one) = *base.get_or_insert((k, ms));
+        // The marginal cost of a verified token: (forward of k - first) / (k - its k).
+        let extra = if k > k0 {
+            format!("{:.3}", (ms - one) / (k - k0) as f64)
+        } else {
+            "–".to_string()
+        };
         println!(
-            "| {k} | {ms:.2} | {:.2} | {:.2}x |",
+            "| {k} | {ms:.2} | {:.2} | {:.2}x | {extra} |",
             ms / k as f64,
             ms / one
+        );
+    }
+    if let Some((k0, ms)) = base {
+        // Every forward streams the weights once and the cache once.
+        let bytes = model.weight_bytes() + (depth + k0) * cache.bytes_per_token();
+        let threads = tandem::runtime::thread_count(config.runtime.threads);
+        let bandwidth = stream_bandwidth::measure(threads, 3);
+        let floor_ms = bytes as f64 / bandwidth * 1e3;
+        println!();
+        println!(
+            "memory bound: a {k0}-token forward reads {:.1} MB (weights {:.1} MB, KV cache at depth \
+             {depth}); {threads} thread(s) stream {:.1} GB/s, so it takes at least {floor_ms:.2} ms; \
+             the measured {ms:.2} ms runs at {:.0}% of that bound",
+            bytes as f64 / 1e6,
+            model.weight_bytes() as f64 / 1e6,
+            bandwidth / 1e9,
+            floor_ms / ms * 100.0
         );
     }
     Ok(())

@@ -10,6 +10,7 @@ mod generate;
 mod health;
 mod model_args;
 mod serve;
+mod stream_bandwidth;
 
 use std::path::PathBuf;
 

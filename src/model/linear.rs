@@ -283,6 +283,11 @@ impl Linear {
         self.dtype
     }
 
+    /// Bytes of the weight in its ggml type: what a forward must at least stream from memory.
+    pub fn weight_bytes(&self) -> usize {
+        self.out_features * self.in_features / self.dtype.block_size() * self.dtype.type_size()
+    }
+
     pub fn out_features(&self) -> usize {
         self.out_features
     }

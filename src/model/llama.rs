@@ -188,6 +188,21 @@ impl Llama {
         self.weights_dtype
     }
 
+    /// Bytes of every linear weight (the output head included) in its ggml type: what one
+    /// forward streams at least, whatever its width.
+    pub fn weight_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| {
+                l.qkv.weight_bytes()
+                    + l.o.weight_bytes()
+                    + l.gate_up.weight_bytes()
+                    + l.down.weight_bytes()
+            })
+            .sum::<usize>()
+            + self.lm_head.weight_bytes()
+    }
+
     /// The ggml types the linear weights ended up as (after any fallback), for reporting.
     pub fn linear_dtypes(&self) -> Vec<String> {
         let mut v: Vec<String> = self
