@@ -183,6 +183,20 @@ pub fn register_positions(max_gamma: usize) {
     }
 }
 
+/// Exports the speculation counters at zero from the start. A counter that first appears
+/// mid-workload has a first sample far from zero, and `rate()` extrapolates each series from
+/// its own first sample: the acceptance rate as a ratio of two rates (the dashboard's, the
+/// alert rule's) would then drift from the true ratio.
+pub fn register_speculation() {
+    for name in [
+        SPEC_NUM_DRAFTS,
+        SPEC_NUM_DRAFT_TOKENS,
+        SPEC_NUM_ACCEPTED_TOKENS,
+    ] {
+        counter!(name).increment(0);
+    }
+}
+
 /// One speculation round of one request: `drafted` drafts of which the first `accepted` stood.
 pub fn record_round(drafted: usize, accepted: usize) {
     if drafted == 0 {
