@@ -29,6 +29,7 @@ pub fn load_target(config: &Config) -> Result<LoadedModel, SetupError> {
     let target = LoadedModel::load(&source, &target_options(config))?;
     tracing::info!(
         model = %source.display_name(),
+        device = %target.model.placement(),
         weights = %target.model.linear_dtypes().join("/"),
         kv_cache = %target.model.kv_dtype(),
         seconds = t.elapsed().as_secs_f64(),
@@ -51,6 +52,8 @@ fn target_options(config: &Config) -> LoadOptions {
         weights_dtype: config.weights_dtype(),
         context_len: config.model.context_length,
         kv_dtype: config.kv_cache_dtype(),
+        device: config.device(),
+        backend: config.backend(),
         ..Default::default()
     }
 }
@@ -103,6 +106,7 @@ pub fn load_drafter(
     let opts = LoadOptions {
         weights_dtype: dtype,
         max_layers: layers,
+        device: config.draft_device(),
         ..target_options(config)
     };
     let draft = LoadedModel::load(&source, &opts)?;
@@ -125,7 +129,7 @@ pub fn load_drafter(
         source.display_name(),
         draft.model.linear_dtypes().join("/")
     );
-    tracing::info!(draft_model = %name, "loaded the draft model");
+    tracing::info!(draft_model = %name, device = %draft.model.placement(), "loaded the draft model");
     Ok(Drafter::Model {
         model: Box::new(draft),
         name,

@@ -17,7 +17,7 @@ use tandem::engine::{
     generate_plain, Completion, DraftSource, Engine, EngineConfig, EngineError, EngineEvent,
     EngineRequest, FinishReason, GammaPolicy, GenerationRequest, SettingsUpdate,
 };
-use tandem::model::{Llama, LoadedModel, WeightsDtype};
+use tandem::model::{BackendChoice, ForwardKind, Llama, LoadedModel, WeightsDtype};
 use tandem::sampling::{GateOverride, SamplingParams};
 
 fn untied(seed: u64) -> common::TinySpec {
@@ -29,17 +29,29 @@ fn untied(seed: u64) -> common::TinySpec {
 }
 
 fn load(spec: &common::TinySpec, dtype: WeightsDtype) -> (tempfile::TempDir, LoadedModel) {
+    load_on(spec, dtype, BackendChoice::Auto)
+}
+
+fn load_on(
+    spec: &common::TinySpec,
+    dtype: WeightsDtype,
+    backend: BackendChoice,
+) -> (tempfile::TempDir, LoadedModel) {
     let dir = tempfile::tempdir().unwrap();
     common::write_tiny_llama(dir.path(), spec);
-    let m = common::load_tiny(dir.path(), dtype);
+    let m = common::load_tiny_on(dir.path(), dtype, backend);
     (dir, m)
 }
 
 /// The tiny target (seed 7) and a tiny model of the same shape with other weights (seed 99),
 /// which as a drafter mostly disagrees with it; the directories hold their files.
 fn target_and_other() -> ([tempfile::TempDir; 2], Arc<Llama>, Arc<Llama>) {
-    let (d1, target) = load(&untied(7), WeightsDtype::F32);
-    let (d2, other) = load(&untied(99), WeightsDtype::F32);
+    target_and_other_on(BackendChoice::Auto)
+}
+
+fn target_and_other_on(backend: BackendChoice) -> ([tempfile::TempDir; 2], Arc<Llama>, Arc<Llama>) {
+    let (d1, target) = load_on(&untied(7), WeightsDtype::F32, backend);
+    let (d2, other) = load_on(&untied(99), WeightsDtype::F32, backend);
     ([d1, d2], Arc::new(target.model), Arc::new(other.model))
 }
 
@@ -106,8 +118,26 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 #[test]
 fn concurrent_greedy_outputs_equal_plain_single_request_outputs() {
+    concurrent_greedy_outputs_equal_plain(BackendChoice::Auto);
+}
+
+/// The same engine run over candle's tensor backend (on the CPU device): the engine, drafters
+/// and governor do not know which forward runs.
+#[test]
+fn concurrent_greedy_outputs_equal_plain_on_the_tensor_backend() {
+    concurrent_greedy_outputs_equal_plain(BackendChoice::Candle);
+}
+
+fn concurrent_greedy_outputs_equal_plain(backend: BackendChoice) {
     let _serial = one_at_a_time();
-    let (_dirs, target_model, other) = target_and_other();
+    let (_dirs, target_model, other) = target_and_other_on(backend);
+    assert_eq!(
+        target_model.forward_kind(),
+        match backend {
+            BackendChoice::Candle => ForwardKind::Tensor,
+            _ => ForwardKind::Own,
+        }
+    );
     let rt = common::runtime();
     let all = prompts(8);
     let want: Vec<Vec<u32>> = all

@@ -2,7 +2,8 @@
 //! name.
 //!
 //! Why it exists: `serve`, `generate`, `bench` and `forward-bench` take the same `--model`,
-//! `--weights-dtype`, `--threads`, `--context-length` and `--kv-cache-dtype` flags. They
+//! `--weights-dtype`, `--threads`, `--context-length`, `--kv-cache-dtype`, `--device`,
+//! `--backend` and `--draft-device` flags. They
 //! override the config's `[model]` and `[runtime]` keys and are then checked as the config file
 //! is, so a bad value names its config key whichever way it came in.
 
@@ -31,6 +32,16 @@ pub struct ModelArgs {
     /// KV cache element type of both models: f16 or f32.
     #[arg(long, env = "TANDEM_KV_CACHE_DTYPE")]
     kv_cache_dtype: Option<String>,
+    /// Where the model runs: cpu, cuda, cuda:N, metal or metal:N.
+    #[arg(long, env = "TANDEM_DEVICE")]
+    device: Option<String>,
+    /// Which forward runs the models: auto (own kernels on the CPU, candle elsewhere), own or
+    /// candle.
+    #[arg(long, env = "TANDEM_BACKEND")]
+    backend: Option<String>,
+    /// Where a draft model runs (default: the target's device).
+    #[arg(long, env = "TANDEM_DRAFT_DEVICE")]
+    draft_device: Option<String>,
 }
 
 impl ModelArgs {
@@ -51,6 +62,21 @@ impl ModelArgs {
         if let Some(d) = &self.kv_cache_dtype {
             config.model.kv_cache_dtype = d.clone();
         }
+        if let Some(d) = &self.device {
+            config.model.device = d.clone();
+        }
+        if let Some(b) = &self.backend {
+            config.model.backend = b.clone();
+        }
+        if let Some(d) = &self.draft_device {
+            config.speculation.draft_device = match d.trim() {
+                "" => None,
+                d => Some(
+                    d.parse()
+                        .map_err(|e| ConfigError::invalid_key("speculation.draft_device", e))?,
+                ),
+            };
+        }
         config.validate()
     }
 }
@@ -64,8 +90,9 @@ pub fn load_model(config: &Config) -> Result<LoadedModel, CliError> {
         source,
     })?;
     eprintln!(
-        "loaded {} (--weights-dtype {}: linear weights as {}; {} KV cache) in {:.2}s on {threads} thread(s)",
+        "loaded {} on {} (--weights-dtype {}: linear weights as {}; {} KV cache) in {:.2}s on {threads} thread(s)",
         loaded.source.display_name(),
+        loaded.model.placement(),
         config.weights_dtype(),
         loaded.model.linear_dtypes().join("/"),
         loaded.model.kv_dtype(),

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::engine::{EngineConfig, Gamma};
-use crate::model::{KvDtype, WeightsDtype};
+use crate::model::{BackendChoice, DeviceSpec, KvDtype, WeightsDtype};
 
 mod speculation;
 
@@ -27,6 +27,11 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
+    /// A bad value for `key`, for callers outside the config module (CLI flags).
+    pub fn invalid_key(key: &str, reason: impl ToString) -> Self {
+        Self::invalid(key, reason)
+    }
+
     fn invalid(key: impl Into<String>, reason: impl ToString) -> Self {
         Self::Invalid {
             key: key.into(),
@@ -87,6 +92,8 @@ pub struct ModelConfig {
     pub weights_dtype: String,
     pub context_length: usize,
     pub kv_cache_dtype: String,
+    pub device: String,
+    pub backend: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -162,6 +169,23 @@ impl Config {
             .expect("validated at load")
     }
 
+    /// The target's device (`model.device`).
+    pub fn device(&self) -> DeviceSpec {
+        self.model.device.parse().expect("validated at load")
+    }
+
+    /// The forward the models run (`model.backend`).
+    pub fn backend(&self) -> BackendChoice {
+        self.model.backend.parse().expect("validated at load")
+    }
+
+    /// The draft model's device (`speculation.draft_device`, else the target's).
+    pub fn draft_device(&self) -> DeviceSpec {
+        self.speculation
+            .draft_device
+            .unwrap_or_else(|| self.device())
+    }
+
     /// Checks what loading cannot fix in a type: ranges, and values CLI flags may have changed.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: &str, reason: String| Err(ConfigError::invalid(key, reason));
@@ -170,6 +194,20 @@ impl Config {
         }
         if let Err(e) = self.model.kv_cache_dtype.parse::<KvDtype>() {
             return invalid("model.kv_cache_dtype", e);
+        }
+        let device = match self.model.device.parse::<DeviceSpec>() {
+            Ok(d) => d,
+            Err(e) => return invalid("model.device", e),
+        };
+        let backend = match self.model.backend.parse::<BackendChoice>() {
+            Ok(b) => b,
+            Err(e) => return invalid("model.backend", e),
+        };
+        if let Err(e) = backend.resolve(device) {
+            return invalid("model.backend", e);
+        }
+        if let Err(e) = backend.resolve(self.draft_device()) {
+            return invalid("speculation.draft_device", e);
         }
         if self.model.path.trim().is_empty() {
             return invalid("model.path", "must not be empty".into());

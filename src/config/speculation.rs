@@ -9,7 +9,7 @@
 
 use crate::draft::DraftSpec;
 use crate::engine::{SettingsError, SettingsUpdate, SpeculationSettings};
-use crate::model::WeightsDtype;
+use crate::model::{DeviceSpec, WeightsDtype};
 
 use super::ConfigError;
 
@@ -26,6 +26,8 @@ pub struct SpeculationSection {
     pub draft_model: DraftSpec,
     /// Weight type of a draft model (`speculation.draft_weights_dtype`).
     pub draft_weights_dtype: WeightsDtype,
+    /// Where a draft model runs (`speculation.draft_device`; `None`: the target's device).
+    pub draft_device: Option<DeviceSpec>,
     /// The live settings the engine starts with (`enabled`, `adaptive`, `gamma`, ...).
     pub settings: SpeculationSettings,
 }
@@ -42,6 +44,13 @@ impl SpeculationSection {
         let draft_weights_dtype = take_string(&mut table, "draft_weights_dtype")?
             .parse::<WeightsDtype>()
             .map_err(|e| ConfigError::invalid("speculation.draft_weights_dtype", e))?;
+        let draft_device = match take_string(&mut table, "draft_device")?.trim() {
+            "" => None,
+            d => Some(
+                d.parse::<DeviceSpec>()
+                    .map_err(|e| ConfigError::invalid("speculation.draft_device", e))?,
+            ),
+        };
         let update: SettingsUpdate = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Parse(format!("[speculation] {e}")))?;
@@ -51,6 +60,7 @@ impl SpeculationSection {
         Ok(Self {
             draft_model,
             draft_weights_dtype,
+            draft_device,
             settings,
         })
     }

@@ -7,6 +7,10 @@
 //! whatever the row count. Either way a token's output does not depend on how many tokens share the pass (batch
 //! invariance). Dense weights are deliberately *not* turned into gemm matmuls, whose blocking
 //! changes with shape.
+//!
+//! The tensor backend (`tensor_forward`) holds every weight as a candle `QMatMul` on its device:
+//! quantized types through candle's quantized matmul; on a GPU, float types become dense
+//! tensors multiplied by its BLAS.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -14,6 +18,7 @@ use std::sync::Arc;
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
+use super::device::ForwardKind;
 use super::f16_gemm::{self, PackedF16};
 use super::packed_gemm::{PackedLinear, PackedWeight};
 use super::q4_gemm::{self, PackedQ4, Q4Format};
@@ -175,15 +180,27 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// Converts one weight (`(out, in)`) to the chosen type.
-    pub fn convert(w: RawWeight, want: WeightsDtype, device: &Device) -> Result<Self> {
-        Self::fuse(vec![w], want, device)
+    /// Converts one weight (`(out, in)`, read on the CPU) to the chosen type, for the forward
+    /// `kind` on `device`.
+    pub fn convert(
+        w: RawWeight,
+        want: WeightsDtype,
+        device: &Device,
+        kind: ForwardKind,
+    ) -> Result<Self> {
+        Self::fuse(vec![w], want, device, kind)
     }
 
     /// Stacks several weights with the same input size along the output dimension and converts
     /// them: one matmul then computes all of them (q/k/v, gate/up). Each output column is
     /// computed exactly as it would be alone.
-    pub fn fuse(parts: Vec<RawWeight>, want: WeightsDtype, device: &Device) -> Result<Self> {
+    pub fn fuse(
+        parts: Vec<RawWeight>,
+        want: WeightsDtype,
+        device: &Device,
+        kind: ForwardKind,
+    ) -> Result<Self> {
+        let host = Device::Cpu;
         let mut in_features = None;
         let mut out_features = 0;
         for p in &parts {
@@ -217,11 +234,11 @@ impl Linear {
             for p in &parts {
                 bytes.extend_from_slice(&p.raw_bytes()?);
             }
-            qtensor_from_ggml(target, &bytes, vec![out_features, in_features], device)?
+            qtensor_from_ggml(target, &bytes, vec![out_features, in_features], &host)?
         } else {
             let dense: Vec<Tensor> = parts
                 .iter()
-                .map(|p| p.dequantize(device))
+                .map(|p| p.dequantize(&host))
                 .collect::<Result<_>>()?;
             let stacked = if dense.len() == 1 {
                 dense.into_iter().next().expect("one part")
@@ -230,6 +247,9 @@ impl Linear {
             };
             QTensor::quantize(&stacked, target)?
         };
+        if kind == ForwardKind::Tensor {
+            return Self::on_device(qtensor, target, device, out_features, in_features);
+        }
         let packed: Option<Arc<dyn PackedWeight>> = match target {
             GgmlDType::Q8_0 if q8_gemm::available() => {
                 PackedQ8::from_q8_0_bytes(&qtensor.data()?, out_features, in_features)
@@ -258,6 +278,35 @@ impl Linear {
         };
         Ok(Self {
             kernel,
+            dtype: target,
+            out_features,
+            in_features,
+        })
+    }
+
+    /// The tensor backend's layer: the weight moved to `device` as it is. On the CPU it stays a
+    /// `QTensor` (row-wise dot products, batch-invariant like the own kernels); on a GPU, float
+    /// types become dense tensors for its BLAS and quantized ones use candle's kernels.
+    fn on_device(
+        qtensor: QTensor,
+        target: GgmlDType,
+        device: &Device,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Self> {
+        let kernel = if device.is_cpu() {
+            QMatMul::QTensor(Arc::new(qtensor))
+        } else {
+            let moved = qtensor_from_ggml(
+                target,
+                &qtensor.data()?,
+                vec![out_features, in_features],
+                device,
+            )?;
+            QMatMul::from_qtensor(moved)?
+        };
+        Ok(Self {
+            kernel: Kernel::Candle(kernel),
             dtype: target,
             out_features,
             in_features,

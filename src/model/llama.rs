@@ -1,161 +1,86 @@
-//! The Llama forward pass: one call runs new tokens of many sequences at once, each against its
-//! own KV cache slot and start position, and returns only the logits rows the caller asks for.
+//! The Llama model as the layers above see it: one forward that runs new tokens of many
+//! sequences at once, each against its own KV cache slot and start position, and returns only
+//! the logits rows the caller asks for.
 //!
-//! Linear layers and the MLP run on all new tokens of all sequences flattened into one matrix;
-//! attention runs per sequence (see `attention`). Every step is row-independent, so a token's
-//! logits are the same bits whether it is decoded alone, verified with γ drafts, or batched
-//! with other sequences.
+//! Two backends run it. The own CPU kernels (`own_forward`) are the default on a CPU; candle's
+//! tensors (`tensor_forward`) run it on any candle device, a GPU included. Both take the same
+//! inputs, fill the same [`KvCache`] type and give logits on the host, so the engine, drafters
+//! and governor do not know which one runs.
 
-use std::ops::Range;
+use candle_core::Device;
 
-use candle_core::{DType, Device, Tensor};
-
-use super::attention::{causal_attention, AttnShape};
+use super::batch::{BatchLogits, SeqInput};
+use super::device::ForwardKind;
 use super::hparams::LlamaHparams;
-use super::kv_cache::{KvCache, KvDtype, LayerKv};
-use super::linear::{Linear, WeightsDtype};
+use super::kv_cache::{KvCache, KvDtype};
+use super::linear::WeightsDtype;
+use super::llama_weights::LlamaWeights;
 use super::rope::RopeTable;
-use super::weights::{WeightName, WeightReader};
-use super::{ModelError, Result};
+use super::tensor_forward::TensorRope;
+use super::weights::WeightReader;
+use super::{own_forward, tensor_forward, ModelError, Result};
 
-/// Which logits rows a sequence wants back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogitsRows {
-    /// None (e.g. a prefill chunk that is not the prompt's last).
-    None,
-    /// The last new token's (prefill, plain decoding).
-    Last,
-    /// Every new token's (speculative verification).
-    All,
-}
-
-/// One sequence's part of a batched forward.
-#[derive(Clone, Copy, Debug)]
-pub struct SeqInput<'a> {
-    pub slot: usize,
-    /// Position of `tokens[0]`; must equal the tokens already in the slot.
-    pub start_pos: usize,
-    pub tokens: &'a [u32],
-    pub logits: LogitsRows,
-}
-
-/// Logits of a batched forward: `(rows, vocab)` with each sequence's rows contiguous.
-pub struct BatchLogits {
-    logits: Option<Tensor>,
-    ranges: Vec<Range<usize>>,
-}
-
-impl BatchLogits {
-    /// Sequence `i`'s logits as `(rows, vocab)`, or `None` if it asked for none.
-    pub fn seq(&self, i: usize) -> Result<Option<Tensor>> {
-        let r = self.ranges[i].clone();
-        match &self.logits {
-            Some(t) if !r.is_empty() => Ok(Some(t.narrow(0, r.start, r.len())?)),
-            _ => Ok(None),
-        }
-    }
-
-    /// Sequence `i`'s logits rows as plain vectors.
-    pub fn seq_rows(&self, i: usize) -> Result<Vec<Vec<f32>>> {
-        Ok(match self.seq(i)? {
-            Some(t) => t.to_vec2::<f32>()?,
-            None => Vec::new(),
-        })
-    }
-}
-
-struct Layer {
-    attn_norm: Tensor,
-    qkv: Linear,
-    o: Linear,
-    ffn_norm: Tensor,
-    gate_up: Linear,
-    down: Linear,
+/// The per-backend state beside the weights.
+enum Backend {
+    Own(RopeTable),
+    Tensor(TensorRope),
 }
 
 pub struct Llama {
     hp: LlamaHparams,
     device: Device,
-    embed: Tensor,
-    layers: Vec<Layer>,
-    norm: Tensor,
-    lm_head: Linear,
-    rope: RopeTable,
+    weights: LlamaWeights,
+    backend: Backend,
     context_len: usize,
     weights_dtype: WeightsDtype,
     kv_dtype: KvDtype,
 }
 
 impl Llama {
-    /// Builds the model, converting every linear weight to `weights_dtype`. `context_len` caps
-    /// the positions (and so the KV cache) this instance supports.
+    /// Builds the model on the CPU's own kernels, converting every linear weight to
+    /// `weights_dtype`. `context_len` caps the positions (and so the KV cache) this instance
+    /// supports.
     pub fn load(
         reader: &mut WeightReader,
         hp: LlamaHparams,
         weights_dtype: WeightsDtype,
         context_len: usize,
     ) -> Result<Self> {
-        let device = reader.device().clone();
+        Self::load_on(
+            reader,
+            hp,
+            weights_dtype,
+            context_len,
+            &Device::Cpu,
+            ForwardKind::Own,
+        )
+    }
+
+    /// Builds the model for the forward `kind` on `device` (the own kernels need the CPU).
+    pub fn load_on(
+        reader: &mut WeightReader,
+        hp: LlamaHparams,
+        weights_dtype: WeightsDtype,
+        context_len: usize,
+        device: &Device,
+        kind: ForwardKind,
+    ) -> Result<Self> {
+        if kind == ForwardKind::Own && !device.is_cpu() {
+            return Err(ModelError::Device(
+                "the own kernels run on the CPU only; use the candle backend on a GPU".into(),
+            ));
+        }
         let context_len = context_len.min(hp.max_position_embeddings).max(1);
-        let embed = reader.dense_f32(WeightName::Embed)?;
-        let (vocab, hidden) = embed.dims2()?;
-        if vocab != hp.vocab_size || hidden != hp.hidden_size {
-            return Err(ModelError::BadConfig(format!(
-                "embedding is {vocab}x{hidden}, config says {}x{}",
-                hp.vocab_size, hp.hidden_size
-            )));
-        }
-        // Large vocabularies (Llama 3: 128k x 3072) would take GiBs in f32.
-        let embed = if vocab * hidden > (1 << 28) {
-            embed.to_dtype(DType::F16)?
-        } else {
-            embed
+        let weights = LlamaWeights::load(reader, &hp, weights_dtype, device, kind)?;
+        let backend = match kind {
+            ForwardKind::Own => Backend::Own(RopeTable::new(&hp, context_len)),
+            ForwardKind::Tensor => Backend::Tensor(TensorRope::new(&hp, context_len, device)?),
         };
-        let mut layers = Vec::with_capacity(hp.num_layers);
-        for l in 0..hp.num_layers {
-            let qkv = vec![
-                reader.raw(WeightName::Q(l))?,
-                reader.raw(WeightName::K(l))?,
-                reader.raw(WeightName::V(l))?,
-            ];
-            let gate_up = vec![
-                reader.raw(WeightName::Gate(l))?,
-                reader.raw(WeightName::Up(l))?,
-            ];
-            let layer = Layer {
-                attn_norm: reader.dense_f32(WeightName::AttnNorm(l))?,
-                qkv: Linear::fuse(qkv, weights_dtype, &device)?,
-                o: Linear::convert(reader.raw(WeightName::O(l))?, weights_dtype, &device)?,
-                ffn_norm: reader.dense_f32(WeightName::FfnNorm(l))?,
-                gate_up: Linear::fuse(gate_up, weights_dtype, &device)?,
-                down: Linear::convert(reader.raw(WeightName::Down(l))?, weights_dtype, &device)?,
-            };
-            let q_out = hp.num_heads * hp.head_dim + 2 * hp.num_kv_heads * hp.head_dim;
-            if layer.qkv.out_features() != q_out
-                || layer.gate_up.out_features() != 2 * hp.intermediate_size
-            {
-                return Err(ModelError::BadConfig(format!(
-                    "layer {l} projection sizes do not match the config"
-                )));
-            }
-            layers.push(layer);
-        }
-        let head_src = if reader.has(WeightName::Output) {
-            WeightName::Output
-        } else {
-            WeightName::Embed
-        };
-        let lm_head = Linear::convert(reader.raw(head_src)?, weights_dtype, &device)?;
-        let norm = reader.dense_f32(WeightName::OutputNorm)?;
-        let rope = RopeTable::new(&hp, context_len);
         Ok(Self {
             hp,
-            device,
-            embed,
-            layers,
-            norm,
-            lm_head,
-            rope,
+            device: device.clone(),
+            weights,
+            backend,
             context_len,
             weights_dtype,
             kv_dtype: KvDtype::F32,
@@ -180,6 +105,24 @@ impl Llama {
         &self.device
     }
 
+    /// Which forward runs this model.
+    pub fn forward_kind(&self) -> ForwardKind {
+        match self.backend {
+            Backend::Own(_) => ForwardKind::Own,
+            Backend::Tensor(_) => ForwardKind::Tensor,
+        }
+    }
+
+    /// Where and how the model runs, for logs and start-up lines: `cpu (own CPU kernels)`.
+    pub fn placement(&self) -> String {
+        let device = match &self.device {
+            Device::Cpu => "cpu".to_string(),
+            Device::Cuda(_) => "cuda".to_string(),
+            Device::Metal(_) => "metal".to_string(),
+        };
+        format!("{device} ({})", self.forward_kind())
+    }
+
     pub fn context_len(&self) -> usize {
         self.context_len
     }
@@ -191,61 +134,46 @@ impl Llama {
     /// Bytes of every linear weight (the output head included) in its ggml type: what one
     /// forward streams at least, whatever its width.
     pub fn weight_bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| {
-                l.qkv.weight_bytes()
-                    + l.o.weight_bytes()
-                    + l.gate_up.weight_bytes()
-                    + l.down.weight_bytes()
-            })
-            .sum::<usize>()
-            + self.lm_head.weight_bytes()
+        self.weights.weight_bytes()
     }
 
     /// The ggml types the linear weights ended up as (after any fallback), for reporting.
     pub fn linear_dtypes(&self) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .layers
-            .iter()
-            .flat_map(|l| {
-                [
-                    l.qkv.dtype(),
-                    l.o.dtype(),
-                    l.gate_up.dtype(),
-                    l.down.dtype(),
-                ]
-            })
-            .chain(std::iter::once(self.lm_head.dtype()))
-            .map(|d| format!("{d:?}"))
-            .collect();
-        v.sort();
-        v.dedup();
-        v
+        self.weights.linear_dtypes()
     }
 
-    /// A cache with `num_slots` sequence slots of up to `context_len` tokens each.
+    /// A cache with `num_slots` sequence slots of up to `context_len` tokens each, where this
+    /// model's forward keeps it (host buffers or device tensors).
     pub fn new_cache(&self, num_slots: usize) -> KvCache {
-        KvCache::new(
-            self.hp.num_layers,
-            self.hp.num_kv_heads * self.hp.head_dim,
-            num_slots,
-            self.context_len,
-            self.kv_dtype,
-        )
-    }
-
-    fn attn_shape(&self) -> AttnShape {
-        AttnShape {
-            num_heads: self.hp.num_heads,
-            num_kv_heads: self.hp.num_kv_heads,
-            head_dim: self.hp.head_dim,
+        let hp = &self.hp;
+        match self.backend {
+            Backend::Own(_) => KvCache::new(
+                hp.num_layers,
+                hp.num_kv_heads * hp.head_dim,
+                num_slots,
+                self.context_len,
+                self.kv_dtype,
+            ),
+            Backend::Tensor(_) => KvCache::on_device(
+                hp.num_layers,
+                hp.num_kv_heads,
+                hp.head_dim,
+                num_slots,
+                self.context_len,
+                self.kv_dtype,
+                &self.device,
+            ),
         }
     }
 
     fn validate(&self, cache: &KvCache, batch: &[SeqInput]) -> Result<()> {
         if batch.is_empty() {
             return Err(ModelError::BadInput("empty batch".into()));
+        }
+        if cache.is_on_device() != matches!(self.backend, Backend::Tensor(_)) {
+            return Err(ModelError::BadInput(
+                "the cache was made by a model on another backend".into(),
+            ));
         }
         for (i, s) in batch.iter().enumerate() {
             if s.tokens.is_empty() {
@@ -286,7 +214,12 @@ impl Llama {
     /// values to the cache, and returns the logits rows each sequence asked for.
     pub fn forward(&self, cache: &mut KvCache, batch: &[SeqInput]) -> Result<BatchLogits> {
         self.validate(cache, batch)?;
-        let result = self.forward_unchecked(cache, batch);
+        let result = match &self.backend {
+            Backend::Own(rope) => own_forward::forward(&self.weights, &self.hp, rope, cache, batch),
+            Backend::Tensor(rope) => {
+                tensor_forward::forward(&self.weights, &self.hp, rope, cache, batch)
+            }
+        };
         match result {
             Ok(out) => {
                 for s in batch {
@@ -301,105 +234,5 @@ impl Llama {
                 Err(e)
             }
         }
-    }
-
-    fn forward_unchecked(&self, cache: &mut KvCache, batch: &[SeqInput]) -> Result<BatchLogits> {
-        let shape = self.attn_shape();
-        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-        let row = q_dim + 2 * kv_dim;
-        let hd = self.hp.head_dim;
-        let eps = self.hp.rms_norm_eps as f32;
-        let inter = self.hp.intermediate_size;
-
-        let ids: Vec<u32> = batch
-            .iter()
-            .flat_map(|s| s.tokens.iter().copied())
-            .collect();
-        let total = ids.len();
-        let ids_t = Tensor::from_vec(ids, total, &self.device)?;
-        let mut x = self.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)?;
-        let mut attn_out = vec![0f32; total * q_dim];
-
-        for (l, layer) in self.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let mut qkv: Vec<f32> = layer.qkv.forward(&h)?.flatten_all()?.to_vec1()?;
-            let mut offset = 0;
-            for s in batch {
-                let n = s.tokens.len();
-                for (i, r) in qkv[offset * row..(offset + n) * row]
-                    .chunks_exact_mut(row)
-                    .enumerate()
-                {
-                    let pos = s.start_pos + i;
-                    let (q, kv) = r.split_at_mut(q_dim);
-                    self.rope.apply(q, pos, hd);
-                    self.rope.apply(&mut kv[..kv_dim], pos, hd);
-                }
-                for r in qkv[offset * row..(offset + n) * row].chunks_exact(row) {
-                    cache.append_layer(
-                        s.slot,
-                        l,
-                        &r[q_dim..q_dim + kv_dim],
-                        &r[q_dim + kv_dim..],
-                    )?;
-                }
-                offset += n;
-            }
-            // Queries are strided inside the fused rows; pack them once per layer.
-            let q: Vec<f32> = qkv
-                .chunks_exact(row)
-                .flat_map(|r| &r[..q_dim])
-                .copied()
-                .collect();
-            let mut offset = 0;
-            for s in batch {
-                let n = s.tokens.len();
-                let (q, out) = (
-                    &q[offset * q_dim..(offset + n) * q_dim],
-                    &mut attn_out[offset * q_dim..(offset + n) * q_dim],
-                );
-                match cache.layer(s.slot, l)? {
-                    LayerKv::F32 { keys, values } => {
-                        causal_attention(shape, q, keys, values, s.start_pos, out)
-                    }
-                    LayerKv::F16 { keys, values } => {
-                        causal_attention(shape, q, keys, values, s.start_pos, out)
-                    }
-                }
-                offset += n;
-            }
-            let attn = Tensor::from_slice(&attn_out, (total, q_dim), &self.device)?;
-            x = (x + layer.o.forward(&attn)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-            let gu = layer.gate_up.forward(&h)?;
-            let act =
-                (candle_nn::ops::silu(&gu.narrow(1, 0, inter)?)? * gu.narrow(1, inter, inter)?)?;
-            x = (x + layer.down.forward(&act)?)?;
-        }
-
-        let mut rows: Vec<u32> = Vec::new();
-        let mut ranges = Vec::with_capacity(batch.len());
-        let mut offset = 0u32;
-        for s in batch {
-            let n = s.tokens.len() as u32;
-            let start = rows.len();
-            match s.logits {
-                LogitsRows::None => {}
-                LogitsRows::Last => rows.push(offset + n - 1),
-                LogitsRows::All => rows.extend(offset..offset + n),
-            }
-            ranges.push(start..rows.len());
-            offset += n;
-        }
-        let logits = if rows.is_empty() {
-            None
-        } else {
-            let n = rows.len();
-            let idx = Tensor::from_vec(rows, n, &self.device)?;
-            let x = x.index_select(&idx, 0)?;
-            let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
-            Some(self.lm_head.forward(&x)?)
-        };
-        Ok(BatchLogits { logits, ranges })
     }
 }

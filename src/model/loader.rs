@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file;
 use candle_core::Device;
 
+use super::device::{BackendChoice, DeviceSpec};
 use super::hparams::LlamaHparams;
 use super::kv_cache::KvDtype;
 use super::linear::WeightsDtype;
@@ -147,7 +148,10 @@ pub struct LoadOptions {
     pub weights_dtype: WeightsDtype,
     /// Positions the model instance supports (capped by the model's own maximum).
     pub context_len: usize,
-    pub device: Device,
+    /// Where the model runs.
+    pub device: DeviceSpec,
+    /// Which forward runs it (`auto`: the own kernels on a CPU, candle's tensors elsewhere).
+    pub backend: BackendChoice,
     /// Load only the first this many transformer layers (final norm and output head kept):
     /// the target's own early layers as a self-speculative drafter.
     pub max_layers: Option<usize>,
@@ -160,7 +164,8 @@ impl Default for LoadOptions {
         Self {
             weights_dtype: WeightsDtype::AsIs,
             context_len: 4096,
-            device: Device::Cpu,
+            device: DeviceSpec::Cpu,
+            backend: BackendChoice::Auto,
             max_layers: None,
             kv_dtype: KvDtype::F32,
         }
@@ -212,10 +217,28 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> 
     let hp = first_layers(LlamaHparams::from_gguf(&content)?, opts);
     let tokenizer =
         TextTokenizer::from_gguf(&content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-    let mut reader = WeightReader::gguf(content, path, &opts.device)?;
-    let model = Llama::load(&mut reader, hp, opts.weights_dtype, opts.context_len)?
-        .with_kv_dtype(opts.kv_dtype);
+    let mut reader = WeightReader::gguf(content, path, &Device::Cpu)?;
+    let model = load_model(&mut reader, hp, opts)?;
     Ok((model, tokenizer))
+}
+
+/// Opens the device and builds the model for the chosen forward there (weights are read on the
+/// CPU and moved).
+fn load_model(reader: &mut WeightReader, hp: LlamaHparams, opts: &LoadOptions) -> Result<Llama> {
+    let kind = opts
+        .backend
+        .resolve(opts.device)
+        .map_err(ModelError::Device)?;
+    let device = opts.device.open()?;
+    Ok(Llama::load_on(
+        reader,
+        hp,
+        opts.weights_dtype,
+        opts.context_len,
+        &device,
+        kind,
+    )?
+    .with_kv_dtype(opts.kv_dtype))
 }
 
 /// A download cut short still has a valid header; catch it before reading tensors.
@@ -248,8 +271,7 @@ fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> {
     let hp = first_layers(LlamaHparams::from_hf_config(&json)?, opts);
     let tokenizer =
         TextTokenizer::from_hf_dir(dir).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-    let mut reader = WeightReader::safetensors_dir(dir, &opts.device)?;
-    let model = Llama::load(&mut reader, hp, opts.weights_dtype, opts.context_len)?
-        .with_kv_dtype(opts.kv_dtype);
+    let mut reader = WeightReader::safetensors_dir(dir, &Device::Cpu)?;
+    let model = load_model(&mut reader, hp, opts)?;
     Ok((model, tokenizer))
 }

@@ -21,28 +21,35 @@
 //!   (`chat_template`).
 
 pub mod attention;
+pub mod batch;
 pub mod chat_template;
 pub mod cpu_kernels;
+pub mod device;
 pub mod f16_gemm;
 pub mod hparams;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;
+mod llama_weights;
 pub mod loader;
+mod own_forward;
 pub mod packed_gemm;
 pub mod parallel;
 pub mod prefix_index;
 pub mod q4_gemm;
 pub mod q8_gemm;
 pub mod rope;
+mod tensor_forward;
 pub mod tokenizer;
 pub mod weights;
 
+pub use batch::{BatchLogits, LogitsRows, SeqInput};
 pub use chat_template::{ChatMessage, ChatTemplate};
+pub use device::{BackendChoice, DeviceSpec, ForwardKind};
 pub use hparams::{LlamaHparams, RopeScaling};
 pub use kv_cache::{KvCache, KvDtype};
 pub use linear::WeightsDtype;
-pub use llama::{Llama, LogitsRows, SeqInput};
+pub use llama::Llama;
 pub use loader::{default_model_path, LoadedModel, ModelSource};
 pub use tokenizer::{IncrementalDecoder, TextTokenizer};
 
@@ -72,6 +79,8 @@ pub enum ModelError {
     ChatTemplate(String),
     #[error("kv cache: {0}")]
     Cache(String),
+    #[error("{0}")]
+    Device(String),
     #[error("invalid forward input: {0}")]
     BadInput(String),
     #[error(transparent)]

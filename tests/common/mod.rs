@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use tandem::model::loader::LoadOptions;
-use tandem::model::{LoadedModel, ModelSource, WeightsDtype};
+use tandem::model::{BackendChoice, LoadedModel, ModelSource, WeightsDtype};
 use tandem::sampling::SeededRng;
 
 pub fn default_model() -> PathBuf {
@@ -34,11 +34,17 @@ pub fn runtime() -> tokio::runtime::Runtime {
 }
 
 pub fn load_default(dtype: WeightsDtype) -> LoadedModel {
+    load_default_on(dtype, BackendChoice::Auto)
+}
+
+/// The default model on the CPU with the forward `backend` chooses.
+pub fn load_default_on(dtype: WeightsDtype, backend: BackendChoice) -> LoadedModel {
     LoadedModel::load(
         &ModelSource::Gguf(default_model()),
         &LoadOptions {
             weights_dtype: dtype,
             context_len: 1024,
+            backend,
             ..Default::default()
         },
     )
@@ -236,11 +242,17 @@ pub fn write_tiny_blend(target: &Path, other: &TinySpec, mix: f32, out: &Path) {
 }
 
 pub fn load_tiny(dir: &Path, dtype: WeightsDtype) -> LoadedModel {
+    load_tiny_on(dir, dtype, BackendChoice::Auto)
+}
+
+/// A tiny model on the CPU with the forward `backend` chooses.
+pub fn load_tiny_on(dir: &Path, dtype: WeightsDtype, backend: BackendChoice) -> LoadedModel {
     LoadedModel::load(
         &ModelSource::HfDir(dir.to_owned()),
         &LoadOptions {
             weights_dtype: dtype,
             context_len: 256,
+            backend,
             ..Default::default()
         },
     )

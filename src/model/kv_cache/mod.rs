@@ -7,13 +7,21 @@
 //! both the reads and the memory a sequence holds (llama.cpp's default cache type too). Keys
 //! and values are rounded to f16 once, when they are appended, so a token's cached values are
 //! the same bits however it was batched: greedy parity does not depend on the type.
+//!
+//! The tensor backend keeps the same slots and lengths with the memory on its device
+//! (`device`): the engine sees one cache type whichever forward fills it.
 
 use std::str::FromStr;
 
+use candle_core::{DType, Device, Tensor};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use super::{ModelError, Result};
+
+mod device;
+
+use device::{DeviceLayout, DeviceSlot};
 
 /// Element type of a KV cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -118,9 +126,17 @@ pub(crate) enum LayerKv<'a> {
 
 struct Slot {
     len: usize,
-    /// Per layer; capacity is kept across truncation.
-    keys: Vec<LayerBuf>,
-    values: Vec<LayerBuf>,
+    store: SlotStore,
+}
+
+enum SlotStore {
+    /// Per layer, in host memory; capacity is kept across truncation.
+    Host {
+        keys: Vec<LayerBuf>,
+        values: Vec<LayerBuf>,
+    },
+    /// Per layer, device tensors (the tensor backend).
+    Device(DeviceSlot),
 }
 
 pub struct KvCache {
@@ -128,6 +144,8 @@ pub struct KvCache {
     kv_dim: usize,
     max_len: usize,
     dtype: KvDtype,
+    /// Set for a cache on candle tensors.
+    device: Option<DeviceLayout>,
     slots: Vec<Option<Slot>>,
 }
 
@@ -144,8 +162,38 @@ impl KvCache {
             kv_dim,
             max_len,
             dtype,
+            device: None,
             slots: (0..num_slots).map(|_| None).collect(),
         }
+    }
+
+    /// A cache whose keys and values live in `(kv_heads, len, head_dim)` tensors on `device`
+    /// (the tensor backend's).
+    pub fn on_device(
+        num_layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        num_slots: usize,
+        max_len: usize,
+        dtype: KvDtype,
+        device: &Device,
+    ) -> Self {
+        let mut cache = Self::new(num_layers, kv_heads * head_dim, num_slots, max_len, dtype);
+        cache.device = Some(DeviceLayout {
+            kv_heads,
+            head_dim,
+            dtype: match dtype {
+                KvDtype::F32 => DType::F32,
+                KvDtype::F16 => DType::F16,
+            },
+            device: device.clone(),
+        });
+        cache
+    }
+
+    /// Whether the memory is device tensors (the tensor backend) rather than host buffers.
+    pub fn is_on_device(&self) -> bool {
+        self.device.is_some()
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -178,11 +226,14 @@ impl KvCache {
         match self.slots.get(slot) {
             Some(None) => {
                 let dtype = self.dtype;
-                self.slots[slot] = Some(Slot {
-                    len: 0,
-                    keys: (0..self.num_layers).map(|_| LayerBuf::new(dtype)).collect(),
-                    values: (0..self.num_layers).map(|_| LayerBuf::new(dtype)).collect(),
-                });
+                let store = match &self.device {
+                    None => SlotStore::Host {
+                        keys: (0..self.num_layers).map(|_| LayerBuf::new(dtype)).collect(),
+                        values: (0..self.num_layers).map(|_| LayerBuf::new(dtype)).collect(),
+                    },
+                    Some(_) => SlotStore::Device(DeviceSlot::empty()),
+                };
+                self.slots[slot] = Some(Slot { len: 0, store });
                 Ok(())
             }
             Some(Some(_)) => Err(ModelError::Cache(format!("slot {slot} is already in use"))),
@@ -219,8 +270,10 @@ impl KvCache {
                 s.len
             )));
         }
-        for buf in s.keys.iter_mut().chain(s.values.iter_mut()) {
-            buf.truncate(len * kv_dim);
+        if let SlotStore::Host { keys, values } = &mut s.store {
+            for buf in keys.iter_mut().chain(values.iter_mut()) {
+                buf.truncate(len * kv_dim);
+            }
         }
         s.len = len;
         Ok(())
@@ -247,37 +300,66 @@ impl KvCache {
         }
         let n = len * self.kv_dim;
         let mut dst = self.slots[to].take().expect("allocated above");
-        let src = self.slot(from)?;
-        for (d, s) in dst
-            .keys
-            .iter_mut()
-            .zip(&src.keys)
-            .chain(dst.values.iter_mut().zip(&src.values))
-        {
-            match (d, s) {
-                (LayerBuf::F32(d), LayerBuf::F32(s)) => {
-                    d.clear();
-                    d.extend_from_slice(&s[..n]);
-                }
-                (LayerBuf::F16(d), LayerBuf::F16(s)) => {
-                    d.clear();
-                    d.extend_from_slice(&s[..n]);
-                }
-                _ => unreachable!("a cache's slots all have its type"),
-            }
-        }
-        dst.len = len;
+        let copied = self.copy_store(from, &mut dst, len, n);
+        dst.len = if copied.is_ok() { len } else { 0 };
         self.slots[to] = Some(dst);
-        Ok(())
+        copied
+    }
+
+    fn copy_store(&self, from: usize, dst: &mut Slot, len: usize, n: usize) -> Result<()> {
+        let src = self.slot(from)?;
+        match (&mut dst.store, &src.store) {
+            (
+                SlotStore::Host { keys, values },
+                SlotStore::Host {
+                    keys: src_keys,
+                    values: src_values,
+                },
+            ) => {
+                for (d, s) in keys
+                    .iter_mut()
+                    .zip(src_keys)
+                    .chain(values.iter_mut().zip(src_values))
+                {
+                    match (d, s) {
+                        (LayerBuf::F32(d), LayerBuf::F32(s)) => {
+                            d.clear();
+                            d.extend_from_slice(&s[..n]);
+                        }
+                        (LayerBuf::F16(d), LayerBuf::F16(s)) => {
+                            d.clear();
+                            d.extend_from_slice(&s[..n]);
+                        }
+                        _ => unreachable!("a cache's slots all have its type"),
+                    }
+                }
+                Ok(())
+            }
+            (SlotStore::Device(d), SlotStore::Device(s)) => {
+                let layout = self.device.as_ref().expect("a device cache has a layout");
+                d.ensure_capacity(layout, self.num_layers, 0, len, self.max_len)?;
+                d.copy_prefix_from(s, len)
+            }
+            _ => unreachable!("a cache's slots all live in one place"),
+        }
     }
 
     /// Makes room for `len` tokens in a slot up front, so decoding does not reallocate.
     pub fn reserve(&mut self, slot: usize, len: usize) -> Result<()> {
-        let (kv_dim, max_len) = (self.kv_dim, self.max_len);
+        let (kv_dim, max_len, layers) = (self.kv_dim, self.max_len, self.num_layers);
+        let layout = self.device.clone();
         let s = self.slot_mut(slot)?;
-        let want = len.min(max_len) * kv_dim;
-        for buf in s.keys.iter_mut().chain(s.values.iter_mut()) {
-            buf.reserve_total(want);
+        match &mut s.store {
+            SlotStore::Host { keys, values } => {
+                let want = len.min(max_len) * kv_dim;
+                for buf in keys.iter_mut().chain(values.iter_mut()) {
+                    buf.reserve_total(want);
+                }
+            }
+            SlotStore::Device(d) => {
+                let layout = layout.expect("a device cache has a layout");
+                d.ensure_capacity(&layout, layers, s.len, len.min(max_len), max_len)?;
+            }
         }
         Ok(())
     }
@@ -285,12 +367,18 @@ impl KvCache {
     /// Bytes allocated for a slot (0 when free).
     pub fn slot_memory_bytes(&self, slot: usize) -> usize {
         match self.slots.get(slot) {
-            Some(Some(s)) => s
-                .keys
+            Some(Some(Slot {
+                store: SlotStore::Host { keys, values },
+                ..
+            })) => keys
                 .iter()
-                .chain(s.values.iter())
+                .chain(values.iter())
                 .map(LayerBuf::capacity_bytes)
                 .sum(),
+            Some(Some(Slot {
+                store: SlotStore::Device(d),
+                ..
+            })) => d.bytes(self.device.as_ref().expect("a device cache has a layout")),
             _ => 0,
         }
     }
@@ -329,26 +417,90 @@ impl KvCache {
         keys: &[f32],
         values: &[f32],
     ) -> Result<()> {
-        let s = self.slot_mut(slot)?;
-        s.keys[layer].extend(keys);
-        s.values[layer].extend(values);
-        Ok(())
+        match &mut self.slot_mut(slot)?.store {
+            SlotStore::Host { keys: k, values: v } => {
+                k[layer].extend(keys);
+                v[layer].extend(values);
+                Ok(())
+            }
+            SlotStore::Device(_) => Err(host_only()),
+        }
     }
 
     pub(crate) fn layer(&self, slot: usize, layer: usize) -> Result<LayerKv<'_>> {
         let s = self.slot(slot)?;
-        Ok(match (&s.keys[layer], &s.values[layer]) {
+        let SlotStore::Host { keys, values } = &s.store else {
+            return Err(host_only());
+        };
+        Ok(match (&keys[layer], &values[layer]) {
             (LayerBuf::F32(keys), LayerBuf::F32(values)) => LayerKv::F32 { keys, values },
             (LayerBuf::F16(keys), LayerBuf::F16(values)) => LayerKv::F16 { keys, values },
             _ => unreachable!("a slot's buffers all have the cache's type"),
         })
     }
 
+    /// Makes room on the device for a slot to hold `len` tokens (before a forward writes them).
+    pub(crate) fn ensure_device_capacity(&mut self, slot: usize, len: usize) -> Result<()> {
+        let (layers, max_len) = (self.num_layers, self.max_len);
+        let layout = self.device.clone().ok_or_else(device_only)?;
+        let s = self.slot_mut(slot)?;
+        match &mut s.store {
+            SlotStore::Device(d) => d.ensure_capacity(&layout, layers, s.len, len, max_len),
+            SlotStore::Host { .. } => Err(device_only()),
+        }
+    }
+
+    /// Writes one layer's keys and values (`(kv_heads, n, head_dim)`, any float type) at
+    /// positions `start..start + n` of a device slot; the length is committed separately.
+    pub(crate) fn write_device_layer(
+        &mut self,
+        slot: usize,
+        layer: usize,
+        start: usize,
+        keys: &Tensor,
+        values: &Tensor,
+    ) -> Result<()> {
+        let dtype = self.device.as_ref().ok_or_else(device_only)?.dtype;
+        match &mut self.slot_mut(slot)?.store {
+            SlotStore::Device(d) => {
+                let need = start + keys.dim(1)?;
+                if need > d.capacity() {
+                    return Err(ModelError::Cache(format!(
+                        "slot {slot} has room for {} tokens, {need} written",
+                        d.capacity()
+                    )));
+                }
+                d.write(
+                    layer,
+                    start,
+                    &keys.to_dtype(dtype)?,
+                    &values.to_dtype(dtype)?,
+                )
+            }
+            SlotStore::Host { .. } => Err(device_only()),
+        }
+    }
+
+    /// A device slot's first `len` keys and values of one layer, `(kv_heads, len, head_dim)`.
+    pub(crate) fn device_layer(
+        &self,
+        slot: usize,
+        layer: usize,
+        len: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        match &self.slot(slot)?.store {
+            SlotStore::Device(d) => d.layer(layer, len),
+            SlotStore::Host { .. } => Err(device_only()),
+        }
+    }
+
     /// Sets a slot's length after a forward appended to every layer.
     pub(crate) fn commit_len(&mut self, slot: usize, len: usize) -> Result<()> {
         let kv_dim = self.kv_dim;
         let s = self.slot_mut(slot)?;
-        debug_assert!(s.keys.iter().all(|k| k.len() == len * kv_dim));
+        if let SlotStore::Host { keys, .. } = &s.store {
+            debug_assert!(keys.iter().all(|k| k.len() == len * kv_dim));
+        }
         s.len = len;
         Ok(())
     }
@@ -358,9 +510,19 @@ impl KvCache {
         let len = self.len(slot)?;
         let kv_dim = self.kv_dim;
         let s = self.slot_mut(slot)?;
-        for buf in s.keys.iter_mut().chain(s.values.iter_mut()) {
-            buf.truncate(len * kv_dim);
+        if let SlotStore::Host { keys, values } = &mut s.store {
+            for buf in keys.iter_mut().chain(values.iter_mut()) {
+                buf.truncate(len * kv_dim);
+            }
         }
         Ok(())
     }
+}
+
+fn host_only() -> ModelError {
+    ModelError::Cache("this cache lives on a device; the own CPU forward cannot use it".into())
+}
+
+fn device_only() -> ModelError {
+    ModelError::Cache("this cache lives in host buffers; the tensor forward cannot use it".into())
 }

@@ -1,0 +1,85 @@
+//! What a batched forward takes and gives back, whichever backend runs it: each sequence's new
+//! tokens with its cache slot and start position, and the logits rows it asked for.
+
+use std::ops::Range;
+
+use candle_core::Tensor;
+
+use super::Result;
+
+/// Which logits rows a sequence wants back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsRows {
+    /// None (e.g. a prefill chunk that is not the prompt's last).
+    None,
+    /// The last new token's (prefill, plain decoding).
+    Last,
+    /// Every new token's (speculative verification).
+    All,
+}
+
+/// One sequence's part of a batched forward.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqInput<'a> {
+    pub slot: usize,
+    /// Position of `tokens[0]`; must equal the tokens already in the slot.
+    pub start_pos: usize,
+    pub tokens: &'a [u32],
+    pub logits: LogitsRows,
+}
+
+/// Logits of a batched forward: `(rows, vocab)` with each sequence's rows contiguous, in f32 on
+/// the host.
+pub struct BatchLogits {
+    logits: Option<Tensor>,
+    ranges: Vec<Range<usize>>,
+}
+
+impl BatchLogits {
+    /// Sequence `i`'s logits as `(rows, vocab)`, or `None` if it asked for none.
+    pub fn seq(&self, i: usize) -> Result<Option<Tensor>> {
+        let r = self.ranges[i].clone();
+        match &self.logits {
+            Some(t) if !r.is_empty() => Ok(Some(t.narrow(0, r.start, r.len())?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Sequence `i`'s logits rows as plain vectors.
+    pub fn seq_rows(&self, i: usize) -> Result<Vec<Vec<f32>>> {
+        Ok(match self.seq(i)? {
+            Some(t) => t.to_vec2::<f32>()?,
+            None => Vec::new(),
+        })
+    }
+}
+
+/// The rows of the flattened batch whose logits are wanted, and each sequence's range of them.
+pub(crate) fn logits_rows(batch: &[SeqInput]) -> (Vec<u32>, Vec<Range<usize>>) {
+    let mut rows: Vec<u32> = Vec::new();
+    let mut ranges = Vec::with_capacity(batch.len());
+    let mut offset = 0u32;
+    for s in batch {
+        let n = s.tokens.len() as u32;
+        let start = rows.len();
+        match s.logits {
+            LogitsRows::None => {}
+            LogitsRows::Last => rows.push(offset + n - 1),
+            LogitsRows::All => rows.extend(offset..offset + n),
+        }
+        ranges.push(start..rows.len());
+        offset += n;
+    }
+    (rows, ranges)
+}
+
+impl BatchLogits {
+    /// Logits of the selected rows (`None` when no sequence asked for any), moved to the host.
+    pub(crate) fn new(logits: Option<Tensor>, ranges: Vec<Range<usize>>) -> Result<Self> {
+        let logits = match logits {
+            Some(t) if !t.device().is_cpu() => Some(t.to_device(&candle_core::Device::Cpu)?),
+            other => other,
+        };
+        Ok(Self { logits, ranges })
+    }
+}

@@ -1,0 +1,107 @@
+//! The forward on the own CPU kernels: linear layers and the MLP run on all new tokens of all
+//! sequences flattened into one matrix, attention runs per sequence on the host cache (see
+//! `attention`). Every step is row-independent, so a token's logits are the same bits whether
+//! it is decoded alone, verified with γ drafts, or batched with other sequences.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::attention::{causal_attention, AttnShape};
+use super::batch::{logits_rows, BatchLogits, SeqInput};
+use super::hparams::LlamaHparams;
+use super::kv_cache::{KvCache, LayerKv};
+use super::llama_weights::LlamaWeights;
+use super::rope::RopeTable;
+use super::Result;
+
+pub(crate) fn forward(
+    w: &LlamaWeights,
+    hp: &LlamaHparams,
+    rope: &RopeTable,
+    cache: &mut KvCache,
+    batch: &[SeqInput],
+) -> Result<BatchLogits> {
+    let shape = AttnShape {
+        num_heads: hp.num_heads,
+        num_kv_heads: hp.num_kv_heads,
+        head_dim: hp.head_dim,
+    };
+    let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+    let row = q_dim + 2 * kv_dim;
+    let hd = hp.head_dim;
+    let eps = hp.rms_norm_eps as f32;
+    let inter = hp.intermediate_size;
+    let device = Device::Cpu;
+
+    let ids: Vec<u32> = batch
+        .iter()
+        .flat_map(|s| s.tokens.iter().copied())
+        .collect();
+    let total = ids.len();
+    let ids_t = Tensor::from_vec(ids, total, &device)?;
+    let mut x = w.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)?;
+    let mut attn_out = vec![0f32; total * q_dim];
+
+    for (l, layer) in w.layers.iter().enumerate() {
+        let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
+        let mut qkv: Vec<f32> = layer.qkv.forward(&h)?.flatten_all()?.to_vec1()?;
+        let mut offset = 0;
+        for s in batch {
+            let n = s.tokens.len();
+            for (i, r) in qkv[offset * row..(offset + n) * row]
+                .chunks_exact_mut(row)
+                .enumerate()
+            {
+                let pos = s.start_pos + i;
+                let (q, kv) = r.split_at_mut(q_dim);
+                rope.apply(q, pos, hd);
+                rope.apply(&mut kv[..kv_dim], pos, hd);
+            }
+            for r in qkv[offset * row..(offset + n) * row].chunks_exact(row) {
+                cache.append_layer(s.slot, l, &r[q_dim..q_dim + kv_dim], &r[q_dim + kv_dim..])?;
+            }
+            offset += n;
+        }
+        // Queries are strided inside the fused rows; pack them once per layer.
+        let q: Vec<f32> = qkv
+            .chunks_exact(row)
+            .flat_map(|r| &r[..q_dim])
+            .copied()
+            .collect();
+        let mut offset = 0;
+        for s in batch {
+            let n = s.tokens.len();
+            let (q, out) = (
+                &q[offset * q_dim..(offset + n) * q_dim],
+                &mut attn_out[offset * q_dim..(offset + n) * q_dim],
+            );
+            match cache.layer(s.slot, l)? {
+                LayerKv::F32 { keys, values } => {
+                    causal_attention(shape, q, keys, values, s.start_pos, out)
+                }
+                LayerKv::F16 { keys, values } => {
+                    causal_attention(shape, q, keys, values, s.start_pos, out)
+                }
+            }
+            offset += n;
+        }
+        let attn = Tensor::from_slice(&attn_out, (total, q_dim), &device)?;
+        x = (x + layer.o.forward(&attn)?)?;
+        let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
+        let gu = layer.gate_up.forward(&h)?;
+        let act =
+            (candle_nn::ops::silu(&gu.narrow(1, 0, inter)?)? * gu.narrow(1, inter, inter)?)?;
+        x = (x + layer.down.forward(&act)?)?;
+    }
+
+    let (rows, ranges) = logits_rows(batch);
+    let logits = if rows.is_empty() {
+        None
+    } else {
+        let n = rows.len();
+        let idx = Tensor::from_vec(rows, n, &device)?;
+        let x = x.index_select(&idx, 0)?;
+        let x = candle_nn::ops::rms_norm(&x, &w.norm, eps)?;
+        Some(w.lm_head.forward(&x)?)
+    };
+    BatchLogits::new(logits, ranges)
+}
