@@ -1,5 +1,6 @@
 //! The tensor backend (the Llama forward on candle tensors, the path a GPU runs) checked on
-//! candle's CPU device against the own kernels, on the real default model:
+//! candle's CPU device (or `TANDEM_TEST_DEVICE`, which scripts/gpu-check sets to the GPU)
+//! against the own kernels, on the real default model:
 //!
 //! * logits of 300 positions of real text, fed in chunks of every width the engine uses (wide
 //!   prefill chunks, verify widths, single steps): with f32 weights within 1e-4 of the own
@@ -340,17 +341,12 @@ fn speculative(
 fn greedy_speculative_equals_plain_on_ten_dev_prompts() {
     let target = tensor_model(WeightsDtype::Q8_0);
     // The target's first 20 of 30 layers drafting on the same backend: it disagrees often.
-    let draft = LoadedModel::load(
-        &tandem::model::ModelSource::Gguf(common::default_model()),
-        &tandem::model::loader::LoadOptions {
-            context_len: 1024,
-            weights_dtype: WeightsDtype::Q8_0,
-            backend: BackendChoice::Candle,
-            max_layers: Some(20),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let draft = common::load_default_with(&tandem::model::loader::LoadOptions {
+        weights_dtype: WeightsDtype::Q8_0,
+        backend: BackendChoice::Candle,
+        max_layers: Some(20),
+        ..Default::default()
+    });
     let (mut drafted, mut accepted) = (0, 0);
     for (i, prompt) in dev_prompts(&target, 10).into_iter().enumerate() {
         let req = greedy(prompt, 24, target.tokenizer.eos_ids().to_vec());

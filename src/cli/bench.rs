@@ -117,7 +117,9 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
     let model_json = serde_json::json!({
         "target": target.source.display_name(),
         "target_weights": target.model.linear_dtypes().join("/"),
+        "target_device": target.model.placement(),
         "draft": draft_name,
+        "draft_device": config.draft_device().to_string(),
         "context_length": target.model.context_len(),
         "kv_cache_dtype": target.model.kv_dtype().to_string(),
     });

@@ -77,7 +77,12 @@ impl DeviceSpec {
             Self::Metal(n) => Device::new_metal(n),
             Self::Cpu => unreachable!("returned above"),
         };
-        opened.map_err(|e| ModelError::Device(format!("device `{self}` is not available: {e}")))
+        // The first line only: candle's errors may carry a backtrace after it.
+        opened.map_err(|e| {
+            let e = e.to_string();
+            let reason = e.lines().next().unwrap_or_default().trim();
+            ModelError::Device(format!("device `{self}` is not available: {reason}"))
+        })
     }
 }
 

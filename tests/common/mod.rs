@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use tandem::model::loader::LoadOptions;
-use tandem::model::{BackendChoice, LoadedModel, ModelSource, WeightsDtype};
+use tandem::model::{BackendChoice, DeviceSpec, LoadedModel, ModelSource, WeightsDtype};
 use tandem::sampling::SeededRng;
 
 pub fn default_model() -> PathBuf {
@@ -37,18 +37,40 @@ pub fn load_default(dtype: WeightsDtype) -> LoadedModel {
     load_default_on(dtype, BackendChoice::Auto)
 }
 
-/// The default model on the CPU with the forward `backend` chooses.
+/// The default model with the forward `backend` chooses: the tensor backend on
+/// `TANDEM_TEST_DEVICE` (`cpu` unless set: scripts/gpu-check sets `cuda`), the own kernels on
+/// the CPU.
 pub fn load_default_on(dtype: WeightsDtype, backend: BackendChoice) -> LoadedModel {
+    load_default_with(&LoadOptions {
+        weights_dtype: dtype,
+        backend,
+        ..Default::default()
+    })
+}
+
+/// The default model with these options (context 1024), on the test device when the options
+/// ask for the tensor backend.
+pub fn load_default_with(opts: &LoadOptions) -> LoadedModel {
+    let device = match opts.backend {
+        BackendChoice::Candle => test_device(),
+        _ => DeviceSpec::Cpu,
+    };
     LoadedModel::load(
         &ModelSource::Gguf(default_model()),
         &LoadOptions {
-            weights_dtype: dtype,
             context_len: 1024,
-            backend,
-            ..Default::default()
+            device,
+            ..opts.clone()
         },
     )
     .expect("default model loads")
+}
+
+/// Where tests run the tensor backend: `TANDEM_TEST_DEVICE`, else the CPU.
+pub fn test_device() -> DeviceSpec {
+    std::env::var("TANDEM_TEST_DEVICE")
+        .map(|d| d.parse().expect("TANDEM_TEST_DEVICE names a device"))
+        .unwrap_or(DeviceSpec::Cpu)
 }
 
 /// Shape of a tiny Llama-3.2-style model: GQA, llama3 rope scaling, tied embeddings.
