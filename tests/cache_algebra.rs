@@ -6,41 +6,18 @@ mod common;
 
 use tandem::model::{KvCache, KvDtype, Llama, LoadedModel, LogitsRows, SeqInput, WeightsDtype};
 
-fn fwd(
-    model: &Llama,
-    cache: &mut KvCache,
-    slot: usize,
-    tokens: &[u32],
-    rows: LogitsRows,
-) -> Vec<Vec<f32>> {
-    let start_pos = cache.len(slot).unwrap();
-    model
-        .forward(
-            cache,
-            &[SeqInput {
-                slot,
-                start_pos,
-                tokens,
-                logits: rows,
-            }],
-        )
-        .unwrap()
-        .seq_rows(0)
-        .unwrap()
-}
-
 /// k tokens in one forward (all rows) == k one-token forwards, after a shared prefix.
 fn multi_token_equals_single_steps(model: &Llama, prefix: &[u32], tail: &[u32]) {
     let mut cache = model.new_cache(2);
     let a = cache.allocate().unwrap();
     let b = cache.allocate().unwrap();
-    fwd(model, &mut cache, a, prefix, LogitsRows::None);
-    fwd(model, &mut cache, b, prefix, LogitsRows::None);
-    let together = fwd(model, &mut cache, a, tail, LogitsRows::All);
+    common::forward_rows(model, &mut cache, a, prefix, LogitsRows::None);
+    common::forward_rows(model, &mut cache, b, prefix, LogitsRows::None);
+    let together = common::forward_rows(model, &mut cache, a, tail, LogitsRows::All);
     let one_by_one: Vec<Vec<f32>> = tail
         .iter()
         .flat_map(|t| {
-            fwd(
+            common::forward_rows(
                 model,
                 &mut cache,
                 b,
@@ -63,50 +40,18 @@ fn multi_token_equals_single_steps(model: &Llama, prefix: &[u32], tail: &[u32]) 
 fn truncate_and_refeed_equals_fresh(model: &Llama, prompt: &[u32], wrong: &[u32], right: &[u32]) {
     let mut cache = model.new_cache(2);
     let a = cache.allocate().unwrap();
-    fwd(model, &mut cache, a, prompt, LogitsRows::None);
-    fwd(model, &mut cache, a, wrong, LogitsRows::All);
+    common::forward_rows(model, &mut cache, a, prompt, LogitsRows::None);
+    common::forward_rows(model, &mut cache, a, wrong, LogitsRows::All);
     cache.truncate_to(a, prompt.len()).unwrap();
     assert_eq!(cache.len(a).unwrap(), prompt.len());
-    let refed = fwd(model, &mut cache, a, right, LogitsRows::All);
+    let refed = common::forward_rows(model, &mut cache, a, right, LogitsRows::All);
     let b = cache.allocate().unwrap();
     let full: Vec<u32> = prompt.iter().chain(right).copied().collect();
-    let fresh = fwd(model, &mut cache, b, &full, LogitsRows::All);
+    let fresh = common::forward_rows(model, &mut cache, b, &full, LogitsRows::All);
     assert!(
         refed[..] == fresh[prompt.len()..],
         "refed logits differ from a fresh run"
     );
-}
-
-/// One forward over several sequences of different lengths == each sequence alone.
-fn batched_equals_alone(model: &Llama, seqs: &[(Vec<u32>, Vec<u32>)]) {
-    let mut cache = model.new_cache(seqs.len() * 2);
-    let mut alone = Vec::new();
-    let mut slots = Vec::new();
-    for (prefix, new) in seqs {
-        let s = cache.allocate().unwrap();
-        fwd(model, &mut cache, s, prefix, LogitsRows::None);
-        alone.push(fwd(model, &mut cache, s, new, LogitsRows::All));
-        let t = cache.allocate().unwrap();
-        fwd(model, &mut cache, t, prefix, LogitsRows::None);
-        slots.push(t);
-    }
-    let inputs: Vec<SeqInput> = seqs
-        .iter()
-        .zip(&slots)
-        .map(|((prefix, new), &slot)| SeqInput {
-            slot,
-            start_pos: prefix.len(),
-            tokens: new,
-            logits: LogitsRows::All,
-        })
-        .collect();
-    let out = model.forward(&mut cache, &inputs).unwrap();
-    for (i, want) in alone.iter().enumerate() {
-        assert!(
-            &out.seq_rows(i).unwrap() == want,
-            "sequence {i} differs when batched"
-        );
-    }
 }
 
 fn check_all(loaded: &LoadedModel, vocab: usize) {
@@ -121,7 +66,7 @@ fn check_all(loaded: &LoadedModel, vocab: usize) {
         &common::random_tokens(3, 6, vocab),
         &common::random_tokens(4, 4, vocab),
     );
-    batched_equals_alone(
+    common::batched_equals_alone(
         m,
         &[
             (
@@ -214,7 +159,13 @@ fn f16_kv_cache_stays_close_to_f32_on_the_real_model() {
         let s = cache.allocate().unwrap();
         let mut rows = Vec::new();
         for chunk in tokens.chunks(64) {
-            rows.extend(fwd(m, &mut cache, s, chunk, LogitsRows::All));
+            rows.extend(common::forward_rows(
+                m,
+                &mut cache,
+                s,
+                chunk,
+                LogitsRows::All,
+            ));
         }
         rows
     };
@@ -260,7 +211,7 @@ fn an_f16_cache_holds_half_the_bytes() {
     let mut cache = model.new_cache(1);
     assert_eq!(2 * cache.bytes_per_token(), f32_cache.bytes_per_token());
     let a = cache.allocate().unwrap();
-    fwd(
+    common::forward_rows(
         &model,
         &mut cache,
         a,
@@ -294,7 +245,7 @@ fn cache_slots_truncate_free_and_report_memory() {
     let b = cache.allocate().unwrap();
     assert!(cache.allocate().is_none(), "only two slots");
     assert_eq!(cache.slot_memory_bytes(a), 0);
-    fwd(
+    common::forward_rows(
         m,
         &mut cache,
         a,
@@ -323,7 +274,7 @@ fn bad_forward_inputs_are_rejected_and_leave_the_cache_alone() {
     let m = &loaded.model;
     let mut cache = m.new_cache(2);
     let a = cache.allocate().unwrap();
-    fwd(m, &mut cache, a, &[1, 2, 3], LogitsRows::Last);
+    common::forward_rows(m, &mut cache, a, &[1, 2, 3], LogitsRows::Last);
     let bad = |cache: &mut KvCache, input: SeqInput| {
         m.forward(cache, &[input]).err().map(|e| e.to_string())
     };

@@ -178,43 +178,16 @@ fn stops_inside_rounds_and_respects_limits() {
 
 /// The first prompt of each of the first `n` Spec-Bench dev categories, in the model's chat
 /// template.
-fn spec_bench_prompts(model: &tandem::model::LoadedModel, n: usize) -> Vec<Vec<u32>> {
-    let data = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/data/spec_bench_dev.jsonl"
-    ))
-    .unwrap();
-    let mut seen = std::collections::HashSet::new();
-    let template = model.tokenizer.chat_template().unwrap();
-    let prompts: Vec<Vec<u32>> = data
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|q| seen.insert(q["category"].as_str().unwrap().to_owned()))
-        .take(n)
-        .map(|q| {
-            let chat = template
-                .render(
-                    &[tandem::model::ChatMessage {
-                        role: "user".into(),
-                        content: q["turns"][0].as_str().unwrap().to_owned(),
-                    }],
-                    true,
-                )
-                .unwrap();
-            model.tokenizer.encode(&chat, true).unwrap()
-        })
-        .collect();
-    assert_eq!(prompts.len(), n);
-    prompts
-}
-
 #[test]
 fn real_model_greedy_parity_on_spec_bench() {
     // The documented pair: an f16 target with a q8_0 self-drafter (it disagrees now and then).
     let target = common::load_default(WeightsDtype::F16);
     let draft = common::load_default(WeightsDtype::Q8_0);
     let (mut drafted, mut accepted) = (0, 0);
-    for (i, prompt) in spec_bench_prompts(&target, 10).into_iter().enumerate() {
+    for (i, prompt) in common::spec_bench_prompts(&target, 10)
+        .into_iter()
+        .enumerate()
+    {
         let req = greedy(prompt, 64, target.tokenizer.eos_ids().to_vec());
         let (want, _) = plain(&target.model, &req);
         for gamma in 1..=8 {
@@ -241,7 +214,7 @@ fn real_model_stop_strings_end_speculative_output_like_plain() {
     let target = common::load_default(WeightsDtype::F16);
     let draft = common::load_default(WeightsDtype::Q8_0);
     let detok = Some(std::sync::Arc::clone(&target.tokenizer));
-    for prompt in spec_bench_prompts(&target, 2) {
+    for prompt in common::spec_bench_prompts(&target, 2) {
         let free = plain_output(
             &target.model,
             &GenerationRequest {

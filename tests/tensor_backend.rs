@@ -21,9 +21,7 @@ use tandem::draft::{ModelDrafter, PromptLookup, Proposer};
 use tandem::engine::{
     generate_plain, generate_speculative, FixedSpeculation, Gamma, GenerationRequest,
 };
-use tandem::model::{
-    BackendChoice, ForwardKind, KvCache, Llama, LoadedModel, LogitsRows, SeqInput, WeightsDtype,
-};
+use tandem::model::{BackendChoice, ForwardKind, Llama, LoadedModel, LogitsRows, WeightsDtype};
 use tandem::sampling::{Lenience, SamplingParams};
 
 /// Largest |Δ logit|, relative to the row's largest |logit|, between one forward of a
@@ -34,29 +32,6 @@ fn tensor_model(dtype: WeightsDtype) -> LoadedModel {
     let m = common::load_default_on(dtype, BackendChoice::Candle);
     assert_eq!(m.model.forward_kind(), ForwardKind::Tensor);
     m
-}
-
-fn fwd(
-    model: &Llama,
-    cache: &mut KvCache,
-    slot: usize,
-    tokens: &[u32],
-    rows: LogitsRows,
-) -> Vec<Vec<f32>> {
-    let start_pos = cache.len(slot).unwrap();
-    model
-        .forward(
-            cache,
-            &[SeqInput {
-                slot,
-                start_pos,
-                tokens,
-                logits: rows,
-            }],
-        )
-        .unwrap()
-        .seq_rows(0)
-        .unwrap()
 }
 
 /// Largest |a - b| over the row, relative to the row's largest |a|.
@@ -78,39 +53,9 @@ fn argmax(row: &[f32]) -> usize {
         .0
 }
 
-fn dev_prompts(model: &LoadedModel, n: usize) -> Vec<Vec<u32>> {
-    let data = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/data/spec_bench_dev.jsonl"
-    ))
-    .unwrap();
-    let mut seen = std::collections::HashSet::new();
-    let template = model.tokenizer.chat_template().unwrap();
-    let prompts: Vec<Vec<u32>> = data
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|q| seen.insert(q["category"].as_str().unwrap().to_owned()))
-        .take(n)
-        .map(|q| {
-            let chat = template
-                .render(
-                    &[tandem::model::ChatMessage {
-                        role: "user".into(),
-                        content: q["turns"][0].as_str().unwrap().to_owned(),
-                    }],
-                    true,
-                )
-                .unwrap();
-            model.tokenizer.encode(&chat, true).unwrap()
-        })
-        .collect();
-    assert_eq!(prompts.len(), n);
-    prompts
-}
-
 /// 300 tokens of real text: dev-set prompts one after another.
 fn real_text(model: &LoadedModel, len: usize) -> Vec<u32> {
-    let tokens: Vec<u32> = dev_prompts(model, 10).concat();
+    let tokens: Vec<u32> = common::spec_bench_prompts(model, 10).concat();
     assert!(tokens.len() >= len, "only {} tokens", tokens.len());
     tokens[..len].to_vec()
 }
@@ -126,7 +71,7 @@ fn chunked_logits(model: &Llama, tokens: &[u32], widths: &[usize]) -> Vec<Vec<f3
             break;
         }
         let end = (at + w).min(tokens.len());
-        rows.extend(fwd(
+        rows.extend(common::forward_rows(
             model,
             &mut cache,
             slot,
@@ -215,11 +160,12 @@ fn cache_algebra_holds_on_the_tensor_backend() {
         let tail = common::random_tokens(k as u64, k, vocab);
         let mut cache = m.new_cache(2);
         let (a, b) = (cache.allocate().unwrap(), cache.allocate().unwrap());
-        fwd(m, &mut cache, a, &prefix, LogitsRows::None);
-        fwd(m, &mut cache, b, &prefix, LogitsRows::None);
-        let together = fwd(m, &mut cache, a, &tail, LogitsRows::All);
+        common::forward_rows(m, &mut cache, a, &prefix, LogitsRows::None);
+        common::forward_rows(m, &mut cache, b, &prefix, LogitsRows::None);
+        let together = common::forward_rows(m, &mut cache, a, &tail, LogitsRows::All);
         for (i, t) in tail.iter().enumerate() {
-            let single = fwd(m, &mut cache, b, std::slice::from_ref(t), LogitsRows::Last);
+            let single =
+                common::forward_rows(m, &mut cache, b, std::slice::from_ref(t), LogitsRows::Last);
             assert!(
                 together[i] == single[0],
                 "row {i} of a {k}-token forward differs from its single step"
@@ -236,76 +182,57 @@ fn cache_algebra_holds_on_the_tensor_backend() {
     let right = common::random_tokens(4, 4, vocab);
     let mut cache = m.new_cache(2);
     let a = cache.allocate().unwrap();
-    fwd(m, &mut cache, a, &prefix, LogitsRows::None);
-    fwd(m, &mut cache, a, &wrong, LogitsRows::All);
+    common::forward_rows(m, &mut cache, a, &prefix, LogitsRows::None);
+    common::forward_rows(m, &mut cache, a, &wrong, LogitsRows::All);
     cache.truncate_to(a, prefix.len()).unwrap();
-    let refed = fwd(m, &mut cache, a, &right, LogitsRows::All);
+    let refed = common::forward_rows(m, &mut cache, a, &right, LogitsRows::All);
     let b = cache.allocate().unwrap();
     let full: Vec<u32> = prefix.iter().chain(&right).copied().collect();
-    let fresh = fwd(m, &mut cache, b, &full, LogitsRows::All);
+    let fresh = common::forward_rows(m, &mut cache, b, &full, LogitsRows::All);
     for (i, (x, y)) in refed.iter().zip(&fresh[prefix.len()..]).enumerate() {
         let gap = relative_gap(y, x);
         assert!(gap <= LOGIT_TOLERANCE, "refed row {i} off by {gap}");
     }
     // Refeeding the same width after a rollback is bit for bit.
     cache.truncate_to(a, prefix.len()).unwrap();
-    assert_eq!(fwd(m, &mut cache, a, &right, LogitsRows::All), refed);
+    assert_eq!(
+        common::forward_rows(m, &mut cache, a, &right, LogitsRows::All),
+        refed
+    );
 
     // Mixed batches: several sequences of different lengths in one forward == each alone.
     let m = &loaded.model;
-    let seqs = [
-        (
-            common::random_tokens(5, 3, vocab),
-            common::random_tokens(6, 5, vocab),
-        ),
-        (
-            common::random_tokens(7, 40, vocab),
-            common::random_tokens(8, 1, vocab),
-        ),
-        (
-            common::random_tokens(9, 17, vocab),
-            common::random_tokens(10, 9, vocab),
-        ),
-    ];
-    let mut cache = m.new_cache(6);
-    let mut alone = Vec::new();
-    let mut slots = Vec::new();
-    for (prefix, new) in &seqs {
-        let s = cache.allocate().unwrap();
-        fwd(m, &mut cache, s, prefix, LogitsRows::None);
-        alone.push(fwd(m, &mut cache, s, new, LogitsRows::All));
-        let t = cache.allocate().unwrap();
-        fwd(m, &mut cache, t, prefix, LogitsRows::None);
-        slots.push(t);
-    }
-    let inputs: Vec<SeqInput> = seqs
-        .iter()
-        .zip(&slots)
-        .map(|((prefix, new), &slot)| SeqInput {
-            slot,
-            start_pos: prefix.len(),
-            tokens: new,
-            logits: LogitsRows::All,
-        })
-        .collect();
-    let out = m.forward(&mut cache, &inputs).unwrap();
-    for (i, want) in alone.iter().enumerate() {
-        assert!(
-            &out.seq_rows(i).unwrap() == want,
-            "sequence {i} differs when batched"
-        );
-    }
+    common::batched_equals_alone(
+        m,
+        &[
+            (
+                common::random_tokens(5, 3, vocab),
+                common::random_tokens(6, 5, vocab),
+            ),
+            (
+                common::random_tokens(7, 40, vocab),
+                common::random_tokens(8, 1, vocab),
+            ),
+            (
+                common::random_tokens(9, 17, vocab),
+                common::random_tokens(10, 9, vocab),
+            ),
+        ],
+    );
 
     // Copying a prefix gives the same continuation as the original slot.
     let mut cache = m.new_cache(2);
     let a = cache.allocate().unwrap();
-    fwd(m, &mut cache, a, &prefix, LogitsRows::None);
+    common::forward_rows(m, &mut cache, a, &prefix, LogitsRows::None);
     cache.copy_prefix(a, 1, 20).unwrap();
     assert_eq!(cache.len(1).unwrap(), 20);
     let tail = &prefix[20..24];
-    let from_copy = fwd(m, &mut cache, 1, tail, LogitsRows::All);
+    let from_copy = common::forward_rows(m, &mut cache, 1, tail, LogitsRows::All);
     cache.truncate_to(a, 20).unwrap();
-    assert_eq!(fwd(m, &mut cache, a, tail, LogitsRows::All), from_copy);
+    assert_eq!(
+        common::forward_rows(m, &mut cache, a, tail, LogitsRows::All),
+        from_copy
+    );
     assert!(cache.memory_bytes() > 0);
     cache.free(1).unwrap();
     assert_eq!(cache.slot_memory_bytes(1), 0);
@@ -348,7 +275,10 @@ fn greedy_speculative_equals_plain_on_ten_dev_prompts() {
         ..Default::default()
     });
     let (mut drafted, mut accepted) = (0, 0);
-    for (i, prompt) in dev_prompts(&target, 10).into_iter().enumerate() {
+    for (i, prompt) in common::spec_bench_prompts(&target, 10)
+        .into_iter()
+        .enumerate()
+    {
         let req = greedy(prompt, 24, target.tokenizer.eos_ids().to_vec());
         let mut cache = target.model.new_cache(1);
         let want = generate_plain(&target.model, &mut cache, &req, &mut |_| true)

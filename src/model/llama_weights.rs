@@ -104,6 +104,18 @@ impl LlamaWeights {
         })
     }
 
+    /// The output head over the given rows of the last hidden states `x`: final norm, then
+    /// logits in f32 (`None` when no row is wanted).
+    pub fn output_logits(&self, x: &Tensor, rows: Vec<u32>, eps: f32) -> Result<Option<Tensor>> {
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let n = rows.len();
+        let idx = Tensor::from_vec(rows, n, x.device())?;
+        let x = candle_nn::ops::rms_norm(&x.index_select(&idx, 0)?, &self.norm, eps)?;
+        Ok(Some(self.lm_head.forward(&x)?.to_dtype(DType::F32)?))
+    }
+
     /// Bytes of every linear weight (the output head included) in its ggml type: what one
     /// forward streams at least, whatever its width.
     pub fn weight_bytes(&self) -> usize {

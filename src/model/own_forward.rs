@@ -94,14 +94,5 @@ pub(crate) fn forward(
     }
 
     let (rows, ranges) = logits_rows(batch);
-    let logits = if rows.is_empty() {
-        None
-    } else {
-        let n = rows.len();
-        let idx = Tensor::from_vec(rows, n, &device)?;
-        let x = x.index_select(&idx, 0)?;
-        let x = candle_nn::ops::rms_norm(&x, &w.norm, eps)?;
-        Some(w.lm_head.forward(&x)?)
-    };
-    BatchLogits::new(logits, ranges)
+    BatchLogits::new(w.output_logits(&x, rows, eps)?, ranges)
 }

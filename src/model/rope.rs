@@ -50,19 +50,26 @@ pub fn inv_freqs(hp: &LlamaHparams) -> Vec<f32> {
     }
 }
 
+/// `cos` and `sin` of every position's angle for every frequency pair, position-major
+/// (`half` pairs a position): the tables both backends rotate with.
+pub fn angle_tables(hp: &LlamaHparams, max_positions: usize) -> (usize, Vec<f32>, Vec<f32>) {
+    let freqs = inv_freqs(hp);
+    let half = freqs.len();
+    let mut cos = Vec::with_capacity(max_positions * half);
+    let mut sin = Vec::with_capacity(max_positions * half);
+    for pos in 0..max_positions {
+        for &f in &freqs {
+            let angle = pos as f32 * f;
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+    }
+    (half, cos, sin)
+}
+
 impl RopeTable {
     pub fn new(hp: &LlamaHparams, max_positions: usize) -> Self {
-        let freqs = inv_freqs(hp);
-        let half = freqs.len();
-        let mut cos = Vec::with_capacity(max_positions * half);
-        let mut sin = Vec::with_capacity(max_positions * half);
-        for pos in 0..max_positions {
-            for &f in &freqs {
-                let angle = pos as f32 * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
-            }
-        }
+        let (half, cos, sin) = angle_tables(hp, max_positions);
         Self {
             half,
             layout: hp.rope_layout,

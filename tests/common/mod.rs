@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use tandem::model::loader::LoadOptions;
-use tandem::model::{BackendChoice, DeviceSpec, LoadedModel, ModelSource, WeightsDtype};
+use tandem::model::{
+    BackendChoice, DeviceSpec, KvCache, Llama, LoadedModel, LogitsRows, ModelSource, SeqInput,
+    WeightsDtype,
+};
 use tandem::sampling::SeededRng;
 
 pub fn default_model() -> PathBuf {
@@ -287,4 +290,92 @@ pub fn random_tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
     (0..n)
         .map(|_| (rng.next_u64() % vocab as u64) as u32)
         .collect()
+}
+
+/// The first turns of the first `n` Spec-Bench dev questions of distinct categories, as chat
+/// prompts in the model's template.
+pub fn spec_bench_prompts(model: &LoadedModel, n: usize) -> Vec<Vec<u32>> {
+    let data = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/spec_bench_dev.jsonl"
+    ))
+    .unwrap();
+    let mut seen = std::collections::HashSet::new();
+    let template = model.tokenizer.chat_template().unwrap();
+    let prompts: Vec<Vec<u32>> = data
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|q| seen.insert(q["category"].as_str().unwrap().to_owned()))
+        .take(n)
+        .map(|q| {
+            let chat = template
+                .render(
+                    &[tandem::model::ChatMessage {
+                        role: "user".into(),
+                        content: q["turns"][0].as_str().unwrap().to_owned(),
+                    }],
+                    true,
+                )
+                .unwrap();
+            model.tokenizer.encode(&chat, true).unwrap()
+        })
+        .collect();
+    assert_eq!(prompts.len(), n);
+    prompts
+}
+
+/// One sequence's forward from its slot's current length; the rows asked for.
+pub fn forward_rows(
+    model: &Llama,
+    cache: &mut KvCache,
+    slot: usize,
+    tokens: &[u32],
+    rows: LogitsRows,
+) -> Vec<Vec<f32>> {
+    let start_pos = cache.len(slot).unwrap();
+    model
+        .forward(
+            cache,
+            &[SeqInput {
+                slot,
+                start_pos,
+                tokens,
+                logits: rows,
+            }],
+        )
+        .unwrap()
+        .seq_rows(0)
+        .unwrap()
+}
+
+/// One forward over several sequences of different lengths == each sequence alone.
+pub fn batched_equals_alone(model: &Llama, seqs: &[(Vec<u32>, Vec<u32>)]) {
+    let mut cache = model.new_cache(seqs.len() * 2);
+    let mut alone = Vec::new();
+    let mut slots = Vec::new();
+    for (prefix, new) in seqs {
+        let s = cache.allocate().unwrap();
+        forward_rows(model, &mut cache, s, prefix, LogitsRows::None);
+        alone.push(forward_rows(model, &mut cache, s, new, LogitsRows::All));
+        let t = cache.allocate().unwrap();
+        forward_rows(model, &mut cache, t, prefix, LogitsRows::None);
+        slots.push(t);
+    }
+    let inputs: Vec<SeqInput> = seqs
+        .iter()
+        .zip(&slots)
+        .map(|((prefix, new), &slot)| SeqInput {
+            slot,
+            start_pos: prefix.len(),
+            tokens: new,
+            logits: LogitsRows::All,
+        })
+        .collect();
+    let out = model.forward(&mut cache, &inputs).unwrap();
+    for (i, want) in alone.iter().enumerate() {
+        assert!(
+            &out.seq_rows(i).unwrap() == want,
+            "sequence {i} differs when batched"
+        );
+    }
 }

@@ -15,7 +15,7 @@ use super::batch::{logits_rows, BatchLogits, SeqInput};
 use super::hparams::{LlamaHparams, RopeLayout};
 use super::kv_cache::KvCache;
 use super::llama_weights::LlamaWeights;
-use super::rope::inv_freqs;
+use super::rope::angle_tables;
 use super::Result;
 use attention::{attend, Heads};
 
@@ -28,17 +28,7 @@ pub(crate) struct TensorRope {
 
 impl TensorRope {
     pub fn new(hp: &LlamaHparams, max_positions: usize, device: &Device) -> Result<Self> {
-        let freqs = inv_freqs(hp);
-        let half = freqs.len();
-        let mut cos = Vec::with_capacity(max_positions * half);
-        let mut sin = Vec::with_capacity(max_positions * half);
-        for pos in 0..max_positions {
-            for &f in &freqs {
-                let angle = pos as f32 * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
-            }
-        }
+        let (half, cos, sin) = angle_tables(hp, max_positions);
         Ok(Self {
             cos: Tensor::from_vec(cos, (max_positions, half), device)?,
             sin: Tensor::from_vec(sin, (max_positions, half), device)?,
@@ -150,14 +140,5 @@ pub(crate) fn forward(
     }
 
     let (rows, ranges) = logits_rows(batch);
-    let logits = if rows.is_empty() {
-        None
-    } else {
-        let n = rows.len();
-        let idx = Tensor::from_vec(rows, n, &device)?;
-        let x = x.index_select(&idx, 0)?;
-        let x = candle_nn::ops::rms_norm(&x, &w.norm, eps)?;
-        Some(w.lm_head.forward(&x)?.to_dtype(DType::F32)?)
-    };
-    BatchLogits::new(logits, ranges)
+    BatchLogits::new(w.output_logits(&x, rows, eps)?, ranges)
 }
