@@ -21,6 +21,20 @@ pub(crate) struct Layer {
     pub down: Linear,
 }
 
+impl Layer {
+    /// The rest of a layer once attention has run: the output projection and residual, then
+    /// the SiLU-gated MLP and its residual. Row-wise, on whatever device `x` is.
+    pub fn after_attention(&self, x: &Tensor, attn: &Tensor, eps: f32) -> Result<Tensor> {
+        let x = (x + self.o.forward(attn)?)?;
+        let h = candle_nn::ops::rms_norm(&x, &self.ffn_norm, eps)?;
+        let gu = self.gate_up.forward(&h)?;
+        let inter = gu.dim(1)? / 2;
+        let act =
+            (candle_nn::ops::silu(&gu.narrow(1, 0, inter)?)? * gu.narrow(1, inter, inter)?)?;
+        Ok((x + self.down.forward(&act)?)?)
+    }
+}
+
 pub(crate) struct LlamaWeights {
     pub embed: Tensor,
     pub layers: Vec<Layer>,

@@ -29,7 +29,6 @@ pub(crate) fn forward(
     let row = q_dim + 2 * kv_dim;
     let hd = hp.head_dim;
     let eps = hp.rms_norm_eps as f32;
-    let inter = hp.intermediate_size;
     let device = Device::Cpu;
 
     let ids: Vec<u32> = batch
@@ -85,12 +84,7 @@ pub(crate) fn forward(
             offset += n;
         }
         let attn = Tensor::from_slice(&attn_out, (total, q_dim), &device)?;
-        x = (x + layer.o.forward(&attn)?)?;
-        let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-        let gu = layer.gate_up.forward(&h)?;
-        let act =
-            (candle_nn::ops::silu(&gu.narrow(1, 0, inter)?)? * gu.narrow(1, inter, inter)?)?;
-        x = (x + layer.down.forward(&act)?)?;
+        x = layer.after_attention(&x, &attn, eps)?;
     }
 
     let (rows, ranges) = logits_rows(batch);

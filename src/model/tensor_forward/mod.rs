@@ -61,7 +61,6 @@ pub(crate) fn forward(
     let hd = hp.head_dim;
     let (q_dim, kv_dim) = (hp.num_heads * hd, hp.num_kv_heads * hd);
     let eps = hp.rms_norm_eps as f32;
-    let inter = hp.intermediate_size;
     for s in batch {
         cache.ensure_device_capacity(s.slot, s.start_pos + s.tokens.len())?;
     }
@@ -131,12 +130,7 @@ pub(crate) fn forward(
         } else {
             Tensor::cat(&outs, 0)?
         };
-        x = (x + layer.o.forward(&attn)?)?;
-        let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-        let gu = layer.gate_up.forward(&h)?;
-        let act =
-            (candle_nn::ops::silu(&gu.narrow(1, 0, inter)?)? * gu.narrow(1, inter, inter)?)?;
-        x = (x + layer.down.forward(&act)?)?;
+        x = layer.after_attention(&x, &attn, eps)?;
     }
 
     let (rows, ranges) = logits_rows(batch);
