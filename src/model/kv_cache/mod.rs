@@ -8,20 +8,22 @@
 //! and values are rounded to f16 once, when they are appended, so a token's cached values are
 //! the same bits however it was batched: greedy parity does not depend on the type.
 //!
-//! The tensor backend keeps the same slots and lengths with the memory on its device
-//! (`device`): the engine sees one cache type whichever forward fills it.
+//! This file keeps the slots and their lengths; the memory is host buffers (`host`) for the own
+//! CPU forward or device tensors (`device`) for the tensor backend, so the engine sees one
+//! cache type whichever forward fills it.
 
 use std::str::FromStr;
 
 use candle_core::{DType, Device, Tensor};
-use half::f16;
-use half::slice::HalfFloatSliceExt;
 
 use super::{ModelError, Result};
 
 mod device;
+mod host;
 
 use device::{DeviceLayout, DeviceSlot};
+use host::LayerBuf;
+pub(crate) use host::LayerKv;
 
 /// Element type of a KV cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,67 +63,6 @@ impl std::fmt::Display for KvDtype {
             KvDtype::F16 => "f16",
         })
     }
-}
-
-/// One layer's keys or values, `len * kv_dim` elements in use.
-enum LayerBuf {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-}
-
-impl LayerBuf {
-    fn new(dtype: KvDtype) -> Self {
-        match dtype {
-            KvDtype::F32 => LayerBuf::F32(Vec::new()),
-            KvDtype::F16 => LayerBuf::F16(Vec::new()),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            LayerBuf::F32(v) => v.len(),
-            LayerBuf::F16(v) => v.len(),
-        }
-    }
-
-    fn truncate(&mut self, len: usize) {
-        match self {
-            LayerBuf::F32(v) => v.truncate(len),
-            LayerBuf::F16(v) => v.truncate(len),
-        }
-    }
-
-    fn reserve_total(&mut self, want: usize) {
-        match self {
-            LayerBuf::F32(v) if v.capacity() < want => v.reserve_exact(want - v.len()),
-            LayerBuf::F16(v) if v.capacity() < want => v.reserve_exact(want - v.len()),
-            _ => {}
-        }
-    }
-
-    fn capacity_bytes(&self) -> usize {
-        match self {
-            LayerBuf::F32(v) => v.capacity() * 4,
-            LayerBuf::F16(v) => v.capacity() * 2,
-        }
-    }
-
-    fn extend(&mut self, src: &[f32]) {
-        match self {
-            LayerBuf::F32(v) => v.extend_from_slice(src),
-            LayerBuf::F16(v) => {
-                let start = v.len();
-                v.resize(start + src.len(), f16::ZERO);
-                v[start..].convert_from_f32_slice(src);
-            }
-        }
-    }
-}
-
-/// One layer's cached keys and values, in the cache's element type.
-pub(crate) enum LayerKv<'a> {
-    F32 { keys: &'a [f32], values: &'a [f32] },
-    F16 { keys: &'a [f16], values: &'a [f16] },
 }
 
 struct Slot {

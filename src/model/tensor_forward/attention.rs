@@ -42,8 +42,8 @@ pub(crate) fn attend(
     start: usize,
 ) -> Result<Tensor> {
     let n = q.dim(0)?;
-    let keys = keys.to_dtype(DType::F32)?.contiguous()?;
-    let values = values.to_dtype(DType::F32)?.contiguous()?;
+    let keys = keys.to_dtype(DType::F32)?;
+    let values = values.to_dtype(DType::F32)?;
     if n <= ROW_WISE_MAX {
         let rows = (0..n)
             .map(|t| attend_one(heads, &q.narrow(0, t, 1)?, &keys, &values, start + t + 1))

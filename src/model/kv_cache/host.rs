@@ -1,0 +1,68 @@
+//! One slot's keys and values in host memory (the own CPU forward's cache): per layer a growing
+//! buffer of f32 or f16 elements, token-major, whose capacity is kept across truncation.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use super::KvDtype;
+
+/// One layer's keys or values, `len * kv_dim` elements in use.
+pub(super) enum LayerBuf {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl LayerBuf {
+    pub(super) fn new(dtype: KvDtype) -> Self {
+        match dtype {
+            KvDtype::F32 => LayerBuf::F32(Vec::new()),
+            KvDtype::F16 => LayerBuf::F16(Vec::new()),
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        match self {
+            LayerBuf::F32(v) => v.len(),
+            LayerBuf::F16(v) => v.len(),
+        }
+    }
+
+    pub(super) fn truncate(&mut self, len: usize) {
+        match self {
+            LayerBuf::F32(v) => v.truncate(len),
+            LayerBuf::F16(v) => v.truncate(len),
+        }
+    }
+
+    pub(super) fn reserve_total(&mut self, want: usize) {
+        match self {
+            LayerBuf::F32(v) if v.capacity() < want => v.reserve_exact(want - v.len()),
+            LayerBuf::F16(v) if v.capacity() < want => v.reserve_exact(want - v.len()),
+            _ => {}
+        }
+    }
+
+    pub(super) fn capacity_bytes(&self) -> usize {
+        match self {
+            LayerBuf::F32(v) => v.capacity() * 4,
+            LayerBuf::F16(v) => v.capacity() * 2,
+        }
+    }
+
+    pub(super) fn extend(&mut self, src: &[f32]) {
+        match self {
+            LayerBuf::F32(v) => v.extend_from_slice(src),
+            LayerBuf::F16(v) => {
+                let start = v.len();
+                v.resize(start + src.len(), f16::ZERO);
+                v[start..].convert_from_f32_slice(src);
+            }
+        }
+    }
+}
+
+/// One layer's cached keys and values, in the cache's element type.
+pub(crate) enum LayerKv<'a> {
+    F32 { keys: &'a [f32], values: &'a [f32] },
+    F16 { keys: &'a [f16], values: &'a [f16] },
+}
