@@ -285,6 +285,7 @@ fn bad_forward_inputs_are_rejected_and_leave_the_cache_alone() {
             start_pos: 1,
             tokens: &[4],
             logits: LogitsRows::Last,
+            parents: &[],
         },
     )
     .unwrap();
@@ -296,6 +297,7 @@ fn bad_forward_inputs_are_rejected_and_leave_the_cache_alone() {
             start_pos: 3,
             tokens: &[9999],
             logits: LogitsRows::Last,
+            parents: &[],
         },
     )
     .unwrap();
@@ -308,6 +310,7 @@ fn bad_forward_inputs_are_rejected_and_leave_the_cache_alone() {
             start_pos: 3,
             tokens: &long,
             logits: LogitsRows::Last,
+            parents: &[],
         },
     )
     .unwrap();
@@ -319,6 +322,7 @@ fn bad_forward_inputs_are_rejected_and_leave_the_cache_alone() {
             start_pos: 0,
             tokens: &[1],
             logits: LogitsRows::Last,
+            parents: &[],
         },
     )
     .unwrap();

@@ -45,6 +45,7 @@ fn compare(
                     start_pos: pos,
                     tokens: &input,
                     logits: LogitsRows::Last,
+                    parents: &[],
                 }],
             )
             .unwrap()

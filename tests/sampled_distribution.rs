@@ -124,6 +124,7 @@ fn next_distribution(target: &Llama, params: &SamplingParams, generated: &[u32])
                 start_pos: 0,
                 tokens: &context,
                 logits: LogitsRows::Last,
+                parents: &[],
             }],
         )
         .unwrap();

@@ -54,6 +54,7 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
             start_pos: 0,
             tokens: &ids(args.depth.max(1), 0),
             logits: LogitsRows::None,
+            parents: &[],
         }],
     )?;
     let depth = cache.len(slot)?;
@@ -74,6 +75,7 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
                     start_pos: depth,
                     tokens: &toks,
                     logits: LogitsRows::All,
+                    parents: &[],
                 }],
             )?;
             let dt = t.elapsed().as_secs_f64() * 1e3;

@@ -278,6 +278,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                     start_pos: self.cache.len(l.slot).unwrap_or(0),
                     tokens: &l.feed[..n],
                     logits: LogitsRows::None,
+                    parents: &[],
                 });
             }
             let done = self.model.forward(&mut self.cache, &inputs);
@@ -314,6 +315,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                         start_pos: self.cache.len(l.slot).unwrap_or(0),
                         tokens: &l.feed,
                         logits: LogitsRows::Last,
+                        parents: &[],
                     }
                 })
                 .collect();
@@ -480,6 +482,7 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
                     start_pos: 0,
                     tokens,
                     logits: LogitsRows::None,
+                    parents: &[],
                 }],
             )?;
         }

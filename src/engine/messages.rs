@@ -149,6 +149,8 @@ pub struct TargetItem {
     pub work: TargetWork,
     /// The draft distributions of `tokens[1..]` (Verify).
     pub proposal: Proposal,
+    /// A tree's input parents (`Proposal::input_parents`); empty for a chain.
+    pub parents: Vec<u32>,
     pub params: SamplingParams,
     pub lenience: Lenience,
     /// Prompt and output so far (penalties see it); its last token is `tokens[0]` for Verify.
@@ -167,6 +169,10 @@ pub struct TargetOutcome {
     pub seq: u64,
     /// Drafts that stood (Verify).
     pub accepted: usize,
+    /// Their tokens, in order (for a tree, the accepted path's).
+    pub accepted_tokens: Vec<u32>,
+    /// What the walk did, for a tree round.
+    pub tree: Option<TreeWalk>,
     /// The sampled token (PrefillLast, Verify).
     pub next_token: Option<u32>,
     pub rng: SeededRng,
@@ -174,6 +180,20 @@ pub struct TargetOutcome {
     pub logprobs: Vec<TokenLogprob>,
     /// The logprobs of the prompt tokens this item's rows predicted, when asked.
     pub prompt_logprobs: Vec<TokenLogprob>,
+}
+
+/// What a tree round's walk did: its size, how its main chain fared (the acceptance estimate
+/// follows the chain), and each alternative it tried with the drafter's confidence in it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TreeWalk {
+    pub nodes: usize,
+    pub chain_len: usize,
+    /// Main-chain nodes accepted before the walk stopped or left the chain.
+    pub chain_accepted: usize,
+    /// The accepted path left the main chain.
+    pub branched: bool,
+    /// `(confidence, accepted)` of every node off the main chain the walk tried.
+    pub tried_branches: Vec<(f32, bool)>,
 }
 
 /// Verifier: one batched target forward.

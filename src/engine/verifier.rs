@@ -10,11 +10,13 @@ use kameo::Actor;
 use super::error::EngineError;
 use super::messages::{
     CopyPrefix, FreeSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome, TargetWork,
-    TruncateSlot,
+    TreeWalk, TruncateSlot,
 };
-use super::verify::{verify, Scratch};
+use super::verify::{verify, verify_tree, Scratch};
 use super::worker::ComputeWorker;
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
+use crate::draft::Proposal;
+use crate::sampling::tree::TreeOutcome;
 use crate::sampling::{apply_penalties, token_logprob, Sampler};
 
 /// What the verifier's worker owns.
@@ -85,6 +87,7 @@ fn calibrate(
                 start_pos: 0,
                 tokens: &ids[..depth.max(1)],
                 logits: LogitsRows::None,
+                parents: &[],
             }],
         )?;
         let base = s.cache.len(slot)?;
@@ -99,6 +102,7 @@ fn calibrate(
                         start_pos: base,
                         tokens: &ids[base..base + w],
                         logits: LogitsRows::All,
+                        parents: &[],
                     }],
                 )?;
                 *b = b.min(t.elapsed().as_secs_f64());
@@ -163,6 +167,32 @@ impl Message<FreeSlot> for Verifier {
     }
 }
 
+/// What a tree walk did, as the scheduler records it.
+fn tree_walk(p: &Proposal, walk: &TreeOutcome) -> TreeWalk {
+    let chain_len = p.chain_len();
+    let chain_accepted = walk
+        .path
+        .iter()
+        .enumerate()
+        .take_while(|&(d, &n)| d == n && n < chain_len)
+        .count();
+    TreeWalk {
+        nodes: p.tokens.len(),
+        chain_len,
+        chain_accepted,
+        branched: chain_accepted < walk.path.len(),
+        tried_branches: walk
+            .tried
+            .iter()
+            .filter(|&&n| n >= chain_len)
+            .map(|&n| {
+                let conf = p.confidence.get(n).copied().unwrap_or(0.0);
+                (conf, walk.path.contains(&n))
+            })
+            .collect(),
+    }
+}
+
 /// One forward for every item, then each item's sampling or acceptance and rollback. A failure
 /// that belongs to one item (bad logits, a sampling error) fails that item only.
 fn run_batch(
@@ -189,6 +219,7 @@ fn run_batch(
                 TargetWork::PrefillLast => LogitsRows::Last,
                 TargetWork::Verify => LogitsRows::All,
             },
+            parents: &it.parents,
         })
         .collect();
     let logits = s.model.forward(&mut s.cache, &inputs)?;
@@ -198,6 +229,8 @@ fn run_batch(
         let mut out = TargetOutcome {
             seq: it.seq,
             accepted: 0,
+            accepted_tokens: Vec::new(),
+            tree: None,
             next_token: None,
             rng: it.rng.clone(),
             logprobs: Vec::new(),
@@ -233,6 +266,29 @@ fn run_batch(
                     }
                     Ok(())
                 }
+                TargetWork::Verify if it.proposal.is_tree() => {
+                    let rows = logits.seq_rows(i)?;
+                    let walk = verify_tree(
+                        &it.params,
+                        &it.context,
+                        it.prompt_len,
+                        &it.proposal,
+                        rows,
+                        &mut s.scratch,
+                        &mut rng,
+                        it.logprobs,
+                        &mut out.logprobs,
+                    )?;
+                    let kept: Vec<usize> = std::iter::once(0)
+                        .chain(walk.path.iter().map(|&n| n + 1))
+                        .collect();
+                    s.cache.keep_path(it.slot, it.start_pos, &kept)?;
+                    out.accepted = walk.path.len();
+                    out.accepted_tokens = walk.path.iter().map(|&n| it.proposal.tokens[n]).collect();
+                    out.next_token = Some(walk.next_token);
+                    out.tree = Some(tree_walk(&it.proposal, &walk));
+                    Ok(())
+                }
                 TargetWork::Verify => {
                     let rows = logits.seq_rows(i)?;
                     let outcome = verify(
@@ -251,6 +307,7 @@ fn run_batch(
                     s.cache
                         .truncate_to(it.slot, it.start_pos + 1 + outcome.accepted)?;
                     out.accepted = outcome.accepted;
+                    out.accepted_tokens = it.tokens[1..1 + outcome.accepted].to_vec();
                     out.next_token = Some(outcome.next_token);
                     Ok(())
                 }

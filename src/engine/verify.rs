@@ -6,6 +6,7 @@
 use super::error::EngineError;
 use crate::draft::Proposal;
 use crate::sampling::speculative::{accept_greedy, accept_sampled, DraftDist, RoundOutcome};
+use crate::sampling::tree::{accept_tree_greedy, accept_tree_sampled, DraftTree, TreeOutcome};
 use crate::sampling::{
     apply_penalties, probabilities, token_logprob, Lenience, SamplingParams, SeededRng,
     TokenLogprob,
@@ -17,6 +18,7 @@ pub struct Scratch {
     logits: Vec<f32>,
     target_probs: Vec<Vec<f32>>,
     residual: Vec<f32>,
+    next_residual: Vec<f32>,
     /// Each row's processed logits, kept only when the request asked for logprobs.
     processed: Vec<Vec<f32>>,
 }
@@ -49,31 +51,7 @@ pub fn verify(
         if i > 0 {
             history.push(drafts[i - 1]);
         }
-        s.logits.clear();
-        s.logits.extend_from_slice(&row);
-        apply_penalties(&mut s.logits, params, &history, &history[prompt_len..]);
-        if logprobs.is_some() {
-            s.processed[i].clear();
-            s.processed[i].extend_from_slice(&s.logits);
-        }
-        if params.is_greedy() {
-            if !lenience.is_exact() {
-                // Lenient greedy compares probabilities: softmax of the processed logits.
-                probabilities(
-                    &s.logits,
-                    &SamplingParams {
-                        temperature: 1.0,
-                        ..SamplingParams::default()
-                    },
-                    &mut s.target_probs[i],
-                )?;
-            } else {
-                s.target_probs[i].clear();
-                s.target_probs[i].extend_from_slice(&s.logits);
-            }
-        } else {
-            probabilities(&s.logits, params, &mut s.target_probs[i])?;
-        }
+        process_row(params, lenience, &history, prompt_len, i, &row, s, logprobs.is_some())?;
     }
     let p: Vec<&[f32]> = s.target_probs[..drafts.len() + 1]
         .iter()
@@ -98,6 +76,109 @@ pub fn verify(
             .chain([outcome.next_token]);
         for (row, token) in s.processed.iter().zip(chosen) {
             emitted.push(token_logprob(row, token, n));
+        }
+    }
+    Ok(outcome)
+}
+
+/// Applies the request's processors to target row `i`, whose history (prompt and output up
+/// to it) is `history`: the processed row goes to `s.target_probs[i]` (probabilities, or for
+/// exact greedy the processed logits), and to `s.processed[i]` when logprobs are wanted.
+#[allow(clippy::too_many_arguments)]
+fn process_row(
+    params: &SamplingParams,
+    lenience: Lenience,
+    history: &[u32],
+    prompt_len: usize,
+    i: usize,
+    row: &[f32],
+    s: &mut Scratch,
+    keep_processed: bool,
+) -> Result<(), EngineError> {
+    s.logits.clear();
+    s.logits.extend_from_slice(row);
+    apply_penalties(&mut s.logits, params, history, &history[prompt_len..]);
+    if keep_processed {
+        s.processed[i].clear();
+        s.processed[i].extend_from_slice(&s.logits);
+    }
+    if params.is_greedy() {
+        if !lenience.is_exact() {
+            // Lenient greedy compares probabilities: softmax of the processed logits.
+            probabilities(
+                &s.logits,
+                &SamplingParams {
+                    temperature: 1.0,
+                    ..SamplingParams::default()
+                },
+                &mut s.target_probs[i],
+            )?;
+        } else {
+            s.target_probs[i].clear();
+            s.target_probs[i].extend_from_slice(&s.logits);
+        }
+    } else {
+        probabilities(&s.logits, params, &mut s.target_probs[i])?;
+    }
+    Ok(())
+}
+
+/// [`verify`] for a tree proposal (lenience 1): row 0 is the root's (the context's), row
+/// `i + 1` node `i`'s, each processed with the history of its own path; then the tree walk.
+/// With `logprobs`, `emitted` gets one entry per emitted token, from the row it was chosen at.
+#[allow(clippy::too_many_arguments)]
+pub fn verify_tree(
+    params: &SamplingParams,
+    context: &[u32],
+    prompt_len: usize,
+    proposal: &Proposal,
+    rows: Vec<Vec<f32>>,
+    s: &mut Scratch,
+    rng: &mut SeededRng,
+    logprobs: Option<usize>,
+    emitted: &mut Vec<TokenLogprob>,
+) -> Result<TreeOutcome, EngineError> {
+    let parents = proposal.parents_or_chain();
+    let tree = DraftTree {
+        tokens: &proposal.tokens,
+        parents: &parents,
+    };
+    tree.check()?;
+    s.target_probs.resize_with(rows.len(), Vec::new);
+    if logprobs.is_some() && s.processed.len() < rows.len() {
+        s.processed.resize_with(rows.len(), Vec::new);
+    }
+    let mut history = Vec::with_capacity(context.len() + 16);
+    for (r, row) in rows.iter().enumerate() {
+        history.clear();
+        history.extend_from_slice(context);
+        if r > 0 {
+            history.extend(tree.path_to(r - 1).iter().map(|&n| proposal.tokens[n]));
+        }
+        let exact = Lenience::default();
+        process_row(params, exact, &history, prompt_len, r, row, s, logprobs.is_some())?;
+    }
+    let p: Vec<&[f32]> = s.target_probs[..rows.len()]
+        .iter()
+        .map(Vec::as_slice)
+        .collect();
+    let outcome = if params.is_greedy() {
+        accept_tree_greedy(&tree, &p)?
+    } else {
+        let q: Vec<DraftDist> = (0..proposal.tokens.len())
+            .map(|i| proposal.dist(i).map_or(DraftDist::PointMass, DraftDist::Full))
+            .collect();
+        accept_tree_sampled(&tree, &q, &p, rng, &mut s.residual, &mut s.next_residual)?
+    };
+    if let Some(n) = logprobs {
+        let rows_at = std::iter::once(0).chain(outcome.path.iter().map(|&i| i + 1));
+        let chosen = outcome
+            .path
+            .iter()
+            .map(|&i| proposal.tokens[i])
+            .chain([outcome.next_token]);
+        for (r, token) in rows_at.zip(chosen) {
+            emitted.push(token_logprob(&s.processed[r], token, n));
         }
     }
     Ok(outcome)

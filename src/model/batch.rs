@@ -26,6 +26,51 @@ pub struct SeqInput<'a> {
     pub start_pos: usize,
     pub tokens: &'a [u32],
     pub logits: LogitsRows,
+    /// Empty for a chain (each token follows the one before it). For a token tree (a
+    /// speculation round's drafts packed as a prefix tree), one entry per token: `parents[0]`
+    /// is [`TREE_ROOT`] (the first token follows the cache) and `parents[k]` is the index of an
+    /// earlier token. Token `k` then sits at position `start_pos + depth(k)` and attends to the
+    /// cache and to its own ancestors only; its keys and values are appended in input order,
+    /// and [`super::KvCache::keep_path`] moves an accepted path into place afterwards.
+    pub parents: &'a [u32],
+}
+
+/// The parent of a tree input's first token.
+pub const TREE_ROOT: u32 = u32::MAX;
+
+impl SeqInput<'_> {
+    /// The depth of each token of a tree input (0 for the first): its position is
+    /// `start_pos + depth`. `None` for a chain.
+    pub fn tree_depths(&self) -> Option<Vec<usize>> {
+        if self.parents.is_empty() {
+            return None;
+        }
+        let mut d: Vec<usize> = Vec::with_capacity(self.parents.len());
+        for (k, &p) in self.parents.iter().enumerate() {
+            d.push(if k == 0 { 0 } else { d[p as usize] + 1 });
+        }
+        Some(d)
+    }
+
+    /// A tree input's depths and, per token, its path ([`SeqInput::tree_path`]); `None` for a
+    /// chain.
+    pub(crate) fn tree_layout(&self) -> Option<(Vec<usize>, Vec<Vec<usize>>)> {
+        let depths = self.tree_depths()?;
+        let paths = (0..self.tokens.len()).map(|k| self.tree_path(k)).collect();
+        Some((depths, paths))
+    }
+
+    /// Token `k`'s ancestors and itself, from the first token down (a tree input).
+    pub fn tree_path(&self, k: usize) -> Vec<usize> {
+        let mut path = vec![k];
+        let mut at = k;
+        while at != 0 {
+            at = self.parents[at] as usize;
+            path.push(at);
+        }
+        path.reverse();
+        path
+    }
 }
 
 /// Logits of a batched forward: `(rows, vocab)` with each sequence's rows contiguous, in f32 on

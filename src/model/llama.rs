@@ -200,6 +200,19 @@ impl Llama {
                     self.context_len
                 )));
             }
+            if !s.parents.is_empty() {
+                let ordered = s.parents.len() == s.tokens.len()
+                    && s.parents[0] == super::batch::TREE_ROOT
+                    && s.parents.iter().enumerate().skip(1).all(|(k, &p)| (p as usize) < k);
+                if !ordered {
+                    return Err(ModelError::BadInput(format!(
+                        "slot {}: a tree input needs one parent per token, the first {} and \
+                         each other an earlier token's index",
+                        s.slot,
+                        super::batch::TREE_ROOT
+                    )));
+                }
+            }
             if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= self.hp.vocab_size) {
                 return Err(ModelError::BadInput(format!(
                     "token id {bad} is outside the vocabulary ({})",

@@ -43,7 +43,7 @@ mod tensor_forward;
 pub mod tokenizer;
 pub mod weights;
 
-pub use batch::{BatchLogits, LogitsRows, SeqInput};
+pub use batch::{BatchLogits, LogitsRows, SeqInput, TREE_ROOT};
 pub use chat_template::{ChatMessage, ChatTemplate};
 pub use device::{BackendChoice, DeviceSpec, ForwardKind};
 pub use hparams::{LlamaHparams, RopeScaling};

@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::attention::{causal_attention, AttnShape};
+use super::attention::{causal_attention, tree_attention, AttnShape};
 use super::batch::{logits_rows, BatchLogits, SeqInput};
 use super::hparams::LlamaHparams;
 use super::kv_cache::{KvCache, LayerKv};
@@ -39,18 +39,21 @@ pub(crate) fn forward(
     let ids_t = Tensor::from_vec(ids, total, &device)?;
     let mut x = w.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)?;
     let mut attn_out = vec![0f32; total * q_dim];
+    // Tree inputs: each token's depth (its position past start_pos) and its path.
+    let trees: Vec<Option<(Vec<usize>, Vec<Vec<usize>>)>> =
+        batch.iter().map(SeqInput::tree_layout).collect();
 
     for (l, layer) in w.layers.iter().enumerate() {
         let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
         let mut qkv: Vec<f32> = layer.qkv.forward(&h)?.flatten_all()?.to_vec1()?;
         let mut offset = 0;
-        for s in batch {
+        for (s, tree) in batch.iter().zip(&trees) {
             let n = s.tokens.len();
             for (i, r) in qkv[offset * row..(offset + n) * row]
                 .chunks_exact_mut(row)
                 .enumerate()
             {
-                let pos = s.start_pos + i;
+                let pos = s.start_pos + tree.as_ref().map_or(i, |(d, _)| d[i]);
                 let (q, kv) = r.split_at_mut(q_dim);
                 rope.apply(q, pos, hd);
                 rope.apply(&mut kv[..kv_dim], pos, hd);
@@ -67,18 +70,25 @@ pub(crate) fn forward(
             .copied()
             .collect();
         let mut offset = 0;
-        for s in batch {
+        for (s, tree) in batch.iter().zip(&trees) {
             let n = s.tokens.len();
             let (q, out) = (
                 &q[offset * q_dim..(offset + n) * q_dim],
                 &mut attn_out[offset * q_dim..(offset + n) * q_dim],
             );
-            match cache.layer(s.slot, l)? {
-                LayerKv::F32 { keys, values } => {
-                    causal_attention(shape, q, keys, values, s.start_pos, out)
+            let start = s.start_pos;
+            match (cache.layer(s.slot, l)?, tree) {
+                (LayerKv::F32 { keys, values }, None) => {
+                    causal_attention(shape, q, keys, values, start, out)
                 }
-                LayerKv::F16 { keys, values } => {
-                    causal_attention(shape, q, keys, values, s.start_pos, out)
+                (LayerKv::F16 { keys, values }, None) => {
+                    causal_attention(shape, q, keys, values, start, out)
+                }
+                (LayerKv::F32 { keys, values }, Some((_, paths))) => {
+                    tree_attention(shape, q, keys, values, start, paths, out)
+                }
+                (LayerKv::F16 { keys, values }, Some((_, paths))) => {
+                    tree_attention(shape, q, keys, values, start, paths, out)
                 }
             }
             offset += n;

@@ -6,10 +6,13 @@
 //! argmax of the penalised logits.
 
 mod draft_gate;
+#[cfg(test)]
+pub(crate) mod enumeration;
 mod lenience;
 mod logprobs;
 mod rng;
 pub mod speculative;
+pub mod tree;
 
 pub use draft_gate::{
     confidence, confidence_of_logits, Confidence, DraftGate, GateOverride, GateRound,

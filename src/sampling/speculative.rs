@@ -71,6 +71,8 @@ pub enum SpecError {
     },
     #[error("{what} row {row} has no probability mass (all zeros or empty)")]
     NoMass { what: &'static str, row: usize },
+    #[error("tree node {node} has parent {parent}, which is not an earlier node")]
+    TreeOrder { node: usize, parent: u32 },
     #[error("a point-mass draft has no distribution to draw from; pass the drafted token")]
     MissingDraftToken,
     #[error(transparent)]

@@ -10,7 +10,7 @@
 //! deviation ≤ 6.5e-4) is 7.7 standard deviations: detected with probability ≥ 0.998. The same
 //! procedure at lenience 0.5 must fail: the check can fail.
 
-use super::round_tests::{dist, extend_plainly};
+use crate::sampling::enumeration::{dist, extend_plainly};
 use super::*;
 
 const VOCAB: usize = 4;

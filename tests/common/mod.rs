@@ -341,6 +341,7 @@ pub fn forward_rows(
                 start_pos,
                 tokens,
                 logits: rows,
+                parents: &[],
             }],
         )
         .unwrap()
@@ -369,6 +370,7 @@ pub fn batched_equals_alone(model: &Llama, seqs: &[(Vec<u32>, Vec<u32>)]) {
             start_pos: prefix.len(),
             tokens: new,
             logits: LogitsRows::All,
+            parents: &[],
         })
         .collect();
     let out = model.forward(&mut cache, &inputs).unwrap();

@@ -63,6 +63,7 @@ fn decode_in_slot(
                 start_pos: pos,
                 tokens: &input,
                 logits: LogitsRows::Last,
+                parents: &[],
             }],
         )?;
         let row = logits.seq_rows(0)?.pop().expect("asked for the last row");

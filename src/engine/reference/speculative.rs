@@ -88,6 +88,7 @@ fn run(
             start_pos: 0,
             tokens: &req.prompt,
             logits: LogitsRows::Last,
+            parents: &[],
         }],
     )?;
     let row = logits.seq_rows(0)?.pop().expect("asked for the last row");
@@ -130,6 +131,7 @@ fn run(
                 start_pos: n,
                 tokens: &verify_input,
                 logits: LogitsRows::All,
+                parents: &[],
             }],
         )?;
         let rows = logits.seq_rows(0)?;

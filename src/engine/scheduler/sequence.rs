@@ -189,6 +189,7 @@ impl Sequence {
             start_pos,
             tokens,
             work,
+            parents: proposal.input_parents(),
             proposal,
             params: self.request.generation.sampling.clone(),
             lenience: self.request.lenience.unwrap_or(default_lenience),

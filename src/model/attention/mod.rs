@@ -31,8 +31,10 @@ mod scalar;
 mod shared;
 #[cfg(test)]
 mod tests;
+mod tree;
 
 pub use shared::KvElement;
+pub use tree::tree_attention;
 
 /// Shapes of one attention call.
 #[derive(Clone, Copy, Debug)]

@@ -114,6 +114,23 @@ impl DeviceSlot {
         ))
     }
 
+    /// Moves rows `start + rows[d]` to `start + d` in every layer (`rows` increasing, so no
+    /// row is overwritten before it is read).
+    pub(crate) fn keep_rows(
+        &mut self,
+        layout: &DeviceLayout,
+        start: usize,
+        rows: &[usize],
+    ) -> Result<()> {
+        let idx: Vec<u32> = rows.iter().map(|&r| (start + r) as u32).collect();
+        let idx = Tensor::from_vec(idx, rows.len(), &layout.device)?;
+        for t in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            let kept = t.index_select(&idx, 1)?;
+            t.slice_set(&kept, 1, start)?;
+        }
+        Ok(())
+    }
+
     /// Overwrites this slot's first `len` positions with `src`'s (capacity must be there).
     pub(crate) fn copy_prefix_from(&mut self, src: &DeviceSlot, len: usize) -> Result<()> {
         for (d, s) in self

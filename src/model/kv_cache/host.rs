@@ -42,6 +42,14 @@ impl LayerBuf {
         }
     }
 
+    /// Copies row `from` (of `dim` elements) over row `to`.
+    pub(super) fn move_row(&mut self, dim: usize, from: usize, to: usize) {
+        match self {
+            LayerBuf::F32(v) => v.copy_within(from * dim..(from + 1) * dim, to * dim),
+            LayerBuf::F16(v) => v.copy_within(from * dim..(from + 1) * dim, to * dim),
+        }
+    }
+
     pub(super) fn capacity_bytes(&self) -> usize {
         match self {
             LayerBuf::F32(v) => v.capacity() * 4,

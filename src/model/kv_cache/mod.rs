@@ -220,6 +220,40 @@ impl KvCache {
         Ok(())
     }
 
+    /// After a tree forward: keeps the rows `start + rows[d]` (the accepted path, in depth
+    /// order, strictly increasing, `rows[0] = 0`) as positions `start + d`, and drops the rest.
+    /// A row's keys and values were computed at its depth's position, so the slot then holds
+    /// exactly what feeding the path alone would have left (the same bits).
+    pub fn keep_path(&mut self, slot: usize, start: usize, rows: &[usize]) -> Result<()> {
+        let held = self.len(slot)?;
+        let increasing = rows.windows(2).all(|w| w[0] < w[1]);
+        if rows.first().is_some_and(|&r| r != 0)
+            || !increasing
+            || rows.last().is_some_and(|&r| start + r >= held)
+        {
+            return Err(ModelError::Cache(format!(
+                "cannot keep rows {rows:?} after position {start} of slot {slot}: it holds {held}"
+            )));
+        }
+        let kv_dim = self.kv_dim;
+        let layout = self.device.clone();
+        let s = self.slot_mut(slot)?;
+        match &mut s.store {
+            SlotStore::Host { keys, values } => {
+                for buf in keys.iter_mut().chain(values.iter_mut()) {
+                    for (d, &r) in rows.iter().enumerate().filter(|&(d, &r)| d != r) {
+                        buf.move_row(kv_dim, start + r, start + d);
+                    }
+                }
+            }
+            SlotStore::Device(dev) => {
+                let layout = layout.expect("a device cache has a layout");
+                dev.keep_rows(&layout, start, rows)?;
+            }
+        }
+        self.truncate_to(slot, start + rows.len())
+    }
+
     /// Makes slot `to` hold exactly the first `len` tokens of slot `from` (allocating `to` if
     /// it is free): several sequences sharing a prompt are prefilled once. The bits are those
     /// of `from`, which are the bits `to` would have computed itself (keys and values of a

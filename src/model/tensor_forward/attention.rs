@@ -54,6 +54,44 @@ pub(crate) fn attend(
     }
 }
 
+/// Attention of a tree input's tokens (see `SeqInput::parents`): row `k` of `q` attends to the
+/// first `start` positions and to the rows `start + paths[k][..]` (its ancestors and itself),
+/// presented in path order, one query row at a time: the shapes of the linear forward of its
+/// path, so on the CPU device the bits of that forward. A node on the tree's first chain (its
+/// path is `0..=k`) reads the cache where it lies; another gathers its keys and values (a copy
+/// of the cache before the tree, per node and layer: fine for the few off-chain nodes a tree
+/// has, and the price of exactness here).
+pub(crate) fn attend_tree(
+    heads: Heads,
+    q: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    start: usize,
+    paths: &[Vec<usize>],
+) -> Result<Tensor> {
+    let keys = keys.to_dtype(DType::F32)?;
+    let values = values.to_dtype(DType::F32)?;
+    let rows = paths
+        .iter()
+        .enumerate()
+        .map(|(k, path)| {
+            let q_row = q.narrow(0, k, 1)?;
+            let visible = start + path.len();
+            if path.iter().enumerate().all(|(d, &r)| d == r) {
+                return attend_one(heads, &q_row, &keys, &values, visible);
+            }
+            let idx: Vec<u32> = (0..start)
+                .chain(path.iter().map(|&r| start + r))
+                .map(|x| x as u32)
+                .collect();
+            let idx = Tensor::from_vec(idx, visible, q.device())?;
+            let (k_rows, v_rows) = (keys.index_select(&idx, 1)?, values.index_select(&idx, 1)?);
+            attend_one(heads, &q_row, &k_rows, &v_rows, visible)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&rows, 0)?)
+}
+
 /// One query row over the first `visible` positions.
 fn attend_one(
     heads: Heads,

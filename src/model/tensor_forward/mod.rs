@@ -17,7 +17,7 @@ use super::kv_cache::KvCache;
 use super::llama_weights::LlamaWeights;
 use super::rope::angle_tables;
 use super::Result;
-use attention::{attend, Heads};
+use attention::{attend, attend_tree, Heads};
 
 /// Rotary tables on the device: `cos[pos][i]`, `sin[pos][i]` for frequency pair `i`.
 pub(crate) struct TensorRope {
@@ -69,9 +69,16 @@ pub(crate) fn forward(
         .iter()
         .flat_map(|s| s.tokens.iter().copied())
         .collect();
+    // Tree inputs: each token's depth (its position past start_pos) and its path.
+    let trees: Vec<Option<(Vec<usize>, Vec<Vec<usize>>)>> =
+        batch.iter().map(SeqInput::tree_layout).collect();
     let positions: Vec<u32> = batch
         .iter()
-        .flat_map(|s| (s.start_pos..s.start_pos + s.tokens.len()).map(|p| p as u32))
+        .zip(&trees)
+        .flat_map(|(s, tree)| {
+            (0..s.tokens.len())
+                .map(move |i| (s.start_pos + tree.as_ref().map_or(i, |(d, _)| d[i])) as u32)
+        })
         .collect();
     let total = ids.len();
     let ids = Tensor::from_vec(ids, total, &device)?;
@@ -110,19 +117,17 @@ pub(crate) fn forward(
             .reshape((total, hp.num_kv_heads, hd))?;
         let mut outs = Vec::with_capacity(batch.len());
         let mut offset = 0;
-        for s in batch {
+        for (s, tree) in batch.iter().zip(&trees) {
             let n = s.tokens.len();
             let k_new = k.narrow(0, offset, n)?.transpose(0, 1)?;
             let v_new = v.narrow(0, offset, n)?.transpose(0, 1)?;
             cache.write_device_layer(s.slot, l, s.start_pos, &k_new, &v_new)?;
             let (keys, values) = cache.device_layer(s.slot, l, s.start_pos + n)?;
-            outs.push(attend(
-                heads,
-                &q.narrow(0, offset, n)?,
-                &keys,
-                &values,
-                s.start_pos,
-            )?);
+            let q_seq = q.narrow(0, offset, n)?;
+            outs.push(match tree {
+                None => attend(heads, &q_seq, &keys, &values, s.start_pos)?,
+                Some((_, paths)) => attend_tree(heads, &q_seq, &keys, &values, s.start_pos, paths)?,
+            });
             offset += n;
         }
         let attn = if outs.len() == 1 {
