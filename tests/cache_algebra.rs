@@ -1,6 +1,7 @@
 //! Cache algebra and batch invariance, checked bitwise: a token's logits must not depend on how
 //! many tokens share its forward pass, or on whether its cache was rolled back and refilled —
-//! greedy speculative decoding relies on exactly this to equal plain greedy decoding.
+//! greedy speculative decoding relies on exactly this to equal plain greedy decoding. A token
+//! tree's nodes must likewise give the bits of the linear forward of their paths.
 
 mod common;
 
@@ -60,6 +61,13 @@ fn check_all(loaded: &LoadedModel, vocab: usize) {
     for k in [2, 5, 9] {
         multi_token_equals_single_steps(m, &prefix, &common::random_tokens(k as u64, k, vocab));
     }
+    common::tree_equals_its_paths(
+        m,
+        &prefix,
+        &common::random_tokens(12, common::TEST_TREE.len(), vocab),
+        &common::TEST_TREE,
+        &|a, b| a == b,
+    );
     truncate_and_refeed_equals_fresh(
         m,
         &prefix,

@@ -188,6 +188,17 @@ fn cache_algebra_holds_on_the_tensor_backend() {
         }
     }
 
+    // A token tree: each node the bits of the linear forward of its path (one query row at a
+    // time over the keys its path sees, as the path's own forward), and a kept path leaves the
+    // cache as feeding it would.
+    common::tree_equals_its_paths(
+        m,
+        &prefix,
+        &common::random_tokens(12, common::TEST_TREE.len(), vocab),
+        &common::TEST_TREE,
+        &|a, b| a == b,
+    );
+
     // Truncate and refeed == a fresh run. The fresh run feeds 41 tokens at once (masked
     // attention, another summation order), so it is compared within tolerance on f32 weights,
     // where an order change cannot flip an activation's quantization.

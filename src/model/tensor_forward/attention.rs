@@ -80,12 +80,17 @@ pub(crate) fn attend_tree(
             if path.iter().enumerate().all(|(d, &r)| d == r) {
                 return attend_one(heads, &q_row, &keys, &values, visible);
             }
-            let idx: Vec<u32> = (0..start)
-                .chain(path.iter().map(|&r| start + r))
-                .map(|x| x as u32)
-                .collect();
-            let idx = Tensor::from_vec(idx, visible, q.device())?;
-            let (k_rows, v_rows) = (keys.index_select(&idx, 1)?, values.index_select(&idx, 1)?);
+            let gather = |t: &Tensor| -> Result<Tensor> {
+                let mut parts = Vec::with_capacity(1 + path.len());
+                if start > 0 {
+                    parts.push(t.narrow(1, 0, start)?);
+                }
+                for &r in path {
+                    parts.push(t.narrow(1, start + r, 1)?);
+                }
+                Ok(Tensor::cat(&parts, 1)?)
+            };
+            let (k_rows, v_rows) = (gather(&keys)?, gather(&values)?);
             attend_one(heads, &q_row, &k_rows, &v_rows, visible)
         })
         .collect::<Result<Vec<_>>>()?;
