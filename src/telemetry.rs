@@ -18,6 +18,9 @@ pub const SPEC_ACCEPTED_PER_POS: &str = "tandem_spec_decode_num_accepted_tokens_
 pub const SPEC_DRAFT_AHEAD: &str = "tandem_spec_draft_ahead_total";
 pub const SPEC_DRAFT_GATE_STOPS: &str = "tandem_spec_draft_gate_stops_total";
 pub const SPEC_DRAFT_ENTROPY: &str = "tandem_spec_draft_entropy";
+pub const SPEC_TREE_ROUNDS: &str = "tandem_spec_tree_rounds_total";
+pub const SPEC_TREE_BRANCH_ACCEPTS: &str = "tandem_spec_tree_branch_accepts_total";
+pub const SPEC_TREE_NODES: &str = "tandem_spec_tree_nodes";
 
 pub const REQUEST_ACCEPTANCE_RATE: &str = "tandem_request_acceptance_rate";
 pub const SPEC_ACCEPTED_LENGTH: &str = "tandem_spec_decode_accepted_length";
@@ -70,6 +73,7 @@ pub fn install() -> Result<PrometheusHandle, BuildError> {
         (REQUEST_ACCEPTANCE_RATE, RATIO_BUCKETS),
         (SPEC_ACCEPTED_LENGTH, LENGTH_BUCKETS),
         (SPEC_DRAFT_ENTROPY, RATIO_BUCKETS),
+        (SPEC_TREE_NODES, LENGTH_BUCKETS),
     ] {
         b = b.set_buckets_for_metric(Matcher::Full(name.into()), buckets)?;
     }
@@ -108,6 +112,18 @@ fn describe() {
     describe_histogram!(
         SPEC_DRAFT_ENTROPY,
         "Normalized entropy of each next-token distribution the confidence gate judged (0 = certain drafter, 1 = uniform)."
+    );
+    describe_counter!(
+        SPEC_TREE_ROUNDS,
+        "Speculation rounds verified as a token tree (a chain with alternatives beside it)."
+    );
+    describe_counter!(
+        SPEC_TREE_BRANCH_ACCEPTS,
+        "Tree rounds whose accepted path left the drafted chain for an alternative."
+    );
+    describe_histogram!(
+        SPEC_TREE_NODES,
+        "Drafted nodes of each tree round, chain and alternatives together."
     );
     describe_counter!(
         SPEC_DRAFT_GATE_STOPS,
@@ -225,6 +241,20 @@ pub fn record_draft_gate_stop() {
 /// Exports the gate's counter at 0 from the start, so a rate over it exists before it fires.
 pub fn register_draft_gate() {
     counter!(SPEC_DRAFT_GATE_STOPS).increment(0);
+}
+
+/// Exports the tree counters at 0 from the start (see [`register_draft_gate`]).
+pub fn register_trees() {
+    counter!(SPEC_TREE_ROUNDS).increment(0);
+    counter!(SPEC_TREE_BRANCH_ACCEPTS).increment(0);
+}
+
+/// A round verified as a tree of `nodes` drafted nodes; `branched`: its accepted path left the
+/// chain.
+pub fn record_tree_round(nodes: usize, branched: bool) {
+    counter!(SPEC_TREE_ROUNDS).increment(1);
+    counter!(SPEC_TREE_BRANCH_ACCEPTS).increment(u64::from(branched));
+    histogram!(SPEC_TREE_NODES).record(nodes as f64);
 }
 
 /// Position labels as static strings (low cardinality: γ is bounded; the last one is "15+").

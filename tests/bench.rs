@@ -335,3 +335,74 @@ fn forward_bench_prints_costs_marginal_tokens_and_the_memory_bound() {
         "{bound}"
     );
 }
+
+/// `--ops N` breaks the forward down: one row per operation with its time at 1 and N tokens,
+/// the matmuls against the kernel's measured multiply-add rate, and sampling with acceptance;
+/// the matmuls and attention take real time and the shares add up to the whole.
+#[test]
+fn forward_bench_breaks_the_forward_down_by_operation() {
+    common::default_model();
+    let out = tandem()
+        .args([
+            "forward-bench",
+            "--tokens",
+            "1",
+            "--depth",
+            "16",
+            "--repeats",
+            "2",
+            "--ops",
+            "5",
+        ])
+        .output()
+        .expect("tandem forward-bench runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("multiply-adds/s on cache-resident weights"),
+        "{text}"
+    );
+    let row = |name: &str| -> Vec<String> {
+        text.lines()
+            .find(|l| l.starts_with(&format!("| {name} |")))
+            .unwrap_or_else(|| panic!("no row for {name}: {text}"))
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let mut share = 0.0;
+    for name in [
+        "embedding",
+        "rms norms",
+        "q/k/v matmul",
+        "rope",
+        "cache append",
+        "attention",
+        "output-projection matmul",
+        "gate/up matmul",
+        "SiLU and residuals",
+        "down matmul",
+        "lm_head matmul",
+    ] {
+        let r = row(name);
+        let at_one: f64 = r[1].parse().unwrap_or_else(|_| panic!("{name}: {r:?}"));
+        let at_five: f64 = r[2].parse().unwrap_or_else(|_| panic!("{name}: {r:?}"));
+        assert!(at_one >= 0.0 && at_five >= 0.0, "{name}: {r:?}");
+        share += r[4].trim_end_matches('%').parse::<f64>().unwrap();
+        if name.ends_with("matmul") {
+            assert!(at_one > 0.0, "{name} takes time: {r:?}");
+            assert!(
+                r[6].ends_with('x'),
+                "{name} against the kernel's rate: {r:?}"
+            );
+        }
+    }
+    assert!((90.0..=110.0).contains(&share), "shares add up: {share}");
+    let s = row("sampling and acceptance (5 rows)");
+    assert!(s[2].parse::<f64>().unwrap() > 0.0, "{s:?}");
+}

@@ -84,6 +84,7 @@ fn request(generation: GenerationRequest, gamma: GammaPolicy) -> EngineRequest {
         logprobs: None,
         prompt_logprobs: None,
         gate: Default::default(),
+        tree_nodes: None,
     }
 }
 
@@ -648,5 +649,124 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
         assert_eq!(run(off, 1), ungated);
         let stats = rt.block_on(engine.cache_stats()).unwrap();
         assert!(stats.idle(), "every slot returned: {stats:?}");
+    }
+}
+
+/// Prompts where an n-gram goes on in several ways, so prompt lookup's matches disagree and it
+/// proposes trees: `[1, 2]`, a run, `9`, for three different runs, twice, then `[1, 2]`. The
+/// latest match of `[9, 1, 2]` goes on with the third run, which the chain drafts; the first
+/// run is made what the target itself says after the whole prompt (found by substituting its
+/// output until the prompt reproduces it, or as close as that gets), so an older match's
+/// continuation, an alternative, is the one the walk takes.
+fn forked_prompts(target: &Llama, n: usize) -> Vec<Vec<u32>> {
+    let build = |runs: &[Vec<u32>]| {
+        let mut p = Vec::new();
+        for r in runs.iter().chain(runs) {
+            p.extend([1, 2]);
+            p.extend(r);
+            p.push(9);
+        }
+        p.extend([1, 2]);
+        p
+    };
+    (0..n)
+        .map(|i| {
+            let len = 4 + i;
+            let mut runs: Vec<Vec<u32>> = (0..3)
+                .map(|k| common::random_tokens(300 + 10 * i as u64 + k, len, 256))
+                .collect();
+            for _ in 0..6 {
+                let said = plain(target, &greedy(build(&runs), len));
+                if said == runs[0] {
+                    break;
+                }
+                runs[0] = said;
+            }
+            build(&runs)
+        })
+        .collect()
+}
+
+/// Token trees (a chain with alternatives beside it, verified in one forward): greedy output
+/// stays plain decoding's for both drafters, alone and 4 at once, pipelined or not, with the
+/// drafted trees kept whole (a fixed γ) and priced by the governor (adaptive γ). The trees are
+/// really verified, and some of them accept an alternative over the drafted chain.
+#[test]
+fn token_trees_keep_greedy_output_identical() {
+    let _serial = one_at_a_time();
+    let (dirs, target_model, _) = target_and_other();
+    // A drafter whose weights are partly another model's: it often disagrees with the target,
+    // and then its runner-up is often right.
+    let blend_dir = tempfile::tempdir().unwrap();
+    common::write_tiny_blend(dirs[0].path(), &untied(99), 0.4, blend_dir.path());
+    let blend = Arc::new(common::load_tiny(blend_dir.path(), WeightsDtype::F32).model);
+    let rt = common::runtime();
+    let all: Vec<Vec<u32>> = forked_prompts(&target_model, 4)
+        .into_iter()
+        .chain(prompts(4))
+        .collect();
+    let want: Vec<Vec<u32>> = all
+        .iter()
+        .map(|p| plain(&target_model, &greedy(p.clone(), 24)))
+        .collect();
+    let sources = [
+        DraftSource::PromptLookup(PromptLookup::default()),
+        DraftSource::Model {
+            model: blend,
+            name: "tiny-blend".into(),
+        },
+    ];
+    for source in sources {
+        let name = match &source {
+            DraftSource::PromptLookup(_) => "prompt-lookup",
+            DraftSource::Model { .. } => "model",
+        };
+        let (mut tree_rounds, mut branch_accepts) = (0, 0);
+        for pipeline in [false, true] {
+            let engine = rt
+                .block_on(Engine::start(
+                    Arc::clone(&target_model),
+                    Some(source.clone()),
+                    four_seqs(pipeline),
+                ))
+                .unwrap();
+            for n in [1usize, 4] {
+                for gamma in [fixed(3), GammaPolicy::Adaptive] {
+                    for (ci, chunk) in all.chunks(n).enumerate() {
+                        let got: Vec<Completion> = rt.block_on(async {
+                            let mut handles = Vec::new();
+                            for p in chunk {
+                                let mut req = request(greedy(p.clone(), 24), gamma);
+                                req.tree_nodes = Some(4);
+                                let stream = engine.submit(req).await.unwrap();
+                                handles.push(tokio::spawn(stream.collect()));
+                            }
+                            let mut out = Vec::new();
+                            for h in handles {
+                                out.push(h.await.unwrap().unwrap());
+                            }
+                            out
+                        });
+                        for (j, c) in got.iter().enumerate() {
+                            let i = ci * n + j;
+                            assert_eq!(
+                                c.tokens, want[i],
+                                "prompt {i}, {n} at once, {gamma:?}, pipeline {pipeline}, {name}"
+                            );
+                            tree_rounds += c.usage.speculative.tree_rounds;
+                            branch_accepts += c.usage.speculative.tree_branch_accepts;
+                        }
+                    }
+                }
+            }
+            let stats = rt.block_on(engine.cache_stats()).unwrap();
+            assert!(stats.idle(), "every slot returned: {stats:?}");
+        }
+        eprintln!("{name}: {tree_rounds} tree rounds, {branch_accepts} took an alternative");
+        assert!(tree_rounds > 0, "{name}: no round was verified as a tree");
+        assert!(
+            branch_accepts > 0,
+            "{name}: no tree round accepted an alternative ({tree_rounds} tree rounds)"
+        );
     }
 }

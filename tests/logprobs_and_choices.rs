@@ -59,6 +59,7 @@ fn request(
         logprobs: Some(TOP),
         prompt_logprobs: None,
         gate: Default::default(),
+        tree_nodes: None,
     }
 }
 

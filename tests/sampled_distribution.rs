@@ -1,7 +1,9 @@
 //! Sampled speculation is distributed exactly as plain sampling, end to end, on every path a
-//! request can take: the single-request loop, the batched engine, the pipelined engine and the
-//! batched engine with four requests at once, for γ = 1, 3 and 5, with temperature alone and
-//! with every processor together (top-k, top-p, min-p, a repetition penalty, a logit bias).
+//! request can take: the single-request loop, the batched engine, the pipelined engine, the
+//! batched engine with four requests at once, and that engine verifying token trees (the
+//! drafter's runners-up beside its sampled chain, walked by the multi-draft rule), for γ = 1, 3
+//! and 5, with temperature alone and with every processor together (top-k, top-p, min-p, a
+//! repetition penalty, a logit bias).
 //!
 //! The model is a tiny random Llama with a 6-token vocabulary, so the exact distribution of the
 //! first three generated tokens under plain sampling (216 sequences) is computed from the
@@ -14,12 +16,12 @@
 //! asserts every request drafted at least γ tokens.
 //!
 //! Statistics. Each comparison pools sequences expected fewer than 5 times and takes Pearson's
-//! chi-square p-value. All 26 comparisons (24 speculative arms and the two plain ones that check
-//! the reference itself) must have p ≥ 1e-3 / 26, so the whole test raises a false alarm with
+//! chi-square p-value. All 32 comparisons (30 speculative arms and the two plain ones that check
+//! the reference itself) must have p ≥ 1e-3 / 32, so the whole test raises a false alarm with
 //! probability at most 1e-3 per draw of seeds (Bonferroni). With N = 3000 requests an arm, about
 //! 74 cells remain after pooling with temperature alone and 17 with every processor; at that
 //! threshold each comparison then detects, with probability ≥ 0.99, any deviation whose
-//! noncentrality λ = N·Σ Δ²/p reaches 110 (resp. 69): e.g. 3 points of probability moved
+//! noncentrality λ = N·Σ Δ²/p reaches 111 (resp. 70): e.g. 3 points of probability moved
 //! between two sequences of probability 0.05 (noncentral chi-square, computed with SciPy).
 //! Lenience 0.2, inexact by design, must fail the same comparison (p below the threshold) on
 //! both processor settings: the check can fail. `TANDEM_TEST_SEED` picks another draw of seeds.
@@ -45,8 +47,9 @@ const N: u64 = 3000;
 /// One prefill token, then a first round of up to γ = 5 drafts and its correction or bonus.
 const MAX_TOKENS: usize = 7;
 const GAMMAS: [usize; 3] = [1, 3, 5];
-/// 4 paths × 3 γ × 2 processor settings, and plain sampling under both settings.
-const COMPARISONS: usize = 26;
+/// 5 paths (trees one of them) × 3 γ × 2 processor settings, and plain sampling under both
+/// settings.
+const COMPARISONS: usize = 32;
 const FALSE_ALARM: f64 = 1e-3;
 
 type Triple = [u32; 3];
@@ -180,6 +183,8 @@ impl Arm {
         self.stats.rounds += stats.rounds;
         self.stats.draft_tokens += stats.draft_tokens;
         self.stats.accepted_tokens += stats.accepted_tokens;
+        self.stats.tree_rounds += stats.tree_rounds;
+        self.stats.tree_branch_accepts += stats.tree_branch_accepts;
     }
 }
 
@@ -221,12 +226,13 @@ fn loop_arm(
     arm
 }
 
-/// `N` requests through `engine`, `at_once` in flight together.
+/// `N` requests through `engine`, `at_once` in flight together, each with up to `tree_nodes`
+/// alternatives beside its chain.
 fn engine_arm(
     rt: &tokio::runtime::Runtime,
     engine: &Engine,
     params: &SamplingParams,
-    gamma: usize,
+    (gamma, tree_nodes): (usize, usize),
     at_once: u64,
     seeds: u64,
 ) -> Arm {
@@ -242,6 +248,7 @@ fn engine_arm(
                     logprobs: None,
                     prompt_logprobs: None,
                     gate: Default::default(),
+                    tree_nodes: Some(tree_nodes),
                 };
                 streams.push(engine.submit(req).await.unwrap());
             }
@@ -334,13 +341,22 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
                 loop_arm(&target, &draft, &params, gamma, 1.0, next_seeds()),
             )];
             for (path, engine, at_once) in &engines {
-                let arm = engine_arm(&rt, engine, &params, gamma, *at_once, next_seeds());
+                let arm = engine_arm(&rt, engine, &params, (gamma, 0), *at_once, next_seeds());
                 arms.push((path, arm));
             }
+            // Token trees: the drafter's runners-up beside its sampled chain, 4 at once.
+            let trees = engine_arm(&rt, &engines[2].1, &params, (gamma, 2), 4, next_seeds());
+            assert!(
+                trees.stats.tree_rounds > 0 && trees.stats.tree_branch_accepts > 0,
+                "{name}, γ = {gamma}: trees verified and alternatives taken: {:?}",
+                trees.stats
+            );
+            arms.push(("4 at once, token trees", trees));
             for (path, arm) in arms {
                 let rate = arm.stats.acceptance_rate();
+                // (A tree's alternatives count as drafts too: its rate is lower by design.)
                 assert!(
-                    (0.2..0.9).contains(&rate),
+                    arm.stats.tree_rounds > 0 || (0.2..0.9).contains(&rate),
                     "{name}, γ = {gamma}, {path}: the drafter must disagree often but not \
                      always, acceptance {rate:.2}"
                 );

@@ -179,6 +179,27 @@ fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
     assert_eq!(usage["prompt_tokens"], reference["prompt_tokens"]);
     // γ = 3 with prompt lookup drafts on a repetitive prompt.
     assert_speculated(usage);
+    // Verified as token trees (alternatives from earlier matches that disagree: "alpha beta"
+    // went on two ways): the same text as plain decoding, tree rounds counted in usage.
+    let forked = "The list goes: alpha beta gamma delta, alpha beta kappa delta, alpha beta";
+    let forked_reference = generate_reference(forked, true, 40, true);
+    let v = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"model": model_id, "prompt": forked, "max_tokens": 40, "temperature": 0,
+                "ignore_eos": true, "speculative": {"gamma": 3, "tree_nodes": 4}}),
+    )
+    .json();
+    assert_eq!(
+        v["choices"][0]["text"], forked_reference["text"],
+        "trees vs generate"
+    );
+    let tree_usage = &v["usage"]["speculative"];
+    assert!(tree_usage["tree_rounds"].as_u64() > Some(0), "{v}");
+    assert!(
+        tree_usage["tree_nodes"].as_u64() > tree_usage["tree_rounds"].as_u64(),
+        "{v}"
+    );
 
     // Chat completions, greedy, through the model's chat template, speculating at a fixed γ
     // (prompt lookup finds the question's words in the answer): identical to plain decoding.
@@ -501,6 +522,12 @@ fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
         ),
         (
             "/v1/completions",
+            br#"{"prompt": "hi", "speculative": {"tree_nodes": 99}}"#,
+            400,
+            Some("speculative.tree_nodes"),
+        ),
+        (
+            "/v1/completions",
             br#"{"prompt": "hi", "n": 2}"#,
             400,
             Some("n"),
@@ -732,6 +759,7 @@ fn admin_api_changes_speculation_live() {
         ),
         (r#"{"egag_ema_beta": -1}"#, Some("egag_ema_beta")),
         (r#"{"draft_p_min": 1}"#, Some("draft_p_min")),
+        (r#"{"tree_nodes": 8}"#, Some("tree_nodes")),
         (r#"{"gamma": "four"}"#, Some("gamma")),
         (r#"{"lenence": 0.5}"#, None),
         ("not json", None),

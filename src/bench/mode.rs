@@ -5,7 +5,7 @@
 //! exactly which engine it needs (drafter and pipelining) and how each request speculates.
 
 use crate::draft::PromptLookup;
-use crate::engine::{Gamma, GammaPolicy};
+use crate::engine::{check_tree_nodes, Gamma, GammaPolicy};
 use crate::sampling::{GateOverride, Lenience};
 
 use super::BenchError;
@@ -32,6 +32,8 @@ pub struct Mode {
     pub prefix_cache: bool,
     /// The confidence gate each request drafts under (a draft model only).
     pub gate: GateOverride,
+    /// Each request's `tree_nodes` (`None`: the server's, 0 by default).
+    pub tree_nodes: Option<usize>,
 }
 
 impl Mode {
@@ -48,6 +50,7 @@ impl Mode {
     /// Parses `plain`, `prompt-lookup` (alias `pld`), `suffix` (prompt lookup across requests)
     /// or `draft` (alias `draft-model`), each
     /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`,
+    /// `:tree=N` (up to N alternative nodes a round, verified with the chain as a token tree),
     /// for prompt lookup `:ngram=MIN-MAX`, for a draft model the confidence gate's
     /// `:egag=THRESHOLD` (EGAG on), `:egag_beta=B` and `:p_min=P`, and for every mode
     /// `:prefix_cache=true|false`. Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
@@ -78,6 +81,7 @@ impl Mode {
             pipeline: false,
             prefix_cache: true,
             gate: GateOverride::default(),
+            tree_nodes: None,
         };
         for kv in parts {
             let (k, v) = kv
@@ -107,6 +111,11 @@ impl Mode {
                 "pipeline" => {
                     mode.pipeline = v.parse().map_err(|_| bad(format!("pipeline `{v}`")))?;
                 }
+                "tree" => {
+                    let n: usize = v.parse().map_err(|_| bad(format!("tree `{v}`")))?;
+                    check_tree_nodes(n, max_gamma).map_err(|e| bad(format!("tree {e}")))?;
+                    mode.tree_nodes = Some(n);
+                }
                 "ngram" => match mode.drafter {
                     DrafterKind::PromptLookup(p) => {
                         let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
@@ -133,8 +142,8 @@ impl Mode {
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown setting `{other}` (gamma, lenience, pipeline, ngram, egag, \
-                         egag_beta, p_min, prefix_cache)"
+                        "unknown setting `{other}` (gamma, lenience, pipeline, tree, ngram, \
+                         egag, egag_beta, p_min, prefix_cache)"
                     )))
                 }
             }
@@ -169,6 +178,10 @@ mod tests {
 
     #[test]
     fn draft_modes_take_the_confidence_gate() {
+        let m = Mode::parse("pld:tree=3", 8).unwrap();
+        assert_eq!(m.tree_nodes, Some(3));
+        assert!(Mode::parse("pld:tree=8", 8).is_err());
+        assert!(Mode::parse("pld:tree=x", 8).is_err());
         let m = Mode::parse("draft:gamma=4:egag=0.25:egag_beta=0.5:p_min=0.125", 8).unwrap();
         assert_eq!(m.gate.use_egag, Some(true));
         assert_eq!(m.gate.egag_threshold, Some(0.25));

@@ -26,6 +26,11 @@ pub struct RunRecord {
     pub draft_tokens: usize,
     pub accepted_tokens: usize,
     pub rounds: usize,
+    /// Rounds verified as token trees, their drafted nodes, and those that took an
+    /// alternative over the drafted chain.
+    pub tree_rounds: usize,
+    pub tree_nodes: usize,
+    pub tree_branch_accepts: usize,
     pub finish: String,
     /// Greedy runs: whether the tokens equal plain decoding's for the same question, repeat
     /// and turn. `None` for sampled runs and for plain decoding itself.
@@ -105,6 +110,11 @@ pub struct SummaryRow {
     pub acceptance_rate: Option<f64>,
     /// Tokens per speculative round (accepted drafts + 1).
     pub mean_accepted_length: Option<f64>,
+    /// Token trees: the share of speculative rounds verified as trees, their mean size in
+    /// drafted nodes, and the share of them whose accepted path took an alternative.
+    pub tree_share: Option<f64>,
+    pub tree_nodes_per_round: Option<f64>,
+    pub tree_branch_share: Option<f64>,
     /// Median time to first token of first turns, and of later turns (whose prompts hold the
     /// conversation so far: what a prefix cache shortens).
     pub ttft_median_s: Option<f64>,
@@ -196,6 +206,10 @@ pub fn summarize(
             let drafted: usize = mine.iter().map(|r| r.draft_tokens).sum();
             let accepted: usize = mine.iter().map(|r| r.accepted_tokens).sum();
             let rounds: usize = mine.iter().map(|r| r.rounds).sum();
+            let tree_rounds: usize = mine.iter().map(|r| r.tree_rounds).sum();
+            let tree_nodes: usize = mine.iter().map(|r| r.tree_nodes).sum();
+            let branched: usize = mine.iter().map(|r| r.tree_branch_accepts).sum();
+            let per_tree = |x: usize| (tree_rounds > 0).then(|| x as f64 / tree_rounds as f64);
             let median_ttft = |first: bool| {
                 let mut t: Vec<f64> = mine
                     .iter()
@@ -219,6 +233,9 @@ pub fn summarize(
                 decode_speedup,
                 acceptance_rate: (drafted > 0).then(|| accepted as f64 / drafted as f64),
                 mean_accepted_length: (rounds > 0).then(|| 1.0 + accepted as f64 / rounds as f64),
+                tree_share: (rounds > 0).then(|| tree_rounds as f64 / rounds as f64),
+                tree_nodes_per_round: per_tree(tree_nodes),
+                tree_branch_share: per_tree(branched),
                 ttft_median_s: median_ttft(true),
                 ttft_later_turns_median_s: median_ttft(false),
                 cached_share: (prompt_tokens > 0)
@@ -228,6 +245,18 @@ pub fn summarize(
         }
     }
     rows
+}
+
+/// `share of rounds · nodes a tree · share that took an alternative`, or `–` without trees.
+fn trees_cell(r: &SummaryRow) -> String {
+    match (r.tree_share, r.tree_nodes_per_round, r.tree_branch_share) {
+        (Some(share), Some(nodes), Some(branched)) => format!(
+            "{:.0}% · {nodes:.1} · {:.0}%",
+            share * 100.0,
+            branched * 100.0
+        ),
+        _ => "–".into(),
+    }
 }
 
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
@@ -246,9 +275,9 @@ pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
     for c in categories {
         out.push_str(&format!("\n### {c}\n\n"));
         out.push_str(
-            "| mode | tok/s | spread | speedup | speedup spread | decode tok/s | decode speedup | acceptance | tokens/round | TTFT | later-turn TTFT | prompt cached | outputs match |\n",
+            "| mode | tok/s | spread | speedup | speedup spread | decode tok/s | decode speedup | acceptance | tokens/round | trees | TTFT | later-turn TTFT | prompt cached | outputs match |\n",
         );
-        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for r in rows.iter().filter(|r| r.category == c) {
             let s = &r.tokens_per_s;
             let spread = if repeats > 1 {
@@ -261,7 +290,7 @@ pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
                 _ => "–".into(),
             };
             out.push_str(&format!(
-                "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 r.mode,
                 s.median,
                 spread,
@@ -271,6 +300,7 @@ pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
                 opt(r.decode_speedup, |v| format!("{v:.2}x")),
                 opt(r.acceptance_rate, |v| format!("{:.0}%", v * 100.0)),
                 opt(r.mean_accepted_length, |v| format!("{v:.2}")),
+                trees_cell(r),
                 opt(r.ttft_median_s, |v| format!("{:.0} ms", v * 1000.0)),
                 opt(r.ttft_later_turns_median_s, |v| format!(
                     "{:.0} ms",
@@ -331,6 +361,9 @@ mod tests {
             draft_tokens: drafted,
             accepted_tokens: accepted,
             rounds,
+            tree_rounds: 0,
+            tree_nodes: 0,
+            tree_branch_accepts: 0,
             finish: "length".into(),
             outputs_match: (mode != "plain").then_some(true),
             output_digest: token_digest(&[]),

@@ -185,6 +185,7 @@ async fn run_question(
             logprobs: None,
             prompt_logprobs: None,
             gate: job.mode.gate,
+            tree_nodes: job.mode.tree_nodes,
         };
         let started = Instant::now();
         let mut events = engine.submit(request).await.map_err(|e| {
@@ -227,6 +228,9 @@ async fn run_question(
             draft_tokens: usage.speculative.draft_tokens,
             accepted_tokens: usage.speculative.accepted_tokens,
             rounds: usage.speculative.rounds,
+            tree_rounds: usage.speculative.tree_rounds,
+            tree_nodes: usage.speculative.tree_nodes,
+            tree_branch_accepts: usage.speculative.tree_branch_accepts,
             finish: finish.as_openai().to_string(),
             outputs_match: None,
             output_digest: super::report::token_digest(&tokens),

@@ -10,7 +10,10 @@
 use clap::Args;
 
 use tandem::config::Config;
-use tandem::model::{LogitsRows, SeqInput};
+use tandem::model::op_profile::{self, Op};
+use tandem::model::{KvCache, Llama, LogitsRows, SeqInput};
+use tandem::sampling::speculative::{accept_sampled, DraftDist};
+use tandem::sampling::{probabilities, SamplingParams, SeededRng};
 
 use super::model_args::{load_model, ModelArgs};
 use super::stream_bandwidth;
@@ -29,6 +32,11 @@ pub struct ForwardBenchArgs {
     /// Timed repetitions per count (the median is reported).
     #[arg(long, default_value_t = 10)]
     repeats: usize,
+    /// Also break the forward down by operation: each one's time at 1 and at this many new
+    /// tokens, the marginal cost of a token in each, and the matmuls against the multiply-add
+    /// rate of the kernel's inner loop (0 = no breakdown).
+    #[arg(long, default_value_t = 0)]
+    ops: usize,
 }
 
 pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
@@ -99,6 +107,9 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
             ms / one
         );
     }
+    if args.ops > 1 {
+        print_breakdown(model, &mut cache, slot, depth, args.ops, args.repeats, &ids)?;
+    }
     if let Some((k0, ms)) = base {
         // Every forward streams the weights once and the cache once.
         let bytes = model.weight_bytes() + (depth + k0) * cache.bytes_per_token();
@@ -116,5 +127,131 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
             floor_ms / ms * 100.0
         );
     }
+    Ok(())
+}
+
+/// Per operation: its time in a forward of 1 and of `wide` new tokens (medians of `repeats`),
+/// what one more token adds to it, and for the matmuls that against the multiply-add rate of
+/// the kernel's own inner loop; then sampling and the acceptance rule over `wide` rows.
+#[allow(clippy::too_many_arguments)]
+fn print_breakdown(
+    model: &Llama,
+    cache: &mut KvCache,
+    slot: usize,
+    depth: usize,
+    wide: usize,
+    repeats: usize,
+    ids: &dyn Fn(usize, usize) -> Vec<u32>,
+) -> Result<(), CliError> {
+    let mut per_op = |k: usize| -> Result<Vec<(Op, f64)>, CliError> {
+        let mut runs: Vec<Vec<(Op, f64)>> = Vec::with_capacity(repeats);
+        for r in 0..repeats + 1 {
+            let toks = ids(k, r + 1);
+            op_profile::enable(true);
+            let done = model.forward(
+                cache,
+                &[SeqInput {
+                    slot,
+                    start_pos: depth,
+                    tokens: &toks,
+                    logits: LogitsRows::All,
+                    parents: &[],
+                }],
+            );
+            let t = op_profile::take();
+            op_profile::enable(false);
+            done?;
+            cache.truncate_to(slot, depth)?;
+            if r > 0 {
+                runs.push(t);
+            }
+        }
+        Ok(Op::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, &op)| {
+                let mut v: Vec<f64> = runs.iter().map(|r| r[i].1).collect();
+                v.sort_by(f64::total_cmp);
+                (op, v[v.len() / 2])
+            })
+            .collect())
+    };
+    let (one, many) = (per_op(1)?, per_op(wide)?);
+    let peak = model.matmul_peak_macs_per_s(50)?;
+    let macs = model.macs_per_token();
+    println!();
+    println!(
+        "per operation, 1 vs {wide} new tokens at depth {depth} (matmul kernel: {:.1} G \
+         multiply-adds/s on cache-resident weights):",
+        peak / 1e9
+    );
+    println!();
+    println!(
+        "| operation | ms at 1 | ms at {wide} | ms per extra token | share of it | \
+         at the kernel's rate | measured / that |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let extra_total: f64 = one
+        .iter()
+        .zip(&many)
+        .map(|((_, a), (_, b))| (b - a).max(0.0))
+        .sum::<f64>()
+        / (wide - 1) as f64;
+    for ((op, a), (_, b)) in one.iter().zip(&many) {
+        let extra = (b - a) / (wide - 1) as f64;
+        let (floor, ratio) = match macs.iter().find(|(o, _)| o == op) {
+            Some(&(_, m)) => {
+                let floor = m as f64 / peak;
+                (
+                    format!("{:.3}", floor * 1e3),
+                    format!("{:.1}x", extra.max(0.0) / floor),
+                )
+            }
+            None => ("–".into(), "–".into()),
+        };
+        println!(
+            "| {} | {:.3} | {:.3} | {:.3} | {:.0}% | {floor} | {ratio} |",
+            op.name(),
+            a * 1e3,
+            b * 1e3,
+            extra * 1e3,
+            extra.max(0.0) / extra_total.max(1e-12) * 100.0
+        );
+    }
+    // Sampling (softmax at temperature 1 over each row) and the acceptance rule, on rows of
+    // the vocabulary's size: what the verifier adds after the forward.
+    let vocab = model.hparams().vocab_size;
+    let rows: Vec<Vec<f32>> = (0..wide)
+        .map(|r| {
+            (0..vocab)
+                .map(|i| ((i * 31 + r * 17) % 101) as f32 / 10.0)
+                .collect()
+        })
+        .collect();
+    let params = SamplingParams {
+        temperature: 1.0,
+        ..SamplingParams::default()
+    };
+    let mut best = f64::INFINITY;
+    let mut probs: Vec<Vec<f32>> = vec![Vec::new(); wide];
+    let mut scratch = Vec::new();
+    for _ in 0..repeats.max(3) {
+        let t = std::time::Instant::now();
+        for (row, p) in rows.iter().zip(probs.iter_mut()) {
+            probabilities(row, &params, p)?;
+        }
+        let p: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
+        let drafts: Vec<u32> = (0..wide as u32 - 1).collect();
+        let q = vec![DraftDist::PointMass; drafts.len()];
+        let mut rng = SeededRng::new(1);
+        accept_sampled(&drafts, &q, &p, 1.0, &mut rng, &mut scratch)
+            .map_err(tandem::engine::EngineError::from)?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "| sampling and acceptance ({wide} rows) | – | {:.3} | {:.3} | – | – | – |",
+        best * 1e3,
+        best * 1e3 / wide as f64
+    );
     Ok(())
 }

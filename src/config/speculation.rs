@@ -123,10 +123,14 @@ mod tests {
             ),
             ("egag_ema_beta = 1.0", "speculation.egag_ema_beta"),
             ("draft_p_min = nan", "speculation.draft_p_min"),
+            ("tree_nodes = 8", "speculation.tree_nodes"),
+            ("tree_nodes = -1", "tree_nodes"),
         ] {
             let e = Config::from_toml(&format!("[speculation]\n{text}")).unwrap_err();
             assert!(e.to_string().contains(key), "{text}: {e}");
         }
+        let c = Config::from_toml("[speculation]\ntree_nodes = 7").unwrap();
+        assert_eq!(c.speculation.settings.tree_nodes, 7);
         let c = Config::from_toml("[speculation]\nuse_egag = true\negag_threshold = 0.25").unwrap();
         let g = c.speculation.settings.gate;
         assert!(g.use_egag && g.egag_threshold == 0.25 && g.egag_ema_beta == 0.5);

@@ -81,7 +81,13 @@ impl Proposal {
         self.parents
             .iter()
             .enumerate()
-            .take_while(|&(i, &p)| if i == 0 { p == ROOT } else { p as usize == i - 1 })
+            .take_while(|&(i, &p)| {
+                if i == 0 {
+                    p == ROOT
+                } else {
+                    p as usize == i - 1
+                }
+            })
             .count()
     }
 

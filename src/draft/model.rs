@@ -12,6 +12,7 @@ use std::time::Instant;
 use super::{DraftError, Proposal, Proposer};
 use crate::model::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
+use crate::sampling::tree::ROOT;
 use crate::sampling::{
     apply_penalties, argmax, confidence, confidence_of_logits, probabilities, sample_from,
     DraftGate, GateRound, SamplingParams, SeededRng,
@@ -48,6 +49,9 @@ pub struct DraftJob<'a> {
     /// least `min_tokens` tokens.
     pub gate: DraftGate,
     pub min_tokens: usize,
+    /// Up to this many alternatives beside the chain, making the proposal a token tree: the
+    /// drafter's runners-up where it was least sure (see [`Siblings`]).
+    pub tree_nodes: usize,
     pub result: Result<(), DraftError>,
 }
 
@@ -79,6 +83,81 @@ struct Lane {
     feed: Vec<u32>,
     history: Vec<u32>,
     gate: GateRound,
+    siblings: Siblings,
+}
+
+/// A draft model's alternatives for a token tree: at each drafted position, its runners-up
+/// (the likeliest tokens other than the one drafted), as point-mass siblings of the drafted
+/// node. A runner-up is right, if the drafted token is not, about as often as the drafter's
+/// own probability says: judged by the drafter alone, the chance the walk reaches and accepts
+/// it is the product of the chain's probabilities before it times its own probability, and the
+/// likeliest of those are kept.
+#[derive(Default)]
+struct Siblings {
+    /// The chain's probability up to the position being drafted.
+    reach: f32,
+    /// `(position, token, confidence: its probability given the drafted token is wrong,
+    /// reach)`.
+    found: Vec<(usize, u32, f32, f32)>,
+}
+
+/// Runners-up looked at per drafted position.
+const RUNNERS_UP: usize = 2;
+
+impl Siblings {
+    fn new() -> Self {
+        Self {
+            reach: 1.0,
+            found: Vec::new(),
+        }
+    }
+
+    /// Position `j` drafted `token` from `probs`.
+    fn record(&mut self, j: usize, token: u32, probs: &[f32]) {
+        let q_t = probs.get(token as usize).copied().unwrap_or(0.0);
+        let mut best = [(0u32, 0f32); RUNNERS_UP];
+        for (x, &p) in probs.iter().enumerate() {
+            if x as u32 == token || p <= best[RUNNERS_UP - 1].1 {
+                continue;
+            }
+            let at = best
+                .iter()
+                .position(|b| p > b.1)
+                .expect("checked against the last");
+            best.copy_within(at..RUNNERS_UP - 1, at + 1);
+            best[at] = (x as u32, p);
+        }
+        let rest = (1.0 - q_t).max(f32::EPSILON);
+        for (x, p) in best {
+            if p > 0.0 {
+                self.found.push((j, x, (p / rest).min(1.0), self.reach * p));
+            }
+        }
+        self.reach *= q_t;
+    }
+
+    /// Appends the `n` likeliest runners-up (of positions the chain reached) to `out`.
+    fn attach(&mut self, n: usize, out: &mut Proposal) {
+        let chain = out.tokens.len();
+        self.found.retain(|f| f.0 < chain);
+        if n == 0 || self.found.is_empty() {
+            return;
+        }
+        self.found
+            .sort_by(|a, b| b.3.total_cmp(&a.3).then(a.0.cmp(&b.0)));
+        self.found.truncate(n);
+        self.found.sort_by_key(|f| f.0);
+        out.parents.clear();
+        out.parents
+            .extend((0..chain as u32).map(|i| if i == 0 { ROOT } else { i - 1 }));
+        out.confidence.clear();
+        out.confidence.resize(chain, 1.0);
+        for &(j, token, conf, _) in &self.found {
+            out.tokens.push(token);
+            out.parents.push(if j == 0 { ROOT } else { j as u32 - 1 });
+            out.confidence.push(conf);
+        }
+    }
 }
 
 impl<M: Deref<Target = Llama>> ModelDrafter<M> {
@@ -136,6 +215,22 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             }
         }
         self.report_prefix_cache();
+    }
+
+    /// `standing` is what stands of `seq`'s context (all but its unverified last token): keeps
+    /// the longest prefix of what the cache holds that agrees with it. After a tree round the
+    /// accepted path may leave the drafted chain, so the cache's drafts are compared token by
+    /// token, not just counted. A cache whose contents are not known starts over.
+    pub fn rollback_to_context(&mut self, seq: u64, standing: &[u32]) -> Result<(), DraftError> {
+        let keep = match self.held.get(&seq) {
+            Some(held) => held
+                .iter()
+                .zip(standing)
+                .take_while(|(a, b)| a == b)
+                .count(),
+            None => 0,
+        };
+        self.rollback_seq(seq, keep)
     }
 
     /// The first `keep` tokens of `seq`'s context stand; forget anything past them.
@@ -378,12 +473,19 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                                 return Ok(None);
                             }
                         }
-                        if greedy {
-                            Ok(Some(argmax(&self.logits)?))
+                        let token = if greedy {
+                            argmax(&self.logits)?
                         } else {
                             job.out.dists.extend_from_slice(&self.probs);
-                            Ok(Some(sample_from(&self.probs, job.rng.next_f64())))
+                            sample_from(&self.probs, job.rng.next_f64())
+                        };
+                        if job.tree_nodes > 0 {
+                            if greedy && !job.gate.is_on() {
+                                confidence_of_logits(&self.logits, &mut self.probs);
+                            }
+                            lane.siblings.record(j, token, &self.probs);
                         }
+                        Ok(Some(token))
                     });
                 match picked {
                     Ok(Some(t)) => {
@@ -402,6 +504,11 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             }
         }
         timing.step_seconds = start.elapsed().as_secs_f64();
+        for (job, lane) in jobs.iter_mut().zip(lanes.iter_mut()) {
+            if let (Some(l), Ok(())) = (lane, &job.result) {
+                l.siblings.attach(job.tree_nodes, job.out);
+            }
+        }
         // What each cache now holds: its context and the drafts fed back. A lane that failed
         // left its cache unknown, so its slot is not kept for a prefix.
         for (job, lane) in jobs.iter().zip(&lanes) {
@@ -435,6 +542,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             feed: job.context[cached..].to_vec(),
             history: job.context.to_vec(),
             gate: GateRound::default(),
+            siblings: Siblings::new(),
         })
     }
 }
@@ -463,6 +571,7 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
             out,
             gate: DraftGate::OFF,
             min_tokens: 0,
+            tree_nodes: 0,
             result: Ok(()),
         }];
         self.propose_batch(&mut jobs);

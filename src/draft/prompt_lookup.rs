@@ -5,6 +5,7 @@
 //! ([`super::RequestHistory`]) when the request's own text has no match.
 
 use super::{DraftError, Proposal, Proposer};
+use crate::sampling::tree::ROOT;
 use crate::sampling::{SamplingParams, SeededRng};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -103,6 +104,145 @@ impl PromptLookup {
     }
 }
 
+/// The most earlier matches a tree looks at (the latest ones, longest n-grams first).
+const TREE_MATCHES: usize = 16;
+
+impl PromptLookup {
+    /// The lookup's continuation as a tree's main chain, with up to `extra` alternative nodes
+    /// from other earlier matches that continue differently (see [`Proposal`]). A node's
+    /// confidence is the share of the matches reaching its parent that go on with its token:
+    /// whether earlier matches agree on the continuation. Alternatives are taken in order of
+    /// how likely their paths look (the product of those shares). With `extra == 0`, or no
+    /// disagreeing match, `out` is the plain chain.
+    pub fn lookup_tree(&self, context: &[u32], gamma: usize, extra: usize, out: &mut Proposal) {
+        out.clear();
+        let main = self.lookup(context, gamma);
+        out.tokens.extend_from_slice(main);
+        if extra == 0 || main.is_empty() {
+            return;
+        }
+        let conts = self.continuations(context, gamma);
+        let mut trie = Trie::default();
+        trie.insert(main, 0);
+        for c in &conts {
+            trie.insert(c, 1);
+        }
+        let roots = conts.len().max(1) as f32;
+        let share = |i: usize| {
+            let parent = trie.parent[i];
+            let above = if parent == ROOT {
+                roots
+            } else {
+                trie.count[parent as usize].max(1) as f32
+            };
+            (trie.count[i].max(1) as f32 / above).min(1.0)
+        };
+        let n = trie.token.len();
+        let mut reach = vec![0f32; n];
+        for i in 0..n {
+            let up = match trie.parent[i] {
+                ROOT => 1.0,
+                p => reach[p as usize],
+            };
+            reach[i] = up * share(i);
+        }
+        // Alternatives by how likely their paths look; a parent comes before its children.
+        let mut order: Vec<usize> = (main.len()..n).collect();
+        order.sort_by(|&a, &b| {
+            reach[b]
+                .total_cmp(&reach[a])
+                .then(trie.depth[a].cmp(&trie.depth[b]))
+                .then(a.cmp(&b))
+        });
+        let mut new_index: Vec<u32> = (0..n as u32)
+            .map(|i| if (i as usize) < main.len() { i } else { ROOT })
+            .collect();
+        let mut picked = Vec::new();
+        for i in order {
+            if picked.len() == extra {
+                break;
+            }
+            let parent = trie.parent[i];
+            if parent == ROOT || new_index[parent as usize] != ROOT {
+                new_index[i] = (main.len() + picked.len()) as u32;
+                picked.push(i);
+            }
+        }
+        if picked.is_empty() {
+            return;
+        }
+        out.parents
+            .extend(trie.parent[..main.len()].iter().copied());
+        out.confidence.extend((0..main.len()).map(share));
+        for &i in &picked {
+            out.tokens.push(trie.token[i]);
+            let parent = trie.parent[i];
+            out.parents.push(if parent == ROOT {
+                ROOT
+            } else {
+                new_index[parent as usize]
+            });
+            out.confidence.push(share(i));
+        }
+    }
+
+    /// The continuations (up to `gamma` tokens) of the latest earlier matches of the context's
+    /// suffix, longest n-grams first, each continuation start once.
+    fn continuations<'c>(&self, context: &'c [u32], gamma: usize) -> Vec<&'c [u32]> {
+        let len = context.len();
+        let mut starts: Vec<usize> = Vec::new();
+        let mut out = Vec::new();
+        for n in (self.min_ngram..=self.max_ngram).rev() {
+            if len < n + 1 {
+                continue;
+            }
+            let suffix = &context[len - n..];
+            for i in (0..len - n).rev() {
+                if out.len() == TREE_MATCHES {
+                    return out;
+                }
+                let from = i + n;
+                if &context[i..from] == suffix && !starts.contains(&from) {
+                    starts.push(from);
+                    out.push(&context[from..(from + gamma).min(len)]);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A prefix tree of continuations: per node its token, parent, depth (1 for the root's
+/// children) and how many inserted continuations pass through it.
+#[derive(Default)]
+struct Trie {
+    token: Vec<u32>,
+    parent: Vec<u32>,
+    depth: Vec<usize>,
+    count: Vec<usize>,
+}
+
+impl Trie {
+    fn insert(&mut self, tokens: &[u32], weight: usize) {
+        let mut at = ROOT;
+        for (d, &t) in tokens.iter().enumerate() {
+            let found = (0..self.token.len()).find(|&i| self.parent[i] == at && self.token[i] == t);
+            let i = match found {
+                Some(i) => i,
+                None => {
+                    self.token.push(t);
+                    self.parent.push(at);
+                    self.depth.push(d + 1);
+                    self.count.push(0);
+                    self.token.len() - 1
+                }
+            };
+            self.count[i] += weight;
+            at = i as u32;
+        }
+    }
+}
+
 impl Default for PromptLookup {
     fn default() -> Self {
         Self::new(1, 3)
@@ -169,6 +309,40 @@ mod tests {
         let ctx = [5, 6, 1, 9, 7, 2, 6];
         assert_eq!(PromptLookup::new(1, 3).lookup(&ctx, 2), &[1, 9]);
         assert!(PromptLookup::new(2, 3).lookup(&ctx, 2).is_empty());
+    }
+
+    #[test]
+    fn a_tree_adds_the_continuations_of_earlier_matches_that_disagree() {
+        let pl = PromptLookup::new(1, 2);
+        // [1, 2] was followed by 3 4, then by 5 6, then (latest) by 3 7; the context ends in it.
+        let ctx = [1, 2, 3, 4, 9, 1, 2, 5, 6, 9, 1, 2, 3, 7, 9, 1, 2];
+        let mut p = Proposal::default();
+        pl.lookup_tree(&ctx, 2, 0, &mut p);
+        assert_eq!(p.tokens, [3, 7]);
+        assert!(!p.is_tree(), "no alternatives asked for");
+        pl.lookup_tree(&ctx, 2, 3, &mut p);
+        // Main chain 3 → 7; 3 is followed by 4 too (under node 0), and 5 → 6 is the other
+        // continuation. The 1-gram [2] matches the same starts, so nothing else.
+        assert_eq!(p.chain_len(), 2);
+        assert_eq!(&p.tokens[..2], &[3, 7]);
+        let alt: Vec<(u32, u32)> = (2..p.tokens.len())
+            .map(|i| (p.tokens[i], p.parents[i]))
+            .collect();
+        assert_eq!(alt.len(), 3);
+        assert!(alt.contains(&(4, 0)) && alt.contains(&(5, ROOT)), "{alt:?}");
+        // 6 hangs under 5.
+        let five = (2..p.tokens.len()).find(|&i| p.tokens[i] == 5).unwrap() as u32;
+        assert!(alt.contains(&(6, five)), "{alt:?}");
+        // 3 is where 2 of 3 matches went.
+        assert!((p.confidence[0] - 2.0 / 3.0).abs() < 1e-6);
+        // A budget of 1 keeps the likeliest alternative's first node: 4 (reach 2/3 · 1/2) and 5
+        // (1/3) tie; the shallower first, then the earlier.
+        pl.lookup_tree(&ctx, 2, 1, &mut p);
+        assert_eq!(p.tokens.len(), 3);
+        // A context whose matches all agree gives no tree.
+        let agree = [1, 2, 3, 1, 2, 3, 1, 2];
+        pl.lookup_tree(&agree, 1, 3, &mut p);
+        assert!(!p.is_tree() && p.tokens == [3]);
     }
 
     #[test]

@@ -120,7 +120,8 @@ fn draft_with_model(
     let mut failed: Vec<Option<String>> = vec![None; items.len()];
     // Everything but the last (unverified) token of each context stands.
     for (it, f) in items.iter().zip(&mut failed) {
-        if let Err(e) = drafter.rollback_seq(it.seq, it.context.len().saturating_sub(1)) {
+        let standing = &it.context[..it.context.len().saturating_sub(1)];
+        if let Err(e) = drafter.rollback_to_context(it.seq, standing) {
             *f = Some(e.to_string());
         }
     }
@@ -139,6 +140,7 @@ fn draft_with_model(
                 out,
                 gate: it.gate,
                 min_tokens: it.gate_min,
+                tree_nodes: it.tree_nodes,
                 result: Ok(()),
             });
         }
@@ -159,8 +161,10 @@ fn draft_with_model(
             proposal: match f {
                 Some(e) => Err(e),
                 None => {
-                    p.tokens.truncate(it.gamma);
-                    p.dists.truncate(it.gamma * p.vocab);
+                    if !p.is_tree() {
+                        p.tokens.truncate(it.gamma);
+                        p.dists.truncate(it.gamma * p.vocab);
+                    }
                     Ok(p)
                 }
             },
@@ -193,44 +197,26 @@ fn across_requests<'a>(
 }
 
 /// Prompt lookup in the request's own text; across requests, in earlier requests' texts too.
+/// With `tree_nodes`, the own text's disagreeing matches add alternatives (a token tree) when
+/// its continuation is the one drafted.
 fn lookup_one(
     drafter: &mut PromptLookup,
     history: Option<&RequestHistory>,
     it: DraftItem,
 ) -> DraftOutcome {
-    let mut rng = it.rng;
     let mut proposal = Proposal::default();
-    let result = drafter
-        .rollback(it.context.len().saturating_sub(1))
-        .and_then(|()| {
-            drafter.propose(
-                &it.context,
-                it.prompt_len,
-                it.gamma,
-                &it.params,
-                &mut rng,
-                &mut proposal,
-            )
-        })
-        .map(|()| {
-            if let Some(h) = history {
-                proposal.tokens.clear();
-                proposal.tokens.extend_from_slice(across_requests(
-                    drafter,
-                    h,
-                    &it.context,
-                    it.gamma,
-                ));
-            }
-            proposal.tokens.truncate(it.gamma);
-            proposal.dists.truncate(it.gamma * proposal.vocab);
-            proposal
-        })
-        .map_err(|e| e.to_string());
+    drafter.lookup_tree(&it.context, it.gamma, it.tree_nodes, &mut proposal);
+    if let Some(h) = history {
+        let chain = across_requests(drafter, h, &it.context, it.gamma);
+        if chain != &proposal.tokens[..proposal.chain_len()] {
+            proposal.clear();
+            proposal.tokens.extend_from_slice(chain);
+        }
+    }
     DraftOutcome {
         seq: it.seq,
-        proposal: result,
-        rng,
+        proposal: Ok(proposal),
+        rng: it.rng,
     }
 }
 
@@ -323,6 +309,7 @@ fn measure_draft_costs(
                         out: &mut out,
                         gate: DraftGate::OFF,
                         min_tokens: 0,
+                        tree_nodes: 0,
                         result: Ok(()),
                     }];
                     let t = d.propose_batch(&mut jobs);

@@ -243,6 +243,8 @@ pub struct DraftItem {
     /// When a draft model stops this round early, after at least `gate_min` tokens.
     pub gate: DraftGate,
     pub gate_min: usize,
+    /// Up to this many alternative nodes beside the chain (a token tree; 0: a chain).
+    pub tree_nodes: usize,
 }
 
 pub struct DraftOutcome {

@@ -37,4 +37,6 @@ pub use request::{
     EngineRequest, FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput,
     OutputPiece, SpeculationStats, Usage,
 };
-pub use settings::{LiveSettings, SettingsError, SettingsUpdate, SpeculationSettings};
+pub use settings::{
+    check_tree_nodes, LiveSettings, SettingsError, SettingsUpdate, SpeculationSettings,
+};

@@ -92,6 +92,11 @@ pub struct SpeculationStats {
     pub rounds: usize,
     pub draft_tokens: usize,
     pub accepted_tokens: usize,
+    /// Rounds verified as a token tree, their nodes (in `draft_tokens` too), and how many of
+    /// them accepted a path that left the drafted chain.
+    pub tree_rounds: usize,
+    pub tree_nodes: usize,
+    pub tree_branch_accepts: usize,
 }
 
 impl SpeculationStats {
@@ -120,6 +125,8 @@ pub struct EngineRequest {
     pub prompt_logprobs: Option<usize>,
     /// The request's own confidence-gate settings over the server's live ones.
     pub gate: GateOverride,
+    /// The request's own `tree_nodes` over the server's live one (checked by the caller).
+    pub tree_nodes: Option<usize>,
 }
 
 /// Token counts of a finished request.

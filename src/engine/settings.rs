@@ -31,6 +31,9 @@ pub struct SpeculationSettings {
     /// When a draft model stops a round early because it is unsure ([`DraftGate`]).
     #[serde(flatten)]
     pub gate: DraftGate,
+    /// The most alternative nodes a round may add beside its drafted chain, verified with it
+    /// as one token tree (0: chains only). The governor keeps only those forecast to pay.
+    pub tree_nodes: usize,
 }
 
 impl Default for SpeculationSettings {
@@ -46,6 +49,7 @@ impl Default for SpeculationSettings {
             under_load_queue_depth: 0,
             lenience_under_load: Lenience::EXACT,
             gate: DraftGate::OFF,
+            tree_nodes: 0,
         }
     }
 }
@@ -81,6 +85,8 @@ impl SpeculationSettings {
         self.gate
             .check()
             .map_err(|(key, reason)| SettingsError::new(key, reason))?;
+        check_tree_nodes(self.tree_nodes, gamma_limit)
+            .map_err(|reason| SettingsError::new("tree_nodes", reason))?;
         if self.gamma_min > self.gamma_max {
             return Err(SettingsError::new(
                 "gamma_min",
@@ -129,6 +135,17 @@ impl SpeculationSettings {
     }
 }
 
+/// `tree_nodes` for an engine started for `gamma_limit` drafted tokens: a tree's nodes, its
+/// chain's included, fit the verification width the engine was started and calibrated for.
+pub fn check_tree_nodes(n: usize, gamma_limit: usize) -> Result<(), String> {
+    if n >= gamma_limit {
+        return Err(format!(
+            "must be < {gamma_limit} (engine.max_gamma: a tree holds its chain too), got {n}"
+        ));
+    }
+    Ok(())
+}
+
 /// A partial change, as the admin API's `PUT` body, the config file's `[speculation]` table and
 /// the CLI's flags carry it: raw values, checked by [`SettingsUpdate::apply`] with the key named.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -146,6 +163,7 @@ pub struct SettingsUpdate {
     pub egag_threshold: Option<f32>,
     pub egag_ema_beta: Option<f32>,
     pub draft_p_min: Option<f32>,
+    pub tree_nodes: Option<usize>,
 }
 
 impl SettingsUpdate {
@@ -187,6 +205,9 @@ impl SettingsUpdate {
             s.lenience_under_load = lenience("lenience_under_load", v)?;
         }
         s.gate = self.gate_over(s.gate);
+        if let Some(v) = self.tree_nodes {
+            s.tree_nodes = v;
+        }
         s.validate(gamma_limit)?;
         Ok(s)
     }
@@ -254,7 +275,14 @@ mod tests {
     #[test]
     fn bad_values_name_their_key_and_change_nothing() {
         let live = LiveSettings::new(SpeculationSettings::default(), 8).unwrap();
-        let cases: [(SettingsUpdate, &str); 6] = [
+        let cases: [(SettingsUpdate, &str); 7] = [
+            (
+                SettingsUpdate {
+                    tree_nodes: Some(8),
+                    ..Default::default()
+                },
+                "tree_nodes",
+            ),
             (
                 SettingsUpdate {
                     lenience: Some(0.0),

@@ -14,8 +14,8 @@ use super::messages::{
 };
 use super::verify::{verify, verify_tree, Scratch};
 use super::worker::ComputeWorker;
-use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::draft::Proposal;
+use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::tree::TreeOutcome;
 use crate::sampling::{apply_penalties, token_logprob, Sampler};
 
@@ -284,7 +284,8 @@ fn run_batch(
                         .collect();
                     s.cache.keep_path(it.slot, it.start_pos, &kept)?;
                     out.accepted = walk.path.len();
-                    out.accepted_tokens = walk.path.iter().map(|&n| it.proposal.tokens[n]).collect();
+                    out.accepted_tokens =
+                        walk.path.iter().map(|&n| it.proposal.tokens[n]).collect();
                     out.next_token = Some(walk.next_token);
                     out.tree = Some(tree_walk(&it.proposal, &walk));
                     Ok(())

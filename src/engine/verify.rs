@@ -51,7 +51,16 @@ pub fn verify(
         if i > 0 {
             history.push(drafts[i - 1]);
         }
-        process_row(params, lenience, &history, prompt_len, i, &row, s, logprobs.is_some())?;
+        process_row(
+            params,
+            lenience,
+            &history,
+            prompt_len,
+            i,
+            &row,
+            s,
+            logprobs.is_some(),
+        )?;
     }
     let p: Vec<&[f32]> = s.target_probs[..drafts.len() + 1]
         .iter()
@@ -156,7 +165,16 @@ pub fn verify_tree(
             history.extend(tree.path_to(r - 1).iter().map(|&n| proposal.tokens[n]));
         }
         let exact = Lenience::default();
-        process_row(params, exact, &history, prompt_len, r, row, s, logprobs.is_some())?;
+        process_row(
+            params,
+            exact,
+            &history,
+            prompt_len,
+            r,
+            row,
+            s,
+            logprobs.is_some(),
+        )?;
     }
     let p: Vec<&[f32]> = s.target_probs[..rows.len()]
         .iter()
@@ -166,7 +184,11 @@ pub fn verify_tree(
         accept_tree_greedy(&tree, &p)?
     } else {
         let q: Vec<DraftDist> = (0..proposal.tokens.len())
-            .map(|i| proposal.dist(i).map_or(DraftDist::PointMass, DraftDist::Full))
+            .map(|i| {
+                proposal
+                    .dist(i)
+                    .map_or(DraftDist::PointMass, DraftDist::Full)
+            })
             .collect();
         accept_tree_sampled(&tree, &q, &p, rng, &mut s.residual, &mut s.next_residual)?
     };

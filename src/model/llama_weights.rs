@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use super::device::ForwardKind;
 use super::hparams::LlamaHparams;
 use super::linear::{Linear, WeightsDtype};
+use super::op_profile::{timed, Op};
 use super::weights::{WeightName, WeightReader};
 use super::{ModelError, Result};
 
@@ -25,13 +26,18 @@ impl Layer {
     /// The rest of a layer once attention has run: the output projection and residual, then
     /// the SiLU-gated MLP and its residual. Row-wise, on whatever device `x` is.
     pub fn after_attention(&self, x: &Tensor, attn: &Tensor, eps: f32) -> Result<Tensor> {
-        let x = (x + self.o.forward(attn)?)?;
-        let h = candle_nn::ops::rms_norm(&x, &self.ffn_norm, eps)?;
-        let gu = self.gate_up.forward(&h)?;
+        let o = timed(Op::OutMatmul, || self.o.forward(attn))?;
+        let x = timed(Op::Elementwise, || x + o)?;
+        let h = timed(Op::Norm, || {
+            candle_nn::ops::rms_norm(&x, &self.ffn_norm, eps)
+        })?;
+        let gu = timed(Op::GateUpMatmul, || self.gate_up.forward(&h))?;
         let inter = gu.dim(1)? / 2;
-        let act =
-            (candle_nn::ops::silu(&gu.narrow(1, 0, inter)?)? * gu.narrow(1, inter, inter)?)?;
-        Ok((x + self.down.forward(&act)?)?)
+        let act = timed(Op::Elementwise, || {
+            candle_nn::ops::silu(&gu.narrow(1, 0, inter)?)? * gu.narrow(1, inter, inter)?
+        })?;
+        let down = timed(Op::DownMatmul, || self.down.forward(&act))?;
+        Ok(timed(Op::Elementwise, || x + down)?)
     }
 }
 
@@ -126,8 +132,11 @@ impl LlamaWeights {
         }
         let n = rows.len();
         let idx = Tensor::from_vec(rows, n, x.device())?;
-        let x = candle_nn::ops::rms_norm(&x.index_select(&idx, 0)?, &self.norm, eps)?;
-        Ok(Some(self.lm_head.forward(&x)?.to_dtype(DType::F32)?))
+        let x = timed(Op::Norm, || {
+            candle_nn::ops::rms_norm(&x.index_select(&idx, 0)?, &self.norm, eps)
+        })?;
+        let logits = timed(Op::LmHead, || self.lm_head.forward(&x))?;
+        Ok(Some(logits.to_dtype(DType::F32)?))
     }
 
     /// Bytes of every linear weight (the output head included) in its ggml type: what one
@@ -143,6 +152,26 @@ impl LlamaWeights {
             })
             .sum::<usize>()
             + self.lm_head.weight_bytes()
+    }
+
+    /// Multiply-adds per token of each kind of matmul, summed over the layers.
+    pub fn macs_per_token(&self) -> Vec<(Op, usize)> {
+        let sum = |f: &dyn Fn(&Layer) -> &Linear| -> usize {
+            self.layers
+                .iter()
+                .map(|l| f(l).in_features() * f(l).out_features())
+                .sum()
+        };
+        vec![
+            (Op::QkvMatmul, sum(&|l| &l.qkv)),
+            (Op::OutMatmul, sum(&|l| &l.o)),
+            (Op::GateUpMatmul, sum(&|l| &l.gate_up)),
+            (Op::DownMatmul, sum(&|l| &l.down)),
+            (
+                Op::LmHead,
+                self.lm_head.in_features() * self.lm_head.out_features(),
+            ),
+        ]
     }
 
     /// The ggml types the linear weights ended up as (after any fallback), for reporting.

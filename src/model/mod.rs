@@ -32,6 +32,7 @@ pub mod linear;
 pub mod llama;
 mod llama_weights;
 pub mod loader;
+pub mod op_profile;
 mod own_forward;
 pub mod packed_gemm;
 pub mod parallel;

@@ -10,6 +10,7 @@ use super::batch::{logits_rows, BatchLogits, SeqInput};
 use super::hparams::LlamaHparams;
 use super::kv_cache::{KvCache, LayerKv};
 use super::llama_weights::LlamaWeights;
+use super::op_profile::{timed, Op};
 use super::rope::RopeTable;
 use super::Result;
 
@@ -37,62 +38,86 @@ pub(crate) fn forward(
         .collect();
     let total = ids.len();
     let ids_t = Tensor::from_vec(ids, total, &device)?;
-    let mut x = w.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)?;
+    let mut x = timed(Op::Embed, || {
+        w.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)
+    })?;
     let mut attn_out = vec![0f32; total * q_dim];
     // Tree inputs: each token's depth (its position past start_pos) and its path.
     let trees: Vec<Option<(Vec<usize>, Vec<Vec<usize>>)>> =
         batch.iter().map(SeqInput::tree_layout).collect();
 
     for (l, layer) in w.layers.iter().enumerate() {
-        let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-        let mut qkv: Vec<f32> = layer.qkv.forward(&h)?.flatten_all()?.to_vec1()?;
-        let mut offset = 0;
-        for (s, tree) in batch.iter().zip(&trees) {
-            let n = s.tokens.len();
-            for (i, r) in qkv[offset * row..(offset + n) * row]
-                .chunks_exact_mut(row)
-                .enumerate()
-            {
-                let pos = s.start_pos + tree.as_ref().map_or(i, |(d, _)| d[i]);
-                let (q, kv) = r.split_at_mut(q_dim);
-                rope.apply(q, pos, hd);
-                rope.apply(&mut kv[..kv_dim], pos, hd);
+        let h = timed(Op::Norm, || {
+            candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)
+        })?;
+        let mut qkv: Vec<f32> = timed(Op::QkvMatmul, || -> Result<Vec<f32>> {
+            Ok(layer.qkv.forward(&h)?.flatten_all()?.to_vec1()?)
+        })?;
+        timed(Op::Rope, || {
+            let mut offset = 0;
+            for (s, tree) in batch.iter().zip(&trees) {
+                let n = s.tokens.len();
+                for (i, r) in qkv[offset * row..(offset + n) * row]
+                    .chunks_exact_mut(row)
+                    .enumerate()
+                {
+                    let pos = s.start_pos + tree.as_ref().map_or(i, |(d, _)| d[i]);
+                    let (q, kv) = r.split_at_mut(q_dim);
+                    rope.apply(q, pos, hd);
+                    rope.apply(&mut kv[..kv_dim], pos, hd);
+                }
+                offset += n;
             }
-            for r in qkv[offset * row..(offset + n) * row].chunks_exact(row) {
-                cache.append_layer(s.slot, l, &r[q_dim..q_dim + kv_dim], &r[q_dim + kv_dim..])?;
+        });
+        timed(Op::CacheWrite, || -> Result<()> {
+            let mut offset = 0;
+            for s in batch {
+                let n = s.tokens.len();
+                for r in qkv[offset * row..(offset + n) * row].chunks_exact(row) {
+                    cache.append_layer(
+                        s.slot,
+                        l,
+                        &r[q_dim..q_dim + kv_dim],
+                        &r[q_dim + kv_dim..],
+                    )?;
+                }
+                offset += n;
             }
-            offset += n;
-        }
-        // Queries are strided inside the fused rows; pack them once per layer.
-        let q: Vec<f32> = qkv
-            .chunks_exact(row)
-            .flat_map(|r| &r[..q_dim])
-            .copied()
-            .collect();
-        let mut offset = 0;
-        for (s, tree) in batch.iter().zip(&trees) {
-            let n = s.tokens.len();
-            let (q, out) = (
-                &q[offset * q_dim..(offset + n) * q_dim],
-                &mut attn_out[offset * q_dim..(offset + n) * q_dim],
-            );
-            let start = s.start_pos;
-            match (cache.layer(s.slot, l)?, tree) {
-                (LayerKv::F32 { keys, values }, None) => {
-                    causal_attention(shape, q, keys, values, start, out)
+            Ok(())
+        })?;
+        timed(Op::Attention, || -> Result<()> {
+            // Queries are strided inside the fused rows; pack them once per layer.
+            let q: Vec<f32> = qkv
+                .chunks_exact(row)
+                .flat_map(|r| &r[..q_dim])
+                .copied()
+                .collect();
+            let mut offset = 0;
+            for (s, tree) in batch.iter().zip(&trees) {
+                let n = s.tokens.len();
+                let (q, out) = (
+                    &q[offset * q_dim..(offset + n) * q_dim],
+                    &mut attn_out[offset * q_dim..(offset + n) * q_dim],
+                );
+                let start = s.start_pos;
+                match (cache.layer(s.slot, l)?, tree) {
+                    (LayerKv::F32 { keys, values }, None) => {
+                        causal_attention(shape, q, keys, values, start, out)
+                    }
+                    (LayerKv::F16 { keys, values }, None) => {
+                        causal_attention(shape, q, keys, values, start, out)
+                    }
+                    (LayerKv::F32 { keys, values }, Some((_, paths))) => {
+                        tree_attention(shape, q, keys, values, start, paths, out)
+                    }
+                    (LayerKv::F16 { keys, values }, Some((_, paths))) => {
+                        tree_attention(shape, q, keys, values, start, paths, out)
+                    }
                 }
-                (LayerKv::F16 { keys, values }, None) => {
-                    causal_attention(shape, q, keys, values, start, out)
-                }
-                (LayerKv::F32 { keys, values }, Some((_, paths))) => {
-                    tree_attention(shape, q, keys, values, start, paths, out)
-                }
-                (LayerKv::F16 { keys, values }, Some((_, paths))) => {
-                    tree_attention(shape, q, keys, values, start, paths, out)
-                }
+                offset += n;
             }
-            offset += n;
-        }
+            Ok(())
+        })?;
         let attn = Tensor::from_slice(&attn_out, (total, q_dim), &device)?;
         x = layer.after_attention(&x, &attn, eps)?;
     }

@@ -123,4 +123,3 @@ pub(crate) fn extend_plainly(
         }
     }
 }
-

@@ -10,8 +10,8 @@
 //! deviation ≤ 6.5e-4) is 7.7 standard deviations: detected with probability ≥ 0.998. The same
 //! procedure at lenience 0.5 must fail: the check can fail.
 
-use crate::sampling::enumeration::{dist, extend_plainly};
 use super::*;
+use crate::sampling::enumeration::{dist, extend_plainly};
 
 const VOCAB: usize = 4;
 const ROUNDS: usize = 600_000;

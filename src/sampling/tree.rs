@@ -24,8 +24,8 @@
 //!
 //! Trees are verified at lenience 1 only: lenience is a chain-only relaxation.
 
-use super::speculative::{residual, DraftDist, RoundChoices, SpecError};
 use super::argmax;
+use super::speculative::{residual, DraftDist, RoundChoices, SpecError};
 
 /// The parent of a node that hangs from the root (the round's first, already sampled, token).
 pub const ROOT: u32 = u32::MAX;

@@ -251,7 +251,10 @@ fn a_greedy_walk_emits_the_longest_greedy_prefix_the_tree_holds() {
                 .path_to(parent as usize)
             };
             let depth = above.len();
-            let on_path = above.iter().enumerate().all(|(d, &a)| tokens[a] == truth[d]);
+            let on_path = above
+                .iter()
+                .enumerate()
+                .all(|(d, &a)| tokens[a] == truth[d]);
             let token = if on_path && rng.next_f64() < 0.6 {
                 truth[depth]
             } else {
@@ -291,7 +294,12 @@ fn a_greedy_walk_emits_the_longest_greedy_prefix_the_tree_holds() {
             .max()
             .unwrap_or(0);
         assert_eq!(o.path.len(), longest, "case {case}");
-        assert_eq!(o.bonus, tree.children(o.path.last().map_or(ROOT, |&l| l as u32)).count() == 0);
+        assert_eq!(
+            o.bonus,
+            tree.children(o.path.last().map_or(ROOT, |&l| l as u32))
+                .count()
+                == 0
+        );
     }
 }
 

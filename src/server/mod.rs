@@ -161,6 +161,7 @@ pub async fn run(
     crate::telemetry::register_positions(config.engine.max_gamma);
     crate::telemetry::register_config_reloads();
     crate::telemetry::register_draft_gate();
+    crate::telemetry::register_trees();
     crate::telemetry::register_speculation();
     let admin_token = std::env::var("TANDEM_ADMIN_TOKEN")
         .ok()

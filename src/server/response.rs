@@ -78,6 +78,9 @@ fn total_usage(usages: &[Usage], choices_per_prompt: usize) -> Usage {
         total.speculative.rounds += u.speculative.rounds;
         total.speculative.draft_tokens += u.speculative.draft_tokens;
         total.speculative.accepted_tokens += u.speculative.accepted_tokens;
+        total.speculative.tree_rounds += u.speculative.tree_rounds;
+        total.speculative.tree_nodes += u.speculative.tree_nodes;
+        total.speculative.tree_branch_accepts += u.speculative.tree_branch_accepts;
     }
     total
 }
@@ -95,6 +98,9 @@ fn usage_json(u: &Usage) -> Value {
             "acceptance_rate": s.acceptance_rate(),
             "mean_accepted_length": s.mean_accepted_length(),
             "rounds": s.rounds,
+            "tree_rounds": s.tree_rounds,
+            "tree_nodes": s.tree_nodes,
+            "tree_branch_accepts": s.tree_branch_accepts,
         },
     })
 }

@@ -11,7 +11,7 @@ use super::error::ApiError;
 use super::schema::{ChatMessageIn, CommonParams, StopInput};
 use super::startup::Loaded;
 use super::AppState;
-use crate::engine::{EngineRequest, Gamma, GammaPolicy, GenerationRequest};
+use crate::engine::{check_tree_nodes, EngineRequest, Gamma, GammaPolicy, GenerationRequest};
 use crate::model::ChatMessage;
 use crate::sampling::{GateOverride, Lenience, SamplingParams};
 
@@ -217,6 +217,13 @@ pub(super) fn engine_request(
     gate.check().map_err(|(key, rule)| {
         ApiError::invalid_param(&format!("speculative.{key}"), format!("{key} {rule}."))
     })?;
+    let tree_nodes = spec.and_then(|s| s.tree_nodes);
+    if let Some(n) = tree_nodes {
+        let limit = loaded.engine.settings().gamma_limit();
+        check_tree_nodes(n, limit).map_err(|rule| {
+            ApiError::invalid_param("speculative.tree_nodes", format!("tree_nodes {rule}."))
+        })?;
+    }
     let gamma =
         match (spec.and_then(|s| s.enabled), spec.and_then(|s| s.gamma)) {
             (Some(false), _) => GammaPolicy::Off,
@@ -247,5 +254,6 @@ pub(super) fn engine_request(
         logprobs: None,
         prompt_logprobs: None,
         gate,
+        tree_nodes,
     })
 }

@@ -412,7 +412,13 @@ pub fn tree_equals_its_paths(
     let mut cache = model.new_cache(4);
     let (t, other) = (cache.allocate().unwrap(), cache.allocate().unwrap());
     forward_rows(model, &mut cache, t, prefix, LogitsRows::None);
-    forward_rows(model, &mut cache, other, &prefix[..prefix.len() / 2], LogitsRows::None);
+    forward_rows(
+        model,
+        &mut cache,
+        other,
+        &prefix[..prefix.len() / 2],
+        LogitsRows::None,
+    );
     let other_new = &prefix[prefix.len() / 2..prefix.len() / 2 + 3];
     let out = model
         .forward(
@@ -464,6 +470,9 @@ pub fn tree_equals_its_paths(
     forward_rows(model, &mut cache, lin, &path_tokens, LogitsRows::None);
     let after_linear = forward_rows(model, &mut cache, lin, &next, LogitsRows::All);
     for (a, b) in after_tree.iter().zip(&after_linear) {
-        assert!(same(a, b), "the kept path's cache differs from feeding it linearly");
+        assert!(
+            same(a, b),
+            "the kept path's cache differs from feeding it linearly"
+        );
     }
 }

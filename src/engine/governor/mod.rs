@@ -9,12 +9,14 @@
 //! speculation back. Pure arithmetic: no clocks, no I/O; the caller feeds it measurements.
 
 mod acceptance;
+mod branches;
 mod config;
 mod costs;
 mod planner;
 mod speedup;
 
 pub use acceptance::{AcceptanceRate, Governor};
+pub use branches::{acceptance_by_node, keep_alternatives, BranchRates, RoundPrice, TreeOffer};
 pub use config::GovernorConfig;
 pub use costs::{CostEstimate, CostModel};
 pub use planner::{

@@ -94,7 +94,9 @@ impl Scheduler {
             .iter()
             .zip(plan)
             .filter(|&(_, &gamma)| gamma > 0)
-            .map(|(&i, &gamma)| self.active[i].draft_item(gamma, live))
+            .map(|(&i, &gamma)| {
+                self.active[i].draft_item(gamma, (self.cfg.context_len, self.cfg.max_gamma), live)
+            })
             .collect()
     }
 }

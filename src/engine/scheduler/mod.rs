@@ -10,7 +10,8 @@
 //! lone request, say), it is verified every round, and the drafter drafts each sequence's next
 //! round during the verification, assuming every draft stands and guessing the target's token
 //! after them; the guess is used when both held and discarded otherwise. The round's shape is
-//! decided by the pure [`round_plan::RoundPlan`]; γ by the governor.
+//! decided by the pure [`round_plan::RoundPlan`]; γ by the governor, and a token tree's
+//! alternatives by the governor's prices too (`trees`).
 
 mod admission;
 mod drafting;
@@ -20,6 +21,7 @@ mod round_clock;
 pub mod round_plan;
 mod sequence;
 mod state;
+mod trees;
 
 use kameo::message::{Context, Message};
 

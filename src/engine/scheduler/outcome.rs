@@ -49,12 +49,27 @@ impl Scheduler {
                 s.spec.draft_tokens += drafts.len();
                 s.spec.accepted_tokens += o.accepted;
             }
-            s.governor.record_round(drafts.len(), o.accepted);
+            // The acceptance estimate follows the chain: a tree's alternatives have their own.
+            let (chain, chain_accepted) = match &o.tree {
+                Some(t) => (t.chain_len, t.chain_accepted),
+                None => (drafts.len(), o.accepted),
+            };
+            s.governor.record_round(chain, chain_accepted);
             self.acceptance
-                .record(drafts.len(), o.accepted, POOLED_ACCEPTANCE_DECAY);
+                .record(chain, chain_accepted, POOLED_ACCEPTANCE_DECAY);
+            if let Some(t) = &o.tree {
+                s.spec.tree_rounds += 1;
+                s.spec.tree_nodes += t.nodes;
+                s.spec.tree_branch_accepts += usize::from(t.branched);
+                telemetry::record_tree_round(t.nodes, t.branched);
+            }
         }
+        if let Some(t) = &o.tree {
+            self.learn_from_walk(t);
+        }
+        let s = self.active.iter_mut().find(|s| s.id == id)?;
         let next = o.next_token?;
-        let round = drafts[..o.accepted].iter().copied().chain([next]);
+        let round = o.accepted_tokens.iter().copied().chain([next]);
         match s.emit_round(round) {
             Ok(mut emission) => {
                 let mut logprobs = o.logprobs;

@@ -133,9 +133,29 @@ impl Sequence {
     }
 
     /// What the drafter needs to draft `gamma` tokens; the confidence gate is the request's
-    /// settings over the live ones, and never stops before `gamma_min` tokens.
-    pub fn draft_item(&self, gamma: usize, live: &SpeculationSettings) -> DraftItem {
+    /// settings over the live ones, and never stops before `gamma_min` tokens. A tree's
+    /// alternatives are asked for only under exact acceptance, and only as many as fit beside
+    /// the chain: the tree's nodes within `max_gamma` (the KV headroom and the widths the costs
+    /// were measured for) and the room left in the context. (They add no depth: a round still
+    /// yields at most γ + 1 tokens.)
+    pub fn draft_item(
+        &self,
+        gamma: usize,
+        (context_len, max_gamma): (usize, usize),
+        live: &SpeculationSettings,
+    ) -> DraftItem {
+        let exact = self.request.lenience.unwrap_or(live.lenience).is_exact();
+        let room = context_len.saturating_sub(self.context.len());
+        let tree_nodes = if exact {
+            self.request
+                .tree_nodes
+                .unwrap_or(live.tree_nodes)
+                .min(max_gamma.min(room).saturating_sub(gamma))
+        } else {
+            0
+        };
         DraftItem {
+            tree_nodes,
             seq: self.id,
             context: self.context.clone(),
             prompt_len: self.prompt_len(),
@@ -166,7 +186,9 @@ impl Sequence {
             return None;
         }
         // The guess is drafted on top of at least gamma_min real drafts.
-        let mut item = self.draft_item(next + 1, live);
+        let mut item = self.draft_item(next + 1, (context_len, next + 1), live);
+        // A guess is checked against one chain: no tree.
+        item.tree_nodes = 0;
         item.gate_min = (live.gamma_min.get() + 1).min(next + 1);
         item.context.extend_from_slice(drafts);
         Some(item)

@@ -10,7 +10,9 @@ use super::round_clock::Overlap;
 use super::sequence::{Queued, Sequence};
 use crate::engine::cache_manager::CacheManager;
 use crate::engine::drafter::Drafter;
-use crate::engine::governor::{AcceptanceRate, CostModel, GovernorConfig, SpeedupEstimate};
+use crate::engine::governor::{
+    AcceptanceRate, BranchRates, CostModel, GovernorConfig, SpeedupEstimate,
+};
 use crate::engine::messages::Step;
 use crate::engine::request::FinishReason;
 use crate::engine::settings::LiveSettings;
@@ -53,6 +55,8 @@ pub struct Scheduler {
     pub(super) speedup: SpeedupEstimate,
     /// Every request's drafts together: where a new request's governor starts.
     pub(super) acceptance: AcceptanceRate,
+    /// How often a tree's alternatives stand when tried, by the drafter's confidence.
+    pub(super) branch_rates: BranchRates,
     pub(super) rounds: u64,
     pub(super) overlap: Overlap,
     /// Next rounds drafted during a verification within a request, and how many were used.
@@ -83,6 +87,7 @@ impl Scheduler {
             costs,
             speedup: SpeedupEstimate::default(),
             acceptance: AcceptanceRate::new(0.5),
+            branch_rates: BranchRates::default(),
             rounds: 0,
             overlap: Overlap::default(),
             drafted_ahead: 0,

@@ -8,8 +8,8 @@
 //! multiply-add the chunked kernels use. So greedy verification of a tree emits exactly what
 //! verifying the accepted path as a chain would.
 
-use super::{accumulate_values, finish_values, scaled_dots, softmax_weights, AttnShape};
 use super::KvElement;
+use super::{accumulate_values, finish_values, scaled_dots, softmax_weights, AttnShape};
 
 /// Attention for the tree nodes whose queries are `q` (`n * q_dim`, rotated at their depths),
 /// their keys and values appended after the first `start_pos` rows of `keys`/`values` in input
@@ -54,7 +54,14 @@ pub fn tree_attention<T: KvElement>(
         scaled_dots(qh, keys, kv_dim, kv_off, scale, &mut scores[..start_pos]);
         for (d, &r) in path.iter().enumerate() {
             let row = &keys[(start_pos + r) * kv_dim..];
-            scaled_dots(qh, row, kv_dim, kv_off, scale, &mut scores[start_pos + d..][..1]);
+            scaled_dots(
+                qh,
+                row,
+                kv_dim,
+                kv_off,
+                scale,
+                &mut scores[start_pos + d..][..1],
+            );
         }
         let inv = 1f32 / softmax_weights(scores);
         acc.clear();
