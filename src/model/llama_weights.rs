@@ -32,10 +32,7 @@ impl Layer {
             candle_nn::ops::rms_norm(&x, &self.ffn_norm, eps)
         })?;
         let gu = timed(Op::GateUpMatmul, || self.gate_up.forward(&h))?;
-        let inter = gu.dim(1)? / 2;
-        let act = timed(Op::Elementwise, || {
-            candle_nn::ops::silu(&gu.narrow(1, 0, inter)?)? * gu.narrow(1, inter, inter)?
-        })?;
+        let act = timed(Op::Elementwise, || super::elementwise::silu_gate(&gu))?;
         let down = timed(Op::DownMatmul, || self.down.forward(&act))?;
         Ok(timed(Op::Elementwise, || x + down)?)
     }

@@ -122,16 +122,15 @@ pub fn confidence(probs: &[f32]) -> Confidence {
 pub fn confidence_of_logits(logits: &[f32], scratch: &mut Vec<f32>) -> Confidence {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     scratch.clear();
+    scratch.extend(logits.iter().map(|&l| l - max));
+    crate::model::elementwise::exp_nonpositive(scratch);
     let mut sum = 0f64;
-    scratch.extend(logits.iter().map(|&l| {
-        let e = if l == f32::NEG_INFINITY {
-            0.0
-        } else {
-            (l - max).exp()
-        };
-        sum += f64::from(e);
-        e
-    }));
+    for (e, &l) in scratch.iter_mut().zip(logits) {
+        if l == f32::NEG_INFINITY {
+            *e = 0.0;
+        }
+        sum += f64::from(*e);
+    }
     let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
     for p in scratch.iter_mut() {
         *p *= inv;

@@ -185,17 +185,36 @@ pub fn probabilities(
     } else {
         1.0
     };
-    let mut max = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v.is_nan() || v == f32::INFINITY {
-            return Err(SamplingError::InvalidLogits(i));
-        }
-        max = max.max(v);
+    // Branch-free passes (they vectorize); the offender is looked for only on failure.
+    let invalid = logits
+        .iter()
+        .fold(false, |bad, &v| bad | (v.is_nan() | (v == f32::INFINITY)));
+    if invalid {
+        let i = logits
+            .iter()
+            .position(|&v| v.is_nan() || v == f32::INFINITY)
+            .expect("an invalid logit was seen");
+        return Err(SamplingError::InvalidLogits(i));
     }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY {
         return Err(SamplingError::Empty);
     }
-    probs.extend(logits.iter().map(|&v| ((v - max) / t).exp()));
+    // Every argument is at most 0; a masked token (-inf) gets exactly 0.
+    probs.resize(logits.len(), 0.0);
+    if t == 1.0 {
+        for (p, &v) in probs.iter_mut().zip(logits) {
+            *p = v - max;
+        }
+    } else {
+        for (p, &v) in probs.iter_mut().zip(logits) {
+            *p = (v - max) / t;
+        }
+    }
+    crate::model::elementwise::exp_nonpositive(probs);
+    for (p, &v) in probs.iter_mut().zip(logits) {
+        *p = if v == f32::NEG_INFINITY { 0.0 } else { *p };
+    }
     let vocab = probs.len();
     let k = if params.top_k == 0 {
         vocab
@@ -246,18 +265,31 @@ pub fn probabilities(
             }
         }
     }
-    let sum: f64 = probs.iter().map(|&p| p as f64).sum();
-    let inv = (1.0 / sum) as f32;
+    let inv = (1.0 / sum_f64(probs)) as f32;
     for p in probs.iter_mut() {
         *p *= inv;
     }
     Ok(())
 }
 
+/// The sum of `xs` in f64, over eight running sums (so it vectorizes; the order is fixed, so
+/// the bits are too).
+fn sum_f64(xs: &[f32]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let chunks = xs.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&x| f64::from(x)).sum();
+    for c in chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += f64::from(x);
+        }
+    }
+    lanes.iter().sum::<f64>() + tail
+}
+
 /// Inverse-CDF draw from a normalised distribution with `u` uniform in `[0, 1)`. Never returns
 /// a zero-probability token.
 pub fn sample_from(probs: &[f32], u: f64) -> u32 {
-    let total: f64 = probs.iter().map(|&p| p as f64).sum();
+    let total = sum_f64(probs);
     let target = u * total;
     let mut cum = 0f64;
     let mut last_nonzero = 0;

@@ -6,9 +6,8 @@
 
 use std::arch::x86_64::*;
 
-use super::shared::{
-    lane_sum, reduce_eight_keys, softmax_exp, KvElement, EXP_MIN, EXP_P, LN2_HI, LN2_LO, LOG2E,
-};
+use super::super::fast_exp::{exp8 as exp, softmax_exp};
+use super::shared::{lane_sum, reduce_eight_keys, KvElement};
 
 /// Eight elements from `p` as f32.
 #[target_feature(enable = "avx2,f16c")]
@@ -114,33 +113,6 @@ pub(super) unsafe fn softmax_weights(scores: &mut [f32]) -> f32 {
         sum += *s;
     }
     sum
-}
-
-/// [`softmax_exp`] on eight lanes, operation for operation.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn exp(x: __m256) -> __m256 {
-    // max_ps returns its second operand when either is NaN: a NaN stays NaN, as in the scalar.
-    let x = _mm256_max_ps(_mm256_set1_ps(EXP_MIN), x);
-    let n = _mm256_floor_ps(_mm256_fmadd_ps(
-        x,
-        _mm256_set1_ps(LOG2E),
-        _mm256_set1_ps(0.5),
-    ));
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
-    let mut poly = _mm256_set1_ps(EXP_P[0]);
-    for &c in &EXP_P[1..] {
-        poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(c));
-    }
-    let e = _mm256_add_ps(
-        _mm256_fmadd_ps(_mm256_mul_ps(poly, r), r, r),
-        _mm256_set1_ps(1.0),
-    );
-    let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_cvtps_epi32(n),
-        _mm256_set1_epi32(127),
-    ));
-    _mm256_mul_ps(e, _mm256_castsi256_ps(pow2))
 }
 
 /// See `super::accumulate_values`; the sums' length is a multiple of 64 (two halves of a

@@ -2,7 +2,8 @@
 //! reproduces exactly, and the path taken where no vector kernel applies (no AVX2, or a head
 //! size that is not a multiple of the vector block).
 
-use super::shared::{lane_sum, softmax_exp, KvElement};
+use super::super::fast_exp::softmax_exp;
+use super::shared::{lane_sum, KvElement};
 
 /// Dot product as sixteen lanes of fused multiply-add chains (element `i` of every 16-element
 /// block in lane `i`), folded to eight (`lane i + lane i+8`) and summed in a fixed order: the

@@ -1,7 +1,7 @@
 //! What the attention kernels share, so that the scalar definitions and the vector kernels
 //! agree bit for bit: the element type they read ([`KvElement`]), the fixed eight-lane
-//! reduction ([`lane_sum`], and [`reduce_eight_keys`] for eight keys in registers), and the
-//! softmax exponential with its constants ([`softmax_exp`]). A leaf: it imports no kernel.
+//! reduction ([`lane_sum`], and [`reduce_eight_keys`] for eight keys in registers); the
+//! softmax exponential is `super::super::fast_exp`'s. A leaf: it imports no kernel.
 
 /// An element of a KV cache as attention reads it.
 pub trait KvElement: Copy + Send + Sync + 'static {
@@ -32,39 +32,6 @@ impl KvElement for half::f16 {
 pub(super) fn lane_sum(a: &[f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
-
-/// `e^x` for softmax weights, by a fixed sequence of fused operations (Cephes' expf: write
-/// x as n·ln2 plus r, a degree-5 polynomial in r, then scale by 2ⁿ), so the vector path gives
-/// exactly these bits. Within 2 ulp of `exp` on `[-87, 0]`; below -87 it clamps (≈ 1.6e-38, a
-/// negligible weight). libm's `expf` took 5-6% of a decode step at a depth of 1000, one call
-/// per key.
-#[inline]
-pub(super) fn softmax_exp(x: f32) -> f32 {
-    // Not `max`: a NaN score must stay NaN (and surface as NaN logits), not become a weight.
-    let x = if x < EXP_MIN { EXP_MIN } else { x };
-    let n = x.mul_add(LOG2E, 0.5).floor();
-    let r = n.mul_add(-LN2_HI, x);
-    let r = n.mul_add(-LN2_LO, r);
-    let mut p = EXP_P[0];
-    for &c in &EXP_P[1..] {
-        p = p.mul_add(r, c);
-    }
-    let e = (p * r).mul_add(r, r) + 1.0;
-    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
-}
-
-pub(super) const EXP_MIN: f32 = -87.0;
-pub(super) const LOG2E: f32 = std::f32::consts::LOG2_E;
-pub(super) const LN2_HI: f32 = 0.693_359_4;
-pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
-pub(super) const EXP_P: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    0.5,
-];
 
 /// Eight keys' eight-lane partial sums reduced to their eight scores, in key order, pairing
 /// the lanes as [`lane_sum`] does.
