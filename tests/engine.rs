@@ -770,3 +770,64 @@ fn token_trees_keep_greedy_output_identical() {
         );
     }
 }
+
+/// Confidence pricing: after drafting, the governor cuts a chain where its next tokens, by the
+/// drafter's confidence in each (learned rates), are not worth their rows. Under a fixed price
+/// table (the same decisions on any machine), a draft model that is often unsure of the
+/// tokens it gets wrong verifies fewer drafts with it, at a higher acceptance rate; greedy
+/// output stays plain decoding's, for it and for prompt lookup; the same run twice makes the
+/// same rounds.
+#[test]
+fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
+    let _serial = one_at_a_time();
+    let rt = common::runtime();
+    let max_width = EngineConfig::default().max_seqs * (EngineConfig::default().max_gamma + 1);
+    let (dirs, target, _) = target_and_other();
+    let blend_dir = tempfile::tempdir().unwrap();
+    common::write_tiny_blend(dirs[0].path(), &untied(99), 0.1, blend_dir.path());
+    let blend = Arc::new(common::load_tiny(blend_dir.path(), WeightsDtype::F32).model);
+    let prompt = prompts(2)[1].clone();
+    let want = plain(&target, &greedy(prompt.clone(), 96));
+    let run = |source: DraftSource, pricing: bool| {
+        let cfg = EngineConfig {
+            costs: Some(price_table(0.15, 0.05, max_width)),
+            ..Default::default()
+        };
+        let engine = rt
+            .block_on(Engine::start(Arc::clone(&target), Some(source), cfg))
+            .unwrap();
+        let mut req = request(greedy(prompt.clone(), 96), GammaPolicy::Adaptive);
+        req.gate.confidence_pricing = Some(pricing);
+        let done = rt
+            .block_on(async { engine.submit(req).await?.collect().await })
+            .unwrap();
+        assert_eq!(done.tokens, want, "pricing {pricing}");
+        done.usage.speculative
+    };
+    let sources = [
+        DraftSource::Model {
+            model: blend,
+            name: "tiny-blend".into(),
+        },
+        DraftSource::PromptLookup(PromptLookup::default()),
+    ];
+    for (i, source) in sources.into_iter().enumerate() {
+        let off = run(source.clone(), false);
+        let on = run(source.clone(), true);
+        assert_eq!(on, run(source.clone(), true), "the same prices, the same rounds");
+        eprintln!("without pricing {off:?}\nwith pricing    {on:?}");
+        assert!(on.rounds > 0, "still speculates: {on:?}");
+        // The draft model is unsure of many tokens it gets wrong; prompt lookup's matches on
+        // this prompt agree, and its chains stand as they are.
+        if i == 0 {
+            assert!(
+                on.draft_tokens < off.draft_tokens,
+                "unsure drafts are cut: {on:?} vs {off:?}"
+            );
+            assert!(
+                on.acceptance_rate() > off.acceptance_rate(),
+                "what is left stands more often: {on:?} vs {off:?}"
+            );
+        }
+    }
+}

@@ -51,6 +51,7 @@ impl Mode {
     /// or `draft` (alias `draft-model`), each
     /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`,
     /// `:tree=N` (up to N alternative nodes a round, verified with the chain as a token tree),
+    /// `:confidence=true|false` (the governor cuts chains by the drafter's confidence),
     /// for prompt lookup `:ngram=MIN-MAX`, for a draft model the confidence gate's
     /// `:egag=THRESHOLD` (EGAG on), `:egag_beta=B` and `:p_min=P`, and for every mode
     /// `:prefix_cache=true|false`. Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
@@ -111,6 +112,10 @@ impl Mode {
                 "pipeline" => {
                     mode.pipeline = v.parse().map_err(|_| bad(format!("pipeline `{v}`")))?;
                 }
+                "confidence" => {
+                    let on = v.parse().map_err(|_| bad(format!("confidence `{v}`")))?;
+                    mode.gate.confidence_pricing = Some(on);
+                }
                 "tree" => {
                     let n: usize = v.parse().map_err(|_| bad(format!("tree `{v}`")))?;
                     check_tree_nodes(n, max_gamma).map_err(|e| bad(format!("tree {e}")))?;
@@ -142,8 +147,8 @@ impl Mode {
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown setting `{other}` (gamma, lenience, pipeline, tree, ngram, \
-                         egag, egag_beta, p_min, prefix_cache)"
+                        "unknown setting `{other}` (gamma, lenience, pipeline, tree, confidence, \
+                         ngram, egag, egag_beta, p_min, prefix_cache)"
                     )))
                 }
             }
@@ -178,8 +183,10 @@ mod tests {
 
     #[test]
     fn draft_modes_take_the_confidence_gate() {
-        let m = Mode::parse("pld:tree=3", 8).unwrap();
+        let m = Mode::parse("pld:tree=3:confidence=true", 8).unwrap();
         assert_eq!(m.tree_nodes, Some(3));
+        assert_eq!(m.gate.confidence_pricing, Some(true));
+        assert!(Mode::parse("pld:confidence=maybe", 8).is_err());
         assert!(Mode::parse("pld:tree=8", 8).is_err());
         assert!(Mode::parse("pld:tree=x", 8).is_err());
         let m = Mode::parse("draft:gamma=4:egag=0.25:egag_beta=0.5:p_min=0.125", 8).unwrap();

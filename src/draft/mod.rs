@@ -56,9 +56,15 @@ pub struct Proposal {
     pub vocab: usize,
     /// Empty for a chain; one parent per node for a tree.
     pub parents: Vec<u32>,
-    /// Per node (trees only): the drafter's confidence that the node is right if it is tried,
-    /// in [0, 1] (see [`Proposal::confidence`]).
+    /// Per node, when the drafter judges its nodes (empty otherwise): its confidence that the
+    /// node is right if it is tried, in [0, 1]. Prompt lookup: the share of the earlier matches
+    /// reaching the node's parent that go on with its token; a draft model: its probability (a
+    /// runner-up's given that the drafted token is wrong).
     pub confidence: Vec<f32>,
+    /// What kind of evidence the confidences are, so the governor learns each kind's rates
+    /// apart: 0 a draft model's probabilities, `n` (1 to 3) prompt lookup's agreement after a
+    /// match of `n` tokens (3 or more).
+    pub confidence_kind: u8,
 }
 
 impl Proposal {
@@ -67,6 +73,7 @@ impl Proposal {
         self.dists.clear();
         self.parents.clear();
         self.confidence.clear();
+        self.confidence_kind = 0;
     }
 
     pub fn is_tree(&self) -> bool {
@@ -98,7 +105,27 @@ impl Proposal {
             self.tokens.truncate(n);
             self.dists.truncate(n * self.vocab);
             self.parents.clear();
-            self.confidence.clear();
+            self.confidence.truncate(n);
+        }
+    }
+
+    /// Keeps the first `k` nodes of the main chain (and of a tree, the alternatives that hang
+    /// from what is kept).
+    pub fn keep_chain_prefix(&mut self, k: usize) {
+        let chain = self.chain_len();
+        if k >= chain {
+            return;
+        }
+        if self.is_tree() {
+            let keep: Vec<bool> = (0..self.tokens.len()).map(|i| i >= chain || i < k).collect();
+            self.retain_nodes(&keep);
+            if self.tokens.len() == self.chain_len() {
+                self.to_chain();
+            }
+        } else {
+            self.tokens.truncate(k);
+            self.dists.truncate(k.min(self.dist_rows()) * self.vocab);
+            self.confidence.truncate(k);
         }
     }
 
@@ -124,7 +151,9 @@ impl Proposal {
             } else {
                 new_index[parent as usize]
             });
-            confidence.push(self.confidence.get(i).copied().unwrap_or(0.0));
+            if let Some(&c) = self.confidence.get(i) {
+                confidence.push(c);
+            }
             // Rows belong to a prefix of the main chain, which stays a prefix.
             if i < rows && kept_rows == tokens.len() - 1 {
                 kept_rows += 1;
@@ -155,6 +184,9 @@ impl Proposal {
         self.tokens.remove(0);
         if !self.dists.is_empty() {
             self.dists.drain(..self.vocab);
+        }
+        if !self.confidence.is_empty() {
+            self.confidence.remove(0);
         }
     }
 
@@ -262,6 +294,7 @@ mod tests {
             vocab: 3,
             parents: vec![ROOT, 0, 1, ROOT, 1, 3],
             confidence: vec![0.9, 0.8, 0.7, 0.5, 0.4, 0.3],
+            confidence_kind: 0,
         };
         assert_eq!(p.chain_len(), 3);
         assert_eq!(p.input_parents(), vec![u32::MAX, 0, 1, 2, 0, 2, 4]);
@@ -274,10 +307,20 @@ mod tests {
         assert_eq!(q.parents, [ROOT, ROOT, 1]);
         assert_eq!(q.confidence, [0.9, 0.5, 0.3]);
         assert_eq!(q.dist_rows(), 1);
+        // Cutting the chain after its first node drops 1, 2 and 4 but keeps 3 and 5.
+        let mut c = p.clone();
+        c.keep_chain_prefix(1);
+        assert_eq!(c.tokens, [10, 13, 15]);
+        assert_eq!(c.parents, [ROOT, ROOT, 1]);
+        assert_eq!(c.dist_rows(), 1);
         p.to_chain();
         assert!(!p.is_tree());
         assert_eq!(p.tokens, [10, 11, 12]);
+        assert_eq!(p.confidence, [0.9, 0.8, 0.7]);
         assert_eq!(p.dist_rows(), 3);
         assert_eq!(p.parents_or_chain(), [ROOT, 0, 1]);
+        p.keep_chain_prefix(2);
+        assert_eq!(p.tokens, [10, 11]);
+        assert_eq!((p.dist_rows(), p.confidence.len()), (2, 2));
     }
 }

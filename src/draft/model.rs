@@ -150,7 +150,7 @@ impl Siblings {
         out.parents.clear();
         out.parents
             .extend((0..chain as u32).map(|i| if i == 0 { ROOT } else { i - 1 }));
-        out.confidence.clear();
+        // The chain's own confidences (its probabilities) were set while drafting.
         out.confidence.resize(chain, 1.0);
         for &(j, token, conf, _) in &self.found {
             out.tokens.push(token);
@@ -479,11 +479,15 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                             job.out.dists.extend_from_slice(&self.probs);
                             sample_from(&self.probs, job.rng.next_f64())
                         };
-                        if job.tree_nodes > 0 {
+                        if job.tree_nodes > 0 || job.gate.confidence_pricing {
                             if greedy && !job.gate.is_on() {
                                 confidence_of_logits(&self.logits, &mut self.probs);
                             }
-                            lane.siblings.record(j, token, &self.probs);
+                            let q_t = self.probs.get(token as usize).copied().unwrap_or(0.0);
+                            job.out.confidence.push(q_t);
+                            if job.tree_nodes > 0 {
+                                lane.siblings.record(j, token, &self.probs);
+                            }
                         }
                         Ok(Some(token))
                     });

@@ -73,11 +73,16 @@ impl PromptLookup {
     /// match with a full γ-token continuation, or else the match with the longest one (inside
     /// a run of repeats the latest match has only one token after it).
     pub fn lookup<'c>(&self, context: &'c [u32], gamma: usize) -> &'c [u32] {
+        self.lookup_with_length(context, gamma).0
+    }
+
+    /// [`PromptLookup::lookup`] and the length of the n-gram it matched (0 for none).
+    pub fn lookup_with_length<'c>(&self, context: &'c [u32], gamma: usize) -> (&'c [u32], usize) {
         (self.min_ngram..=self.max_ngram)
             .rev()
-            .map(|n| Self::lookup_at(context, gamma, n))
-            .find(|c| !c.is_empty())
-            .unwrap_or(&[])
+            .map(|n| (Self::lookup_at(context, gamma, n), n))
+            .find(|(c, _)| !c.is_empty())
+            .unwrap_or((&[], 0))
     }
 
     /// [`PromptLookup::lookup`] for one n-gram size `n`.
@@ -111,14 +116,16 @@ impl PromptLookup {
     /// The lookup's continuation as a tree's main chain, with up to `extra` alternative nodes
     /// from other earlier matches that continue differently (see [`Proposal`]). A node's
     /// confidence is the share of the matches reaching its parent that go on with its token:
-    /// whether earlier matches agree on the continuation. Alternatives are taken in order of
-    /// how likely their paths look (the product of those shares). With `extra == 0`, or no
-    /// disagreeing match, `out` is the plain chain.
+    /// whether earlier matches agree on the continuation; its kind is the matched n-gram's
+    /// length (3 for 3 or more), the other half of prompt lookup's evidence. Alternatives are
+    /// taken in order of how likely their paths look (the product of those shares). With
+    /// `extra == 0`, or no disagreeing match, `out` is the plain chain, with its confidences.
     pub fn lookup_tree(&self, context: &[u32], gamma: usize, extra: usize, out: &mut Proposal) {
         out.clear();
-        let main = self.lookup(context, gamma);
+        let (main, ngram) = self.lookup_with_length(context, gamma);
         out.tokens.extend_from_slice(main);
-        if extra == 0 || main.is_empty() {
+        out.confidence_kind = ngram.min(3) as u8;
+        if main.is_empty() {
             return;
         }
         let conts = self.continuations(context, gamma);
@@ -168,12 +175,12 @@ impl PromptLookup {
                 picked.push(i);
             }
         }
+        out.confidence.extend((0..main.len()).map(share));
         if picked.is_empty() {
             return;
         }
         out.parents
             .extend(trie.parent[..main.len()].iter().copied());
-        out.confidence.extend((0..main.len()).map(share));
         for &i in &picked {
             out.tokens.push(trie.token[i]);
             let parent = trie.parent[i];
@@ -320,6 +327,12 @@ mod tests {
         pl.lookup_tree(&ctx, 2, 0, &mut p);
         assert_eq!(p.tokens, [3, 7]);
         assert!(!p.is_tree(), "no alternatives asked for");
+        // The chain's confidences all the same: 3 is where 2 of 3 matches went, 7 where 1 of
+        // the 2 after 3 did; the match was a 2-gram.
+        assert_eq!(p.confidence.len(), 2);
+        assert!((p.confidence[0] - 2.0 / 3.0).abs() < 1e-6);
+        assert!((p.confidence[1] - 0.5).abs() < 1e-6);
+        assert_eq!(p.confidence_kind, 2);
         pl.lookup_tree(&ctx, 2, 3, &mut p);
         // Main chain 3 → 7; 3 is followed by 4 too (under node 0), and 5 → 6 is the other
         // continuation. The 1-gram [2] matches the same starts, so nothing else.

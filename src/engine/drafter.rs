@@ -161,10 +161,7 @@ fn draft_with_model(
             proposal: match f {
                 Some(e) => Err(e),
                 None => {
-                    if !p.is_tree() {
-                        p.tokens.truncate(it.gamma);
-                        p.dists.truncate(it.gamma * p.vocab);
-                    }
+                    p.keep_chain_prefix(it.gamma);
                     Ok(p)
                 }
             },

@@ -173,6 +173,10 @@ pub struct TargetOutcome {
     pub accepted_tokens: Vec<u32>,
     /// What the walk did, for a tree round.
     pub tree: Option<TreeWalk>,
+    /// The chain's nodes the round tried, with the drafter's confidence in each and whether it
+    /// stood, when the drafter judged its nodes (kind: `Proposal::confidence_kind`).
+    pub tried_chain: Vec<(f32, bool)>,
+    pub confidence_kind: u8,
     /// The sampled token (PrefillLast, Verify).
     pub next_token: Option<u32>,
     pub rng: SeededRng,
@@ -194,6 +198,8 @@ pub struct TreeWalk {
     pub branched: bool,
     /// `(confidence, accepted)` of every node off the main chain the walk tried.
     pub tried_branches: Vec<(f32, bool)>,
+    /// The kind of those confidences (`Proposal::confidence_kind`).
+    pub kind: u8,
 }
 
 /// Verifier: one batched target forward.

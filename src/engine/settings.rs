@@ -163,6 +163,7 @@ pub struct SettingsUpdate {
     pub egag_threshold: Option<f32>,
     pub egag_ema_beta: Option<f32>,
     pub draft_p_min: Option<f32>,
+    pub confidence_pricing: Option<bool>,
     pub tree_nodes: Option<usize>,
 }
 
@@ -221,6 +222,7 @@ impl SettingsUpdate {
             egag_threshold: self.egag_threshold,
             egag_ema_beta: self.egag_ema_beta,
             draft_p_min: self.draft_p_min,
+            confidence_pricing: self.confidence_pricing,
         }
         .over(gate)
     }

@@ -167,6 +167,15 @@ impl Message<FreeSlot> for Verifier {
     }
 }
 
+/// The chain's nodes a round tried (those up to the first rejected one) with their
+/// confidences and whether each stood; empty when the drafter judged none.
+fn tried_chain(p: &Proposal, accepted: usize) -> Vec<(f32, bool)> {
+    let chain = p.chain_len().min(p.confidence.len());
+    (0..chain.min(accepted + 1))
+        .map(|i| (p.confidence[i], i < accepted))
+        .collect()
+}
+
 /// What a tree walk did, as the scheduler records it.
 fn tree_walk(p: &Proposal, walk: &TreeOutcome) -> TreeWalk {
     let chain_len = p.chain_len();
@@ -190,6 +199,7 @@ fn tree_walk(p: &Proposal, walk: &TreeOutcome) -> TreeWalk {
                 (conf, walk.path.contains(&n))
             })
             .collect(),
+        kind: p.confidence_kind,
     }
 }
 
@@ -231,6 +241,8 @@ fn run_batch(
             accepted: 0,
             accepted_tokens: Vec::new(),
             tree: None,
+            tried_chain: Vec::new(),
+            confidence_kind: it.proposal.confidence_kind,
             next_token: None,
             rng: it.rng.clone(),
             logprobs: Vec::new(),
@@ -287,7 +299,9 @@ fn run_batch(
                     out.accepted_tokens =
                         walk.path.iter().map(|&n| it.proposal.tokens[n]).collect();
                     out.next_token = Some(walk.next_token);
-                    out.tree = Some(tree_walk(&it.proposal, &walk));
+                    let t = tree_walk(&it.proposal, &walk);
+                    out.tried_chain = tried_chain(&it.proposal, t.chain_accepted);
+                    out.tree = Some(t);
                     Ok(())
                 }
                 TargetWork::Verify => {
@@ -310,6 +324,7 @@ fn run_batch(
                     out.accepted = outcome.accepted;
                     out.accepted_tokens = it.tokens[1..1 + outcome.accepted].to_vec();
                     out.next_token = Some(outcome.next_token);
+                    out.tried_chain = tried_chain(&it.proposal, outcome.accepted);
                     Ok(())
                 }
             }

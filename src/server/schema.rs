@@ -139,6 +139,7 @@ pub struct RequestSpeculation {
     pub egag_threshold: Option<f32>,
     pub egag_ema_beta: Option<f32>,
     pub draft_p_min: Option<f32>,
+    pub confidence_pricing: Option<bool>,
     pub tree_nodes: Option<usize>,
 }
 

@@ -213,6 +213,7 @@ pub(super) fn engine_request(
         egag_threshold: spec.and_then(|s| s.egag_threshold),
         egag_ema_beta: spec.and_then(|s| s.egag_ema_beta),
         draft_p_min: spec.and_then(|s| s.draft_p_min),
+        confidence_pricing: spec.and_then(|s| s.confidence_pricing),
     };
     gate.check().map_err(|(key, rule)| {
         ApiError::invalid_param(&format!("speculative.{key}"), format!("{key} {rule}."))

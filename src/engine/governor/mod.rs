@@ -16,7 +16,9 @@ mod planner;
 mod speedup;
 
 pub use acceptance::{AcceptanceRate, Governor};
-pub use branches::{acceptance_by_node, keep_alternatives, BranchRates, RoundPrice, TreeOffer};
+pub use branches::{
+    acceptance_by_node, keep_alternatives, keep_chain, ConfidenceRates, RoundPrice, TreeOffer,
+};
 pub use config::GovernorConfig;
 pub use costs::{CostEstimate, CostModel};
 pub use planner::{

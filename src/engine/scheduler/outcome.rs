@@ -32,6 +32,7 @@ impl Scheduler {
             }
         };
         let id = o.seq;
+        self.learn_from_round(&o);
         let s = self.active.iter_mut().find(|s| s.id == id)?;
         s.accept_rng = o.rng;
         let (chunk_len, drafts) = &sent[&id];
@@ -64,10 +65,6 @@ impl Scheduler {
                 telemetry::record_tree_round(t.nodes, t.branched);
             }
         }
-        if let Some(t) = &o.tree {
-            self.learn_from_walk(t);
-        }
-        let s = self.active.iter_mut().find(|s| s.id == id)?;
         let next = o.next_token?;
         let round = o.accepted_tokens.iter().copied().chain([next]);
         match s.emit_round(round) {

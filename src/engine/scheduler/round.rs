@@ -68,7 +68,7 @@ impl Scheduler {
                 TargetPart::Prefill { len } => s.prefill_item(len, lenience),
             });
         }
-        self.shape_trees(&mut items, draft_secs);
+        self.shape_proposals(&mut items, &live);
         // A tree is verified as one walk: no next round is guessed beside it.
         guesses.retain(|&(seq, _)| items.iter().any(|i| i.seq == seq && i.parents.is_empty()));
         for &(seq, gamma) in &guesses {

@@ -11,7 +11,7 @@ use super::sequence::{Queued, Sequence};
 use crate::engine::cache_manager::CacheManager;
 use crate::engine::drafter::Drafter;
 use crate::engine::governor::{
-    AcceptanceRate, BranchRates, CostModel, GovernorConfig, SpeedupEstimate,
+    AcceptanceRate, ConfidenceRates, CostModel, GovernorConfig, SpeedupEstimate,
 };
 use crate::engine::messages::Step;
 use crate::engine::request::FinishReason;
@@ -55,8 +55,10 @@ pub struct Scheduler {
     pub(super) speedup: SpeedupEstimate,
     /// Every request's drafts together: where a new request's governor starts.
     pub(super) acceptance: AcceptanceRate,
-    /// How often a tree's alternatives stand when tried, by the drafter's confidence.
-    pub(super) branch_rates: BranchRates,
+    /// How often chains' nodes and trees' alternatives stand when tried, by the drafter's
+    /// confidence.
+    pub(super) chain_rates: ConfidenceRates,
+    pub(super) branch_rates: ConfidenceRates,
     pub(super) rounds: u64,
     pub(super) overlap: Overlap,
     /// Next rounds drafted during a verification within a request, and how many were used.
@@ -87,7 +89,8 @@ impl Scheduler {
             costs,
             speedup: SpeedupEstimate::default(),
             acceptance: AcceptanceRate::new(0.5),
-            branch_rates: BranchRates::default(),
+            chain_rates: ConfidenceRates::default(),
+            branch_rates: ConfidenceRates::default(),
             rounds: 0,
             overlap: Overlap::default(),
             drafted_ahead: 0,

@@ -1,65 +1,114 @@
-//! Token trees in a round: before the target forward, each tree proposal is cut to the
-//! alternatives the governor prices as paying (or to its chain where a tree cannot be
-//! verified), and after it, what the walks tried teaches the governor how often alternatives
-//! stand.
+//! Shaping a round's proposals by price, after drafting and before the target forward: a
+//! chain is cut where its next tokens, by the drafter's confidence in each, are not worth their
+//! rows (`confidence_pricing`); a token tree keeps only the alternatives the governor prices as
+//! paying (or only its chain where a tree cannot be verified). After the forward, what the
+//! round tried teaches the governor how often nodes stand, by confidence.
 
 use super::state::Scheduler;
 use crate::engine::gamma::GammaPolicy;
-use crate::engine::governor::{expected_tokens, keep_alternatives, RoundPrice, TreeOffer};
-use crate::engine::messages::{TargetItem, TargetWork, TreeWalk};
+use crate::engine::governor::{
+    expected_tokens, keep_alternatives, keep_chain, RoundPrice, TreeOffer,
+};
+use crate::engine::messages::{TargetItem, TargetOutcome, TargetWork};
+use crate::engine::settings::SpeculationSettings;
 
 impl Scheduler {
-    /// Shapes the round's tree proposals: a request with a fixed γ keeps its tree as drafted;
-    /// under the governor, alternatives are kept only while forecast to pay against the round
-    /// (its chains' expected tokens over the forward's price and `draft_seconds` of drafting);
-    /// a tree that keeps none, or whose lenience is not 1, is verified as its chain.
-    pub(super) fn shape_trees(&self, items: &mut [TargetItem], draft_seconds: f64) {
-        if !items.iter().any(|it| it.proposal.is_tree()) {
+    /// Shapes the round's proposals (see the module doc). A request with a fixed γ keeps what
+    /// it drafted. The round's price starts from every other token of the forward (chains the
+    /// governor does not reshape at their expected tokens from α) and the drafting's price
+    /// (the cost model's, not the clock's, so a decision depends on prices alone); each shaped
+    /// sequence then adds the nodes that beat the round's rate so far.
+    pub(super) fn shape_proposals(&self, items: &mut [TargetItem], live: &SpeculationSettings) {
+        let request = |seq: u64| self.active.iter().find(|s| s.id == seq);
+        let prices = |it: &TargetItem| {
+            let s = request(it.seq)?;
+            let adaptive = !matches!(s.request.gamma, GammaPolicy::Fixed(_));
+            let pricing = adaptive
+                && it.lenience.is_exact()
+                && s.request.gate.over(live.gate).confidence_pricing
+                && it.proposal.confidence.len() >= it.proposal.chain_len();
+            Some((adaptive, pricing))
+        };
+        let shaped = |it: &TargetItem| {
+            it.work == TargetWork::Verify
+                && (it.proposal.is_tree() || prices(it).is_some_and(|(_, p)| p))
+        };
+        if !items.iter().any(shaped) {
             return;
         }
-        let alpha_of = |seq: u64| {
-            self.active
-                .iter()
-                .find(|s| s.id == seq)
-                .map_or(0.0, |s| s.governor.alpha())
-        };
-        let chain_width = |it: &TargetItem| 1 + it.proposal.chain_len().min(it.tokens.len() - 1);
-        let width: usize = items
+        let alpha_of = |seq: u64| request(seq).map_or(0.0, |s| s.governor.alpha());
+        let drafting: Vec<usize> = items
             .iter()
-            .map(|it| {
-                if it.proposal.is_tree() {
-                    chain_width(it)
-                } else {
-                    it.tokens.len()
+            .filter(|it| it.work == TargetWork::Verify && it.tokens.len() > 1)
+            .map(|it| it.proposal.chain_len())
+            .collect();
+        let steps = drafting.iter().copied().max().unwrap_or(0);
+        let draft_seconds = self
+            .costs
+            .draft_seconds(steps, drafting.len())
+            .unwrap_or(0.0);
+        let (mut width, mut tokens) = (0, 0.0);
+        for it in items.iter() {
+            if shaped(it) {
+                width += 1;
+                tokens += 1.0;
+            } else {
+                width += it.tokens.len();
+                if it.work == TargetWork::Verify {
+                    tokens += expected_tokens(alpha_of(it.seq), it.tokens.len() - 1);
                 }
-            })
-            .sum();
-        let tokens: f64 = items
-            .iter()
-            .filter(|it| it.work == TargetWork::Verify)
-            .map(|it| expected_tokens(alpha_of(it.seq), it.proposal.chain_len()))
-            .sum();
+            }
+        }
         let mut round = self.costs.verify_seconds(width).map(|v| RoundPrice {
             tokens,
             seconds: v + draft_seconds,
             width,
         });
-        for it in items.iter_mut().filter(|it| it.proposal.is_tree()) {
-            let fixed = self
-                .active
-                .iter()
-                .find(|s| s.id == it.seq)
-                .is_some_and(|s| matches!(s.request.gamma, GammaPolicy::Fixed(_)));
+        for it in items.iter_mut().filter(|it| shaped(it)) {
+            let (adaptive, pricing) = prices(it).unwrap_or((false, false));
             if !it.lenience.is_exact() {
                 it.proposal.to_chain();
-            } else if !fixed {
+            }
+            let p = &it.proposal;
+            let chain = p.chain_len();
+            let kind = p.confidence_kind;
+            let chain_accept: Vec<f64> = if pricing {
+                p.confidence[..chain]
+                    .iter()
+                    .map(|&c| self.chain_rates.rate(kind, c))
+                    .collect()
+            } else {
+                vec![alpha_of(it.seq); chain]
+            };
+            // The chain: cut by price, or kept whole and priced at its rates.
+            let kept = match round.as_mut() {
+                Some(r) if pricing => {
+                    let floor = live.gamma_min.get().min(chain);
+                    keep_chain(&chain_accept, floor, r, &self.costs)
+                }
+                Some(r) => {
+                    r.tokens += expected_tokens(alpha_of(it.seq), chain) - 1.0;
+                    r.width += chain;
+                    r.seconds = self
+                        .costs
+                        .verify_seconds(r.width)
+                        .map_or(r.seconds, |v| v + draft_seconds);
+                    Some(chain)
+                }
+                None => None,
+            };
+            if let Some(k) = kept {
+                it.proposal.keep_chain_prefix(k);
+            }
+            if it.proposal.is_tree() && adaptive {
                 let p = &it.proposal;
                 let keep = round.as_mut().and_then(|r| {
                     let offer = TreeOffer {
                         parents: &p.parents,
                         chain_len: p.chain_len(),
                         confidence: &p.confidence,
-                        alpha: alpha_of(it.seq),
+                        kind: p.confidence_kind,
+                        chain_accept: &chain_accept,
                     };
                     keep_alternatives(&offer, &self.branch_rates, r, &self.costs)
                 });
@@ -77,10 +126,17 @@ impl Scheduler {
         }
     }
 
-    /// What a tree round's walk tried goes into the alternatives' acceptance estimates.
-    pub(super) fn learn_from_walk(&mut self, walk: &TreeWalk) {
-        for &(confidence, accepted) in &walk.tried_branches {
-            self.branch_rates.record(confidence, accepted);
+    /// What a round tried goes into the acceptance estimates by confidence: the chain's nodes
+    /// and a tree's alternatives.
+    pub(super) fn learn_from_round(&mut self, o: &TargetOutcome) {
+        for &(confidence, accepted) in &o.tried_chain {
+            self.chain_rates
+                .record(o.confidence_kind, confidence, accepted);
+        }
+        if let Some(walk) = &o.tree {
+            for &(confidence, accepted) in &walk.tried_branches {
+                self.branch_rates.record(walk.kind, confidence, accepted);
+            }
         }
     }
 }
