@@ -814,7 +814,11 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
     for (i, source) in sources.into_iter().enumerate() {
         let off = run(source.clone(), false);
         let on = run(source.clone(), true);
-        assert_eq!(on, run(source.clone(), true), "the same prices, the same rounds");
+        assert_eq!(
+            on,
+            run(source.clone(), true),
+            "the same prices, the same rounds"
+        );
         eprintln!("without pricing {off:?}\nwith pricing    {on:?}");
         assert!(on.rounds > 0, "still speculates: {on:?}");
         // The draft model is unsure of many tokens it gets wrong; prompt lookup's matches on

@@ -117,7 +117,9 @@ impl Proposal {
             return;
         }
         if self.is_tree() {
-            let keep: Vec<bool> = (0..self.tokens.len()).map(|i| i >= chain || i < k).collect();
+            let keep: Vec<bool> = (0..self.tokens.len())
+                .map(|i| i >= chain || i < k)
+                .collect();
             self.retain_nodes(&keep);
             if self.tokens.len() == self.chain_len() {
                 self.to_chain();
@@ -167,11 +169,7 @@ impl Proposal {
 
     /// How many nodes have a distribution (a prefix of the main chain).
     pub fn dist_rows(&self) -> usize {
-        if self.vocab == 0 {
-            0
-        } else {
-            self.dists.len() / self.vocab
-        }
+        self.dists.len().checked_div(self.vocab).unwrap_or(0)
     }
 
     /// Drops the first drafted token and its distribution (a guess that was checked against

@@ -35,6 +35,9 @@ pub struct SeqInput<'a> {
     pub parents: &'a [u32],
 }
 
+/// A tree input's depth of each token and each token's path from the first token.
+pub(crate) type TreeLayout = (Vec<usize>, Vec<Vec<usize>>);
+
 /// The parent of a tree input's first token.
 pub const TREE_ROOT: u32 = u32::MAX;
 
@@ -54,7 +57,7 @@ impl SeqInput<'_> {
 
     /// A tree input's depths and, per token, its path ([`SeqInput::tree_path`]); `None` for a
     /// chain.
-    pub(crate) fn tree_layout(&self) -> Option<(Vec<usize>, Vec<Vec<usize>>)> {
+    pub(crate) fn tree_layout(&self) -> Option<TreeLayout> {
         let depths = self.tree_depths()?;
         let paths = (0..self.tokens.len()).map(|k| self.tree_path(k)).collect();
         Some((depths, paths))

@@ -85,52 +85,6 @@ unsafe fn exp_nonpositive_avx2(xs: &mut [f32]) -> usize {
     full
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Values over the whole range SiLU sees, and its edges.
-    fn inputs() -> Vec<f32> {
-        let mut v: Vec<f32> = (0..4003).map(|i| (i as f32 - 2001.0) * 0.0173).collect();
-        v.extend([0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0, 150.0, -150.0, f32::MIN_POSITIVE]);
-        v
-    }
-
-    #[test]
-    fn silu_is_close_to_the_exact_one_and_the_same_bits_on_every_path() {
-        let g = inputs();
-        let u: Vec<f32> = (0..g.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
-        let mut out = vec![0f32; g.len()];
-        silu_mul(&g, &u, &mut out);
-        for i in 0..g.len() {
-            let scalar = silu_times(g[i], u[i]);
-            assert_eq!(out[i].to_bits(), scalar.to_bits(), "element {i}: g = {}", g[i]);
-            let (gx, ux) = (g[i] as f64, u[i] as f64);
-            let exact = gx / (1.0 + (-gx).exp()) * ux;
-            let err = (out[i] as f64 - exact).abs();
-            // (Below g = -87 the exponential clamps: a SiLU of about -1e-36 instead of less.)
-            assert!(err <= 4e-7 * exact.abs() + 1e-35, "g = {}: {} vs {exact}", g[i], out[i]);
-        }
-        // Any offset into a row gives the same bits (the vector and the scalar tail agree).
-        let mut shifted = vec![0f32; g.len() - 3];
-        silu_mul(&g[3..], &u[3..], &mut shifted);
-        assert_eq!(shifted, out[3..]);
-        let mut nan = [0f32; 9];
-        silu_mul(&[f32::NAN; 9], &[1.0; 9], &mut nan);
-        assert!(nan.iter().all(|x| x.is_nan()));
-    }
-
-    #[test]
-    fn exponentials_are_the_scalar_bits_on_every_path() {
-        let xs: Vec<f32> = inputs().into_iter().map(|x| -x.abs()).collect();
-        let mut v = xs.clone();
-        exp_nonpositive(&mut v);
-        for (x, e) in xs.iter().zip(&v) {
-            assert_eq!(e.to_bits(), softmax_exp(*x).to_bits(), "exp({x})");
-        }
-    }
-}
-
 /// `silu(gate) · up` of a fused gate/up projection's output `(rows, 2 · inter)` (gate first):
 /// on the CPU with f32 rows by [`silu_mul`] straight from the tensor's memory, one output
 /// allocation and no strided copies; elsewhere (a GPU) by candle's own operations.
@@ -167,5 +121,71 @@ impl candle_core::CustomOp1 for SiluGate {
             silu_mul(&src[..inter], &src[inter..2 * inter], dst);
         }
         Ok((candle_core::CpuStorage::F32(out), (rows, inter).into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values over the whole range SiLU sees, and its edges.
+    fn inputs() -> Vec<f32> {
+        let mut v: Vec<f32> = (0..4003).map(|i| (i as f32 - 2001.0) * 0.0173).collect();
+        v.extend([
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            88.0,
+            -88.0,
+            150.0,
+            -150.0,
+            f32::MIN_POSITIVE,
+        ]);
+        v
+    }
+
+    #[test]
+    fn silu_is_close_to_the_exact_one_and_the_same_bits_on_every_path() {
+        let g = inputs();
+        let u: Vec<f32> = (0..g.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let mut out = vec![0f32; g.len()];
+        silu_mul(&g, &u, &mut out);
+        for i in 0..g.len() {
+            let scalar = silu_times(g[i], u[i]);
+            assert_eq!(
+                out[i].to_bits(),
+                scalar.to_bits(),
+                "element {i}: g = {}",
+                g[i]
+            );
+            let (gx, ux) = (g[i] as f64, u[i] as f64);
+            let exact = gx / (1.0 + (-gx).exp()) * ux;
+            let err = (out[i] as f64 - exact).abs();
+            // (Below g = -87 the exponential clamps: a SiLU of about -1e-36 instead of less.)
+            assert!(
+                err <= 4e-7 * exact.abs() + 1e-35,
+                "g = {}: {} vs {exact}",
+                g[i],
+                out[i]
+            );
+        }
+        // Any offset into a row gives the same bits (the vector and the scalar tail agree).
+        let mut shifted = vec![0f32; g.len() - 3];
+        silu_mul(&g[3..], &u[3..], &mut shifted);
+        assert_eq!(shifted, out[3..]);
+        let mut nan = [0f32; 9];
+        silu_mul(&[f32::NAN; 9], &[1.0; 9], &mut nan);
+        assert!(nan.iter().all(|x| x.is_nan()));
+    }
+
+    #[test]
+    fn exponentials_are_the_scalar_bits_on_every_path() {
+        let xs: Vec<f32> = inputs().into_iter().map(|x| -x.abs()).collect();
+        let mut v = xs.clone();
+        exp_nonpositive(&mut v);
+        for (x, e) in xs.iter().zip(&v) {
+            assert_eq!(e.to_bits(), softmax_exp(*x).to_bits(), "exp({x})");
+        }
     }
 }

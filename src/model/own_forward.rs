@@ -6,7 +6,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::attention::{causal_attention, tree_attention, AttnShape};
-use super::batch::{logits_rows, BatchLogits, SeqInput};
+use super::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use super::hparams::LlamaHparams;
 use super::kv_cache::{KvCache, LayerKv};
 use super::llama_weights::LlamaWeights;
@@ -43,8 +43,7 @@ pub(crate) fn forward(
     })?;
     let mut attn_out = vec![0f32; total * q_dim];
     // Tree inputs: each token's depth (its position past start_pos) and its path.
-    let trees: Vec<Option<(Vec<usize>, Vec<Vec<usize>>)>> =
-        batch.iter().map(SeqInput::tree_layout).collect();
+    let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
 
     for (l, layer) in w.layers.iter().enumerate() {
         let h = timed(Op::Norm, || {

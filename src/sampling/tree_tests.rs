@@ -24,11 +24,12 @@ enum Proposed {
 /// A test tree's shape: per node, its parent and how it is proposed.
 struct Shape(Vec<(u32, Proposed)>);
 
+/// One way the tree's tokens came out: the tokens, each node's q row (`None`: a point mass),
+/// and its probability.
+type Draw = (Vec<u32>, Vec<Option<Vec<f32>>>, f64);
+
 /// Every way the tree's tokens could come out, with its probability, and each node's q row.
-fn draws(
-    shape: &Shape,
-    q_of: &dyn Fn(u64, &[u32]) -> Vec<f32>,
-) -> Vec<(Vec<u32>, Vec<Option<Vec<f32>>>, f64)> {
+fn draws(shape: &Shape, q_of: &dyn Fn(u64, &[u32]) -> Vec<f32>) -> Vec<Draw> {
     let mut all = vec![(Vec::<u32>::new(), Vec::<Option<Vec<f32>>>::new(), 1.0)];
     for (i, &(parent, how)) in shape.0.iter().enumerate() {
         let mut next = Vec::new();

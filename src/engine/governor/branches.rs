@@ -98,7 +98,12 @@ pub fn acceptance_by_node(offer: &TreeOffer, rates: &ConfidenceRates) -> Vec<f64
     let n = offer.parents.len();
     let own = |i: usize| {
         if i < offer.chain_len {
-            offer.chain_accept.get(i).copied().unwrap_or(0.0).clamp(0.0, 1.0)
+            offer
+                .chain_accept
+                .get(i)
+                .copied()
+                .unwrap_or(0.0)
+                .clamp(0.0, 1.0)
         } else {
             rates.rate(offer.kind, offer.confidence.get(i).copied().unwrap_or(0.0))
         }
@@ -135,8 +140,8 @@ pub fn keep_chain(
     let mut kept = 0;
     for (i, &a) in accept.iter().enumerate() {
         reach *= a.clamp(0.0, 1.0);
-        let row = (costs.verify_seconds(round.width + 1)? - costs.verify_seconds(round.width)?)
-            .max(0.0);
+        let row =
+            (costs.verify_seconds(round.width + 1)? - costs.verify_seconds(round.width)?).max(0.0);
         if i >= min && reach * round.seconds <= round.tokens * row {
             break;
         }
@@ -226,7 +231,10 @@ mod tests {
         assert_eq!(r.width, 3);
         assert!((r.tokens - 2.71).abs() < 1e-9);
         // A floor of 3 keeps the third anyway; nothing unsure keeps everything.
-        assert_eq!(keep_chain(&[0.9, 0.9, 0.3, 0.9], 3, &mut round(), &c), Some(3));
+        assert_eq!(
+            keep_chain(&[0.9, 0.9, 0.3, 0.9], 3, &mut round(), &c),
+            Some(3)
+        );
         assert_eq!(keep_chain(&[1.0; 4], 0, &mut round(), &c), Some(4));
         // A first node unlikely to stand is not worth a row: a plain step.
         assert_eq!(keep_chain(&[0.1, 0.9], 0, &mut round(), &c), Some(0));

@@ -1,7 +1,7 @@
 //! Every kernel against the scalar definitions, bit for bit, and the whole attention call.
 
-use super::scalar::dot;
 use super::super::fast_exp::softmax_exp;
+use super::scalar::dot;
 use super::{accumulate_values, finish_values, scaled_dots, softmax_weights, KvElement};
 
 fn val(i: usize) -> f32 {

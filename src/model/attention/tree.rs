@@ -72,7 +72,11 @@ pub fn tree_attention<T: KvElement>(
             let j = start_pos + d;
             let w = scores[j];
             let v = &values[(start_pos + r) * kv_dim + kv_off..][..head_dim];
-            let sums = if j % 2 == 0 { &mut *even } else { &mut *odd };
+            let sums = if j.is_multiple_of(2) {
+                &mut *even
+            } else {
+                &mut *odd
+            };
             for (o, x) in sums.iter_mut().zip(v) {
                 *o = w.mul_add(x.widen(), *o);
             }

@@ -11,7 +11,7 @@ mod attention;
 
 use candle_core::{DType, Device, Tensor};
 
-use super::batch::{logits_rows, BatchLogits, SeqInput};
+use super::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use super::hparams::{LlamaHparams, RopeLayout};
 use super::kv_cache::KvCache;
 use super::llama_weights::LlamaWeights;
@@ -70,8 +70,7 @@ pub(crate) fn forward(
         .flat_map(|s| s.tokens.iter().copied())
         .collect();
     // Tree inputs: each token's depth (its position past start_pos) and its path.
-    let trees: Vec<Option<(Vec<usize>, Vec<Vec<usize>>)>> =
-        batch.iter().map(SeqInput::tree_layout).collect();
+    let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
     let positions: Vec<u32> = batch
         .iter()
         .zip(&trees)
