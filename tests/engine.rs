@@ -689,7 +689,8 @@ fn forked_prompts(target: &Llama, n: usize) -> Vec<Vec<u32>> {
 
 /// Token trees (a chain with alternatives beside it, verified in one forward): greedy output
 /// stays plain decoding's for both drafters, alone and 4 at once, pipelined or not, with the
-/// drafted trees kept whole (a fixed γ) and priced by the governor (adaptive γ). The trees are
+/// drafted trees kept whole (a fixed γ) and priced by the governor (adaptive γ), with and
+/// without confidence pricing. The trees are
 /// really verified, and some of them accept an alternative over the drafted chain.
 #[test]
 fn token_trees_keep_greedy_output_identical() {
@@ -735,9 +736,11 @@ fn token_trees_keep_greedy_output_identical() {
                     for (ci, chunk) in all.chunks(n).enumerate() {
                         let got: Vec<Completion> = rt.block_on(async {
                             let mut handles = Vec::new();
-                            for p in chunk {
+                            for (j, p) in chunk.iter().enumerate() {
                                 let mut req = request(greedy(p.clone(), 24), gamma);
                                 req.tree_nodes = Some(4);
+                                // Half of them with their chains cut by confidence too.
+                                req.gate.confidence_pricing = Some(j % 2 == 0);
                                 let stream = engine.submit(req).await.unwrap();
                                 handles.push(tokio::spawn(stream.collect()));
                             }

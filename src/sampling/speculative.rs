@@ -87,7 +87,7 @@ const PROBABILITY: &str = "probabilities must be finite and >= 0";
 /// `q_t`: `min(1, p_t / (l · q_t))`. Shared by the sampler and the exact enumeration so both use
 /// one rule. A token the drafter gave zero probability is accepted whenever the target allows it
 /// (the ratio is +∞), and rejected when both are zero (there is nothing to justify it).
-fn acceptance_probability(p_t: f32, q_t: f32, lenience: f32) -> f64 {
+pub(super) fn acceptance_probability(p_t: f32, q_t: f32, lenience: f32) -> f64 {
     let p = p_t as f64;
     let lq = lenience as f64 * q_t as f64;
     if lq == 0.0 {
@@ -356,7 +356,7 @@ fn check_lenience(lenience: f32) -> Result<(), SpecError> {
 }
 
 /// Checks γ + 1 target rows of one vocabulary and drafts inside it; returns the vocabulary size.
-fn check_target_shape(drafts: &[u32], p: &[&[f32]]) -> Result<usize, SpecError> {
+pub(super) fn check_target_shape(drafts: &[u32], p: &[&[f32]]) -> Result<usize, SpecError> {
     if p.len() != drafts.len() + 1 {
         return Err(SpecError::RowCount {
             what: TARGET,
@@ -382,7 +382,7 @@ fn check_target_shape(drafts: &[u32], p: &[&[f32]]) -> Result<usize, SpecError> 
     Ok(vocab)
 }
 
-fn check_vocab(
+pub(super) fn check_vocab(
     what: &'static str,
     row: usize,
     dist: &[f32],
@@ -402,7 +402,7 @@ fn check_vocab(
 
 /// Finite and non-negative everywhere; with `needs_mass`, not all zero (something must be
 /// sampleable from it).
-fn check_distribution(
+pub(super) fn check_distribution(
     what: &'static str,
     row: usize,
     dist: &[f32],

@@ -25,7 +25,10 @@
 //! Trees are verified at lenience 1 only: lenience is a chain-only relaxation.
 
 use super::argmax;
-use super::speculative::{residual, DraftDist, RoundChoices, SpecError};
+use super::speculative::{
+    acceptance_probability, check_distribution, check_target_shape, check_vocab, residual,
+    DraftDist, RoundChoices, SpecError,
+};
 
 /// The parent of a node that hangs from the root (the round's first, already sampled, token).
 pub const ROOT: u32 = u32::MAX;
@@ -121,37 +124,7 @@ fn row_of(node: u32) -> usize {
 
 fn check_rows(tree: &DraftTree, p: &[&[f32]]) -> Result<usize, SpecError> {
     tree.check()?;
-    if p.len() != tree.len() + 1 {
-        return Err(SpecError::RowCount {
-            what: "target distribution p",
-            expected: tree.len() + 1,
-            got: p.len(),
-        });
-    }
-    let vocab = p[0].len();
-    for (row, dist) in p.iter().enumerate() {
-        if dist.len() != vocab {
-            return Err(SpecError::VocabMismatch {
-                what: "target distribution p",
-                row,
-                expected: vocab,
-                got: dist.len(),
-            });
-        }
-    }
-    if let Some((position, &token)) = tree
-        .tokens
-        .iter()
-        .enumerate()
-        .find(|(_, &t)| t as usize >= vocab)
-    {
-        return Err(SpecError::DraftOutOfVocab {
-            position,
-            token,
-            vocab,
-        });
-    }
-    Ok(vocab)
+    check_target_shape(tree.tokens, p)
 }
 
 /// Greedy walk (temperature 0): from the root, follow the child whose token is the target's
@@ -215,19 +188,12 @@ pub fn accept_tree_sampled(
         });
     }
     for (row, dist) in p.iter().enumerate() {
-        check_probabilities("target distribution p", row, dist, true)?;
+        check_distribution("target distribution p", row, dist, true)?;
     }
     for (row, d) in q.iter().enumerate() {
         if let DraftDist::Full(dist) = *d {
-            if dist.len() != vocab {
-                return Err(SpecError::VocabMismatch {
-                    what: "draft distribution q",
-                    row,
-                    expected: vocab,
-                    got: dist.len(),
-                });
-            }
-            check_probabilities("draft distribution q", row, dist, false)?;
+            check_vocab("draft distribution q", row, dist, vocab)?;
+            check_distribution("draft distribution q", row, dist, false)?;
         }
     }
     let mut out = TreeOutcome {
@@ -255,7 +221,7 @@ pub fn accept_tree_sampled(
                 DraftDist::Full(d) => d[x as usize],
                 DraftDist::PointMass => 1.0,
             };
-            if choices.accept(acceptance(cur[x as usize], q_x)) {
+            if choices.accept(acceptance_probability(cur[x as usize], q_x, 1.0)) {
                 out.path.push(c);
                 at = c as u32;
                 continue 'walk;
@@ -273,46 +239,6 @@ pub fn accept_tree_sampled(
         out.bonus = !any;
         return Ok(out);
     }
-}
-
-/// `min(1, p/q)`, with a token its proposal gave no mass accepted whenever the target allows
-/// it (as in the chain rule).
-fn acceptance(p: f32, q: f32) -> f64 {
-    let (p, q) = (p as f64, q as f64);
-    if q == 0.0 {
-        if p > 0.0 {
-            1.0
-        } else {
-            0.0
-        }
-    } else {
-        (p / q).min(1.0)
-    }
-}
-
-fn check_probabilities(
-    what: &'static str,
-    row: usize,
-    dist: &[f32],
-    needs_mass: bool,
-) -> Result<(), SpecError> {
-    let mut any = false;
-    for (token, &value) in dist.iter().enumerate() {
-        if !(value.is_finite() && value >= 0.0) {
-            return Err(SpecError::InvalidValue {
-                what,
-                row,
-                token,
-                value,
-                expected: "probabilities must be finite and >= 0",
-            });
-        }
-        any |= value > 0.0;
-    }
-    if needs_mass && !any {
-        return Err(SpecError::NoMass { what, row });
-    }
-    Ok(())
 }
 
 #[cfg(test)]
