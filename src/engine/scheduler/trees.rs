@@ -97,8 +97,12 @@ impl Scheduler {
                 }
                 None => None,
             };
-            if let Some(k) = kept {
-                it.proposal.keep_chain_prefix(k);
+            match kept {
+                // Nothing of the chain pays: a plain step (alternatives without their chain
+                // are not offered on their own).
+                Some(0) => it.proposal.clear(),
+                Some(k) => it.proposal.keep_chain_prefix(k),
+                None => {}
             }
             if it.proposal.is_tree() && adaptive {
                 let p = &it.proposal;
