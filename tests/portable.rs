@@ -2,8 +2,9 @@
 //! run time, so a CPU without AVX2 must still run the default model, on portable code, and say
 //! so in its log; and speculation must stay exact there too.
 //!
-//! The binary under test is `$TANDEM_RELEASE_BIN` when set (scripts/test points it at the
-//! release build) and this test build's `tandem` otherwise.
+//! The binary under test is this test build's `tandem` (the same target features as a release
+//! build: none beyond x86-64's baseline), or `$TANDEM_RELEASE_BIN` when set, to try a shipped
+//! binary.
 
 mod common;
 
