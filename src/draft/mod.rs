@@ -8,6 +8,7 @@
 mod history;
 mod model;
 mod prompt_lookup;
+mod siblings;
 mod spec;
 mod vocabulary;
 
@@ -18,7 +19,7 @@ pub use spec::{DraftSpec, InvalidDraftSpec};
 pub use vocabulary::check_same_vocabulary;
 
 use crate::model::ModelError;
-use crate::sampling::tree::ROOT;
+use crate::sampling::tree::{chain_parent, ROOT};
 use crate::sampling::{SamplingError, SamplingParams, SeededRng};
 
 #[derive(Debug, thiserror::Error)]
@@ -121,9 +122,6 @@ impl Proposal {
                 .map(|i| i >= chain || i < k)
                 .collect();
             self.retain_nodes(&keep);
-            if self.tokens.len() == self.chain_len() {
-                self.to_chain();
-            }
         } else {
             self.tokens.truncate(k);
             self.dists.truncate(k.min(self.dist_rows()) * self.vocab);
@@ -131,7 +129,8 @@ impl Proposal {
         }
     }
 
-    /// Keeps the nodes `keep` says (a subtree: a kept node's parent is kept), in order.
+    /// Keeps the nodes `keep` says (a subtree: a kept node's parent is kept), in order; a tree
+    /// left with no alternative becomes its chain.
     pub fn retain_nodes(&mut self, keep: &[bool]) {
         if !self.is_tree() {
             return;
@@ -165,6 +164,9 @@ impl Proposal {
         self.tokens = tokens;
         self.parents = parents;
         self.confidence = confidence;
+        if self.tokens.len() == self.chain_len() {
+            self.to_chain();
+        }
     }
 
     /// How many nodes have a distribution (a prefix of the main chain).
@@ -202,9 +204,7 @@ impl Proposal {
         if self.is_tree() {
             self.parents.clone()
         } else {
-            (0..self.tokens.len() as u32)
-                .map(|i| if i == 0 { ROOT } else { i - 1 })
-                .collect()
+            (0..self.tokens.len()).map(chain_parent).collect()
         }
     }
 

@@ -9,10 +9,10 @@ use std::collections::HashMap;
 use std::ops::Deref;
 use std::time::Instant;
 
+use super::siblings::Siblings;
 use super::{DraftError, Proposal, Proposer};
 use crate::model::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
-use crate::sampling::tree::ROOT;
 use crate::sampling::{
     apply_penalties, argmax, confidence, confidence_of_logits, probabilities, sample_from,
     DraftGate, GateRound, SamplingParams, SeededRng,
@@ -84,80 +84,6 @@ struct Lane {
     history: Vec<u32>,
     gate: GateRound,
     siblings: Siblings,
-}
-
-/// A draft model's alternatives for a token tree: at each drafted position, its runners-up
-/// (the likeliest tokens other than the one drafted), as point-mass siblings of the drafted
-/// node. A runner-up is right, if the drafted token is not, about as often as the drafter's
-/// own probability says: judged by the drafter alone, the chance the walk reaches and accepts
-/// it is the product of the chain's probabilities before it times its own probability, and the
-/// likeliest of those are kept.
-#[derive(Default)]
-struct Siblings {
-    /// The chain's probability up to the position being drafted.
-    reach: f32,
-    /// `(position, token, confidence: its probability given the drafted token is wrong,
-    /// reach)`.
-    found: Vec<(usize, u32, f32, f32)>,
-}
-
-/// Runners-up looked at per drafted position.
-const RUNNERS_UP: usize = 2;
-
-impl Siblings {
-    fn new() -> Self {
-        Self {
-            reach: 1.0,
-            found: Vec::new(),
-        }
-    }
-
-    /// Position `j` drafted `token` from `probs`.
-    fn record(&mut self, j: usize, token: u32, probs: &[f32]) {
-        let q_t = probs.get(token as usize).copied().unwrap_or(0.0);
-        let mut best = [(0u32, 0f32); RUNNERS_UP];
-        for (x, &p) in probs.iter().enumerate() {
-            if x as u32 == token || p <= best[RUNNERS_UP - 1].1 {
-                continue;
-            }
-            let at = best
-                .iter()
-                .position(|b| p > b.1)
-                .expect("checked against the last");
-            best.copy_within(at..RUNNERS_UP - 1, at + 1);
-            best[at] = (x as u32, p);
-        }
-        let rest = (1.0 - q_t).max(f32::EPSILON);
-        for (x, p) in best {
-            if p > 0.0 {
-                self.found.push((j, x, (p / rest).min(1.0), self.reach * p));
-            }
-        }
-        self.reach *= q_t;
-    }
-
-    /// Appends the `n` likeliest runners-up (of positions the chain reached) to `out`.
-    fn attach(&mut self, n: usize, out: &mut Proposal) {
-        let chain = out.tokens.len();
-        self.found.retain(|f| f.0 < chain);
-        if n == 0 || self.found.is_empty() {
-            return;
-        }
-        self.found
-            .sort_by(|a, b| b.3.total_cmp(&a.3).then(a.0.cmp(&b.0)));
-        self.found.truncate(n);
-        self.found.sort_by_key(|f| f.0);
-        out.parents.clear();
-        out.parents
-            .extend((0..chain as u32).map(|i| if i == 0 { ROOT } else { i - 1 }));
-        // The chain's own confidences (its probabilities) were set while drafting.
-        out.confidence.resize(chain, 1.0);
-        for &(j, token, conf, _) in &self.found {
-            out.tokens.push(token);
-            out.parents.push(if j == 0 { ROOT } else { j as u32 - 1 });
-            out.confidence.push(conf);
-        }
-    }
 }
 
 impl<M: Deref<Target = Llama>> ModelDrafter<M> {
@@ -486,7 +412,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                             let q_t = self.probs.get(token as usize).copied().unwrap_or(0.0);
                             job.out.confidence.push(q_t);
                             if job.tree_nodes > 0 {
-                                lane.siblings.record(j, token, &self.probs);
+                                lane.siblings.record(j, token, q_t, &self.probs);
                             }
                         }
                         Ok(Some(token))

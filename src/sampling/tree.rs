@@ -33,6 +33,15 @@ use super::speculative::{
 /// The parent of a node that hangs from the root (the round's first, already sampled, token).
 pub const ROOT: u32 = u32::MAX;
 
+/// The parent of a chain's node `i`: the node before it, or [`ROOT`] for the first.
+pub fn chain_parent(i: usize) -> u32 {
+    if i == 0 {
+        ROOT
+    } else {
+        i as u32 - 1
+    }
+}
+
 /// A draft tree: node `i` proposes `tokens[i]` after its parent `parents[i]`, [`ROOT`] or an
 /// earlier node (so the nodes are in a topological order, and the target's rows can be
 /// computed in one forward over them in this order).

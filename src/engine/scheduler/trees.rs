@@ -120,9 +120,6 @@ impl Scheduler {
                     Some(keep) => it.proposal.retain_nodes(&keep),
                     None => it.proposal.to_chain(),
                 }
-                if it.proposal.tokens.len() == it.proposal.chain_len() {
-                    it.proposal.to_chain();
-                }
             }
             it.tokens.truncate(1);
             it.tokens.extend_from_slice(&it.proposal.tokens);
