@@ -4,7 +4,16 @@
 //! Why it exists: operators grep and ship logs; every request-scoped line carries the request
 //! id (the one the client sees in the response's `id` and `x-request-id`), so one request's
 //! story can be pulled out of a busy server's log.
+//!
+//! Logs cannot be forged: user-supplied strings (a model name, a stop string, an error that
+//! quotes the request) reach log fields, and a newline in one would start a line of the
+//! client's choosing. Every event passes through [`OneLinePerEvent`], which escapes line
+//! breaks and other control characters inside it, so one event is always exactly one line.
 
+use std::borrow::Cow;
+use std::io::Write;
+
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +37,7 @@ pub fn init(filter: &str, format: &str) -> Result<(), LoggingError> {
         .map_err(|e| LoggingError::Filter(filter.clone(), e.to_string()))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(env_filter)
-        .with_writer(std::io::stderr)
+        .with_writer(OneLinePerEvent)
         .with_target(false)
         .with_ansi(false);
     match format {
@@ -46,5 +55,74 @@ pub fn validate(filter: &str, format: &str) -> Result<(), LoggingError> {
     match format {
         "text" | "json" => Ok(()),
         other => Err(LoggingError::Format(other.to_string())),
+    }
+}
+
+/// Writes each formatted event to stderr as one line (the formatter hands over a whole event
+/// per write), control characters inside it escaped.
+#[derive(Clone, Copy)]
+pub struct OneLinePerEvent;
+
+impl<'a> MakeWriter<'a> for OneLinePerEvent {
+    type Writer = OneLinePerEvent;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        *self
+    }
+}
+
+impl Write for OneLinePerEvent {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        std::io::stderr()
+            .lock()
+            .write_all(one_line(&text).as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+/// The event as one line: its final newline kept, every other control character (newline,
+/// carriage return, escape sequences) written as a visible escape.
+pub fn one_line(event: &str) -> Cow<'_, str> {
+    let (body, end) = match event.strip_suffix('\n') {
+        Some(b) => (b, "\n"),
+        None => (event, ""),
+    };
+    if !body.chars().any(char::is_control) {
+        return Cow::Borrowed(event);
+    }
+    let mut out = String::with_capacity(event.len() + 8);
+    for c in body.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push('\t'),
+            c if c.is_control() => out.push_str(&c.escape_unicode().to_string()),
+            c => out.push(c),
+        }
+    }
+    out.push_str(end);
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn an_event_stays_one_line() {
+        assert_eq!(one_line("plain line\n"), "plain line\n");
+        let forged = "INFO request refused model=\"x\\n2026 INFO FAKE admin token accepted\"\n";
+        let forged = forged.replace("\\n", "\n");
+        let out = one_line(&forged);
+        assert_eq!(out.matches('\n').count(), 1, "{out}");
+        assert!(out.ends_with('\n'));
+        assert!(out.contains("x\\n2026 INFO FAKE"), "{out}");
+        assert_eq!(one_line("a\rb\u{1b}[31mc"), "a\\rb\\u{1b}[31mc");
+        assert_eq!(one_line("tab\tkept\n"), "tab\tkept\n");
     }
 }

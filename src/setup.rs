@@ -166,6 +166,15 @@ pub fn engine_config(config: &Config, threads: usize) -> EngineConfig {
         target_threads: or_runtime(e.target_threads),
         draft_threads: or_runtime(e.draft_threads),
         speculation: config.speculation.settings,
+        stall_after_rounds: stall_after_rounds_for_tests(),
         ..e.clone()
     }
+}
+
+/// `TANDEM_TEST_STALL_AFTER_ROUNDS=N`: the fault the watchdog's tests inject into a real
+/// server (its scheduler stops waking up after N rounds, as a lost wake-up would).
+fn stall_after_rounds_for_tests() -> Option<u64> {
+    std::env::var("TANDEM_TEST_STALL_AFTER_ROUNDS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
 }

@@ -41,6 +41,9 @@ pub const PIPELINE_OVERLAP: &str = "tandem_pipeline_overlap_ratio";
 pub const SPEC_SPEEDUP_ESTIMATE: &str = "tandem_spec_speedup_estimate";
 
 pub const CONFIG_RELOADS: &str = "tandem_config_reloads_total";
+pub const ENGINE_STALLS: &str = "tandem_engine_stalls_total";
+pub const ENGINE_ROUND_AGE: &str = "tandem_engine_round_age_seconds";
+pub const REQUESTS_REFUSED: &str = "tandem_requests_refused_total";
 pub const PREFIX_LOOKUPS: &str = "tandem_prefix_cache_lookups_total";
 pub const PREFIX_HITS: &str = "tandem_prefix_cache_hits_total";
 pub const PREFIX_HIT_TOKENS: &str = "tandem_prefix_cache_hit_tokens_total";
@@ -161,6 +164,18 @@ fn describe() {
         "Share of busy time the drafter and verifier ran at once."
     );
     describe_counter!(
+        ENGINE_STALLS,
+        "Times the watchdog found work waiting and no engine round for longer than engine.stall_timeout_seconds (/health turns 503)."
+    );
+    describe_gauge!(
+        ENGINE_ROUND_AGE,
+        "Seconds since the engine last finished a round while work waits; 0 while idle."
+    );
+    describe_counter!(
+        REQUESTS_REFUSED,
+        "Requests answered with an error before reaching the engine's queue, by reason (overloaded, invalid, unavailable, error)."
+    );
+    describe_counter!(
         CONFIG_RELOADS,
         "Reloads of the config file's speculation settings, by result (ok, error)."
     );
@@ -277,6 +292,28 @@ pub fn record_step(round_s: f64, verify_s: f64, draft_s: Option<f64>) {
     if let Some(d) = draft_s {
         histogram!(DRAFT_STEP_SECONDS).record(d);
     }
+}
+
+/// The watchdog found work waiting with no round for longer than the stall timeout.
+pub fn record_engine_stall() {
+    counter!(ENGINE_STALLS).increment(1);
+}
+
+/// Seconds since the engine last made progress while work waits (0 while idle).
+pub fn set_round_age(seconds: f64) {
+    gauge!(ENGINE_ROUND_AGE).set(seconds);
+}
+
+/// A request refused before it reached the engine's queue (`reason`: "overloaded",
+/// "invalid", ...), so every request a client sent is counted somewhere.
+pub fn record_refused(reason: &'static str) {
+    counter!(REQUESTS_REFUSED, "reason" => reason).increment(1);
+}
+
+/// Exports the engine's health series from the start (see [`register_draft_gate`]).
+pub fn register_engine_health() {
+    counter!(ENGINE_STALLS).increment(0);
+    gauge!(ENGINE_ROUND_AGE).set(0.0);
 }
 
 pub fn set_queue(running: usize, waiting: usize) {

@@ -369,6 +369,11 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
             }
         }
         assert!(overloaded, "1 running + 1 queued, then overloaded");
+        assert_eq!(
+            streams.len(),
+            2,
+            "room for exactly max_seqs + max_queue sequences"
+        );
         // With the queue full, a bad request still gets its own error: it is checked before
         // it reaches the queue.
         let too_long = engine
@@ -379,6 +384,34 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
             let c = s.collect().await.unwrap();
             assert_eq!(c.tokens.len(), 150);
         }
+        // Finished sequences give their room back: two at once fit again, a third does not.
+        let again = engine
+            .submit_batch(
+                vec![request(greedy(vec![1, 2, 3], 4), GammaPolicy::Off); 2],
+                1,
+            )
+            .await
+            .unwrap();
+        assert!(matches!(
+            engine
+                .submit(request(greedy(vec![1, 2, 3], 4), GammaPolicy::Off))
+                .await,
+            Err(EngineError::Overloaded { .. })
+        ));
+        for s in again {
+            assert_eq!(s.collect().await.unwrap().tokens.len(), 4);
+        }
+        // A batch larger than the whole engine is refused as invalid, not as overloaded.
+        assert!(matches!(
+            engine
+                .submit_batch(
+                    vec![request(greedy(vec![1, 2, 3], 4), GammaPolicy::Off); 3],
+                    1
+                )
+                .await,
+            Err(EngineError::InvalidRequest(_))
+        ));
+        assert_eq!(engine.health(), tandem::engine::EngineHealth::Ok);
     });
 }
 

@@ -205,7 +205,7 @@ async fn run_question(
                     tokens.extend(t);
                 }
                 Some(EngineEvent::Done { finish, usage }) => break (finish, usage),
-                Some(EngineEvent::Failed(m)) => return Err(BenchError::Generation(m)),
+                Some(EngineEvent::Failed(f)) => return Err(BenchError::Generation(f.message)),
                 None => return Err(BenchError::Generation("the engine stopped".into())),
             }
         };

@@ -56,6 +56,16 @@ pub struct ServeArgs {
     /// Seconds between SIGTERM (when /health turns 503) and no longer accepting connections.
     #[arg(long, env = "TANDEM_DRAIN_SECONDS")]
     drain_seconds: Option<u64>,
+    /// Seconds a connection may take to send a request's headers, and may sit idle between
+    /// requests, before it is closed.
+    #[arg(long, env = "TANDEM_HEADER_TIMEOUT_SECONDS")]
+    header_timeout_seconds: Option<u64>,
+    /// Seconds a client may take to send a request's body (408 after).
+    #[arg(long, env = "TANDEM_BODY_TIMEOUT_SECONDS")]
+    body_timeout_seconds: Option<u64>,
+    /// Seconds work may wait with no engine round before /health says "stalled" (0: never).
+    #[arg(long, env = "TANDEM_STALL_TIMEOUT_SECONDS")]
+    stall_timeout_seconds: Option<u64>,
 }
 
 impl ServeArgs {
@@ -77,6 +87,12 @@ impl ServeArgs {
         if let Some(v) = self.drain_seconds {
             srv.drain_seconds = v;
         }
+        if let Some(v) = self.header_timeout_seconds {
+            srv.header_timeout_seconds = v;
+        }
+        if let Some(v) = self.body_timeout_seconds {
+            srv.body_timeout_seconds = v;
+        }
         let eng = &mut config.engine;
         if let Some(v) = self.max_seqs {
             eng.max_seqs = v;
@@ -86,6 +102,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.pipeline {
             eng.pipeline = v;
+        }
+        if let Some(v) = self.stall_timeout_seconds {
+            eng.stall_timeout_seconds = v;
         }
         let sp = &mut config.speculation;
         if let Some(v) = &self.draft_model {

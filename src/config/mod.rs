@@ -83,6 +83,8 @@ pub struct ServerConfig {
     pub admin_token: String,
     pub shutdown_grace_seconds: u64,
     pub drain_seconds: u64,
+    pub header_timeout_seconds: u64,
+    pub body_timeout_seconds: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -231,10 +233,11 @@ impl Config {
         if !(0.0..=1.0).contains(&g.min_p) {
             return invalid("generation.min_p", "must be in [0, 1]".into());
         }
-        if !(g.repetition_penalty > 0.0 && g.repetition_penalty.is_finite()) {
+        let r = &crate::sampling::REPETITION_PENALTY_RANGE;
+        if !r.contains(&g.repetition_penalty) {
             return invalid(
                 "generation.repetition_penalty",
-                "must be a finite number > 0".into(),
+                format!("must be in [{}, {}]", r.start(), r.end()),
             );
         }
         if let Err(e) = crate::logging::validate(&self.logging.level, &self.logging.format) {
@@ -253,6 +256,20 @@ impl Config {
         }
         if self.server.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes", "must be >= 1024".into());
+        }
+        for (key, v) in [
+            (
+                "server.header_timeout_seconds",
+                self.server.header_timeout_seconds,
+            ),
+            (
+                "server.body_timeout_seconds",
+                self.server.body_timeout_seconds,
+            ),
+        ] {
+            if v == 0 {
+                return invalid(key, "must be >= 1 (a client that never finishes would hold its connection for good)".into());
+            }
         }
         validate_engine(&self.engine)?;
         self.speculation

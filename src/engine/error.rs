@@ -12,8 +12,8 @@ pub enum EngineError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Sampling(#[from] SamplingError),
-    #[error("overloaded: {queued} requests are already waiting; retry later")]
-    Overloaded { queued: usize },
+    #[error("the engine holds as many sequences as it may ({capacity}: engine.max_seqs running plus engine.max_queue waiting); retry later")]
+    Overloaded { capacity: usize },
     #[error("engine worker: {0}")]
     Worker(String),
     #[error("generation failed: {0}")]

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use kameo::actor::{ActorRef, Spawn};
-use tokio::sync::mpsc;
+use kameo::mailbox;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::cache_manager::CacheManager;
 use super::calibration::{calibrate_drafter, calibrate_target};
@@ -12,6 +13,7 @@ use super::drafter::{DraftSource, Drafter};
 use super::error::EngineError;
 use super::gamma::{Gamma, GammaPolicy};
 use super::governor::{CostModel, GovernorConfig};
+use super::liveness::{EngineHealth, Liveness};
 use super::messages::*;
 use super::request::{check_request, EngineRequest, FinishReason, Usage};
 use super::scheduler::{Scheduler, SchedulerConfig};
@@ -27,7 +29,8 @@ use crate::sampling::TokenLogprob;
 pub struct EngineConfig {
     /// Sequences decoded together.
     pub max_seqs: usize,
-    /// Requests waiting for admission; beyond this, submissions fail as overloaded.
+    /// Sequences that may wait for admission beyond the `max_seqs` running (a request counts
+    /// its prompts times its choices); beyond this, submissions fail as overloaded.
     pub max_queue: usize,
     /// Prompt tokens prefilled per round (all sequences together).
     pub prefill_chunk: usize,
@@ -55,6 +58,13 @@ pub struct EngineConfig {
     pub speculation: SpeculationSettings,
     #[serde(skip)]
     pub governor: GovernorConfig,
+    /// Seconds work may wait with no engine round before the engine counts as stalled: the
+    /// watchdog logs it, counts it and `/health` answers 503 (0: never).
+    pub stall_timeout_seconds: u64,
+    /// Fault injection for tests: the scheduler stops waking itself after this many rounds,
+    /// as a lost wake-up would (`TANDEM_TEST_STALL_AFTER_ROUNDS`). Never set in production.
+    #[serde(skip)]
+    pub stall_after_rounds: Option<u64>,
     /// Prices the governor plans with instead of measured ones: with a table here, start-up
     /// calibration is skipped and live rounds leave the prices as they are (a frozen
     /// [`CostModel`]), so which γ each round drafts depends on acceptance alone. For tests and
@@ -76,6 +86,8 @@ impl Default for EngineConfig {
             max_gamma: 8,
             prefix_cache: true,
             prefix_cache_slots: 8,
+            stall_timeout_seconds: 60,
+            stall_after_rounds: None,
             speculation: SpeculationSettings::default(),
             governor: GovernorConfig::default(),
             costs: None,
@@ -85,6 +97,13 @@ impl Default for EngineConfig {
 
 pub struct Engine {
     scheduler: ActorRef<Scheduler>,
+    /// One permit per sequence queued or running (`max_seqs + max_queue` in all): taken
+    /// before a request reaches the scheduler's mailbox, so a burst is refused here with
+    /// `Overloaded` and never piles up in a queue; each sequence gives its permit back when
+    /// the scheduler drops it.
+    capacity: Arc<Semaphore>,
+    capacity_total: usize,
+    liveness: Arc<Liveness>,
     cache: ActorRef<CacheManager>,
     settings: LiveSettings,
     context_len: usize,
@@ -149,25 +168,40 @@ impl Engine {
             cfg.kv_capacity_tokens.unwrap_or(cfg.max_seqs * context_len),
             draft_cache,
         ));
-        let scheduler = Scheduler::spawn(Scheduler::new(
-            SchedulerConfig {
-                max_seqs: cfg.max_seqs,
-                max_queue: cfg.max_queue,
-                prefill_chunk: cfg.prefill_chunk,
-                pipeline: cfg.pipeline,
-                context_len,
-                max_gamma: cfg.max_gamma,
-                prefix_cache: cfg.prefix_cache,
-                governor: cfg.governor,
-            },
-            Verifier::spawn(verifier),
-            drafter,
-            cache.clone(),
-            settings.clone(),
-            costs,
-        ));
+        let liveness = Liveness::new(
+            (cfg.stall_timeout_seconds > 0)
+                .then(|| std::time::Duration::from_secs(cfg.stall_timeout_seconds)),
+        );
+        // Unbounded: the scheduler's own wake-up (`Step`) must never be refused for room.
+        // What clients can put in it is bounded by `capacity` below.
+        let scheduler = Scheduler::spawn_with_mailbox(
+            Scheduler::new(
+                SchedulerConfig {
+                    max_seqs: cfg.max_seqs,
+                    prefill_chunk: cfg.prefill_chunk,
+                    pipeline: cfg.pipeline,
+                    context_len,
+                    max_gamma: cfg.max_gamma,
+                    prefix_cache: cfg.prefix_cache,
+                    governor: cfg.governor,
+                    stall_after_rounds: cfg.stall_after_rounds,
+                },
+                Verifier::spawn(verifier),
+                drafter,
+                cache.clone(),
+                settings.clone(),
+                costs,
+                Arc::clone(&liveness),
+            ),
+            mailbox::unbounded(),
+        );
+        super::watchdog::spawn(&liveness, scheduler.downgrade());
+        let capacity_total = cfg.max_seqs + cfg.max_queue;
         Ok(Self {
             scheduler,
+            capacity: Arc::new(Semaphore::new(capacity_total)),
+            capacity_total,
+            liveness,
             cache,
             settings,
             context_len,
@@ -212,7 +246,50 @@ impl Engine {
         request: EngineRequest,
         n: usize,
     ) -> Result<Vec<EventStream>, EngineError> {
-        self.check(&request)?;
+        self.submit_batch(vec![request], n).await
+    }
+
+    /// Queues several prompts' requests, `n` choices each, all or none: room for every
+    /// sequence is taken at once (a batch counts against `max_queue` as its prompts times
+    /// its choices), so a batch is never queued part-way.
+    pub async fn submit_batch(
+        &self,
+        requests: Vec<EngineRequest>,
+        n: usize,
+    ) -> Result<Vec<EventStream>, EngineError> {
+        let sequences = requests.len() * n;
+        if n == 0 || sequences == 0 || n > self.max_seqs || sequences > self.capacity_total {
+            return Err(EngineError::InvalidRequest(format!(
+                "a request may hold 1 to {} sequences (prompts times choices: engine.max_seqs + \
+                 engine.max_queue), with at most {} choices each; this one holds {} prompts of \
+                 {n} choices",
+                self.capacity_total,
+                self.max_seqs,
+                requests.len()
+            )));
+        }
+        for r in &requests {
+            self.check(r)?;
+        }
+        let mut permits = Arc::clone(&self.capacity)
+            .try_acquire_many_owned(sequences as u32)
+            .map_err(|_| EngineError::Overloaded {
+                capacity: self.capacity_total,
+            })?;
+        let mut streams = Vec::with_capacity(sequences);
+        for request in requests {
+            let mine = permits.split(n).expect("one permit per sequence was taken");
+            streams.extend(self.submit_with(request, n, mine).await?);
+        }
+        Ok(streams)
+    }
+
+    async fn submit_with(
+        &self,
+        request: EngineRequest,
+        n: usize,
+        permits: OwnedSemaphorePermit,
+    ) -> Result<Vec<EventStream>, EngineError> {
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..n).map(|_| mpsc::unbounded_channel()).unzip();
         let first = self
@@ -220,6 +297,7 @@ impl Engine {
             .ask(Submit {
                 request,
                 events: senders,
+                permits,
             })
             .await
             .map_err(|e| match e {
@@ -245,6 +323,17 @@ impl Engine {
                 .map_err(|e| EngineError::InvalidRequest(format!("speculative.gamma {e}")))?;
         }
         Ok(())
+    }
+
+    /// Whether the engine is making progress (read without asking it: a stalled scheduler
+    /// answers no message).
+    pub fn health(&self) -> EngineHealth {
+        self.liveness.health()
+    }
+
+    /// Sequences the engine may hold at once, running and queued (`max_seqs + max_queue`).
+    pub fn capacity(&self) -> usize {
+        self.capacity_total
     }
 
     pub async fn cache_stats(&self) -> Result<CacheStats, EngineError> {
@@ -325,7 +414,10 @@ impl EventStream {
                         usage,
                     })
                 }
-                EngineEvent::Failed(msg) => return Err(EngineError::Failed(msg)),
+                EngineEvent::Failed(f) if f.by_request => {
+                    return Err(EngineError::InvalidRequest(f.message))
+                }
+                EngineEvent::Failed(f) => return Err(EngineError::Failed(f.message)),
             }
         }
         Err(EngineError::Failed("the engine stopped".into()))

@@ -24,15 +24,35 @@ pub enum EngineEvent {
         finish: FinishReason,
         usage: Usage,
     },
-    Failed(String),
+    Failed(Failure),
+}
+
+/// Why a request's generation failed part-way.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub message: String,
+    /// The request's own settings caused it (its penalties or biases left no valid logit):
+    /// a client error, not the server's.
+    pub by_request: bool,
+}
+
+impl Failure {
+    pub fn engine(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            by_request: false,
+        }
+    }
 }
 
 /// Scheduler: a new request, already checked by `Engine::submit`, and where each of its
 /// choices' events go (one choice, or several sharing the prompt's prefill). Replies with the
-/// first choice's id (the others follow it), or `Overloaded` when the queue is full.
+/// first choice's id (the others follow it). `permits` holds one engine capacity permit per
+/// choice; each choice's goes back when the scheduler drops it.
 pub struct Submit {
     pub request: EngineRequest,
     pub events: Vec<mpsc::UnboundedSender<EngineEvent>>,
+    pub permits: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// Scheduler: run one round (sent by the scheduler to itself while there is work).
@@ -209,7 +229,7 @@ pub struct TargetBatch {
 
 pub struct TargetBatchResult {
     /// Per item: its outcome, or its sequence id and what went wrong.
-    pub outcomes: Vec<Result<TargetOutcome, (u64, String)>>,
+    pub outcomes: Vec<Result<TargetOutcome, (u64, Failure)>>,
     pub seconds: f64,
 }
 

@@ -7,7 +7,8 @@
 //!   speculative decoding with a fixed γ, which must reproduce it.
 //! - The serving engine (`handle::Engine`): kameo actors — `Scheduler`, `Drafter`, `Verifier`,
 //!   `CacheManager` (`messages` holds what they say to each other) — with compute workers
-//!   (`worker`) for forward passes, continuous batching, pipelining and the speed `governor`.
+//!   (`worker`) for forward passes, continuous batching, pipelining and the speed `governor`;
+//!   its heartbeat (`liveness`) and the `watchdog` that reads it.
 
 pub mod cache_manager;
 mod calibration;
@@ -17,6 +18,7 @@ pub mod error;
 pub mod gamma;
 pub mod governor;
 pub mod handle;
+pub mod liveness;
 pub mod messages;
 pub mod reference;
 pub mod request;
@@ -25,13 +27,15 @@ pub mod settings;
 pub mod stop;
 pub mod verifier;
 pub mod verify;
+mod watchdog;
 pub mod worker;
 
 pub use drafter::DraftSource;
 pub use error::EngineError;
 pub use gamma::{gamma_cap, Gamma, GammaPolicy, InvalidGamma};
 pub use handle::{Completion, Engine, EngineConfig, EventStream};
-pub use messages::{CacheStats, EngineEvent, SchedulerStats};
+pub use liveness::EngineHealth;
+pub use messages::{CacheStats, EngineEvent, Failure, SchedulerStats};
 pub use reference::{generate_plain, generate_speculative, FixedSpeculation};
 pub use request::{
     EngineRequest, FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput,

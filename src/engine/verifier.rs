@@ -9,8 +9,8 @@ use kameo::Actor;
 
 use super::error::EngineError;
 use super::messages::{
-    CopyPrefix, FreeSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome, TargetWork,
-    TreeWalk, TruncateSlot,
+    CopyPrefix, Failure, FreeSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome,
+    TargetWork, TreeWalk, TruncateSlot,
 };
 use super::verify::{verify, verify_tree, Scratch};
 use super::worker::ComputeWorker;
@@ -330,7 +330,20 @@ fn run_batch(
             }
         })();
         out.rng = rng;
-        outcomes.push(result.map(|()| out).map_err(|e| (it.seq, e.to_string())));
+        outcomes.push(result.map(|()| out).map_err(|e| {
+            let by_request = matches!(e, EngineError::Sampling(_)) && it.params.modifies_logits();
+            (
+                it.seq,
+                Failure {
+                    message: if by_request {
+                        format!("{e}: the request's penalties or logit_bias left no valid logit")
+                    } else {
+                        e.to_string()
+                    },
+                    by_request,
+                },
+            )
+        }));
     }
     Ok(TargetBatchResult {
         outcomes,

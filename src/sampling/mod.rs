@@ -21,6 +21,15 @@ pub use lenience::{InvalidLenience, Lenience};
 pub use logprobs::{token_logprob, TokenLogprob};
 pub use rng::SeededRng;
 
+/// OpenAI's range for `presence_penalty` and `frequency_penalty`. Within it a penalised logit
+/// stays finite however often a token repeats (the context bounds the count).
+pub const PENALTY_RANGE: std::ops::RangeInclusive<f32> = -2.0..=2.0;
+/// The multiplicative repetition penalty's range: wide enough for any use (1.0-1.5 is usual),
+/// narrow enough that dividing or multiplying a logit by it cannot overflow.
+pub const REPETITION_PENALTY_RANGE: std::ops::RangeInclusive<f32> = 0.01..=100.0;
+/// OpenAI's range for `logit_bias` values.
+pub const LOGIT_BIAS_RANGE: std::ops::RangeInclusive<f32> = -100.0..=100.0;
+
 /// A request's sampling settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -92,16 +101,46 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("min_p", "must be in [0, 1]");
         }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return bad("repetition_penalty", "must be a finite number > 0");
+        if !REPETITION_PENALTY_RANGE.contains(&self.repetition_penalty) {
+            return bad(
+                "repetition_penalty",
+                &format!(
+                    "must be in [{}, {}], got {}",
+                    REPETITION_PENALTY_RANGE.start(),
+                    REPETITION_PENALTY_RANGE.end(),
+                    self.repetition_penalty
+                ),
+            );
         }
-        if !self.presence_penalty.is_finite() {
-            return bad("presence_penalty", "must be a finite number");
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !PENALTY_RANGE.contains(&v) {
+                return bad(
+                    name,
+                    &format!(
+                        "must be in [{}, {}], got {v}",
+                        PENALTY_RANGE.start(),
+                        PENALTY_RANGE.end()
+                    ),
+                );
+            }
         }
-        if !self.frequency_penalty.is_finite() {
-            return bad("frequency_penalty", "must be a finite number");
+        for &(_, bias) in &self.logit_bias {
+            if !LOGIT_BIAS_RANGE.contains(&bias) {
+                return bad(
+                    "logit_bias",
+                    &format!("values must be in [-100, 100], got {bias}"),
+                );
+            }
         }
         Ok(())
+    }
+
+    /// Whether the request changes the model's logits before sampling (bias or penalties).
+    pub fn modifies_logits(&self) -> bool {
+        !self.logit_bias.is_empty() || self.has_penalties()
     }
 
     fn has_penalties(&self) -> bool {

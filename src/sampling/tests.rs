@@ -149,25 +149,38 @@ fn invalid_params_are_named() {
     .validate()
     .unwrap_err();
     assert!(e.to_string().contains("temperature"));
-    // Each penalty is named by itself: 1e308 is +inf as an f32.
-    for (presence, frequency, name) in [
-        (1e308f64, 0.0, "presence_penalty"),
-        (0.0, 1e308, "frequency_penalty"),
+    // Each penalty is named by itself, outside OpenAI's [-2, 2] (1e308 is +inf as an f32), and
+    // the repetition penalty outside the range where dividing a logit cannot overflow.
+    for (presence, frequency, repetition, name) in [
+        (1e308f64, 0.0, 1.0, "presence_penalty"),
+        (0.0, 1e308, 1.0, "frequency_penalty"),
+        (2.01, 0.0, 1.0, "presence_penalty"),
+        (0.0, -3e38, 1.0, "frequency_penalty"),
+        (0.0, 0.0, 1e-38, "repetition_penalty"),
+        (0.0, 0.0, 101.0, "repetition_penalty"),
     ] {
         let e = SamplingParams {
             presence_penalty: presence as f32,
             frequency_penalty: frequency as f32,
+            repetition_penalty: repetition,
             ..params()
         }
         .validate()
         .unwrap_err();
-        assert_eq!(
-            e,
-            SamplingError::InvalidParam {
-                name,
-                reason: "must be a finite number".into()
-            }
+        assert!(
+            matches!(&e, SamplingError::InvalidParam { name: n, reason } if *n == name && reason.starts_with("must be in [")),
+            "{e}"
         );
+    }
+    for (presence, frequency, repetition) in [(2.0, -2.0, 0.01), (-2.0, 2.0, 100.0)] {
+        SamplingParams {
+            presence_penalty: presence,
+            frequency_penalty: frequency,
+            repetition_penalty: repetition,
+            ..params()
+        }
+        .validate()
+        .unwrap();
     }
 }
 

@@ -68,6 +68,33 @@ impl ApiError {
         )
     }
 
+    pub fn body_timeout(seconds: u64) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!("The request body did not arrive within {seconds} seconds."),
+        )
+    }
+
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            format!("{path} does not take {method} requests."),
+        )
+    }
+
+    /// 503 for a response the shutdown grace period ended before it finished.
+    pub fn shutting_down() -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "The server is shutting down; this request was ended before it finished.",
+        );
+        e.code = Some("server_shutting_down");
+        e
+    }
+
     pub fn unauthorized(message: impl Into<String>) -> Self {
         let mut e = Self::new(StatusCode::UNAUTHORIZED, "authentication_error", message);
         e.code = Some("invalid_api_key");
@@ -112,7 +139,7 @@ impl From<EngineError> for ApiError {
                 let mut a = Self::new(
                     StatusCode::TOO_MANY_REQUESTS,
                     "rate_limit_error",
-                    format!("The server is overloaded: {e}"),
+                    format!("The server is overloaded: {e}."),
                 );
                 a.code = Some("rate_limit_exceeded");
                 a.retry_after = Some(1);

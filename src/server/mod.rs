@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod error;
+mod listen;
 mod logprobs;
 pub mod openai;
 mod reload;
@@ -32,7 +33,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::engine::EngineError;
+use crate::engine::{EngineError, EngineHealth};
 use crate::model::ModelError;
 use error::ApiError;
 use startup::Loaded;
@@ -68,6 +69,12 @@ pub struct AppState {
     next_request: AtomicU64,
     /// Set on SIGTERM: `/health` answers 503 so balancers route new work elsewhere.
     draining: AtomicBool,
+    /// Longest a client may take to send a request body.
+    body_timeout: Duration,
+    /// Turns true when the shutdown grace period ends: requests still running end in words
+    /// (a stream's last events are a finish reason, an error and `[DONE]`; a waiting
+    /// response becomes a 503) instead of a cut connection.
+    cutoff: tokio::sync::watch::Sender<bool>,
 }
 
 impl AppState {
@@ -80,6 +87,14 @@ impl AppState {
 
     fn ready(&self) -> Result<&Loaded, ApiError> {
         self.loaded.get().ok_or_else(ApiError::loading)
+    }
+
+    /// Resolves when the shutdown grace period is over.
+    pub(crate) fn cutoff(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.cutoff.subscribe();
+        async move {
+            let _ = rx.wait_for(|c| *c).await;
+        }
     }
 }
 
@@ -98,6 +113,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(admin::get_speculation).put(admin::put_speculation),
         )
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -112,9 +128,21 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.draining.load(Ordering::Relaxed) {
         return unavailable("draining");
     }
-    match state.loaded.get() {
-        Some(_) => Json(serde_json::json!({"status": "ok"})).into_response(),
-        None => unavailable("loading"),
+    let Some(loaded) = state.loaded.get() else {
+        return unavailable("loading");
+    };
+    match loaded.engine.health() {
+        EngineHealth::Ok => Json(serde_json::json!({"status": "ok"})).into_response(),
+        EngineHealth::Stalled { since, waiting } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "status": "stalled",
+                "seconds_without_round": since.as_secs_f64(),
+                "waiting": waiting,
+            })),
+        )
+            .into_response(),
+        EngineHealth::Dead => unavailable("stopped"),
     }
 }
 
@@ -135,18 +163,38 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// Reads a request body up to the configured limit (413 with an OpenAI error beyond it).
+/// Reads a request body up to the configured limit (413 beyond it) within the body timeout
+/// (408 after it); a body that breaks off or is malformed on the wire is a 400.
 pub(crate) async fn read_body(
     state: &AppState,
     body: axum::body::Body,
 ) -> Result<axum::body::Bytes, ApiError> {
-    axum::body::to_bytes(body, state.max_body_bytes)
-        .await
-        .map_err(|_| ApiError::payload_too_large(state.max_body_bytes))
+    let read = axum::body::to_bytes(body, state.max_body_bytes);
+    match tokio::time::timeout(state.body_timeout, read).await {
+        Err(_) => Err(ApiError::body_timeout(state.body_timeout.as_secs())),
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let mut source = std::error::Error::source(&e);
+            let mut too_large = false;
+            while let Some(s) = source {
+                too_large |= s.is::<http_body_util::LengthLimitError>();
+                source = s.source();
+            }
+            Err(if too_large {
+                ApiError::payload_too_large(state.max_body_bytes)
+            } else {
+                ApiError::invalid(format!("The request body could not be read: {e}."))
+            })
+        }
+    }
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
-    ApiError::not_found(format!("No route for {uri}"))
+    ApiError::not_found(format!("No route for {}", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
 }
 
 /// Runs the server until SIGTERM/Ctrl-C. `threads` is the runtime's compute thread count;
@@ -163,10 +211,8 @@ pub async fn run(
     crate::telemetry::register_draft_gate();
     crate::telemetry::register_trees();
     crate::telemetry::register_speculation();
-    let admin_token = std::env::var("TANDEM_ADMIN_TOKEN")
-        .ok()
-        .filter(|t| !t.is_empty())
-        .or_else(|| Some(config.server.admin_token.clone()).filter(|t| !t.is_empty()));
+    crate::telemetry::register_engine_health();
+    let admin_token = admin_token(&config)?;
     let addr = format!("{}:{}", config.server.host, config.server.port);
     let listener = TcpListener::bind(&addr)
         .await
@@ -184,6 +230,8 @@ pub async fn run(
         id_prefix: format!("{:08x}", std::process::id() ^ (local.port() as u32) << 16),
         next_request: AtomicU64::new(0),
         draining: AtomicBool::new(false),
+        body_timeout: Duration::from_secs(config.server.body_timeout_seconds),
+        cutoff: tokio::sync::watch::channel(false).0,
     });
     tracing::info!(%local, "listening on http://{local} (loading models; /health is 503 until ready)");
     reload::spawn(config_path, {
@@ -194,12 +242,10 @@ pub async fn run(
         tracing::info!("admin API off (set server.admin_token or TANDEM_ADMIN_TOKEN)");
     }
 
-    let (stop_tx, mut shutdown_rx) = tokio::sync::watch::channel(false);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let app = router(Arc::clone(&state));
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let _ = shutdown_rx.wait_for(|s| *s).await;
-    });
-    let server = tokio::spawn(async move { server.await });
+    let header_timeout = Duration::from_secs(config.server.header_timeout_seconds);
+    let mut server = tokio::spawn(listen::serve(listener, app, header_timeout, stop_rx));
 
     let load = {
         let state = Arc::clone(&state);
@@ -211,6 +257,8 @@ pub async fn run(
                 drafter = %loaded.drafter,
                 "ready"
             );
+            let live = loaded.engine.settings().get();
+            crate::telemetry::set_speculation(live.lenience.get(), live.gamma_gauge());
             let _ = state.loaded.set(loaded);
             Ok::<(), ServerError>(())
         }
@@ -243,12 +291,41 @@ pub async fn run(
     );
     let _ = stop_tx.send(true);
     let grace = Duration::from_secs(config.server.shutdown_grace_seconds);
-    match tokio::time::timeout(grace, server).await {
-        Ok(Ok(r)) => r?,
+    match tokio::time::timeout(grace, &mut server).await {
+        Ok(Ok(())) => return Ok(()),
         Ok(Err(e)) => return Err(ServerError::Startup(format!("server task: {e}"))),
-        Err(_) => tracing::warn!("grace period over; ending the remaining requests"),
+        Err(_) => {}
+    }
+    tracing::warn!("grace period over; ending the remaining requests with an error");
+    let _ = state.cutoff.send(true);
+    // The ended responses' last events reach their clients, and the connections close.
+    if tokio::time::timeout(CUTOFF_FLUSH, server).await.is_err() {
+        tracing::warn!("connections still open after the cut-off; closing them");
     }
     Ok(())
+}
+
+/// How long ended responses get to reach their clients after the grace period.
+const CUTOFF_FLUSH: Duration = Duration::from_secs(2);
+
+/// The admin token from `TANDEM_ADMIN_TOKEN` or `server.admin_token` (empty: the admin API is
+/// off). Surrounding whitespace is not part of it (requests' tokens are trimmed too); a token
+/// of whitespace alone would turn the API on with no way to authenticate, so it is refused.
+fn admin_token(config: &Config) -> Result<Option<String>, ServerError> {
+    let (source, token) = match std::env::var("TANDEM_ADMIN_TOKEN") {
+        Ok(t) if !t.is_empty() => ("TANDEM_ADMIN_TOKEN", t),
+        _ => ("server.admin_token", config.server.admin_token.clone()),
+    };
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let trimmed = token.trim();
+    if trimmed.is_empty() {
+        return Err(ServerError::Startup(format!(
+            "{source} is only whitespace: give a real token, or leave it empty to turn the admin API off"
+        )));
+    }
+    Ok(Some(trimmed.to_string()))
 }
 
 /// SIGTERM or Ctrl-C.

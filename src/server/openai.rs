@@ -90,7 +90,6 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Resp
             Endpoint::Completions,
             prompts.into_iter().map(|(tokens, _)| tokens).collect(),
             common,
-            None,
             Reporting { logprobs, echo },
             &rid,
         )
@@ -129,7 +128,6 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) ->
             Endpoint::Chat,
             vec![prompt],
             common,
-            req.max_completion_tokens,
             Reporting {
                 logprobs,
                 echo: Vec::new(),
@@ -154,6 +152,12 @@ fn finish_response(
         Err(e) => {
             span.in_scope(|| {
                 tracing::info!(status = e.status.as_u16(), error = %e.message, "request refused")
+            });
+            crate::telemetry::record_refused(match e.status.as_u16() {
+                429 => "overloaded",
+                503 => "unavailable",
+                400..=499 => "invalid",
+                _ => "error",
             });
             e.into_response()
         }
@@ -180,14 +184,24 @@ async fn respond(
     endpoint: Endpoint,
     prompts: Vec<Vec<u32>>,
     params: CommonParams,
-    max_completion_tokens: Option<usize>,
     reporting: Reporting,
     rid: &str,
 ) -> Result<Response, ApiError> {
     let n = params.choices(loaded.engine.max_seqs())?;
+    let capacity = loaded.engine.capacity();
+    if prompts.len() * n > capacity {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!(
+                "A request may hold at most {capacity} sequences (prompts times n); this one \
+                 holds {} prompts of {n} choices.",
+                prompts.len()
+            ),
+        ));
+    }
     let mut requests = Vec::with_capacity(prompts.len());
     for prompt in prompts {
-        let mut request = engine_request(state, loaded, prompt, &params, max_completion_tokens)?;
+        let mut request = engine_request(state, loaded, prompt, &params)?;
         request.logprobs = reporting.logprobs;
         request.prompt_logprobs = reporting.logprobs.filter(|_| !reporting.echo.is_empty());
         requests.push(request);
@@ -195,12 +209,8 @@ async fn respond(
     let prompt_tokens: usize = requests.iter().map(|r| r.generation.prompt.len()).sum();
     let max_tokens = requests[0].generation.max_tokens;
     let eos_ids = requests[0].generation.eos_ids.clone();
-    // Every prompt's choices are queued before any answer is read; should the queue fill up
-    // part-way, the streams queued so far are dropped, which cancels them.
-    let mut events = Vec::with_capacity(requests.len() * n);
-    for request in requests {
-        events.extend(loaded.engine.submit_choices(request, n).await?);
-    }
+    // Every prompt's choices are queued together before any answer is read, or none is.
+    let events = loaded.engine.submit_batch(requests, n).await?;
     tracing::debug!(
         prompt_tokens,
         max_tokens,
@@ -227,16 +237,26 @@ async fn respond(
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
-        return Ok(stream_response(meta, events, include_usage));
+        return Ok(stream_response(meta, events, include_usage, state.cutoff()));
     }
     let started = Instant::now();
     // The choices run together in the engine; their events wait in their streams.
-    let mut done = Vec::with_capacity(events.len());
-    for e in events {
-        done.push(e.collect().await.inspect_err(|e| {
-            tracing::warn!(error = %e, "generation failed");
-        })?);
-    }
+    let collect = async {
+        let mut done = Vec::with_capacity(events.len());
+        for e in events {
+            done.push(e.collect().await.inspect_err(|e| {
+                tracing::warn!(error = %e, "generation failed");
+            })?);
+        }
+        Ok::<_, ApiError>(done)
+    };
+    let done = tokio::select! {
+        done = collect => done?,
+        _ = state.cutoff() => {
+            tracing::warn!("ended by the shutdown grace period");
+            return Err(ApiError::shutting_down());
+        }
+    };
     for c in &done {
         log_finished(c.finish, &c.usage, started);
     }

@@ -23,11 +23,19 @@ pub enum ReloadError {
     Config(#[from] crate::config::ConfigError),
     #[error("speculation.{0}")]
     Settings(#[from] crate::engine::SettingsError),
+    #[error("model.path: `{0}` does not exist (the next start would fail)")]
+    MissingModel(String),
 }
 
 /// Reads `path` and makes its `[speculation]` table the live settings.
 pub fn reload(path: &Path, live: &LiveSettings) -> Result<SpeculationSettings, ReloadError> {
     let config = Config::from_file(path)?;
+    // Only the speculation settings apply now, but the file is the one the next start reads:
+    // a model that is not there would fail that start, so the file is refused now.
+    let model = &config.model.path;
+    if model != "default" && !Path::new(model).exists() {
+        return Err(ReloadError::MissingModel(model.clone()));
+    }
     Ok(live.replace(config.speculation.settings)?)
 }
 
@@ -80,13 +88,13 @@ pub fn spawn(path: Option<PathBuf>, live: impl Fn() -> Option<LiveSettings> + Se
                 }
                 continue;
             };
-            if why == "file changed" {
-                let now = std::fs::read(p).ok();
-                if now == seen {
-                    continue;
-                }
-                seen = now;
+            // A SIGHUP reads the file as it is now, so the watcher must not read the same
+            // change again as a second reload.
+            let now = std::fs::read(p).ok();
+            if why == "file changed" && now == seen {
+                continue;
             }
+            seen = now;
             match live() {
                 Some(settings) => reload_and_report(p, &settings, why),
                 None => tracing::info!(why, "models still loading; the config is read when ready"),
@@ -114,6 +122,7 @@ mod tests {
             "[speculation\n",
             "[engine]\nmax_seqs = 0\n",
             "[speculation]\nlenience = 0.9\nunknown_key = 1\n",
+            "[model]\npath = \"/no/such/model.gguf\"\n[speculation]\nlenience = 0.9\n",
         ] {
             std::fs::write(&path, bad).unwrap();
             assert!(reload(&path, &live).is_err(), "{bad}");

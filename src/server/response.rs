@@ -18,6 +18,9 @@ use crate::engine::{Completion, EngineEvent, EventStream, FinishReason, Usage};
 use crate::model::TextTokenizer;
 use crate::sampling::TokenLogprob;
 
+/// The finish reason of a choice the server ended (shutdown), as vLLM spells it.
+const ABORTED: &str = "abort";
+
 /// Which endpoint a request came through: it decides the response's shape.
 #[derive(Clone, Copy, PartialEq)]
 pub(super) enum Endpoint {
@@ -229,9 +232,8 @@ impl ResponseMeta {
         delta: Option<&str>,
         first: bool,
         logprobs: Value,
-        finish: Option<FinishReason>,
+        finish: Option<&str>,
     ) -> Value {
-        let finish = finish.map(FinishReason::as_openai);
         let choice = match self.endpoint {
             Endpoint::Completions => json!({
                 "index": index, "text": delta.unwrap_or(""), "logprobs": logprobs,
@@ -289,6 +291,8 @@ struct StreamState {
     out: VecDeque<Event>,
     include_usage: bool,
     finished: bool,
+    /// Resolves when the shutdown grace period ends.
+    cutoff: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
 }
 
 impl Drop for StreamState {
@@ -332,9 +336,27 @@ impl StreamState {
         .await
     }
 
+    /// The shutdown grace period ended: every running choice gets a last chunk with
+    /// finish reason `abort`, then one error event and `[DONE]`, so the client can tell a
+    /// server shutdown from a broken connection. Dropping the streams cancels the choices.
+    fn cut(&mut self) {
+        for index in 0..self.events.len() {
+            if self.events[index].take().is_some() {
+                let c = self
+                    .meta
+                    .chunk(index, None, false, Value::Null, Some(ABORTED));
+                self.out.push_back(data(&c));
+            }
+        }
+        self.span
+            .in_scope(|| tracing::warn!("ended by the shutdown grace period"));
+        self.out.push_back(data(&ApiError::shutting_down().body()));
+        self.out.push_back(Event::default().data("[DONE]"));
+        self.finished = true;
+    }
+
     /// Ends the response with an error chunk: one failed choice fails the request.
-    fn fail(&mut self, message: String) {
-        let e = ApiError::internal(message);
+    fn fail(&mut self, e: ApiError) {
         self.out.push_back(data(&e.body()));
         self.out.push_back(Event::default().data("[DONE]"));
         self.events.clear();
@@ -371,7 +393,7 @@ impl StreamState {
                     .in_scope(|| log_finished(finish, &usage, self.started));
                 let c = self
                     .meta
-                    .chunk(index, None, false, Value::Null, Some(finish));
+                    .chunk(index, None, false, Value::Null, Some(finish.as_openai()));
                 self.out.push_back(data(&c));
                 self.usages[index] = Some(usage);
                 self.events[index] = None;
@@ -385,12 +407,17 @@ impl StreamState {
                     self.finished = true;
                 }
             }
-            Some(EngineEvent::Failed(msg)) => {
+            Some(EngineEvent::Failed(f)) => {
                 self.span
-                    .in_scope(|| tracing::warn!(error = %msg, "generation failed"));
-                self.fail(format!("Generation failed: {msg}"));
+                    .in_scope(|| tracing::warn!(error = %f.message, "generation failed"));
+                let e = if f.by_request {
+                    ApiError::invalid(format!("Generation failed: {}", f.message))
+                } else {
+                    ApiError::internal(format!("Generation failed: {}", f.message))
+                };
+                self.fail(e);
             }
-            None => self.fail("The engine stopped.".into()),
+            None => self.fail(ApiError::internal("The engine stopped.")),
         }
     }
 }
@@ -401,6 +428,7 @@ pub(super) fn stream_response(
     meta: ResponseMeta,
     events: Vec<EventStream>,
     include_usage: bool,
+    cutoff: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Response {
     let mut out = VecDeque::new();
     if meta.endpoint == Endpoint::Chat {
@@ -419,6 +447,7 @@ pub(super) fn stream_response(
         out,
         include_usage,
         finished: false,
+        cutoff: Box::pin(cutoff),
     };
     let stream = futures_util::stream::unfold(state, |mut st| async move {
         loop {
@@ -428,8 +457,15 @@ pub(super) fn stream_response(
             if st.finished {
                 return None;
             }
-            let (index, ev) = st.next_event().await?;
-            st.take(index, ev);
+            let mut cutoff = std::mem::replace(&mut st.cutoff, Box::pin(std::future::pending()));
+            tokio::select! {
+                next = st.next_event() => {
+                    st.cutoff = cutoff;
+                    let (index, ev) = next?;
+                    st.take(index, ev);
+                }
+                _ = &mut cutoff => st.cut(),
+            }
         }
     });
     Sse::new(stream)

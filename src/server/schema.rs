@@ -90,9 +90,16 @@ fn in_plain_words(serde_message: &str) -> String {
         ("expected f64", "expected a number"),
         ("expected a sequence", "expected an array"),
         ("expected a map", "expected an object"),
-        ("expected struct ", "expected an object "),
     ] {
         out = out.replace(rust, plain);
+    }
+    // `expected struct RequestSpeculation`: the type's name means nothing to a client.
+    while let Some(at) = out.find("expected struct ") {
+        let name_start = at + "expected struct ".len();
+        let name_end = out[name_start..]
+            .find(|c: char| !c.is_alphanumeric() && c != '_')
+            .map_or(out.len(), |e| name_start + e);
+        out.replace_range(at..name_end, "expected an object");
     }
     out
 }
@@ -148,6 +155,8 @@ pub struct RequestSpeculation {
 pub struct CommonParams {
     pub model: Option<String>,
     pub max_tokens: Option<usize>,
+    /// The newer name of `max_tokens` (both endpoints take it, as vLLM does).
+    pub max_completion_tokens: Option<usize>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,
@@ -279,12 +288,10 @@ pub struct ChatMessageIn {
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
     pub messages: Option<Vec<ChatMessageIn>>,
-    /// The newer name of `max_tokens`.
-    pub max_completion_tokens: Option<usize>,
 }
 
 impl EndpointFields for ChatRequest {
-    const FIELDS: &'static [&'static str] = &["messages", "max_completion_tokens"];
+    const FIELDS: &'static [&'static str] = &["messages"];
 }
 
 impl MessageContent {

@@ -106,7 +106,6 @@ pub(super) fn engine_request(
     loaded: &Loaded,
     prompt: Vec<u32>,
     p: &CommonParams,
-    max_completion_tokens: Option<usize>,
 ) -> Result<EngineRequest, ApiError> {
     check_model(p.model.as_deref(), loaded)?;
     let d = &state.defaults;
@@ -121,20 +120,25 @@ pub(super) fn engine_request(
         ));
     }
     let room = context - prompt.len();
-    let max_tokens = match max_completion_tokens.or(p.max_tokens) {
+    // The newer name wins where both are given, as OpenAI's own API does.
+    let (limit_name, limit) = match (p.max_completion_tokens, p.max_tokens) {
+        (Some(n), _) => ("max_completion_tokens", Some(n)),
+        (None, n) => ("max_tokens", n),
+    };
+    let max_tokens = match limit {
         Some(0) => {
             return Err(ApiError::invalid_param(
-                "max_tokens",
-                "max_tokens must be at least 1.",
+                limit_name,
+                format!("{limit_name} must be at least 1."),
             ))
         }
         Some(n) if n > room => {
             return Err(ApiError::invalid_param(
-                "max_tokens",
+                limit_name,
                 format!(
                     "This model's maximum context length is {context} tokens; you asked for {} \
                      ({} in the prompt, {n} to generate).",
-                    prompt.len() + n,
+                    prompt.len().saturating_add(n),
                     prompt.len()
                 ),
             ))
@@ -169,7 +173,7 @@ pub(super) fn engine_request(
                     format!("`{k}` is not a token id of this model's vocabulary."),
                 )
             })?;
-        if !(-100.0..=100.0).contains(&v) {
+        if !crate::sampling::LOGIT_BIAS_RANGE.contains(&v) {
             return Err(ApiError::invalid_param(
                 "logit_bias",
                 format!("Bias values must be in [-100, 100], got {v}."),

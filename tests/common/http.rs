@@ -254,6 +254,16 @@ impl Server {
         }
     }
 
+    /// Every stderr line received so far that no `wait_for_log` consumed.
+    pub fn drain_log(&mut self) -> Vec<String> {
+        std::iter::from_fn(|| self.log.try_recv().ok()).collect()
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
     pub fn terminate(self) -> bool {
         self.signal("TERM");

@@ -26,47 +26,71 @@ impl Scheduler {
         let keep = keep && self.cfg.prefix_cache;
         let tokens = seq.cached_tokens();
         let freed = if keep && !tokens.is_empty() {
-            self.cache
+            let retained = self
+                .cache
                 .ask(Retain {
                     slot: seq.slot,
                     reserved: seq.reserved,
                     tokens: tokens.to_vec(),
                 })
-                .await
-                .unwrap_or_else(|_| vec![seq.slot])
+                .await;
+            retained.unwrap_or_else(|e| {
+                self.report_peer_error("cache manager", &e);
+                vec![seq.slot]
+            })
         } else {
-            let _ = self
+            let released = self
                 .cache
                 .tell(Release {
                     slot: seq.slot,
                     tokens: seq.reserved,
                 })
                 .await;
+            if let Err(e) = released {
+                self.report_peer_error("cache manager", &e);
+            }
             vec![seq.slot]
         };
         self.free_slots(freed).await;
         if let Some(d) = &self.drafter {
-            let _ = d
+            let ended = d
                 .ask(EndSequence {
                     seq: seq.id,
                     keep,
                     text: seq.context,
                 })
                 .await;
+            if let Err(e) = ended {
+                self.report_peer_error("drafter", &e);
+            }
         }
     }
 
     /// Forgets the caches of slots the ledger gave back.
     async fn free_slots(&mut self, slots: Vec<usize>) {
         for slot in slots {
-            let _ = self.verifier.ask(FreeSlot { slot }).await;
+            if let Err(e) = self.verifier.ask(FreeSlot { slot }).await {
+                self.report_peer_error("verifier", &e);
+            }
         }
     }
 
     /// Drops queued and active requests whose stream was dropped.
     pub(super) async fn retire_cancelled(&mut self) {
-        self.queue
-            .retain(|q| !q.events.iter().all(|e| e.is_closed()));
+        self.queue.retain(|q| {
+            let gone = q.events.iter().all(|e| e.is_closed());
+            if gone {
+                for _ in &q.events {
+                    telemetry::record_finished(
+                        "cancelled",
+                        0,
+                        0,
+                        q.arrived.elapsed().as_secs_f64(),
+                    );
+                }
+            }
+            !gone
+        });
         let (gone, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.active)
             .into_iter()
             .partition(|s| s.events.is_closed());
@@ -87,8 +111,10 @@ impl Scheduler {
             }
             let g = &q.request.generation;
             let prompt = g.prompt.clone();
-            let tokens =
-                (g.prompt.len() + g.max_tokens + self.cfg.max_gamma + 1).min(self.cfg.context_len);
+            let tokens = (g.prompt.len())
+                .saturating_add(g.max_tokens)
+                .saturating_add(self.cfg.max_gamma + 1)
+                .min(self.cfg.context_len);
             // Prompt logprobs need every prompt row computed, so such a prompt starts afresh.
             let prefix_cache = self.cfg.prefix_cache && q.request.prompt_logprobs.is_none();
             let running = prefix_cache
@@ -100,7 +126,7 @@ impl Scheduler {
                         .filter(|&(_, len)| len > 0)
                 })
                 .flatten();
-            let admission = self
+            let admission = match self
                 .cache
                 .ask(Admit {
                     prompt,
@@ -110,7 +136,13 @@ impl Scheduler {
                     running,
                 })
                 .await
-                .unwrap_or_default();
+            {
+                Ok(a) => a,
+                Err(e) => {
+                    self.report_peer_error("cache manager", &e);
+                    break;
+                }
+            };
             self.free_slots(admission.evicted).await;
             if admission.slots.is_empty() {
                 break;
@@ -145,12 +177,14 @@ impl Scheduler {
                         len
                     } else {
                         // Start afresh: an empty cache is always right.
-                        let _ = self.verifier.ask(FreeSlot { slot: slots[0] }).await;
+                        if let Err(e) = self.verifier.ask(FreeSlot { slot: slots[0] }).await {
+                            self.report_peer_error("verifier", &e);
+                        }
                         0
                     }
                 }
             };
-            let q = self.queue.pop_front().expect("peeked");
+            let mut q = self.queue.pop_front().expect("peeked");
             telemetry::record_admitted(q.request.generation.prompt.len());
             let seed = q
                 .request
@@ -158,7 +192,12 @@ impl Scheduler {
                 .sampling
                 .seed
                 .unwrap_or_else(|| SeededRng::from_entropy().next_u64());
-            for (i, (events, slot)) in q.events.into_iter().zip(slots).enumerate() {
+            for (i, (events, slot)) in std::mem::take(&mut q.events)
+                .into_iter()
+                .zip(slots)
+                .enumerate()
+            {
+                let permit = q.permits.split(1).expect("one permit per choice");
                 let mut request = q.request.clone();
                 // Choice i samples as a lone request seeded `seed + i` would.
                 let seed = seed.wrapping_add(i as u64);
@@ -188,6 +227,7 @@ impl Scheduler {
                     waits_for: (i > 0).then_some(q.id),
                     leads: i == 0 && choices > 1,
                     cached: if i == 0 { cached } else { 0 },
+                    _permit: permit,
                     request,
                 });
             }
@@ -239,8 +279,8 @@ impl Scheduler {
 impl Message<Submit> for Scheduler {
     type Reply = Result<u64, EngineError>;
 
-    /// Queues a request [`crate::engine::Engine::submit`] has checked; refuses it only when
-    /// the queue is full.
+    /// Queues a request [`crate::engine::Engine::submit`] has checked and made room for (its
+    /// capacity permits: the queue cannot overflow here).
     async fn handle(&mut self, msg: Submit, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         if msg.events.is_empty() || msg.events.len() > self.cfg.max_seqs {
             return Err(EngineError::InvalidRequest(format!(
@@ -249,11 +289,6 @@ impl Message<Submit> for Scheduler {
                 msg.events.len()
             )));
         }
-        if self.queue.len() >= self.cfg.max_queue {
-            return Err(EngineError::Overloaded {
-                queued: self.queue.len(),
-            });
-        }
         let id = self.next_id;
         self.next_id += msg.events.len() as u64;
         self.queue.push_back(Queued {
@@ -261,8 +296,10 @@ impl Message<Submit> for Scheduler {
             arrived: Instant::now(),
             request: msg.request,
             events: msg.events,
+            permits: msg.permits,
         });
         telemetry::set_queue(self.active.len(), self.queue.len());
+        self.liveness.work_changed(self.work());
         self.schedule_step(ctx.actor_ref());
         Ok(id)
     }

@@ -27,7 +27,7 @@ use kameo::message::{Context, Message};
 
 pub use state::{Scheduler, SchedulerConfig};
 
-use crate::engine::messages::{EngineEvent, GetSchedulerStats, SchedulerStats, Step};
+use crate::engine::messages::{EngineEvent, Failure, GetSchedulerStats, SchedulerStats, Step};
 use crate::telemetry;
 use state::record_finished;
 
@@ -43,10 +43,11 @@ impl Message<Step> for Scheduler {
                 record_finished("error", &s);
                 let events = s.events.clone();
                 self.retire(s, false).await;
-                let _ = events.send(EngineEvent::Failed(e.to_string()));
+                let _ = events.send(EngineEvent::Failed(Failure::engine(e.to_string())));
             }
         }
         telemetry::set_queue(self.active.len(), self.queue.len());
+        self.liveness.round_ended(self.work());
         self.schedule_step(ctx.actor_ref());
     }
 }

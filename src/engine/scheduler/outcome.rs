@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::sequence::{RoundEmission, Sequence};
 use super::state::{record_finished, Ending, Scheduler, POOLED_ACCEPTANCE_DECAY};
-use crate::engine::messages::{DraftOutcome, EngineEvent, TargetOutcome};
+use crate::engine::messages::{DraftOutcome, EngineEvent, Failure, TargetOutcome};
 use crate::engine::request::Usage;
 use crate::telemetry;
 
@@ -17,7 +17,7 @@ impl Scheduler {
     /// sequence ended, if it did.
     pub(super) fn take_outcome(
         &mut self,
-        outcome: Result<TargetOutcome, (u64, String)>,
+        outcome: Result<TargetOutcome, (u64, Failure)>,
         sent: &HashMap<u64, (usize, Vec<u32>)>,
         guessed: &mut HashMap<u64, DraftOutcome>,
     ) -> Option<Ending> {
@@ -85,7 +85,7 @@ impl Scheduler {
                 }
                 None
             }
-            Err(e) => Some((id, Err(e.to_string()))),
+            Err(e) => Some((id, Err(Failure::engine(e.to_string())))),
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use crate::draft::Proposal;
 use crate::engine::emitter::Emitter;
@@ -22,6 +22,8 @@ pub(super) struct Queued {
     pub request: EngineRequest,
     pub events: Vec<mpsc::UnboundedSender<EngineEvent>>,
     pub arrived: Instant,
+    /// One engine capacity permit per choice, handed on to the choices when admitted.
+    pub permits: OwnedSemaphorePermit,
 }
 
 /// One admitted request.
@@ -59,6 +61,8 @@ pub(super) struct Sequence {
     pub leads: bool,
     /// Prompt tokens it took from the prefix cache.
     pub cached: usize,
+    /// Its share of the engine's capacity, given back when the sequence is dropped.
+    pub _permit: OwnedSemaphorePermit,
 }
 
 /// The tokens one round released for a sequence, and whether they ended it.

@@ -2,6 +2,7 @@
 //! sequences, the governor's cost model and estimates, and its counters.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use kameo::actor::ActorRef;
 use kameo::Actor;
@@ -13,7 +14,8 @@ use crate::engine::drafter::Drafter;
 use crate::engine::governor::{
     AcceptanceRate, ConfidenceRates, CostModel, GovernorConfig, SpeedupEstimate,
 };
-use crate::engine::messages::Step;
+use crate::engine::liveness::Liveness;
+use crate::engine::messages::{Failure, Step};
 use crate::engine::request::FinishReason;
 use crate::engine::settings::LiveSettings;
 use crate::engine::verifier::Verifier;
@@ -26,7 +28,6 @@ pub(super) const POOLED_ACCEPTANCE_DECAY: f64 = 0.995;
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
     pub max_seqs: usize,
-    pub max_queue: usize,
     pub prefill_chunk: usize,
     pub pipeline: bool,
     pub context_len: usize,
@@ -35,10 +36,12 @@ pub struct SchedulerConfig {
     /// Retain finished sequences' slots and start prompts from cached prefixes.
     pub prefix_cache: bool,
     pub governor: GovernorConfig,
+    /// Fault injection for tests: stop waking up after this many rounds.
+    pub stall_after_rounds: Option<u64>,
 }
 
 /// How a sequence's round ended it: finished for a reason, or failed with a message.
-pub(super) type Ending = (u64, Result<FinishReason, String>);
+pub(super) type Ending = (u64, Result<FinishReason, Failure>);
 
 #[derive(Actor)]
 pub struct Scheduler {
@@ -65,6 +68,8 @@ pub struct Scheduler {
     pub(super) drafted_ahead: u64,
     pub(super) ahead_used: u64,
     pub(super) prefilled_tokens: u64,
+    /// The heartbeat the watchdog and `/health` read.
+    pub(super) liveness: Arc<Liveness>,
 }
 
 impl Scheduler {
@@ -75,6 +80,7 @@ impl Scheduler {
         cache: ActorRef<CacheManager>,
         settings: LiveSettings,
         costs: CostModel,
+        liveness: Arc<Liveness>,
     ) -> Self {
         Self {
             cfg,
@@ -96,15 +102,64 @@ impl Scheduler {
             drafted_ahead: 0,
             ahead_used: 0,
             prefilled_tokens: 0,
+            liveness,
         }
     }
 
+    /// Sequences queued or running.
+    pub(super) fn work(&self) -> usize {
+        self.active.len() + self.queue.iter().map(|q| q.events.len()).sum::<usize>()
+    }
+
+    /// Wakes the scheduler for its next round while it has work. Its mailbox is unbounded
+    /// (client traffic into it is bounded by the engine's capacity permits), so the wake-up
+    /// is never refused for room; it fails only when the actor is stopping, and then nothing
+    /// can run again: the liveness record says so.
     pub(super) fn schedule_step(&mut self, me: &ActorRef<Self>) {
         let has_work = !self.active.is_empty() || !self.queue.is_empty();
-        if has_work && !self.step_scheduled {
-            self.step_scheduled = true;
-            // The mailbox only ever holds one Step, so this cannot fill it.
-            let _ = me.tell(Step).try_send();
+        if !has_work || self.step_scheduled {
+            return;
+        }
+        if self
+            .cfg
+            .stall_after_rounds
+            .is_some_and(|n| self.rounds >= n)
+        {
+            tracing::warn!(
+                rounds = self.rounds,
+                "test fault: the scheduler no longer wakes up"
+            );
+            return;
+        }
+        match me.tell(Step).try_send() {
+            Ok(()) => self.step_scheduled = true,
+            Err(e) => {
+                tracing::error!(error = %e, "the scheduler cannot wake itself; no round will run");
+                self.liveness.mark_dead();
+            }
+        }
+    }
+}
+
+impl Scheduler {
+    /// Reports a failed message to another engine actor. One that is gone (it panicked or
+    /// stopped) leaves an engine that cannot go on: the liveness record says so, and `/health`
+    /// turns 503. A handler's own error is the request's problem, logged only.
+    pub(super) fn report_peer_error<M, E: std::fmt::Debug>(
+        &self,
+        peer: &'static str,
+        e: &kameo::error::SendError<M, E>,
+    ) {
+        use kameo::error::SendError;
+        match e {
+            SendError::ActorNotRunning(_) | SendError::ActorStopped => {
+                tracing::error!(peer, "an engine actor is gone; the engine cannot go on");
+                self.liveness.mark_dead();
+            }
+            SendError::HandlerError(err) => {
+                tracing::warn!(peer, error = ?err, "an engine actor refused a request's cleanup")
+            }
+            _ => tracing::warn!(peer, "a message to an engine actor was not handled"),
         }
     }
 }
