@@ -1,15 +1,15 @@
 # tandem's container image. Three stages:
 #   build          compiles the portable release binary (kernels chosen at run time, so the
 #                  image runs on any x86-64 CPU, fastest with AVX2/AVX-512)
-#   runtime        Debian slim, the binary only, a non-root user; the model is mounted at
-#                  /var/lib/tandem/models (or named by model.path in a mounted config)
+#   runtime        Debian slim, the binary only, a non-root user; mount your models read-only
+#                  at /models and name one with --model (or model.path in a mounted config)
 #   default-model  runtime plus the default model (SmolLM2-135M-Instruct), the default target
 #
 #   docker build -t tandem .                          # with the default model baked in
 #   docker build -t tandem:runtime --target runtime . # bring your own model
 #   docker run -p 8080:8080 tandem
-#   docker run -p 8080:8080 -v /srv/models:/var/lib/tandem/models:ro tandem:runtime \
-#       serve --model /var/lib/tandem/models/Llama-3.2-3B-Instruct-Q4_0.gguf
+#   docker run -p 8080:8080 -v /srv/models:/models:ro tandem:runtime \
+#       serve --model /models/Llama-3.2-3B-Instruct-Q4_0.gguf
 ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=bookworm
 

@@ -3,7 +3,9 @@
 //! Why it exists: dashboards, alert rules and tests refer to these names, so they must not drift
 //! between the places that record them. Recording goes through the `metrics` facade; without an
 //! installed recorder (the library in tests, `tandem generate`) it costs next to nothing. The
-//! speculation counters use the names vLLM, llama.cpp and mistral.rs share.
+//! speculation counters are named after vLLM's (`vllm:spec_decode_num_drafts` is
+//! `tandem_spec_decode_num_drafts_total` here): a query written for vLLM needs only its prefix
+//! changed.
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};

@@ -67,6 +67,15 @@ fn short_bench_run_writes_json_and_svg_and_greedy_outputs_match() {
         stdout.contains("### overall") && stdout.contains("| pld:gamma=2 |"),
         "{stdout}"
     );
+    // Under the tables, each mode's drafter in words.
+    for line in [
+        "- plain: none (plain decoding, the baseline)",
+        "- pld:gamma=2: prompt lookup in the request's own text, n-grams of 1-3 tokens",
+        "- draft:gamma=3: the draft model default",
+    ] {
+        assert!(stdout.contains(line), "{line:?} in {stdout}");
+    }
+    assert!(!stdout.contains("never drafted"), "{stdout}");
     assert!(
         stderr.contains("13/13") || stderr.contains("39/39"),
         "progress: {stderr}"
@@ -405,4 +414,36 @@ fn forward_bench_breaks_the_forward_down_by_operation() {
     assert!((90.0..=110.0).contains(&share), "shares add up: {share}");
     let s = row("sampling and acceptance (5 rows)");
     assert!(s[2].parse::<f64>().unwrap() > 0.0, "{s:?}");
+}
+
+/// The README's first bench: the default model drafting for itself (the same Q4_1 weights) costs
+/// a target step per draft, so the governor never drafts; the output says so instead of
+/// leaving a bare 1.00x.
+#[test]
+fn a_mode_that_never_drafts_says_why() {
+    common::default_model();
+    let run = tandem()
+        .arg("bench")
+        .arg("--prompts")
+        .arg(spec_bench_dev())
+        .args(["--categories", "writing", "--limit-per-category", "1"])
+        // Fewer tokens than the governor's probe interval: no probe round either.
+        .args(["--max-tokens", "8", "--warmup", "0", "--quiet"])
+        .args(["--modes", "plain,draft", "--draft-weights-dtype", "as-is"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("- draft: the draft model default"))
+        .unwrap_or_else(|| panic!("no drafter line: {stdout}"));
+    assert!(
+        line.contains("never drafted: not forecast to pay"),
+        "{line}"
+    );
 }

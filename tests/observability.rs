@@ -371,8 +371,31 @@ fn prometheus_scrapes_tandem_and_every_dashboard_query_and_alert_evaluates() {
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .filter_map(|l| l.split_whitespace().next())
         .collect();
+    // Importable with a data-source picker: one Prometheus input, which the data-source
+    // variable starts at, and every panel reads that variable.
+    assert_eq!(
+        dashboard["__inputs"][0]["pluginId"], "prometheus",
+        "{}",
+        dashboard["__inputs"]
+    );
+    let input = format!(
+        "${{{}}}",
+        dashboard["__inputs"][0]["name"].as_str().unwrap()
+    );
+    let variable = &dashboard["templating"]["list"][0];
+    assert_eq!(variable["type"], "datasource");
+    assert_eq!(variable["current"]["value"], input.as_str());
+    let uses = format!("${{{}}}", variable["name"].as_str().unwrap());
     let mut queries = 0;
     for panel in dashboard["panels"].as_array().expect("panels") {
+        if panel["type"] != "row" {
+            assert_eq!(
+                panel["datasource"]["uid"],
+                uses.as_str(),
+                "panel {:?} reads another data source",
+                panel["title"]
+            );
+        }
         for target in panel["targets"].as_array().into_iter().flatten() {
             let expr = target["expr"].as_str().expect("a PromQL expr");
             for name in expr

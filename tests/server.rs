@@ -152,6 +152,13 @@ fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
     let model_id = models["data"][0]["id"].as_str().unwrap().to_string();
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["max_model_len"], 512);
+    // `created` is when the server began serving the model, not 0.
+    let created = models["data"][0]["created"].as_u64().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(created > now - 3600 && created <= now, "{models}");
 
     // Completions, greedy: identical to plain greedy `tandem generate` (speculation is on, with
     // the governor choosing γ; a repetitive prompt gives prompt lookup something to draft).

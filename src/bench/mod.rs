@@ -19,7 +19,9 @@ use crate::engine::EngineError;
 
 pub use mode::{parse_modes, DrafterKind, Mode};
 pub use prompts::{load_prompts, parse_prompts, select, BenchPrompt};
-pub use report::{render_tables, summarize, BatchRecord, RunRecord, Spread, SummaryRow};
+pub use report::{
+    render_drafters, render_tables, summarize, BatchRecord, RunRecord, Spread, SummaryRow,
+};
 pub use run::{run_bench, BenchModels, BenchOptions, BenchRun, EngineReport, Progress};
 
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::mode::Mode;
+use super::mode::{DrafterKind, Mode};
 
 /// One request (one turn of one question) under one mode.
 #[derive(Clone, Debug, Serialize)]
@@ -261,6 +261,41 @@ fn trees_cell(r: &SummaryRow) -> String {
 
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map(f).unwrap_or_else(|| "–".into())
+}
+
+/// Says, under the tables, what each mode drafted with, and why a speculative mode that drafted
+/// nothing shows 1.00x: the governor forecast no round worth its price (a draft model as costly
+/// as the target, say) and decoded plainly, as it must whenever speculation would not pay.
+pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) -> String {
+    let mut out = String::from("Drafters:\n");
+    for mode in modes {
+        let what = match mode.drafter {
+            DrafterKind::None => "none (plain decoding, the baseline)".to_string(),
+            DrafterKind::PromptLookup(p) => {
+                let (lo, hi) = p.ngrams();
+                let kind = if p.looks_across_requests() {
+                    "suffix: prompt lookup in the request's own text and earlier requests'"
+                } else {
+                    "prompt lookup in the request's own text"
+                };
+                format!("{kind}, n-grams of {lo}-{hi} tokens")
+            }
+            DrafterKind::Model => format!("the draft model {draft_model}"),
+        };
+        let drafted: usize = runs
+            .iter()
+            .filter(|r| r.mode == mode.label)
+            .map(|r| r.draft_tokens)
+            .sum();
+        let note = if mode.is_plain() || drafted > 0 {
+            ""
+        } else {
+            " -- never drafted: not forecast to pay (the governor decoded plainly; see \
+             docs/speculation.md)"
+        };
+        out.push_str(&format!("- {}: {what}{note}\n", mode.label));
+    }
+    out
 }
 
 /// Markdown tables, one per category and one overall.

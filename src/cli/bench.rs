@@ -22,13 +22,14 @@ use super::CliError;
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Spec-Bench-style JSONL: {"question_id", "category", "turns": [...]} per line.
+    /// Spec-Bench-style JSONL, one {"question_id", "category", "turns": [...]} a line
+    /// (required; data/spec_bench_dev.jsonl ships the development half).
     #[arg(long)]
     prompts: PathBuf,
-    /// Only these categories (comma-separated; default: all).
+    /// Only these categories, comma-separated [default: all].
     #[arg(long, value_delimiter = ',')]
     categories: Vec<String>,
-    /// At most this many prompts per category.
+    /// At most this many prompts per category [default: all].
     #[arg(long)]
     limit_per_category: Option<usize>,
     /// Tokens to generate per turn.
@@ -37,8 +38,10 @@ pub struct BenchArgs {
     /// 0 = greedy (outputs are then checked against plain decoding token for token).
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
+    /// Nucleus sampling of sampled runs in (0, 1] [default: 1, off].
     #[arg(long)]
     top_p: Option<f32>,
+    /// Top-k sampling of sampled runs [default: 0, off].
     #[arg(long)]
     top_k: Option<usize>,
     /// Base seed for sampled runs (each question, turn and repeat derives its own).
@@ -62,7 +65,7 @@ pub struct BenchArgs {
     #[arg(long)]
     ignore_eos: bool,
     /// A system message before every question: a templated workload, where every prompt opens
-    /// with the same text (what a prefix cache serves).
+    /// with the same text (what a prefix cache serves) [default: none].
     #[arg(long)]
     system_prompt: Option<String>,
     /// The draft model of `draft` modes: `default`, `self:K` or a model path.
@@ -74,10 +77,11 @@ pub struct BenchArgs {
     /// Largest γ any mode may use.
     #[arg(long, default_value_t = 8)]
     max_gamma: usize,
-    /// Write every raw figure (and the machine, model and settings) as JSON here.
+    /// Write every raw figure (and the machine, model and settings) as JSON here, making its
+    /// folder if needed [default: no file].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Draw the speedup per category and mode as SVG here.
+    /// Draw the speedup per category and mode as SVG here [default: no chart].
     #[arg(long)]
     chart: Option<PathBuf>,
     /// No progress bar.
@@ -173,6 +177,10 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         args.repeat,
     );
     println!("{}", bench::render_tables(&rows, args.repeat));
+    println!(
+        "{}",
+        bench::render_drafters(&modes, &run.runs, &draft_description(&draft_name, &args))
+    );
     for e in run.engines.iter().filter(|e| e.pipeline) {
         println!(
             "pipeline overlap ({}): {:.0}% of busy time over {} rounds; next rounds drafted \
@@ -233,8 +241,26 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The draft model of `draft` modes as the user named it, with the file it resolved to and its
+/// weight type.
+fn draft_description(loaded: &str, args: &BenchArgs) -> String {
+    let named = args.draft_model.to_string();
+    if loaded.is_empty() || loaded == "none" || loaded == named {
+        format!("{named} ({} weights)", args.draft_weights_dtype)
+    } else {
+        format!("{named}: {loaded} ({} weights)", args.draft_weights_dtype)
+    }
+}
+
+/// Writes an output file, making its folder first (`target/bench/results.json`).
 fn write_file(path: &std::path::Path, contents: String) -> Result<(), CliError> {
-    std::fs::write(path, contents).map_err(|source| CliError::WriteFile {
+    let write = || {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, contents)
+    };
+    write().map_err(|source| CliError::WriteFile {
         path: path.to_path_buf(),
         source,
     })

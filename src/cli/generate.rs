@@ -27,34 +27,43 @@ use super::CliError;
 pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The prompt (a user message unless --raw).
+    /// The prompt (a user message unless --raw); this or --prompt-file is required.
     #[arg(long, conflicts_with = "prompt_file")]
     prompt: Option<String>,
-    /// Read the prompt from a file.
+    /// Read the prompt from a file (instead of --prompt; one of the two is required).
     #[arg(long)]
     prompt_file: Option<PathBuf>,
     /// Feed the prompt as-is instead of through the model's chat template.
     #[arg(long)]
     raw: bool,
-    /// A system message for the chat template.
+    /// A system message for the chat template [default: none].
     #[arg(long)]
     system: Option<String>,
+    /// Tokens to generate at most [default: generation.max_tokens, 256].
     #[arg(long)]
     max_tokens: Option<usize>,
-    /// 0 = greedy.
+    /// Sampling temperature, 0 = greedy [default: generation.temperature, 0].
     #[arg(long)]
     temperature: Option<f32>,
+    /// Sample among the k likeliest tokens, 0 = off [default: generation.top_k, 0].
     #[arg(long)]
     top_k: Option<usize>,
+    /// Nucleus sampling in (0, 1], 1 = off [default: generation.top_p, 1].
     #[arg(long)]
     top_p: Option<f32>,
+    /// Drop tokens below this share of the top token's probability, 0 = off
+    /// [default: generation.min_p, 0].
     #[arg(long)]
     min_p: Option<f32>,
+    /// Multiplicative penalty on tokens already seen, in [0.01, 100], 1 = off
+    /// [default: generation.repetition_penalty, 1].
     #[arg(long)]
     repetition_penalty: Option<f32>,
+    /// Seed of a sampled run [default: a random seed].
     #[arg(long)]
     seed: Option<u64>,
-    /// Stop when the output contains this text (repeatable); the text stops right before it.
+    /// Stop when the output contains this text (repeatable); the text stops right before it
+    /// [default: none].
     #[arg(long)]
     stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens (for benchmarks).
@@ -66,14 +75,14 @@ pub struct GenerateArgs {
     /// Print the result (token ids, text, stats) as one JSON object on stdout instead.
     #[arg(long)]
     json: bool,
-    /// Speculative decoding drafter: `none`, `prompt-lookup[:MIN-MAX]`, `self:K`, `default` or
-    /// a model path.
+    /// Speculative decoding drafter: `none`, `prompt-lookup[:MIN-MAX]`, `suffix[:MIN-MAX]`,
+    /// `self:K`, `default` or a model path.
     #[arg(long, env = "TANDEM_DRAFT_MODEL", default_value = "none")]
     draft_model: DraftSpec,
     /// Linear weight type of a draft model (the same file at another type is a self-drafter).
     #[arg(long, env = "TANDEM_DRAFT_WEIGHTS_DTYPE", default_value = "as-is")]
     draft_weights_dtype: WeightsDtype,
-    /// Drafted tokens per round (γ); `--spec-length` is the seeds' name for it.
+    /// Drafted tokens per round (γ; alias --spec-length).
     #[arg(long, alias = "spec-length", default_value_t = 4)]
     gamma: usize,
     /// Relaxed acceptance in (0, 1]; 1 keeps the target's distribution exactly.

@@ -13,7 +13,7 @@ use super::CliError;
 
 #[derive(Args)]
 pub struct HealthArgs {
-    /// The URL to ask (http only); default: /health on 127.0.0.1 at --port.
+    /// The URL to ask, http only [default: /health on 127.0.0.1 at --port].
     #[arg(long)]
     url: Option<String>,
     /// The server's port (default: the config's server.port), as `tandem serve --port`.

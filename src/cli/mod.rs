@@ -27,14 +27,28 @@ use tandem::sampling::SamplingError;
 use tandem::server::ServerError;
 use tandem::setup::SetupError;
 
+/// The environment variables no flag shows (each flag's own `TANDEM_*` variable is listed
+/// beside it).
+const ENVIRONMENT_HELP: &str = "Environment:
+  TANDEM_ADMIN_TOKEN  bearer token of the admin API (/admin/speculation); overrides
+                      server.admin_token; unset and empty in the config, the admin API is off
+  TANDEM_LOG          log level or filter, e.g. info,tandem::engine=debug (overrides
+                      logging.level)
+  TANDEM_CACHE        where the default model lives (default ~/.cache/tandem)
+  TANDEM_CONFIG       the config file, as --config
+  TANDEM_*            each flag's variable, shown as [env: ...] in a command's --help
+Every key of the config file is described in config/default.toml and docs/operations.md.";
+
 #[derive(Parser)]
 #[command(
     name = "tandem",
     version,
-    about = "LLM inference built around speculative decoding"
+    about = "LLM inference built around speculative decoding",
+    after_help = ENVIRONMENT_HELP
 )]
 pub struct Cli {
-    /// TOML config file (default: the embedded config/default.toml).
+    /// TOML config file; keys it leaves out keep their defaults [default: the embedded
+    /// config/default.toml].
     #[arg(long, global = true, env = "TANDEM_CONFIG")]
     config: Option<PathBuf>,
     #[command(subcommand)]
@@ -160,4 +174,76 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, CliError> {
         .enable_all()
         .build()
         .map_err(CliError::AsyncRuntime)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every flag of every command says what it does, and where its value does not come from a
+    /// default clap shows (`[default: …]`), its help states the default itself.
+    #[test]
+    fn every_flag_says_what_it_does_and_its_default() {
+        fn walk(cmd: &clap::Command, path: &str, problems: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                if help.trim().is_empty() {
+                    problems.push(format!("{path} --{id}: no help"));
+                    continue;
+                }
+                let takes_value = arg.get_action().takes_values();
+                let shown_default = !arg.get_default_values().is_empty();
+                let states_default = help.contains("default") || help.contains("required");
+                if takes_value && !shown_default && !states_default {
+                    problems.push(format!("{path} --{id}: no default stated: {help}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), problems);
+            }
+        }
+        let mut problems = Vec::new();
+        walk(&Cli::command(), "tandem", &mut problems);
+        assert!(problems.is_empty(), "{problems:#?}");
+    }
+
+    #[test]
+    fn help_names_the_environment_variables() {
+        let help = Cli::command().render_long_help().to_string();
+        for var in [
+            "TANDEM_ADMIN_TOKEN",
+            "TANDEM_LOG",
+            "TANDEM_CACHE",
+            "TANDEM_CONFIG",
+        ] {
+            assert!(help.contains(var), "{var} missing from --help:\n{help}");
+        }
+        let serve = Cli::command()
+            .find_subcommand_mut("serve")
+            .expect("serve")
+            .render_long_help()
+            .to_string();
+        for flag in [
+            "--host",
+            "--max-seqs",
+            "--max-queue",
+            "--pipeline",
+            "--max-body-bytes",
+        ] {
+            let line = serve
+                .lines()
+                .position(|l| l.trim_start().starts_with(flag))
+                .unwrap_or_else(|| panic!("{flag} missing from serve --help"));
+            let described = serve.lines().nth(line + 1).unwrap_or("").trim();
+            assert!(!described.is_empty(), "{flag} has no description:\n{serve}");
+        }
+        assert!(serve.contains("suffix"), "--draft-model names suffix");
+        assert!(!serve.contains("seeds' name"), "{serve}");
+    }
 }

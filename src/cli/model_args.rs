@@ -17,29 +17,32 @@ use super::CliError;
 /// Model and runtime overrides shared by commands that load a model.
 #[derive(Args)]
 pub struct ModelArgs {
-    /// `default`, a .gguf file, or a Hugging Face model folder.
+    /// The target model: `default` (SmolLM2-135M-Instruct), a .gguf file, or a Hugging Face
+    /// model folder or hub id [default: the config's model.path, `default`].
     #[arg(long, env = "TANDEM_MODEL")]
     model: Option<String>,
-    /// Linear weight type after loading: auto, as-is, f32, f16, bf16, q8_0, q4_0, q4_1, q4k.
+    /// Linear weight type after loading: auto, as-is, f32, f16, bf16, q8_0, q4_0, q4_1, q4k
+    /// [default: model.weights_dtype, `auto`: keep a file's quantization, float weights to q8_0].
     #[arg(long, env = "TANDEM_WEIGHTS_DTYPE")]
     weights_dtype: Option<String>,
-    /// Compute threads (0 = all cores).
+    /// Compute threads, 0 = every core [default: runtime.threads, 0].
     #[arg(long, env = "TANDEM_THREADS")]
     threads: Option<usize>,
-    /// Context length (prompt + output tokens).
+    /// Most tokens (prompt + output) one sequence may hold, capped by the model's own maximum
+    /// [default: model.context_length, 4096].
     #[arg(long, env = "TANDEM_CONTEXT_LENGTH")]
     context_length: Option<usize>,
-    /// KV cache element type of both models: f16 or f32.
+    /// KV cache element type of both models: f16 or f32 [default: model.kv_cache_dtype, f16].
     #[arg(long, env = "TANDEM_KV_CACHE_DTYPE")]
     kv_cache_dtype: Option<String>,
-    /// Where the model runs: cpu, cuda, cuda:N, metal or metal:N.
+    /// Where the model runs: cpu, cuda, cuda:N, metal or metal:N [default: model.device, cpu].
     #[arg(long, env = "TANDEM_DEVICE")]
     device: Option<String>,
     /// Which forward runs the models: auto (own kernels on the CPU, candle elsewhere), own or
-    /// candle.
+    /// candle [default: model.backend, auto].
     #[arg(long, env = "TANDEM_BACKEND")]
     backend: Option<String>,
-    /// Where a draft model runs (default: the target's device).
+    /// Where a draft model runs [default: speculation.draft_device, "": the target's device].
     #[arg(long, env = "TANDEM_DRAFT_DEVICE")]
     draft_device: Option<String>,
 }

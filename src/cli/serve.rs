@@ -20,50 +20,70 @@ use super::CliError;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Address to listen on; 0.0.0.0 for every interface [default: server.host, 127.0.0.1].
     #[arg(long, env = "TANDEM_HOST")]
     host: Option<String>,
-    /// 0 picks a free port (printed at start).
+    /// Port to listen on; 0 picks a free port and logs it [default: server.port, 8080].
     #[arg(long, env = "TANDEM_PORT")]
     port: Option<u16>,
-    /// The model id clients send and /v1/models lists.
+    /// The model id clients send and /v1/models lists [default: server.model_name, "": the
+    /// model file's name].
     #[arg(long, env = "TANDEM_MODEL_NAME")]
     model_name: Option<String>,
-    /// `none`, `prompt-lookup[:MIN-MAX]`, `self:K`, `default` or a model path.
+    /// The drafter: `prompt-lookup[:MIN-MAX]`, `suffix[:MIN-MAX]` (prompt lookup in earlier
+    /// requests too), `self:K` (the target's first K layers), `default` (the default model),
+    /// a model path, or `none` [default: speculation.draft_model, prompt-lookup].
     #[arg(long, env = "TANDEM_DRAFT_MODEL")]
     draft_model: Option<DraftSpec>,
+    /// Weight type of a draft model: as-is, f32, f16, bf16, q8_0, q4_0, q4_1, q4k (the
+    /// target's own file at another type is a quantized self-drafter)
+    /// [default: speculation.draft_weights_dtype, as-is].
     #[arg(long, env = "TANDEM_DRAFT_WEIGHTS_DTYPE")]
     draft_weights_dtype: Option<WeightsDtype>,
-    /// Switch speculation on or off (`--speculative-decoding false`).
+    /// Speculate at all; requests may still opt out [default: speculation.enabled, true].
     #[arg(long, env = "TANDEM_SPECULATIVE_DECODING")]
     speculative_decoding: Option<bool>,
-    /// A fixed γ (turns the governor off); `--spec-length` is the seeds' name.
+    /// Draft this many tokens every round, a fixed γ that turns the governor off (alias
+    /// --spec-length) [default: speculation.gamma, 4, used only with --adaptive false].
     #[arg(long, alias = "spec-length", env = "TANDEM_GAMMA")]
     gamma: Option<usize>,
-    /// Let the governor choose γ (`--adaptive false` for a fixed γ).
+    /// Let the governor choose γ per request and round, and decode plainly where drafting
+    /// would not pay [default: speculation.adaptive, true].
     #[arg(long, env = "TANDEM_ADAPTIVE")]
     adaptive: Option<bool>,
-    /// Server-wide lenience in (0, 1]; 1 is exact.
+    /// Server-wide relaxed acceptance in (0, 1]; 1 keeps the target's distribution exactly
+    /// [default: speculation.lenience, 1].
     #[arg(long, env = "TANDEM_LENIENCE")]
     lenience: Option<f32>,
+    /// Sequences decoded together in one batched forward [default: engine.max_seqs, 8].
     #[arg(long, env = "TANDEM_MAX_SEQS")]
     max_seqs: Option<usize>,
+    /// Sequences that may wait beyond the running ones before requests get 429
+    /// [default: engine.max_queue, 64].
     #[arg(long, env = "TANDEM_MAX_QUEUE")]
     max_queue: Option<usize>,
+    /// Draft one group of sequences while the other is verified (slower on 2 cores)
+    /// [default: engine.pipeline, false].
     #[arg(long, env = "TANDEM_PIPELINE")]
     pipeline: Option<bool>,
+    /// Largest request body accepted, in bytes; larger ones get 413
+    /// [default: server.max_body_bytes, 1048576].
     #[arg(long, env = "TANDEM_MAX_BODY_BYTES")]
     max_body_bytes: Option<usize>,
-    /// Seconds between SIGTERM (when /health turns 503) and no longer accepting connections.
+    /// Seconds between SIGTERM (when /health turns 503) and no longer accepting connections
+    /// [default: server.drain_seconds, 0].
     #[arg(long, env = "TANDEM_DRAIN_SECONDS")]
     drain_seconds: Option<u64>,
     /// Seconds a connection may take to send a request's headers, and may sit idle between
-    /// requests, before it is closed.
+    /// requests, before it is closed [default: server.header_timeout_seconds, 10].
     #[arg(long, env = "TANDEM_HEADER_TIMEOUT_SECONDS")]
     header_timeout_seconds: Option<u64>,
-    /// Seconds a client may take to send a request's body (408 after).
+    /// Seconds a client may take to send a request's body, 408 after
+    /// [default: server.body_timeout_seconds, 30].
     #[arg(long, env = "TANDEM_BODY_TIMEOUT_SECONDS")]
     body_timeout_seconds: Option<u64>,
-    /// Seconds work may wait with no engine round before /health says "stalled" (0: never).
+    /// Seconds work may wait with no engine round before /health says "stalled", 0 = never
+    /// [default: engine.stall_timeout_seconds, 60].
     #[arg(long, env = "TANDEM_STALL_TIMEOUT_SECONDS")]
     stall_timeout_seconds: Option<u64>,
 }

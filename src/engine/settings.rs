@@ -137,6 +137,29 @@ impl SpeculationSettings {
 
 /// `tree_nodes` for an engine started for `gamma_limit` drafted tokens: a tree's nodes, its
 /// chain's included, fit the verification width the engine was started and calibrated for.
+/// A settings change in words, for the log: each setting that changed as `key old -> new`
+/// (`lenience 1 -> 0.5, gamma 4 -> 3`), or `no change`.
+pub fn describe_change(before: &SpeculationSettings, after: &SpeculationSettings) -> String {
+    let (Ok(serde_json::Value::Object(b)), Ok(serde_json::Value::Object(a))) =
+        (serde_json::to_value(before), serde_json::to_value(after))
+    else {
+        return format!("{before:?} -> {after:?}");
+    };
+    let changed: Vec<String> = a
+        .iter()
+        .filter(|(k, v)| b.get(*k) != Some(v))
+        .map(|(k, v)| {
+            let old = b.get(k).map_or("unset".to_string(), ToString::to_string);
+            format!("{k} {old} -> {v}")
+        })
+        .collect();
+    if changed.is_empty() {
+        "no change".into()
+    } else {
+        changed.join(", ")
+    }
+}
+
 pub fn check_tree_nodes(n: usize, gamma_limit: usize) -> Result<(), String> {
     if n >= gamma_limit {
         return Err(format!(
@@ -273,6 +296,23 @@ impl LiveSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_is_logged_in_words() {
+        let before = SpeculationSettings::default();
+        assert_eq!(describe_change(&before, &before), "no change");
+        let after = SettingsUpdate {
+            lenience: Some(0.5),
+            gamma: Some(3),
+            ..Default::default()
+        }
+        .apply(&before, 8)
+        .unwrap();
+        let words = describe_change(&before, &after);
+        assert!(words.contains("lenience 1.0 -> 0.5"), "{words}");
+        assert!(words.contains("gamma 4 -> 3"), "{words}");
+        assert!(!words.contains("SpeculationSettings"), "{words}");
+    }
 
     #[test]
     fn bad_values_name_their_key_and_change_nothing() {

@@ -76,7 +76,10 @@ pub async fn put_speculation(
         .update(&update)
         .map_err(|e| ApiError::invalid_param(e.key, format!("{e}")))?;
     crate::telemetry::set_speculation(after.lenience.get(), after.gamma_gauge());
-    tracing::info!(?before, ?after, "admin changed the speculation settings");
+    tracing::info!(
+        change = %crate::engine::settings::describe_change(&before, &after),
+        "admin changed the speculation settings"
+    );
     Ok(Json(settings_json(&after, &state)?))
 }
 

@@ -31,7 +31,7 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, A
         "data": [{
             "id": loaded.model_name,
             "object": "model",
-            "created": 0,
+            "created": loaded.created,
             "owned_by": "tandem",
             "max_model_len": loaded.engine.context_len(),
         }],

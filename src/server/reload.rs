@@ -45,7 +45,12 @@ fn reload_and_report(path: &Path, live: &LiveSettings, why: &str) {
         Ok(after) => {
             telemetry::record_config_reload(true);
             telemetry::set_speculation(after.lenience.get(), after.gamma_gauge());
-            tracing::info!(path = %path.display(), why, ?before, ?after, "speculation settings reloaded");
+            tracing::info!(
+                path = %path.display(),
+                why,
+                change = %crate::engine::settings::describe_change(&before, &after),
+                "speculation settings reloaded"
+            );
         }
         Err(e) => {
             telemetry::record_config_reload(false);

@@ -21,6 +21,9 @@ pub struct Loaded {
     pub model_name: String,
     /// The drafter, as the admin API reports it.
     pub drafter: String,
+    /// When the model was loaded and began to be served (Unix seconds): `/v1/models`'
+    /// `created`.
+    pub created: u64,
 }
 
 /// Loads everything and starts the engine.
@@ -50,5 +53,8 @@ pub async fn start(config: Config, threads: usize) -> Result<Loaded, ServerError
         tokenizer,
         model_name,
         drafter,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
     })
 }
