@@ -1,4 +1,4 @@
-//! Every Prometheus metric tandem exports, defined in one place (DESIGN.md §6).
+//! Every Prometheus metric tandem exports, defined in one place (docs/operations.md, "Metrics").
 //!
 //! Why it exists: dashboards, alert rules and tests refer to these names, so they must not drift
 //! between the places that record them. Recording goes through the `metrics` facade; without an

@@ -2,7 +2,7 @@
 //! a real Prometheus (Debian's `prometheus` package, installed by `.ci/run`) scraping it while a
 //! workload runs, then every dashboard query and every alert rule evaluated through Prometheus's
 //! HTTP API. Also: `promtool` accepts the config and the rules (and the rules' unit tests), every
-//! metric DESIGN.md §6 names is exported, and the speculation counters agree with the `usage`
+//! metric docs/operations.md's metrics table names is exported, and the speculation counters agree with the `usage`
 //! figures the clients got.
 
 mod common;
@@ -19,7 +19,7 @@ fn dashboards() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards")
 }
 
-/// Every metric DESIGN.md §6 lists, plus the speedup estimate the alerts use.
+/// Every metric docs/operations.md lists, plus the speedup estimate the alerts use.
 const DESIGN_METRICS: &[&str] = &[
     "tandem_spec_decode_num_drafts_total",
     "tandem_spec_decode_num_draft_tokens_total",

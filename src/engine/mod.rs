@@ -42,5 +42,6 @@ pub use request::{
     OutputPiece, SpeculationStats, Usage,
 };
 pub use settings::{
-    check_tree_nodes, LiveSettings, SettingsError, SettingsUpdate, SpeculationSettings,
+    check_tree_nodes, LiveSettings, RoundSettings, SettingsError, SettingsUpdate,
+    SpeculationSettings,
 };

@@ -54,6 +54,19 @@ impl Default for SpeculationSettings {
     }
 }
 
+/// What one request speculates under in one round: its own settings over the live ones, with
+/// the lenience the queue's depth gives a request that set none. Resolved by one function,
+/// [`SpeculationSettings::for_request`], so drafting, verification and the shaping of token
+/// trees read the same values (a tree is drafted only where it can be verified: under exact
+/// acceptance).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RoundSettings {
+    pub lenience: Lenience,
+    pub gate: DraftGate,
+    /// Alternative nodes a round may add beside its chain (0 under lenient acceptance).
+    pub tree_nodes: usize,
+}
+
 /// A bad setting: `key` names it the way the config file and the admin API do.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{key} {reason}")]
@@ -114,6 +127,27 @@ impl SpeculationSettings {
             self.lenience_under_load
         } else {
             self.lenience
+        }
+    }
+
+    /// The settings a request with these overrides speculates under in a round while `queued`
+    /// requests wait (see [`RoundSettings`]).
+    pub fn for_request(
+        &self,
+        lenience: Option<Lenience>,
+        gate: &GateOverride,
+        tree_nodes: Option<usize>,
+        queued: usize,
+    ) -> RoundSettings {
+        let lenience = lenience.unwrap_or_else(|| self.lenience_for_queue(queued));
+        RoundSettings {
+            lenience,
+            gate: gate.over(self.gate),
+            tree_nodes: if lenience.is_exact() {
+                tree_nodes.unwrap_or(self.tree_nodes)
+            } else {
+                0
+            },
         }
     }
 
@@ -296,6 +330,39 @@ impl LiveSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_resolution_for_drafting_verifying_and_trees() {
+        let live = SettingsUpdate {
+            tree_nodes: Some(3),
+            under_load_queue_depth: Some(4),
+            lenience_under_load: Some(0.5),
+            ..Default::default()
+        }
+        .apply(&SpeculationSettings::default(), 8)
+        .unwrap();
+        let none = GateOverride::default();
+        // Idle: exact, the server's tree.
+        let idle = live.for_request(None, &none, None, 0);
+        assert_eq!((idle.lenience, idle.tree_nodes), (Lenience::EXACT, 3));
+        // Under load a request that set no lenience is lenient, and so drafts no tree it could
+        // not verify.
+        let loaded = live.for_request(None, &none, None, 5);
+        assert_eq!(loaded.lenience.get(), 0.5);
+        assert_eq!(loaded.tree_nodes, 0);
+        // A request's own settings win.
+        let own = live.for_request(Some(Lenience::EXACT), &none, Some(1), 5);
+        assert_eq!((own.lenience, own.tree_nodes), (Lenience::EXACT, 1));
+        let gate = GateOverride {
+            confidence_pricing: Some(true),
+            ..Default::default()
+        };
+        assert!(
+            live.for_request(None, &gate, None, 0)
+                .gate
+                .confidence_pricing
+        );
+    }
 
     #[test]
     fn a_change_is_logged_in_words() {

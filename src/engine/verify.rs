@@ -1,4 +1,4 @@
-//! The verification step of a speculation round (DESIGN.md §3): the request's logits
+//! The verification step of a speculation round (docs/speculation.md, "One round"): the request's logits
 //! processors applied to each target row exactly as plain decoding would apply them, then the
 //! acceptance rule. One function, used by the reference loop and the Verifier actor alike, so
 //! both accept exactly the same drafts.

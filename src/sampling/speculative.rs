@@ -1,4 +1,4 @@
-//! Acceptance rule of one speculation round (DESIGN.md §3; Leviathan et al. 2023, with the
+//! Acceptance rule of one speculation round (docs/speculation.md, "One round"; Leviathan et al. 2023, with the
 //! lenience of their appendix A.5).
 //!
 //! It lives apart from the model and engine code because losslessness is a property of this

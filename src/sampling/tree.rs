@@ -1,5 +1,5 @@
 //! Acceptance over a token tree: multi-draft speculative sampling (SpecInfer, Miao et al. 2024;
-//! DESIGN.md §3), as pure code.
+//! docs/speculation.md, "Token trees"), as pure code.
 //!
 //! A drafter may propose several continuations at once, packed into a prefix tree whose nodes
 //! the target verifies in one forward. The walk starts at the root (the last sampled token, not

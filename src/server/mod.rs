@@ -1,4 +1,4 @@
-//! `tandem serve`: the OpenAI-compatible HTTP API, the admin API and `/metrics` (DESIGN.md §5).
+//! `tandem serve`: the OpenAI-compatible HTTP API, the admin API and `/metrics` (docs/operations.md, "HTTP API").
 //!
 //! Why it exists: it is how users reach the engine. The server binds its port before the models
 //! load, so `/health` answers 503 while loading and orchestrators can wait on it; every

@@ -1,4 +1,4 @@
-//! The speed governor (DESIGN.md §4): each round, choose how many tokens every request drafts.
+//! The speed governor (docs/speculation.md, "The governor"): each round, choose how many tokens every request drafts.
 //!
 //! Why it exists: speculation only pays when the drafter agrees with the target often enough to
 //! cover what drafting and a wider verification cost, and on a compute-bound CPU a γ+1-token

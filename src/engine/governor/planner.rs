@@ -45,7 +45,7 @@ pub struct Candidate {
     pub depth: usize,
 }
 
-/// Chooses every sequence's γ for one round (DESIGN.md §4) to maximise the round's expected
+/// Chooses every sequence's γ for one round (docs/speculation.md, "The round planner") to maximise the round's expected
 /// tokens per second: expected tokens over the round's cost, which is the draft steps (shared
 /// by every drafting sequence), each drafter's catch-up spread over what its sequence may
 /// still generate, and one target forward as wide as everyone's tokens plus `base_width`

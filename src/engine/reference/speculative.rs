@@ -1,4 +1,4 @@
-//! Speculative decoding of one sequence (DESIGN.md §3): each round the drafter proposes γ
+//! Speculative decoding of one sequence (docs/speculation.md, "One round"): each round the drafter proposes γ
 //! tokens after the last sampled token `g`, the target verifies `[g, t1..tγ]` in one forward,
 //! the acceptance rule keeps a prefix and adds a correction or bonus token, and the target cache
 //! is rolled back to what stands. With lenience 1 the output is distributed exactly as plain

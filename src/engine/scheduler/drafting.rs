@@ -95,7 +95,12 @@ impl Scheduler {
             .zip(plan)
             .filter(|&(_, &gamma)| gamma > 0)
             .map(|(&i, &gamma)| {
-                self.active[i].draft_item(gamma, (self.cfg.context_len, self.cfg.max_gamma), live)
+                self.active[i].draft_item(
+                    gamma,
+                    (self.cfg.context_len, self.cfg.max_gamma),
+                    live,
+                    self.queue.len(),
+                )
             })
             .collect()
     }

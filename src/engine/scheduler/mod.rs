@@ -6,7 +6,7 @@
 //! cancelled) between rounds; prompts are prefilled in chunks of at most `prefill_chunk` tokens
 //! per round, inside the same forward as everyone else's decoding. With `pipeline` on, decoding
 //! sequences are split into two groups: while the verifier checks one group's drafts, the
-//! drafter drafts for the other (DESIGN.md §4). While only one group has decoding sequences (a
+//! drafter drafts for the other (docs/speculation.md, "Pipelining"). While only one group has decoding sequences (a
 //! lone request, say), it is verified every round, and the drafter drafts each sequence's next
 //! round during the verification, assuming every draft stands and guessing the target's token
 //! after them; the guess is used when both held and discarded otherwise. The round's shape is

@@ -21,8 +21,8 @@ impl Scheduler {
             return Ok(());
         }
         let live = self.settings.get();
-        let lenience = live.lenience_for_queue(self.queue.len());
-        telemetry::set_speculation(lenience.get(), live.gamma_gauge());
+        let queued = self.queue.len();
+        telemetry::set_speculation(live.lenience_for_queue(queued).get(), live.gamma_gauge());
         let pipelined = self.cfg.pipeline && self.drafter.is_some();
         let states: Vec<SeqState> = self
             .active
@@ -58,14 +58,16 @@ impl Scheduler {
             let s = &mut self.active[i];
             items.push(match part {
                 TargetPart::Verify => {
-                    let item = s.verify_item(lenience);
+                    let item = s.verify_item(s.settings(&live, queued).lenience);
                     let gamma = item.tokens.len() - 1;
                     if shape.within && gamma > 0 {
                         guesses.push((s.id, gamma));
                     }
                     item
                 }
-                TargetPart::Prefill { len } => s.prefill_item(len, lenience),
+                TargetPart::Prefill { len } => {
+                    s.prefill_item(len, s.settings(&live, queued).lenience)
+                }
             });
         }
         self.shape_proposals(&mut items, &live);
@@ -78,7 +80,7 @@ impl Scheduler {
                 .map(|i| i.tokens[1..].to_vec())
                 .and_then(|drafts| {
                     let s = self.active.iter().find(|s| s.id == seq)?;
-                    s.draft_ahead_item(&drafts, gamma, self.cfg.context_len, &live)
+                    s.draft_ahead_item(&drafts, gamma, self.cfg.context_len, &live, queued)
                 });
             to_draft_ahead.extend(item);
         }

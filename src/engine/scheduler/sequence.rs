@@ -12,7 +12,7 @@ use crate::engine::gamma::{gamma_cap, RoundGamma};
 use crate::engine::governor::{Candidate, Choice, Governor};
 use crate::engine::messages::{DraftItem, DraftOutcome, EngineEvent, TargetItem, TargetWork};
 use crate::engine::request::{EngineRequest, FinishReason, SpeculationStats};
-use crate::engine::settings::SpeculationSettings;
+use crate::engine::settings::{RoundSettings, SpeculationSettings};
 use crate::sampling::{Lenience, SeededRng, TokenLogprob};
 
 /// A request waiting for slots: one per choice, all admitted together.
@@ -147,28 +147,29 @@ impl Sequence {
         gamma: usize,
         (context_len, max_gamma): (usize, usize),
         live: &SpeculationSettings,
+        queued: usize,
     ) -> DraftItem {
-        let exact = self.request.lenience.unwrap_or(live.lenience).is_exact();
+        let settings = self.settings(live, queued);
         let room = context_len.saturating_sub(self.context.len());
-        let tree_nodes = if exact {
-            self.request
-                .tree_nodes
-                .unwrap_or(live.tree_nodes)
-                .min(max_gamma.min(room).saturating_sub(gamma))
-        } else {
-            0
-        };
         DraftItem {
-            tree_nodes,
+            tree_nodes: settings
+                .tree_nodes
+                .min(max_gamma.min(room).saturating_sub(gamma)),
             seq: self.id,
             context: self.context.clone(),
             prompt_len: self.prompt_len(),
             gamma,
             params: self.request.generation.sampling.clone(),
             rng: self.draft_rng.clone(),
-            gate: self.request.gate.over(live.gate),
+            gate: settings.gate,
             gate_min: live.gamma_min.get().min(gamma),
         }
+    }
+
+    /// What this request speculates under this round (its settings over the live ones).
+    pub fn settings(&self, live: &SpeculationSettings, queued: usize) -> RoundSettings {
+        let r = &self.request;
+        live.for_request(r.lenience, &r.gate, r.tree_nodes, queued)
     }
 
     /// A draft of the next round made while `drafts` are verified: from the context with every
@@ -181,6 +182,7 @@ impl Sequence {
         gamma: usize,
         context_len: usize,
         live: &SpeculationSettings,
+        queued: usize,
     ) -> Option<DraftItem> {
         // The next round's context: this one's, the drafts and the guess.
         let cached = self.context.len() + drafts.len();
@@ -190,7 +192,7 @@ impl Sequence {
             return None;
         }
         // The guess is drafted on top of at least gamma_min real drafts.
-        let mut item = self.draft_item(next + 1, (context_len, next + 1), live);
+        let mut item = self.draft_item(next + 1, (context_len, next + 1), live, queued);
         // A guess is checked against one chain: no tree.
         item.tree_nodes = 0;
         item.gate_min = (live.gamma_min.get() + 1).min(next + 1);
@@ -203,7 +205,7 @@ impl Sequence {
         work: TargetWork,
         tokens: Vec<u32>,
         proposal: Proposal,
-        default_lenience: Lenience,
+        lenience: Lenience,
     ) -> TargetItem {
         let start_pos = match work {
             TargetWork::Verify => self.context.len() - 1,
@@ -218,7 +220,7 @@ impl Sequence {
             parents: proposal.input_parents(),
             proposal,
             params: self.request.generation.sampling.clone(),
-            lenience: self.request.lenience.unwrap_or(default_lenience),
+            lenience,
             context: self.context.clone(),
             prompt_len: self.prompt_len(),
             rng: self.accept_rng.clone(),
@@ -230,17 +232,18 @@ impl Sequence {
         }
     }
 
-    /// The verification of this sequence's pending drafts (none: a plain step).
-    pub fn verify_item(&mut self, default_lenience: Lenience) -> TargetItem {
+    /// The verification of this sequence's pending drafts (none: a plain step), under the
+    /// round's resolved `lenience`.
+    pub fn verify_item(&mut self, lenience: Lenience) -> TargetItem {
         let proposal = self.pending.take().unwrap_or_default();
         let mut tokens = Vec::with_capacity(1 + proposal.tokens.len());
         tokens.push(*self.context.last().expect("context holds the prompt"));
         tokens.extend_from_slice(&proposal.tokens);
-        self.target_item(TargetWork::Verify, tokens, proposal, default_lenience)
+        self.target_item(TargetWork::Verify, tokens, proposal, lenience)
     }
 
     /// The next `len` prompt tokens, to prefill.
-    pub fn prefill_item(&self, len: usize, default_lenience: Lenience) -> TargetItem {
+    pub fn prefill_item(&self, len: usize, lenience: Lenience) -> TargetItem {
         let end = self.prefilled + len;
         let work = if end == self.prompt_len() {
             TargetWork::PrefillLast
@@ -248,7 +251,7 @@ impl Sequence {
             TargetWork::PrefillChunk
         };
         let chunk = self.request.generation.prompt[self.prefilled..end].to_vec();
-        self.target_item(work, chunk, Proposal::default(), default_lenience)
+        self.target_item(work, chunk, Proposal::default(), lenience)
     }
 
     /// Pushes a round's tokens (the accepted drafts, then the sampled token) through the

@@ -25,7 +25,7 @@ impl Scheduler {
             let adaptive = !matches!(s.request.gamma, GammaPolicy::Fixed(_));
             let pricing = adaptive
                 && it.lenience.is_exact()
-                && s.request.gate.over(live.gate).confidence_pricing
+                && s.settings(live, self.queue.len()).gate.confidence_pricing
                 && it.proposal.confidence.len() >= it.proposal.chain_len();
             Some((adaptive, pricing))
         };
