@@ -45,6 +45,7 @@ pub const SPEC_SPEEDUP_ESTIMATE: &str = "tandem_spec_speedup_estimate";
 pub const CONFIG_RELOADS: &str = "tandem_config_reloads_total";
 pub const ENGINE_STALLS: &str = "tandem_engine_stalls_total";
 pub const ENGINE_ROUND_AGE: &str = "tandem_engine_round_age_seconds";
+pub const ENGINE_STALLED: &str = "tandem_engine_stalled";
 pub const REQUESTS_REFUSED: &str = "tandem_requests_refused_total";
 pub const PREFIX_LOOKUPS: &str = "tandem_prefix_cache_lookups_total";
 pub const PREFIX_HITS: &str = "tandem_prefix_cache_hits_total";
@@ -170,12 +171,16 @@ fn describe() {
         "Times the watchdog found work waiting and no engine round for longer than engine.stall_timeout_seconds (/health turns 503)."
     );
     describe_gauge!(
+        ENGINE_STALLED,
+        "1 while the engine is stalled or its scheduler has stopped (/health answers 503), else 0."
+    );
+    describe_gauge!(
         ENGINE_ROUND_AGE,
         "Seconds since the engine last finished a round while work waits; 0 while idle."
     );
     describe_counter!(
         REQUESTS_REFUSED,
-        "Requests answered with an error before reaching the engine's queue, by reason (overloaded, invalid, unavailable, error)."
+        "Requests the HTTP API answered with an error status, by reason (overloaded, invalid, unavailable, error)."
     );
     describe_counter!(
         CONFIG_RELOADS,
@@ -301,13 +306,18 @@ pub fn record_engine_stall() {
     counter!(ENGINE_STALLS).increment(1);
 }
 
+/// 1 while the engine is stalled or stopped (what `/health` reports as 503), else 0.
+pub fn set_engine_stalled(stalled: bool) {
+    gauge!(ENGINE_STALLED).set(f64::from(u8::from(stalled)));
+}
+
 /// Seconds since the engine last made progress while work waits (0 while idle).
 pub fn set_round_age(seconds: f64) {
     gauge!(ENGINE_ROUND_AGE).set(seconds);
 }
 
-/// A request refused before it reached the engine's queue (`reason`: "overloaded",
-/// "invalid", ...), so every request a client sent is counted somewhere.
+/// A request the HTTP API answered with an error status (`reason`: "overloaded", "invalid",
+/// "unavailable", "error"), so a refused request that never reached the engine is counted too.
 pub fn record_refused(reason: &'static str) {
     counter!(REQUESTS_REFUSED, "reason" => reason).increment(1);
 }
@@ -316,6 +326,7 @@ pub fn record_refused(reason: &'static str) {
 pub fn register_engine_health() {
     counter!(ENGINE_STALLS).increment(0);
     gauge!(ENGINE_ROUND_AGE).set(0.0);
+    gauge!(ENGINE_STALLED).set(0.0);
 }
 
 pub fn set_queue(running: usize, waiting: usize) {

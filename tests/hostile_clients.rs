@@ -367,8 +367,19 @@ fn user_strings_cannot_forge_log_lines() {
         assert!((400..500).contains(&r.status), "{body}: {}", r.text());
     }
     assert_completes(&addr);
-    std::thread::sleep(Duration::from_millis(500));
-    let lines = server.drain_log();
+    // The refusals' log lines, as they arrive.
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lines
+        .iter()
+        .filter(|l: &&String| l.contains("request refused"))
+        .count()
+        < bodies.len()
+        && Instant::now() < deadline
+    {
+        lines.extend(server.drain_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let mentions: Vec<&String> = lines
         .iter()
         .filter(|l| l.contains("FAKE-LOG-LINE"))
@@ -591,6 +602,8 @@ fn reloads_count_once_and_the_grace_period_ends_streams_in_words() {
     let config = dir.path().join("tandem.toml");
     let base = "[server]\nshutdown_grace_seconds = 1\n";
     std::fs::write(&config, format!("{base}[speculation]\nlenience = 1.0\n")).unwrap();
+    // Rounds stop after the third, so the requests below are still running (one streaming, one
+    // waiting) whatever the machine's speed when the grace period ends.
     let server = Server::start(
         &[
             "--config",
@@ -598,13 +611,19 @@ fn reloads_count_once_and_the_grace_period_ends_streams_in_words() {
             "--context-length",
             CONTEXT,
         ],
-        &[],
+        &[("TANDEM_TEST_STALL_AFTER_ROUNDS", "3")],
     );
     let addr = server.addr.clone();
+    // A file is replaced whole, as a ConfigMap update does: no poll reads half of it.
+    let write_config = |text: String| {
+        let tmp = dir.path().join("tandem.toml.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &config).unwrap();
+    };
     // Live settings are exported from the start, before any change or request.
     assert_eq!(server.metric("tandem_spec_lenience", ""), Some(1.0));
     // One change, seen by both the watcher and a SIGHUP, is one reload.
-    std::fs::write(&config, format!("{base}[speculation]\nlenience = 0.75\n")).unwrap();
+    write_config(format!("{base}[speculation]\nlenience = 0.75\n"));
     server.signal("HUP");
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(
@@ -613,11 +632,9 @@ fn reloads_count_once_and_the_grace_period_ends_streams_in_words() {
     );
     assert_eq!(server.metric("tandem_spec_lenience", ""), Some(0.75));
     // A file whose model is not there is refused: the next start would fail on it.
-    std::fs::write(
-        &config,
-        format!("{base}[model]\npath = \"/no/such/model.gguf\"\n[speculation]\nlenience = 0.5\n"),
-    )
-    .unwrap();
+    write_config(format!(
+        "{base}[model]\npath = \"/no/such/model.gguf\"\n[speculation]\nlenience = 0.5\n"
+    ));
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(
         server.metric("tandem_config_reloads_total", "result=\"error\""),
@@ -625,7 +642,7 @@ fn reloads_count_once_and_the_grace_period_ends_streams_in_words() {
     );
     assert_eq!(server.metric("tandem_spec_lenience", ""), Some(0.75));
 
-    // Long requests outlive the 1 s grace period after SIGTERM.
+    // Requests that cannot finish outlive the 1 s grace period after SIGTERM.
     let long = |stream: bool| {
         json!({"prompt": "Count slowly:", "max_tokens": 400, "ignore_eos": true,
                "stream": stream, "temperature": 0})

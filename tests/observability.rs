@@ -386,6 +386,17 @@ fn prometheus_scrapes_tandem_and_every_dashboard_query_and_alert_evaluates() {
     assert_eq!(variable["type"], "datasource");
     assert_eq!(variable["current"]["value"], input.as_str());
     let uses = format!("${{{}}}", variable["name"].as_str().unwrap());
+    let ids: BTreeSet<u64> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        ids.len(),
+        dashboard["panels"].as_array().unwrap().len(),
+        "panel ids are unique"
+    );
     let mut queries = 0;
     for panel in dashboard["panels"].as_array().expect("panels") {
         if panel["type"] != "row" {

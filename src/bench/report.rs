@@ -287,11 +287,13 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
             .filter(|r| r.mode == mode.label)
             .map(|r| r.draft_tokens)
             .sum();
-        let note = if mode.is_plain() || drafted > 0 {
-            ""
-        } else {
-            " -- never drafted: not forecast to pay (the governor decoded plainly; see \
-             docs/speculation.md)"
+        let note = match mode.drafter {
+            _ if mode.is_plain() || drafted > 0 => "",
+            DrafterKind::Model => {
+                " -- never drafted: not forecast to pay (the governor decoded plainly; see \
+                 docs/speculation.md)"
+            }
+            _ => " -- never drafted: no earlier text matched, or no draft was forecast to pay",
         };
         out.push_str(&format!("- {}: {what}{note}\n", mode.label));
     }

@@ -351,6 +351,12 @@ impl Engine {
     }
 }
 
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.liveness.mark_shut_down();
+    }
+}
+
 /// A request's events; dropping it cancels the request.
 pub struct EventStream {
     id: u64,

@@ -22,6 +22,8 @@ pub struct Liveness {
     work: AtomicUsize,
     /// The scheduler stopped for good (its actor ended).
     dead: AtomicBool,
+    /// The engine was dropped: its scheduler ending is a shutdown, not a death.
+    shut_down: AtomicBool,
     timeout: Option<Duration>,
 }
 
@@ -45,6 +47,7 @@ impl Liveness {
             last_progress_ms: AtomicU64::new(0),
             work: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
             timeout,
         })
     }
@@ -53,33 +56,50 @@ impl Liveness {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    // The scheduler is the only writer. It stamps the time before it publishes the work
+    // (Release), and readers take the work first (Acquire): a reader that sees new work
+    // always sees the time that came with it, never work beside an old time.
+
     /// A round ended; `work` sequences remain.
     pub fn round_ended(&self, work: usize) {
         self.last_progress_ms
-            .store(self.now_ms(), Ordering::Relaxed);
-        self.work.store(work, Ordering::Relaxed);
+            .store(self.now_ms(), Ordering::Release);
+        self.work.store(work, Ordering::Release);
     }
 
     /// The scheduler now holds `work` sequences (between rounds). Work arriving at an idle
     /// engine starts the clock; more work arriving at a busy one does not reset it.
     pub fn work_changed(&self, work: usize) {
-        let before = self.work.swap(work, Ordering::Relaxed);
-        if before == 0 && work > 0 {
+        if self.work.load(Ordering::Relaxed) == 0 && work > 0 {
             self.last_progress_ms
-                .store(self.now_ms(), Ordering::Relaxed);
+                .store(self.now_ms(), Ordering::Release);
         }
+        self.work.store(work, Ordering::Release);
     }
 
     pub fn mark_dead(&self) {
         self.dead.store(true, Ordering::Relaxed);
     }
 
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Relaxed)
+    }
+
+    /// The engine is being dropped: the watchdog ends quietly.
+    pub fn mark_shut_down(&self) {
+        self.shut_down.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Relaxed)
+    }
+
     /// Time since the last progress while work waits; zero while idle.
     pub fn round_age(&self) -> Duration {
-        if self.work.load(Ordering::Relaxed) == 0 {
+        if self.work.load(Ordering::Acquire) == 0 {
             return Duration::ZERO;
         }
-        let last = self.last_progress_ms.load(Ordering::Relaxed);
+        let last = self.last_progress_ms.load(Ordering::Acquire);
         Duration::from_millis(self.now_ms().saturating_sub(last))
     }
 
@@ -95,7 +115,7 @@ impl Liveness {
         match self.timeout {
             Some(t) if age > t => EngineHealth::Stalled {
                 since: age,
-                waiting: self.work.load(Ordering::Relaxed),
+                waiting: self.work.load(Ordering::Acquire),
             },
             _ => EngineHealth::Ok,
         }

@@ -15,7 +15,7 @@ use super::liveness::{EngineHealth, Liveness};
 use super::scheduler::Scheduler;
 use crate::telemetry;
 
-/// Watches until the engine is dropped (its `Liveness` has no other owner).
+/// Watches until the engine is dropped.
 pub(super) fn spawn(liveness: &Arc<Liveness>, scheduler: WeakActorRef<Scheduler>) {
     let period = liveness.timeout().map_or(Duration::from_secs(1), |t| {
         (t / 4).clamp(Duration::from_millis(50), Duration::from_secs(1))
@@ -28,15 +28,14 @@ pub(super) fn spawn(liveness: &Arc<Liveness>, scheduler: WeakActorRef<Scheduler>
             let Some(l) = liveness.upgrade() else {
                 return;
             };
+            if l.is_shut_down() {
+                return;
+            }
             if scheduler.upgrade().is_none_or(|s| !s.is_alive()) {
-                // With the engine itself gone (only this task still holds the record) it was
-                // a shutdown, not a death.
-                if Arc::strong_count(&l) == 1 {
-                    return;
-                }
                 l.mark_dead();
             }
             telemetry::set_round_age(l.round_age().as_secs_f64());
+            telemetry::set_engine_stalled(l.health() != EngineHealth::Ok);
             match l.health() {
                 EngineHealth::Ok if stalled => {
                     stalled = false;

@@ -297,7 +297,8 @@ pub async fn run(
         Err(_) => {}
     }
     tracing::warn!("grace period over; ending the remaining requests with an error");
-    let _ = state.cutoff.send(true);
+    // Kept even with no response subscribed yet: one that subscribes later sees it at once.
+    state.cutoff.send_replace(true);
     // The ended responses' last events reach their clients, and the connections close.
     if tokio::time::timeout(CUTOFF_FLUSH, server).await.is_err() {
         tracing::warn!("connections still open after the cut-off; closing them");

@@ -23,7 +23,7 @@ pub enum ReloadError {
     Config(#[from] crate::config::ConfigError),
     #[error("speculation.{0}")]
     Settings(#[from] crate::engine::SettingsError),
-    #[error("model.path: `{0}` does not exist (the next start would fail)")]
+    #[error("model.path: {0} (the next start would fail on it)")]
     MissingModel(String),
 }
 
@@ -32,14 +32,13 @@ pub fn reload(path: &Path, live: &LiveSettings) -> Result<SpeculationSettings, R
     let config = Config::from_file(path)?;
     // Only the speculation settings apply now, but the file is the one the next start reads:
     // a model that is not there would fail that start, so the file is refused now.
-    let model = &config.model.path;
-    if model != "default" && !Path::new(model).exists() {
-        return Err(ReloadError::MissingModel(model.clone()));
-    }
+    crate::model::ModelSource::resolve(&config.model.path)
+        .map_err(|e| ReloadError::MissingModel(e.to_string()))?;
     Ok(live.replace(config.speculation.settings)?)
 }
 
-fn reload_and_report(path: &Path, live: &LiveSettings, why: &str) {
+/// Reloads and says how it went; returns the settings it made live.
+fn reload_and_report(path: &Path, live: &LiveSettings, why: &str) -> Option<SpeculationSettings> {
     let before = live.get();
     match reload(path, live) {
         Ok(after) => {
@@ -51,10 +50,12 @@ fn reload_and_report(path: &Path, live: &LiveSettings, why: &str) {
                 change = %crate::engine::settings::describe_change(&before, &after),
                 "speculation settings reloaded"
             );
+            Some(after)
         }
         Err(e) => {
             telemetry::record_config_reload(false);
             tracing::warn!(path = %path.display(), why, error = %e, "config reload failed; settings unchanged");
+            None
         }
     }
 }
@@ -73,6 +74,8 @@ pub fn spawn(path: Option<PathBuf>, live: impl Fn() -> Option<LiveSettings> + Se
     };
     tokio::spawn(async move {
         let mut seen = path.as_ref().and_then(|p| std::fs::read(p).ok());
+        // The settings the last successful reload made live.
+        let mut applied: Option<SpeculationSettings> = None;
         loop {
             #[cfg(unix)]
             let hup = async {
@@ -93,17 +96,29 @@ pub fn spawn(path: Option<PathBuf>, live: impl Fn() -> Option<LiveSettings> + Se
                 }
                 continue;
             };
-            // A SIGHUP reads the file as it is now, so the watcher must not read the same
-            // change again as a second reload.
+            // One change is one reload, whichever of the watcher and a SIGHUP sees it first. A
+            // SIGHUP of content already applied reloads only where the live settings moved
+            // since (the admin API changed them: the file puts its settings back) or the last
+            // reload failed.
             let now = std::fs::read(p).ok();
-            if why == "file changed" && now == seen {
+            let Some(settings) = live() else {
+                // A change made while loading is applied once the models are up.
+                if why == "SIGHUP" {
+                    tracing::info!("SIGHUP: models still loading; the config is read when ready");
+                }
                 continue;
+            };
+            if now == seen {
+                let current = applied.is_some_and(|a| a == settings.get());
+                if why == "file changed" || current {
+                    if why == "SIGHUP" {
+                        tracing::info!("SIGHUP: the config file's settings are already live");
+                    }
+                    continue;
+                }
             }
             seen = now;
-            match live() {
-                Some(settings) => reload_and_report(p, &settings, why),
-                None => tracing::info!(why, "models still loading; the config is read when ready"),
-            }
+            applied = reload_and_report(p, &settings, why);
         }
     });
 }

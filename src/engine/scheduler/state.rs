@@ -117,7 +117,8 @@ impl Scheduler {
     /// can run again: the liveness record says so.
     pub(super) fn schedule_step(&mut self, me: &ActorRef<Self>) {
         let has_work = !self.active.is_empty() || !self.queue.is_empty();
-        if !has_work || self.step_scheduled {
+        // With a peer actor gone no round can make progress: waking up again would only spin.
+        if !has_work || self.step_scheduled || self.liveness.is_dead() {
             return;
         }
         if self
