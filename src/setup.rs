@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::draft::{check_same_vocabulary, DraftSpec, PromptLookup};
 use crate::engine::{DraftSource, EngineConfig};
-use crate::model::loader::LoadOptions;
+use crate::model::load::loader::LoadOptions;
 use crate::model::{LoadedModel, ModelError, ModelSource, WeightsDtype};
 
 #[derive(Debug, thiserror::Error)]
@@ -41,9 +41,9 @@ pub fn load_target(config: &Config) -> Result<LoadedModel, SetupError> {
 /// Says which vector instructions the kernels run on; a CPU without AVX2 still runs, on
 /// portable code, and is warned about.
 fn log_vector_level() {
-    match crate::model::cpu_kernels::vector_level() {
+    match crate::model::kernels::cpu_kernels::vector_level() {
         Some(level) => tracing::info!(cpu = %level, "CPU kernels"),
-        None => tracing::warn!("{}", crate::model::cpu_kernels::PORTABLE_WARNING),
+        None => tracing::warn!("{}", crate::model::kernels::cpu_kernels::PORTABLE_WARNING),
     }
 }
 

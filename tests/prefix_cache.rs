@@ -13,7 +13,7 @@ use tandem::engine::{
     Completion, DraftSource, Engine, EngineConfig, EngineRequest, Gamma, GammaPolicy,
     GenerationRequest,
 };
-use tandem::model::prefix_index::common_prefix;
+use tandem::model::cache::prefix_index::common_prefix;
 use tandem::model::{ChatMessage, Llama, TextTokenizer, WeightsDtype};
 use tandem::sampling::{SamplingParams, TokenLogprob};
 

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use candle_core::quantized::gguf_file;
 use tandem::engine::{generate_plain, FinishReason, GenerationRequest};
-use tandem::model::loader::LoadOptions;
+use tandem::model::load::loader::LoadOptions;
 use tandem::model::{ChatMessage, LoadedModel, ModelError, ModelSource, WeightsDtype};
 use tandem::sampling::SamplingParams;
 

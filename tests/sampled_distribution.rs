@@ -287,7 +287,7 @@ fn start_engine(
 fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
     // The loops on this thread run the tiny model's forwards here rather than on candle's
     // spinning pool, which the engines' own compute threads would be competing with.
-    tandem::model::parallel::set_inline(true);
+    tandem::model::kernels::parallel::set_inline(true);
     let d1 = tempfile::tempdir().unwrap();
     let d2 = tempfile::tempdir().unwrap();
     common::write_tiny_llama(d1.path(), &tiny(3));

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use candle_core::quantized::gguf_file::{self, Value};
-use tandem::model::chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
-use tandem::model::tokenizer::{IncrementalDecoder, TextTokenizer, TokenizerError};
+use tandem::model::text::chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
+use tandem::model::text::tokenizer::{IncrementalDecoder, TextTokenizer, TokenizerError};
 
 const SMOLLM2_SYSTEM: &str =
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n";

@@ -10,7 +10,7 @@
 use clap::Args;
 
 use tandem::config::Config;
-use tandem::model::op_profile::{self, Op};
+use tandem::model::llama::op_profile::{self, Op};
 use tandem::model::{KvCache, Llama, LogitsRows, SeqInput};
 use tandem::sampling::speculative::{accept_sampled, DraftDist};
 use tandem::sampling::{probabilities, SamplingParams, SeededRng};

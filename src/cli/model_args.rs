@@ -101,9 +101,9 @@ pub fn load_model(config: &Config) -> Result<LoadedModel, CliError> {
         loaded.model.kv_dtype(),
         t.elapsed().as_secs_f64()
     );
-    match tandem::model::cpu_kernels::vector_level() {
+    match tandem::model::kernels::cpu_kernels::vector_level() {
         Some(level) => eprintln!("CPU kernels: {level}"),
-        None => eprintln!("{}", tandem::model::cpu_kernels::PORTABLE_WARNING),
+        None => eprintln!("{}", tandem::model::kernels::cpu_kernels::PORTABLE_WARNING),
     }
     Ok(loaded)
 }

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::siblings::Siblings;
 use super::{DraftError, Proposal, Proposer};
-use crate::model::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
+use crate::model::cache::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::{
     apply_penalties, argmax, confidence, confidence_of_logits, probabilities, sample_from,

@@ -12,7 +12,7 @@ use kameo::message::{Context, Message};
 use kameo::Actor;
 
 use super::messages::{Admission, Admit, CacheStats, GetCacheStats, PrefixStart, Release, Retain};
-use crate::model::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
+use crate::model::cache::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
 use crate::telemetry;
 
 #[derive(Actor)]

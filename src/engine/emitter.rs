@@ -126,6 +126,6 @@ impl Emitter {
     }
 }
 
-fn model_err(e: crate::model::tokenizer::TokenizerError) -> EngineError {
+fn model_err(e: crate::model::text::tokenizer::TokenizerError) -> EngineError {
     EngineError::Detokenize(e.to_string())
 }

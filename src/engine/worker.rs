@@ -4,7 +4,7 @@
 //! Why it exists: a forward pass takes milliseconds of CPU and must never run on the async
 //! runtime, where it would stall every other task (HTTP, streaming, the other actor). Each of
 //! the drafter and the verifier owns one worker, so their passes can run at the same time. A
-//! worker with a one-thread budget runs its parallel sections inline (`model::parallel`); with
+//! worker with a one-thread budget runs its parallel sections inline (`model::kernels::parallel`); with
 //! more it uses candle's shared pool, which serialises concurrent callers.
 
 use std::panic::AssertUnwindSafe;
@@ -27,7 +27,7 @@ impl<S: Send + 'static> ComputeWorker<S> {
         let thread = std::thread::Builder::new()
             .name(name.to_owned())
             .spawn(move || {
-                crate::model::parallel::set_inline(threads == 1);
+                crate::model::kernels::parallel::set_inline(threads == 1);
                 for job in rx {
                     job(&mut state);
                 }
@@ -89,7 +89,7 @@ mod tests {
             .run(|_| {
                 (
                     std::thread::current().id(),
-                    crate::model::parallel::is_inline(),
+                    crate::model::kernels::parallel::is_inline(),
                 )
             })
             .await

@@ -131,7 +131,7 @@ pub fn confidence_of_logits(logits: &[f32], scratch: &mut Vec<f32>) -> Confidenc
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     scratch.clear();
     scratch.extend(logits.iter().map(|&l| l - max));
-    crate::model::elementwise::exp_nonpositive(scratch);
+    crate::model::kernels::elementwise::exp_nonpositive(scratch);
     let mut sum = 0f64;
     for (e, &l) in scratch.iter_mut().zip(logits) {
         if l == f32::NEG_INFINITY {

@@ -250,7 +250,7 @@ pub fn probabilities(
             *p = (v - max) / t;
         }
     }
-    crate::model::elementwise::exp_nonpositive(probs);
+    crate::model::kernels::elementwise::exp_nonpositive(probs);
     for (p, &v) in probs.iter_mut().zip(logits) {
         *p = if v == f32::NEG_INFINITY { 0.0 } else { *p };
     }

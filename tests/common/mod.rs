@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
-use tandem::model::loader::LoadOptions;
+use tandem::model::load::loader::LoadOptions;
 use tandem::model::{
     BackendChoice, DeviceSpec, KvCache, Llama, LoadedModel, LogitsRows, ModelSource, SeqInput,
     WeightsDtype,

@@ -14,7 +14,7 @@ use crate::engine::messages::{
     Admit, CopyPrefix, EndSequence, FreeSlot, PrefixStart, Release, Retain, Submit, TruncateSlot,
 };
 use crate::engine::request::SpeculationStats;
-use crate::model::prefix_index::common_prefix;
+use crate::model::cache::prefix_index::common_prefix;
 use crate::sampling::SeededRng;
 use crate::telemetry;
 

@@ -1,0 +1,2 @@
+pub mod kv_cache;
+pub mod prefix_index;

@@ -1,0 +1,38 @@
+//! The model layer's error type, in a file of its own so the layer's modules import it without
+//! pointing back at the module root.
+
+/// Errors of the model layer.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model file not found: {0}")]
+    NotFound(std::path::PathBuf),
+    #[error(
+        "the default model is not installed at {0}; run scripts/fetch-default-model to fetch it"
+    )]
+    DefaultModelMissing(std::path::PathBuf),
+    #[error("cannot read {path}: {reason}")]
+    Unreadable {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    #[error("bad model config: {0}")]
+    BadConfig(String),
+    #[error("missing tensor {0}")]
+    MissingTensor(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    #[error("kv cache: {0}")]
+    Cache(String),
+    #[error("{0}")]
+    Device(String),
+    #[error("invalid forward input: {0}")]
+    BadInput(String),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+pub type Result<T> = std::result::Result<T, ModelError>;

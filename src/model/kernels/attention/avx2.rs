@@ -1,0 +1,158 @@
+//! AVX2 forms of the attention kernels (`scaled_dots`, `softmax_weights`, `accumulate_values`):
+//! eight lanes a register, with f16 keys and values widened by F16C as they load. Each output
+//! is computed with exactly the scalar definitions' arithmetic in `scalar.rs` (the same fused
+//! chains in the same order, the same fixed reductions), so results are bitwise those of the
+//! scalar path.
+
+use std::arch::x86_64::*;
+
+use super::shared::{lane_sum, reduce_eight_keys, KvElement};
+use crate::model::kernels::fast_exp::{exp8 as exp, softmax_exp};
+
+/// Eight elements from `p` as f32.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn load8<T: KvElement>(p: *const T) -> __m256 {
+    if T::HALF {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    } else {
+        _mm256_loadu_ps(p.cast())
+    }
+}
+
+/// See `super::scaled_dots`; `q.len()` is a multiple of 16 and every key read is inside `keys`
+/// (the caller checks both).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn scaled_dots<T: KvElement>(
+    q: &[f32],
+    keys: &[T],
+    stride: usize,
+    offset: usize,
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let blocks = q.len() / 16;
+    let qp = q.as_ptr();
+    let kp = keys.as_ptr().add(offset);
+    let n = scores.len();
+    let sv = _mm256_set1_ps(scale);
+    // One key's sixteen lanes as two registers (`lo`: elements 0-7 of each block, `hi`:
+    // 8-15), folded into one.
+    let key_lanes = |k: *const T| {
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for c in 0..blocks {
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(c * 16)), load8(k.add(c * 16)), lo);
+            hi = _mm256_fmadd_ps(
+                _mm256_loadu_ps(qp.add(c * 16 + 8)),
+                load8(k.add(c * 16 + 8)),
+                hi,
+            );
+        }
+        _mm256_add_ps(lo, hi)
+    };
+    let mut j = 0;
+    while j + 8 <= n {
+        let mut folded = [_mm256_setzero_ps(); 8];
+        // Four keys at a time keep their 8 accumulators and the query in registers.
+        for half in 0..2 {
+            let mut lo = [_mm256_setzero_ps(); 4];
+            let mut hi = [_mm256_setzero_ps(); 4];
+            for c in 0..blocks {
+                let q0 = _mm256_loadu_ps(qp.add(c * 16));
+                let q1 = _mm256_loadu_ps(qp.add(c * 16 + 8));
+                for i in 0..4 {
+                    let k = kp.add((j + half * 4 + i) * stride + c * 16);
+                    lo[i] = _mm256_fmadd_ps(q0, load8(k), lo[i]);
+                    hi[i] = _mm256_fmadd_ps(q1, load8(k.add(8)), hi[i]);
+                }
+            }
+            for i in 0..4 {
+                folded[half * 4 + i] = _mm256_add_ps(lo[i], hi[i]);
+            }
+        }
+        let sums = reduce_eight_keys(folded);
+        _mm256_storeu_ps(scores.as_mut_ptr().add(j), _mm256_mul_ps(sums, sv));
+        j += 8;
+    }
+    while j < n {
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), key_lanes(kp.add(j * stride)));
+        scores[j] = lane_sum(&lanes) * scale;
+        j += 1;
+    }
+}
+
+/// See `super::softmax_weights`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn softmax_weights(scores: &mut [f32]) -> f32 {
+    let n = scores.len();
+    let p = scores.as_mut_ptr();
+    let full = n / 8 * 8;
+    let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+    for j in (0..full).step_by(8) {
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(p.add(j)));
+    }
+    let mut m = [0f32; 8];
+    _mm256_storeu_ps(m.as_mut_ptr(), mv);
+    let max = scores[full..]
+        .iter()
+        .chain(&m)
+        .fold(f32::NEG_INFINITY, |a, &s| a.max(s));
+    let maxv = _mm256_set1_ps(max);
+    let mut acc = _mm256_setzero_ps();
+    for j in (0..full).step_by(8) {
+        let e = exp(_mm256_sub_ps(_mm256_loadu_ps(p.add(j)), maxv));
+        _mm256_storeu_ps(p.add(j), e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+    let mut sum = lane_sum(&lanes);
+    for s in &mut scores[full..] {
+        *s = softmax_exp(*s - max);
+        sum += *s;
+    }
+    sum
+}
+
+/// See `super::accumulate_values`; the sums' length is a multiple of 64 (two halves of a
+/// multiple of 32) and every value read is inside `values` (the caller checks both).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn accumulate_values<T: KvElement>(
+    weights: &[f32],
+    values: &[T],
+    stride: usize,
+    offset: usize,
+    acc: &mut [f32],
+) {
+    let dim = acc.len() / 2;
+    let n = weights.len();
+    for block in 0..dim / 32 {
+        let vp = values.as_ptr().add(offset + block * 32);
+        let ep = acc.as_mut_ptr().add(block * 32);
+        let op = acc.as_mut_ptr().add(dim + block * 32);
+        let mut even: [__m256; 4] = std::array::from_fn(|r| _mm256_loadu_ps(ep.add(r * 8)));
+        let mut odd: [__m256; 4] = std::array::from_fn(|r| _mm256_loadu_ps(op.add(r * 8)));
+        let mut j = 0;
+        while j + 2 <= n {
+            let (we, wo) = (_mm256_set1_ps(weights[j]), _mm256_set1_ps(weights[j + 1]));
+            let (ve, vo) = (vp.add(j * stride), vp.add((j + 1) * stride));
+            for r in 0..4 {
+                even[r] = _mm256_fmadd_ps(we, load8(ve.add(r * 8)), even[r]);
+                odd[r] = _mm256_fmadd_ps(wo, load8(vo.add(r * 8)), odd[r]);
+            }
+            j += 2;
+        }
+        if j < n {
+            let we = _mm256_set1_ps(weights[j]);
+            let ve = vp.add(j * stride);
+            for (r, e) in even.iter_mut().enumerate() {
+                *e = _mm256_fmadd_ps(we, load8(ve.add(r * 8)), *e);
+            }
+        }
+        for r in 0..4 {
+            _mm256_storeu_ps(ep.add(r * 8), even[r]);
+            _mm256_storeu_ps(op.add(r * 8), odd[r]);
+        }
+    }
+}

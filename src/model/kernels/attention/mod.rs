@@ -1,0 +1,305 @@
+//! Causal grouped-query attention of one sequence's new tokens against its KV cache.
+//!
+//! Written by hand on f32 slices instead of with tensor matmuls so that each (query, head) pair
+//! is computed alone, over exactly the keys it may see, in a fixed order: its result is then
+//! bitwise independent of how many tokens share the forward pass (batch invariance), which is
+//! what keeps greedy speculative decoding identical to plain greedy decoding.
+//!
+//! The three inner loops (query·key scores, softmax weights, the weighted sum of values) have
+//! AVX2 paths that do exactly the scalar arithmetic, in the same order: fused multiply-adds,
+//! eight-lane sums reduced in a fixed pairing, and our own `exp` (a fixed polynomial, so a
+//! vector and a scalar evaluation agree bit for bit, which libm's `expf` would not promise).
+//! Profiled at a depth of 1000, the score and value loops and `expf` were ~30% of a multi-token
+//! forward: separate multiply and add, a scalar eight-lane reduction per key, and one libm
+//! call per key.
+//!
+//! Keys and values are f32 or f16 ([`KvElement`]); f16 ones are widened to f32 as they are
+//! loaded (exactly, and by one instruction on the vector paths), so the arithmetic and its bits
+//! are those of f32 keys and values holding the same numbers, while a deep cache, whose reads
+//! bound attention, is half the bytes.
+//!
+//! The scalar definitions are in `scalar`, the vector kernels in `avx2` and `avx512` (one file
+//! per instruction set), and what they all share (the element type, the fixed lane reductions,
+//! the softmax exponential) in `shared`, which imports none of them; this file holds the
+//! public call and chooses a kernel.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod scalar;
+mod shared;
+#[cfg(test)]
+mod tests;
+mod tree;
+
+pub use shared::KvElement;
+pub use tree::tree_attention;
+
+/// Shapes of one attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl AttnShape {
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
+/// `scores[j] = dot(q, key j) * scale` for every key `j < scores.len()`, where key `j` is
+/// `keys[j * stride + offset..][..q.len()]`.
+///
+/// The vector paths compute each score with exactly `dot`'s arithmetic, eight keys at a time
+/// with their eight-lane reductions done in registers (a transpose by shuffles and horizontal
+/// adds that pairs the lanes as `lane_sum` does): bitwise the same scores as the scalar path,
+/// whatever the number of keys or the instruction set.
+fn scaled_dots<T: KvElement>(
+    q: &[f32],
+    keys: &[T],
+    stride: usize,
+    offset: usize,
+    scale: f32,
+    scores: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if q.len().is_multiple_of(16) && simd_available() {
+            // SAFETY: AVX2 (and for the wide path AVX-512) was checked; every key read is
+            // inside `keys`, as the slicing of the scalar path below would check (asserted
+            // once here).
+            assert!(
+                scores.is_empty() || (scores.len() - 1) * stride + offset + q.len() <= keys.len()
+            );
+            unsafe {
+                if wide_available() {
+                    avx512::scaled_dots(q, keys, stride, offset, scale, scores);
+                } else {
+                    avx2::scaled_dots(q, keys, stride, offset, scale, scores);
+                }
+            }
+            return;
+        }
+    }
+    scalar::scaled_dots(q, keys, stride, offset, scale, scores)
+}
+
+/// Turns scores into unnormalised softmax weights in place, `s ← softmax_exp(s − max)`, and
+/// returns their sum: eight lanes (key `j` in lane `j mod 8`) over whole blocks of eight,
+/// reduced by `lane_sum`, then the remaining keys one by one.
+fn softmax_weights(scores: &mut [f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd_available() {
+            // SAFETY: AVX2 and FMA were checked; every access is inside `scores`.
+            return unsafe { avx2::softmax_weights(scores) };
+        }
+    }
+    scalar::softmax_weights(scores)
+}
+
+/// Adds keys' weighted values to two running sums, `acc = [even | odd]` (each `dim` long):
+/// key `j` (counted from the start of `weights`, which must sit at an even key of the whole
+/// sequence) goes to the even sum when `j` is even, else to the odd one, one fused
+/// multiply-add per element, in key order. Value `j` is `values[j * stride + offset..][..dim]`.
+///
+/// The whole result is `(even + odd) · inv` ([`finish_values`]); taking the keys in chunks
+/// continues the same chains, so the bits do not depend on the chunking. Two chains instead of
+/// one let the vector paths keep twice as many independent accumulators in flight; they keep
+/// a block of sums in registers while they stream the values (32 on AVX2, 64 on AVX-512), with
+/// the same operations per element in the same order as the scalar path.
+fn accumulate_values<T: KvElement>(
+    weights: &[f32],
+    values: &[T],
+    stride: usize,
+    offset: usize,
+    acc: &mut [f32],
+) {
+    let dim = acc.len() / 2;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if dim.is_multiple_of(32) && simd_available() {
+            assert!(
+                weights.is_empty() || (weights.len() - 1) * stride + offset + dim <= values.len()
+            );
+            // SAFETY: AVX2 (and for the wide path AVX-512) was checked; every value read is
+            // inside `values` (asserted above), every sum inside `acc`.
+            unsafe {
+                if dim.is_multiple_of(64) && wide_available() {
+                    avx512::accumulate_values(weights, values, stride, offset, acc);
+                } else {
+                    avx2::accumulate_values(weights, values, stride, offset, acc);
+                }
+            }
+            return;
+        }
+    }
+    scalar::accumulate_values(weights, values, stride, offset, acc)
+}
+
+/// `out = (even + odd) · inv` from [`accumulate_values`]' sums.
+fn finish_values(acc: &[f32], inv: f32, out: &mut [f32]) {
+    let (even, odd) = acc.split_at(out.len());
+    for ((o, e), d) in out.iter_mut().zip(even).zip(odd) {
+        *o = (e + d) * inv;
+    }
+}
+
+/// Whether the AVX-512 attention kernels may run: the f16 kernel's switch
+/// (`TANDEM_DISABLE_AVX512=1` turns both off).
+#[cfg(target_arch = "x86_64")]
+fn wide_available() -> bool {
+    crate::model::kernels::f16_gemm::wide_available()
+}
+
+#[cfg(target_arch = "x86_64")]
+fn simd_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        crate::model::kernels::packed_gemm::enabled("TANDEM_DISABLE_AVX2", || {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        })
+    })
+}
+
+/// Keys taken at a time by every head of a group before the next ones: 64 keys of 64 values
+/// are 16 KiB, read from memory once and from L1 by the group's other heads. Even, so each
+/// chunk starts at an even key (see [`accumulate_values`]).
+const KEY_CHUNK: usize = 64;
+
+/// Attention for queries at absolute positions `start_pos..start_pos + n_new`.
+///
+/// `q`: `n_new * q_dim` (already rotated); `keys`/`values`: the sequence's whole cache,
+/// `(start_pos + n_new) * kv_dim`, new tokens included; `out`: `n_new * q_dim`.
+/// Work is split over (query, head) units on candle's thread pool, ordered by key-value head
+/// first, then query, then head, so consecutive units read the same keys and values: runs of
+/// up to [`MAX_GROUP`] of them are computed together, key chunk by key chunk, and each key and
+/// value row is read from memory once per run instead of once per query and head. The reads,
+/// not the arithmetic, bound attention at depth: a depth-800 cache is 37 MB of keys and values,
+/// and each extra query token of a verification re-read it, ~0.6 ms a token (measured with
+/// `forward-bench`), before queries shared a run. Neither the split nor the grouping changes a
+/// unit's arithmetic.
+pub fn causal_attention<T: KvElement>(
+    shape: AttnShape,
+    q: &[f32],
+    keys: &[T],
+    values: &[T],
+    start_pos: usize,
+    out: &mut [f32],
+) {
+    let AttnShape {
+        num_heads,
+        num_kv_heads,
+        head_dim,
+    } = shape;
+    let q_dim = shape.q_dim();
+    let kv_dim = shape.kv_dim();
+    let n_new = q.len() / q_dim;
+    debug_assert_eq!(out.len(), q.len());
+    debug_assert!(keys.len() >= (start_pos + n_new) * kv_dim);
+    let group = num_heads / num_kv_heads;
+    let scale = 1f32 / (head_dim as f32).sqrt();
+    let units = n_new * num_heads;
+    let per_kv_head = n_new * group;
+    // Unit `u` is query `i`, head `h`: key-value head first, then query, then head.
+    let unit = |u: usize| {
+        let (kvh, r) = (u / per_kv_head, u % per_kv_head);
+        (r / group, kvh * group + r % group)
+    };
+    let out_ptr = out.as_mut_ptr() as usize;
+
+    thread_local! {
+        // Per-thread score and value-sum buffers, kept across calls so decoding does not
+        // allocate per layer.
+        static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    }
+    // Units `members` (in order, so the last query sees the most keys), all reading key-value
+    // head `kvh`. Member `m`'s scores start at `m * stride`.
+    let attend = |members: std::ops::Range<usize>, scores: &mut Vec<f32>, acc: &mut Vec<f32>| {
+        let nm = members.len();
+        let kv_off = (members.start / per_kv_head) * head_dim;
+        let seen_of = |u: usize| start_pos + unit(u).0 + 1;
+        let stride = seen_of(members.end - 1);
+        let q_of = |u: usize| {
+            let (i, h) = unit(u);
+            &q[i * q_dim + h * head_dim..][..head_dim]
+        };
+        // Key chunk by key chunk, so a chunk is read once for all members: calls
+        // `f(member, unit, first key, keys in the chunk)` for each member that sees it.
+        let each_chunk = |f: &mut dyn FnMut(usize, usize, usize, usize)| {
+            for j0 in (0..stride).step_by(KEY_CHUNK) {
+                for (m, u) in members.clone().enumerate() {
+                    let seen = seen_of(u);
+                    if j0 < seen {
+                        f(m, u, j0, KEY_CHUNK.min(seen - j0));
+                    }
+                }
+            }
+        };
+        scores.clear();
+        scores.resize(nm * stride, 0.0);
+        each_chunk(&mut |m, u, j0, len| {
+            let s = &mut scores[m * stride + j0..][..len];
+            scaled_dots(q_of(u), &keys[j0 * kv_dim..], kv_dim, kv_off, scale, s);
+        });
+        let mut inv = [0f32; MAX_GROUP];
+        for (m, u) in members.clone().enumerate() {
+            inv[m] = 1f32 / softmax_weights(&mut scores[m * stride..][..seen_of(u)]);
+        }
+        acc.clear();
+        acc.resize(nm * 2 * head_dim, 0.0);
+        each_chunk(&mut |m, _, j0, len| {
+            accumulate_values(
+                &scores[m * stride + j0..][..len],
+                &values[j0 * kv_dim..],
+                kv_dim,
+                kv_off,
+                &mut acc[m * 2 * head_dim..][..2 * head_dim],
+            );
+        });
+        for (m, u) in members.enumerate() {
+            let (i, h) = unit(u);
+            // SAFETY: each (query, head) unit writes only its own head_dim-long span of `out`,
+            // and every unit belongs to exactly one call.
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (out_ptr as *mut f32).add(i * q_dim + h * head_dim),
+                    head_dim,
+                )
+            };
+            finish_values(&acc[m * 2 * head_dim..][..2 * head_dim], inv[m], o);
+        }
+    };
+    let run_units = |range: std::ops::Range<usize>, scores: &mut Vec<f32>, acc: &mut Vec<f32>| {
+        let mut u = range.start;
+        while u < range.end {
+            // The rest of this key-value head's units, within the range, at most MAX_GROUP.
+            let kv_end = (u / per_kv_head + 1) * per_kv_head;
+            let end = kv_end.min(u + MAX_GROUP).min(range.end);
+            attend(u..end, scores, acc);
+            u = end;
+        }
+    };
+    let run = |range: std::ops::Range<usize>| {
+        BUFFERS.with_borrow_mut(|(scores, acc)| run_units(range, scores, acc))
+    };
+    if units * (start_pos + n_new) < 4096 {
+        run(0..units);
+    } else {
+        crate::model::kernels::parallel::for_each_chunk(units, run);
+    }
+}
+
+/// The most (query, head) units computed together: the 3 heads of each of 8 verified tokens
+/// on SmolLM2. Measured at depth 1500 (8 tokens / a 256-token chunk): 12 units 29.0 / 642 ms,
+/// 24 28.6 / 616, 48 30.4 / 631; grouping heads of one query only, 34.1 / 856.
+const MAX_GROUP: usize = 24;

@@ -1,0 +1,403 @@
+//! Every kernel against the scalar definitions, bit for bit, and the whole attention call.
+
+use super::scalar::dot;
+use super::{accumulate_values, finish_values, scaled_dots, softmax_weights, KvElement};
+use crate::model::kernels::fast_exp::softmax_exp;
+
+fn val(i: usize) -> f32 {
+    ((i * 104_729 % 2000) as f32 - 1000.0) * 1e-3
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// `out = (Σ_{j even} weights[j] · value j + Σ_{j odd} weights[j] · value j) · inv` in one go.
+fn weighted_values<T: KvElement>(
+    weights: &[f32],
+    inv: f32,
+    values: &[T],
+    stride: usize,
+    offset: usize,
+    out: &mut [f32],
+) {
+    let mut acc = vec![0f32; 2 * out.len()];
+    accumulate_values(weights, values, stride, offset, &mut acc);
+    finish_values(&acc, inv, out);
+}
+
+/// The definition of `weighted_values`, written out plainly.
+fn value_sums_by_definition(
+    weights: &[f32],
+    inv: f32,
+    values: &[f32],
+    stride: usize,
+    offset: usize,
+    dim: usize,
+) -> Vec<f32> {
+    let mut sums = vec![vec![0f32; dim]; 2];
+    for (j, &w) in weights.iter().enumerate() {
+        for (d, o) in sums[j % 2].iter_mut().enumerate() {
+            *o = w.mul_add(values[j * stride + offset + d], *o);
+        }
+    }
+    (0..dim).map(|d| (sums[0][d] + sums[1][d]) * inv).collect()
+}
+
+type ValuePath = fn(&[f32], f32, &[f32], usize, usize, &mut [f32]);
+
+/// Every `weighted_values` path this machine can run but AVX-512 (tested on its own), by
+/// name: accumulated in one go or in chunks of 6 keys, then finished.
+fn value_paths() -> Vec<(&'static str, ValuePath)> {
+    let mut paths: Vec<(&'static str, ValuePath)> = vec![
+        ("dispatch", weighted_values),
+        ("dispatch, chunked", |w, i, v, s, o, out| {
+            let mut acc = vec![0f32; 2 * out.len()];
+            for (c, ws) in w.chunks(6).enumerate() {
+                accumulate_values(ws, &v[c * 6 * s..], s, o, &mut acc);
+            }
+            finish_values(&acc, i, out);
+        }),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::simd_available() {
+            paths.push(("avx2", |w, i, v, s, o, out| {
+                let mut acc = vec![0f32; 2 * out.len()];
+                unsafe { super::avx2::accumulate_values(w, v, s, o, &mut acc) };
+                finish_values(&acc, i, out);
+            }));
+        }
+    }
+    paths
+}
+
+/// (outputs, keys) for the value sums: 128 and 64 outputs run on every path, 96 on AVX2
+/// only, 40 on the scalar loop; odd and even key counts end the two chains differently.
+const VALUE_SUM_SHAPES: [(usize, usize); 6] =
+    [(128, 37), (64, 1), (64, 8), (96, 5), (40, 6), (64, 19)];
+
+/// Checks one value-sum path on every shape whose output count it takes (`multiple_of`).
+fn check_value_sums(name: &str, path: ValuePath, multiple_of: usize) {
+    for (dim, n) in VALUE_SUM_SHAPES {
+        if !dim.is_multiple_of(multiple_of) {
+            continue;
+        }
+        let (stride, offset) = (3 * dim, dim);
+        let values: Vec<f32> = (0..n * stride).map(val).collect();
+        let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
+        let want = value_sums_by_definition(&weights, 0.37, &values, stride, offset, dim);
+        let mut ours = vec![0f32; dim];
+        path(&weights, 0.37, &values, stride, offset, &mut ours);
+        assert_eq!(bits(&ours), bits(&want), "{name}: {dim} outputs, {n} keys");
+    }
+}
+
+#[test]
+fn vector_value_sums_equal_the_scalar_loop_bit_for_bit() {
+    for (name, path) in value_paths() {
+        let multiple_of = if name.starts_with("avx") { 32 } else { 1 };
+        check_value_sums(name, path, multiple_of);
+    }
+}
+
+// The AVX-512 kernels' tests run where the CPU has AVX-512F and AVX-512VL (every build has the
+// kernels; they are chosen at run time). On a CPU without them the kernels never run, and
+// these tests say so on stderr and have nothing to check.
+
+/// Whether the AVX-512 kernels run on this CPU; says so on stderr when they do not.
+#[cfg(target_arch = "x86_64")]
+fn avx512_kernels_run_here() -> bool {
+    let here = super::simd_available() && super::wide_available();
+    if !here {
+        eprintln!("this CPU lacks AVX-512F/VL (or TANDEM_DISABLE_AVX512 is set): nothing to check");
+    }
+    here
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_value_sums_equal_the_scalar_loop_bit_for_bit() {
+    if !avx512_kernels_run_here() {
+        return;
+    }
+    check_value_sums(
+        "avx512",
+        |w, i, v, s, o, out| {
+            let mut acc = vec![0f32; 2 * out.len()];
+            unsafe { super::avx512::accumulate_values(w, v, s, o, &mut acc) };
+            finish_values(&acc, i, out);
+        },
+        64,
+    );
+}
+
+/// `n` f16 numbers, and the same numbers in f32.
+fn half_and_wide(n: usize, k: usize) -> (Vec<half::f16>, Vec<f32>) {
+    let h: Vec<half::f16> = (0..n)
+        .map(|i| half::f16::from_f32(val(i * k + 3) * 1.7))
+        .collect();
+    let w = h.iter().map(|x| x.to_f32()).collect();
+    (h, w)
+}
+
+/// f16 keys and values give, on every path, the bits f32 ones holding the same numbers
+/// give: the scalar loops (head sizes 40 and 48 for values, 40 for scores) and AVX2 (AVX-512
+/// in the test after this one).
+#[test]
+fn f16_keys_and_values_give_the_bits_of_their_f32_values_on_every_path() {
+    for dim in [128, 64, 48, 40] {
+        for n in [1, 8, 23, 64] {
+            let (stride, offset) = (3 * dim, dim);
+            let q: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
+            let (k16, k32) = half_and_wide(n * stride, 7);
+            let (v16, v32) = half_and_wide(n * stride, 5);
+            let mut want = vec![0f32; n];
+            scaled_dots(&q, &k32, stride, offset, 0.125, &mut want);
+            let mut got = vec![0f32; n];
+            scaled_dots(&q, &k16, stride, offset, 0.125, &mut got);
+            assert_eq!(bits(&got), bits(&want), "scores: head size {dim}, {n} keys");
+            #[cfg(target_arch = "x86_64")]
+            if super::simd_available() && dim % 16 == 0 {
+                unsafe { super::avx2::scaled_dots(&q, &k16, stride, offset, 0.125, &mut got) };
+                assert_eq!(bits(&got), bits(&want), "avx2 scores: {dim}, {n}");
+            }
+            let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
+            let want = value_sums_by_definition(&weights, 0.37, &v32, stride, offset, dim);
+            let mut got = vec![0f32; dim];
+            weighted_values(&weights, 0.37, &v16, stride, offset, &mut got);
+            assert_eq!(bits(&got), bits(&want), "values: head size {dim}, {n} keys");
+            #[cfg(target_arch = "x86_64")]
+            if super::simd_available() && dim % 32 == 0 {
+                let mut acc = vec![0f32; 2 * dim];
+                unsafe { super::avx2::accumulate_values(&weights, &v16, stride, offset, &mut acc) };
+                finish_values(&acc, 0.37, &mut got);
+                assert_eq!(bits(&got), bits(&want), "avx2 values: {dim}, {n}");
+            }
+        }
+    }
+}
+
+/// The AVX-512 kernels on f16 keys and values give the bits of the f32 ones.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_f16_keys_and_values_give_the_bits_of_their_f32_values() {
+    if !avx512_kernels_run_here() {
+        return;
+    }
+    // Scores take head sizes that are multiples of 16, value sums multiples of 64.
+    for dim in [128, 64, 48] {
+        for n in [1, 8, 23, 64] {
+            let (stride, offset) = (3 * dim, dim);
+            let q: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
+            let (k16, k32) = half_and_wide(n * stride, 7);
+            let (v16, v32) = half_and_wide(n * stride, 5);
+            let mut want = vec![0f32; n];
+            scaled_dots(&q, &k32, stride, offset, 0.125, &mut want);
+            let mut got = vec![0f32; n];
+            unsafe { super::avx512::scaled_dots(&q, &k16, stride, offset, 0.125, &mut got) };
+            assert_eq!(bits(&got), bits(&want), "avx512 scores: {dim}, {n}");
+            if dim % 64 != 0 {
+                continue;
+            }
+            let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
+            let want = value_sums_by_definition(&weights, 0.37, &v32, stride, offset, dim);
+            let mut acc = vec![0f32; 2 * dim];
+            unsafe { super::avx512::accumulate_values(&weights, &v16, stride, offset, &mut acc) };
+            let mut got = vec![0f32; dim];
+            finish_values(&acc, 0.37, &mut got);
+            assert_eq!(bits(&got), bits(&want), "avx512 values: {dim}, {n}");
+        }
+    }
+}
+
+/// The same through the whole attention call (grouped heads, key chunks, threads).
+#[test]
+fn an_f16_cache_gives_the_bits_of_its_values_in_f32() {
+    use super::{causal_attention, AttnShape};
+    use half::f16;
+    let shape = AttnShape {
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+    };
+    // One token, a verification that fills a run, and a prefill spanning two key chunks.
+    for (start, n_new) in [(150, 1), (150, 8), (0, 70)] {
+        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+        let q: Vec<f32> = (0..n_new * q_dim).map(|i| val(i * 11 + 2)).collect();
+        let half_of = |k: usize| -> Vec<f16> {
+            (0..(start + n_new) * kv_dim)
+                .map(|i| f16::from_f32(val(i * k + 3) * 1.7))
+                .collect()
+        };
+        let (keys16, values16) = (half_of(7), half_of(5));
+        let widen = |v: &[f16]| -> Vec<f32> { v.iter().map(|x| x.to_f32()).collect() };
+        let (keys32, values32) = (widen(&keys16), widen(&values16));
+        let mut from16 = vec![0f32; n_new * q_dim];
+        causal_attention(shape, &q, &keys16, &values16, start, &mut from16);
+        let mut from32 = vec![0f32; n_new * q_dim];
+        causal_attention(shape, &q, &keys32, &values32, start, &mut from32);
+        assert_eq!(bits(&from16), bits(&from32), "start {start}, {n_new} new");
+    }
+}
+
+#[test]
+fn heads_computed_together_give_each_heads_own_result() {
+    use super::{causal_attention, AttnShape};
+    // 9 heads on 3 key-value heads (SmolLM2's shape). 150 cached tokens span three key
+    // chunks, the last one odd; 3 new tokens fit one run per key-value head, 8 (24 units)
+    // fill one exactly and 11 spill into a second, and a 70-token prefill from an empty
+    // cache runs queries that see different numbers of chunks together. Large enough
+    // shapes are split over threads.
+    let shape = AttnShape {
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+    };
+    for (start, n_new) in [(150, 3), (150, 8), (150, 11), (0, 70)] {
+        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+        let q: Vec<f32> = (0..n_new * q_dim).map(|i| val(i * 11 + 2)).collect();
+        let keys: Vec<f32> = (0..(start + n_new) * kv_dim)
+            .map(|i| val(i * 7 + 3))
+            .collect();
+        let values: Vec<f32> = (0..(start + n_new) * kv_dim)
+            .map(|i| val(i * 5 + 1))
+            .collect();
+        let mut ours = vec![0f32; n_new * q_dim];
+        causal_attention(shape, &q, &keys, &values, start, &mut ours);
+        let mut want = vec![0f32; n_new * q_dim];
+        for i in 0..n_new {
+            for h in 0..9 {
+                let seen = start + i + 1;
+                let mut scores = vec![0f32; seen];
+                let qv = &q[i * q_dim + h * 64..][..64];
+                scaled_dots(qv, &keys, kv_dim, h / 3 * 64, 0.125, &mut scores);
+                let inv = 1.0 / softmax_weights(&mut scores);
+                let o = &mut want[i * q_dim + h * 64..][..64];
+                weighted_values(&scores, inv, &values, kv_dim, h / 3 * 64, o);
+            }
+        }
+        assert_eq!(bits(&ours), bits(&want), "{n_new} new tokens after {start}");
+    }
+}
+
+type Dots = fn(&[f32], &[f32], usize, usize, f32, &mut [f32]);
+
+/// Checks one score path against the scalar dot on every head size it takes
+/// (`multiple_of`): 8-key blocks and a tail; 23 keys also leave a tail after two blocks.
+/// Head sizes of 64 and 48 run the vector paths, 40 the scalar one.
+fn check_scores(name: &str, path: Dots, multiple_of: usize) {
+    for dim in [64usize, 48, 40] {
+        if !dim.is_multiple_of(multiple_of) {
+            continue;
+        }
+        for n in [1, 7, 8, 23, 64] {
+            let (stride, offset) = (3 * dim, dim);
+            let q: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
+            let keys: Vec<f32> = (0..n * stride).map(|i| val(i * 7 + 3)).collect();
+            let mut scores = vec![0f32; n];
+            path(&q, &keys, stride, offset, 0.125, &mut scores);
+            for (j, &s) in scores.iter().enumerate() {
+                let k = &keys[j * stride + offset..j * stride + offset + dim];
+                assert_eq!(
+                    s.to_bits(),
+                    (dot(&q, k) * 0.125).to_bits(),
+                    "{name}: key {j} of {n}, head size {dim}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn vector_scores_equal_the_scalar_dot_bit_for_bit() {
+    check_scores("dispatch", scaled_dots, 1);
+    #[cfg(target_arch = "x86_64")]
+    if super::simd_available() {
+        check_scores(
+            "avx2",
+            |q, k, s, o, sc, out| unsafe { super::avx2::scaled_dots(q, k, s, o, sc, out) },
+            16,
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_scores_equal_the_scalar_dot_bit_for_bit() {
+    if !avx512_kernels_run_here() {
+        return;
+    }
+    check_scores(
+        "avx512",
+        |q, k, s, o, sc, out| unsafe { super::avx512::scaled_dots(q, k, s, o, sc, out) },
+        16,
+    );
+}
+
+#[test]
+fn dot_is_close_to_the_exact_product() {
+    for dim in [16, 64, 70] {
+        let a: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
+        let b: Vec<f32> = (0..dim).map(|i| val(i * 7 + 3)).collect();
+        let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let scale: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (*x as f64 * *y as f64).abs())
+            .sum();
+        assert!(
+            ((dot(&a, &b) as f64) - exact).abs() <= 1e-6 * scale,
+            "{dim}"
+        );
+    }
+}
+
+#[test]
+fn vector_softmax_weights_equal_the_scalar_ones_bit_for_bit() {
+    for n in [1, 5, 8, 13, 100, 1001] {
+        let scores: Vec<f32> = (0..n).map(|j| val(j * 17 + 1) * 9.0).collect();
+        let mut ours = scores.clone();
+        let sum = softmax_weights(&mut ours);
+        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        let want: Vec<f32> = scores.iter().map(|&s| softmax_exp(s - max)).collect();
+        let mut lanes = [0f32; 8];
+        let full = n / 8 * 8;
+        for (j, w) in want[..full].iter().enumerate() {
+            lanes[j % 8] += w;
+        }
+        let mut want_sum = super::shared::lane_sum(&lanes);
+        for w in &want[full..] {
+            want_sum += w;
+        }
+        assert_eq!(bits(&ours), bits(&want), "{n} keys");
+        assert_eq!(sum.to_bits(), want_sum.to_bits(), "{n} keys");
+        // And they are softmax: the largest weight is 1, the sum is close to exact.
+        let exact: f64 = scores.iter().map(|&s| ((s - max) as f64).exp()).sum();
+        assert!(
+            (sum as f64 - exact).abs() < 1e-6 * exact,
+            "{sum} vs {exact}"
+        );
+    }
+}
+
+#[test]
+fn softmax_exp_is_within_two_ulp_of_exp() {
+    let mut x = -87.0f32;
+    while x <= 0.0 {
+        let want = (x as f64).exp();
+        let got = softmax_exp(x) as f64;
+        let rel = (got - want).abs() / want;
+        assert!(rel < 2.5e-7, "exp({x}) = {got}, want {want} ({rel:e})");
+        x += 0.0137;
+    }
+    assert_eq!(softmax_exp(0.0), 1.0);
+    assert!(softmax_exp(-1e9) < 2e-38 && softmax_exp(-1e9) > 0.0);
+    assert!(softmax_exp(f32::NAN).is_nan());
+    // A NaN score (a broken model) stays visible in the sum, vector lanes and tail alike.
+    for at in [3, 9] {
+        let mut s = vec![0.5f32; 10];
+        s[at] = f32::NAN;
+        assert!(softmax_weights(&mut s).is_nan(), "NaN at {at}");
+    }
+}

@@ -1,0 +1,103 @@
+//! Attention of a token tree's nodes: each node attends to the cache before the tree and to its
+//! own ancestors (and itself), as if its path had been fed alone.
+//!
+//! Bitwise the linear forward of the node's path: the keys a node sees are presented in the
+//! order the path's own forward would hold them (cache rows, then the path from the root down),
+//! each score is the same `dot`, the softmax runs over the same score array, and each value
+//! goes into the even or odd running sum by its index in that order, with the same fused
+//! multiply-add the chunked kernels use. So greedy verification of a tree emits exactly what
+//! verifying the accepted path as a chain would.
+
+use super::KvElement;
+use super::{accumulate_values, finish_values, scaled_dots, softmax_weights, AttnShape};
+
+/// Attention for the tree nodes whose queries are `q` (`n * q_dim`, rotated at their depths),
+/// their keys and values appended after the first `start_pos` rows of `keys`/`values` in input
+/// order. `paths[k]` lists node `k`'s ancestors and itself as input indices, from the first
+/// input token down.
+pub fn tree_attention<T: KvElement>(
+    shape: AttnShape,
+    q: &[f32],
+    keys: &[T],
+    values: &[T],
+    start_pos: usize,
+    paths: &[Vec<usize>],
+    out: &mut [f32],
+) {
+    let AttnShape {
+        num_heads,
+        num_kv_heads,
+        head_dim,
+    } = shape;
+    let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+    let n = paths.len();
+    debug_assert_eq!(q.len(), n * q_dim);
+    debug_assert_eq!(out.len(), q.len());
+    debug_assert!(keys.len() >= (start_pos + n) * kv_dim);
+    let group = num_heads / num_kv_heads;
+    let scale = 1f32 / (head_dim as f32).sqrt();
+    let out_ptr = out.as_mut_ptr() as usize;
+
+    thread_local! {
+        static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    }
+    // Unit u: node u / num_heads, head u % num_heads.
+    let attend = |u: usize, scores: &mut Vec<f32>, acc: &mut Vec<f32>| {
+        let (k, h) = (u / num_heads, u % num_heads);
+        let kv_off = (h / group) * head_dim;
+        let path = &paths[k];
+        let seen = start_pos + path.len();
+        let qh = &q[k * q_dim + h * head_dim..][..head_dim];
+        scores.clear();
+        scores.resize(seen, 0.0);
+        scaled_dots(qh, keys, kv_dim, kv_off, scale, &mut scores[..start_pos]);
+        for (d, &r) in path.iter().enumerate() {
+            let row = &keys[(start_pos + r) * kv_dim..];
+            scaled_dots(
+                qh,
+                row,
+                kv_dim,
+                kv_off,
+                scale,
+                &mut scores[start_pos + d..][..1],
+            );
+        }
+        let inv = 1f32 / softmax_weights(scores);
+        acc.clear();
+        acc.resize(2 * head_dim, 0.0);
+        accumulate_values(&scores[..start_pos], values, kv_dim, kv_off, acc);
+        let (even, odd) = acc.split_at_mut(head_dim);
+        for (d, &r) in path.iter().enumerate() {
+            let j = start_pos + d;
+            let w = scores[j];
+            let v = &values[(start_pos + r) * kv_dim + kv_off..][..head_dim];
+            let sums = if j.is_multiple_of(2) {
+                &mut *even
+            } else {
+                &mut *odd
+            };
+            for (o, x) in sums.iter_mut().zip(v) {
+                *o = w.mul_add(x.widen(), *o);
+            }
+        }
+        // SAFETY: each (node, head) unit writes only its own head_dim-long span of `out`, and
+        // every unit runs exactly once.
+        let o = unsafe {
+            std::slice::from_raw_parts_mut(
+                (out_ptr as *mut f32).add(k * q_dim + h * head_dim),
+                head_dim,
+            )
+        };
+        finish_values(acc, inv, o);
+    };
+    let run = |range: std::ops::Range<usize>| {
+        BUFFERS.with_borrow_mut(|(scores, acc)| range.for_each(|u| attend(u, scores, acc)))
+    };
+    let units = n * num_heads;
+    if units * (start_pos + n) < 4096 {
+        run(0..units);
+    } else {
+        crate::model::kernels::parallel::for_each_chunk(units, run);
+    }
+}

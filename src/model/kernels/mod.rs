@@ -1,0 +1,9 @@
+pub mod attention;
+pub mod cpu_kernels;
+pub mod elementwise;
+pub mod f16_gemm;
+pub mod fast_exp;
+pub mod packed_gemm;
+pub mod parallel;
+pub mod q4_gemm;
+pub mod q8_gemm;

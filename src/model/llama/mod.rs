@@ -1,0 +1,9 @@
+pub mod batch;
+pub mod device;
+pub mod linear;
+pub mod model;
+pub mod op_profile;
+pub mod own_forward;
+pub mod rope;
+pub mod tensor_forward;
+pub mod weights;

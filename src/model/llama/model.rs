@@ -1,0 +1,289 @@
+//! The Llama model as the layers above see it: one forward that runs new tokens of many
+//! sequences at once, each against its own KV cache slot and start position, and returns only
+//! the logits rows the caller asks for.
+//!
+//! Two backends run it. The own CPU kernels (`own_forward`) are the default on a CPU; candle's
+//! tensors (`tensor_forward`) run it on any candle device, a GPU included. Both take the same
+//! inputs, fill the same [`KvCache`] type and give logits on the host, so the engine, drafters
+//! and governor do not know which one runs.
+
+use candle_core::Device;
+
+use super::{own_forward, tensor_forward};
+use crate::model::cache::kv_cache::{KvCache, KvDtype};
+use crate::model::llama::batch::{BatchLogits, SeqInput};
+use crate::model::llama::device::ForwardKind;
+use crate::model::llama::linear::WeightsDtype;
+use crate::model::llama::rope::RopeTable;
+use crate::model::llama::tensor_forward::TensorRope;
+use crate::model::llama::weights::LlamaWeights;
+use crate::model::load::hparams::LlamaHparams;
+use crate::model::load::weights::WeightReader;
+use crate::model::{ModelError, Result};
+
+/// The per-backend state beside the weights.
+enum Backend {
+    Own(RopeTable),
+    Tensor(TensorRope),
+}
+
+pub struct Llama {
+    hp: LlamaHparams,
+    device: Device,
+    weights: LlamaWeights,
+    backend: Backend,
+    context_len: usize,
+    weights_dtype: WeightsDtype,
+    kv_dtype: KvDtype,
+}
+
+impl Llama {
+    /// Builds the model on the CPU's own kernels, converting every linear weight to
+    /// `weights_dtype`. `context_len` caps the positions (and so the KV cache) this instance
+    /// supports.
+    pub fn load(
+        reader: &mut WeightReader,
+        hp: LlamaHparams,
+        weights_dtype: WeightsDtype,
+        context_len: usize,
+    ) -> Result<Self> {
+        Self::load_on(
+            reader,
+            hp,
+            weights_dtype,
+            context_len,
+            &Device::Cpu,
+            ForwardKind::Own,
+        )
+    }
+
+    /// Builds the model for the forward `kind` on `device` (the own kernels need the CPU).
+    pub fn load_on(
+        reader: &mut WeightReader,
+        hp: LlamaHparams,
+        weights_dtype: WeightsDtype,
+        context_len: usize,
+        device: &Device,
+        kind: ForwardKind,
+    ) -> Result<Self> {
+        if kind == ForwardKind::Own && !device.is_cpu() {
+            return Err(ModelError::Device(
+                "the own kernels run on the CPU only; use the candle backend on a GPU".into(),
+            ));
+        }
+        let context_len = context_len.min(hp.max_position_embeddings).max(1);
+        let weights = LlamaWeights::load(reader, &hp, weights_dtype, device, kind)?;
+        let backend = match kind {
+            ForwardKind::Own => Backend::Own(RopeTable::new(&hp, context_len)),
+            ForwardKind::Tensor => Backend::Tensor(TensorRope::new(&hp, context_len, device)?),
+        };
+        Ok(Self {
+            hp,
+            device: device.clone(),
+            weights,
+            backend,
+            context_len,
+            weights_dtype,
+            kv_dtype: KvDtype::F32,
+        })
+    }
+
+    /// Sets the element type of the caches [`Llama::new_cache`] makes.
+    pub fn with_kv_dtype(mut self, kv_dtype: KvDtype) -> Self {
+        self.kv_dtype = kv_dtype;
+        self
+    }
+
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    pub fn hparams(&self) -> &LlamaHparams {
+        &self.hp
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Which forward runs this model.
+    pub fn forward_kind(&self) -> ForwardKind {
+        match self.backend {
+            Backend::Own(_) => ForwardKind::Own,
+            Backend::Tensor(_) => ForwardKind::Tensor,
+        }
+    }
+
+    /// Where and how the model runs, for logs and start-up lines: `cpu (own CPU kernels)`.
+    pub fn placement(&self) -> String {
+        let device = match &self.device {
+            Device::Cpu => "cpu".to_string(),
+            Device::Cuda(_) => "cuda".to_string(),
+            Device::Metal(_) => "metal".to_string(),
+        };
+        format!("{device} ({})", self.forward_kind())
+    }
+
+    pub fn context_len(&self) -> usize {
+        self.context_len
+    }
+
+    pub fn weights_dtype(&self) -> WeightsDtype {
+        self.weights_dtype
+    }
+
+    /// Bytes of every linear weight (the output head included) in its ggml type: what one
+    /// forward streams at least, whatever its width.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.weight_bytes()
+    }
+
+    /// Multiply-adds per token of each kind of matmul, summed over the layers.
+    pub fn macs_per_token(&self) -> Vec<(crate::model::llama::op_profile::Op, usize)> {
+        self.weights.macs_per_token()
+    }
+
+    /// The multiply-add rate of this model's matmul kernel on weights that stay in cache:
+    /// layer 0's q/k/v projection (a few hundred KB at 4 bits, inside a core's L2 on a small
+    /// model) timed at 1 and at 17 rows, best of `repeats`; the 16 extra rows' multiply-adds
+    /// over the time they add. This is the kernel's inner loop at full speed, the floor under
+    /// what one more verified token costs in the matmuls.
+    pub fn matmul_peak_macs_per_s(&self, repeats: usize) -> Result<f64> {
+        let layer = &self.weights.layers[0];
+        let (k, n) = (layer.qkv.in_features(), layer.qkv.out_features());
+        let input = |rows: usize| -> Result<candle_core::Tensor> {
+            let v: Vec<f32> = (0..rows * k)
+                .map(|i| ((i % 97) as f32 - 48.0) / 50.0)
+                .collect();
+            Ok(candle_core::Tensor::from_vec(v, (rows, k), &self.device)?)
+        };
+        let (one, wide) = (input(1)?, input(17)?);
+        let best = |x: &candle_core::Tensor| -> Result<f64> {
+            let mut best = f64::INFINITY;
+            for _ in 0..repeats.max(2) {
+                let t = std::time::Instant::now();
+                layer.qkv.forward(x)?;
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            Ok(best)
+        };
+        let (t1, t17) = (best(&one)?, best(&wide)?);
+        Ok((16 * k * n) as f64 / (t17 - t1).max(1e-9))
+    }
+
+    /// The ggml types the linear weights ended up as (after any fallback), for reporting.
+    pub fn linear_dtypes(&self) -> Vec<String> {
+        self.weights.linear_dtypes()
+    }
+
+    /// A cache with `num_slots` sequence slots of up to `context_len` tokens each, where this
+    /// model's forward keeps it (host buffers or device tensors).
+    pub fn new_cache(&self, num_slots: usize) -> KvCache {
+        let hp = &self.hp;
+        match self.backend {
+            Backend::Own(_) => KvCache::new(
+                hp.num_layers,
+                hp.num_kv_heads * hp.head_dim,
+                num_slots,
+                self.context_len,
+                self.kv_dtype,
+            ),
+            Backend::Tensor(_) => KvCache::on_device(
+                hp.num_layers,
+                hp.num_kv_heads,
+                hp.head_dim,
+                num_slots,
+                self.context_len,
+                self.kv_dtype,
+                &self.device,
+            ),
+        }
+    }
+
+    fn validate(&self, cache: &KvCache, batch: &[SeqInput]) -> Result<()> {
+        if batch.is_empty() {
+            return Err(ModelError::BadInput("empty batch".into()));
+        }
+        if cache.is_on_device() != matches!(self.backend, Backend::Tensor(_)) {
+            return Err(ModelError::BadInput(
+                "the cache was made by a model on another backend".into(),
+            ));
+        }
+        for (i, s) in batch.iter().enumerate() {
+            if s.tokens.is_empty() {
+                return Err(ModelError::BadInput(format!("sequence {i} has no tokens")));
+            }
+            if batch[..i].iter().any(|o| o.slot == s.slot) {
+                return Err(ModelError::BadInput(format!(
+                    "slot {} appears twice",
+                    s.slot
+                )));
+            }
+            let held = cache.len(s.slot)?;
+            if s.start_pos != held {
+                return Err(ModelError::BadInput(format!(
+                    "slot {} holds {held} tokens but the input starts at {}; truncate_to first",
+                    s.slot, s.start_pos
+                )));
+            }
+            if s.start_pos + s.tokens.len() > self.context_len {
+                return Err(ModelError::BadInput(format!(
+                    "slot {} would hold {} tokens, past the context length {}",
+                    s.slot,
+                    s.start_pos + s.tokens.len(),
+                    self.context_len
+                )));
+            }
+            if !s.parents.is_empty() {
+                let ordered = s.parents.len() == s.tokens.len()
+                    && s.parents[0] == crate::model::llama::batch::TREE_ROOT
+                    && s.parents
+                        .iter()
+                        .enumerate()
+                        .skip(1)
+                        .all(|(k, &p)| (p as usize) < k);
+                if !ordered {
+                    return Err(ModelError::BadInput(format!(
+                        "slot {}: a tree input needs one parent per token, the first {} and \
+                         each other an earlier token's index",
+                        s.slot,
+                        crate::model::llama::batch::TREE_ROOT
+                    )));
+                }
+            }
+            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= self.hp.vocab_size) {
+                return Err(ModelError::BadInput(format!(
+                    "token id {bad} is outside the vocabulary ({})",
+                    self.hp.vocab_size
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs new tokens of every sequence in `batch` through the model, appending their keys and
+    /// values to the cache, and returns the logits rows each sequence asked for.
+    pub fn forward(&self, cache: &mut KvCache, batch: &[SeqInput]) -> Result<BatchLogits> {
+        self.validate(cache, batch)?;
+        let result = match &self.backend {
+            Backend::Own(rope) => own_forward::forward(&self.weights, &self.hp, rope, cache, batch),
+            Backend::Tensor(rope) => {
+                tensor_forward::forward(&self.weights, &self.hp, rope, cache, batch)
+            }
+        };
+        match result {
+            Ok(out) => {
+                for s in batch {
+                    cache.commit_len(s.slot, s.start_pos + s.tokens.len())?;
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                for s in batch {
+                    cache.rollback_uncommitted(s.slot)?;
+                }
+                Err(e)
+            }
+        }
+    }
+}

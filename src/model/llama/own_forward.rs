@@ -1,0 +1,126 @@
+//! The forward on the own CPU kernels: linear layers and the MLP run on all new tokens of all
+//! sequences flattened into one matrix, attention runs per sequence on the host cache (see
+//! `attention`). Every step is row-independent, so a token's logits are the same bits whether
+//! it is decoded alone, verified with γ drafts, or batched with other sequences.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::model::cache::kv_cache::{KvCache, LayerKv};
+use crate::model::kernels::attention::{causal_attention, tree_attention, AttnShape};
+use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
+use crate::model::llama::op_profile::{timed, Op};
+use crate::model::llama::rope::RopeTable;
+use crate::model::llama::weights::LlamaWeights;
+use crate::model::load::hparams::LlamaHparams;
+use crate::model::Result;
+
+pub(crate) fn forward(
+    w: &LlamaWeights,
+    hp: &LlamaHparams,
+    rope: &RopeTable,
+    cache: &mut KvCache,
+    batch: &[SeqInput],
+) -> Result<BatchLogits> {
+    let shape = AttnShape {
+        num_heads: hp.num_heads,
+        num_kv_heads: hp.num_kv_heads,
+        head_dim: hp.head_dim,
+    };
+    let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+    let row = q_dim + 2 * kv_dim;
+    let hd = hp.head_dim;
+    let eps = hp.rms_norm_eps as f32;
+    let device = Device::Cpu;
+
+    let ids: Vec<u32> = batch
+        .iter()
+        .flat_map(|s| s.tokens.iter().copied())
+        .collect();
+    let total = ids.len();
+    let ids_t = Tensor::from_vec(ids, total, &device)?;
+    let mut x = timed(Op::Embed, || {
+        w.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)
+    })?;
+    let mut attn_out = vec![0f32; total * q_dim];
+    // Tree inputs: each token's depth (its position past start_pos) and its path.
+    let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
+
+    for (l, layer) in w.layers.iter().enumerate() {
+        let h = timed(Op::Norm, || {
+            candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)
+        })?;
+        let mut qkv: Vec<f32> = timed(Op::QkvMatmul, || -> Result<Vec<f32>> {
+            Ok(layer.qkv.forward(&h)?.flatten_all()?.to_vec1()?)
+        })?;
+        timed(Op::Rope, || {
+            let mut offset = 0;
+            for (s, tree) in batch.iter().zip(&trees) {
+                let n = s.tokens.len();
+                for (i, r) in qkv[offset * row..(offset + n) * row]
+                    .chunks_exact_mut(row)
+                    .enumerate()
+                {
+                    let pos = s.start_pos + tree.as_ref().map_or(i, |(d, _)| d[i]);
+                    let (q, kv) = r.split_at_mut(q_dim);
+                    rope.apply(q, pos, hd);
+                    rope.apply(&mut kv[..kv_dim], pos, hd);
+                }
+                offset += n;
+            }
+        });
+        timed(Op::CacheWrite, || -> Result<()> {
+            let mut offset = 0;
+            for s in batch {
+                let n = s.tokens.len();
+                for r in qkv[offset * row..(offset + n) * row].chunks_exact(row) {
+                    cache.append_layer(
+                        s.slot,
+                        l,
+                        &r[q_dim..q_dim + kv_dim],
+                        &r[q_dim + kv_dim..],
+                    )?;
+                }
+                offset += n;
+            }
+            Ok(())
+        })?;
+        timed(Op::Attention, || -> Result<()> {
+            // Queries are strided inside the fused rows; pack them once per layer.
+            let q: Vec<f32> = qkv
+                .chunks_exact(row)
+                .flat_map(|r| &r[..q_dim])
+                .copied()
+                .collect();
+            let mut offset = 0;
+            for (s, tree) in batch.iter().zip(&trees) {
+                let n = s.tokens.len();
+                let (q, out) = (
+                    &q[offset * q_dim..(offset + n) * q_dim],
+                    &mut attn_out[offset * q_dim..(offset + n) * q_dim],
+                );
+                let start = s.start_pos;
+                match (cache.layer(s.slot, l)?, tree) {
+                    (LayerKv::F32 { keys, values }, None) => {
+                        causal_attention(shape, q, keys, values, start, out)
+                    }
+                    (LayerKv::F16 { keys, values }, None) => {
+                        causal_attention(shape, q, keys, values, start, out)
+                    }
+                    (LayerKv::F32 { keys, values }, Some((_, paths))) => {
+                        tree_attention(shape, q, keys, values, start, paths, out)
+                    }
+                    (LayerKv::F16 { keys, values }, Some((_, paths))) => {
+                        tree_attention(shape, q, keys, values, start, paths, out)
+                    }
+                }
+                offset += n;
+            }
+            Ok(())
+        })?;
+        let attn = Tensor::from_slice(&attn_out, (total, q_dim), &device)?;
+        x = layer.after_attention(&x, &attn, eps)?;
+    }
+
+    let (rows, ranges) = logits_rows(batch);
+    BatchLogits::new(w.output_logits(&x, rows, eps)?, ranges)
+}

@@ -1,0 +1,196 @@
+//! A Llama checkpoint's weights as a forward needs them: the embedding, per layer the norms and
+//! the fused projections (q/k/v, gate/up), the final norm and the output head.
+//!
+//! Both backends load through here; only where the weights end up (host or device) and which
+//! kernel multiplies them differ, and `Linear` decides that from the forward kind.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::model::llama::device::ForwardKind;
+use crate::model::llama::linear::{Linear, WeightsDtype};
+use crate::model::llama::op_profile::{timed, Op};
+use crate::model::load::hparams::LlamaHparams;
+use crate::model::load::weights::{WeightName, WeightReader};
+use crate::model::{ModelError, Result};
+
+pub(crate) struct Layer {
+    pub attn_norm: Tensor,
+    pub qkv: Linear,
+    pub o: Linear,
+    pub ffn_norm: Tensor,
+    pub gate_up: Linear,
+    pub down: Linear,
+}
+
+impl Layer {
+    /// The rest of a layer once attention has run: the output projection and residual, then
+    /// the SiLU-gated MLP and its residual. Row-wise, on whatever device `x` is.
+    pub fn after_attention(&self, x: &Tensor, attn: &Tensor, eps: f32) -> Result<Tensor> {
+        let o = timed(Op::OutMatmul, || self.o.forward(attn))?;
+        let x = timed(Op::Elementwise, || x + o)?;
+        let h = timed(Op::Norm, || {
+            candle_nn::ops::rms_norm(&x, &self.ffn_norm, eps)
+        })?;
+        let gu = timed(Op::GateUpMatmul, || self.gate_up.forward(&h))?;
+        let act = timed(Op::Elementwise, || {
+            crate::model::kernels::elementwise::silu_gate(&gu)
+        })?;
+        let down = timed(Op::DownMatmul, || self.down.forward(&act))?;
+        Ok(timed(Op::Elementwise, || x + down)?)
+    }
+}
+
+pub(crate) struct LlamaWeights {
+    pub embed: Tensor,
+    pub layers: Vec<Layer>,
+    pub norm: Tensor,
+    pub lm_head: Linear,
+}
+
+impl LlamaWeights {
+    /// Reads every weight (on the CPU), converts linear weights to `weights_dtype` and places
+    /// them on `device` for the forward `kind`.
+    pub fn load(
+        reader: &mut WeightReader,
+        hp: &LlamaHparams,
+        weights_dtype: WeightsDtype,
+        device: &Device,
+        kind: ForwardKind,
+    ) -> Result<Self> {
+        let embed = reader.dense_f32(WeightName::Embed)?;
+        let (vocab, hidden) = embed.dims2()?;
+        if vocab != hp.vocab_size || hidden != hp.hidden_size {
+            return Err(ModelError::BadConfig(format!(
+                "embedding is {vocab}x{hidden}, config says {}x{}",
+                hp.vocab_size, hp.hidden_size
+            )));
+        }
+        // Large vocabularies (Llama 3: 128k x 3072) would take GiBs in f32.
+        let embed = if vocab * hidden > (1 << 28) {
+            embed.to_dtype(DType::F16)?
+        } else {
+            embed
+        };
+        let dense = |reader: &mut WeightReader, name| -> Result<Tensor> {
+            Ok(reader.dense_f32(name)?.to_device(device)?)
+        };
+        let mut layers = Vec::with_capacity(hp.num_layers);
+        for l in 0..hp.num_layers {
+            let qkv = vec![
+                reader.raw(WeightName::Q(l))?,
+                reader.raw(WeightName::K(l))?,
+                reader.raw(WeightName::V(l))?,
+            ];
+            let gate_up = vec![
+                reader.raw(WeightName::Gate(l))?,
+                reader.raw(WeightName::Up(l))?,
+            ];
+            let layer = Layer {
+                attn_norm: dense(reader, WeightName::AttnNorm(l))?,
+                qkv: Linear::fuse(qkv, weights_dtype, device, kind)?,
+                o: Linear::convert(reader.raw(WeightName::O(l))?, weights_dtype, device, kind)?,
+                ffn_norm: dense(reader, WeightName::FfnNorm(l))?,
+                gate_up: Linear::fuse(gate_up, weights_dtype, device, kind)?,
+                down: Linear::convert(
+                    reader.raw(WeightName::Down(l))?,
+                    weights_dtype,
+                    device,
+                    kind,
+                )?,
+            };
+            let q_out = hp.num_heads * hp.head_dim + 2 * hp.num_kv_heads * hp.head_dim;
+            if layer.qkv.out_features() != q_out
+                || layer.gate_up.out_features() != 2 * hp.intermediate_size
+            {
+                return Err(ModelError::BadConfig(format!(
+                    "layer {l} projection sizes do not match the config"
+                )));
+            }
+            layers.push(layer);
+        }
+        let head_src = if reader.has(WeightName::Output) {
+            WeightName::Output
+        } else {
+            WeightName::Embed
+        };
+        let lm_head = Linear::convert(reader.raw(head_src)?, weights_dtype, device, kind)?;
+        let norm = dense(reader, WeightName::OutputNorm)?;
+        Ok(Self {
+            embed: embed.to_device(device)?,
+            layers,
+            norm,
+            lm_head,
+        })
+    }
+
+    /// The output head over the given rows of the last hidden states `x`: final norm, then
+    /// logits in f32 (`None` when no row is wanted).
+    pub fn output_logits(&self, x: &Tensor, rows: Vec<u32>, eps: f32) -> Result<Option<Tensor>> {
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let n = rows.len();
+        let idx = Tensor::from_vec(rows, n, x.device())?;
+        let x = timed(Op::Norm, || {
+            candle_nn::ops::rms_norm(&x.index_select(&idx, 0)?, &self.norm, eps)
+        })?;
+        let logits = timed(Op::LmHead, || self.lm_head.forward(&x))?;
+        Ok(Some(logits.to_dtype(DType::F32)?))
+    }
+
+    /// Bytes of every linear weight (the output head included) in its ggml type: what one
+    /// forward streams at least, whatever its width.
+    pub fn weight_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| {
+                l.qkv.weight_bytes()
+                    + l.o.weight_bytes()
+                    + l.gate_up.weight_bytes()
+                    + l.down.weight_bytes()
+            })
+            .sum::<usize>()
+            + self.lm_head.weight_bytes()
+    }
+
+    /// Multiply-adds per token of each kind of matmul, summed over the layers.
+    pub fn macs_per_token(&self) -> Vec<(Op, usize)> {
+        let sum = |f: &dyn Fn(&Layer) -> &Linear| -> usize {
+            self.layers
+                .iter()
+                .map(|l| f(l).in_features() * f(l).out_features())
+                .sum()
+        };
+        vec![
+            (Op::QkvMatmul, sum(&|l| &l.qkv)),
+            (Op::OutMatmul, sum(&|l| &l.o)),
+            (Op::GateUpMatmul, sum(&|l| &l.gate_up)),
+            (Op::DownMatmul, sum(&|l| &l.down)),
+            (
+                Op::LmHead,
+                self.lm_head.in_features() * self.lm_head.out_features(),
+            ),
+        ]
+    }
+
+    /// The ggml types the linear weights ended up as (after any fallback), for reporting.
+    pub fn linear_dtypes(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .layers
+            .iter()
+            .flat_map(|l| {
+                [
+                    l.qkv.dtype(),
+                    l.o.dtype(),
+                    l.gate_up.dtype(),
+                    l.down.dtype(),
+                ]
+            })
+            .chain(std::iter::once(self.lm_head.dtype()))
+            .map(|d| format!("{d:?}"))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+}

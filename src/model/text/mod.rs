@@ -1,0 +1,2 @@
+pub mod chat_template;
+pub mod tokenizer;
