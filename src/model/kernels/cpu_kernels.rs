@@ -5,7 +5,7 @@
 //! CPU without AVX2, which runs everything on portable code, must be warned about.
 
 use crate::model::kernels::packed_gemm::{enabled, has_avx2_fma};
-use crate::model::kernels::q8_gemm::DotIsa;
+use crate::model::kernels::tile_driver::DotIsa;
 
 /// What tandem says when its kernels run without AVX2.
 pub const PORTABLE_WARNING: &str = "CPU kernels: portable (this CPU lacks AVX2/FMA/F16C, or \

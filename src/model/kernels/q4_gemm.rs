@@ -22,11 +22,10 @@ use std::sync::OnceLock;
 use half::f16;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
-use crate::model::kernels::q8_gemm::{quantize_rows, DotIsa, QuantRows};
+use crate::model::kernels::tile_driver::{
+    for_each_dot_isa, for_each_tile, quantize_rows, DotIsa, QuantRows, QK, ROWS, TILE_N,
+};
 
-const TILE_N: usize = 8;
-const QK: usize = 32;
-const ROWS: usize = 4;
 /// How many tiles ahead the kernel prefetches (the reason is `q8_gemm`'s: streaming and
 /// arithmetic overlap only with it).
 const PREFETCH_TILES: usize = 16;
@@ -157,28 +156,19 @@ fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
             .zip(&q.scales)
             .map(|(blk, &da)| da * blk.iter().map(|&v| v as i32).sum::<i32>() as f32)
             .collect();
-    let n_tiles = w.n.div_ceil(TILE_N);
-    let row_chunks = m.div_ceil(ROWS);
-    let dst_ptr = dst.as_mut_ptr() as usize;
-    crate::model::kernels::parallel::for_each_unit(n_tiles * row_chunks, |unit| {
-        // Row chunks vary fastest so a worker keeps one column tile's weights in cache.
-        let (t, rc) = (unit / row_chunks, unit % row_chunks);
-        let r0 = rc * ROWS;
-        let rows = (m - r0).min(ROWS);
-        // SAFETY: `available()` checked the CPU features; each unit writes only its own
-        // (rows, 8-column) block of `dst`, inside the bounds asserted above.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            let dst = dst_ptr as *mut f32;
-            match isa {
-                DotIsa::Avx2 => tile_kernel_avx2(w, &q, &row_sums, t, r0, rows, dst),
-                DotIsa::AvxVnni => tile_kernel_vnni(w, &q, &row_sums, t, r0, rows, dst),
-                DotIsa::Avx512Vnni => tile_kernel_vnni512(w, &q, &row_sums, t, r0, rows, dst),
-            }
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (t, r0, rows, dst_ptr, isa, &row_sums);
+    // SAFETY (of each call): `available()` checked the CPU features; the driver hands each
+    // tile its own (rows, 8-column) block of `dst`, inside the bounds asserted above.
+    #[cfg(target_arch = "x86_64")]
+    for_each_tile(m, w.n, dst, |t, r0, rows, dst| unsafe {
+        match isa {
+            DotIsa::Avx2 => tile_kernel_avx2(w, &q, &row_sums, t, r0, rows, dst),
+            DotIsa::AvxVnni => tile_kernel_vnni(w, &q, &row_sums, t, r0, rows, dst),
+            DotIsa::Avx512Vnni => tile_kernel_vnni512(w, &q, &row_sums, t, r0, rows, dst),
+        }
     });
+    // Elsewhere `available()` is false and the assertion above has stopped the call.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (q, isa, row_sums);
 }
 
 /// The tile kernel, written once for three instruction sets. `$dot4(acc, w, a)` adds each
@@ -239,22 +229,7 @@ macro_rules! tile_kernel {
     };
 }
 
-tile_kernel!(tile_kernel_avx2, "avx2,fma", |acc, w, a| {
-    use std::arch::x86_64::*;
-    let pairs = _mm256_maddubs_epi16(w, a);
-    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-});
-
-tile_kernel!(tile_kernel_vnni, "avx2,fma,avxvnni", |acc, w, a| {
-    std::arch::x86_64::_mm256_dpbusd_avx_epi32(acc, w, a)
-});
-
-// The same 256-bit code with AVX-512VL's 32 vector registers (16 make the unrolled loop spill).
-tile_kernel!(
-    tile_kernel_vnni512,
-    "avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni",
-    |acc, w, a| { std::arch::x86_64::_mm256_dpbusd_epi32(acc, w, a) }
-);
+for_each_dot_isa!(tile_kernel);
 
 #[cfg(test)]
 mod tests {

@@ -19,10 +19,10 @@ use std::sync::OnceLock;
 use half::f16;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
+use crate::model::kernels::tile_driver::{
+    for_each_dot_isa, for_each_tile, quantize_rows, DotIsa, QuantRows, QK, ROWS, TILE_N,
+};
 
-const TILE_N: usize = 8;
-const QK: usize = 32;
-const ROWS: usize = 4;
 /// How many tiles ahead the kernel prefetches. Without it a core waits on each tile's load and
 /// then computes, so a 4-token forward cost the sum of streaming the weights and the arithmetic
 /// (15.2 ms against 9.0 ms for one token at depth 64); 8 tiles (~2.3 KB) ahead overlaps the two
@@ -103,48 +103,6 @@ impl PackedWeight for PackedQ8 {
     }
 }
 
-/// Activation rows quantized to 8 bits per 32-value block, as ggml's Q8_0 does it (shared with
-/// `q4_gemm`, whose weights multiply the same 8-bit activations).
-pub(super) struct QuantRows {
-    pub(super) qs: Vec<i8>,
-    pub(super) scales: Vec<f32>,
-}
-
-pub(super) fn quantize_rows(x: &[f32]) -> QuantRows {
-    // A portable build rounds through libm's `roundf` one value at a time; with AVX2 enabled
-    // the same loop compiles to vector rounding (the same bits).
-    #[cfg(target_arch = "x86_64")]
-    if packed_gemm::has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { quantize_rows_avx2(x) };
-    }
-    quantize_rows_portable(x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_rows_avx2(x: &[f32]) -> QuantRows {
-    quantize_rows_portable(x)
-}
-
-#[inline(always)]
-fn quantize_rows_portable(x: &[f32]) -> QuantRows {
-    let mut out = QuantRows {
-        qs: vec![0; x.len()],
-        scales: vec![0.0; x.len() / QK],
-    };
-    for (b, xs) in x.chunks_exact(QK).enumerate() {
-        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        for (q, &v) in out.qs[b * QK..(b + 1) * QK].iter_mut().zip(xs) {
-            *q = (v * id).round() as i8;
-        }
-        out.scales[b] = d;
-    }
-    out
-}
-
 /// `dst (m, n) = x (m, k) · Wᵀ`.
 pub fn matmul(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32]) {
     matmul_on(w, x, m, dst, DotIsa::best())
@@ -156,28 +114,19 @@ fn matmul_on(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
     assert_eq!(x.len(), m * w.k);
     assert_eq!(dst.len(), m * w.n);
     let q = quantize_rows(x);
-    let n_tiles = w.n.div_ceil(TILE_N);
-    let row_chunks = m.div_ceil(ROWS);
-    let dst_ptr = dst.as_mut_ptr() as usize;
-    crate::model::kernels::parallel::for_each_unit(n_tiles * row_chunks, |unit| {
-        // Row chunks vary fastest so a worker keeps one column tile's weights in cache.
-        let (t, rc) = (unit / row_chunks, unit % row_chunks);
-        let r0 = rc * ROWS;
-        let rows = (m - r0).min(ROWS);
-        // SAFETY: `available()` checked the CPU features; each unit writes only its own
-        // (rows, 8-column) block of `dst`, inside the bounds asserted above.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            let dst = dst_ptr as *mut f32;
-            match isa {
-                DotIsa::Avx2 => tile_kernel_avx2(w, &q, t, r0, rows, dst),
-                DotIsa::AvxVnni => tile_kernel_vnni(w, &q, t, r0, rows, dst),
-                DotIsa::Avx512Vnni => tile_kernel_vnni512(w, &q, t, r0, rows, dst),
-            }
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (t, r0, rows, dst_ptr, isa);
+    // SAFETY (of each call): `available()` checked the CPU features; the driver hands each
+    // tile its own (rows, 8-column) block of `dst`, inside the bounds asserted above.
+    #[cfg(target_arch = "x86_64")]
+    for_each_tile(m, w.n, dst, |t, r0, rows, dst| unsafe {
+        match isa {
+            DotIsa::Avx2 => tile_kernel_avx2(w, &q, t, r0, rows, dst),
+            DotIsa::AvxVnni => tile_kernel_vnni(w, &q, t, r0, rows, dst),
+            DotIsa::Avx512Vnni => tile_kernel_vnni512(w, &q, t, r0, rows, dst),
+        }
     });
+    // Elsewhere `available()` is false and the assertion above has stopped the call.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (q, isa);
 }
 
 /// The tile kernel, written once for three instruction sets. `$dot4(acc, wabs, signed)` adds
@@ -237,72 +186,7 @@ macro_rules! tile_kernel {
     };
 }
 
-tile_kernel!(tile_kernel_avx2, "avx2,fma", |acc, wabs, signed| {
-    use std::arch::x86_64::*;
-    let pairs = _mm256_maddubs_epi16(wabs, signed);
-    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-});
-
-tile_kernel!(tile_kernel_vnni, "avx2,fma,avxvnni", |acc, wabs, signed| {
-    std::arch::x86_64::_mm256_dpbusd_avx_epi32(acc, wabs, signed)
-});
-
-tile_kernel!(
-    tile_kernel_vnni512,
-    "avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni",
-    |acc, wabs, signed| { std::arch::x86_64::_mm256_dpbusd_epi32(acc, wabs, signed) }
-);
-
-/// The instruction set of the 8-bit and 4-bit tile kernels; every one gives the same bits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum DotIsa {
-    Avx2,
-    AvxVnni,
-    Avx512Vnni,
-}
-
-impl DotIsa {
-    /// The fastest this CPU has: AVX-512 VNNI (unless `TANDEM_DISABLE_AVX512` or
-    /// `TANDEM_DISABLE_VNNI` is set), then AVX-VNNI (unless `TANDEM_DISABLE_VNNI`), then AVX2.
-    pub(crate) fn best() -> DotIsa {
-        static BEST: OnceLock<DotIsa> = OnceLock::new();
-        *BEST.get_or_init(|| *Self::available().last().expect("AVX2 is always listed"))
-    }
-
-    /// Every instruction set this CPU runs the kernels on, slowest first (for tests).
-    pub(crate) fn available() -> Vec<DotIsa> {
-        let mut out = vec![DotIsa::Avx2];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if packed_gemm::enabled("TANDEM_DISABLE_VNNI", || {
-                is_x86_feature_detected!("avxvnni")
-            }) {
-                out.push(DotIsa::AvxVnni);
-            }
-            let avx512_vnni = || {
-                is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512vl")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vnni")
-            };
-            if packed_gemm::enabled("TANDEM_DISABLE_VNNI", || true)
-                && packed_gemm::enabled("TANDEM_DISABLE_AVX512", avx512_vnni)
-            {
-                out.push(DotIsa::Avx512Vnni);
-            }
-        }
-        out
-    }
-
-    /// For the start-up log.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            DotIsa::Avx2 => "AVX2",
-            DotIsa::AvxVnni => "AVX-VNNI",
-            DotIsa::Avx512Vnni => "AVX-512 VNNI",
-        }
-    }
-}
+for_each_dot_isa!(tile_kernel);
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,156 @@
+//! What the 8-bit and 4-bit tile kernels share: the activation rows quantized to 8 bits, the
+//! instruction sets the kernels are written for, and the driver that runs one tile kernel over
+//! every (column tile, chunk of rows) unit in parallel.
+//!
+//! Why it exists: `q8_gemm` and `q4_gemm` differ only inside a tile (how a weight block is
+//! unpacked and scaled); how rows are quantized, how work is split over threads and which
+//! dot-product instruction runs must be the same for both, and are written here once.
+
+use std::sync::OnceLock;
+
+use crate::model::kernels::packed_gemm;
+
+/// Output columns per weight tile.
+pub(crate) const TILE_N: usize = 8;
+/// Values per quantized block.
+pub(crate) const QK: usize = 32;
+/// Activation rows one weight load serves.
+pub(crate) const ROWS: usize = 4;
+
+/// Activation rows quantized to 8 bits per 32-value block, as ggml's Q8_0 does it (shared with
+/// `q4_gemm`, whose weights multiply the same 8-bit activations).
+pub(crate) struct QuantRows {
+    pub(crate) qs: Vec<i8>,
+    pub(crate) scales: Vec<f32>,
+}
+
+pub(crate) fn quantize_rows(x: &[f32]) -> QuantRows {
+    // A portable build rounds through libm's `roundf` one value at a time; with AVX2 enabled
+    // the same loop compiles to vector rounding (the same bits).
+    #[cfg(target_arch = "x86_64")]
+    if packed_gemm::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { quantize_rows_avx2(x) };
+    }
+    quantize_rows_portable(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_rows_avx2(x: &[f32]) -> QuantRows {
+    quantize_rows_portable(x)
+}
+
+#[inline(always)]
+fn quantize_rows_portable(x: &[f32]) -> QuantRows {
+    let mut out = QuantRows {
+        qs: vec![0; x.len()],
+        scales: vec![0.0; x.len() / QK],
+    };
+    for (b, xs) in x.chunks_exact(QK).enumerate() {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        for (q, &v) in out.qs[b * QK..(b + 1) * QK].iter_mut().zip(xs) {
+            *q = (v * id).round() as i8;
+        }
+        out.scales[b] = d;
+    }
+    out
+}
+
+/// Runs `tile(t, r0, rows, dst)` for every column tile `t` of an `(m, n)` output and every
+/// chunk of at most [`ROWS`] rows starting at `r0`, in parallel. Row chunks vary fastest so a
+/// worker keeps one column tile's weights in cache. Each call owns the `(rows, TILE_N)` block
+/// of `dst` it is given (`dst` is the whole output's start).
+pub(crate) fn for_each_tile(
+    m: usize,
+    n: usize,
+    dst: &mut [f32],
+    tile: impl Fn(usize, usize, usize, *mut f32) + Sync,
+) {
+    assert_eq!(dst.len(), m * n);
+    let n_tiles = n.div_ceil(TILE_N);
+    let row_chunks = m.div_ceil(ROWS);
+    let dst_ptr = dst.as_mut_ptr() as usize;
+    crate::model::kernels::parallel::for_each_unit(n_tiles * row_chunks, |unit| {
+        let (t, rc) = (unit / row_chunks, unit % row_chunks);
+        let r0 = rc * ROWS;
+        tile(t, r0, (m - r0).min(ROWS), dst_ptr as *mut f32);
+    });
+}
+
+/// Instantiates a tile-kernel macro, `$kernel!(name, target features, dot4)`, for each
+/// [`DotIsa`]: `dot4(acc, w, a)` adds each group of 4 products of unsigned bytes `w` and
+/// signed bytes `a` into acc's 32-bit lanes, with `maddubs` + `madd` on AVX2 and one
+/// `vpdpbusd` with AVX-VNNI or AVX-512 VNNI; all exact. The AVX-512 variant is the same
+/// 256-bit code with AVX-512VL's 32 vector registers (16 make the unrolled loops spill).
+macro_rules! for_each_dot_isa {
+    ($kernel:ident) => {
+        $kernel!(tile_kernel_avx2, "avx2,fma", |acc, w, a| {
+            use std::arch::x86_64::*;
+            let pairs = _mm256_maddubs_epi16(w, a);
+            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        });
+        $kernel!(tile_kernel_vnni, "avx2,fma,avxvnni", |acc, w, a| {
+            std::arch::x86_64::_mm256_dpbusd_avx_epi32(acc, w, a)
+        });
+        $kernel!(
+            tile_kernel_vnni512,
+            "avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni",
+            |acc, w, a| { std::arch::x86_64::_mm256_dpbusd_epi32(acc, w, a) }
+        );
+    };
+}
+pub(crate) use for_each_dot_isa;
+
+/// The instruction set of the 8-bit and 4-bit tile kernels; every one gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DotIsa {
+    Avx2,
+    AvxVnni,
+    Avx512Vnni,
+}
+
+impl DotIsa {
+    /// The fastest this CPU has: AVX-512 VNNI (unless `TANDEM_DISABLE_AVX512` or
+    /// `TANDEM_DISABLE_VNNI` is set), then AVX-VNNI (unless `TANDEM_DISABLE_VNNI`), then AVX2.
+    pub(crate) fn best() -> DotIsa {
+        static BEST: OnceLock<DotIsa> = OnceLock::new();
+        *BEST.get_or_init(|| *Self::available().last().expect("AVX2 is always listed"))
+    }
+
+    /// Every instruction set this CPU runs the kernels on, slowest first (for tests).
+    pub(crate) fn available() -> Vec<DotIsa> {
+        let mut out = vec![DotIsa::Avx2];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if packed_gemm::enabled("TANDEM_DISABLE_VNNI", || {
+                is_x86_feature_detected!("avxvnni")
+            }) {
+                out.push(DotIsa::AvxVnni);
+            }
+            let avx512_vnni = || {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+            };
+            if packed_gemm::enabled("TANDEM_DISABLE_VNNI", || true)
+                && packed_gemm::enabled("TANDEM_DISABLE_AVX512", avx512_vnni)
+            {
+                out.push(DotIsa::Avx512Vnni);
+            }
+        }
+        out
+    }
+
+    /// For the start-up log.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            DotIsa::Avx2 => "AVX2",
+            DotIsa::AvxVnni => "AVX-VNNI",
+            DotIsa::Avx512Vnni => "AVX-512 VNNI",
+        }
+    }
+}
