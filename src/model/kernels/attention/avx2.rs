@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::shared::{lane_sum, reduce_eight_keys, KvElement};
+use super::shared::{accumulate_values_at_width, lane_sum, reduce_eight_keys, KvElement};
 use crate::model::kernels::fast_exp::{exp8 as exp, softmax_exp};
 
 /// Eight elements from `p` as f32.
@@ -115,44 +115,9 @@ pub(super) unsafe fn softmax_weights(scores: &mut [f32]) -> f32 {
     sum
 }
 
-/// See `super::accumulate_values`; the sums' length is a multiple of 64 (two halves of a
-/// multiple of 32) and every value read is inside `values` (the caller checks both).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn accumulate_values<T: KvElement>(
-    weights: &[f32],
-    values: &[T],
-    stride: usize,
-    offset: usize,
-    acc: &mut [f32],
-) {
-    let dim = acc.len() / 2;
-    let n = weights.len();
-    for block in 0..dim / 32 {
-        let vp = values.as_ptr().add(offset + block * 32);
-        let ep = acc.as_mut_ptr().add(block * 32);
-        let op = acc.as_mut_ptr().add(dim + block * 32);
-        let mut even: [__m256; 4] = std::array::from_fn(|r| _mm256_loadu_ps(ep.add(r * 8)));
-        let mut odd: [__m256; 4] = std::array::from_fn(|r| _mm256_loadu_ps(op.add(r * 8)));
-        let mut j = 0;
-        while j + 2 <= n {
-            let (we, wo) = (_mm256_set1_ps(weights[j]), _mm256_set1_ps(weights[j + 1]));
-            let (ve, vo) = (vp.add(j * stride), vp.add((j + 1) * stride));
-            for r in 0..4 {
-                even[r] = _mm256_fmadd_ps(we, load8(ve.add(r * 8)), even[r]);
-                odd[r] = _mm256_fmadd_ps(wo, load8(vo.add(r * 8)), odd[r]);
-            }
-            j += 2;
-        }
-        if j < n {
-            let we = _mm256_set1_ps(weights[j]);
-            let ve = vp.add(j * stride);
-            for (r, e) in even.iter_mut().enumerate() {
-                *e = _mm256_fmadd_ps(we, load8(ve.add(r * 8)), *e);
-            }
-        }
-        for r in 0..4 {
-            _mm256_storeu_ps(ep.add(r * 8), even[r]);
-            _mm256_storeu_ps(op.add(r * 8), odd[r]);
-        }
-    }
+accumulate_values_at_width! {
+    /// See `super::accumulate_values`; the sums' length is a multiple of 64 (two halves of a
+    /// multiple of 32) and every value read is inside `values` (the caller checks both).
+    "avx2,fma,f16c", __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps,
+    _mm256_fmadd_ps, load8
 }

@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::shared::{lane_sum, reduce_eight_keys, KvElement};
+use super::shared::{accumulate_values_at_width, lane_sum, reduce_eight_keys, KvElement};
 
 /// Sixteen elements from `p` as f32.
 #[target_feature(enable = "avx512f,avx512vl,f16c")]
@@ -75,44 +75,9 @@ pub(super) unsafe fn scaled_dots<T: KvElement>(
     }
 }
 
-/// See `super::accumulate_values`; the sums' length is a multiple of 128 (two halves of a
-/// multiple of 64) and every value read is inside `values` (the caller checks both).
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-pub(super) unsafe fn accumulate_values<T: KvElement>(
-    weights: &[f32],
-    values: &[T],
-    stride: usize,
-    offset: usize,
-    acc: &mut [f32],
-) {
-    let dim = acc.len() / 2;
-    let n = weights.len();
-    for block in 0..dim / 64 {
-        let vp = values.as_ptr().add(offset + block * 64);
-        let ep = acc.as_mut_ptr().add(block * 64);
-        let op = acc.as_mut_ptr().add(dim + block * 64);
-        let mut even: [__m512; 4] = std::array::from_fn(|r| _mm512_loadu_ps(ep.add(r * 16)));
-        let mut odd: [__m512; 4] = std::array::from_fn(|r| _mm512_loadu_ps(op.add(r * 16)));
-        let mut j = 0;
-        while j + 2 <= n {
-            let (we, wo) = (_mm512_set1_ps(weights[j]), _mm512_set1_ps(weights[j + 1]));
-            let (ve, vo) = (vp.add(j * stride), vp.add((j + 1) * stride));
-            for r in 0..4 {
-                even[r] = _mm512_fmadd_ps(we, load16(ve.add(r * 16)), even[r]);
-                odd[r] = _mm512_fmadd_ps(wo, load16(vo.add(r * 16)), odd[r]);
-            }
-            j += 2;
-        }
-        if j < n {
-            let we = _mm512_set1_ps(weights[j]);
-            let ve = vp.add(j * stride);
-            for (r, e) in even.iter_mut().enumerate() {
-                *e = _mm512_fmadd_ps(we, load16(ve.add(r * 16)), *e);
-            }
-        }
-        for r in 0..4 {
-            _mm512_storeu_ps(ep.add(r * 16), even[r]);
-            _mm512_storeu_ps(op.add(r * 16), odd[r]);
-        }
-    }
+accumulate_values_at_width! {
+    /// See `super::accumulate_values`; the sums' length is a multiple of 128 (two halves of a
+    /// multiple of 64) and every value read is inside `values` (the caller checks both).
+    "avx512f,avx512vl,avx2,fma,f16c", __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps,
+    _mm512_set1_ps, _mm512_fmadd_ps, load16
 }

@@ -1,7 +1,8 @@
 //! What the attention kernels share, so that the scalar definitions and the vector kernels
 //! agree bit for bit: the element type they read ([`KvElement`]), the fixed eight-lane
 //! reduction ([`lane_sum`], and [`reduce_eight_keys`] for eight keys in registers); the
-//! softmax exponential is `crate::model::kernels::fast_exp`'s. A leaf: it imports no kernel.
+//! softmax exponential is `crate::model::kernels::fast_exp`'s; and `accumulate_values`
+//! written once for the AVX2 and AVX-512 widths. A leaf: it imports no kernel.
 
 /// An element of a KV cache as attention reads it.
 pub trait KvElement: Copy + Send + Sync + 'static {
@@ -56,3 +57,55 @@ pub(super) unsafe fn reduce_eight_keys(
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     _mm256_permutevar8x32_ps(_mm256_hadd_ps(h0, h1), order)
 }
+
+/// `accumulate_values` for one vector width (AVX2's 8 lanes, AVX-512's 16): each 4-register
+/// block of the even and odd value sums takes the weighted value rows two at a time, the same
+/// fused multiply-adds in the same order at either width (and as the scalar definition), so the
+/// results are the same bits. `$load` reads one register of `T` as f32.
+macro_rules! accumulate_values_at_width {
+    ($(#[$doc:meta])* $features:literal, $vec:ty, $w:literal, $loadu:ident, $storeu:ident,
+     $set1:ident, $fmadd:ident, $load:ident) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn accumulate_values<T: KvElement>(
+            weights: &[f32],
+            values: &[T],
+            stride: usize,
+            offset: usize,
+            acc: &mut [f32],
+        ) {
+            const BLOCK: usize = 4 * $w;
+            let dim = acc.len() / 2;
+            let n = weights.len();
+            for block in 0..dim / BLOCK {
+                let vp = values.as_ptr().add(offset + block * BLOCK);
+                let ep = acc.as_mut_ptr().add(block * BLOCK);
+                let op = acc.as_mut_ptr().add(dim + block * BLOCK);
+                let mut even: [$vec; 4] = std::array::from_fn(|r| $loadu(ep.add(r * $w)));
+                let mut odd: [$vec; 4] = std::array::from_fn(|r| $loadu(op.add(r * $w)));
+                let mut j = 0;
+                while j + 2 <= n {
+                    let (we, wo) = ($set1(weights[j]), $set1(weights[j + 1]));
+                    let (ve, vo) = (vp.add(j * stride), vp.add((j + 1) * stride));
+                    for r in 0..4 {
+                        even[r] = $fmadd(we, $load(ve.add(r * $w)), even[r]);
+                        odd[r] = $fmadd(wo, $load(vo.add(r * $w)), odd[r]);
+                    }
+                    j += 2;
+                }
+                if j < n {
+                    let we = $set1(weights[j]);
+                    let ve = vp.add(j * stride);
+                    for (r, e) in even.iter_mut().enumerate() {
+                        *e = $fmadd(we, $load(ve.add(r * $w)), *e);
+                    }
+                }
+                for r in 0..4 {
+                    $storeu(ep.add(r * $w), even[r]);
+                    $storeu(op.add(r * $w), odd[r]);
+                }
+            }
+        }
+    };
+}
+pub(super) use accumulate_values_at_width;
