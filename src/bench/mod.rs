@@ -7,6 +7,7 @@
 //! the output is not a speedup).
 
 pub mod chart;
+mod error;
 pub mod mode;
 pub mod progress;
 pub mod prompts;
@@ -15,39 +16,13 @@ pub mod run;
 
 use serde_json::{json, Value};
 
-use crate::engine::EngineError;
-
+pub use error::BenchError;
 pub use mode::{parse_modes, DrafterKind, Mode};
 pub use prompts::{load_prompts, parse_prompts, select, BenchPrompt};
 pub use report::{
     render_drafters, render_tables, summarize, BatchRecord, RunRecord, Spread, SummaryRow,
 };
 pub use run::{run_bench, BenchModels, BenchOptions, BenchRun, EngineReport, Progress};
-
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    #[error("{}", prompt_location(.origin, *.line, .reason))]
-    Prompts {
-        origin: String,
-        /// 1-based; 0 = the file as a whole.
-        line: usize,
-        reason: String,
-    },
-    #[error("bench: {0}")]
-    Options(String),
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-    #[error("bench: generation failed: {0}")]
-    Generation(String),
-}
-
-fn prompt_location(origin: &str, line: usize, reason: &str) -> String {
-    if line == 0 {
-        format!("prompt file {origin}: {reason}")
-    } else {
-        format!("prompt file {origin}:{line}: {reason}")
-    }
-}
 
 /// What the machine is, for the record.
 pub fn machine_json(threads: usize) -> Value {

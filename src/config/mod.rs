@@ -8,37 +8,15 @@ use serde::Deserialize;
 use crate::engine::{EngineConfig, Gamma};
 use crate::model::{BackendChoice, DeviceSpec, KvDtype, WeightsDtype};
 
+mod error;
 mod speculation;
 
+pub use error::ConfigError;
 pub use speculation::SpeculationSection;
 use speculation::{settings_error, SPECULATION_ALIASES};
 
 /// The embedded default configuration.
 pub const DEFAULT_CONFIG: &str = include_str!("../../config/default.toml");
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {reason}")]
-    Read { path: String, reason: String },
-    #[error("config: {0}")]
-    Parse(String),
-    #[error("config: {key} {reason}")]
-    Invalid { key: String, reason: String },
-}
-
-impl ConfigError {
-    /// A bad value for `key`, for callers outside the config module (CLI flags).
-    pub fn invalid_key(key: &str, reason: impl ToString) -> Self {
-        Self::invalid(key, reason)
-    }
-
-    fn invalid(key: impl Into<String>, reason: impl ToString) -> Self {
-        Self::Invalid {
-            key: key.into(),
-            reason: reason.to_string(),
-        }
-    }
-}
 
 /// The whole configuration: [`Config::from_toml`] builds and checks it, and
 /// [`Config::validate`] checks it again after CLI flags change it.

@@ -5,6 +5,7 @@
 //! proposal is deterministic (prompt lookup: a point mass). After verification it is told how
 //! many tokens of the sequence stand, and rolls back whatever state it keeps past that.
 
+mod error;
 mod history;
 mod model;
 mod prompt_lookup;
@@ -12,34 +13,15 @@ mod siblings;
 mod spec;
 mod vocabulary;
 
+pub use error::DraftError;
 pub use history::{RequestHistory, HISTORY_TOKENS};
 pub use model::{DraftJob, DraftTiming, ModelDrafter};
 pub use prompt_lookup::PromptLookup;
 pub use spec::{DraftSpec, InvalidDraftSpec};
 pub use vocabulary::check_same_vocabulary;
 
-use crate::model::ModelError;
 use crate::sampling::tree::{chain_parent, ROOT};
-use crate::sampling::{SamplingError, SamplingParams, SeededRng};
-
-#[derive(Debug, thiserror::Error)]
-pub enum DraftError {
-    #[error("draft model: {0}")]
-    Model(#[from] ModelError),
-    /// A forward shared by several sequences failed (each of them gets this).
-    #[error("draft model: {0}")]
-    Forward(String),
-    #[error("draft sampling: {0}")]
-    Sampling(#[from] SamplingError),
-    #[error(
-        "the draft model ({draft}) and the target ({target}) have different vocabularies: {reason}"
-    )]
-    VocabMismatch {
-        draft: String,
-        target: String,
-        reason: String,
-    },
-}
+use crate::sampling::{SamplingParams, SeededRng};
 
 /// Drafted tokens and, for drafters that sample, their distributions (`vocab` values per token).
 ///

@@ -8,6 +8,7 @@
 mod draft_gate;
 #[cfg(test)]
 pub(crate) mod enumeration;
+mod error;
 mod lenience;
 mod logprobs;
 mod rng;
@@ -17,6 +18,7 @@ pub mod tree;
 pub use draft_gate::{
     confidence, confidence_of_logits, Confidence, DraftGate, GateOverride, GateRound,
 };
+pub use error::SamplingError;
 pub use lenience::{InvalidLenience, Lenience};
 pub use logprobs::{token_logprob, TokenLogprob};
 pub use rng::SeededRng;
@@ -64,16 +66,6 @@ impl Default for SamplingParams {
             seed: None,
         }
     }
-}
-
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum SamplingError {
-    #[error("invalid sampling parameter {name}: {reason}")]
-    InvalidParam { name: &'static str, reason: String },
-    #[error("logits contain NaN or +inf at token {0}; the model produced invalid numbers")]
-    InvalidLogits(usize),
-    #[error("every token was masked out (all logits are -inf)")]
-    Empty,
 }
 
 impl SamplingParams {

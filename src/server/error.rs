@@ -1,4 +1,5 @@
-//! OpenAI-style error responses.
+//! The server's errors: OpenAI-style error responses for clients (`ApiError`), and why the
+//! server itself could not start or stopped (`ServerError`).
 //!
 //! Why it exists: clients (the `openai` package among them) expect every failure as
 //! `{"error": {"message", "type", "param", "code"}}` with a meaningful status, so every rejection
@@ -9,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::engine::EngineError;
+use crate::model::ModelError;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -163,4 +165,23 @@ impl IntoResponse for ApiError {
         }
         r
     }
+}
+
+/// Why `tandem serve` could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("draft model: {0}")]
+    Draft(String),
+    #[error("cannot listen on {addr}: {reason}")]
+    Bind { addr: String, reason: String },
+    #[error("metrics: {0}")]
+    Metrics(String),
+    #[error("start-up: {0}")]
+    Startup(String),
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
 }

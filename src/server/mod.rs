@@ -33,28 +33,10 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::engine::{EngineError, EngineHealth};
-use crate::model::ModelError;
+use crate::engine::EngineHealth;
 use error::ApiError;
+pub use error::ServerError;
 use startup::Loaded;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-    #[error("draft model: {0}")]
-    Draft(String),
-    #[error("cannot listen on {addr}: {reason}")]
-    Bind { addr: String, reason: String },
-    #[error("metrics: {0}")]
-    Metrics(String),
-    #[error("start-up: {0}")]
-    Startup(String),
-    #[error("server: {0}")]
-    Io(#[from] std::io::Error),
-}
 
 /// Shared by every handler.
 pub struct AppState {

@@ -1,0 +1,23 @@
+//! The draft layer's error type.
+
+use crate::model::ModelError;
+use crate::sampling::SamplingError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DraftError {
+    #[error("draft model: {0}")]
+    Model(#[from] ModelError),
+    /// A forward shared by several sequences failed (each of them gets this).
+    #[error("draft model: {0}")]
+    Forward(String),
+    #[error("draft sampling: {0}")]
+    Sampling(#[from] SamplingError),
+    #[error(
+        "the draft model ({draft}) and the target ({target}) have different vocabularies: {reason}"
+    )]
+    VocabMismatch {
+        draft: String,
+        target: String,
+        reason: String,
+    },
+}
