@@ -5,7 +5,7 @@
 //! ([`super::RequestHistory`]) when the request's own text has no match.
 
 use super::{DraftError, Proposal, Proposer};
-use crate::sampling::tree::ROOT;
+use crate::sampling::tree::TREE_ROOT;
 use crate::sampling::{SamplingParams, SeededRng};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -137,7 +137,7 @@ impl PromptLookup {
         let roots = conts.len().max(1) as f32;
         let share = |i: usize| {
             let parent = trie.parent[i];
-            let above = if parent == ROOT {
+            let above = if parent == TREE_ROOT {
                 roots
             } else {
                 trie.count[parent as usize].max(1) as f32
@@ -148,7 +148,7 @@ impl PromptLookup {
         let mut reach = vec![0f32; n];
         for i in 0..n {
             let up = match trie.parent[i] {
-                ROOT => 1.0,
+                TREE_ROOT => 1.0,
                 p => reach[p as usize],
             };
             reach[i] = up * share(i);
@@ -162,7 +162,13 @@ impl PromptLookup {
                 .then(a.cmp(&b))
         });
         let mut new_index: Vec<u32> = (0..n as u32)
-            .map(|i| if (i as usize) < main.len() { i } else { ROOT })
+            .map(|i| {
+                if (i as usize) < main.len() {
+                    i
+                } else {
+                    TREE_ROOT
+                }
+            })
             .collect();
         let mut picked = Vec::new();
         for i in order {
@@ -170,7 +176,7 @@ impl PromptLookup {
                 break;
             }
             let parent = trie.parent[i];
-            if parent == ROOT || new_index[parent as usize] != ROOT {
+            if parent == TREE_ROOT || new_index[parent as usize] != TREE_ROOT {
                 new_index[i] = (main.len() + picked.len()) as u32;
                 picked.push(i);
             }
@@ -184,8 +190,8 @@ impl PromptLookup {
         for &i in &picked {
             out.tokens.push(trie.token[i]);
             let parent = trie.parent[i];
-            out.parents.push(if parent == ROOT {
-                ROOT
+            out.parents.push(if parent == TREE_ROOT {
+                TREE_ROOT
             } else {
                 new_index[parent as usize]
             });
@@ -231,7 +237,7 @@ struct Trie {
 
 impl Trie {
     fn insert(&mut self, tokens: &[u32], weight: usize) {
-        let mut at = ROOT;
+        let mut at = TREE_ROOT;
         for (d, &t) in tokens.iter().enumerate() {
             let found = (0..self.token.len()).find(|&i| self.parent[i] == at && self.token[i] == t);
             let i = match found {
@@ -342,7 +348,10 @@ mod tests {
             .map(|i| (p.tokens[i], p.parents[i]))
             .collect();
         assert_eq!(alt.len(), 3);
-        assert!(alt.contains(&(4, 0)) && alt.contains(&(5, ROOT)), "{alt:?}");
+        assert!(
+            alt.contains(&(4, 0)) && alt.contains(&(5, TREE_ROOT)),
+            "{alt:?}"
+        );
         // 6 hangs under 5.
         let five = (2..p.tokens.len()).find(|&i| p.tokens[i] == 5).unwrap() as u32;
         assert!(alt.contains(&(6, five)), "{alt:?}");

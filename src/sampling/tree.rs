@@ -30,19 +30,20 @@ use super::speculative::{
     DraftDist, RoundChoices, SpecError,
 };
 
-/// The parent of a node that hangs from the root (the round's first, already sampled, token).
-pub const ROOT: u32 = u32::MAX;
+/// The parent of a node that hangs from the root (the round's first, already sampled, token):
+/// the model's own sentinel for a tree input's first token.
+pub use crate::model::TREE_ROOT;
 
-/// The parent of a chain's node `i`: the node before it, or [`ROOT`] for the first.
+/// The parent of a chain's node `i`: the node before it, or [`TREE_ROOT`] for the first.
 pub fn chain_parent(i: usize) -> u32 {
     if i == 0 {
-        ROOT
+        TREE_ROOT
     } else {
         i as u32 - 1
     }
 }
 
-/// A draft tree: node `i` proposes `tokens[i]` after its parent `parents[i]`, [`ROOT`] or an
+/// A draft tree: node `i` proposes `tokens[i]` after its parent `parents[i]`, [`TREE_ROOT`] or an
 /// earlier node (so the nodes are in a topological order, and the target's rows can be
 /// computed in one forward over them in this order).
 #[derive(Clone, Copy, Debug)]
@@ -70,14 +71,14 @@ impl DraftTree<'_> {
             });
         }
         for (i, &p) in self.parents.iter().enumerate() {
-            if p != ROOT && p as usize >= i {
+            if p != TREE_ROOT && p as usize >= i {
                 return Err(SpecError::TreeOrder { node: i, parent: p });
             }
         }
         Ok(())
     }
 
-    /// The children of `node` (`ROOT` for the root's), in order.
+    /// The children of `node` (`TREE_ROOT` for the root's), in order.
     pub fn children(&self, node: u32) -> impl Iterator<Item = usize> + '_ {
         self.parents
             .iter()
@@ -90,7 +91,7 @@ impl DraftTree<'_> {
     pub fn depths(&self) -> Vec<usize> {
         let mut d: Vec<usize> = Vec::with_capacity(self.len());
         for &p in self.parents {
-            d.push(if p == ROOT { 1 } else { d[p as usize] + 1 });
+            d.push(if p == TREE_ROOT { 1 } else { d[p as usize] + 1 });
         }
         d
     }
@@ -99,7 +100,7 @@ impl DraftTree<'_> {
     pub fn path_to(&self, i: usize) -> Vec<usize> {
         let mut path = vec![i];
         let mut at = self.parents[i];
-        while at != ROOT {
+        while at != TREE_ROOT {
             path.push(at as usize);
             at = self.parents[at as usize];
         }
@@ -124,7 +125,7 @@ pub struct TreeOutcome {
 
 /// The target's row for a node: row 0 is the root's, row `i + 1` node `i`'s.
 fn row_of(node: u32) -> usize {
-    if node == ROOT {
+    if node == TREE_ROOT {
         0
     } else {
         node as usize + 1
@@ -147,7 +148,7 @@ pub fn accept_tree_greedy(tree: &DraftTree, p: &[&[f32]]) -> Result<TreeOutcome,
         bonus: false,
         tried: Vec::new(),
     };
-    let mut at = ROOT;
+    let mut at = TREE_ROOT;
     'walk: loop {
         let row = p[row_of(at)];
         if let Some(token) = row.iter().position(|v| v.is_nan() || *v == f32::INFINITY) {
@@ -211,7 +212,7 @@ pub fn accept_tree_sampled(
         bonus: false,
         tried: Vec::new(),
     };
-    let mut at = ROOT;
+    let mut at = TREE_ROOT;
     'walk: loop {
         // The current distribution: the node's row until a child is rejected, then the
         // residual in `scratch`.

@@ -75,7 +75,7 @@ fn draws(shape: &Shape, q_of: &dyn Fn(u64, &[u32]) -> Vec<f32>) -> Vec<Draw> {
 fn context_of(shape: &[(u32, Proposed)], tokens: &[u32], node: u32) -> Vec<u32> {
     let mut ctx = Vec::new();
     let mut at = node;
-    while at != ROOT {
+    while at != TREE_ROOT {
         ctx.push(tokens[at as usize]);
         at = shape[at as usize].0;
     }
@@ -154,7 +154,7 @@ fn one_to_four_drafts_from_different_proposals_give_exactly_the_target_distribut
                 let q_of = move |s: u64, ctx: &[u32]| dist(s, ctx, vocab, q_kind);
                 let shape = Shape(
                     (0..k)
-                        .map(|i| (ROOT, Proposed::Drawn(seed ^ (0xD1 + i as u64))))
+                        .map(|i| (TREE_ROOT, Proposed::Drawn(seed ^ (0xD1 + i as u64))))
                         .collect(),
                 );
                 let got = walk_distribution(&shape, &p, &q_of, 2);
@@ -175,8 +175,8 @@ fn a_drawn_draft_with_point_mass_alternatives_is_exact() {
                 let seed = (vocab * 10 + extra) as u64 + 500;
                 let p = move |ctx: &[u32]| dist(seed, ctx, vocab, p_kind);
                 let q_of = move |s: u64, ctx: &[u32]| dist(s, ctx, vocab, q_kind);
-                let mut nodes = vec![(ROOT, Proposed::Drawn(seed ^ 7))];
-                nodes.extend((0..extra).map(|_| (ROOT, Proposed::Rank(seed ^ 7, 0))));
+                let mut nodes = vec![(TREE_ROOT, Proposed::Drawn(seed ^ 7))];
+                nodes.extend((0..extra).map(|_| (TREE_ROOT, Proposed::Rank(seed ^ 7, 0))));
                 let got = walk_distribution(&Shape(nodes), &p, &q_of, 2);
                 assert_plain(&got, &p, 2, &format!("V={vocab} +{extra}"));
             }
@@ -195,8 +195,8 @@ fn trees_two_levels_deep_are_exact() {
             // 0: drawn; 1: the best other token; 2, 3: below 0 (drawn, then a point mass);
             // 4: below 1 (drawn); 5: below 2 (a point mass: three levels on that branch).
             let shape = Shape(vec![
-                (ROOT, Proposed::Drawn(qs)),
-                (ROOT, Proposed::Rank(qs, 0)),
+                (TREE_ROOT, Proposed::Drawn(qs)),
+                (TREE_ROOT, Proposed::Rank(qs, 0)),
                 (0, Proposed::Drawn(qs)),
                 (0, Proposed::Rank(qs, 0)),
                 (1, Proposed::Drawn(qs)),
@@ -238,11 +238,11 @@ fn a_greedy_walk_emits_the_longest_greedy_prefix_the_tree_holds() {
         for _ in 0..n {
             let i = tokens.len();
             let parent = if i == 0 || rng.next_f64() < 0.3 {
-                ROOT
+                TREE_ROOT
             } else {
                 (rng.next_f64() * i as f64) as u32
             };
-            let above: Vec<usize> = if parent == ROOT {
+            let above: Vec<usize> = if parent == TREE_ROOT {
                 Vec::new()
             } else {
                 DraftTree {
@@ -297,7 +297,7 @@ fn a_greedy_walk_emits_the_longest_greedy_prefix_the_tree_holds() {
         assert_eq!(o.path.len(), longest, "case {case}");
         assert_eq!(
             o.bonus,
-            tree.children(o.path.last().map_or(ROOT, |&l| l as u32))
+            tree.children(o.path.last().map_or(TREE_ROOT, |&l| l as u32))
                 .count()
                 == 0
         );
@@ -308,7 +308,7 @@ fn a_greedy_walk_emits_the_longest_greedy_prefix_the_tree_holds() {
 fn the_walk_reports_the_children_it_tried() {
     // Root children 0 (token 1) and 1 (token 2); node 0 has child 2 (token 0).
     let tokens = [1, 2, 0];
-    let parents = [ROOT, ROOT, 0];
+    let parents = [TREE_ROOT, TREE_ROOT, 0];
     let tree = DraftTree {
         tokens: &tokens,
         parents: &parents,
@@ -341,7 +341,7 @@ fn bad_trees_and_rows_are_errors() {
     // A parent that is not an earlier node.
     let tree = DraftTree {
         tokens: &[0, 1],
-        parents: &[1, ROOT],
+        parents: &[1, TREE_ROOT],
     };
     assert!(matches!(
         accept_tree_greedy(&tree, &[&r, &r, &r]),
@@ -349,7 +349,7 @@ fn bad_trees_and_rows_are_errors() {
     ));
     let tree = DraftTree {
         tokens: &[0, 1],
-        parents: &[ROOT, 0],
+        parents: &[TREE_ROOT, 0],
     };
     // One row short.
     assert!(matches!(
@@ -359,7 +359,7 @@ fn bad_trees_and_rows_are_errors() {
     // A token outside the vocabulary.
     let bad = DraftTree {
         tokens: &[0, 5],
-        parents: &[ROOT, 0],
+        parents: &[TREE_ROOT, 0],
     };
     assert!(matches!(
         accept_tree_greedy(&bad, &[&r, &r, &r]),

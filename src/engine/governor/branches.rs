@@ -17,7 +17,7 @@
 //! each token it drafted, and can only make a round cheaper.
 
 use super::costs::CostModel;
-use crate::sampling::tree::ROOT;
+use crate::sampling::tree::TREE_ROOT;
 
 /// How often a drafted node stands when the walk tries it, by the drafter's confidence in it
 /// (ten buckets of width 0.1) and the kind of that confidence (`Proposal::confidence_kind`:
@@ -111,7 +111,7 @@ pub fn acceptance_by_node(offer: &TreeOffer, rates: &ConfidenceRates) -> Vec<f64
     let mut accept = vec![0.0; n];
     for i in 0..n {
         let parent = offer.parents[i];
-        let reach = if parent == ROOT {
+        let reach = if parent == TREE_ROOT {
             1.0
         } else {
             accept[parent as usize]
@@ -170,7 +170,7 @@ pub fn keep_alternatives(
     order.sort_by(|&a, &b| accept[b].total_cmp(&accept[a]).then(a.cmp(&b)));
     for i in order {
         let parent = offer.parents[i];
-        if parent != ROOT && !keep[parent as usize] {
+        if parent != TREE_ROOT && !keep[parent as usize] {
             continue;
         }
         let row = costs.verify_seconds(round.width + 1)? - costs.verify_seconds(round.width)?;
@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn acceptance_follows_the_walk() {
         // Chain 0 → 1, alternative 2 beside 0, alternative 3 under 2, alternative 4 beside 2.
-        let parents = [ROOT, 0, ROOT, 2, ROOT];
+        let parents = [TREE_ROOT, 0, TREE_ROOT, 2, TREE_ROOT];
         let conf = [1.0, 1.0, 0.5, 0.5, 0.25];
         let offer = TreeOffer {
             parents: &parents,
@@ -263,7 +263,7 @@ mod tests {
 
     #[test]
     fn alternatives_are_kept_only_while_they_beat_the_round() {
-        let parents = [ROOT, 0, ROOT, 2, ROOT];
+        let parents = [TREE_ROOT, 0, TREE_ROOT, 2, TREE_ROOT];
         let conf = [1.0, 1.0, 0.5, 0.5, 0.25];
         let offer = TreeOffer {
             parents: &parents,
