@@ -12,7 +12,7 @@ use super::messages::{
     CopyPrefix, Failure, FreeSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome,
     TargetWork, TreeWalk, TruncateSlot,
 };
-use super::verify::{verify, verify_tree, Scratch};
+use super::verify::{verify, verify_tree, Scratch, VerifyInput};
 use super::worker::ComputeWorker;
 use crate::draft::Proposal;
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
@@ -281,14 +281,16 @@ fn run_batch(
                 TargetWork::Verify if it.proposal.is_tree() => {
                     let rows = logits.seq_rows(i)?;
                     let walk = verify_tree(
-                        &it.params,
-                        &it.context,
-                        it.prompt_len,
-                        &it.proposal,
-                        rows,
+                        VerifyInput {
+                            params: &it.params,
+                            context: &it.context,
+                            prompt_len: it.prompt_len,
+                            proposal: &it.proposal,
+                            rows,
+                            logprobs: it.logprobs,
+                        },
                         &mut s.scratch,
                         &mut rng,
-                        it.logprobs,
                         &mut out.logprobs,
                     )?;
                     let kept: Vec<usize> = std::iter::once(0)
@@ -307,16 +309,17 @@ fn run_batch(
                 TargetWork::Verify => {
                     let rows = logits.seq_rows(i)?;
                     let outcome = verify(
-                        &it.params,
+                        VerifyInput {
+                            params: &it.params,
+                            context: &it.context,
+                            prompt_len: it.prompt_len,
+                            proposal: &it.proposal,
+                            rows,
+                            logprobs: it.logprobs,
+                        },
                         it.lenience,
-                        &it.context,
-                        it.prompt_len,
-                        &it.tokens[1..],
-                        &it.proposal,
-                        rows,
                         &mut s.scratch,
                         &mut rng,
-                        it.logprobs,
                         &mut out.logprobs,
                     )?;
                     s.cache

@@ -23,25 +23,40 @@ pub struct Scratch {
     processed: Vec<Vec<f32>>,
 }
 
+/// What one sequence's verification reads: its sampling settings, its text so far, what was
+/// drafted, and the rows the target computed for it (one per input token).
+pub struct VerifyInput<'a> {
+    pub params: &'a SamplingParams,
+    /// Prompt and output so far; the round's first input token is its last.
+    pub context: &'a [u32],
+    pub prompt_len: usize,
+    pub proposal: &'a Proposal,
+    pub rows: Vec<Vec<f32>>,
+    /// Report each emitted token's logprob with this many alternatives.
+    pub logprobs: Option<usize>,
+}
+
 /// Applies the request's processors to each verified row (row i sees the context plus the
 /// first i drafts, exactly the history plain decoding would have had) and runs the acceptance
 /// rule. With `logprobs: Some(n)`, `emitted` receives one entry per emitted token (the
 /// accepted drafts, then the sampled token), each from the processed row it was chosen at,
 /// with its `n` most likely alternatives: the same rows plain decoding would have had.
-#[allow(clippy::too_many_arguments)]
 pub fn verify(
-    params: &SamplingParams,
+    input: VerifyInput<'_>,
     lenience: Lenience,
-    context: &[u32],
-    prompt_len: usize,
-    drafts: &[u32],
-    proposal: &Proposal,
-    rows: Vec<Vec<f32>>,
     s: &mut Scratch,
     rng: &mut SeededRng,
-    logprobs: Option<usize>,
     emitted: &mut Vec<TokenLogprob>,
 ) -> Result<RoundOutcome, EngineError> {
+    let VerifyInput {
+        params,
+        context,
+        prompt_len,
+        proposal,
+        rows,
+        logprobs,
+    } = input;
+    let drafts = &proposal.tokens[..];
     let mut history = context.to_vec();
     s.target_probs.resize_with(rows.len(), Vec::new);
     if logprobs.is_some() && s.processed.len() < rows.len() {
@@ -135,18 +150,20 @@ fn process_row(
 /// [`verify`] for a tree proposal (lenience 1): row 0 is the root's (the context's), row
 /// `i + 1` node `i`'s, each processed with the history of its own path; then the tree walk.
 /// With `logprobs`, `emitted` gets one entry per emitted token, from the row it was chosen at.
-#[allow(clippy::too_many_arguments)]
 pub fn verify_tree(
-    params: &SamplingParams,
-    context: &[u32],
-    prompt_len: usize,
-    proposal: &Proposal,
-    rows: Vec<Vec<f32>>,
+    input: VerifyInput<'_>,
     s: &mut Scratch,
     rng: &mut SeededRng,
-    logprobs: Option<usize>,
     emitted: &mut Vec<TokenLogprob>,
 ) -> Result<TreeOutcome, EngineError> {
+    let VerifyInput {
+        params,
+        context,
+        prompt_len,
+        proposal,
+        rows,
+        logprobs,
+    } = input;
     let parents = proposal.parents_or_chain();
     let tree = DraftTree {
         tokens: &proposal.tokens,

@@ -15,7 +15,7 @@ use crate::engine::gamma::{gamma_cap, Gamma};
 use crate::engine::request::{
     FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput, SpeculationStats,
 };
-use crate::engine::verify::{verify, Scratch};
+use crate::engine::verify::{verify, Scratch, VerifyInput};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::{Lenience, Sampler, SeededRng};
 
@@ -136,16 +136,17 @@ fn run(
         )?;
         let rows = logits.seq_rows(0)?;
         let outcome = verify(
-            params,
+            VerifyInput {
+                params,
+                context: &context,
+                prompt_len,
+                proposal: &proposal,
+                rows,
+                logprobs: None,
+            },
             spec.lenience,
-            &context,
-            prompt_len,
-            drafts,
-            &proposal,
-            rows,
             &mut s,
             &mut rng,
-            None,
             &mut Vec::new(),
         )?;
         let keep = n + 1 + outcome.accepted;
