@@ -13,7 +13,7 @@ use tandem::config::Config;
 use tandem::model::llama::op_profile::{self, Op};
 use tandem::model::{KvCache, Llama, LogitsRows, SeqInput};
 use tandem::sampling::speculative::{accept_sampled, DraftDist};
-use tandem::sampling::{probabilities, SamplingParams, SeededRng};
+use tandem::sampling::{probabilities, Lenience, SamplingParams, SeededRng};
 
 use super::model_args::{load_model, ModelArgs};
 use super::stream_bandwidth;
@@ -244,7 +244,7 @@ fn print_breakdown(
         let drafts: Vec<u32> = (0..wide as u32 - 1).collect();
         let q = vec![DraftDist::PointMass; drafts.len()];
         let mut rng = SeededRng::new(1);
-        accept_sampled(&drafts, &q, &p, 1.0, &mut rng, &mut scratch)
+        accept_sampled(&drafts, &q, &p, Lenience::EXACT, &mut rng, &mut scratch)
             .map_err(tandem::engine::EngineError::from)?;
         best = best.min(t.elapsed().as_secs_f64());
     }

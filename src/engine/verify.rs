@@ -82,7 +82,7 @@ pub fn verify(
         .map(Vec::as_slice)
         .collect();
     let outcome = if params.is_greedy() {
-        accept_greedy(drafts, &p, lenience.get())?
+        accept_greedy(drafts, &p, lenience)?
     } else {
         let q: Vec<DraftDist> = (0..drafts.len())
             .map(|i| {
@@ -91,7 +91,7 @@ pub fn verify(
                     .map_or(DraftDist::PointMass, DraftDist::Full)
             })
             .collect();
-        accept_sampled(drafts, &q, &p, lenience.get(), rng, &mut s.residual)?
+        accept_sampled(drafts, &q, &p, lenience, rng, &mut s.residual)?
     };
     if let Some(n) = logprobs {
         let chosen = drafts[..outcome.accepted]

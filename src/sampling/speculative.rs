@@ -16,7 +16,7 @@
 //! (penalties, temperature, top-k/p, min-p; see [`super::probabilities`]), so the rule compares
 //! like with like.
 
-use super::{argmax, sample_from, SamplingError, SeededRng};
+use super::{argmax, sample_from, Lenience, SamplingError, SeededRng};
 
 /// What the drafter knows about the token it proposed at one position.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -40,8 +40,6 @@ pub struct RoundOutcome {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SpecError {
-    #[error("lenience {0}")]
-    InvalidLenience(#[from] super::InvalidLenience),
     #[error("expected {expected} {what} rows for this round, got {got}")]
     RowCount {
         what: &'static str,
@@ -160,7 +158,7 @@ pub fn accept_sampled(
     drafts: &[u32],
     q: &[DraftDist],
     p: &[&[f32]],
-    lenience: f32,
+    lenience: Lenience,
     rng: &mut SeededRng,
     scratch: &mut Vec<f32>,
 ) -> Result<RoundOutcome, SpecError> {
@@ -194,11 +192,11 @@ pub fn accept_sampled_with(
     drafts: &[u32],
     q: &[DraftDist],
     p: &[&[f32]],
-    lenience: f32,
+    lenience: Lenience,
     choices: &mut impl RoundChoices,
     scratch: &mut Vec<f32>,
 ) -> Result<RoundOutcome, SpecError> {
-    check_lenience(lenience)?;
+    let lenience = lenience.get();
     if q.len() != drafts.len() {
         return Err(SpecError::RowCount {
             what: DRAFT,
@@ -250,9 +248,9 @@ pub fn accept_sampled_with(
 pub fn accept_greedy(
     drafts: &[u32],
     p: &[&[f32]],
-    lenience: f32,
+    lenience: Lenience,
 ) -> Result<RoundOutcome, SpecError> {
-    check_lenience(lenience)?;
+    let lenience = lenience.get();
     check_target_shape(drafts, p)?;
     let lenient = lenience < 1.0;
     for (row, &dist) in p.iter().enumerate() {
@@ -300,9 +298,9 @@ pub fn first_token_distribution(
     p: &[f32],
     q: DraftDist,
     drafted: Option<u32>,
-    lenience: f32,
+    lenience: Lenience,
 ) -> Result<Vec<f64>, SpecError> {
-    check_lenience(lenience)?;
+    let lenience = lenience.get();
     check_distribution(TARGET, 0, p, true)?;
     let vocab = p.len();
     if let DraftDist::Full(q) = q {
@@ -348,11 +346,6 @@ pub fn first_token_distribution(
         (None, DraftDist::PointMass) => return Err(SpecError::MissingDraftToken),
     }
     Ok(out)
-}
-
-fn check_lenience(lenience: f32) -> Result<(), SpecError> {
-    super::Lenience::try_from(lenience)?;
-    Ok(())
 }
 
 /// Checks γ + 1 target rows of one vocabulary and drafts inside it; returns the vocabulary size.

@@ -68,7 +68,15 @@ fn simulate(gamma: usize, p: &Rows, q: &Rows, l: f32, seed: u64) -> Vec<[u64; VO
             .map(|i| DraftDist::Full(q.get(&seq[..i])))
             .collect();
         let p_rows: Vec<&[f32]> = (0..=gamma).map(|i| p.get(&seq[..i])).collect();
-        let out = accept_sampled(&seq, &q_rows, &p_rows, l, &mut rng, &mut scratch).unwrap();
+        let out = accept_sampled(
+            &seq,
+            &q_rows,
+            &p_rows,
+            Lenience::try_from(l).unwrap(),
+            &mut rng,
+            &mut scratch,
+        )
+        .unwrap();
         seq.truncate(out.accepted);
         seq.push(out.next_token);
         while seq.len() < gamma + 1 {

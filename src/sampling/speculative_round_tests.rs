@@ -36,7 +36,15 @@ fn lenient_round_outcomes(
     let mut out = Vec::new();
     loop {
         e.start();
-        let o = accept_sampled_with(drafts, &qd, &pr, l, &mut e, &mut scratch).unwrap();
+        let o = accept_sampled_with(
+            drafts,
+            &qd,
+            &pr,
+            Lenience::try_from(l).unwrap(),
+            &mut e,
+            &mut scratch,
+        )
+        .unwrap();
         let mut emitted = drafts[..o.accepted].to_vec();
         emitted.push(o.next_token);
         out.push((emitted, e.weight));

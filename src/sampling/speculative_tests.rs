@@ -157,12 +157,14 @@ fn exact_lossless_full_drafts_random_pairs() {
     for (p, q) in &pairs {
         let (exact, _) = enumerate_full(p, q, 1.0);
         assert_close(&exact, p, 1e-6, &format!("formula p={p:?} q={q:?}"));
-        let public = first_token_distribution(p, DraftDist::Full(q), None, 1.0).unwrap();
+        let public =
+            first_token_distribution(p, DraftDist::Full(q), None, Lenience::EXACT).unwrap();
         assert_close(&public, p, 1e-6, &format!("public p={p:?} q={q:?}"));
         // Conditioning on each drafted token and averaging over q is the same thing.
         let mut avg = vec![0f64; p.len()];
         for (t, &q_t) in q.iter().enumerate() {
-            let cond = first_token_distribution(p, DraftDist::Full(q), Some(t as u32), 1.0);
+            let cond =
+                first_token_distribution(p, DraftDist::Full(q), Some(t as u32), Lenience::EXACT);
             for (a, c) in avg.iter_mut().zip(cond.unwrap()) {
                 *a += q_t as f64 * c;
             }
@@ -176,7 +178,8 @@ fn exact_lossless_point_mass_every_drafted_token() {
     for (p, _) in random_pairs().iter().step_by(3) {
         for t in 0..p.len() as u32 {
             assert_close(&enumerate_point(p, t, 1.0), p, 1e-6, "formula");
-            let public = first_token_distribution(p, DraftDist::PointMass, Some(t), 1.0);
+            let public =
+                first_token_distribution(p, DraftDist::PointMass, Some(t), Lenience::EXACT);
             assert_close(&public.unwrap(), p, 1e-6, &format!("p={p:?} t={t}"));
         }
     }
@@ -200,7 +203,13 @@ fn lenience_gives_valid_bounded_distribution_and_never_lowers_acceptance() {
             let (dist, rate) = enumerate_full(p, q, l);
             assert_lenient_valid(&dist, p, l, &format!("full l={l} p={p:?} q={q:?}"));
             assert!(rate >= exact_rate - 1e-12, "l={l}: {rate} < {exact_rate}");
-            let public = first_token_distribution(p, DraftDist::Full(q), None, l).unwrap();
+            let public = first_token_distribution(
+                p,
+                DraftDist::Full(q),
+                None,
+                Lenience::try_from(l).unwrap(),
+            )
+            .unwrap();
             for (a, b) in public.iter().zip(&dist) {
                 assert!((a - b).abs() < 1e-12);
             }
@@ -210,7 +219,12 @@ fn lenience_gives_valid_bounded_distribution_and_never_lowers_acceptance() {
         for t in 0..p.len() as u32 {
             let exact_rate = p[t as usize] as f64;
             for l in LENIENCES {
-                let public = first_token_distribution(p, DraftDist::PointMass, Some(t), l);
+                let public = first_token_distribution(
+                    p,
+                    DraftDist::PointMass,
+                    Some(t),
+                    Lenience::try_from(l).unwrap(),
+                );
                 let dist = public.unwrap();
                 assert_lenient_valid(&dist, p, l, &format!("point l={l} t={t} p={p:?}"));
                 let rate = (p[t as usize] as f64 / l as f64).min(1.0);
@@ -242,7 +256,7 @@ fn gamma3_all_accepted_gives_bonus_from_last_row() {
                 DraftDist::PointMass,
             ],
             &[&p1, &p2, &p3, &p4],
-            1.0,
+            Lenience::EXACT,
             &mut rng,
             &mut scratch,
         )
@@ -281,7 +295,7 @@ fn gamma3_rejects_at_the_right_position_with_a_residual_token() {
                 DraftDist::Full(&q3),
             ],
             &[&p1, &p2, &p3, &p4],
-            1.0,
+            Lenience::EXACT,
             &mut rng,
             &mut scratch,
         )
@@ -301,9 +315,14 @@ fn gamma3_rejects_at_the_right_position_with_a_residual_token() {
 fn gamma0_is_a_plain_sampling_step() {
     let p = [0.0f32, 0.0, 1.0];
     let mut rng = SeededRng::new(1);
-    let out = accept_sampled(&[], &[], &[&p], 1.0, &mut rng, &mut Vec::new()).unwrap();
+    let out = accept_sampled(&[], &[], &[&p], Lenience::EXACT, &mut rng, &mut Vec::new()).unwrap();
     assert_eq!((out.accepted, out.next_token, out.bonus), (0, 2, true));
-    assert_eq!(accept_greedy(&[], &[&p], 1.0).unwrap().next_token, 2);
+    assert_eq!(
+        accept_greedy(&[], &[&p], Lenience::EXACT)
+            .unwrap()
+            .next_token,
+        2
+    );
 }
 
 #[test]
@@ -313,7 +332,7 @@ fn greedy_accepts_while_argmax_matches_then_corrects() {
     let p3 = [0.2f32, 0.3, 0.5];
     let p4 = [0.6f32, 0.3, 0.1];
     let rows: [&[f32]; 4] = [&p1, &p2, &p3, &p4];
-    let out = accept_greedy(&[1, 0, 1], &rows, 1.0).unwrap();
+    let out = accept_greedy(&[1, 0, 1], &rows, Lenience::EXACT).unwrap();
     assert_eq!(
         out,
         RoundOutcome {
@@ -322,7 +341,7 @@ fn greedy_accepts_while_argmax_matches_then_corrects() {
             bonus: false
         }
     );
-    let out = accept_greedy(&[1, 0, 2], &rows, 1.0).unwrap();
+    let out = accept_greedy(&[1, 0, 2], &rows, Lenience::EXACT).unwrap();
     assert_eq!(
         out,
         RoundOutcome {
@@ -331,7 +350,7 @@ fn greedy_accepts_while_argmax_matches_then_corrects() {
             bonus: true
         }
     );
-    let out = accept_greedy(&[0, 0, 2], &rows, 1.0).unwrap();
+    let out = accept_greedy(&[0, 0, 2], &rows, Lenience::EXACT).unwrap();
     assert_eq!((out.accepted, out.next_token), (0, 1));
 }
 
@@ -340,9 +359,9 @@ fn greedy_exact_works_on_raw_logits_and_ties_pick_lowest_index() {
     let l1 = [-3.0f32, f32::NEG_INFINITY, 2.0, 2.0];
     let l2 = [-1.0f32, -0.5, -2.0, f32::NEG_INFINITY];
     // Token 3 ties token 2 for the max, but greedy decoding picks 2.
-    let out = accept_greedy(&[3], &[&l1, &l2], 1.0).unwrap();
+    let out = accept_greedy(&[3], &[&l1, &l2], Lenience::EXACT).unwrap();
     assert_eq!((out.accepted, out.next_token, out.bonus), (0, 2, false));
-    let out = accept_greedy(&[2], &[&l1, &l2], 1.0).unwrap();
+    let out = accept_greedy(&[2], &[&l1, &l2], Lenience::EXACT).unwrap();
     assert_eq!((out.accepted, out.next_token, out.bonus), (1, 1, true));
 }
 
@@ -351,16 +370,32 @@ fn lenient_greedy_accepts_near_max_tokens_exact_greedy_rejects() {
     let p1 = [0.45f32, 0.4, 0.15];
     let p2 = [0.1f32, 0.1, 0.8];
     let rows: [&[f32]; 2] = [&p1, &p2];
-    assert_eq!(accept_greedy(&[1], &rows, 1.0).unwrap().accepted, 0);
+    assert_eq!(
+        accept_greedy(&[1], &rows, Lenience::EXACT)
+            .unwrap()
+            .accepted,
+        0
+    );
     // 0.4 >= 0.8 * 0.45
-    let out = accept_greedy(&[1], &rows, 0.8).unwrap();
+    let out = accept_greedy(&[1], &rows, Lenience::try_from(0.8).unwrap()).unwrap();
     assert_eq!((out.accepted, out.next_token, out.bonus), (1, 2, true));
     // 0.15 >= 0.3 * 0.45 but not 0.5 * 0.45.
-    assert_eq!(accept_greedy(&[2], &rows, 0.3).unwrap().accepted, 1);
-    assert_eq!(accept_greedy(&[2], &rows, 0.5).unwrap().accepted, 0);
+    assert_eq!(
+        accept_greedy(&[2], &rows, Lenience::try_from(0.3).unwrap())
+            .unwrap()
+            .accepted,
+        1
+    );
+    assert_eq!(
+        accept_greedy(&[2], &rows, Lenience::try_from(0.5).unwrap())
+            .unwrap()
+            .accepted,
+        0
+    );
     // Lenient greedy compares probabilities, so logits are refused.
     let logits = [-1.0f32, 0.5, 0.2];
-    let err = accept_greedy(&[1], &[&logits, &logits], 0.8).unwrap_err();
+    let err =
+        accept_greedy(&[1], &[&logits, &logits], Lenience::try_from(0.8).unwrap()).unwrap_err();
     assert!(matches!(
         err,
         SpecError::InvalidValue {
@@ -384,7 +419,7 @@ fn zero_draft_probability_with_target_mass_is_accepted() {
             &[2],
             &[DraftDist::Full(&q)],
             &[&p, &bonus],
-            1.0,
+            Lenience::EXACT,
             &mut rng,
             &mut scratch,
         );
@@ -394,7 +429,7 @@ fn zero_draft_probability_with_target_mass_is_accepted() {
             &[2],
             &[DraftDist::Full(&q)],
             &[&p_zero, &bonus],
-            1.0,
+            Lenience::EXACT,
             &mut rng,
             &mut scratch,
         );
