@@ -15,7 +15,7 @@ use tandem::draft::PromptLookup;
 use tandem::engine::governor::CostModel;
 use tandem::engine::{
     generate_plain, Completion, DraftSource, Engine, EngineConfig, EngineError, EngineEvent,
-    EngineRequest, FinishReason, GammaPolicy, GenerationRequest, SettingsUpdate,
+    EngineRequest, FinishReason, GammaPolicy, GenerationRequest, SpeculationOverride, TreeNodes,
 };
 use tandem::model::{BackendChoice, ForwardKind, Llama, LoadedModel, WeightsDtype};
 use tandem::sampling::{GateOverride, SamplingParams};
@@ -666,7 +666,7 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
         // The same gate from the live server settings, for requests that set none.
         engine
             .settings()
-            .update(&SettingsUpdate {
+            .update(&SpeculationOverride {
                 use_egag: Some(true),
                 egag_threshold: Some(0.05),
                 egag_ema_beta: Some(0.0),
@@ -771,7 +771,7 @@ fn token_trees_keep_greedy_output_identical() {
                             let mut handles = Vec::new();
                             for (j, p) in chunk.iter().enumerate() {
                                 let mut req = request(greedy(p.clone(), 24), gamma);
-                                req.tree_nodes = Some(4);
+                                req.tree_nodes = Some(TreeNodes::within(4, 8).unwrap());
                                 // Half of them with their chains cut by confidence too.
                                 req.gate.confidence_pricing = Some(j % 2 == 0);
                                 let stream = engine.submit(req).await.unwrap();

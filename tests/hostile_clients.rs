@@ -563,6 +563,14 @@ fn slow_and_partial_clients_are_cut_off_and_every_error_is_openai_shaped() {
             assert!(!msg.contains(rust), "{body}: {msg}");
         }
     }
+    // A request sets its own speculation, never the server's policy.
+    let r = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "speculative": {"gamma_min": 2}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "speculative.gamma_min");
     // /v1/completions honours max_completion_tokens as chat does.
     let r = post_json(
         &addr,

@@ -248,7 +248,7 @@ fn engine_arm(
                     logprobs: None,
                     prompt_logprobs: None,
                     gate: Default::default(),
-                    tree_nodes: Some(tree_nodes),
+                    tree_nodes: Some(tandem::engine::TreeNodes::within(tree_nodes, 8).unwrap()),
                 };
                 streams.push(engine.submit(req).await.unwrap());
             }

@@ -5,7 +5,7 @@
 //! exactly which engine it needs (drafter and pipelining) and how each request speculates.
 
 use crate::draft::PromptLookup;
-use crate::engine::{check_tree_nodes, Gamma, GammaPolicy};
+use crate::engine::{Gamma, GammaPolicy, TreeNodes};
 use crate::sampling::{GateOverride, Lenience};
 
 use super::BenchError;
@@ -33,7 +33,7 @@ pub struct Mode {
     /// The confidence gate each request drafts under (a draft model only).
     pub gate: GateOverride,
     /// Each request's `tree_nodes` (`None`: the server's, 0 by default).
-    pub tree_nodes: Option<usize>,
+    pub tree_nodes: Option<TreeNodes>,
 }
 
 impl Mode {
@@ -118,7 +118,8 @@ impl Mode {
                 }
                 "tree" => {
                     let n: usize = v.parse().map_err(|_| bad(format!("tree `{v}`")))?;
-                    check_tree_nodes(n, max_gamma).map_err(|e| bad(format!("tree {e}")))?;
+                    let n =
+                        TreeNodes::within(n, max_gamma).map_err(|e| bad(format!("tree {e}")))?;
                     mode.tree_nodes = Some(n);
                 }
                 "ngram" => match mode.drafter {
@@ -184,7 +185,7 @@ mod tests {
     #[test]
     fn draft_modes_take_the_confidence_gate() {
         let m = Mode::parse("pld:tree=3:confidence=true", 8).unwrap();
-        assert_eq!(m.tree_nodes, Some(3));
+        assert_eq!(m.tree_nodes.map(TreeNodes::get), Some(3));
         assert_eq!(m.gate.confidence_pricing, Some(true));
         assert!(Mode::parse("pld:confidence=maybe", 8).is_err());
         assert!(Mode::parse("pld:tree=8", 8).is_err());

@@ -3,14 +3,14 @@
 //!
 //! Why it exists: serving is configured mostly by the config file; these flags (and their
 //! `TANDEM_*` variables) change single keys for one run. The speculation flags are a
-//! [`SettingsUpdate`], applied by the engine's own rule (a fixed γ means adaptive off unless
+//! [`SpeculationOverride`], applied by the engine's own rule (a fixed γ means adaptive off unless
 //! `--adaptive` says otherwise) exactly as a config file or an admin API change is.
 
 use clap::Args;
 
 use tandem::config::{Config, ConfigError};
 use tandem::draft::DraftSpec;
-use tandem::engine::{SettingsError, SettingsUpdate};
+use tandem::engine::{SettingsError, SpeculationOverride};
 use tandem::model::WeightsDtype;
 
 use super::model_args::ModelArgs;
@@ -142,8 +142,8 @@ impl ServeArgs {
     }
 
     /// The speculation flags given, as the change they make to the live settings.
-    fn settings_update(&self) -> SettingsUpdate {
-        SettingsUpdate {
+    fn settings_update(&self) -> SpeculationOverride {
+        SpeculationOverride {
             enabled: self.speculative_decoding,
             adaptive: self.adaptive,
             gamma: self.gamma,

@@ -270,12 +270,8 @@ fn validate_engine(e: &EngineConfig) -> Result<(), ConfigError> {
             return Err(ConfigError::invalid(key, "must be >= 1"));
         }
     }
-    if e.max_gamma > Gamma::MAX {
-        return Err(ConfigError::invalid(
-            "engine.max_gamma",
-            format!("must be <= {}", Gamma::MAX),
-        ));
-    }
+    // The largest γ is a γ: the same rule as every other.
+    Gamma::try_from(e.max_gamma).map_err(|err| ConfigError::invalid("engine.max_gamma", err))?;
     Ok(())
 }
 

@@ -2,13 +2,13 @@
 //! settings.
 //!
 //! Why it exists: the settings keys of `[speculation]` are exactly the admin API's
-//! [`SettingsUpdate`], so the table is read into that type and checked by its `apply`, the
+//! [`SpeculationOverride`], so the table is read into that type and checked by its `apply`, the
 //! rule every boundary shares, instead of through a mirror struct with rules of its own. The two
 //! keys that are not live settings (`draft_model`, `draft_weights_dtype`) are taken out first and
 //! parsed into their own types here, so a bad value fails at load with its key named.
 
 use crate::draft::DraftSpec;
-use crate::engine::{SettingsError, SettingsUpdate, SpeculationSettings};
+use crate::engine::{SettingsError, SpeculationOverride, SpeculationSettings};
 use crate::model::{DeviceSpec, WeightsDtype};
 
 use super::ConfigError;
@@ -51,7 +51,7 @@ impl SpeculationSection {
                     .map_err(|e| ConfigError::invalid("speculation.draft_device", e))?,
             ),
         };
-        let update: SettingsUpdate = toml::Value::Table(table)
+        let update: SpeculationOverride = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Parse(format!("[speculation] {e}")))?;
         let settings = update
@@ -130,7 +130,7 @@ mod tests {
             assert!(e.to_string().contains(key), "{text}: {e}");
         }
         let c = Config::from_toml("[speculation]\ntree_nodes = 7").unwrap();
-        assert_eq!(c.speculation.settings.tree_nodes, 7);
+        assert_eq!(c.speculation.settings.tree_nodes.get(), 7);
         let c = Config::from_toml("[speculation]\nuse_egag = true\negag_threshold = 0.25").unwrap();
         let g = c.speculation.settings.gate;
         assert!(g.use_egag && g.egag_threshold == 0.25 && g.egag_ema_beta == 0.5);

@@ -25,6 +25,7 @@ pub mod request;
 pub mod scheduler;
 pub mod settings;
 pub mod stop;
+pub mod tree_nodes;
 pub mod verifier;
 pub mod verify;
 mod watchdog;
@@ -42,6 +43,7 @@ pub use request::{
     OutputPiece, SpeculationStats, Usage,
 };
 pub use settings::{
-    check_tree_nodes, LiveSettings, RoundSettings, SettingsError, SettingsUpdate,
+    LiveSettings, RequestSpeculation, RoundSettings, SettingsError, SpeculationOverride,
     SpeculationSettings,
 };
+pub use tree_nodes::TreeNodes;

@@ -125,8 +125,8 @@ pub struct EngineRequest {
     pub prompt_logprobs: Option<usize>,
     /// The request's own confidence-gate settings over the server's live ones.
     pub gate: GateOverride,
-    /// The request's own `tree_nodes` over the server's live one (checked by the caller).
-    pub tree_nodes: Option<usize>,
+    /// The request's own `tree_nodes` over the server's live one.
+    pub tree_nodes: Option<crate::engine::tree_nodes::TreeNodes>,
 }
 
 /// Token counts of a finished request.

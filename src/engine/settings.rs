@@ -4,13 +4,14 @@
 //! restart. The settings live behind one lock the scheduler reads at the start of every round,
 //! so a change applies from the next round to every request that did not pin its own values.
 //! Validation is pure and names the key that is wrong; the config file and the CLI go through
-//! the same [`SettingsUpdate`], so every boundary checks the same way.
+//! the same [`SpeculationOverride`], so every boundary checks the same way.
 
 use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 
 use super::gamma::{Gamma, GammaPolicy, RoundGamma};
+use super::tree_nodes::TreeNodes;
 use crate::sampling::{DraftGate, GateOverride, Lenience};
 
 /// The server-wide speculation policy.
@@ -33,7 +34,7 @@ pub struct SpeculationSettings {
     pub gate: DraftGate,
     /// The most alternative nodes a round may add beside its drafted chain, verified with it
     /// as one token tree (0: chains only). The governor keeps only those forecast to pay.
-    pub tree_nodes: usize,
+    pub tree_nodes: TreeNodes,
 }
 
 impl Default for SpeculationSettings {
@@ -49,7 +50,7 @@ impl Default for SpeculationSettings {
             under_load_queue_depth: 0,
             lenience_under_load: Lenience::EXACT,
             gate: DraftGate::OFF,
-            tree_nodes: 0,
+            tree_nodes: TreeNodes::NONE,
         }
     }
 }
@@ -98,7 +99,7 @@ impl SpeculationSettings {
         self.gate
             .check()
             .map_err(|(key, reason)| SettingsError::new(key, reason))?;
-        check_tree_nodes(self.tree_nodes, gamma_limit)
+        TreeNodes::within(self.tree_nodes.get(), gamma_limit)
             .map_err(|reason| SettingsError::new("tree_nodes", reason))?;
         if self.gamma_min > self.gamma_max {
             return Err(SettingsError::new(
@@ -136,7 +137,7 @@ impl SpeculationSettings {
         &self,
         lenience: Option<Lenience>,
         gate: &GateOverride,
-        tree_nodes: Option<usize>,
+        tree_nodes: Option<TreeNodes>,
         queued: usize,
     ) -> RoundSettings {
         let lenience = lenience.unwrap_or_else(|| self.lenience_for_queue(queued));
@@ -144,7 +145,7 @@ impl SpeculationSettings {
             lenience,
             gate: gate.over(self.gate),
             tree_nodes: if lenience.is_exact() {
-                tree_nodes.unwrap_or(self.tree_nodes)
+                tree_nodes.unwrap_or(self.tree_nodes).get()
             } else {
                 0
             },
@@ -194,20 +195,15 @@ pub fn describe_change(before: &SpeculationSettings, after: &SpeculationSettings
     }
 }
 
-pub fn check_tree_nodes(n: usize, gamma_limit: usize) -> Result<(), String> {
-    if n >= gamma_limit {
-        return Err(format!(
-            "must be < {gamma_limit} (engine.max_gamma: a tree holds its chain too), got {n}"
-        ));
-    }
-    Ok(())
-}
-
-/// A partial change, as the admin API's `PUT` body, the config file's `[speculation]` table and
-/// the CLI's flags carry it: raw values, checked by [`SettingsUpdate::apply`] with the key named.
+/// The speculation knobs, written once for every place that sets them: the admin API's `PUT`
+/// body, the config file's `[speculation]` table, the CLI's flags, and a request's
+/// `speculative` object. Raw values as they arrive; [`SpeculationOverride::apply`] checks a
+/// server-wide change and [`SpeculationOverride::for_request`] a request's, each rule once,
+/// with the key named. A request may set every knob but the server's policy
+/// ([`SpeculationOverride::SERVER_ONLY`]).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SettingsUpdate {
+pub struct SpeculationOverride {
     pub enabled: Option<bool>,
     pub adaptive: Option<bool>,
     pub gamma: Option<usize>,
@@ -224,7 +220,72 @@ pub struct SettingsUpdate {
     pub tree_nodes: Option<usize>,
 }
 
-impl SettingsUpdate {
+/// A request's own speculation settings, checked: what its `speculative` object set.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RequestSpeculation {
+    pub gamma: GammaPolicy,
+    pub lenience: Option<Lenience>,
+    pub gate: GateOverride,
+    pub tree_nodes: Option<TreeNodes>,
+}
+
+impl SpeculationOverride {
+    /// The knobs of the server's policy, which only an operator sets.
+    pub const SERVER_ONLY: [&'static str; 5] = [
+        "adaptive",
+        "gamma_min",
+        "gamma_max",
+        "under_load_queue_depth",
+        "lenience_under_load",
+    ];
+
+    /// A request's settings from these knobs, in an engine whose largest γ is `gamma_limit`:
+    /// `enabled: false` decodes plainly, a `gamma` is fixed, `enabled: true` speculates even
+    /// where the server does not; the server's policy knobs are refused.
+    pub fn for_request(&self, gamma_limit: usize) -> Result<RequestSpeculation, SettingsError> {
+        let server_only = [
+            self.adaptive.is_some(),
+            self.gamma_min.is_some(),
+            self.gamma_max.is_some(),
+            self.under_load_queue_depth.is_some(),
+            self.lenience_under_load.is_some(),
+        ];
+        if let Some(i) = server_only.iter().position(|&set| set) {
+            return Err(SettingsError::new(
+                Self::SERVER_ONLY[i],
+                "is the server's policy (the admin API and the config file set it), not a \
+                 request's",
+            ));
+        }
+        let gamma = match (self.enabled, self.gamma) {
+            (Some(false), _) => GammaPolicy::Off,
+            (_, Some(g)) => GammaPolicy::Fixed(
+                Gamma::within(g, gamma_limit).map_err(|e| SettingsError::new("gamma", e))?,
+            ),
+            (Some(true), None) => GammaPolicy::On,
+            (None, None) => GammaPolicy::Server,
+        };
+        let lenience = self
+            .lenience
+            .map(Lenience::try_from)
+            .transpose()
+            .map_err(|e| SettingsError::new("lenience", e))?;
+        let gate = self.gate_override();
+        gate.check()
+            .map_err(|(key, reason)| SettingsError::new(key, reason))?;
+        let tree_nodes = self
+            .tree_nodes
+            .map(|n| TreeNodes::within(n, gamma_limit))
+            .transpose()
+            .map_err(|e| SettingsError::new("tree_nodes", e))?;
+        Ok(RequestSpeculation {
+            gamma,
+            lenience,
+            gate,
+            tree_nodes,
+        })
+    }
+
     /// `current` with this update applied, or why the result would be invalid.
     pub fn apply(
         &self,
@@ -262,18 +323,19 @@ impl SettingsUpdate {
         if let Some(v) = self.lenience_under_load {
             s.lenience_under_load = lenience("lenience_under_load", v)?;
         }
-        s.gate = self.gate_over(s.gate);
+        s.gate = self.gate_override().over(s.gate);
         if let Some(v) = self.tree_nodes {
-            s.tree_nodes = v;
+            s.tree_nodes = TreeNodes::within(v, gamma_limit)
+                .map_err(|e| SettingsError::new("tree_nodes", e))?;
         }
         s.validate(gamma_limit)?;
         Ok(s)
     }
 }
 
-impl SettingsUpdate {
-    /// `gate` with this update's gate keys applied (unchecked: [`DraftGate::check`]).
-    pub fn gate_over(&self, gate: DraftGate) -> DraftGate {
+impl SpeculationOverride {
+    /// The confidence gate's knobs as an override of a gate.
+    fn gate_override(&self) -> GateOverride {
         GateOverride {
             use_egag: self.use_egag,
             egag_threshold: self.egag_threshold,
@@ -281,7 +343,6 @@ impl SettingsUpdate {
             draft_p_min: self.draft_p_min,
             confidence_pricing: self.confidence_pricing,
         }
-        .over(gate)
     }
 }
 
@@ -319,7 +380,10 @@ impl LiveSettings {
     }
 
     /// Applies a change atomically; on error nothing changes.
-    pub fn update(&self, update: &SettingsUpdate) -> Result<SpeculationSettings, SettingsError> {
+    pub fn update(
+        &self,
+        update: &SpeculationOverride,
+    ) -> Result<SpeculationSettings, SettingsError> {
         let mut guard = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let next = update.apply(&guard, self.gamma_limit)?;
         *guard = next;
@@ -333,7 +397,7 @@ mod tests {
 
     #[test]
     fn one_resolution_for_drafting_verifying_and_trees() {
-        let live = SettingsUpdate {
+        let live = SpeculationOverride {
             tree_nodes: Some(3),
             under_load_queue_depth: Some(4),
             lenience_under_load: Some(0.5),
@@ -351,7 +415,12 @@ mod tests {
         assert_eq!(loaded.lenience.get(), 0.5);
         assert_eq!(loaded.tree_nodes, 0);
         // A request's own settings win.
-        let own = live.for_request(Some(Lenience::EXACT), &none, Some(1), 5);
+        let own = live.for_request(
+            Some(Lenience::EXACT),
+            &none,
+            Some(TreeNodes::within(1, 8).unwrap()),
+            5,
+        );
         assert_eq!((own.lenience, own.tree_nodes), (Lenience::EXACT, 1));
         let gate = GateOverride {
             confidence_pricing: Some(true),
@@ -365,10 +434,72 @@ mod tests {
     }
 
     #[test]
+    fn a_request_sets_its_own_knobs_checked_and_never_the_servers_policy() {
+        let r = SpeculationOverride {
+            gamma: Some(3),
+            lenience: Some(0.5),
+            tree_nodes: Some(2),
+            draft_p_min: Some(0.4),
+            ..Default::default()
+        }
+        .for_request(8)
+        .unwrap();
+        assert_eq!(r.gamma, GammaPolicy::Fixed(Gamma::try_from(3).unwrap()));
+        assert_eq!(r.lenience.map(Lenience::get), Some(0.5));
+        assert_eq!(r.tree_nodes.map(TreeNodes::get), Some(2));
+        assert_eq!(r.gate.draft_p_min, Some(0.4));
+        let off = SpeculationOverride {
+            enabled: Some(false),
+            gamma: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(off.for_request(8).unwrap().gamma, GammaPolicy::Off);
+        for (bad, key) in [
+            (
+                SpeculationOverride {
+                    gamma: Some(9),
+                    ..Default::default()
+                },
+                "gamma",
+            ),
+            (
+                SpeculationOverride {
+                    tree_nodes: Some(8),
+                    ..Default::default()
+                },
+                "tree_nodes",
+            ),
+            (
+                SpeculationOverride {
+                    egag_threshold: Some(2.0),
+                    ..Default::default()
+                },
+                "egag_threshold",
+            ),
+            (
+                SpeculationOverride {
+                    gamma_min: Some(2),
+                    ..Default::default()
+                },
+                "gamma_min",
+            ),
+            (
+                SpeculationOverride {
+                    adaptive: Some(false),
+                    ..Default::default()
+                },
+                "adaptive",
+            ),
+        ] {
+            assert_eq!(bad.for_request(8).unwrap_err().key, key);
+        }
+    }
+
+    #[test]
     fn a_change_is_logged_in_words() {
         let before = SpeculationSettings::default();
         assert_eq!(describe_change(&before, &before), "no change");
-        let after = SettingsUpdate {
+        let after = SpeculationOverride {
             lenience: Some(0.5),
             gamma: Some(3),
             ..Default::default()
@@ -384,44 +515,44 @@ mod tests {
     #[test]
     fn bad_values_name_their_key_and_change_nothing() {
         let live = LiveSettings::new(SpeculationSettings::default(), 8).unwrap();
-        let cases: [(SettingsUpdate, &str); 7] = [
+        let cases: [(SpeculationOverride, &str); 7] = [
             (
-                SettingsUpdate {
+                SpeculationOverride {
                     tree_nodes: Some(8),
                     ..Default::default()
                 },
                 "tree_nodes",
             ),
             (
-                SettingsUpdate {
+                SpeculationOverride {
                     lenience: Some(0.0),
                     ..Default::default()
                 },
                 "lenience",
             ),
             (
-                SettingsUpdate {
+                SpeculationOverride {
                     lenience: Some(1.5),
                     ..Default::default()
                 },
                 "lenience",
             ),
             (
-                SettingsUpdate {
+                SpeculationOverride {
                     gamma: Some(0),
                     ..Default::default()
                 },
                 "gamma",
             ),
             (
-                SettingsUpdate {
+                SpeculationOverride {
                     gamma_max: Some(9),
                     ..Default::default()
                 },
                 "gamma_max",
             ),
             (
-                SettingsUpdate {
+                SpeculationOverride {
                     gamma_min: Some(5),
                     gamma_max: Some(3),
                     ..Default::default()
@@ -429,7 +560,7 @@ mod tests {
                 "gamma_min",
             ),
             (
-                SettingsUpdate {
+                SpeculationOverride {
                     lenience_under_load: Some(f32::NAN),
                     ..Default::default()
                 },
@@ -447,7 +578,7 @@ mod tests {
     fn valid_changes_apply_and_a_lone_gamma_means_fixed() {
         let live = LiveSettings::new(SpeculationSettings::default(), 8).unwrap();
         let s = live
-            .update(&SettingsUpdate {
+            .update(&SpeculationOverride {
                 lenience: Some(0.5),
                 gamma: Some(3),
                 ..Default::default()
@@ -459,7 +590,7 @@ mod tests {
         );
         assert_eq!(live.get(), s);
         let s = live
-            .update(&SettingsUpdate {
+            .update(&SpeculationOverride {
                 adaptive: Some(true),
                 enabled: Some(false),
                 ..Default::default()

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::schema::parse_body;
 use super::{read_body, AppState};
-use crate::engine::{SettingsUpdate, SpeculationSettings};
+use crate::engine::{SpeculationOverride, SpeculationSettings};
 
 /// Compares in time independent of where the strings differ.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
@@ -67,7 +67,7 @@ pub async fn put_speculation(
 ) -> Result<Json<Value>, ApiError> {
     authorize(&state, &headers)?;
     let bytes = read_body(&state, body).await?;
-    let update: SettingsUpdate = parse_body(&bytes)?;
+    let update: SpeculationOverride = parse_body(&bytes)?;
     let loaded = state.ready()?;
     let before = loaded.engine.settings().get();
     let after = loaded

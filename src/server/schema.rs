@@ -135,21 +135,6 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-/// The `speculative` extension: per-request speculation settings.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RequestSpeculation {
-    pub enabled: Option<bool>,
-    pub gamma: Option<usize>,
-    pub lenience: Option<f32>,
-    pub use_egag: Option<bool>,
-    pub egag_threshold: Option<f32>,
-    pub egag_ema_beta: Option<f32>,
-    pub draft_p_min: Option<f32>,
-    pub confidence_pricing: Option<bool>,
-    pub tree_nodes: Option<usize>,
-}
-
 /// Sampling and control fields shared by both endpoints.
 #[derive(Debug, Default, Deserialize)]
 pub struct CommonParams {
@@ -176,7 +161,8 @@ pub struct CommonParams {
     pub logprobs: Option<serde_json::Value>,
     /// Chat: how many alternatives with `logprobs: true`.
     pub top_logprobs: Option<usize>,
-    pub speculative: Option<RequestSpeculation>,
+    /// The `speculative` extension: the request's own speculation settings.
+    pub speculative: Option<crate::engine::SpeculationOverride>,
     /// vLLM's extension: keep going past end-of-sequence tokens (benchmarks).
     pub ignore_eos: Option<bool>,
 }

@@ -11,9 +11,9 @@ use super::error::ApiError;
 use super::schema::{ChatMessageIn, CommonParams, StopInput};
 use super::startup::Loaded;
 use super::AppState;
-use crate::engine::{check_tree_nodes, EngineRequest, Gamma, GammaPolicy, GenerationRequest};
+use crate::engine::{EngineRequest, GenerationRequest};
 use crate::model::ChatMessage;
-use crate::sampling::{GateOverride, Lenience, SamplingParams};
+use crate::sampling::SamplingParams;
 
 pub(super) fn tokenize(loaded: &Loaded, text: &str) -> Result<Vec<u32>, ApiError> {
     if text.is_empty() {
@@ -206,41 +206,18 @@ pub(super) fn engine_request(
             "Give at most 16 stop strings, none of them empty.",
         ));
     }
-    let spec = p.speculative.as_ref();
-    let lenience = spec
-        .and_then(|s| s.lenience)
-        .map(Lenience::try_from)
-        .transpose()
-        .map_err(|e| ApiError::invalid_param("speculative.lenience", format!("lenience {e}.")))?;
-    let gate = GateOverride {
-        use_egag: spec.and_then(|s| s.use_egag),
-        egag_threshold: spec.and_then(|s| s.egag_threshold),
-        egag_ema_beta: spec.and_then(|s| s.egag_ema_beta),
-        draft_p_min: spec.and_then(|s| s.draft_p_min),
-        confidence_pricing: spec.and_then(|s| s.confidence_pricing),
-    };
-    gate.check().map_err(|(key, rule)| {
-        ApiError::invalid_param(&format!("speculative.{key}"), format!("{key} {rule}."))
-    })?;
-    let tree_nodes = spec.and_then(|s| s.tree_nodes);
-    if let Some(n) = tree_nodes {
-        let limit = loaded.engine.settings().gamma_limit();
-        check_tree_nodes(n, limit).map_err(|rule| {
-            ApiError::invalid_param("speculative.tree_nodes", format!("tree_nodes {rule}."))
+    // Every speculation knob a request may set, checked once with its key named.
+    let spec = p
+        .speculative
+        .clone()
+        .unwrap_or_default()
+        .for_request(loaded.engine.settings().gamma_limit())
+        .map_err(|e| {
+            ApiError::invalid_param(
+                &format!("speculative.{}", e.key),
+                format!("{} {}.", e.key, e.reason),
+            )
         })?;
-    }
-    let gamma =
-        match (spec.and_then(|s| s.enabled), spec.and_then(|s| s.gamma)) {
-            (Some(false), _) => GammaPolicy::Off,
-            (_, Some(g)) => {
-                let limit = loaded.engine.settings().gamma_limit();
-                GammaPolicy::Fixed(Gamma::within(g, limit).map_err(|e| {
-                    ApiError::invalid_param("speculative.gamma", format!("gamma {e}."))
-                })?)
-            }
-            (Some(true), None) => GammaPolicy::On,
-            (None, None) => GammaPolicy::Server,
-        };
     Ok(EngineRequest {
         generation: GenerationRequest {
             prompt,
@@ -254,11 +231,11 @@ pub(super) fn engine_request(
             stop_strings,
             detokenizer: Some(Arc::clone(&loaded.tokenizer)),
         },
-        gamma,
-        lenience,
+        gamma: spec.gamma,
+        lenience: spec.lenience,
         logprobs: None,
         prompt_logprobs: None,
-        gate,
-        tree_nodes,
+        gate: spec.gate,
+        tree_nodes: spec.tree_nodes,
     })
 }
