@@ -58,8 +58,10 @@ fn target_options(config: &Config) -> LoadOptions {
     }
 }
 
-/// A drafter ready to use: what a [`DraftSpec`] comes to once its model (if any) is loaded.
-pub enum Drafter {
+/// A drafter ready to use: what a [`DraftSpec`] (the drafter a user named) comes to once its
+/// model, if any, is loaded and checked against the target; the engine takes it as a
+/// [`DraftSource`].
+pub enum LoadedDrafter {
     None,
     PromptLookup(PromptLookup),
     /// A draft model (a separate file, or the target's first layers) and its display name,
@@ -70,13 +72,13 @@ pub enum Drafter {
     },
 }
 
-impl Drafter {
+impl LoadedDrafter {
     /// The drafter's name, as logs, the admin API and `tandem bench` report it.
     pub fn name(&self) -> String {
         match self {
-            Drafter::None => "none".into(),
-            Drafter::PromptLookup(p) => DraftSpec::PromptLookup(*p).to_string(),
-            Drafter::Model { name, .. } => name.clone(),
+            LoadedDrafter::None => "none".into(),
+            LoadedDrafter::PromptLookup(p) => DraftSpec::PromptLookup(*p).to_string(),
+            LoadedDrafter::Model { name, .. } => name.clone(),
         }
     }
 }
@@ -88,10 +90,10 @@ pub fn load_drafter(
     dtype: WeightsDtype,
     config: &Config,
     target: &LoadedModel,
-) -> Result<Drafter, SetupError> {
+) -> Result<LoadedDrafter, SetupError> {
     let (source, layers) = match spec {
-        DraftSpec::None => return Ok(Drafter::None),
-        DraftSpec::PromptLookup(p) => return Ok(Drafter::PromptLookup(*p)),
+        DraftSpec::None => return Ok(LoadedDrafter::None),
+        DraftSpec::PromptLookup(p) => return Ok(LoadedDrafter::PromptLookup(*p)),
         DraftSpec::SelfLayers(k) => {
             let n = target.model.hparams().num_layers;
             if *k >= n {
@@ -130,7 +132,7 @@ pub fn load_drafter(
         draft.model.linear_dtypes().join("/")
     );
     tracing::info!(draft_model = %name, device = %draft.model.placement(), "loaded the draft model");
-    Ok(Drafter::Model {
+    Ok(LoadedDrafter::Model {
         model: Box::new(draft),
         name,
     })
@@ -147,9 +149,9 @@ pub fn load_models(
     let drafter = load_drafter(&sp.draft_model, sp.draft_weights_dtype, config, &target)?;
     let name = drafter.name();
     let draft = match drafter {
-        Drafter::None => None,
-        Drafter::PromptLookup(p) => Some(DraftSource::PromptLookup(p)),
-        Drafter::Model { model, name } => Some(DraftSource::Model {
+        LoadedDrafter::None => None,
+        LoadedDrafter::PromptLookup(p) => Some(DraftSource::PromptLookup(p)),
+        LoadedDrafter::Model { model, name } => Some(DraftSource::Model {
             model: Arc::new(model.model),
             name,
         }),

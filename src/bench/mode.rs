@@ -10,7 +10,8 @@ use crate::sampling::{GateOverride, Lenience};
 
 use super::BenchError;
 
-/// Which drafter an engine carries.
+/// Which drafter a bench mode's engine carries: modes with the same one share an engine. A
+/// `draft` mode's model is the one `--draft-model` names, loaded once for every such mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DrafterKind {
     None,

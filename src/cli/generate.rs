@@ -18,7 +18,7 @@ use tandem::engine::{
 };
 use tandem::model::{ChatMessage, LoadedModel, WeightsDtype};
 use tandem::sampling::{Lenience, SamplingParams};
-use tandem::setup::Drafter;
+use tandem::setup::LoadedDrafter;
 
 use super::model_args::{load_model, ModelArgs};
 use super::CliError;
@@ -166,13 +166,13 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
             spec: args.draft_model.to_string(),
             source,
         })?;
-    if let Drafter::Model { name, .. } = &drafter {
+    if let LoadedDrafter::Model { name, .. } = &drafter {
         eprintln!(
             "draft model {name} (--draft-weights-dtype {})",
             args.draft_weights_dtype
         );
     }
-    let speculative = !matches!(drafter, Drafter::None);
+    let speculative = !matches!(drafter, LoadedDrafter::None);
     let stream = !args.quiet && !args.json;
     // The run whose output is shown (streamed, its stats printed): the speculative one when
     // there is a drafter.
@@ -271,7 +271,7 @@ struct Comparison {
 /// both modes alike instead of one, and a single slow run moves neither median far.
 fn compare_runs(
     loaded: &LoadedModel,
-    drafter: &Drafter,
+    drafter: &LoadedDrafter,
     req: &GenerationRequest,
     spec: FixedSpeculation,
     runs: u32,
@@ -308,11 +308,11 @@ fn median(xs: &mut [f64]) -> f64 {
 }
 
 /// The proposer of a loaded drafter (a draft model's borrows its weights); `None` for none.
-fn proposer(drafter: &Drafter) -> Option<Box<dyn Proposer + '_>> {
+fn proposer(drafter: &LoadedDrafter) -> Option<Box<dyn Proposer + '_>> {
     match drafter {
-        Drafter::None => None,
-        Drafter::PromptLookup(p) => Some(Box::new(*p)),
-        Drafter::Model { model, .. } => Some(Box::new(ModelDrafter::new(
+        LoadedDrafter::None => None,
+        LoadedDrafter::PromptLookup(p) => Some(Box::new(*p)),
+        LoadedDrafter::Model { model, .. } => Some(Box::new(ModelDrafter::new(
             &model.model,
             model.source.display_name(),
         ))),

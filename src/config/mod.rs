@@ -275,7 +275,8 @@ fn validate_engine(e: &EngineConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Renames the seeds' alias keys to ours; giving both names is an error.
+/// Renames the alias keys (the names the project's original brief used: `spec_length` for
+/// `gamma`, `use_speculative_decoding` for `enabled`) to ours; giving both names is an error.
 fn resolve_aliases(user: &mut toml::Table) -> Result<(), ConfigError> {
     let Some(toml::Value::Table(spec)) = user.get_mut("speculation") else {
         return Ok(());

@@ -13,7 +13,8 @@ use crate::model::{DeviceSpec, WeightsDtype};
 
 use super::ConfigError;
 
-/// The seeds' names for speculation keys, accepted as aliases.
+/// Other names for speculation keys, accepted as aliases: those of the project's original
+/// brief (and of the speculative-decoding papers' code it followed).
 pub(super) const SPECULATION_ALIASES: [(&str, &str); 2] = [
     ("spec_length", "gamma"),
     ("use_speculative_decoding", "enabled"),

@@ -11,7 +11,8 @@ use std::str::FromStr;
 
 use super::PromptLookup;
 
-/// Which drafter proposes tokens for the target to verify.
+/// Which drafter proposes tokens for the target to verify, as a user names it (config,
+/// flags); `setup::load_drafter` turns it into a loaded drafter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DraftSpec {
     /// No speculation: plain decoding.

@@ -21,7 +21,8 @@ use crate::draft::{
 use crate::model::Llama;
 use crate::sampling::{DraftGate, SamplingParams, SeededRng};
 
-/// Where drafts come from.
+/// Where the engine's drafts come from: a loaded drafter (`setup::LoadedDrafter`) as the
+/// Drafter actor takes it, its model shared.
 #[derive(Clone)]
 pub enum DraftSource {
     /// Prompt lookup with these n-gram sizes.
@@ -32,9 +33,9 @@ pub enum DraftSource {
     },
 }
 
-/// What the drafter's worker owns: one draft model drafting for every sequence at once, or
-/// one prompt-lookup index per sequence.
-pub enum DraftState {
+/// What the Drafter actor's compute worker owns, made from a [`DraftSource`]: one draft model
+/// drafting for every sequence at once, or one prompt-lookup index per sequence.
+pub enum DraftWorkerState {
     Model(ModelDrafter<Arc<Llama>>),
     /// Prompt lookup: its settings, each sequence's lookup, and earlier requests' texts when
     /// it looks across requests (`suffix`).
@@ -47,7 +48,7 @@ pub enum DraftState {
 
 #[derive(Actor)]
 pub struct Drafter {
-    worker: ComputeWorker<DraftState>,
+    worker: ComputeWorker<DraftWorkerState>,
 }
 
 impl Drafter {
@@ -60,7 +61,7 @@ impl Drafter {
         prefix_cache: bool,
     ) -> Result<Self, EngineError> {
         let state = match source {
-            DraftSource::Model { model, name } => DraftState::Model(
+            DraftSource::Model { model, name } => DraftWorkerState::Model(
                 ModelDrafter::with_slots(model, name, max_seqs).with_prefix_cache(prefix_cache),
             ),
             DraftSource::PromptLookup(p) => {
@@ -68,7 +69,7 @@ impl Drafter {
                 let history = p
                     .looks_across_requests()
                     .then(|| RequestHistory::new(HISTORY_TOKENS, lo, hi));
-                DraftState::Lookup(p, HashMap::new(), history)
+                DraftWorkerState::Lookup(p, HashMap::new(), history)
             }
         };
         Ok(Self {
@@ -85,10 +86,10 @@ impl Message<DraftBatch> for Drafter {
     }
 }
 
-fn draft_batch(s: &mut DraftState, items: Vec<DraftItem>) -> DraftBatchResult {
+fn draft_batch(s: &mut DraftWorkerState, items: Vec<DraftItem>) -> DraftBatchResult {
     match s {
-        DraftState::Model(drafter) => draft_with_model(drafter, items),
-        DraftState::Lookup(config, seqs, history) => {
+        DraftWorkerState::Model(drafter) => draft_with_model(drafter, items),
+        DraftWorkerState::Lookup(config, seqs, history) => {
             let start = Instant::now();
             let steps = items.iter().map(|it| it.gamma).max().unwrap_or(0);
             let outcomes = items
@@ -227,8 +228,8 @@ impl Message<EndSequence> for Drafter {
     ) -> Self::Reply {
         self.worker
             .run(move |s| match s {
-                DraftState::Model(drafter) => drafter.end(msg.seq, msg.keep),
-                DraftState::Lookup(_, seqs, history) => {
+                DraftWorkerState::Model(drafter) => drafter.end(msg.seq, msg.keep),
+                DraftWorkerState::Lookup(_, seqs, history) => {
                     seqs.remove(&msg.seq);
                     if let Some(h) = history {
                         h.add(&msg.text);
@@ -266,14 +267,14 @@ impl Message<MeasureDraftCosts> for Drafter {
 
 /// Best-of-`tries` timings of drafting after a `len`-token context (see [`MeasureDraftCosts`]).
 fn measure_draft_costs(
-    s: &mut DraftState,
+    s: &mut DraftWorkerState,
     len: usize,
     tries: usize,
 ) -> Result<DraftTiming, String> {
     // Token ids inside the draft model's vocabulary (a tiny test model may have 16).
     let vocab = match s {
-        DraftState::Model(d) => d.model().hparams().vocab_size.clamp(1, 256) as u32,
-        DraftState::Lookup(..) => 256,
+        DraftWorkerState::Model(d) => d.model().hparams().vocab_size.clamp(1, 256) as u32,
+        DraftWorkerState::Lookup(..) => 256,
     };
     let context: Vec<u32> = (0..len as u32).map(|i| (i * 7919 + 13) % vocab).collect();
     let params = SamplingParams::greedy();
@@ -290,7 +291,7 @@ fn measure_draft_costs(
         }
     };
     match s {
-        DraftState::Model(drafter) => {
+        DraftWorkerState::Model(drafter) => {
             let mut d = ModelDrafter::new(drafter.model(), "calibration");
             for _ in 0..tries {
                 for keep in [0, context.len() - 1] {
@@ -316,7 +317,7 @@ fn measure_draft_costs(
                 }
             }
         }
-        DraftState::Lookup(config, _, _) => {
+        DraftWorkerState::Lookup(config, _, _) => {
             let mut d = *config;
             let mut p = Proposal::default();
             for _ in 0..tries {

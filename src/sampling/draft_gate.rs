@@ -1,6 +1,12 @@
 //! Confidence-gated drafting: a draft model stops drafting a round when it is unsure of the
-//! next token, by the smoothed entropy of its distribution (EGAG, the design's entropy gate) or
-//! by its top probability (llama.cpp's `--draft-p-min`).
+//! next token, by the smoothed entropy of its distribution or by its top probability
+//! (llama.cpp's `--draft-p-min`).
+//!
+//! EGAG, entropy-gated γ, is the entropy rule's name in the speculative-decoding literature
+//! tandem follows (and in the `use_egag`/`egag_*` settings): before keeping each drafted
+//! token, the drafter's normalized entropy `H(q) / ln |V|` (0 for a certain drafter, 1 for a
+//! uniform one) goes into an exponential moving average, `ema = β·ema + (1 − β)·entropy` with
+//! `β = egag_ema_beta`, and the round stops drafting once the average passes `egag_threshold`.
 //!
 //! Why it exists: every drafted token widens the target's verification, and a token the
 //! drafter itself is unsure of is mostly rejected. The gate is pure, a distribution in and a
