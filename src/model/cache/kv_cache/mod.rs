@@ -12,58 +12,18 @@
 //! CPU forward or device tensors (`device`) for the tensor backend, so the engine sees one
 //! cache type whichever forward fills it.
 
-use std::str::FromStr;
-
 use candle_core::{DType, Device, Tensor};
 
 use crate::model::{ModelError, Result};
 
 mod device;
+mod dtype;
 mod host;
 
 use device::{DeviceLayout, DeviceSlot};
+pub use dtype::KvDtype;
 use host::LayerBuf;
 pub(crate) use host::LayerKv;
-
-/// Element type of a KV cache.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum KvDtype {
-    /// Exactly the projections' values.
-    #[default]
-    F32,
-    /// Rounded to half precision (to nearest, ties to even) when appended.
-    F16,
-}
-
-impl KvDtype {
-    pub fn size_of(self) -> usize {
-        match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
-        }
-    }
-}
-
-impl FromStr for KvDtype {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" => Ok(KvDtype::F32),
-            "f16" => Ok(KvDtype::F16),
-            _ => Err(format!("unknown KV cache type {s:?} (expected f32 or f16)")),
-        }
-    }
-}
-
-impl std::fmt::Display for KvDtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            KvDtype::F32 => "f32",
-            KvDtype::F16 => "f16",
-        })
-    }
-}
 
 struct Slot {
     len: usize,

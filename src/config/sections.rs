@@ -1,0 +1,85 @@
+//! The config file's sections as types: what each table holds, read by `load` and checked
+//! there with each key named.
+
+use serde::Deserialize;
+
+use super::speculation::SpeculationSection;
+use crate::engine::EngineConfig;
+
+/// The embedded default configuration.
+pub const DEFAULT_CONFIG: &str = include_str!("../../config/default.toml");
+
+/// The whole configuration: [`Config::from_toml`] builds and checks it, and
+/// [`Config::validate`] checks it again after CLI flags change it.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub model: ModelConfig,
+    pub runtime: RuntimeConfig,
+    pub generation: GenerationDefaults,
+    pub server: ServerConfig,
+    pub speculation: SpeculationSection,
+    /// `[engine]`, read into the engine's own type (thread counts of 0 mean `runtime.threads`).
+    pub engine: EngineConfig,
+    pub logging: LoggingConfig,
+}
+
+/// Every table but `[speculation]`, which [`SpeculationSection`] reads on its own.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Sections {
+    pub(super) model: ModelConfig,
+    pub(super) runtime: RuntimeConfig,
+    pub(super) generation: GenerationDefaults,
+    pub(super) server: ServerConfig,
+    pub(super) engine: EngineConfig,
+    pub(super) logging: LoggingConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggingConfig {
+    pub level: String,
+    pub format: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    pub model_name: String,
+    pub max_body_bytes: usize,
+    pub admin_token: String,
+    pub shutdown_grace_seconds: u64,
+    pub drain_seconds: u64,
+    pub header_timeout_seconds: u64,
+    pub body_timeout_seconds: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub path: String,
+    pub weights_dtype: String,
+    pub context_length: usize,
+    pub kv_cache_dtype: String,
+    pub device: String,
+    pub backend: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    pub threads: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationDefaults {
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+}

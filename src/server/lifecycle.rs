@@ -1,0 +1,167 @@
+//! A server's life: bind the port first (so `/health` can say "loading"), load the models in
+//! the background, serve, and on SIGTERM drain, give in-flight requests their grace period,
+//! then end what still runs in words.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use super::{listen, reload, router, startup, AppState, ServerError};
+use crate::config::Config;
+
+/// Runs the server until SIGTERM/Ctrl-C. `threads` is the runtime's compute thread count;
+/// `config_path`, the file the config came from, is watched for speculation settings (and
+/// reread on SIGHUP).
+pub async fn run(
+    config: Config,
+    threads: usize,
+    config_path: Option<std::path::PathBuf>,
+) -> Result<(), ServerError> {
+    let metrics = crate::telemetry::install().map_err(|e| ServerError::Metrics(e.to_string()))?;
+    crate::telemetry::register_positions(config.engine.max_gamma);
+    crate::telemetry::register_config_reloads();
+    crate::telemetry::register_draft_gate();
+    crate::telemetry::register_trees();
+    crate::telemetry::register_speculation();
+    crate::telemetry::register_engine_health();
+    let admin_token = admin_token(&config)?;
+    let addr = format!("{}:{}", config.server.host, config.server.port);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|e| ServerError::Bind {
+            addr: addr.clone(),
+            reason: e.to_string(),
+        })?;
+    let local: SocketAddr = listener.local_addr()?;
+    let state = Arc::new(AppState {
+        loaded: OnceLock::new(),
+        metrics: Some(metrics),
+        admin_token,
+        max_body_bytes: config.server.max_body_bytes,
+        defaults: config.generation.clone(),
+        id_prefix: format!("{:08x}", std::process::id() ^ (local.port() as u32) << 16),
+        next_request: AtomicU64::new(0),
+        draining: AtomicBool::new(false),
+        body_timeout: Duration::from_secs(config.server.body_timeout_seconds),
+        cutoff: tokio::sync::watch::channel(false).0,
+    });
+    tracing::info!(%local, "listening on http://{local} (loading models; /health is 503 until ready)");
+    reload::spawn(config_path, {
+        let state = Arc::clone(&state);
+        move || state.loaded.get().map(|l| l.engine.settings().clone())
+    });
+    if state.admin_token.is_none() {
+        tracing::info!("admin API off (set server.admin_token or TANDEM_ADMIN_TOKEN)");
+    }
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let app = router(Arc::clone(&state));
+    let header_timeout = Duration::from_secs(config.server.header_timeout_seconds);
+    let mut server = tokio::spawn(listen::serve(listener, app, header_timeout, stop_rx));
+
+    let load = {
+        let state = Arc::clone(&state);
+        let config = config.clone();
+        async move {
+            let loaded = startup::start(config, threads).await?;
+            tracing::info!(
+                model = %loaded.model_name,
+                drafter = %loaded.drafter,
+                "ready"
+            );
+            let live = loaded.engine.settings().get();
+            crate::telemetry::set_speculation(live.lenience.get(), live.gamma_gauge());
+            let _ = state.loaded.set(loaded);
+            Ok::<(), ServerError>(())
+        }
+    };
+    tokio::select! {
+        r = load => r?,
+        _ = shutdown_signal() => {
+            tracing::info!("shutting down before the models finished loading");
+            return Ok(());
+        }
+    }
+
+    shutdown_signal().await;
+    state.draining.store(true, Ordering::Relaxed);
+    let drain = Duration::from_secs(config.server.drain_seconds);
+    if !drain.is_zero() {
+        tracing::info!(
+            drain_seconds = config.server.drain_seconds,
+            "draining: /health is 503, requests are still served until the drain ends"
+        );
+        // A second signal ends the drain early.
+        tokio::select! {
+            _ = tokio::time::sleep(drain) => {},
+            _ = shutdown_signal() => {},
+        }
+    }
+    tracing::info!(
+        grace_seconds = config.server.shutdown_grace_seconds,
+        "shutting down: no new connections; in-flight requests may finish"
+    );
+    let _ = stop_tx.send(true);
+    let grace = Duration::from_secs(config.server.shutdown_grace_seconds);
+    match tokio::time::timeout(grace, &mut server).await {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(e)) => return Err(ServerError::Startup(format!("server task: {e}"))),
+        Err(_) => {}
+    }
+    tracing::warn!("grace period over; ending the remaining requests with an error");
+    // Kept even with no response subscribed yet: one that subscribes later sees it at once.
+    state.cutoff.send_replace(true);
+    // The ended responses' last events reach their clients, and the connections close.
+    if tokio::time::timeout(CUTOFF_FLUSH, server).await.is_err() {
+        tracing::warn!("connections still open after the cut-off; closing them");
+    }
+    Ok(())
+}
+
+/// How long ended responses get to reach their clients after the grace period.
+const CUTOFF_FLUSH: Duration = Duration::from_secs(2);
+
+/// The admin token from `TANDEM_ADMIN_TOKEN` or `server.admin_token` (empty: the admin API is
+/// off). Surrounding whitespace is not part of it (requests' tokens are trimmed too); a token
+/// of whitespace alone would turn the API on with no way to authenticate, so it is refused.
+fn admin_token(config: &Config) -> Result<Option<String>, ServerError> {
+    let (source, token) = match std::env::var("TANDEM_ADMIN_TOKEN") {
+        Ok(t) if !t.is_empty() => ("TANDEM_ADMIN_TOKEN", t),
+        _ => ("server.admin_token", config.server.admin_token.clone()),
+    };
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let trimmed = token.trim();
+    if trimmed.is_empty() {
+        return Err(ServerError::Startup(format!(
+            "{source} is only whitespace: give a real token, or leave it empty to turn the admin API off"
+        )));
+    }
+    Ok(Some(trimmed.to_string()))
+}
+
+/// SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
