@@ -62,6 +62,8 @@ impl Default for SpeculationSettings {
 /// acceptance).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RoundSettings {
+    /// The request's γ policy under the live settings (before the context and token caps).
+    pub gamma: RoundGamma,
     pub lenience: Lenience,
     pub gate: DraftGate,
     /// Alternative nodes a round may add beside its chain (0 under lenient acceptance).
@@ -135,6 +137,7 @@ impl SpeculationSettings {
     /// requests wait (see [`RoundSettings`]).
     pub fn for_request(
         &self,
+        gamma: GammaPolicy,
         lenience: Option<Lenience>,
         gate: &GateOverride,
         tree_nodes: Option<TreeNodes>,
@@ -142,6 +145,7 @@ impl SpeculationSettings {
     ) -> RoundSettings {
         let lenience = lenience.unwrap_or_else(|| self.lenience_for_queue(queued));
         RoundSettings {
+            gamma: self.round_gamma(gamma),
             lenience,
             gate: gate.over(self.gate),
             tree_nodes: if lenience.is_exact() {
@@ -170,8 +174,6 @@ impl SpeculationSettings {
     }
 }
 
-/// `tree_nodes` for an engine started for `gamma_limit` drafted tokens: a tree's nodes, its
-/// chain's included, fit the verification width the engine was started and calibrated for.
 /// A settings change in words, for the log: each setting that changed as `key old -> new`
 /// (`lenience 1 -> 0.5, gamma 4 -> 3`), or `no change`.
 pub fn describe_change(before: &SpeculationSettings, after: &SpeculationSettings) -> String {
@@ -406,16 +408,18 @@ mod tests {
         .apply(&SpeculationSettings::default(), 8)
         .unwrap();
         let none = GateOverride::default();
-        // Idle: exact, the server's tree.
-        let idle = live.for_request(None, &none, None, 0);
+        // Idle: exact, the server's tree, the server's adaptive γ.
+        let idle = live.for_request(GammaPolicy::Server, None, &none, None, 0);
         assert_eq!((idle.lenience, idle.tree_nodes), (Lenience::EXACT, 3));
+        assert_eq!(idle.gamma, RoundGamma::Adaptive { min: 1, max: 8 });
         // Under load a request that set no lenience is lenient, and so drafts no tree it could
         // not verify.
-        let loaded = live.for_request(None, &none, None, 5);
+        let loaded = live.for_request(GammaPolicy::Server, None, &none, None, 5);
         assert_eq!(loaded.lenience.get(), 0.5);
         assert_eq!(loaded.tree_nodes, 0);
         // A request's own settings win.
         let own = live.for_request(
+            GammaPolicy::Server,
             Some(Lenience::EXACT),
             &none,
             Some(TreeNodes::within(1, 8).unwrap()),
@@ -427,7 +431,7 @@ mod tests {
             ..Default::default()
         };
         assert!(
-            live.for_request(None, &gate, None, 0)
+            live.for_request(GammaPolicy::Server, None, &gate, None, 0)
                 .gate
                 .confidence_pricing
         );

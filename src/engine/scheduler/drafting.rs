@@ -68,7 +68,9 @@ impl Scheduler {
         let has_drafter = self.drafter.is_some();
         let candidates: Vec<Candidate> = which
             .iter()
-            .map(|&i| self.active[i].candidate(has_drafter, self.cfg.context_len, live))
+            .map(|&i| {
+                self.active[i].candidate(has_drafter, self.cfg.context_len, live, self.queue.len())
+            })
             .collect();
         let plan = plan_round(
             &candidates,

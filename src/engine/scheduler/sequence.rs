@@ -107,6 +107,7 @@ impl Sequence {
         has_drafter: bool,
         context_len: usize,
         live: &SpeculationSettings,
+        queued: usize,
     ) -> Candidate {
         let n = self.context.len() - 1;
         let remaining = self.remaining();
@@ -121,7 +122,7 @@ impl Sequence {
         if !has_drafter {
             return fixed(0);
         }
-        match live.round_gamma(self.request.gamma).capped(cap) {
+        match self.settings(live, queued).gamma.capped(cap) {
             RoundGamma::Plain => fixed(0),
             RoundGamma::Fixed(g) => fixed(g),
             RoundGamma::Adaptive { min, max } => Candidate {
@@ -169,7 +170,7 @@ impl Sequence {
     /// What this request speculates under this round (its settings over the live ones).
     pub fn settings(&self, live: &SpeculationSettings, queued: usize) -> RoundSettings {
         let r = &self.request;
-        live.for_request(r.lenience, &r.gate, r.tree_nodes, queued)
+        live.for_request(r.gamma, r.lenience, &r.gate, r.tree_nodes, queued)
     }
 
     /// A draft of the next round made while `drafts` are verified: from the context with every
