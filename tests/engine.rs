@@ -8,6 +8,8 @@
 
 mod common;
 
+use tandem::engine::RequestSpeculation;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,12 +81,12 @@ fn fixed(g: usize) -> GammaPolicy {
 fn request(generation: GenerationRequest, gamma: GammaPolicy) -> EngineRequest {
     EngineRequest {
         generation,
-        gamma,
-        lenience: None,
+        speculation: RequestSpeculation {
+            gamma,
+            ..Default::default()
+        },
         logprobs: None,
         prompt_logprobs: None,
-        gate: Default::default(),
-        tree_nodes: None,
     }
 }
 
@@ -635,7 +637,7 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
                 let mut handles = Vec::new();
                 for p in all.iter().take(n) {
                     let mut req = request(greedy(p.clone(), 24), fixed(4));
-                    req.gate = gate;
+                    req.speculation.gate = gate;
                     let stream = engine.submit(req).await.unwrap();
                     handles.push(tokio::spawn(stream.collect()));
                 }
@@ -771,9 +773,9 @@ fn token_trees_keep_greedy_output_identical() {
                             let mut handles = Vec::new();
                             for (j, p) in chunk.iter().enumerate() {
                                 let mut req = request(greedy(p.clone(), 24), gamma);
-                                req.tree_nodes = Some(TreeNodes::within(4, 8).unwrap());
+                                req.speculation.tree_nodes = Some(TreeNodes::within(4, 8).unwrap());
                                 // Half of them with their chains cut by confidence too.
-                                req.gate.confidence_pricing = Some(j % 2 == 0);
+                                req.speculation.confidence_pricing = Some(j % 2 == 0);
                                 let stream = engine.submit(req).await.unwrap();
                                 handles.push(tokio::spawn(stream.collect()));
                             }
@@ -833,7 +835,7 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
             .block_on(Engine::start(Arc::clone(&target), Some(source), cfg))
             .unwrap();
         let mut req = request(greedy(prompt.clone(), 96), GammaPolicy::Adaptive);
-        req.gate.confidence_pricing = Some(pricing);
+        req.speculation.confidence_pricing = Some(pricing);
         let done = rt
             .block_on(async { engine.submit(req).await?.collect().await })
             .unwrap();

@@ -6,6 +6,8 @@
 
 mod common;
 
+use tandem::engine::RequestSpeculation;
+
 use std::sync::Arc;
 
 use tandem::draft::PromptLookup;
@@ -54,12 +56,12 @@ fn request(
             sampling,
             ..Default::default()
         },
-        gamma,
-        lenience: None,
+        speculation: RequestSpeculation {
+            gamma,
+            ..Default::default()
+        },
         logprobs: Some(TOP),
         prompt_logprobs: None,
-        gate: Default::default(),
-        tree_nodes: None,
     }
 }
 

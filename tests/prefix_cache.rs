@@ -6,6 +6,8 @@
 
 mod common;
 
+use tandem::engine::RequestSpeculation;
+
 use std::sync::Arc;
 
 use tandem::draft::PromptLookup;
@@ -51,12 +53,12 @@ fn request(prompt: Vec<u32>, max_tokens: usize, gamma: GammaPolicy, eos: &[u32])
             eos_ids: eos.to_vec(),
             ..Default::default()
         },
-        gamma,
-        lenience: None,
+        speculation: RequestSpeculation {
+            gamma,
+            ..Default::default()
+        },
         logprobs: Some(2),
         prompt_logprobs: None,
-        gate: Default::default(),
-        tree_nodes: None,
     }
 }
 

@@ -243,12 +243,14 @@ fn engine_arm(
             for j in 0..at_once {
                 let req = EngineRequest {
                     generation: request(params, seeds + batch * at_once + j),
-                    gamma: GammaPolicy::Fixed(Gamma::try_from(gamma).unwrap()),
-                    lenience: Some(Lenience::EXACT),
+                    speculation: tandem::engine::RequestSpeculation {
+                        gamma: GammaPolicy::Fixed(Gamma::try_from(gamma).unwrap()),
+                        lenience: Some(Lenience::EXACT),
+                        tree_nodes: Some(tandem::engine::TreeNodes::within(tree_nodes, 8).unwrap()),
+                        ..Default::default()
+                    },
                     logprobs: None,
                     prompt_logprobs: None,
-                    gate: Default::default(),
-                    tree_nodes: Some(tandem::engine::TreeNodes::within(tree_nodes, 8).unwrap()),
                 };
                 streams.push(engine.submit(req).await.unwrap());
             }

@@ -33,6 +33,8 @@ pub struct Mode {
     pub prefix_cache: bool,
     /// The confidence gate each request drafts under (a draft model only).
     pub gate: GateOverride,
+    /// Each request's `confidence_pricing` (`None`: the server's, off by default).
+    pub confidence_pricing: Option<bool>,
     /// Each request's `tree_nodes` (`None`: the server's, 0 by default).
     pub tree_nodes: Option<TreeNodes>,
 }
@@ -83,6 +85,7 @@ impl Mode {
             pipeline: false,
             prefix_cache: true,
             gate: GateOverride::default(),
+            confidence_pricing: None,
             tree_nodes: None,
         };
         for kv in parts {
@@ -115,7 +118,7 @@ impl Mode {
                 }
                 "confidence" => {
                     let on = v.parse().map_err(|_| bad(format!("confidence `{v}`")))?;
-                    mode.gate.confidence_pricing = Some(on);
+                    mode.confidence_pricing = Some(on);
                 }
                 "tree" => {
                     let n: usize = v.parse().map_err(|_| bad(format!("tree `{v}`")))?;
@@ -187,7 +190,7 @@ mod tests {
     fn draft_modes_take_the_confidence_gate() {
         let m = Mode::parse("pld:tree=3:confidence=true", 8).unwrap();
         assert_eq!(m.tree_nodes.map(TreeNodes::get), Some(3));
-        assert_eq!(m.gate.confidence_pricing, Some(true));
+        assert_eq!(m.confidence_pricing, Some(true));
         assert!(Mode::parse("pld:confidence=maybe", 8).is_err());
         assert!(Mode::parse("pld:tree=8", 8).is_err());
         assert!(Mode::parse("pld:tree=x", 8).is_err());

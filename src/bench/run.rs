@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 
 use crate::engine::{
     DraftSource, Engine, EngineConfig, EngineEvent, EngineRequest, Gamma, GenerationRequest,
-    SpeculationSettings,
+    RequestSpeculation, SpeculationSettings,
 };
 use crate::model::{ChatMessage, Llama, TextTokenizer};
 use crate::sampling::SamplingParams;
@@ -180,12 +180,15 @@ async fn run_question(
                 stop_strings: Vec::new(),
                 detokenizer: None,
             },
-            gamma: job.mode.gamma,
-            lenience: job.mode.lenience,
+            speculation: RequestSpeculation {
+                gamma: job.mode.gamma,
+                lenience: job.mode.lenience,
+                gate: job.mode.gate,
+                confidence_pricing: job.mode.confidence_pricing,
+                tree_nodes: job.mode.tree_nodes,
+            },
             logprobs: None,
             prompt_logprobs: None,
-            gate: job.mode.gate,
-            tree_nodes: job.mode.tree_nodes,
         };
         let started = Instant::now();
         let mut events = engine.submit(request).await.map_err(|e| {

@@ -49,6 +49,8 @@ pub struct DraftJob<'a> {
     /// least `min_tokens` tokens.
     pub gate: DraftGate,
     pub min_tokens: usize,
+    /// Report the confidence in each drafted token (the governor prices chains by it).
+    pub confidence: bool,
     /// Up to this many alternatives beside the chain, making the proposal a token tree: the
     /// drafter's runners-up where it was least sure (see [`Siblings`]).
     pub tree_nodes: usize,
@@ -405,7 +407,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                             job.out.dists.extend_from_slice(&self.probs);
                             sample_from(&self.probs, job.rng.next_f64())
                         };
-                        if job.tree_nodes > 0 || job.gate.confidence_pricing {
+                        if job.tree_nodes > 0 || job.confidence {
                             if greedy && !job.gate.is_on() {
                                 confidence_of_logits(&self.logits, &mut self.probs);
                             }
@@ -501,6 +503,7 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
             out,
             gate: DraftGate::OFF,
             min_tokens: 0,
+            confidence: false,
             tree_nodes: 0,
             result: Ok(()),
         }];

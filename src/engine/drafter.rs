@@ -141,6 +141,7 @@ fn draft_with_model(
                 out,
                 gate: it.gate,
                 min_tokens: it.gate_min,
+                confidence: it.confidence,
                 tree_nodes: it.tree_nodes,
                 result: Ok(()),
             });
@@ -307,6 +308,7 @@ fn measure_draft_costs(
                         out: &mut out,
                         gate: DraftGate::OFF,
                         min_tokens: 0,
+                        confidence: false,
                         tree_nodes: 0,
                         result: Ok(()),
                     }];

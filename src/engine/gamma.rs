@@ -64,9 +64,10 @@ impl std::fmt::Display for Gamma {
 }
 
 /// How a request speculates.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Default, Clone, Copy, Debug, PartialEq)]
 pub enum GammaPolicy {
     /// Follow the server's live speculation settings (the admin API can change them mid-request).
+    #[default]
     Server,
     /// Speculate even if the server's settings have speculation off: as the server's settings
     /// when they have it on, adaptive otherwise.

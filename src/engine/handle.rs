@@ -318,7 +318,7 @@ impl Engine {
     /// when their values are made).
     pub fn check(&self, request: &EngineRequest) -> Result<(), EngineError> {
         check_request(&request.generation, self.context_len)?;
-        if let GammaPolicy::Fixed(g) = request.gamma {
+        if let GammaPolicy::Fixed(g) = request.speculation.gamma {
             Gamma::within(g.get(), self.settings.gamma_limit())
                 .map_err(|e| EngineError::InvalidRequest(format!("speculative.gamma {e}")))?;
         }

@@ -269,6 +269,8 @@ pub struct DraftItem {
     /// When a draft model stops this round early, after at least `gate_min` tokens.
     pub gate: DraftGate,
     pub gate_min: usize,
+    /// Report the drafter's confidence in each drafted token (for confidence pricing).
+    pub confidence: bool,
     /// Up to this many alternative nodes beside the chain (a token tree; 0: a chain).
     pub tree_nodes: usize,
 }

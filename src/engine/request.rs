@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::EngineError;
-use super::gamma::GammaPolicy;
+use super::settings::RequestSpeculation;
 use crate::model::TextTokenizer;
-use crate::sampling::{GateOverride, Lenience, SamplingParams};
+use crate::sampling::SamplingParams;
 
 #[derive(Clone, Debug, Default)]
 pub struct GenerationRequest {
@@ -114,19 +114,15 @@ impl SpeculationStats {
 #[derive(Clone, Debug)]
 pub struct EngineRequest {
     pub generation: GenerationRequest,
-    pub gamma: GammaPolicy,
-    /// 1 is exact; `None` follows the server's live setting, round by round.
-    pub lenience: Option<Lenience>,
+    /// The request's own speculation settings over the server's live ones (`None` fields
+    /// follow the server, round by round).
+    pub speculation: RequestSpeculation,
     /// Report each generated token's log-probability with this many alternatives
     /// ([`crate::sampling::token_logprob`]: after logit bias and penalties).
     pub logprobs: Option<usize>,
     /// Report each prompt token's log-probability (from the second on) with this many
     /// alternatives: the model's own distribution, no processors (nothing was sampled there).
     pub prompt_logprobs: Option<usize>,
-    /// The request's own confidence-gate settings over the server's live ones.
-    pub gate: GateOverride,
-    /// The request's own `tree_nodes` over the server's live one.
-    pub tree_nodes: Option<crate::engine::tree_nodes::TreeNodes>,
 }
 
 /// Token counts of a finished request.

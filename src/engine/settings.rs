@@ -32,6 +32,12 @@ pub struct SpeculationSettings {
     /// When a draft model stops a round early because it is unsure ([`DraftGate`]).
     #[serde(flatten)]
     pub gate: DraftGate,
+    /// After drafting, the governor cuts the round's chain where the tokens left are, by the
+    /// drafter's confidence in each (prompt lookup: its match length and whether earlier
+    /// matches agree; a draft model: its probability), not worth their rows of the
+    /// verification. A governor setting, for any drafter; requests with a fixed γ keep their
+    /// chains.
+    pub confidence_pricing: bool,
     /// The most alternative nodes a round may add beside its drafted chain, verified with it
     /// as one token tree (0: chains only). The governor keeps only those forecast to pay.
     pub tree_nodes: TreeNodes,
@@ -50,6 +56,7 @@ impl Default for SpeculationSettings {
             under_load_queue_depth: 0,
             lenience_under_load: Lenience::EXACT,
             gate: DraftGate::OFF,
+            confidence_pricing: false,
             tree_nodes: TreeNodes::NONE,
         }
     }
@@ -66,6 +73,7 @@ pub struct RoundSettings {
     pub gamma: RoundGamma,
     pub lenience: Lenience,
     pub gate: DraftGate,
+    pub confidence_pricing: bool,
     /// Alternative nodes a round may add beside its chain (0 under lenient acceptance).
     pub tree_nodes: usize,
 }
@@ -135,21 +143,19 @@ impl SpeculationSettings {
 
     /// The settings a request with these overrides speculates under in a round while `queued`
     /// requests wait (see [`RoundSettings`]).
-    pub fn for_request(
-        &self,
-        gamma: GammaPolicy,
-        lenience: Option<Lenience>,
-        gate: &GateOverride,
-        tree_nodes: Option<TreeNodes>,
-        queued: usize,
-    ) -> RoundSettings {
-        let lenience = lenience.unwrap_or_else(|| self.lenience_for_queue(queued));
+    pub fn for_request(&self, request: &RequestSpeculation, queued: usize) -> RoundSettings {
+        let lenience = request
+            .lenience
+            .unwrap_or_else(|| self.lenience_for_queue(queued));
         RoundSettings {
-            gamma: self.round_gamma(gamma),
+            gamma: self.round_gamma(request.gamma),
             lenience,
-            gate: gate.over(self.gate),
+            gate: request.gate.over(self.gate),
+            confidence_pricing: request
+                .confidence_pricing
+                .unwrap_or(self.confidence_pricing),
             tree_nodes: if lenience.is_exact() {
-                tree_nodes.unwrap_or(self.tree_nodes).get()
+                request.tree_nodes.unwrap_or(self.tree_nodes).get()
             } else {
                 0
             },
@@ -223,11 +229,13 @@ pub struct SpeculationOverride {
 }
 
 /// A request's own speculation settings, checked: what its `speculative` object set.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RequestSpeculation {
     pub gamma: GammaPolicy,
+    /// 1 is exact; `None` follows the server's live setting, round by round.
     pub lenience: Option<Lenience>,
     pub gate: GateOverride,
+    pub confidence_pricing: Option<bool>,
     pub tree_nodes: Option<TreeNodes>,
 }
 
@@ -284,6 +292,7 @@ impl SpeculationOverride {
             gamma,
             lenience,
             gate,
+            confidence_pricing: self.confidence_pricing,
             tree_nodes,
         })
     }
@@ -326,6 +335,9 @@ impl SpeculationOverride {
             s.lenience_under_load = lenience("lenience_under_load", v)?;
         }
         s.gate = self.gate_override().over(s.gate);
+        if let Some(v) = self.confidence_pricing {
+            s.confidence_pricing = v;
+        }
         if let Some(v) = self.tree_nodes {
             s.tree_nodes = TreeNodes::within(v, gamma_limit)
                 .map_err(|e| SettingsError::new("tree_nodes", e))?;
@@ -343,7 +355,6 @@ impl SpeculationOverride {
             egag_threshold: self.egag_threshold,
             egag_ema_beta: self.egag_ema_beta,
             draft_p_min: self.draft_p_min,
-            confidence_pricing: self.confidence_pricing,
         }
     }
 }
@@ -407,34 +418,32 @@ mod tests {
         }
         .apply(&SpeculationSettings::default(), 8)
         .unwrap();
-        let none = GateOverride::default();
+        let none = RequestSpeculation::default();
         // Idle: exact, the server's tree, the server's adaptive γ.
-        let idle = live.for_request(GammaPolicy::Server, None, &none, None, 0);
+        let idle = live.for_request(&none, 0);
         assert_eq!((idle.lenience, idle.tree_nodes), (Lenience::EXACT, 3));
         assert_eq!(idle.gamma, RoundGamma::Adaptive { min: 1, max: 8 });
         // Under load a request that set no lenience is lenient, and so drafts no tree it could
         // not verify.
-        let loaded = live.for_request(GammaPolicy::Server, None, &none, None, 5);
+        let loaded = live.for_request(&none, 5);
         assert_eq!(loaded.lenience.get(), 0.5);
         assert_eq!(loaded.tree_nodes, 0);
         // A request's own settings win.
         let own = live.for_request(
-            GammaPolicy::Server,
-            Some(Lenience::EXACT),
-            &none,
-            Some(TreeNodes::within(1, 8).unwrap()),
+            &RequestSpeculation {
+                lenience: Some(Lenience::EXACT),
+                tree_nodes: Some(TreeNodes::within(1, 8).unwrap()),
+                ..Default::default()
+            },
             5,
         );
         assert_eq!((own.lenience, own.tree_nodes), (Lenience::EXACT, 1));
-        let gate = GateOverride {
+        let pricing = RequestSpeculation {
             confidence_pricing: Some(true),
             ..Default::default()
         };
-        assert!(
-            live.for_request(GammaPolicy::Server, None, &gate, None, 0)
-                .gate
-                .confidence_pricing
-        );
+        assert!(live.for_request(&pricing, 0).confidence_pricing);
+        assert!(!live.for_request(&none, 0).confidence_pricing);
     }
 
     #[test]

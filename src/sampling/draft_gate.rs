@@ -28,11 +28,6 @@ pub struct DraftGate {
     pub egag_ema_beta: f32,
     /// In [0, 1): stop when the drafter's top probability is below it; 0 turns it off.
     pub draft_p_min: f32,
-    /// After drafting, the governor cuts the round's chain where the tokens left are, by the
-    /// drafter's confidence in each (prompt lookup: its match length and whether earlier
-    /// matches agree; a draft model: its probability), not worth their rows of the
-    /// verification. Any drafter; requests with a fixed γ keep their chains.
-    pub confidence_pricing: bool,
 }
 
 impl DraftGate {
@@ -42,7 +37,6 @@ impl DraftGate {
         egag_threshold: 0.5,
         egag_ema_beta: 0.5,
         draft_p_min: 0.0,
-        confidence_pricing: false,
     };
 
     /// Whether the gate can stop a round (and so needs each token's confidence).
@@ -84,7 +78,6 @@ pub struct GateOverride {
     pub egag_threshold: Option<f32>,
     pub egag_ema_beta: Option<f32>,
     pub draft_p_min: Option<f32>,
-    pub confidence_pricing: Option<bool>,
 }
 
 impl GateOverride {
@@ -95,7 +88,6 @@ impl GateOverride {
             egag_threshold: self.egag_threshold.unwrap_or(gate.egag_threshold),
             egag_ema_beta: self.egag_ema_beta.unwrap_or(gate.egag_ema_beta),
             draft_p_min: self.draft_p_min.unwrap_or(gate.draft_p_min),
-            confidence_pricing: self.confidence_pricing.unwrap_or(gate.confidence_pricing),
         }
     }
 

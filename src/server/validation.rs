@@ -231,11 +231,8 @@ pub(super) fn engine_request(
             stop_strings,
             detokenizer: Some(Arc::clone(&loaded.tokenizer)),
         },
-        gamma: spec.gamma,
-        lenience: spec.lenience,
+        speculation: spec,
         logprobs: None,
         prompt_logprobs: None,
-        gate: spec.gate,
-        tree_nodes: spec.tree_nodes,
     })
 }

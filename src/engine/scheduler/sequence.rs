@@ -163,14 +163,14 @@ impl Sequence {
             params: self.request.generation.sampling.clone(),
             rng: self.draft_rng.clone(),
             gate: settings.gate,
+            confidence: settings.confidence_pricing,
             gate_min: live.gamma_min.get().min(gamma),
         }
     }
 
     /// What this request speculates under this round (its settings over the live ones).
     pub fn settings(&self, live: &SpeculationSettings, queued: usize) -> RoundSettings {
-        let r = &self.request;
-        live.for_request(r.gamma, r.lenience, &r.gate, r.tree_nodes, queued)
+        live.for_request(&self.request.speculation, queued)
     }
 
     /// A draft of the next round made while `drafts` are verified: from the context with every

@@ -22,10 +22,10 @@ impl Scheduler {
         let request = |seq: u64| self.active.iter().find(|s| s.id == seq);
         let prices = |it: &TargetItem| {
             let s = request(it.seq)?;
-            let adaptive = !matches!(s.request.gamma, GammaPolicy::Fixed(_));
+            let adaptive = !matches!(s.request.speculation.gamma, GammaPolicy::Fixed(_));
             let pricing = adaptive
                 && it.lenience.is_exact()
-                && s.settings(live, self.queue.len()).gate.confidence_pricing
+                && s.settings(live, self.queue.len()).confidence_pricing
                 && it.proposal.confidence.len() >= it.proposal.chain_len();
             Some((adaptive, pricing))
         };
