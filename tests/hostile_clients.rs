@@ -559,7 +559,13 @@ fn slow_and_partial_clients_are_cut_off_and_every_error_is_openai_shaped() {
         let r = post_json(&addr, "/v1/completions", &body);
         assert_eq!(r.status, 400, "{body}");
         let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
-        for rust in ["RequestSpeculation", "StreamOptions", "HashMap", "struct "] {
+        for rust in [
+            "SpeculationOverride",
+            "RequestSpeculation",
+            "StreamOptions",
+            "HashMap",
+            "struct ",
+        ] {
             assert!(!msg.contains(rust), "{body}: {msg}");
         }
     }
