@@ -24,6 +24,7 @@ pub mod reference;
 pub mod request;
 pub mod scheduler;
 pub mod settings;
+pub mod speculation_override;
 pub mod stop;
 pub mod tree_nodes;
 pub mod verifier;
@@ -42,8 +43,6 @@ pub use request::{
     EngineRequest, FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput,
     OutputPiece, SpeculationStats, Usage,
 };
-pub use settings::{
-    LiveSettings, RequestSpeculation, RoundSettings, SettingsError, SpeculationOverride,
-    SpeculationSettings,
-};
+pub use settings::{LiveSettings, RoundSettings, SettingsError, SpeculationSettings};
+pub use speculation_override::{RequestSpeculation, SpeculationOverride};
 pub use tree_nodes::TreeNodes;

@@ -1,0 +1,202 @@
+//! The speculation knobs as they arrive (`SpeculationOverride`), and a request's share of them
+//! once checked (`RequestSpeculation`).
+//!
+//! Why it exists: the admin API, the config file, CLI flags and a request's `speculative`
+//! object all set the same knobs; written once here, each is checked by one rule with its key
+//! named, whichever way it came in.
+
+use serde::Deserialize;
+
+use super::gamma::{Gamma, GammaPolicy};
+use super::settings::{LiveSettings, RoundSettings, SettingsError, SpeculationSettings};
+use super::tree_nodes::TreeNodes;
+use crate::sampling::{GateOverride, Lenience};
+
+/// The speculation knobs, written once for every place that sets them: the admin API's `PUT`
+/// body, the config file's `[speculation]` table, the CLI's flags, and a request's
+/// `speculative` object. Raw values as they arrive; [`SpeculationOverride::apply`] checks a
+/// server-wide change and [`SpeculationOverride::for_request`] a request's, each rule once,
+/// with the key named. A request may set every knob but the server's policy
+/// ([`SpeculationOverride::SERVER_ONLY`]).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculationOverride {
+    pub enabled: Option<bool>,
+    pub adaptive: Option<bool>,
+    pub gamma: Option<usize>,
+    pub gamma_min: Option<usize>,
+    pub gamma_max: Option<usize>,
+    pub lenience: Option<f32>,
+    pub under_load_queue_depth: Option<usize>,
+    pub lenience_under_load: Option<f32>,
+    pub use_egag: Option<bool>,
+    pub egag_threshold: Option<f32>,
+    pub egag_ema_beta: Option<f32>,
+    pub draft_p_min: Option<f32>,
+    pub confidence_pricing: Option<bool>,
+    pub tree_nodes: Option<usize>,
+}
+
+/// A request's own speculation settings, checked: what its `speculative` object set.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RequestSpeculation {
+    pub gamma: GammaPolicy,
+    /// 1 is exact; `None` follows the server's live setting, round by round.
+    pub lenience: Option<Lenience>,
+    pub gate: GateOverride,
+    pub confidence_pricing: Option<bool>,
+    pub tree_nodes: Option<TreeNodes>,
+}
+
+impl SpeculationOverride {
+    /// The knobs of the server's policy, which only an operator sets.
+    pub const SERVER_ONLY: [&'static str; 5] = [
+        "adaptive",
+        "gamma_min",
+        "gamma_max",
+        "under_load_queue_depth",
+        "lenience_under_load",
+    ];
+
+    /// A request's settings from these knobs, in an engine whose largest γ is `gamma_limit`:
+    /// `enabled: false` decodes plainly, a `gamma` is fixed, `enabled: true` speculates even
+    /// where the server does not; the server's policy knobs are refused.
+    pub fn for_request(&self, gamma_limit: usize) -> Result<RequestSpeculation, SettingsError> {
+        let server_only = [
+            self.adaptive.is_some(),
+            self.gamma_min.is_some(),
+            self.gamma_max.is_some(),
+            self.under_load_queue_depth.is_some(),
+            self.lenience_under_load.is_some(),
+        ];
+        if let Some(i) = server_only.iter().position(|&set| set) {
+            return Err(SettingsError::new(
+                Self::SERVER_ONLY[i],
+                "is the server's policy (the admin API and the config file set it), not a \
+                 request's",
+            ));
+        }
+        let gamma = match (self.enabled, self.gamma) {
+            (Some(false), _) => GammaPolicy::Off,
+            (_, Some(g)) => GammaPolicy::Fixed(
+                Gamma::within(g, gamma_limit).map_err(|e| SettingsError::new("gamma", e))?,
+            ),
+            (Some(true), None) => GammaPolicy::On,
+            (None, None) => GammaPolicy::Server,
+        };
+        let lenience = self
+            .lenience
+            .map(Lenience::try_from)
+            .transpose()
+            .map_err(|e| SettingsError::new("lenience", e))?;
+        let gate = self.gate_override();
+        gate.check()
+            .map_err(|(key, reason)| SettingsError::new(key, reason))?;
+        let tree_nodes = self
+            .tree_nodes
+            .map(|n| TreeNodes::within(n, gamma_limit))
+            .transpose()
+            .map_err(|e| SettingsError::new("tree_nodes", e))?;
+        Ok(RequestSpeculation {
+            gamma,
+            lenience,
+            gate,
+            confidence_pricing: self.confidence_pricing,
+            tree_nodes,
+        })
+    }
+
+    /// `current` with this update applied, or why the result would be invalid.
+    pub fn apply(
+        &self,
+        current: &SpeculationSettings,
+        gamma_limit: usize,
+    ) -> Result<SpeculationSettings, SettingsError> {
+        let gamma = |key, v: usize| Gamma::try_from(v).map_err(|e| SettingsError::new(key, e));
+        let lenience = |key, v: f32| Lenience::try_from(v).map_err(|e| SettingsError::new(key, e));
+        let mut s = *current;
+        if let Some(v) = self.enabled {
+            s.enabled = v;
+        }
+        if let Some(v) = self.adaptive {
+            s.adaptive = v;
+        }
+        if let Some(v) = self.gamma {
+            s.gamma = gamma("gamma", v)?;
+            // A fixed γ is what an operator who sets only `gamma` means.
+            if self.adaptive.is_none() {
+                s.adaptive = false;
+            }
+        }
+        if let Some(v) = self.gamma_min {
+            s.gamma_min = gamma("gamma_min", v)?;
+        }
+        if let Some(v) = self.gamma_max {
+            s.gamma_max = gamma("gamma_max", v)?;
+        }
+        if let Some(v) = self.lenience {
+            s.lenience = lenience("lenience", v)?;
+        }
+        if let Some(v) = self.under_load_queue_depth {
+            s.under_load_queue_depth = v;
+        }
+        if let Some(v) = self.lenience_under_load {
+            s.lenience_under_load = lenience("lenience_under_load", v)?;
+        }
+        s.gate = self.gate_override().over(s.gate);
+        if let Some(v) = self.confidence_pricing {
+            s.confidence_pricing = v;
+        }
+        if let Some(v) = self.tree_nodes {
+            s.tree_nodes = TreeNodes::within(v, gamma_limit)
+                .map_err(|e| SettingsError::new("tree_nodes", e))?;
+        }
+        s.validate(gamma_limit)?;
+        Ok(s)
+    }
+}
+
+impl SpeculationOverride {
+    /// The confidence gate's knobs as an override of a gate.
+    fn gate_override(&self) -> GateOverride {
+        GateOverride {
+            use_egag: self.use_egag,
+            egag_threshold: self.egag_threshold,
+            egag_ema_beta: self.egag_ema_beta,
+            draft_p_min: self.draft_p_min,
+        }
+    }
+}
+
+impl SpeculationSettings {
+    /// The settings a request with these overrides speculates under in a round while `queued`
+    /// requests wait (see [`RoundSettings`]).
+    pub fn for_request(&self, request: &RequestSpeculation, queued: usize) -> RoundSettings {
+        let lenience = request
+            .lenience
+            .unwrap_or_else(|| self.lenience_for_queue(queued));
+        RoundSettings {
+            gamma: self.round_gamma(request.gamma),
+            lenience,
+            gate: request.gate.over(self.gate),
+            confidence_pricing: request
+                .confidence_pricing
+                .unwrap_or(self.confidence_pricing),
+            tree_nodes: if lenience.is_exact() {
+                request.tree_nodes.unwrap_or(self.tree_nodes).get()
+            } else {
+                0
+            },
+        }
+    }
+}
+
+impl LiveSettings {
+    /// Applies a change atomically; on error nothing changes.
+    pub fn update(
+        &self,
+        update: &SpeculationOverride,
+    ) -> Result<SpeculationSettings, SettingsError> {
+        self.update_with(|current, gamma_limit| update.apply(current, gamma_limit))
+    }
+}
