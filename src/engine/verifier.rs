@@ -281,14 +281,7 @@ fn run_batch(
                 TargetWork::Verify if it.proposal.is_tree() => {
                     let rows = logits.seq_rows(i)?;
                     let walk = verify_tree(
-                        VerifyInput {
-                            params: &it.params,
-                            context: &it.context,
-                            prompt_len: it.prompt_len,
-                            proposal: &it.proposal,
-                            rows,
-                            logprobs: it.logprobs,
-                        },
+                        verify_input(&it, rows),
                         &mut s.scratch,
                         &mut rng,
                         &mut out.logprobs,
@@ -309,14 +302,7 @@ fn run_batch(
                 TargetWork::Verify => {
                     let rows = logits.seq_rows(i)?;
                     let outcome = verify(
-                        VerifyInput {
-                            params: &it.params,
-                            context: &it.context,
-                            prompt_len: it.prompt_len,
-                            proposal: &it.proposal,
-                            rows,
-                            logprobs: it.logprobs,
-                        },
+                        verify_input(&it, rows),
                         it.lenience,
                         &mut s.scratch,
                         &mut rng,
@@ -352,4 +338,16 @@ fn run_batch(
         outcomes,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// What the verification of `it` reads, with the target's `rows` for it.
+fn verify_input(it: &TargetItem, rows: Vec<Vec<f32>>) -> VerifyInput<'_> {
+    VerifyInput {
+        params: &it.params,
+        context: &it.context,
+        prompt_len: it.prompt_len,
+        proposal: &it.proposal,
+        rows,
+        logprobs: it.logprobs,
+    }
 }
