@@ -10,6 +10,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod constraint;
 pub mod draft;
 pub mod engine;
 pub mod logging;

@@ -23,6 +23,10 @@ pub const SPEC_DRAFT_ENTROPY: &str = "tandem_spec_draft_entropy";
 pub const SPEC_TREE_ROUNDS: &str = "tandem_spec_tree_rounds_total";
 pub const SPEC_TREE_BRANCH_ACCEPTS: &str = "tandem_spec_tree_branch_accepts_total";
 pub const SPEC_TREE_NODES: &str = "tandem_spec_tree_nodes";
+pub const CONSTRAINED_REQUESTS: &str = "tandem_constrained_requests_total";
+pub const SPEC_FORCED_TOKENS: &str = "tandem_spec_forced_tokens_total";
+pub const SPEC_FORCED_ACCEPTED: &str = "tandem_spec_forced_accepted_tokens_total";
+pub const CONSTRAINT_MASK_SECONDS: &str = "tandem_constraint_mask_seconds";
 
 pub const REQUEST_ACCEPTANCE_RATE: &str = "tandem_request_acceptance_rate";
 pub const SPEC_ACCEPTED_LENGTH: &str = "tandem_spec_decode_accepted_length";
@@ -63,6 +67,10 @@ const REQUEST_BUCKETS: &[f64] = &[
 ];
 const RATIO_BUCKETS: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
 const LENGTH_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0];
+/// A grammar mask costs tens of microseconds to a few milliseconds.
+const MASK_BUCKETS: &[f64] = &[
+    0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1,
+];
 
 /// Installs the process-wide Prometheus recorder (once, at server start) and describes every
 /// metric. The handle renders `/metrics`.
@@ -80,6 +88,7 @@ pub fn install() -> Result<PrometheusHandle, BuildError> {
         (SPEC_ACCEPTED_LENGTH, LENGTH_BUCKETS),
         (SPEC_DRAFT_ENTROPY, RATIO_BUCKETS),
         (SPEC_TREE_NODES, LENGTH_BUCKETS),
+        (CONSTRAINT_MASK_SECONDS, MASK_BUCKETS),
     ] {
         b = b.set_buckets_for_metric(Matcher::Full(name.into()), buckets)?;
     }
@@ -130,6 +139,22 @@ fn describe() {
     describe_histogram!(
         SPEC_TREE_NODES,
         "Drafted nodes of each tree round, chain and alternatives together."
+    );
+    describe_counter!(
+        CONSTRAINED_REQUESTS,
+        "Requests admitted with a structured-output constraint, by kind (json_object, json_schema, regex, choice, grammar, tools)."
+    );
+    describe_counter!(
+        SPEC_FORCED_TOKENS,
+        "Drafts the grammar of a constrained request forced (also counted as drafted tokens)."
+    );
+    describe_counter!(
+        SPEC_FORCED_ACCEPTED,
+        "Forced drafts the target accepted (also counted as accepted tokens)."
+    );
+    describe_histogram!(
+        CONSTRAINT_MASK_SECONDS,
+        "Time a constrained sequence's grammar took per round: drafts checked, forced tokens found, every row's mask computed."
     );
     describe_counter!(
         SPEC_DRAFT_GATE_STOPS,
@@ -269,6 +294,32 @@ pub fn register_draft_gate() {
 pub fn register_trees() {
     counter!(SPEC_TREE_ROUNDS).increment(0);
     counter!(SPEC_TREE_BRANCH_ACCEPTS).increment(0);
+}
+
+/// Exports the structured-output counters at 0 from the start (see [`register_draft_gate`]).
+pub fn register_constraints() {
+    counter!(SPEC_FORCED_TOKENS).increment(0);
+    counter!(SPEC_FORCED_ACCEPTED).increment(0);
+}
+
+/// A request with a constraint of this kind was accepted.
+pub fn record_constrained_request(kind: &'static str) {
+    counter!(CONSTRAINED_REQUESTS, "kind" => kind).increment(1);
+}
+
+/// One round of a constrained sequence: its grammar work took `seconds` for `masks` rows.
+pub fn record_constraint_masks(seconds: f64, masks: usize) {
+    if masks > 0 {
+        histogram!(CONSTRAINT_MASK_SECONDS).record(seconds);
+    }
+}
+
+/// A round's forced drafts: `forced` proposed, `accepted` of them stood.
+pub fn record_forced(forced: usize, accepted: usize) {
+    if forced > 0 {
+        counter!(SPEC_FORCED_TOKENS).increment(forced as u64);
+        counter!(SPEC_FORCED_ACCEPTED).increment(accepted as u64);
+    }
 }
 
 /// A round verified as a tree of `nodes` drafted nodes; `branched`: its accepted path left the

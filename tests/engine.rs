@@ -87,6 +87,7 @@ fn request(generation: GenerationRequest, gamma: GammaPolicy) -> EngineRequest {
         },
         logprobs: None,
         prompt_logprobs: None,
+        constraint: None,
     }
 }
 

@@ -62,6 +62,7 @@ fn request(
         },
         logprobs: Some(TOP),
         prompt_logprobs: None,
+        constraint: None,
     }
 }
 

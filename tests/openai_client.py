@@ -137,7 +137,163 @@ def main(base_url: str) -> None:
     else:
         raise AssertionError("temperature -1 was accepted")
 
+    structured_outputs(client, model)
+    tool_calls(client, model)
+
     print("openai client: ok", openai.__version__)
+
+
+def structured_outputs(client, model: str) -> None:
+    """`parse()` with a Pydantic model (nested object, enum, list, integer), json_object."""
+    import enum
+    import json
+    from typing import List
+
+    from pydantic import BaseModel, Field
+
+    class Kind(str, enum.Enum):
+        cat = "cat"
+        dog = "dog"
+
+    class Owner(BaseModel):
+        name: str = Field(max_length=16)
+        age: int
+
+    class Pet(BaseModel):
+        name: str = Field(max_length=16)
+        kind: Kind
+        age: int
+        toys: List[str] = Field(max_length=3)
+        owner: Owner
+
+    ask = [{"role": "user", "content": "Describe a pet dog named Rex, 3 years old, owned by Ann (31)."}]
+    parsed = client.chat.completions.parse(
+        model=model, messages=ask, response_format=Pet, max_tokens=200, temperature=0,
+    )
+    pet = parsed.choices[0].message.parsed
+    assert parsed.choices[0].finish_reason == "stop", parsed
+    assert isinstance(pet, Pet) and isinstance(pet.owner, Owner), parsed
+    assert pet.kind in (Kind.cat, Kind.dog) and len(pet.toys) <= 3, pet
+    # Forced tokens (keys, separators) were drafted and stood.
+    spec = parsed.usage.model_extra["speculative"]
+    assert 0 < spec["forced_accepted_tokens"] <= spec["forced_tokens"], spec
+
+    obj = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Give the capital of France as JSON."}],
+        response_format={"type": "json_object"},
+        max_tokens=100,
+        temperature=0,
+    )
+    assert obj.choices[0].finish_reason == "stop", obj
+    assert isinstance(json.loads(obj.choices[0].message.content), dict), obj
+
+    try:
+        client.chat.completions.create(
+            model=model, messages=ask, max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}},
+        )
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "response_format", e.body
+    else:
+        raise AssertionError("a schema with an unknown type was accepted")
+
+
+def tool_calls(client, model: str) -> None:
+    """Tools with tool_choice required, named and auto; streamed calls; a tool-result turn."""
+    import json
+
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20},
+                               "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    clock = {"type": "function", "function": {"name": "get_time", "description": "The time now"}}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+    def check(call):
+        assert call.type == "function" and call.id, call
+        args = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            assert set(args) == {"city", "unit"}, args
+            assert args["unit"] in ("celsius", "fahrenheit"), args
+        else:
+            assert call.function.name == "get_time" and args == {}, call
+
+    required = client.chat.completions.create(
+        model=model, messages=ask, tools=[weather, clock], tool_choice="required",
+        parallel_tool_calls=False, max_tokens=120, temperature=0,
+    )
+    choice = required.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, required
+    for call in choice.message.tool_calls:
+        check(call)
+
+    named = client.chat.completions.create(
+        model=model, messages=ask, tools=[weather, clock],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False, max_tokens=60, temperature=0,
+    )
+    calls = named.choices[0].message.tool_calls
+    assert named.choices[0].finish_reason == "tool_calls" and len(calls) == 1, named
+    assert calls[0].function.name == "get_time", calls
+    check(calls[0])
+
+    # Streamed: the client assembles the calls from their deltas, by index.
+    stream = client.chat.completions.create(
+        model=model, messages=ask, tools=[weather, clock], tool_choice="required",
+        parallel_tool_calls=False, max_tokens=120, temperature=0, stream=True,
+    )
+    assembled, finish = {}, None
+    for chunk in stream:
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            for d in c.delta.tool_calls or []:
+                entry = assembled.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                entry["id"] += d.id or ""
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+    assert finish == "tool_calls", finish
+    whole = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+    streamed = [(e["name"], json.loads(e["arguments"])) for _, e in sorted(assembled.items())]
+    assert streamed == whole, (streamed, whole)
+
+    # The tool's result goes back, and the model answers (auto: text or another call).
+    first = choice.message.tool_calls[0]
+    turn = ask + [
+        {"role": "assistant", "content": None, "tool_calls": [first.model_dump()]},
+        {"role": "tool", "tool_call_id": first.id, "content": "18 degrees, sunny"},
+    ]
+    answer = client.chat.completions.create(
+        model=model, messages=turn, tools=[weather, clock], max_tokens=60, temperature=0,
+    )
+    a = answer.choices[0]
+    assert a.finish_reason in ("stop", "length", "tool_calls"), answer
+    if a.finish_reason == "tool_calls":
+        for call in a.message.tool_calls:
+            check(call)
+    else:
+        assert a.message.content and not a.message.content.startswith("<tool_call>"), answer
+
+    try:
+        client.chat.completions.create(
+            model=model, messages=ask, tools=[weather],
+            tool_choice={"type": "function", "function": {"name": "missing"}},
+        )
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "tool_choice", e.body
+    else:
+        raise AssertionError("tool_choice naming a missing function was accepted")
 
 
 if __name__ == "__main__":

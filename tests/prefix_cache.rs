@@ -59,6 +59,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, gamma: GammaPolicy, eos: &[u32])
         },
         logprobs: Some(2),
         prompt_logprobs: None,
+        constraint: None,
     }
 }
 

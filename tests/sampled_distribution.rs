@@ -251,6 +251,7 @@ fn engine_arm(
                     },
                     logprobs: None,
                     prompt_logprobs: None,
+                    constraint: None,
                 };
                 streams.push(engine.submit(req).await.unwrap());
             }

@@ -189,6 +189,7 @@ async fn run_question(
             },
             logprobs: None,
             prompt_logprobs: None,
+            constraint: None,
         };
         let started = Instant::now();
         let mut events = engine.submit(request).await.map_err(|e| {

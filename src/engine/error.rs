@@ -1,6 +1,7 @@
 //! The engine's error type, at the bottom of the engine so every part of it can use it without
 //! pointing back up at the module root.
 
+use crate::constraint::ConstraintError;
 use crate::draft::DraftError;
 use crate::model::ModelError;
 use crate::sampling::speculative::SpecError;
@@ -32,6 +33,8 @@ pub enum EngineError {
     Draft(String),
     #[error("speculation: {0}")]
     Speculation(String),
+    #[error(transparent)]
+    Constraint(#[from] ConstraintError),
 }
 
 impl From<DraftError> for EngineError {

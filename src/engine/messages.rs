@@ -3,6 +3,7 @@
 use tokio::sync::mpsc;
 
 use super::request::{EngineRequest, FinishReason, Usage};
+use crate::constraint::TokenMask;
 use crate::draft::{DraftTiming, Proposal};
 use crate::sampling::{DraftGate, Lenience, SamplingParams, SeededRng, TokenLogprob};
 
@@ -182,6 +183,9 @@ pub struct TargetItem {
     pub logprobs: Option<usize>,
     /// Logprobs of the prompt tokens this item's rows predict (prefill).
     pub prompt_logprobs: Option<usize>,
+    /// A constrained sequence's grammar masks: one per row of a Verify item, one for the
+    /// sampled token of a PrefillLast item; empty when unconstrained.
+    pub masks: Vec<TokenMask>,
 }
 
 /// One sequence's result of a target forward.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::error::EngineError;
 use super::speculation_override::RequestSpeculation;
+use crate::constraint::CompiledConstraint;
 use crate::model::TextTokenizer;
 use crate::sampling::SamplingParams;
 
@@ -97,6 +98,9 @@ pub struct SpeculationStats {
     pub tree_rounds: usize,
     pub tree_nodes: usize,
     pub tree_branch_accepts: usize,
+    /// Drafts the grammar forced (in `draft_tokens` too) and how many of them stood.
+    pub forced_tokens: usize,
+    pub forced_accepted: usize,
 }
 
 impl SpeculationStats {
@@ -123,6 +127,9 @@ pub struct EngineRequest {
     /// Report each prompt token's log-probability (from the second on) with this many
     /// alternatives: the model's own distribution, no processors (nothing was sampled there).
     pub prompt_logprobs: Option<usize>,
+    /// The grammar its output must match (structured outputs), compiled before it was
+    /// queued; each of its sequences runs its own matcher.
+    pub constraint: Option<CompiledConstraint>,
 }
 
 /// Token counts of a finished request.

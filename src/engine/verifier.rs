@@ -265,7 +265,12 @@ fn run_batch(
                             .map(|(row, &t)| token_logprob(row, t, n))
                             .collect();
                     }
-                    if let Some(row) = last {
+                    if let Some(mut row) = last {
+                        // The first token's mask goes on the raw row: a mask's -inf survives
+                        // the penalties unchanged, so the order matches a verified row's.
+                        if let Some(mask) = it.masks.first() {
+                            mask.apply(&mut row);
+                        }
                         let tok = s
                             .sampler
                             .pick(&row, &it.params, &it.context, &[], &mut rng)?;
@@ -349,5 +354,6 @@ fn verify_input(it: &TargetItem, rows: Vec<Vec<f32>>) -> VerifyInput<'_> {
         proposal: &it.proposal,
         rows,
         logprobs: it.logprobs,
+        masks: &it.masks,
     }
 }

@@ -4,6 +4,7 @@
 //! both accept exactly the same drafts.
 
 use super::error::EngineError;
+use crate::constraint::TokenMask;
 use crate::draft::Proposal;
 use crate::sampling::speculative::{accept_greedy, accept_sampled, DraftDist, RoundOutcome};
 use crate::sampling::tree::{accept_tree_greedy, accept_tree_sampled, DraftTree, TreeOutcome};
@@ -34,6 +35,9 @@ pub struct VerifyInput<'a> {
     pub rows: Vec<Vec<f32>>,
     /// Report each emitted token's logprob with this many alternatives.
     pub logprobs: Option<usize>,
+    /// A constrained request's grammar masks, one per row (empty: unconstrained). Applied
+    /// after the penalties, exactly where plain decoding applies them.
+    pub masks: &'a [TokenMask],
 }
 
 /// Applies the request's processors to each verified row (row i sees the context plus the
@@ -55,6 +59,7 @@ pub fn verify(
         proposal,
         rows,
         logprobs,
+        masks,
     } = input;
     let drafts = &proposal.tokens[..];
     let mut history = context.to_vec();
@@ -69,10 +74,8 @@ pub fn verify(
         process_row(
             params,
             lenience,
-            &history,
-            prompt_len,
-            i,
-            &row,
+            (&history, prompt_len),
+            (i, &row, masks.get(i)),
             s,
             logprobs.is_some(),
         )?;
@@ -108,20 +111,20 @@ pub fn verify(
 /// Applies the request's processors to target row `i`, whose history (prompt and output up
 /// to it) is `history`: the processed row goes to `s.target_probs[i]` (probabilities, or for
 /// exact greedy the processed logits), and to `s.processed[i]` when logprobs are wanted.
-#[allow(clippy::too_many_arguments)]
 fn process_row(
     params: &SamplingParams,
     lenience: Lenience,
-    history: &[u32],
-    prompt_len: usize,
-    i: usize,
-    row: &[f32],
+    (history, prompt_len): (&[u32], usize),
+    (i, row, mask): (usize, &[f32], Option<&TokenMask>),
     s: &mut Scratch,
     keep_processed: bool,
 ) -> Result<(), EngineError> {
     s.logits.clear();
     s.logits.extend_from_slice(row);
     apply_penalties(&mut s.logits, params, history, &history[prompt_len..]);
+    if let Some(mask) = mask {
+        mask.apply(&mut s.logits);
+    }
     if keep_processed {
         s.processed[i].clear();
         s.processed[i].extend_from_slice(&s.logits);
@@ -163,7 +166,13 @@ pub fn verify_tree(
         proposal,
         rows,
         logprobs,
+        masks,
     } = input;
+    if !masks.is_empty() {
+        return Err(EngineError::Worker(
+            "a constrained request is verified as a chain, never a tree".into(),
+        ));
+    }
     let parents = proposal.parents_or_chain();
     let tree = DraftTree {
         tokens: &proposal.tokens,
@@ -185,10 +194,8 @@ pub fn verify_tree(
         process_row(
             params,
             exact,
-            &history,
-            prompt_len,
-            r,
-            row,
+            (&history, prompt_len),
+            (r, row, None),
             s,
             logprobs.is_some(),
         )?;

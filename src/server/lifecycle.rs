@@ -25,6 +25,7 @@ pub async fn run(
     crate::telemetry::register_config_reloads();
     crate::telemetry::register_draft_gate();
     crate::telemetry::register_trees();
+    crate::telemetry::register_constraints();
     crate::telemetry::register_speculation();
     crate::telemetry::register_engine_health();
     let admin_token = admin_token(&config)?;

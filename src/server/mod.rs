@@ -17,7 +17,9 @@ mod reload;
 mod response;
 pub mod schema;
 pub mod startup;
+mod structured;
 mod tokenize;
+mod tools;
 mod validation;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

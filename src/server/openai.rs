@@ -21,8 +21,11 @@ use super::response::{
 };
 use super::schema::{parse_request, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use super::startup::Loaded;
+use super::structured::{compile, requested_constraint};
+use super::tools::{read_tools, Tools};
 use super::validation::{chat_turns, check_token_ids, engine_request, tokenize};
 use super::{read_body, AppState};
+use crate::constraint::CompiledConstraint;
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let loaded = state.ready()?;
@@ -90,7 +93,11 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Resp
             Endpoint::Completions,
             prompts.into_iter().map(|(tokens, _)| tokens).collect(),
             common,
-            Reporting { logprobs, echo },
+            Reporting {
+                logprobs,
+                echo,
+                tools: None,
+            },
             &rid,
         )
         .await
@@ -107,7 +114,8 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) ->
         let bytes = read_body(&state, body).await?;
         let (req, common): (ChatRequest, _) = parse_request(&bytes)?;
         let loaded = state.ready()?;
-        let turns = chat_turns(req.messages)?;
+        let tools = read_tools(req.tools, req.tool_choice.as_ref(), req.parallel_tool_calls)?;
+        let turns = chat_turns(req.messages, tools.as_ref())?;
         let template = loaded.tokenizer.chat_template().ok_or_else(|| {
             ApiError::invalid("This model has no chat template; use /v1/completions.")
         })?;
@@ -131,6 +139,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) ->
             Reporting {
                 logprobs,
                 echo: Vec::new(),
+                tools,
             },
             &rid,
         )
@@ -175,6 +184,8 @@ struct Reporting {
     /// Completions' `echo`: each prompt before its choices' text (with its logprobs when
     /// asked); empty without echo.
     echo: Vec<Echo>,
+    /// Chat's tools: the answer may be calls, parsed out of its text.
+    tools: Option<Tools>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -199,12 +210,19 @@ async fn respond(
             ),
         ));
     }
+    let constraint = request_constraint(loaded, &params, reporting.tools.as_ref())?;
     let mut requests = Vec::with_capacity(prompts.len());
     for prompt in prompts {
         let mut request = engine_request(state, loaded, prompt, &params)?;
         request.logprobs = reporting.logprobs;
         request.prompt_logprobs = reporting.logprobs.filter(|_| !reporting.echo.is_empty());
+        request.constraint = constraint.as_ref().map(|(c, _)| c.clone());
         requests.push(request);
+    }
+    if let Some((_, kind)) = &constraint {
+        for _ in 0..requests.len() * n {
+            crate::telemetry::record_constrained_request(kind);
+        }
     }
     let prompt_tokens: usize = requests.iter().map(|r| r.generation.prompt.len()).sum();
     let max_tokens = requests[0].generation.max_tokens;
@@ -229,6 +247,7 @@ async fn respond(
             choices_per_prompt: n,
             echo: reporting.echo,
             eos_ids,
+            tools: reporting.tools.as_ref().is_some_and(Tools::active),
         },
     };
     if params.stream == Some(true) {
@@ -261,4 +280,41 @@ async fn respond(
         log_finished(c.finish, &c.usage, started);
     }
     Ok(Json(meta.full(&done)).into_response())
+}
+
+/// The one constraint a request runs under, compiled, with its kind for the metrics: from
+/// its structured-output fields or from its tools (which cannot be combined).
+fn request_constraint(
+    loaded: &Loaded,
+    params: &CommonParams,
+    tools: Option<&Tools>,
+) -> Result<Option<(CompiledConstraint, &'static str)>, ApiError> {
+    let requested = requested_constraint(params)?;
+    let from_tools = tools.and_then(Tools::constraint);
+    let (field, spec, kind) = match (requested, from_tools) {
+        (Some((field, _)), Some(_)) => {
+            return Err(ApiError::invalid_param(
+                field,
+                format!(
+                    "`{field}` cannot be combined with tools the model may call; set \
+                     tool_choice to none to constrain the answer instead."
+                ),
+            ))
+        }
+        (Some((field, spec)), None) => {
+            let kind = spec.kind();
+            (field, spec, kind)
+        }
+        (None, Some(spec)) => ("tools", spec, "tools"),
+        (None, None) => return Ok(None),
+    };
+    if params.ignore_eos == Some(true) {
+        return Err(ApiError::invalid_param(
+            "ignore_eos",
+            "ignore_eos cannot go with a structured output or tools: the grammar ends the \
+             output with the end-of-sequence token.",
+        ));
+    }
+    let compiled = compile(loaded.constraints.as_deref(), field, &spec)?;
+    Ok(Some((compiled, kind)))
 }

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::logprobs::{chat_content, CompletionLogprobs};
+use super::tools::{call_id, parse_calls, StreamPiece, ToolStream};
 use crate::engine::{Completion, EngineEvent, EventStream, FinishReason, Usage};
 use crate::model::TextTokenizer;
 use crate::sampling::TokenLogprob;
@@ -53,6 +54,9 @@ pub(super) struct Report {
     pub echo: Vec<Echo>,
     /// The tokens that end the output; like their text, their logprobs are not reported.
     pub eos_ids: Vec<u32>,
+    /// Chat with tools the model may call: an answer that is calls is reported as
+    /// `tool_calls`.
+    pub tools: bool,
 }
 
 pub(super) struct Echo {
@@ -84,6 +88,8 @@ fn total_usage(usages: &[Usage], choices_per_prompt: usize) -> Usage {
         total.speculative.tree_rounds += u.speculative.tree_rounds;
         total.speculative.tree_nodes += u.speculative.tree_nodes;
         total.speculative.tree_branch_accepts += u.speculative.tree_branch_accepts;
+        total.speculative.forced_tokens += u.speculative.forced_tokens;
+        total.speculative.forced_accepted += u.speculative.forced_accepted;
     }
     total
 }
@@ -104,6 +110,8 @@ fn usage_json(u: &Usage) -> Value {
             "tree_rounds": s.tree_rounds,
             "tree_nodes": s.tree_nodes,
             "tree_branch_accepts": s.tree_branch_accepts,
+            "forced_tokens": s.forced_tokens,
+            "forced_accepted_tokens": s.forced_accepted,
         },
     })
 }
@@ -115,6 +123,8 @@ struct ChoiceOut {
     started: bool,
     chat_logprobs: Vec<Value>,
     completion_logprobs: CompletionLogprobs,
+    /// With tools: the answer's text split into text and calls as it streams.
+    tool_stream: ToolStream,
 }
 
 impl ChoiceOut {
@@ -203,10 +213,28 @@ impl ResponseMeta {
                 );
                 let logprobs = out.take_logprobs(self);
                 let finish = c.finish.as_openai();
+                let calls = match (self.report.tools, c.finish) {
+                    (true, FinishReason::Stop) => parse_calls(&text),
+                    _ => None,
+                };
                 match self.endpoint {
                     Endpoint::Completions => json!({
                         "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
                     }),
+                    Endpoint::Chat if calls.is_some() => {
+                        let calls: Vec<Value> = calls
+                            .into_iter()
+                            .flatten()
+                            .enumerate()
+                            .map(|(k, call)| call.to_json(&call_id(&self.id, index, k), None))
+                            .collect();
+                        json!({
+                            "index": index,
+                            "message": {"role": "assistant", "content": null, "tool_calls": calls},
+                            "logprobs": logprobs,
+                            "finish_reason": "tool_calls",
+                        })
+                    }
                     Endpoint::Chat => json!({
                         "index": index,
                         "message": {"role": "assistant", "content": text},
@@ -253,6 +281,19 @@ impl ResponseMeta {
         json!({
             "id": self.id, "object": self.object(true), "created": self.created,
             "model": self.model, "choices": [choice],
+        })
+    }
+
+    /// A streamed chat chunk of choice `index` carrying one whole tool call (OpenAI's clients
+    /// assemble calls from such deltas by their `index`).
+    fn tool_chunk(&self, index: usize, call: Value, logprobs: Value) -> Value {
+        json!({
+            "id": self.id, "object": self.object(true), "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": index, "delta": {"tool_calls": [call]}, "logprobs": logprobs,
+                "finish_reason": null,
+            }],
         })
     }
 
@@ -380,10 +421,31 @@ impl StreamState {
                     &logprobs,
                     &prompt_logprobs,
                 );
-                let lp = choice.take_logprobs(&self.meta);
+                let mut lp = choice.take_logprobs(&self.meta);
                 let has_logprobs = self.meta.report.logprobs
                     && (!logprobs.is_empty() || !prompt_logprobs.is_empty());
-                if !delta.is_empty() || has_logprobs {
+                if self.meta.report.tools {
+                    let mut sent = false;
+                    for piece in choice.tool_stream.push(&delta) {
+                        let c = match piece {
+                            StreamPiece::Text(t) => {
+                                self.meta.chunk(index, Some(&t), false, lp.take(), None)
+                            }
+                            StreamPiece::Call(call) => {
+                                let k = choice.tool_stream.released - 1;
+                                let id = call_id(&self.meta.id, index, k);
+                                self.meta
+                                    .tool_chunk(index, call.to_json(&id, Some(k)), lp.take())
+                            }
+                        };
+                        self.out.push_back(data(&c));
+                        sent = true;
+                    }
+                    if !sent && has_logprobs {
+                        let c = self.meta.chunk(index, None, false, lp, None);
+                        self.out.push_back(data(&c));
+                    }
+                } else if !delta.is_empty() || has_logprobs {
                     let c = self.meta.chunk(index, Some(&delta), false, lp, None);
                     self.out.push_back(data(&c));
                 }
@@ -391,9 +453,22 @@ impl StreamState {
             Some(EngineEvent::Done { finish, usage }) => {
                 self.span
                     .in_scope(|| log_finished(finish, &usage, self.started));
+                let mut reason = finish.as_openai();
+                if self.meta.report.tools {
+                    let stream = &mut self.choices[index].tool_stream;
+                    if let Some(rest) = stream.finish() {
+                        let c = self
+                            .meta
+                            .chunk(index, Some(&rest), false, Value::Null, None);
+                        self.out.push_back(data(&c));
+                    }
+                    if stream.is_calls() && finish == FinishReason::Stop {
+                        reason = "tool_calls";
+                    }
+                }
                 let c = self
                     .meta
-                    .chunk(index, None, false, Value::Null, Some(finish.as_openai()));
+                    .chunk(index, None, false, Value::Null, Some(reason));
                 self.out.push_back(data(&c));
                 self.usages[index] = Some(usage);
                 self.events[index] = None;

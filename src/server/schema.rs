@@ -165,6 +165,15 @@ pub struct CommonParams {
     pub speculative: Option<crate::engine::SpeculationOverride>,
     /// vLLM's extension: keep going past end-of-sequence tokens (benchmarks).
     pub ignore_eos: Option<bool>,
+    /// Structured outputs (`structured.rs`): OpenAI's field, then vLLM's and llama.cpp's.
+    pub response_format: Option<serde_json::Value>,
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    pub json_schema: Option<serde_json::Value>,
+    /// llama.cpp's GBNF grammar: refused with the field to use instead.
+    pub grammar: Option<serde_json::Value>,
 }
 
 /// The most alternatives a token's logprobs may list (OpenAI's limit for `top_logprobs`).
@@ -269,15 +278,56 @@ pub struct ContentPart {
 pub struct ChatMessageIn {
     pub role: String,
     pub content: Option<MessageContent>,
+    /// An assistant turn's tool calls.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A tool turn: the call it answers.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
+}
+
+/// A tool call of an earlier assistant turn, as the client sends it back.
+#[derive(Debug, Deserialize)]
+pub struct ToolCallIn {
+    pub id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub function: FunctionCallIn,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallIn {
+    pub name: String,
+    /// The arguments as a JSON string (OpenAI's shape); an object is taken too.
+    pub arguments: serde_json::Value,
+}
+
+/// One entry of `tools`.
+#[derive(Debug, Deserialize)]
+pub struct ToolIn {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: Option<FunctionIn>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionIn {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<serde_json::Value>,
+    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
     pub messages: Option<Vec<ChatMessageIn>>,
+    pub tools: Option<Vec<ToolIn>>,
+    pub tool_choice: Option<serde_json::Value>,
+    pub parallel_tool_calls: Option<bool>,
 }
 
 impl EndpointFields for ChatRequest {
-    const FIELDS: &'static [&'static str] = &["messages"];
+    const FIELDS: &'static [&'static str] =
+        &["messages", "tools", "tool_choice", "parallel_tool_calls"];
 }
 
 impl MessageContent {

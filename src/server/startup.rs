@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use crate::config::Config;
+use crate::constraint::ConstraintVocabulary;
 use crate::engine::Engine;
 use crate::model::TextTokenizer;
 use crate::setup::{engine_config, load_models, SetupError};
@@ -24,6 +25,9 @@ pub struct Loaded {
     /// When the model was loaded and began to be served (Unix seconds): `/v1/models`'
     /// `created`.
     pub created: u64,
+    /// The vocabulary structured outputs compile against; `None` (with the reason logged at
+    /// start-up) for a model that cannot end a constrained output.
+    pub constraints: Option<Arc<ConstraintVocabulary>>,
 }
 
 /// Loads everything and starts the engine.
@@ -42,6 +46,15 @@ pub async fn start(config: Config, threads: usize) -> Result<Loaded, ServerError
         config.server.model_name.clone()
     };
     let tokenizer = Arc::clone(&target.tokenizer);
+    let vocab = target.model.hparams().vocab_size;
+    let for_constraints = Arc::clone(&tokenizer);
+    let constraints =
+        tokio::task::spawn_blocking(move || ConstraintVocabulary::new(for_constraints, vocab))
+            .await
+            .map_err(|e| ServerError::Startup(format!("constraint vocabulary panicked: {e}")))?
+            .inspect_err(|e| tracing::warn!(error = %e, "structured outputs are unavailable"))
+            .ok()
+            .map(Arc::new);
     let engine = Engine::start(
         Arc::new(target.model),
         draft,
@@ -56,5 +69,6 @@ pub async fn start(config: Config, threads: usize) -> Result<Loaded, ServerError
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        constraints,
     })
 }

@@ -59,7 +59,7 @@ pub async fn tokenize(
     let text = match (req.content, req.prompt, req.messages) {
         (Some(t), None, None) | (None, Some(t), None) => t,
         (None, None, Some(messages)) => {
-            let turns = chat_turns(Some(messages))?;
+            let turns = chat_turns(Some(messages), None)?;
             let template = tok.chat_template().ok_or_else(|| {
                 ApiError::invalid_param("messages", "This model has no chat template.")
             })?;

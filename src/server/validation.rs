@@ -8,8 +8,11 @@
 use std::sync::Arc;
 
 use super::error::ApiError;
+use serde_json::{json, Value};
+
 use super::schema::{ChatMessageIn, CommonParams, StopInput};
 use super::startup::Loaded;
+use super::tools::Tools;
 use super::AppState;
 use crate::engine::{EngineRequest, GenerationRequest};
 use crate::model::ChatMessage;
@@ -45,9 +48,12 @@ pub(super) fn check_token_ids(loaded: &Loaded, ids: Vec<u32>) -> Result<Vec<u32>
     Ok(ids)
 }
 
-/// The chat messages as the chat template takes them, with roles checked.
+/// The chat messages as the chat template takes them, with roles checked. Tool turns and
+/// an assistant's tool calls are written in the tools' format (`tools.rs`), and the tools'
+/// description joins the system prompt when the model may call them.
 pub(super) fn chat_turns(
     messages: Option<Vec<ChatMessageIn>>,
+    tools: Option<&Tools>,
 ) -> Result<Vec<ChatMessage>, ApiError> {
     let Some(messages) = messages else {
         return Err(ApiError::invalid_param(
@@ -61,23 +67,63 @@ pub(super) fn chat_turns(
             "`messages` must hold at least one message.",
         ));
     }
-    let mut turns = Vec::with_capacity(messages.len());
+    let mut turns = Vec::with_capacity(messages.len() + 1);
     for (i, m) in messages.into_iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
+            // A tool's result goes back to the model as a user turn in the tools' format.
+            "tool" => "user",
             other => {
                 return Err(ApiError::invalid_param(
                     &format!("messages[{i}].role"),
-                    format!("Unknown role `{other}`: use system, user or assistant."),
+                    format!("Unknown role `{other}`: use system, user, assistant or tool."),
                 ))
             }
         };
-        let content = match m.content {
+        let mut content = match m.content {
             Some(c) => c.into_text(i)?,
             None => String::new(),
         };
+        if m.role == "tool" {
+            if m.tool_call_id.as_deref().is_none_or(str::is_empty) {
+                return Err(ApiError::invalid_param(
+                    &format!("messages[{i}].tool_call_id"),
+                    "A tool message needs the `tool_call_id` of the call it answers.",
+                ));
+            }
+            content = format!("<tool_response>\n{content}\n</tool_response>");
+        } else if m.tool_calls.is_some() && m.role != "assistant" {
+            return Err(ApiError::invalid_param(
+                &format!("messages[{i}].tool_calls"),
+                "Only assistant messages carry tool_calls.",
+            ));
+        }
+        for (k, call) in m.tool_calls.into_iter().flatten().enumerate() {
+            if call.kind.as_deref().is_some_and(|k| k != "function") {
+                return Err(ApiError::invalid_param(
+                    &format!("messages[{i}].tool_calls[{k}].type"),
+                    "Only `function` tool calls exist.",
+                ));
+            }
+            let _ = call.id; // The call is written by its name; tool turns answer in order.
+            let arguments: Value = match call.function.arguments {
+                Value::String(s) => serde_json::from_str(&s).map_err(|e| {
+                    ApiError::invalid_param(
+                        &format!("messages[{i}].tool_calls[{k}].function.arguments"),
+                        format!("The arguments are not valid JSON: {e}"),
+                    )
+                })?,
+                other => other,
+            };
+            if !content.is_empty() {
+                content.push('\n');
+            }
+            let body = json!({"name": call.function.name, "arguments": arguments});
+            content.push_str(&format!("<tool_call>\n{body}\n</tool_call>"));
+        }
+        let _ = m.name;
         turns.push(ChatMessage::new(role, content));
     }
     if turns.iter().all(|t| t.content.trim().is_empty()) {
@@ -85,6 +131,15 @@ pub(super) fn chat_turns(
             "messages",
             "Every message is empty.",
         ));
+    }
+    if let Some(tools) = tools.filter(|t| t.active()) {
+        let prompt = tools.system_prompt();
+        match turns.first_mut() {
+            Some(first) if first.role == "system" => {
+                first.content = format!("{}\n\n{prompt}", first.content);
+            }
+            _ => turns.insert(0, ChatMessage::new("system", prompt)),
+        }
     }
     Ok(turns)
 }
@@ -234,5 +289,6 @@ pub(super) fn engine_request(
         speculation: spec,
         logprobs: None,
         prompt_logprobs: None,
+        constraint: None,
     })
 }

@@ -143,6 +143,7 @@ fn run(
                 proposal: &proposal,
                 rows,
                 logprobs: None,
+                masks: &[],
             },
             spec.lenience,
             &mut s,

@@ -228,6 +228,8 @@ impl Scheduler {
                     leads: i == 0 && choices > 1,
                     cached: if i == 0 { cached } else { 0 },
                     _permit: permit,
+                    constraint: request.constraint.as_ref().map(|c| c.start()),
+                    round_forced: 0,
                     request,
                 });
             }

@@ -14,6 +14,7 @@
 //! alternatives by the governor's prices too (`trees`).
 
 mod admission;
+mod constrain;
 mod drafting;
 mod outcome;
 mod round;

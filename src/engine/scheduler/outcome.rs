@@ -49,6 +49,9 @@ impl Scheduler {
                 s.spec.rounds += 1;
                 s.spec.draft_tokens += drafts.len();
                 s.spec.accepted_tokens += o.accepted;
+                s.spec.forced_tokens += s.round_forced;
+                s.spec.forced_accepted += o.accepted.min(s.round_forced);
+                telemetry::record_forced(s.round_forced, o.accepted.min(s.round_forced));
             }
             // The acceptance estimate follows the chain: a tree's alternatives have their own.
             let (chain, chain_accepted) = match &o.tree {
@@ -69,6 +72,13 @@ impl Scheduler {
         let round = o.accepted_tokens.iter().copied().chain([next]);
         match s.emit_round(round) {
             Ok(mut emission) => {
+                // The grammar follows what was emitted (nothing past a stop matters).
+                if let Some(c) = s.constraint.as_mut() {
+                    if let Err(e) = c.advance(&emission.tokens) {
+                        let why = format!("structured output: {e}");
+                        return Some((id, Err(Failure::engine(why))));
+                    }
+                }
                 let mut logprobs = o.logprobs;
                 logprobs.truncate(emission.tokens.len());
                 emission.logprobs = logprobs;

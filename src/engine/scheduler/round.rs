@@ -71,6 +71,11 @@ impl Scheduler {
             });
         }
         self.shape_proposals(&mut items, &live);
+        let (failed, mask_seconds) = self.constrain_items(&mut items, &live);
+        let mut ended: Vec<_> = failed
+            .into_iter()
+            .map(|(seq, failure)| (seq, Err(failure)))
+            .collect();
         // A tree is verified as one walk: no next round is guessed beside it.
         guesses.retain(|&(seq, _)| items.iter().any(|i| i.seq == seq && i.parents.is_empty()));
         for &(seq, gamma) in &guesses {
@@ -121,6 +126,9 @@ impl Scheduler {
         let (ahead_secs, mut guessed) = self.take_drafts(ahead?, &guesses);
         self.rounds += 1;
         let Some(result) = target? else {
+            for ending in ended {
+                self.end_sequence(ending).await;
+            }
             return Ok(());
         };
         self.overlap.record(wall, result.seconds, ahead_secs);
@@ -128,6 +136,7 @@ impl Scheduler {
         let times = RoundTimes {
             draft: draft_timing,
             verify_seconds: result.seconds,
+            mask_seconds,
             round_seconds: round_start.elapsed().as_secs_f64(),
         };
         if let (Some(f), false) = (forecast, pipelined) {
@@ -149,7 +158,6 @@ impl Scheduler {
             self.costs.record_verify(result.seconds, width);
         }
 
-        let mut ended = Vec::new();
         for outcome in result.outcomes {
             ended.extend(self.take_outcome(outcome, &sent, &mut guessed));
         }

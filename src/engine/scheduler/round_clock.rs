@@ -34,6 +34,8 @@ impl Overlap {
 pub(super) struct RoundTimes {
     pub draft: DraftTiming,
     pub verify_seconds: f64,
+    /// Constrained sequences' grammar work (drafts checked, forced tokens, masks).
+    pub mask_seconds: f64,
     pub round_seconds: f64,
 }
 
@@ -51,6 +53,7 @@ pub(super) fn log_forecast(f: &RoundForecast, t: &RoundTimes) {
         catch_up_tokens = t.draft.catch_up_tokens,
         forecast_verify_ms = f.verify * 1e3,
         verify_ms = t.verify_seconds * 1e3,
+        mask_ms = t.mask_seconds * 1e3,
         round_ms = t.round_seconds * 1e3,
         "round"
     );

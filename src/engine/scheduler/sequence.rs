@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
+use crate::constraint::SequenceConstraint;
 use crate::draft::Proposal;
 use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
@@ -63,6 +64,10 @@ pub(super) struct Sequence {
     pub cached: usize,
     /// Its share of the engine's capacity, given back when the sequence is dropped.
     pub _permit: OwnedSemaphorePermit,
+    /// Its grammar state, when the request constrains its output (`constrain.rs`).
+    pub constraint: Option<SequenceConstraint>,
+    /// How many of the drafts sent this round the grammar forced (they come first).
+    pub round_forced: usize,
 }
 
 /// The tokens one round released for a sequence, and whether they ended it.
@@ -96,7 +101,7 @@ impl Sequence {
         }
     }
 
-    fn remaining(&self) -> usize {
+    pub(super) fn remaining(&self) -> usize {
         self.request.generation.max_tokens - self.emitter.generated()
     }
 
@@ -230,6 +235,7 @@ impl Sequence {
                 TargetWork::Verify => None,
                 _ => self.request.prompt_logprobs,
             },
+            masks: Vec::new(),
         }
     }
 

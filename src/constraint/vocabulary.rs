@@ -1,0 +1,95 @@
+//! The model's vocabulary as llguidance sees it: every token's bytes, special tokens marked,
+//! the end-of-sequence tokens, and the tokenizer for forced bytes. Built once per model, from
+//! tandem's own tokenizer, so GGUF and Hugging Face models work alike.
+
+use std::sync::Arc;
+
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::ParserFactory;
+
+use super::ConstraintError;
+use crate::model::TextTokenizer;
+
+/// What every constrained request of one model compiles against.
+pub struct ConstraintVocabulary {
+    pub(super) factory: ParserFactory,
+    pub(super) vocab: usize,
+}
+
+impl std::fmt::Debug for ConstraintVocabulary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConstraintVocabulary")
+            .field("vocab", &self.vocab)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The tokenizer behind llguidance's forced tokens.
+struct TokenizerEnvironment {
+    trie: TokTrie,
+    tokenizer: Arc<TextTokenizer>,
+}
+
+impl TokenizerEnv for TokenizerEnvironment {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        match std::str::from_utf8(s) {
+            Ok(text) => self
+                .tokenizer
+                .encode(text, false)
+                .unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
+            Err(_) => self.trie.greedy_tokenize(s),
+        }
+    }
+}
+
+impl ConstraintVocabulary {
+    /// The vocabulary of a model whose logits rows have `vocab` entries (a model may pad its
+    /// output head past the tokenizer's ids: those tokens are never allowed).
+    pub fn new(tokenizer: Arc<TextTokenizer>, vocab: usize) -> Result<Self, ConstraintError> {
+        let known = tokenizer.vocab_size();
+        let mut words = Vec::with_capacity(vocab.max(known));
+        for id in 0..vocab.max(known) as u32 {
+            if id as usize >= known {
+                words.push(Vec::new());
+                continue;
+            }
+            let bytes = tokenizer
+                .token_bytes(id)
+                .map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
+            words.push(if tokenizer.is_special(id) {
+                // llguidance's marker for a special token: never matched by text.
+                let mut w = Vec::with_capacity(bytes.len() + 1);
+                w.push(TokTrie::SPECIAL_TOKEN_MARKER);
+                w.extend_from_slice(&bytes);
+                w
+            } else {
+                bytes
+            });
+        }
+        let eos = tokenizer.eos_ids();
+        let Some(&first_eos) = eos.first() else {
+            return Err(ConstraintError::Vocabulary(
+                "the model has no end-of-sequence token, so no grammar could end".into(),
+            ));
+        };
+        let info = TokRxInfo::new(words.len() as u32, first_eos);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(eos);
+        let env: TokEnv = Arc::new(TokenizerEnvironment { trie, tokenizer });
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
+        factory.quiet();
+        Ok(Self {
+            factory,
+            vocab: words.len(),
+        })
+    }
+
+    /// Entries of a mask (the model's logits width).
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+}
