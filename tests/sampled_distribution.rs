@@ -15,9 +15,14 @@
 //! (which makes tokens 2 and 3, after the prefill's token 1) drafts the whole γ: the test
 //! asserts every request drafted at least γ tokens.
 //!
+//! Structured outputs: the same requests under a small grammar over the six tokens (after one
+//! of them it leaves a single token, which the engine proposes as a forced draft), on the engine with speculation off, pipelined and 4 at once (γ = 3), compared
+//! with the exact distribution of constrained plain sampling (each row masked by the grammar
+//! state after the tokens before it).
+//!
 //! Statistics. Each comparison pools sequences expected fewer than 5 times and takes Pearson's
-//! chi-square p-value. All 32 comparisons (30 speculative arms and the two plain ones that check
-//! the reference itself) must have p ≥ 1e-3 / 32, so the whole test raises a false alarm with
+//! chi-square p-value. All 38 comparisons (30 speculative arms, the two plain ones that check
+//! the reference itself, and the six constrained arms below) must have p ≥ 1e-3 / 38, so the whole test raises a false alarm with
 //! probability at most 1e-3 per draw of seeds (Bonferroni). With N = 3000 requests an arm, about
 //! 74 cells remain after pooling with temperature alone and 17 with every processor; at that
 //! threshold each comparison then detects, with probability ≥ 0.99, any deviation whose
@@ -32,6 +37,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::stats::{goodness_of_fit, Fit};
+use tandem::constraint::{CompiledConstraint, ConstraintSpec, ConstraintVocabulary};
 use tandem::draft::ModelDrafter;
 use tandem::engine::{
     generate_plain, generate_speculative, Engine, EngineConfig, EngineRequest, FixedSpeculation,
@@ -47,12 +53,16 @@ const N: u64 = 3000;
 /// One prefill token, then a first round of up to γ = 5 drafts and its correction or bonus.
 const MAX_TOKENS: usize = 7;
 const GAMMAS: [usize; 3] = [1, 3, 5];
-/// 5 paths (trees one of them) × 3 γ × 2 processor settings, and plain sampling under both
-/// settings.
-const COMPARISONS: usize = 32;
+/// 5 paths (trees one of them) × 3 γ × 2 processor settings, plain sampling under both
+/// settings, and 3 constrained arms (the plain reference, pipelined, 4 at once) under both.
+const COMPARISONS: usize = 38;
 const FALSE_ALARM: f64 = 1e-3;
 
 type Triple = [u32; 3];
+
+fn fixed_gamma(g: usize) -> GammaPolicy {
+    GammaPolicy::Fixed(Gamma::try_from(g).unwrap())
+}
 
 fn seed_base() -> u64 {
     std::env::var("TANDEM_TEST_SEED")
@@ -114,8 +124,14 @@ fn request(params: &SamplingParams, seed: u64) -> GenerationRequest {
     }
 }
 
-/// The target's processed distribution after `generated`, exactly as plain sampling sees it.
-fn next_distribution(target: &Llama, params: &SamplingParams, generated: &[u32]) -> Vec<f32> {
+/// The target's processed distribution after `generated`, exactly as plain sampling sees it
+/// (under `grammar`'s mask after `generated`, when constrained).
+fn next_distribution(
+    target: &Llama,
+    params: &SamplingParams,
+    generated: &[u32],
+    grammar: Option<&CompiledConstraint>,
+) -> Vec<f32> {
     let context = [&PROMPT[..], generated].concat();
     let mut cache = target.new_cache(1);
     let slot = cache.allocate().unwrap();
@@ -133,19 +149,29 @@ fn next_distribution(target: &Llama, params: &SamplingParams, generated: &[u32])
         .unwrap();
     let mut row = logits.seq_rows(0).unwrap().pop().unwrap();
     apply_penalties(&mut row, params, &context, generated);
+    if let Some(g) = grammar {
+        let mut state = g.start();
+        state.advance(generated).unwrap();
+        state.mask().unwrap().apply(&mut row);
+    }
     let mut probs = Vec::new();
     probabilities(&row, params, &mut probs).unwrap();
     probs
 }
 
-/// The exact distribution of the first three tokens of plain sampling.
-fn exact_plain(target: &Llama, params: &SamplingParams) -> BTreeMap<Triple, f64> {
+/// The exact distribution of the first three tokens of plain sampling (constrained by
+/// `grammar`, when given).
+fn exact_plain(
+    target: &Llama,
+    params: &SamplingParams,
+    grammar: Option<&CompiledConstraint>,
+) -> BTreeMap<Triple, f64> {
     let mut out = BTreeMap::new();
-    let p1 = next_distribution(target, params, &[]);
+    let p1 = next_distribution(target, params, &[], grammar);
     for (a, &pa) in p1.iter().enumerate().filter(|(_, &p)| p > 0.0) {
-        let p2 = next_distribution(target, params, &[a as u32]);
+        let p2 = next_distribution(target, params, &[a as u32], grammar);
         for (b, &pb) in p2.iter().enumerate().filter(|(_, &p)| p > 0.0) {
-            let p3 = next_distribution(target, params, &[a as u32, b as u32]);
+            let p3 = next_distribution(target, params, &[a as u32, b as u32], grammar);
             for (c, &pc) in p3.iter().enumerate().filter(|(_, &p)| p > 0.0) {
                 out.insert(
                     [a as u32, b as u32, c as u32],
@@ -171,11 +197,16 @@ struct Arm {
 
 impl Arm {
     fn add(&mut self, tokens: &[u32], stats: &SpeculationStats, gamma: usize) {
-        assert_eq!(tokens.len(), MAX_TOKENS, "no end token in this vocabulary");
         assert!(
             stats.draft_tokens >= gamma,
             "the first round drafts the whole γ = {gamma}: {stats:?}"
         );
+        self.add_any(tokens, stats);
+    }
+
+    /// A constrained request's first rounds may be forced tokens rather than γ drafts.
+    fn add_any(&mut self, tokens: &[u32], stats: &SpeculationStats) {
+        assert_eq!(tokens.len(), MAX_TOKENS, "no end token in this vocabulary");
         *self
             .counts
             .entry([tokens[0], tokens[1], tokens[2]])
@@ -185,6 +216,8 @@ impl Arm {
         self.stats.accepted_tokens += stats.accepted_tokens;
         self.stats.tree_rounds += stats.tree_rounds;
         self.stats.tree_branch_accepts += stats.tree_branch_accepts;
+        self.stats.forced_tokens += stats.forced_tokens;
+        self.stats.forced_accepted += stats.forced_accepted;
     }
 }
 
@@ -264,6 +297,53 @@ fn engine_arm(
     arm
 }
 
+/// `N` constrained requests through `engine`, `at_once` in flight together, under `gamma`
+/// (`GammaPolicy::Off`: constrained plain sampling on the engine).
+fn constrained_arm(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    params: &SamplingParams,
+    (gamma, grammar): (GammaPolicy, &CompiledConstraint),
+    at_once: u64,
+    seeds: u64,
+) -> Arm {
+    let mut arm = Arm::default();
+    rt.block_on(async {
+        for batch in 0..N / at_once {
+            let mut streams = Vec::new();
+            for j in 0..at_once {
+                let req = EngineRequest {
+                    generation: request(params, seeds + batch * at_once + j),
+                    speculation: tandem::engine::RequestSpeculation {
+                        gamma,
+                        lenience: Some(Lenience::EXACT),
+                        ..Default::default()
+                    },
+                    logprobs: None,
+                    prompt_logprobs: None,
+                    constraint: Some(grammar.clone()),
+                };
+                streams.push(engine.submit(req).await.unwrap());
+            }
+            for s in streams {
+                let done = s.collect().await.unwrap();
+                arm.add_any(&done.tokens, &done.usage.speculative);
+            }
+        }
+    });
+    arm
+}
+
+/// A grammar over the tiny vocabulary's six tokens (`!"#$%&`): any of them, except that `"`
+/// must be followed by `&` (forced) and cannot end the output. Its mask after `"` leaves a
+/// single token, which the engine proposes as a forced draft.
+fn tiny_grammar(tokenizer: &Arc<tandem::model::TextTokenizer>) -> CompiledConstraint {
+    let vocab = ConstraintVocabulary::new(Arc::clone(tokenizer), VOCAB).unwrap();
+    vocab
+        .compile(&ConstraintSpec::Lark(r#"start: /([!#$%&]|"&)+/"#.into()))
+        .unwrap()
+}
+
 fn start_engine(
     rt: &tokio::runtime::Runtime,
     target: &Arc<Llama>,
@@ -295,7 +375,9 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
     let d2 = tempfile::tempdir().unwrap();
     common::write_tiny_llama(d1.path(), &tiny(3));
     common::write_tiny_blend(d1.path(), &tiny(4), DRAFT_MIX, d2.path());
-    let target = Arc::new(common::load_tiny(d1.path(), WeightsDtype::F32).model);
+    let loaded = common::load_tiny(d1.path(), WeightsDtype::F32);
+    let grammar = tiny_grammar(&loaded.tokenizer);
+    let target = Arc::new(loaded.model);
     let draft = Arc::new(common::load_tiny(d2.path(), WeightsDtype::F32).model);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -332,7 +414,7 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
         }
     };
     for (name, params) in processors() {
-        let exact = exact_plain(&target, &params);
+        let exact = exact_plain(&target, &params, None);
         let plain = plain_arm(&target, &params, next_seeds());
         check(
             format!("{name}, plain"),
@@ -368,6 +450,45 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
                     &goodness_of_fit(&arm.counts, &exact),
                 );
             }
+        }
+        // Constrained: every row masked by the grammar, forced tokens drafted as point masses,
+        // the draft model's chain verified whole (γ = 3), against exact constrained sampling.
+        let exact_constrained = exact_plain(&target, &params, Some(&grammar));
+        let arms = [
+            ("constrained, plain", &engines[2].1, GammaPolicy::Off, 4),
+            (
+                "constrained, pipelined engine",
+                &engines[1].1,
+                fixed_gamma(3),
+                1,
+            ),
+            ("constrained, 4 at once", &engines[2].1, fixed_gamma(3), 4),
+        ];
+        for (path, engine, gamma, at_once) in arms {
+            let arm = constrained_arm(
+                &rt,
+                engine,
+                &params,
+                (gamma, &grammar),
+                at_once,
+                next_seeds(),
+            );
+            if gamma != GammaPolicy::Off {
+                let s = &arm.stats;
+                assert!(
+                    s.forced_tokens > 0
+                        && s.forced_accepted > 0
+                        && s.accepted_tokens > s.forced_accepted,
+                    "{name}, {path}: forced and drafted tokens both stood: {s:?}"
+                );
+            }
+            check(
+                format!(
+                    "{name}, {path} (acceptance {:.2})",
+                    arm.stats.acceptance_rate()
+                ),
+                &goodness_of_fit(&arm.counts, &exact_constrained),
+            );
         }
         // Lenience 0.2 keeps drafts the exact rule rejects: the same comparison must see it.
         let lenient = loop_arm(&target, &draft, &params, 3, 0.2, next_seeds());

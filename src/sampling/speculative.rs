@@ -437,5 +437,8 @@ mod error_tests;
 mod round_tests;
 
 #[cfg(test)]
+#[path = "speculative_masked_round_tests.rs"]
+mod masked_round_tests;
+#[cfg(test)]
 #[path = "speculative_monte_carlo_tests.rs"]
 mod monte_carlo_tests;

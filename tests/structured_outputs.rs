@@ -1,0 +1,280 @@
+//! Structured outputs in the engine: constrained greedy output is the same token for token
+//! with speculation on (both drafters, fixed and governed γ, trees asked for, pipelined or
+//! not, alone and 4 at once) as with it off, the output matches its grammar, and the grammar's
+//! forced tokens were drafted and stood. On the tiny models and on the real default model.
+//! (Sampled constrained output: `tests/sampled_distribution.rs`; the HTTP fields and their
+//! refusals: `tests/server.rs` and `tests/openai_client.py`.)
+
+mod common;
+
+use std::sync::Arc;
+
+use tandem::constraint::{CompiledConstraint, ConstraintSpec, ConstraintVocabulary};
+use tandem::draft::PromptLookup;
+use tandem::engine::{
+    Completion, DraftSource, Engine, EngineConfig, EngineRequest, Gamma, GammaPolicy,
+    GenerationRequest, RequestSpeculation, TreeNodes,
+};
+use tandem::model::{Llama, TextTokenizer, WeightsDtype};
+use tandem::sampling::SamplingParams;
+
+fn untied(seed: u64) -> common::TinySpec {
+    common::TinySpec {
+        tied: false,
+        seed,
+        ..Default::default()
+    }
+}
+
+fn fixed(g: usize) -> GammaPolicy {
+    GammaPolicy::Fixed(Gamma::try_from(g).unwrap())
+}
+
+fn request(
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    eos: &[u32],
+    gamma: GammaPolicy,
+    constraint: &CompiledConstraint,
+) -> EngineRequest {
+    EngineRequest {
+        generation: GenerationRequest {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            eos_ids: eos.to_vec(),
+            ..Default::default()
+        },
+        speculation: RequestSpeculation {
+            gamma,
+            ..Default::default()
+        },
+        logprobs: None,
+        prompt_logprobs: None,
+        constraint: Some(constraint.clone()),
+    }
+}
+
+/// Runs `reqs` at once and collects them.
+fn run_all(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    reqs: Vec<EngineRequest>,
+) -> Vec<Completion> {
+    rt.block_on(async {
+        let mut handles = Vec::new();
+        for r in reqs {
+            let stream = engine.submit(r).await.unwrap();
+            handles.push(tokio::spawn(stream.collect()));
+        }
+        let mut out = Vec::new();
+        for h in handles {
+            out.push(h.await.unwrap().unwrap());
+        }
+        out
+    })
+}
+
+fn text(tok: &TextTokenizer, tokens: &[u32], eos: &[u32]) -> String {
+    let body: Vec<u32> = tokens
+        .iter()
+        .copied()
+        .filter(|t| !eos.contains(t))
+        .collect();
+    tok.decode(&body).unwrap()
+}
+
+/// Whether `s` is `{"a": N, "b": "W"}` with N 1 to 3 digits and W 1 to 6 lowercase letters.
+fn matches_record(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("{\"a\": ") else {
+        return false;
+    };
+    let digits = rest.chars().take_while(char::is_ascii_digit).count();
+    let Some(rest) = rest[digits..].strip_prefix(", \"b\": \"") else {
+        return false;
+    };
+    let letters = rest.chars().take_while(char::is_ascii_lowercase).count();
+    (1..=3).contains(&digits) && (1..=6).contains(&letters) && &rest[letters..] == "\"}"
+}
+
+#[test]
+fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_stand() {
+    let (d1, target) = (tempfile::tempdir().unwrap(), untied(7));
+    common::write_tiny_llama(d1.path(), &target);
+    let loaded = common::load_tiny(d1.path(), WeightsDtype::F32);
+    let blend_dir = tempfile::tempdir().unwrap();
+    common::write_tiny_blend(d1.path(), &untied(99), 0.4, blend_dir.path());
+    let blend = Arc::new(common::load_tiny(blend_dir.path(), WeightsDtype::F32).model);
+    let tok = Arc::clone(&loaded.tokenizer);
+    let eos = tok.eos_ids().to_vec();
+    let target: Arc<Llama> = Arc::new(loaded.model);
+    let vocab = ConstraintVocabulary::new(Arc::clone(&tok), target.hparams().vocab_size).unwrap();
+    let grammar = ConstraintSpec::Lark(
+        "start: \"{\\\"a\\\": \" NUM \", \\\"b\\\": \" WORD \"}\"\nNUM: /[0-9]{1,3}/\nWORD: /\"[a-z]{1,6}\"/\n"
+            .into(),
+    );
+    let constraint = vocab.compile(&grammar).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| {
+            let a = common::random_tokens(300 + i, 6 + 5 * i as usize, 256);
+            [a.clone(), a].concat()
+        })
+        .collect();
+    let rt = common::runtime();
+    let cfg = |pipeline: bool| EngineConfig {
+        max_seqs: 4,
+        prefill_chunk: 16,
+        pipeline,
+        target_threads: if pipeline { 1 } else { 2 },
+        draft_threads: if pipeline { 1 } else { 2 },
+        ..Default::default()
+    };
+    // Constrained plain decoding: no drafter, speculation off (no forced drafts either).
+    let plain_engine = rt
+        .block_on(Engine::start(Arc::clone(&target), None, cfg(false)))
+        .unwrap();
+    let reqs = prompts
+        .iter()
+        .map(|p| request(p.clone(), 48, &eos, GammaPolicy::Off, &constraint))
+        .collect();
+    let want = run_all(&rt, &plain_engine, reqs);
+    for c in &want {
+        let s = text(&tok, &c.tokens, &eos);
+        assert!(matches_record(&s), "plain constrained output {s:?}");
+        assert_eq!(c.usage.speculative.forced_tokens, 0);
+    }
+    drop(plain_engine);
+
+    let sources = [
+        (
+            "prompt-lookup",
+            DraftSource::PromptLookup(PromptLookup::default()),
+        ),
+        (
+            "model",
+            DraftSource::Model {
+                model: blend,
+                name: "tiny-blend".into(),
+            },
+        ),
+    ];
+    for (name, source) in sources {
+        for pipeline in [false, true] {
+            let engine = rt
+                .block_on(Engine::start(
+                    Arc::clone(&target),
+                    Some(source.clone()),
+                    cfg(pipeline),
+                ))
+                .unwrap();
+            for n in [1usize, 4] {
+                for gamma in [fixed(3), GammaPolicy::Adaptive] {
+                    let (mut forced, mut forced_accepted) = (0, 0);
+                    for (ci, chunk) in prompts.chunks(n).enumerate() {
+                        let reqs = chunk
+                            .iter()
+                            .enumerate()
+                            .map(|(j, p)| {
+                                let mut r = request(p.clone(), 48, &eos, gamma, &constraint);
+                                if j % 2 == 1 {
+                                    r.speculation.tree_nodes =
+                                        Some(TreeNodes::within(4, 8).unwrap());
+                                }
+                                r
+                            })
+                            .collect();
+                        for (j, c) in run_all(&rt, &engine, reqs).iter().enumerate() {
+                            let i = ci * n + j;
+                            assert_eq!(
+                                c.tokens, want[i].tokens,
+                                "prompt {i}, {name}, pipeline {pipeline}, {n} at once, {gamma:?}"
+                            );
+                            forced += c.usage.speculative.forced_tokens;
+                            forced_accepted += c.usage.speculative.forced_accepted;
+                        }
+                    }
+                    // Every forced token stands here: the grammar leaves one token at each.
+                    assert!(forced > 0, "{name}: no forced drafts");
+                    assert_eq!(forced_accepted, forced, "{name}, {gamma:?}");
+                }
+            }
+            let stats = rt.block_on(engine.cache_stats()).unwrap();
+            assert!(stats.idle(), "every slot returned: {stats:?}");
+        }
+    }
+}
+
+/// The real model under a JSON schema: speculation with prompt lookup (and forced tokens)
+/// gives the plain constrained output, which parses and has the schema's shape.
+#[test]
+fn real_model_json_schema_output_is_identical_with_speculation() {
+    let loaded = common::load_default(WeightsDtype::Q4_1);
+    let tok = Arc::clone(&loaded.tokenizer);
+    let eos = tok.eos_ids().to_vec();
+    let target = Arc::new(loaded.model);
+    let vocab = ConstraintVocabulary::new(Arc::clone(&tok), target.hparams().vocab_size).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "maxItems": 3},
+        },
+        "required": ["name", "age", "pets"],
+        "additionalProperties": false,
+    });
+    let constraint = vocab.compile(&ConstraintSpec::JsonSchema(schema)).unwrap();
+    let template = tok.chat_template().unwrap();
+    let prompts: Vec<Vec<u32>> = [
+        "Describe Ann, 31, who has a cat, as JSON.",
+        "Describe Bob, a 40 year old with two dogs, as JSON.",
+    ]
+    .iter()
+    .map(|q| {
+        let text = template
+            .render(&[tandem::model::ChatMessage::new("user", *q)], true)
+            .unwrap();
+        tok.encode(&text, true).unwrap()
+    })
+    .collect();
+    let rt = common::runtime();
+    let engine = |source: Option<DraftSource>| {
+        rt.block_on(Engine::start(
+            Arc::clone(&target),
+            source,
+            EngineConfig {
+                max_seqs: 2,
+                ..Default::default()
+            },
+        ))
+        .unwrap()
+    };
+    let plain = engine(None);
+    let reqs = prompts
+        .iter()
+        .map(|p| request(p.clone(), 80, &eos, GammaPolicy::Off, &constraint))
+        .collect();
+    let want = run_all(&rt, &plain, reqs);
+    drop(plain);
+    for c in &want {
+        let v: serde_json::Value = serde_json::from_str(&text(&tok, &c.tokens, &eos)).unwrap();
+        assert!(
+            v["name"].is_string() && v["age"].is_u64() && v["pets"].is_array(),
+            "{v}"
+        );
+    }
+    let spec = engine(Some(DraftSource::PromptLookup(PromptLookup::default())));
+    let reqs = prompts
+        .iter()
+        .map(|p| request(p.clone(), 80, &eos, fixed(3), &constraint))
+        .collect();
+    let got = run_all(&rt, &spec, reqs);
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g.tokens, w.tokens);
+        let s = &g.usage.speculative;
+        assert!(
+            s.forced_accepted > 0 && s.forced_accepted <= s.forced_tokens,
+            "{s:?}"
+        );
+    }
+}
