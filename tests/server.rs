@@ -612,6 +612,91 @@ fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
         ),
         ("/v1/completions", big.as_bytes(), 413, None),
         ("/v1/nothing", b"{}", 404, None),
+        // Structured outputs and tools: refused with their parameter before any work.
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}}"#,
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}"#,
+            400,
+            Some("response_format.type"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}"#,
+            400,
+            Some("response_format.json_schema.schema"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "guided_regex": "[a-"}"#,
+            400,
+            Some("guided_regex"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "guided_choice": []}"#,
+            400,
+            Some("guided_choice"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "guided_regex": "a+", "guided_choice": ["a"]}"#,
+            400,
+            Some("guided_choice"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "grammar": "root ::= \"a\""}"#,
+            400,
+            Some("grammar"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "guided_grammar": "start: a\na: \"x\" a"}"#,
+            400,
+            Some("guided_grammar"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "response_format": {"type": "json_object"}, "ignore_eos": true}"#,
+            400,
+            Some("ignore_eos"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#,
+            400,
+            Some("tools[0].function"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": "none"}}]}"#,
+            400,
+            Some("tools[0].function.parameters"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}"#,
+            400,
+            Some("tool_choice"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}}"#,
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "5"}]}"#,
+            400,
+            Some("messages[1].tool_call_id"),
+        ),
     ];
     for (path, body, status, param) in cases {
         let r = request(&addr, "POST", path, &[], body);
@@ -619,6 +704,15 @@ fn bad_requests_get_openai_errors_and_never_disturb_good_ones() {
         eprintln!("{path} {shown} -> {} {}", r.status, r.text());
         assert_error(&r, status, param);
     }
+    // A schema keyword the constraint engine does not implement is named in the refusal.
+    let r = post_json(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": "x", "response_format": {"type": "json_schema", "json_schema":
+                {"schema": {"type": "array", "uniqueItems": true}}}}),
+    );
+    assert_error(&r, 400, Some("response_format"));
+    assert!(r.text().contains("uniqueItems"), "{}", r.text());
     // A prompt longer than the context is refused before any work.
     let long_prompt = "a ".repeat(600);
     let r = post_json(&addr, "/v1/completions", &json!({"prompt": long_prompt}));

@@ -110,18 +110,44 @@ impl ConstraintVocabulary {
         if start.is_zero() {
             return Err(ConstraintError::Unsatisfiable);
         }
-        // The first forced tokens walk the grammar's start: a grammar too complex to run (one
-        // that recurses without end, say) fails here rather than at its first token.
-        let _ = matcher.compute_ff_tokens();
-        if let Some(e) = matcher.get_error() {
-            return Err(ConstraintError::Grammar(first_line(&e)));
-        }
+        probe_forced_start(&matcher)?;
         Ok(CompiledConstraint {
             template: Arc::new(matcher),
             vocab: self.vocab,
             kind: spec.kind(),
         })
     }
+}
+
+/// The most tokens a grammar may force from its start before the first choice.
+const MAX_FORCED_START: usize = 4096;
+
+/// Follows the tokens the grammar forces from its start (on a copy): a grammar that forces
+/// text without end (a rule that only recurses, say) or grows too complex to run on its way
+/// is refused now, rather than failing at its first tokens.
+fn probe_forced_start(matcher: &Matcher) -> Result<(), ConstraintError> {
+    let mut probe = matcher.deep_clone();
+    let mut forced = 0;
+    while !probe.is_stopped() {
+        let ff = probe.compute_ff_tokens();
+        if let Some(e) = probe.get_error() {
+            return Err(ConstraintError::Grammar(first_line(&e)));
+        }
+        if ff.is_empty() {
+            return Ok(());
+        }
+        forced += ff.len();
+        if forced > MAX_FORCED_START {
+            return Err(ConstraintError::Grammar(format!(
+                "the grammar forces more than {MAX_FORCED_START} tokens from its start without \
+                 a choice or an end"
+            )));
+        }
+        probe
+            .consume_tokens(&ff)
+            .map_err(|e| ConstraintError::Grammar(first_line(&e.to_string())))?;
+    }
+    Ok(())
 }
 
 /// llguidance's errors can carry the whole grammar after the first line; a client needs the

@@ -1,8 +1,10 @@
 //! OpenAI request bodies, parsed strictly enough to refuse what we cannot honour.
 //!
 //! Why it exists: the wire format is the contract with every OpenAI client, so it lives apart
-//! from the handlers. Fields we do not know are ignored (clients send many), but a known field
-//! of the wrong type or a value we do not support (`best_of` above `n`) is a 400 naming it.
+//! from the handlers. Fields we do not know are ignored (clients send many, such as `user` or
+//! `metadata`, that change nothing in the answer), but a field of OpenAI's or vLLM's APIs that
+//! would change the answer and that tandem does not do (`functions`, `suffix`), a known field
+//! of the wrong type, or a value we do not support (`best_of` above `n`) is a 400 naming it.
 
 use std::collections::HashMap;
 
@@ -15,6 +17,37 @@ use super::error::ApiError;
 pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     from_value(parse_json(bytes)?)
 }
+
+/// Fields of OpenAI's or vLLM's APIs that change what a client gets back and that tandem does
+/// not do: refused by name rather than ignored.
+const REFUSED_FIELDS: [(&str, &str); 9] = [
+    (
+        "functions",
+        "The legacy `functions` field is not supported; send `tools` (and `tool_choice`).",
+    ),
+    (
+        "function_call",
+        "The legacy `function_call` field is not supported; send `tool_choice`.",
+    ),
+    (
+        "structured_outputs",
+        "Send the constraint as `response_format`, `guided_json`, `guided_regex`, \
+         `guided_choice` or `guided_grammar`.",
+    ),
+    (
+        "guided_decoding_backend",
+        "The constraint engine is always llguidance; leave `guided_decoding_backend` out.",
+    ),
+    (
+        "guided_whitespace_pattern",
+        "JSON under a schema is laid out on one line; a schema's own `x-guidance` options \
+         set another layout.",
+    ),
+    ("suffix", "Insertion (`suffix`) is not supported."),
+    ("audio", "Only text output is supported."),
+    ("modalities", "Only text output is supported."),
+    ("prediction", "Predicted outputs are not supported."),
+];
 
 /// An endpoint's own body fields (the rest are the shared [`CommonParams`]).
 pub trait EndpointFields: DeserializeOwned {
@@ -32,6 +65,12 @@ pub fn parse_request<T: EndpointFields>(bytes: &[u8]) -> Result<(T, CommonParams
         .iter()
         .filter_map(|k| all.remove_entry(*k))
         .collect();
+    if let Some((field, why)) = REFUSED_FIELDS
+        .iter()
+        .find(|(f, _)| all.get(*f).is_some_and(|v| !v.is_null()))
+    {
+        return Err(ApiError::invalid_param(field, *why));
+    }
     Ok((
         from_value(serde_json::Value::Object(own))?,
         from_value(serde_json::Value::Object(all))?,
@@ -359,6 +398,17 @@ impl MessageContent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fields_tandem_does_not_do_are_refused_by_name() {
+        for field in ["functions", "suffix", "structured_outputs"] {
+            let body = format!(r#"{{"prompt":"hi","{field}":{{"a":1}}}}"#);
+            let e = parse_request::<CompletionRequest>(body.as_bytes()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{}", e.message);
+        }
+        // Fields that change nothing in the answer pass, and so does an explicit null.
+        parse_request::<CompletionRequest>(br#"{"prompt":"hi","user":"u","suffix":null}"#).unwrap();
+    }
 
     #[test]
     fn wrong_types_name_the_field() {
