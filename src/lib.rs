@@ -2,7 +2,8 @@
 //!
 //! Layers, lowest first (an upper layer may use a lower one, never the reverse): `model`
 //! (kernels, KV cache, forward pass, tokenizer, chat template), `sampling` (pure logits
-//! processing and speculative acceptance), `draft` (drafters), `engine` (the reference
+//! processing and speculative acceptance), `constraint` (structured outputs: grammar masks and
+//! forced tokens through llguidance), `draft` (drafters), `engine` (the reference
 //! generation loops and the actor engine: scheduler, drafter, verifier, cache manager,
 //! governor), then `server` (the HTTP API). Beside them: `config`, `setup`, `telemetry`,
 //! `logging`, `bench` and `runtime`. The command-line interface lives in the binary

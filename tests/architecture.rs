@@ -1,7 +1,7 @@
 //! The shape of the library, checked from its sources: layers only point down, and no two
 //! files import each other, directly or around a circle.
 //!
-//! Why it exists: the layering (model, sampling, draft, engine, server) is what lets each part
+//! Why it exists: the layering (model, sampling, constraint, draft, engine, server) is what lets each part
 //! be tested and replaced alone, and it erodes one convenient `use` at a time. This test reads
 //! every `use` of the library's non-test code, resolves it to the file that defines the module
 //! it names, and fails on an arrow that points up a layer or closes a circle.
@@ -10,7 +10,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Layers, lowest first: a file may import its own layer or a lower one.
-const LAYERS: [&str; 5] = ["model", "sampling", "draft", "engine", "server"];
+const LAYERS: [&str; 6] = [
+    "model",
+    "sampling",
+    "constraint",
+    "draft",
+    "engine",
+    "server",
+];
 /// Modules that start the layers from a config file; only the server, at the top, may use them.
 const ABOVE_THE_LAYERS: [&str; 3] = ["config", "setup", "bench"];
 
