@@ -50,6 +50,9 @@ const DESIGN_METRICS: &[&str] = &[
     "tandem_prefix_cache_evictions_total",
     "tandem_prefix_cache_retained_slots",
     "tandem_prefix_cache_retained_tokens",
+    "tandem_constrained_requests_total",
+    "tandem_spec_forced_tokens_total",
+    "tandem_constraint_mask_seconds",
 ];
 
 fn promtool(args: &[&str]) {
@@ -172,6 +175,8 @@ struct Totals {
     speculative_requests: u64,
     /// Prompt tokens taken from the prefix cache.
     cached: u64,
+    /// Drafts a constraint's grammar forced.
+    forced: u64,
 }
 
 fn add_usage(t: &mut Totals, usage: &Value) {
@@ -185,6 +190,7 @@ fn add_usage(t: &mut Totals, usage: &Value) {
     t.drafted += s["draft_tokens"].as_u64().unwrap();
     t.accepted += s["accepted_tokens"].as_u64().unwrap();
     t.rounds += s["rounds"].as_u64().unwrap();
+    t.forced += s["forced_tokens"].as_u64().unwrap();
     t.speculative_requests += u64::from(s["draft_tokens"].as_u64().unwrap() > 0);
 }
 
@@ -204,7 +210,7 @@ fn workload(addr: &str, t: &mut Totals) {
         .enumerate()
         .map(|(i, topic)| {
             let addr = addr.to_string();
-            let body = json!({
+            let mut body = json!({
                 "messages": [{"role": "user", "content": format!("Write two sentences about {topic}.")}],
                 "max_tokens": 40, "ignore_eos": true,
                 "temperature": if i % 2 == 0 { 0.0 } else { 0.8 }, "seed": i,
@@ -213,6 +219,14 @@ fn workload(addr: &str, t: &mut Totals) {
                 // machine at hand; most requests draft a fixed γ so drafting metrics exist.
                 "speculative": if i % 3 == 0 { json!({}) } else { json!({"gamma": 3}) },
             });
+            if i == 4 {
+                // A constrained request: its grammar's forced tokens are drafted.
+                body["ignore_eos"] = json!(false);
+                body["response_format"] = json!({"type": "json_schema", "json_schema": {
+                    "name": "topic", "schema": {"type": "object", "required": ["topic", "mood"],
+                    "properties": {"topic": {"type": "string", "maxLength": 20},
+                                   "mood": {"enum": ["calm", "busy"]}}}}});
+            }
             std::thread::spawn(move || {
                 let r = post_json(&addr, "/v1/chat/completions", &body);
                 assert_eq!(r.status, 200, "{}", r.text());
@@ -283,6 +297,10 @@ fn prometheus_scrapes_tandem_and_every_dashboard_query_and_alert_evaluates() {
     // One more round of load, so rates have two points with activity between them.
     workload(&server.addr, &mut totals);
     assert!(totals.drafted > 0, "the workload speculated: {totals:?}");
+    assert!(
+        totals.forced > 0,
+        "the constrained request drafted forced tokens: {totals:?}"
+    );
 
     // The counters agree with what the clients were told.
     let text = get(&server.addr, "/metrics").text();
@@ -294,6 +312,7 @@ fn prometheus_scrapes_tandem_and_every_dashboard_query_and_alert_evaluates() {
         ),
         ("tandem_spec_decode_num_draft_tokens_total", totals.drafted),
         ("tandem_spec_decode_num_drafts_total", totals.rounds),
+        ("tandem_spec_forced_tokens_total", totals.forced),
         (
             "tandem_spec_decode_num_accepted_tokens_per_pos_total",
             totals.accepted,
