@@ -14,6 +14,7 @@ mod error;
 mod mask;
 mod sequence;
 mod spec;
+pub mod tools;
 mod vocabulary;
 
 pub use error::ConstraintError;

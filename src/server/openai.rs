@@ -22,9 +22,10 @@ use super::response::{
 use super::schema::{parse_request, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use super::startup::Loaded;
 use super::structured::{compile, requested_constraint};
-use super::tools::{read_tools, Tools};
+use super::tools::read_tools;
 use super::validation::{chat_turns, check_token_ids, engine_request, tokenize};
 use super::{read_body, AppState};
+use crate::constraint::tools::Tools;
 use crate::constraint::CompiledConstraint;
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {

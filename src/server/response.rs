@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::logprobs::{chat_content, CompletionLogprobs};
-use super::tools::{call_id, parse_calls, StreamPiece, ToolStream};
+use super::tools::{call_id, call_json};
+use crate::constraint::tools::{parse_calls, StreamPiece, ToolStream};
 use crate::engine::{Completion, EngineEvent, EventStream, FinishReason, Usage};
 use crate::model::TextTokenizer;
 use crate::sampling::TokenLogprob;
@@ -226,7 +227,7 @@ impl ResponseMeta {
                             .into_iter()
                             .flatten()
                             .enumerate()
-                            .map(|(k, call)| call.to_json(&call_id(&self.id, index, k), None))
+                            .map(|(k, call)| call_json(&call, &call_id(&self.id, index, k), None))
                             .collect();
                         json!({
                             "index": index,
@@ -434,8 +435,11 @@ impl StreamState {
                             StreamPiece::Call(call) => {
                                 let k = choice.tool_stream.released - 1;
                                 let id = call_id(&self.meta.id, index, k);
-                                self.meta
-                                    .tool_chunk(index, call.to_json(&id, Some(k)), lp.take())
+                                self.meta.tool_chunk(
+                                    index,
+                                    call_json(&call, &id, Some(k)),
+                                    lp.take(),
+                                )
                             }
                         };
                         self.out.push_back(data(&c));

@@ -8,12 +8,12 @@
 use std::sync::Arc;
 
 use super::error::ApiError;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::schema::{ChatMessageIn, CommonParams, StopInput};
 use super::startup::Loaded;
-use super::tools::Tools;
 use super::AppState;
+use crate::constraint::tools::{call_text, response_text, Tools};
 use crate::engine::{EngineRequest, GenerationRequest};
 use crate::model::ChatMessage;
 use crate::sampling::SamplingParams;
@@ -93,7 +93,7 @@ pub(super) fn chat_turns(
                     "A tool message needs the `tool_call_id` of the call it answers.",
                 ));
             }
-            content = format!("<tool_response>\n{content}\n</tool_response>");
+            content = response_text(&content);
         } else if m.tool_calls.is_some() && m.role != "assistant" {
             return Err(ApiError::invalid_param(
                 &format!("messages[{i}].tool_calls"),
@@ -120,8 +120,7 @@ pub(super) fn chat_turns(
             if !content.is_empty() {
                 content.push('\n');
             }
-            let body = json!({"name": call.function.name, "arguments": arguments});
-            content.push_str(&format!("<tool_call>\n{body}\n</tool_call>"));
+            content.push_str(&call_text(&call.function.name, &arguments));
         }
         let _ = m.name;
         turns.push(ChatMessage::new(role, content));
