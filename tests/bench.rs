@@ -447,3 +447,71 @@ fn a_mode_that_never_drafts_says_why() {
         "{line}"
     );
 }
+
+/// The structured workloads: constrained speculation (forced tokens alone, and prompt lookup)
+/// gives exactly constrained plain decoding's outputs, forced tokens are drafted, and the
+/// constrained plain mode is measured against free plain decoding.
+#[test]
+fn structured_modes_draft_forced_tokens_and_match_constrained_plain() {
+    common::default_model();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    let run = tandem()
+        .arg("bench")
+        .arg("--prompts")
+        .arg(spec_bench_dev())
+        .args(["--categories", "qa,writing", "--limit-per-category", "1"])
+        .args(["--max-tokens", "40", "--warmup", "0", "--quiet"])
+        .args([
+            "--modes",
+            "plain,plain:structured=json,forced:structured=json,plain:structured=tools,pld:structured=tools",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        stdout.contains("- forced:structured=json: none: only the constraint's forced tokens"),
+        "{stdout}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let runs = json["runs"].as_array().unwrap();
+    let of = |mode: &'static str| runs.iter().filter(move |r| r["mode"] == mode);
+    for mode in ["forced:structured=json", "pld:structured=tools"] {
+        assert!(of(mode).count() >= 2, "{mode}: one run a question and turn");
+        for r in of(mode) {
+            assert_eq!(r["outputs_match"], true, "{mode}: {r}");
+        }
+        let forced: u64 = of(mode).map(|r| r["forced_tokens"].as_u64().unwrap()).sum();
+        assert!(forced > 0, "{mode}: no forced drafts");
+    }
+    // Forced tokens alone: every draft is forced.
+    for r in of("forced:structured=json") {
+        assert_eq!(r["forced_tokens"], r["draft_tokens"], "{r}");
+    }
+    let overall = |mode: &str| {
+        json["summary"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["mode"] == mode && s["category"] == "overall")
+            .cloned()
+            .unwrap_or_else(|| panic!("no overall row for {mode}"))
+    };
+    // The constraint's own cost is measured against free plain decoding.
+    assert!(overall("plain:structured=json")["decode_speedup"].is_number());
+    assert!(overall("plain")["decode_speedup"].is_null());
+    assert!(
+        overall("forced:structured=json")["forced_share"]
+            .as_f64()
+            .unwrap()
+            > 0.99
+    );
+}

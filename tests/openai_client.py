@@ -188,6 +188,22 @@ def structured_outputs(client, model: str) -> None:
     assert obj.choices[0].finish_reason == "stop", obj
     assert isinstance(json.loads(obj.choices[0].message.content), dict), obj
 
+    # Several sampled choices with logprobs: each its own grammar state, each valid JSON, each
+    # token's entry from the masked distribution it was drawn from.
+    two = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Give the capital of France as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": {
+            "type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}},
+            "required": ["capital"], "additionalProperties": False}}},
+        max_tokens=100, temperature=0.7, seed=5, n=2, logprobs=True,
+    )
+    for c in two.choices:
+        assert c.finish_reason == "stop", two
+        assert isinstance(json.loads(c.message.content), dict), c
+        text = b"".join(bytes(e.bytes) for e in c.logprobs.content).decode()
+        assert text == c.message.content and all(e.logprob <= 0 for e in c.logprobs.content), c
+
     try:
         client.chat.completions.create(
             model=model, messages=ask, max_tokens=8,

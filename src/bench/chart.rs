@@ -162,6 +162,7 @@ mod tests {
             tree_share: None,
             tree_nodes_per_round: None,
             tree_branch_share: None,
+            forced_share: None,
             ttft_median_s: None,
             ttft_later_turns_median_s: None,
             cached_share: None,

@@ -13,11 +13,12 @@ pub mod progress;
 pub mod prompts;
 pub mod report;
 pub mod run;
+mod structured;
 
 use serde_json::{json, Value};
 
 pub use error::BenchError;
-pub use mode::{parse_modes, DrafterKind, Mode};
+pub use mode::{parse_modes, DrafterKind, Mode, Structured};
 pub use prompts::{load_prompts, parse_prompts, select, BenchPrompt};
 pub use report::{
     render_drafters, render_tables, summarize, BatchRecord, RunRecord, Spread, SummaryRow,

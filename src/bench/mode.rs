@@ -20,6 +20,28 @@ pub enum DrafterKind {
     Model,
 }
 
+/// What a mode's answers are held to: nothing, a JSON schema, or tool calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Structured {
+    #[default]
+    Free,
+    /// Each question answered into a JSON schema (`structured.rs`).
+    Json,
+    /// Each question answered with a call of one of a few tools (`tool_choice: required`).
+    Tools,
+}
+
+impl Structured {
+    pub fn parse(v: &str) -> Option<Self> {
+        match v {
+            "none" | "free" => Some(Self::Free),
+            "json" => Some(Self::Json),
+            "tools" => Some(Self::Tools),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mode {
     /// As given on the command line: the name in tables, JSON and the chart.
@@ -37,11 +59,30 @@ pub struct Mode {
     pub confidence_pricing: Option<bool>,
     /// Each request's `tree_nodes` (`None`: the server's, 0 by default).
     pub tree_nodes: Option<TreeNodes>,
+    /// What the answers are held to.
+    pub structured: Structured,
 }
 
 impl Mode {
+    /// Plain decoding: no drafter, and no forced tokens drafted either.
     pub fn is_plain(&self) -> bool {
-        self.drafter == DrafterKind::None
+        self.drafter == DrafterKind::None && self.gamma == GammaPolicy::Off
+    }
+
+    /// The mode this one is measured against: for a speculative mode, the first plain mode
+    /// under the same structure (constrained speculation against constrained plain decoding);
+    /// for a constrained plain mode, the first unconstrained plain mode (the constraint's own
+    /// cost). `None` for the baseline itself.
+    pub fn baseline<'a>(&self, modes: &'a [Mode]) -> Option<&'a Mode> {
+        let want = if self.is_plain() {
+            if self.structured == Structured::Free {
+                return None;
+            }
+            Structured::Free
+        } else {
+            self.structured
+        };
+        modes.iter().find(|m| m.is_plain() && m.structured == want)
     }
 
     /// The engine this mode runs on: modes with the same drafter, pipelining and prefix cache
@@ -57,26 +98,31 @@ impl Mode {
     /// `:confidence=true|false` (the governor cuts chains by the drafter's confidence),
     /// for prompt lookup `:ngram=MIN-MAX`, for a draft model the confidence gate's
     /// `:egag=THRESHOLD` (EGAG on), `:egag_beta=B` and `:p_min=P`, and for every mode
-    /// `:prefix_cache=true|false`. Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
+    /// `:prefix_cache=true|false` and `:structured=none|json|tools` (answers held to a JSON
+    /// schema or to tool calls). `forced` decodes with no drafter but speculating, so a
+    /// constraint's forced tokens are its only drafts. Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
     /// pipelining; every mode to the prefix cache on.
     pub fn parse(spec: &str, max_gamma: usize) -> Result<Mode, BenchError> {
         let bad = |reason: String| BenchError::Options(format!("mode `{spec}`: {reason}"));
         let mut parts = spec.trim().split(':');
-        let drafter = match parts.next().unwrap_or("") {
-            "plain" => DrafterKind::None,
+        let name = parts.next().unwrap_or("");
+        let drafter = match name {
+            // `forced`: no drafter, speculating: only a constraint's forced tokens are drafted.
+            "plain" | "forced" => DrafterKind::None,
             "prompt-lookup" | "pld" => DrafterKind::PromptLookup(PromptLookup::default()),
             "suffix" => DrafterKind::PromptLookup(PromptLookup::default().across_requests()),
             "draft" | "draft-model" => DrafterKind::Model,
             other => {
                 return Err(bad(format!(
-                    "unknown mode `{other}` (plain, prompt-lookup, suffix, draft)"
+                    "unknown mode `{other}` (plain, prompt-lookup, suffix, draft, forced)"
                 )))
             }
         };
+        let forced = name == "forced";
         let mut mode = Mode {
             label: spec.trim().to_string(),
             drafter,
-            gamma: if drafter == DrafterKind::None {
+            gamma: if drafter == DrafterKind::None && !forced {
                 GammaPolicy::Off
             } else {
                 GammaPolicy::Adaptive
@@ -87,6 +133,7 @@ impl Mode {
             gate: GateOverride::default(),
             confidence_pricing: None,
             tree_nodes: None,
+            structured: Structured::Free,
         };
         for kv in parts {
             let (k, v) = kv
@@ -96,9 +143,15 @@ impl Mode {
                 mode.prefix_cache = v.parse().map_err(|_| bad(format!("prefix_cache `{v}`")))?;
                 continue;
             }
-            if mode.is_plain() {
+            if k == "structured" {
+                mode.structured = Structured::parse(v)
+                    .ok_or_else(|| bad(format!("structured `{v}` (none, json, tools)")))?;
+                continue;
+            }
+            if mode.drafter == DrafterKind::None {
                 return Err(bad(
-                    "plain decoding takes no settings but prefix_cache".into()
+                    "plain and forced decoding take no settings but prefix_cache and structured"
+                        .into(),
                 ));
             }
             match k {
@@ -153,7 +206,7 @@ impl Mode {
                 other => {
                     return Err(bad(format!(
                         "unknown setting `{other}` (gamma, lenience, pipeline, tree, confidence, \
-                         ngram, egag, egag_beta, p_min, prefix_cache)"
+                         ngram, egag, egag_beta, p_min, prefix_cache, structured)"
                     )))
                 }
             }
@@ -238,6 +291,35 @@ mod tests {
     }
 
     #[test]
+    fn structured_modes_measure_against_plain_under_the_same_structure() {
+        let m = parse_modes(
+            "plain,plain:structured=json,pld:structured=json,forced:structured=json,pld",
+            8,
+        )
+        .unwrap();
+        assert!(m[1].is_plain() && m[1].structured == Structured::Json);
+        assert!(!m[3].is_plain() && m[3].drafter == DrafterKind::None);
+        assert_eq!(m[3].gamma, GammaPolicy::Adaptive);
+        assert_eq!(
+            m[3].engine_key(),
+            m[0].engine_key(),
+            "no drafter: plain's engine"
+        );
+        let label = |x: Option<&Mode>| x.map(|b| b.label.clone());
+        assert_eq!(label(m[0].baseline(&m)), None);
+        assert_eq!(label(m[1].baseline(&m)), Some("plain".into()));
+        assert_eq!(
+            label(m[2].baseline(&m)),
+            Some("plain:structured=json".into())
+        );
+        assert_eq!(
+            label(m[3].baseline(&m)),
+            Some("plain:structured=json".into())
+        );
+        assert_eq!(label(m[4].baseline(&m)), Some("plain".into()));
+    }
+
+    #[test]
     fn bad_modes_are_refused_clearly() {
         for (spec, needle) in [
             ("eagle", "unknown mode"),
@@ -247,6 +329,7 @@ mod tests {
             ("pld:speed=3", "unknown setting"),
             ("pld:gamma", "key=value"),
             ("plain:gamma=2", "no settings"),
+            ("plain:structured=yaml", "structured"),
             ("plain:prefix_cache=maybe", "prefix_cache"),
             ("pld,pld", "twice"),
             ("pld:ngram=0-2", "n-gram sizes"),

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::mode::{DrafterKind, Mode};
+use super::mode::{DrafterKind, Mode, Structured};
 
 /// One request (one turn of one question) under one mode.
 #[derive(Clone, Debug, Serialize)]
@@ -31,6 +31,9 @@ pub struct RunRecord {
     pub tree_rounds: usize,
     pub tree_nodes: usize,
     pub tree_branch_accepts: usize,
+    /// Drafts a constraint's grammar forced (in `draft_tokens` too), and those that stood.
+    pub forced_tokens: usize,
+    pub forced_accepted: usize,
     pub finish: String,
     /// Greedy runs: whether the tokens equal plain decoding's for the same question, repeat
     /// and turn. `None` for sampled runs and for plain decoding itself.
@@ -101,7 +104,9 @@ pub struct SummaryRow {
     pub tokens: usize,
     /// Tokens over wall time, prefill included (what a user waits for), per repeat.
     pub tokens_per_s: Spread,
-    /// Against plain decoding in the same repeats; `None` for plain itself.
+    /// Against the mode's baseline in the same repeats (`Mode::baseline`: plain decoding
+    /// under the same structure; for constrained plain decoding, free plain decoding); `None`
+    /// for a baseline itself.
     pub speedup: Option<Spread>,
     /// After the first token: (tokens − 1) over (time − TTFT), pooled over the requests.
     pub decode_tokens_per_s: Option<f64>,
@@ -115,6 +120,8 @@ pub struct SummaryRow {
     pub tree_share: Option<f64>,
     pub tree_nodes_per_round: Option<f64>,
     pub tree_branch_share: Option<f64>,
+    /// The share of drafted tokens a constraint's grammar forced.
+    pub forced_share: Option<f64>,
     /// Median time to first token of first turns, and of later turns (whose prompts hold the
     /// conversation so far: what a prefix cache shortens).
     pub ttft_median_s: Option<f64>,
@@ -151,7 +158,6 @@ pub fn summarize(
     batches: &[BatchRecord],
     repeats: usize,
 ) -> Vec<SummaryRow> {
-    let plain = modes.iter().find(|m| m.is_plain()).map(|m| m.label.clone());
     let mut rows = Vec::new();
     let scopes = categories
         .iter()
@@ -161,6 +167,7 @@ pub fn summarize(
     for scope in scopes {
         let in_scope = |c: &str| scope == OVERALL || c == scope;
         for mode in modes {
+            let plain = mode.baseline(modes).map(|m| m.label.clone());
             let rates = per_repeat_rate(batches, repeats, |b| {
                 b.mode == mode.label && in_scope(&b.category)
             });
@@ -209,6 +216,7 @@ pub fn summarize(
             let tree_rounds: usize = mine.iter().map(|r| r.tree_rounds).sum();
             let tree_nodes: usize = mine.iter().map(|r| r.tree_nodes).sum();
             let branched: usize = mine.iter().map(|r| r.tree_branch_accepts).sum();
+            let forced: usize = mine.iter().map(|r| r.forced_tokens).sum();
             let per_tree = |x: usize| (tree_rounds > 0).then(|| x as f64 / tree_rounds as f64);
             let median_ttft = |first: bool| {
                 let mut t: Vec<f64> = mine
@@ -236,6 +244,8 @@ pub fn summarize(
                 tree_share: (rounds > 0).then(|| tree_rounds as f64 / rounds as f64),
                 tree_nodes_per_round: per_tree(tree_nodes),
                 tree_branch_share: per_tree(branched),
+                forced_share: (drafted > 0 && mode.structured != Structured::Free)
+                    .then(|| forced as f64 / drafted as f64),
                 ttft_median_s: median_ttft(true),
                 ttft_later_turns_median_s: median_ttft(false),
                 cached_share: (prompt_tokens > 0)
@@ -270,7 +280,11 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
     let mut out = String::from("Drafters:\n");
     for mode in modes {
         let what = match mode.drafter {
-            DrafterKind::None => "none (plain decoding, the baseline)".to_string(),
+            DrafterKind::None if mode.is_plain() => match mode.structured {
+                Structured::Free => "none (plain decoding, the baseline)".to_string(),
+                _ => "none (constrained plain decoding, the baseline of its structure)".to_string(),
+            },
+            DrafterKind::None => "none: only the constraint's forced tokens are drafted".into(),
             DrafterKind::PromptLookup(p) => {
                 let (lo, hi) = p.ngrams();
                 let kind = if p.looks_across_requests() {
@@ -312,9 +326,9 @@ pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
     for c in categories {
         out.push_str(&format!("\n### {c}\n\n"));
         out.push_str(
-            "| mode | tok/s | spread | speedup | speedup spread | decode tok/s | decode speedup | acceptance | tokens/round | trees | TTFT | later-turn TTFT | prompt cached | outputs match |\n",
+            "| mode | tok/s | spread | speedup | speedup spread | decode tok/s | decode speedup | acceptance | tokens/round | trees | forced | TTFT | later-turn TTFT | prompt cached | outputs match |\n",
         );
-        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for r in rows.iter().filter(|r| r.category == c) {
             let s = &r.tokens_per_s;
             let spread = if repeats > 1 {
@@ -327,7 +341,7 @@ pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
                 _ => "–".into(),
             };
             out.push_str(&format!(
-                "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 r.mode,
                 s.median,
                 spread,
@@ -338,6 +352,7 @@ pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
                 opt(r.acceptance_rate, |v| format!("{:.0}%", v * 100.0)),
                 opt(r.mean_accepted_length, |v| format!("{v:.2}")),
                 trees_cell(r),
+                opt(r.forced_share, |v| format!("{:.0}%", v * 100.0)),
                 opt(r.ttft_median_s, |v| format!("{:.0} ms", v * 1000.0)),
                 opt(r.ttft_later_turns_median_s, |v| format!(
                     "{:.0} ms",
@@ -401,6 +416,8 @@ mod tests {
             tree_rounds: 0,
             tree_nodes: 0,
             tree_branch_accepts: 0,
+            forced_tokens: 0,
+            forced_accepted: 0,
             finish: "length".into(),
             outputs_match: (mode != "plain").then_some(true),
             output_digest: token_digest(&[]),

@@ -17,10 +17,12 @@ use crate::engine::{
 use crate::model::{ChatMessage, Llama, TextTokenizer};
 use crate::sampling::SamplingParams;
 
-use super::mode::{DrafterKind, Mode};
+use super::mode::{DrafterKind, Mode, Structured};
 use super::prompts::BenchPrompt;
 use super::report::{BatchRecord, RunRecord};
+use super::structured::{Structures, JSON_INSTRUCTION};
 use super::BenchError;
+use crate::constraint::ConstraintVocabulary;
 
 /// The models a benchmark runs on.
 pub struct BenchModels {
@@ -28,6 +30,8 @@ pub struct BenchModels {
     pub tokenizer: Arc<TextTokenizer>,
     /// The draft model, for `draft` modes.
     pub draft: Option<DraftSource>,
+    /// What structured modes compile their constraints against.
+    pub constraints: Option<Arc<ConstraintVocabulary>>,
 }
 
 #[derive(Clone, Debug)]
@@ -138,20 +142,31 @@ struct Job {
 async fn run_question(
     engine: Arc<Engine>,
     tokenizer: Arc<TextTokenizer>,
-    opts: Arc<BenchOptions>,
+    (opts, structures): (Arc<BenchOptions>, Arc<Structures>),
     job: Job,
 ) -> Result<Vec<RunRecord>, BenchError> {
     let template = tokenizer
         .chat_template()
         .ok_or_else(|| BenchError::Options("the model has no chat template".into()))?;
-    let mut messages: Vec<ChatMessage> = opts
+    let (constraint, tools_prompt) = structures.of(job.mode.structured);
+    let system: Vec<&str> = opts
         .system_prompt
         .iter()
-        .map(|s| ChatMessage::new("system", s.as_str()))
+        .map(String::as_str)
+        .chain(tools_prompt)
         .collect();
+    let mut messages: Vec<ChatMessage> = if system.is_empty() {
+        Vec::new()
+    } else {
+        vec![ChatMessage::new("system", system.join("\n\n"))]
+    };
     let mut records = Vec::new();
     for (turn, text) in job.prompt.turns.iter().enumerate() {
-        messages.push(ChatMessage::new("user", text.as_str()));
+        let text = match job.mode.structured {
+            Structured::Json => format!("{text}\n\n{JSON_INSTRUCTION}"),
+            _ => text.clone(),
+        };
+        messages.push(ChatMessage::new("user", text));
         let rendered = template
             .render(&messages, true)
             .map_err(|e| BenchError::Options(format!("chat template: {e}")))?;
@@ -189,7 +204,7 @@ async fn run_question(
             },
             logprobs: None,
             prompt_logprobs: None,
-            constraint: None,
+            constraint: constraint.clone(),
         };
         let started = Instant::now();
         let mut events = engine.submit(request).await.map_err(|e| {
@@ -235,6 +250,8 @@ async fn run_question(
             tree_rounds: usage.speculative.tree_rounds,
             tree_nodes: usage.speculative.tree_nodes,
             tree_branch_accepts: usage.speculative.tree_branch_accepts,
+            forced_tokens: usage.speculative.forced_tokens,
+            forced_accepted: usage.speculative.forced_accepted,
             finish: finish.as_openai().to_string(),
             outputs_match: None,
             output_digest: super::report::token_digest(&tokens),
@@ -249,7 +266,7 @@ async fn run_question(
 async fn run_batch(
     engine: &Arc<Engine>,
     tokenizer: &Arc<TextTokenizer>,
-    opts: &Arc<BenchOptions>,
+    (opts, structures): (&Arc<BenchOptions>, &Arc<Structures>),
     jobs: Vec<Job>,
 ) -> Result<(Vec<RunRecord>, f64), BenchError> {
     let started = Instant::now();
@@ -258,7 +275,7 @@ async fn run_batch(
         let fut = run_question(
             Arc::clone(engine),
             Arc::clone(tokenizer),
-            Arc::clone(opts),
+            (Arc::clone(opts), Arc::clone(structures)),
             job,
         );
         set.spawn(async move { (i, fut.await) });
@@ -285,6 +302,17 @@ pub async fn run_bench(
             "--concurrency, --repeat and --max-tokens must be at least 1".into(),
         ));
     }
+    if opts.ignore_eos && opts.modes.iter().any(|m| m.structured != Structured::Free) {
+        return Err(BenchError::Options(
+            "structured modes end their answers with the end-of-sequence token: drop \
+             --ignore-eos"
+                .into(),
+        ));
+    }
+    let structures = Arc::new(Structures::compile(
+        models.constraints.as_deref(),
+        &opts.modes,
+    )?);
     let engines = start_engines(models, &opts).await?;
     let opts = Arc::new(opts);
     let mut categories: Vec<String> = Vec::new();
@@ -315,7 +343,13 @@ pub async fn run_bench(
                 prompt: p.clone(),
                 repeat: w,
             };
-            run_batch(&engine_of(m), &models.tokenizer, &opts, vec![job]).await?;
+            run_batch(
+                &engine_of(m),
+                &models.tokenizer,
+                (&opts, &structures),
+                vec![job],
+            )
+            .await?;
         }
     }
 
@@ -335,8 +369,13 @@ pub async fn run_bench(
                         repeat,
                     })
                     .collect();
-                let (records, wall) =
-                    run_batch(&engine_of(mode), &models.tokenizer, &opts, jobs).await?;
+                let (records, wall) = run_batch(
+                    &engine_of(mode),
+                    &models.tokenizer,
+                    (&opts, &structures),
+                    jobs,
+                )
+                .await?;
                 batches.push(BatchRecord {
                     mode: mode.label.clone(),
                     category: batch[0].category.clone(),
@@ -386,21 +425,24 @@ pub async fn run_bench(
     })
 }
 
-/// Greedy runs: each other mode's tokens against the first plain mode's for the same
-/// question, repeat and turn (Spec-Bench's equality check).
+/// Greedy runs: each speculative mode's tokens against its baseline's (plain decoding under
+/// the same structure) for the same question, repeat and turn (Spec-Bench's equality check).
+/// A constrained plain mode's answers differ from free decoding's by design: not compared.
 pub fn mark_matches(runs: &mut [RunRecord], modes: &[Mode]) {
-    let Some(plain) = modes.iter().find(|m| m.is_plain()) else {
-        return;
-    };
-    let reference: BTreeMap<(i64, usize, usize), Vec<u32>> = runs
-        .iter()
-        .filter(|r| r.mode == plain.label)
-        .map(|r| ((r.question_id, r.repeat, r.turn), r.tokens.clone()))
-        .collect();
-    for r in runs.iter_mut().filter(|r| r.mode != plain.label) {
-        r.outputs_match = reference
-            .get(&(r.question_id, r.repeat, r.turn))
-            .map(|t| t == &r.tokens);
+    for mode in modes.iter().filter(|m| !m.is_plain()) {
+        let Some(base) = mode.baseline(modes) else {
+            continue;
+        };
+        let reference: BTreeMap<(i64, usize, usize), Vec<u32>> = runs
+            .iter()
+            .filter(|r| r.mode == base.label)
+            .map(|r| ((r.question_id, r.repeat, r.turn), r.tokens.clone()))
+            .collect();
+        for r in runs.iter_mut().filter(|r| r.mode == mode.label) {
+            r.outputs_match = reference
+                .get(&(r.question_id, r.repeat, r.turn))
+                .map(|t| t == &r.tokens);
+        }
     }
 }
 

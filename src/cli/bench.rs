@@ -127,10 +127,23 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         "context_length": target.model.context_len(),
         "kv_cache_dtype": target.model.kv_dtype().to_string(),
     });
+    let constraints = if modes
+        .iter()
+        .any(|m| m.structured != bench::Structured::Free)
+    {
+        let vocab = target.model.hparams().vocab_size;
+        let built =
+            tandem::constraint::ConstraintVocabulary::new(Arc::clone(&target.tokenizer), vocab)
+                .map_err(|e| bench::BenchError::Options(format!("structured modes: {e}")))?;
+        Some(Arc::new(built))
+    } else {
+        None
+    };
     let models = bench::BenchModels {
         target: Arc::new(target.model),
         tokenizer: Arc::clone(&target.tokenizer),
         draft,
+        constraints,
     };
     let opts = bench::BenchOptions {
         modes: modes.clone(),

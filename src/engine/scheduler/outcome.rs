@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::sequence::{RoundEmission, Sequence};
 use super::state::{record_finished, Ending, Scheduler, POOLED_ACCEPTANCE_DECAY};
 use crate::engine::messages::{DraftOutcome, EngineEvent, Failure, TargetOutcome};
-use crate::engine::request::Usage;
+use crate::engine::request::{FinishReason, Usage};
 use crate::telemetry;
 
 impl Scheduler {
@@ -104,7 +104,18 @@ impl Scheduler {
         let Some(pos) = self.active.iter().position(|s| s.id == id) else {
             return;
         };
-        let s = self.active.swap_remove(pos);
+        let mut s = self.active.swap_remove(pos);
+        if let (Ok(FinishReason::Length | FinishReason::ContextFull), Some(c)) =
+            (&end, s.constraint.as_mut())
+        {
+            if !c.is_accepting() {
+                tracing::info!(
+                    seq = id,
+                    generated = s.emitter.generated(),
+                    "a constrained output reached its token limit before its grammar was complete"
+                );
+            }
+        }
         record_finished(
             match &end {
                 Ok(finish) => finish.as_openai(),
