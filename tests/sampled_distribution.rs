@@ -193,6 +193,8 @@ fn exact_plain(
 struct Arm {
     counts: BTreeMap<Triple, u64>,
     stats: SpeculationStats,
+    /// Each request's drafted tokens (engine arms).
+    drafted_each: Vec<usize>,
 }
 
 impl Arm {
@@ -204,7 +206,18 @@ impl Arm {
         self.add_any(tokens, stats);
     }
 
-    /// A constrained request's first rounds may be forced tokens rather than γ drafts.
+    /// Every request's first round drafted the whole γ (an unconstrained arm: a constrained
+    /// request's rounds may be forced tokens instead).
+    fn check_drafted(self, gamma: usize) -> Self {
+        for &d in &self.drafted_each {
+            assert!(
+                d >= gamma,
+                "the first round drafts the whole γ = {gamma}: {d} drafted"
+            );
+        }
+        self
+    }
+
     fn add_any(&mut self, tokens: &[u32], stats: &SpeculationStats) {
         assert_eq!(tokens.len(), MAX_TOKENS, "no end token in this vocabulary");
         *self
@@ -269,32 +282,13 @@ fn engine_arm(
     at_once: u64,
     seeds: u64,
 ) -> Arm {
-    let mut arm = Arm::default();
-    rt.block_on(async {
-        for batch in 0..N / at_once {
-            let mut streams = Vec::new();
-            for j in 0..at_once {
-                let req = EngineRequest {
-                    generation: request(params, seeds + batch * at_once + j),
-                    speculation: tandem::engine::RequestSpeculation {
-                        gamma: GammaPolicy::Fixed(Gamma::try_from(gamma).unwrap()),
-                        lenience: Some(Lenience::EXACT),
-                        tree_nodes: Some(tandem::engine::TreeNodes::within(tree_nodes, 8).unwrap()),
-                        ..Default::default()
-                    },
-                    logprobs: None,
-                    prompt_logprobs: None,
-                    constraint: None,
-                };
-                streams.push(engine.submit(req).await.unwrap());
-            }
-            for s in streams {
-                let done = s.collect().await.unwrap();
-                arm.add(&done.tokens, &done.usage.speculative, gamma);
-            }
-        }
-    });
-    arm
+    let speculation = tandem::engine::RequestSpeculation {
+        gamma: fixed_gamma(gamma),
+        lenience: Some(Lenience::EXACT),
+        tree_nodes: Some(tandem::engine::TreeNodes::within(tree_nodes, 8).unwrap()),
+        ..Default::default()
+    };
+    requests_arm(rt, engine, params, (speculation, None), at_once, seeds).check_drafted(gamma)
 }
 
 /// `N` constrained requests through `engine`, `at_once` in flight together, under `gamma`
@@ -307,6 +301,33 @@ fn constrained_arm(
     at_once: u64,
     seeds: u64,
 ) -> Arm {
+    let speculation = tandem::engine::RequestSpeculation {
+        gamma,
+        lenience: Some(Lenience::EXACT),
+        ..Default::default()
+    };
+    requests_arm(
+        rt,
+        engine,
+        params,
+        (speculation, Some(grammar)),
+        at_once,
+        seeds,
+    )
+}
+
+/// `N` requests through `engine` under `speculation` (and `grammar`), `at_once` in flight.
+fn requests_arm(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    params: &SamplingParams,
+    (speculation, grammar): (
+        tandem::engine::RequestSpeculation,
+        Option<&CompiledConstraint>,
+    ),
+    at_once: u64,
+    seeds: u64,
+) -> Arm {
     let mut arm = Arm::default();
     rt.block_on(async {
         for batch in 0..N / at_once {
@@ -314,20 +335,17 @@ fn constrained_arm(
             for j in 0..at_once {
                 let req = EngineRequest {
                     generation: request(params, seeds + batch * at_once + j),
-                    speculation: tandem::engine::RequestSpeculation {
-                        gamma,
-                        lenience: Some(Lenience::EXACT),
-                        ..Default::default()
-                    },
+                    speculation,
                     logprobs: None,
                     prompt_logprobs: None,
-                    constraint: Some(grammar.clone()),
+                    constraint: grammar.cloned(),
                 };
                 streams.push(engine.submit(req).await.unwrap());
             }
             for s in streams {
                 let done = s.collect().await.unwrap();
                 arm.add_any(&done.tokens, &done.usage.speculative);
+                arm.drafted_each.push(done.usage.speculative.draft_tokens);
             }
         }
     });
