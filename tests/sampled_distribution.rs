@@ -352,13 +352,17 @@ fn requests_arm(
     arm
 }
 
-/// A grammar over the tiny vocabulary's six tokens (`!"#$%&`): any of them, except that `"`
-/// must be followed by `&` (forced) and cannot end the output. Its mask after `"` leaves a
-/// single token, which the engine proposes as a forced draft.
+/// A grammar over the tiny vocabulary's six tokens (`!"#$%&`): pairs, the first of `!#$%` and
+/// the second of `!#$%&`, or `"` and then `&` (forced). Its masks alternate with the position,
+/// so a drafter's unmasked choices are sometimes forbidden (the draft model drafts from its
+/// masked distribution), and after `"` the mask leaves a single token, which the engine
+/// proposes as a forced draft.
 fn tiny_grammar(tokenizer: &Arc<tandem::model::TextTokenizer>) -> CompiledConstraint {
     let vocab = ConstraintVocabulary::new(Arc::clone(tokenizer), VOCAB).unwrap();
     vocab
-        .compile(&ConstraintSpec::Lark(r#"start: /([!#$%&]|"&)+/"#.into()))
+        .compile(&ConstraintSpec::Lark(
+            r#"start: /([!#$%][!#$%&]|"&)+/"#.into(),
+        ))
         .unwrap()
 }
 
@@ -493,10 +497,10 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
             );
             if gamma != GammaPolicy::Off {
                 let s = &arm.stats;
+                // (With every processor, `"` is too unlikely for the forced `&` to come up.)
+                let forced_seen = name != "temperature" || s.forced_accepted > 0;
                 assert!(
-                    s.forced_tokens > 0
-                        && s.forced_accepted > 0
-                        && s.accepted_tokens > s.forced_accepted,
+                    forced_seen && s.accepted_tokens > s.forced_accepted,
                     "{name}, {path}: forced and drafted tokens both stood: {s:?}"
                 );
             }

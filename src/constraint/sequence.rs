@@ -26,6 +26,15 @@ impl SequenceConstraint {
         Self { matcher, vocab }
     }
 
+    /// An independent copy of this state (the grammar and its caches shared), for a drafter to
+    /// advance along its own drafts.
+    pub fn fork(&self) -> Self {
+        Self {
+            matcher: self.matcher.clone(),
+            vocab: self.vocab,
+        }
+    }
+
     /// The tokens allowed next (only the end-of-sequence tokens once the grammar is complete).
     pub fn mask(&mut self) -> Result<TokenMask, ConstraintError> {
         let mut bits = self.matcher.compute_mask_or_eos().map_err(matcher_error)?;

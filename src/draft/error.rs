@@ -12,6 +12,8 @@ pub enum DraftError {
     Forward(String),
     #[error("draft sampling: {0}")]
     Sampling(#[from] SamplingError),
+    #[error("draft under the request's grammar: {0}")]
+    Constraint(#[from] crate::constraint::ConstraintError),
     #[error(
         "the draft model ({draft}) and the target ({target}) have different vocabularies: {reason}"
     )]

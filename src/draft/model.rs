@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use super::siblings::Siblings;
 use super::{DraftError, Proposal, Proposer};
+use crate::constraint::SequenceConstraint;
 use crate::model::cache::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::{
@@ -54,6 +55,10 @@ pub struct DraftJob<'a> {
     /// Up to this many alternatives beside the chain, making the proposal a token tree: the
     /// drafter's runners-up where it was least sure (see [`Siblings`]).
     pub tree_nodes: usize,
+    /// A constrained request's grammar state (a fork of it): each draft is taken from the
+    /// draft model's distribution masked by the grammar, which is then the `q` the drafts are
+    /// verified against, and the state follows the drafts.
+    pub grammar: Option<&'a mut SequenceConstraint>,
     pub result: Result<(), DraftError>,
 }
 
@@ -374,6 +379,9 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                             &lane.history,
                             &lane.history[job.generated_from..],
                         );
+                        if let Some(g) = job.grammar.as_deref_mut() {
+                            g.mask()?.apply(&mut self.logits);
+                        }
                         // The gate sees the distribution this token is drafted from: the
                         // sampling one, or the softmax of what greedy takes the argmax of.
                         let greedy = job.params.is_greedy();
@@ -416,6 +424,9 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                             if job.tree_nodes > 0 {
                                 lane.siblings.record(j, token, q_t, &self.probs);
                             }
+                        }
+                        if let Some(g) = job.grammar.as_deref_mut() {
+                            g.advance(&[token])?;
                         }
                         Ok(Some(token))
                     });
@@ -503,6 +514,7 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
             out,
             gate: DraftGate::OFF,
             min_tokens: 0,
+            grammar: None,
             confidence: false,
             tree_nodes: 0,
             result: Ok(()),

@@ -128,7 +128,9 @@ fn draft_with_model(
     }
     let mut jobs: Vec<DraftJob> = Vec::with_capacity(items.len());
     let mut job_of = Vec::with_capacity(items.len());
-    for (i, ((it, rng), out)) in items.iter().zip(&mut rngs).zip(&mut proposals).enumerate() {
+    let mut items = items;
+    let iter = items.iter_mut().zip(&mut rngs).zip(&mut proposals);
+    for (i, ((it, rng), out)) in iter.enumerate() {
         if failed[i].is_none() {
             job_of.push(i);
             jobs.push(DraftJob {
@@ -143,6 +145,7 @@ fn draft_with_model(
                 min_tokens: it.gate_min,
                 confidence: it.confidence,
                 tree_nodes: it.tree_nodes,
+                grammar: it.grammar.as_mut(),
                 result: Ok(()),
             });
         }
@@ -310,6 +313,7 @@ fn measure_draft_costs(
                         min_tokens: 0,
                         confidence: false,
                         tree_nodes: 0,
+                        grammar: None,
                         result: Ok(()),
                     }];
                     let t = d.propose_batch(&mut jobs);

@@ -3,7 +3,7 @@
 use tokio::sync::mpsc;
 
 use super::request::{EngineRequest, FinishReason, Usage};
-use crate::constraint::TokenMask;
+use crate::constraint::{SequenceConstraint, TokenMask};
 use crate::draft::{DraftTiming, Proposal};
 use crate::sampling::{DraftGate, Lenience, SamplingParams, SeededRng, TokenLogprob};
 
@@ -277,6 +277,9 @@ pub struct DraftItem {
     pub confidence: bool,
     /// Up to this many alternative nodes beside the chain (a token tree; 0: a chain).
     pub tree_nodes: usize,
+    /// A constrained sequence's grammar state after `context`, forked: a draft model drafts
+    /// from its distribution masked by it.
+    pub grammar: Option<SequenceConstraint>,
 }
 
 pub struct DraftOutcome {

@@ -4,9 +4,11 @@
 //!
 //! Exactness: the target's distribution at each row is masked by the grammar state after the
 //! tokens before it, exactly as plain constrained decoding masks it, and the acceptance rule
-//! runs on the masked rows. A chain is cut at its first forbidden token only where the cut is
-//! a function of deterministic drafts (greedy requests, prompt lookup's point masses); a draft
-//! model's sampled chain keeps its forbidden tokens, which the rule rejects with certainty
+//! runs on the masked rows. A draft model drafts from its masked distribution
+//! (`DraftItem::grammar`), so its drafts are allowed. A chain is cut at its first forbidden
+//! token only where the cut is a function of deterministic drafts (greedy requests, prompt
+//! lookup's point masses); a chain sampled without the mask (a guess drafted ahead past
+//! forbidden drafts) keeps its forbidden tokens, which the rule rejects with certainty
 //! (cutting on the draws would change what the acceptance rule was proven for). Forced tokens
 //! are point-mass drafts, deterministic given the grammar state; under sampling they always
 //! replace the drafter's chain (keeping a drafted chain only when it agreed with them would

@@ -170,6 +170,7 @@ impl Sequence {
             gate: settings.gate,
             confidence: settings.confidence_pricing,
             gate_min: live.gamma_min.get().min(gamma),
+            grammar: self.constraint.as_ref().map(SequenceConstraint::fork),
         }
     }
 
@@ -203,6 +204,13 @@ impl Sequence {
         item.tree_nodes = 0;
         item.gate_min = (live.gamma_min.get() + 1).min(next + 1);
         item.context.extend_from_slice(drafts);
+        // The grammar after the drafts too; drafts it forbids leave the guess unconstrained
+        // (still exact: it is verified against the distribution it was drawn from).
+        if let Some(g) = item.grammar.as_mut() {
+            if g.advance(drafts).is_err() {
+                item.grammar = None;
+            }
+        }
         Some(item)
     }
 
