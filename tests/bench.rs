@@ -492,6 +492,15 @@ fn structured_modes_draft_forced_tokens_and_match_constrained_plain() {
         let forced: u64 = of(mode).map(|r| r["forced_tokens"].as_u64().unwrap()).sum();
         assert!(forced > 0, "{mode}: no forced drafts");
     }
+    // Every batch starts cold: no first turn found its prompt cached, whichever mode ran
+    // before it on the same engine; later turns reuse their own conversation.
+    for r in runs.iter().filter(|r| r["turn"] == 0) {
+        assert_eq!(r["cached_tokens"], 0, "{r}");
+    }
+    assert!(runs
+        .iter()
+        .any(|r| r["turn"] == 1 && r["cached_tokens"].as_u64().unwrap() > 0));
+    assert!(!stdout.contains("Cache state differed"), "{stdout}");
     // Forced tokens alone: every draft is forced.
     for r in of("forced:structured=json") {
         assert_eq!(r["forced_tokens"], r["draft_tokens"], "{r}");

@@ -285,6 +285,21 @@ fn retained_caches_give_way_to_new_requests() {
     assert!(shared + 2 < prompts[0].len());
     assert_eq!(first.usage.cached_tokens, shared);
 
+    // Clearing the prefix cache (what a benchmark does between modes) frees every retained
+    // slot: the same prompt again starts cold and gives the same tokens.
+    assert!(rt.block_on(on.cache_stats()).unwrap().retained_slots > 0);
+    rt.block_on(on.clear_prefix_cache()).unwrap();
+    let stats = rt.block_on(on.cache_stats()).unwrap();
+    assert!(
+        stats.retained_slots == 0 && stats.free_slots == stats.total_slots,
+        "{stats:?}"
+    );
+    let cold = run(&on, &prompts[0]);
+    assert_eq!(
+        (cold.tokens.as_slice(), cold.usage.cached_tokens),
+        (want[0].as_slice(), 0)
+    );
+
     // A KV budget for one request at a time: the retained cache must go for the next to fit.
     let tight = rt
         .block_on(Engine::start(

@@ -21,7 +21,8 @@ pub use error::BenchError;
 pub use mode::{parse_modes, DrafterKind, Mode, Structured};
 pub use prompts::{load_prompts, parse_prompts, select, BenchPrompt};
 pub use report::{
-    render_drafters, render_tables, summarize, BatchRecord, RunRecord, Spread, SummaryRow,
+    render_cache_notes, render_drafters, render_tables, summarize, BatchRecord, RunRecord, Spread,
+    SummaryRow,
 };
 pub use run::{run_bench, BenchModels, BenchOptions, BenchRun, EngineReport, Progress};
 

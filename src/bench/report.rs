@@ -314,6 +314,46 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
     out
 }
 
+/// Says, under the tables, where a mode's first turns found a different share of their prompt
+/// in the prefix cache than its baseline's did: its end-to-end speedup then counts prefill it
+/// did not do (or did twice); decode speeds are unaffected. Empty when every mode's share
+/// matched within 5 points (every batch starts cold unless a shared system prompt is kept).
+pub fn render_cache_notes(modes: &[Mode], runs: &[RunRecord]) -> String {
+    let first_turn_share = |label: &str| {
+        let (cached, prompt) = runs
+            .iter()
+            .filter(|r| r.mode == label && r.turn == 0)
+            .fold((0usize, 0usize), |(c, p), r| {
+                (c + r.cached_tokens, p + r.prompt_tokens)
+            });
+        (prompt > 0).then(|| cached as f64 / prompt as f64)
+    };
+    let mut out = String::new();
+    for mode in modes {
+        let Some(base) = mode.baseline(modes) else {
+            continue;
+        };
+        if let (Some(m), Some(b)) = (first_turn_share(&mode.label), first_turn_share(&base.label)) {
+            if (m - b).abs() > 0.05 {
+                out.push_str(&format!(
+                    "- {}: {:.0}% of its first turns' prompt tokens came from the prefix cache, \
+                     {:.0}% of {}'s: its speedup (prefill included) is not like for like; \
+                     compare decode speeds\n",
+                    mode.label,
+                    m * 100.0,
+                    b * 100.0,
+                    base.label
+                ));
+            }
+        }
+    }
+    if out.is_empty() {
+        out
+    } else {
+        format!("Cache state differed:\n{out}")
+    }
+}
+
 /// Markdown tables, one per category and one overall.
 pub fn render_tables(rows: &[SummaryRow], repeats: usize) -> String {
     let mut out = String::new();
@@ -477,5 +517,20 @@ mod tests {
         let s = Spread::of(&[3.0, 1.0, 2.0]).unwrap();
         assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
         assert_eq!(Spread::of(&[1.0, 2.0]).unwrap().median, 1.5);
+    }
+
+    #[test]
+    fn a_mode_whose_cache_state_differed_from_its_baseline_says_so() {
+        let modes = parse_modes("plain,pld", 8).unwrap();
+        let mut runs = vec![run("plain", "a", 0, 0, 0), run("pld", "a", 10, 5, 4)];
+        runs[0].cached_tokens = 0;
+        runs[1].cached_tokens = 9;
+        let note = render_cache_notes(&modes, &runs);
+        assert!(
+            note.contains("- pld: 90%") && note.contains("0% of plain's"),
+            "{note}"
+        );
+        runs[1].cached_tokens = 0;
+        assert_eq!(render_cache_notes(&modes, &runs), "");
     }
 }

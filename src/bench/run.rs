@@ -369,6 +369,12 @@ pub async fn run_bench(
                         repeat,
                     })
                     .collect();
+                // Every mode's batch starts from the same cold cache (its conversations' later
+                // turns still reuse their own earlier turns); a shared system prompt is a
+                // workload meant to stay cached, so it keeps what earlier batches left.
+                if opts.system_prompt.is_none() {
+                    engine_of(mode).clear_prefix_cache().await?;
+                }
                 let (records, wall) = run_batch(
                     &engine_of(mode),
                     &models.tokenizer,

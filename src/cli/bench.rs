@@ -190,6 +190,10 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         args.repeat,
     );
     println!("{}", bench::render_tables(&rows, args.repeat));
+    let cache_notes = bench::render_cache_notes(&modes, &run.runs);
+    if !cache_notes.is_empty() {
+        println!("{cache_notes}");
+    }
     println!(
         "{}",
         bench::render_drafters(&modes, &run.runs, &draft_description(&draft_name, &args))

@@ -179,6 +179,15 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         Ok(())
     }
 
+    /// Forgets every retained prefix, freeing its slot.
+    pub fn drop_retained(&mut self) -> Result<(), DraftError> {
+        while let Some((slot, _)) = self.retained.evict(None) {
+            self.cache.free(slot)?;
+        }
+        self.report_prefix_cache();
+        Ok(())
+    }
+
     fn report_prefix_cache(&self) {
         if self.prefix_cache {
             telemetry::set_prefix_cache("draft", self.retained.len(), self.retained.tokens());

@@ -11,7 +11,9 @@
 use kameo::message::{Context, Message};
 use kameo::Actor;
 
-use super::messages::{Admission, Admit, CacheStats, GetCacheStats, PrefixStart, Release, Retain};
+use super::messages::{
+    Admission, Admit, CacheStats, DropRetained, GetCacheStats, PrefixStart, Release, Retain,
+};
 use crate::model::cache::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
 use crate::telemetry;
 
@@ -182,6 +184,20 @@ impl Message<Retain> for CacheManager {
         self.reserved_tokens = self.reserved_tokens.saturating_sub(msg.reserved) + msg.tokens.len();
         let mut dropped = Vec::new();
         for (slot, tokens) in self.retained.retain(msg.slot, msg.tokens) {
+            self.drop_retained(slot, tokens);
+            dropped.push(slot);
+        }
+        self.report_usage();
+        dropped
+    }
+}
+
+impl Message<DropRetained> for CacheManager {
+    type Reply = Vec<usize>;
+
+    async fn handle(&mut self, _: DropRetained, _: &mut Context<Self, Self::Reply>) -> Vec<usize> {
+        let mut dropped = Vec::new();
+        while let Some((slot, tokens)) = self.retained.evict(None) {
             self.drop_retained(slot, tokens);
             dropped.push(slot);
         }

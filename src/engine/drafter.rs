@@ -11,7 +11,8 @@ use kameo::Actor;
 
 use super::error::EngineError;
 use super::messages::{
-    DraftBatch, DraftBatchResult, DraftItem, DraftOutcome, EndSequence, MeasureDraftCosts,
+    DraftBatch, DraftBatchResult, DraftItem, DraftOutcome, DropRetained, EndSequence,
+    MeasureDraftCosts,
 };
 use super::worker::ComputeWorker;
 use crate::draft::{
@@ -219,6 +220,19 @@ fn lookup_one(
         seq: it.seq,
         proposal: Ok(proposal),
         rng: it.rng,
+    }
+}
+
+impl Message<DropRetained> for Drafter {
+    type Reply = Result<(), EngineError>;
+
+    async fn handle(&mut self, _: DropRetained, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        self.worker
+            .run(|s| match s {
+                DraftWorkerState::Model(drafter) => Ok(drafter.drop_retained()?),
+                DraftWorkerState::Lookup(..) => Ok(()),
+            })
+            .await?
     }
 }
 

@@ -257,6 +257,11 @@ pub struct FreeSlot {
     pub slot: usize,
 }
 
+/// Scheduler, CacheManager and Drafter: forget every retained prefix (a benchmark's next
+/// mode starts from the same cold cache as the last). The CacheManager answers the slots it
+/// freed, which the scheduler has the Verifier free.
+pub struct DropRetained;
+
 /// Drafter: draft for several sequences.
 pub struct DraftBatch {
     pub items: Vec<DraftItem>,

@@ -11,7 +11,8 @@ use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
 use crate::engine::governor::Governor;
 use crate::engine::messages::{
-    Admit, CopyPrefix, EndSequence, FreeSlot, PrefixStart, Release, Retain, Submit, TruncateSlot,
+    Admit, CopyPrefix, DropRetained, EndSequence, FreeSlot, PrefixStart, Release, Retain, Submit,
+    TruncateSlot,
 };
 use crate::engine::request::SpeculationStats;
 use crate::model::cache::prefix_index::common_prefix;
@@ -61,6 +62,19 @@ impl Scheduler {
                 })
                 .await;
             if let Err(e) = ended {
+                self.report_peer_error("drafter", &e);
+            }
+        }
+    }
+
+    /// Forgets every retained prefix, the target's and a draft model's.
+    pub(super) async fn drop_retained(&mut self) {
+        match self.cache.ask(DropRetained).await {
+            Ok(slots) => self.free_slots(slots).await,
+            Err(e) => self.report_peer_error("cache manager", &e),
+        }
+        if let Some(d) = &self.drafter {
+            if let Err(e) = d.ask(DropRetained).await {
                 self.report_peer_error("drafter", &e);
             }
         }

@@ -28,7 +28,9 @@ use kameo::message::{Context, Message};
 
 pub use state::{Scheduler, SchedulerConfig};
 
-use crate::engine::messages::{EngineEvent, Failure, GetSchedulerStats, SchedulerStats, Step};
+use crate::engine::messages::{
+    DropRetained, EngineEvent, Failure, GetSchedulerStats, SchedulerStats, Step,
+};
 use crate::telemetry;
 use state::record_finished;
 
@@ -50,6 +52,14 @@ impl Message<Step> for Scheduler {
         telemetry::set_queue(self.active.len(), self.queue.len());
         self.liveness.round_ended(self.work());
         self.schedule_step(ctx.actor_ref());
+    }
+}
+
+impl Message<DropRetained> for Scheduler {
+    type Reply = ();
+
+    async fn handle(&mut self, _: DropRetained, _: &mut Context<Self, Self::Reply>) {
+        self.drop_retained().await;
     }
 }
 
