@@ -14,17 +14,16 @@ pub mod prompts;
 pub mod report;
 pub mod run;
 mod structured;
+pub mod tables;
 
 use serde_json::{json, Value};
 
 pub use error::BenchError;
 pub use mode::{parse_modes, DrafterKind, Mode, Structured};
 pub use prompts::{load_prompts, parse_prompts, select, BenchPrompt};
-pub use report::{
-    render_cache_notes, render_drafters, render_tables, summarize, BatchRecord, RunRecord, Spread,
-    SummaryRow,
-};
+pub use report::{summarize, BatchRecord, RunRecord, Spread, SummaryRow};
 pub use run::{run_bench, BenchModels, BenchOptions, BenchRun, EngineReport, Progress};
+pub use tables::{render_cache_notes, render_drafters, render_tables};
 
 /// What the machine is, for the record.
 pub fn machine_json(threads: usize) -> Value {

@@ -8,6 +8,7 @@
 mod error;
 mod history;
 mod model;
+mod model_slots;
 mod prompt_lookup;
 mod proposal;
 mod siblings;

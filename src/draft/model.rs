@@ -12,7 +12,7 @@ use std::time::Instant;
 use super::siblings::Siblings;
 use super::{DraftError, Proposal, Proposer};
 use crate::constraint::SequenceConstraint;
-use crate::model::cache::prefix_index::{PrefixIndex, PrefixMatch, PrefixSource};
+use crate::model::cache::prefix_index::PrefixIndex;
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::{
     apply_penalties, argmax, confidence, confidence_of_logits, probabilities, sample_from,
@@ -22,18 +22,18 @@ use crate::telemetry;
 
 /// `M` is how the model is held: `&Llama` for one generation, `Arc<Llama>` in the engine.
 pub struct ModelDrafter<M: Deref<Target = Llama>> {
-    model: M,
-    name: String,
-    cache: KvCache,
+    pub(super) model: M,
+    pub(super) name: String,
+    pub(super) cache: KvCache,
     /// Which cache slot each sequence drafts in.
-    slots: HashMap<u64, usize>,
+    pub(super) slots: HashMap<u64, usize>,
     /// The tokens each sequence's cache holds (for the prefix cache).
-    held: HashMap<u64, Vec<u32>>,
+    pub(super) held: HashMap<u64, Vec<u32>>,
     /// Slots of ended sequences kept for their prefix, when `prefix_cache` is on.
-    retained: PrefixIndex,
-    prefix_cache: bool,
-    logits: Vec<f32>,
-    probs: Vec<f32>,
+    pub(super) retained: PrefixIndex,
+    pub(super) prefix_cache: bool,
+    pub(super) logits: Vec<f32>,
+    pub(super) probs: Vec<f32>,
 }
 
 /// One sequence's share of a batched draft: its context (last token not yet verified), where
@@ -128,152 +128,6 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         M: Clone,
     {
         self.model.clone()
-    }
-
-    /// Forgets a sequence. Its slot is kept for its prefix when `keep` and the prefix cache
-    /// are on (and the tokens it holds are known), and freed otherwise.
-    pub fn end(&mut self, seq: u64, keep: bool) {
-        let held = self.held.remove(&seq);
-        let Some(slot) = self.slots.remove(&seq) else {
-            return;
-        };
-        match held {
-            Some(tokens) if keep && self.prefix_cache => {
-                for (s, _) in self.retained.retain(slot, tokens) {
-                    let _ = self.cache.free(s);
-                }
-            }
-            _ => {
-                let _ = self.cache.free(slot);
-            }
-        }
-        self.report_prefix_cache();
-    }
-
-    /// `standing` is what stands of `seq`'s context (all but its unverified last token): keeps
-    /// the longest prefix of what the cache holds that agrees with it. After a tree round the
-    /// accepted path may leave the drafted chain, so the cache's drafts are compared token by
-    /// token, not just counted. A cache whose contents are not known starts over.
-    pub fn rollback_to_context(&mut self, seq: u64, standing: &[u32]) -> Result<(), DraftError> {
-        let keep = match self.held.get(&seq) {
-            Some(held) => held
-                .iter()
-                .zip(standing)
-                .take_while(|(a, b)| a == b)
-                .count(),
-            None => 0,
-        };
-        self.rollback_seq(seq, keep)
-    }
-
-    /// The first `keep` tokens of `seq`'s context stand; forget anything past them.
-    pub fn rollback_seq(&mut self, seq: u64, keep: usize) -> Result<(), DraftError> {
-        if let Some(&slot) = self.slots.get(&seq) {
-            if self.cache.len(slot)? > keep {
-                self.cache.truncate_to(slot, keep)?;
-            }
-            if let Some(h) = self.held.get_mut(&seq) {
-                h.truncate(keep);
-            }
-        }
-        Ok(())
-    }
-
-    /// Forgets every retained prefix, freeing its slot.
-    pub fn drop_retained(&mut self) -> Result<(), DraftError> {
-        while let Some((slot, _)) = self.retained.evict(None) {
-            self.cache.free(slot)?;
-        }
-        self.report_prefix_cache();
-        Ok(())
-    }
-
-    fn report_prefix_cache(&self) {
-        if self.prefix_cache {
-            telemetry::set_prefix_cache("draft", self.retained.len(), self.retained.tokens());
-        }
-    }
-
-    /// A free slot, evicting the least recently used retained one other than `keep` if there
-    /// is none.
-    fn free_slot(&mut self, keep: Option<usize>) -> Result<usize, DraftError> {
-        loop {
-            if let Some(slot) = self.cache.allocate() {
-                return Ok(slot);
-            }
-            let Some((slot, _)) = self.retained.evict(keep) else {
-                return Err(DraftError::Model(crate::model::ModelError::BadInput(
-                    format!(
-                        "the draft cache has no free slot ({} in use)",
-                        self.slots.len()
-                    ),
-                )));
-            };
-            self.cache.free(slot)?;
-            telemetry::record_prefix_eviction("draft");
-        }
-    }
-
-    /// The slot `seq` drafts in; a new sequence starts from the longest prefix of its
-    /// `context` (all but its last token) that a retained slot (taken over) or a running
-    /// sequence's (copied) holds.
-    fn slot_for(&mut self, seq: u64, context: &[u32]) -> Result<usize, DraftError> {
-        if let Some(&slot) = self.slots.get(&seq) {
-            return Ok(slot);
-        }
-        let limit = context.len().saturating_sub(1);
-        let found = if self.prefix_cache {
-            let running = self
-                .held
-                .iter()
-                .filter_map(|(s, t)| Some((*self.slots.get(s)?, t.as_slice())));
-            self.retained.best_match(context, limit, running)
-        } else {
-            None
-        };
-        // As the target's ledger does: a retained cache whose whole text the context extends
-        // is taken over; one matched in part is copied from and kept while a slot is free.
-        let (slot, len) = match found {
-            Some(PrefixMatch {
-                source: PrefixSource::Retained { slot },
-                len,
-            }) => {
-                let whole = self.retained.slots().any(|(s, n)| s == slot && n == len);
-                let fresh = if whole {
-                    None
-                } else {
-                    self.free_slot(Some(slot)).ok()
-                };
-                match fresh {
-                    Some(fresh) => {
-                        self.retained.touch(slot);
-                        self.cache.copy_prefix(slot, fresh, len)?;
-                        (fresh, len)
-                    }
-                    None => {
-                        self.retained.take(slot);
-                        self.cache.truncate_to(slot, len)?;
-                        (slot, len)
-                    }
-                }
-            }
-            Some(PrefixMatch {
-                source: PrefixSource::Running { slot: from },
-                len,
-            }) => {
-                let slot = self.free_slot(None)?;
-                self.cache.copy_prefix(from, slot, len)?;
-                (slot, len)
-            }
-            None => (self.free_slot(None)?, 0),
-        };
-        if self.prefix_cache {
-            telemetry::record_prefix_lookup("draft", len);
-            self.report_prefix_cache();
-        }
-        self.slots.insert(seq, slot);
-        self.held.insert(seq, context[..len].to_vec());
-        Ok(slot)
     }
 
     /// Drafts for every job at once; each job's outcome lands in its `result`. A failure of a

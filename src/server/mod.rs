@@ -17,6 +17,7 @@ mod reload;
 mod response;
 pub mod schema;
 pub mod startup;
+mod stream;
 mod structured;
 mod tokenize;
 mod tools;

@@ -16,11 +16,10 @@ use serde_json::{json, Value};
 use tracing::Instrument;
 
 use super::error::ApiError;
-use super::response::{
-    log_finished, now_secs, stream_response, Echo, Endpoint, Report, ResponseMeta,
-};
+use super::response::{log_finished, now_secs, Echo, Endpoint, Report, ResponseMeta};
 use super::schema::{parse_request, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use super::startup::Loaded;
+use super::stream::stream_response;
 use super::structured::{compile, requested_constraint};
 use super::tools::read_tools;
 use super::validation::{chat_turns, check_token_ids, engine_request, tokenize};
