@@ -11,20 +11,6 @@ impl TokenMask {
         Self(bits)
     }
 
-    pub fn allows(&self, token: u32) -> bool {
-        (token as usize) < self.0.len() && self.0.is_allowed(token)
-    }
-
-    /// How many tokens it allows.
-    pub fn allowed(&self) -> usize {
-        self.0.num_set()
-    }
-
-    /// The one token it allows, if it allows exactly one.
-    pub fn only(&self) -> Option<u32> {
-        (self.0.num_set() == 1).then(|| self.0.first_bit_set().map(|t| t as u32))?
-    }
-
     /// Sets every forbidden token's logit to -inf, so every later step of the logits pipeline
     /// (softmax, top-k/p, the draw, argmax) gives it exactly zero. Logits past the mask's
     /// vocabulary are forbidden too.
@@ -64,11 +50,5 @@ mod tests {
                 assert_eq!(l, f32::NEG_INFINITY, "token {i}");
             }
         }
-        assert_eq!(mask.allowed(), 3);
-        assert!(mask.allows(33) && !mask.allows(34) && !mask.allows(500));
-        assert_eq!(mask.only(), None);
-        let mut one = SimpleVob::alloc(70);
-        one.allow_token(5);
-        assert_eq!(TokenMask::new(one).only(), Some(5));
     }
 }

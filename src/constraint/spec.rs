@@ -82,14 +82,11 @@ pub fn lark_string(s: &str) -> String {
 pub struct CompiledConstraint {
     template: Arc<Matcher>,
     vocab: usize,
-    kind: &'static str,
 }
 
 impl std::fmt::Debug for CompiledConstraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompiledConstraint")
-            .field("kind", &self.kind)
-            .finish_non_exhaustive()
+        f.debug_struct("CompiledConstraint").finish_non_exhaustive()
     }
 }
 
@@ -114,7 +111,6 @@ impl ConstraintVocabulary {
         Ok(CompiledConstraint {
             template: Arc::new(matcher),
             vocab: self.vocab,
-            kind: spec.kind(),
         })
     }
 }
@@ -160,9 +156,5 @@ impl CompiledConstraint {
     /// A fresh matcher at the start of the output.
     pub fn start(&self) -> SequenceConstraint {
         SequenceConstraint::new(self.template.deep_clone(), self.vocab)
-    }
-
-    pub fn kind(&self) -> &'static str {
-        self.kind
     }
 }

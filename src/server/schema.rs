@@ -319,15 +319,13 @@ pub struct ChatMessageIn {
     pub content: Option<MessageContent>,
     /// An assistant turn's tool calls.
     pub tool_calls: Option<Vec<ToolCallIn>>,
-    /// A tool turn: the call it answers.
+    /// A tool turn: the call it answers (results reach the model in the order of the calls).
     pub tool_call_id: Option<String>,
-    pub name: Option<String>,
 }
 
 /// A tool call of an earlier assistant turn, as the client sends it back.
 #[derive(Debug, Deserialize)]
 pub struct ToolCallIn {
-    pub id: Option<String>,
     #[serde(rename = "type")]
     pub kind: Option<String>,
     pub function: FunctionCallIn,

@@ -107,7 +107,6 @@ pub(super) fn chat_turns(
                     "Only `function` tool calls exist.",
                 ));
             }
-            let _ = call.id; // The call is written by its name; tool turns answer in order.
             let arguments: Value = match call.function.arguments {
                 Value::String(s) => serde_json::from_str(&s).map_err(|e| {
                     ApiError::invalid_param(
@@ -122,7 +121,6 @@ pub(super) fn chat_turns(
             }
             content.push_str(&call_text(&call.function.name, &arguments));
         }
-        let _ = m.name;
         turns.push(ChatMessage::new(role, content));
     }
     if turns.iter().all(|t| t.content.trim().is_empty()) {

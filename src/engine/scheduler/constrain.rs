@@ -66,7 +66,7 @@ impl Scheduler {
                     let valid = c.valid_prefix(&p.tokens);
                     p.keep_chain_prefix(valid);
                 }
-                let mut forced = c.forced();
+                let mut forced = if forcing > 0 { c.forced() } else { Vec::new() };
                 forced.truncate(forcing);
                 let keep_drafts = it.params.is_greedy() && p.tokens.starts_with(&forced);
                 if !forced.is_empty() && !keep_drafts {
