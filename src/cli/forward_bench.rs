@@ -29,7 +29,8 @@ pub struct ForwardBenchArgs {
     /// Tokens already in the cache before each timed forward.
     #[arg(long, default_value_t = 64)]
     depth: usize,
-    /// Timed repetitions per count (the median is reported).
+    /// Timed repetitions per count (the median is reported); the counts take turns, one
+    /// forward each a round.
     #[arg(long, default_value_t = 10)]
     repeats: usize,
     /// Also break the forward down by operation: each one's time at 1 and at this many new
@@ -70,10 +71,11 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
         "| new tokens | ms per forward | ms per token | cost vs 1 token | ms per extra token |"
     );
     println!("|---|---|---|---|---|");
-    let mut base: Option<(usize, f64)> = None;
-    for &k in &args.tokens {
-        let mut times = Vec::with_capacity(args.repeats);
-        for r in 0..args.repeats + 1 {
+    // Widths take turns, one forward each per round, so a machine whose speed drifts during
+    // the run (a shared VM) moves every width alike and their ratios stay fair.
+    let mut times = vec![Vec::with_capacity(args.repeats); args.tokens.len()];
+    for r in 0..args.repeats + 1 {
+        for (&k, times) in args.tokens.iter().zip(&mut times) {
             let toks = ids(k, r + 1);
             let t = std::time::Instant::now();
             model.forward(
@@ -89,9 +91,12 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
             let dt = t.elapsed().as_secs_f64() * 1e3;
             cache.truncate_to(slot, depth)?;
             if r > 0 {
-                times.push(dt); // the first run warms caches
+                times.push(dt); // the first round warms caches
             }
         }
+    }
+    let mut base: Option<(usize, f64)> = None;
+    for (&k, times) in args.tokens.iter().zip(&mut times) {
         times.sort_by(f64::total_cmp);
         let ms = times[times.len() / 2];
         let (k0, one) = *base.get_or_insert((k, ms));

@@ -3,8 +3,10 @@
 //! Why it exists: candle's f16 matmul converts each activation row to f16 and runs one
 //! (row, column) dot product at a time, so verifying 4 drafted tokens cost 2.2x a single-token
 //! step (measured) where reading the weights once should make it nearly free. Here weights are
-//! repacked at load into tiles of 8 output columns (`[tile][k][8]`), each 8-value load is
-//! converted to f32 once and multiplied into up to 4 activation rows kept in f32.
+//! repacked at load into groups of 4 tiles of 8 output columns, interleaved by input index
+//! (`[group][k][4 tiles][8]`, so a group's 32 columns at one input are one 64-byte line and a
+//! group is one sequential stream for the prefetchers); each 8-value load is converted to f32
+//! once and multiplied into up to 8 activation rows kept in f32.
 //!
 //! Batch invariance by construction: every output element is one fused multiply-add chain over
 //! k in ascending order, starting from zero, whatever the number of rows or how rows and tiles
@@ -17,18 +19,26 @@ use half::f16;
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 
 const TILE_N: usize = 8;
-/// How far ahead in each tile's weight stream the kernel prefetches. Without it streaming the
-/// weights and the arithmetic did not overlap: a 4-token forward cost 23 ms against 14 ms for
-/// one token at depth 64; 4 KB ahead brought it to 16-17 ms (512 B to 8 KB measured with
-/// `tandem forward-bench --weights-dtype f16`).
-const PREFETCH_BYTES: usize = 4096;
-/// Tiles are padded to a multiple of this so every work unit covers whole tile groups.
+/// How far ahead in a group's weight stream the kernel prefetches. Without it streaming the
+/// weights and the arithmetic do not overlap (a 4-token forward cost 23 ms against 14 ms for
+/// one token at depth 64 before groups were one stream); 1, 2, 4 and 8 KB ahead were measured
+/// with `tandem forward-bench --weights-dtype f16`, 2 KB the fastest by a few percent.
+const PREFETCH_BYTES: usize = 2048;
+/// One group's f16 bits at one input index, aligned to a cache line.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u16; GROUP_STEP]);
+
+/// Tiles interleaved into one stream; tiles are padded to a multiple of it.
 const TILE_GROUP: usize = 4;
+/// f16 values of one group at one input index: one 64-byte line.
+const GROUP_STEP: usize = TILE_GROUP * TILE_N;
 
 /// f16 weights `(n, k)` packed for [`PackedF16::matmul`].
 pub struct PackedF16 {
-    /// f16 bits, `[tile][k][8 columns]`; columns past `n` are zero.
-    data: Vec<u16>,
+    /// f16 bits, `[group][k][4 tiles][8 columns]`, one line a step; columns past `n` are
+    /// zero.
+    data: Vec<Line>,
     n: usize,
     k: usize,
     tiles: usize,
@@ -61,12 +71,13 @@ impl PackedF16 {
             return None;
         }
         let tiles = n.div_ceil(TILE_N).div_ceil(TILE_GROUP) * TILE_GROUP;
-        let mut data = vec![0u16; tiles * k * TILE_N];
+        let mut data = vec![Line([0; GROUP_STEP]); tiles / TILE_GROUP * k];
         for col in 0..n {
             let (t, c) = (col / TILE_N, col % TILE_N);
+            let (g, j) = (t / TILE_GROUP, t % TILE_GROUP);
             let row = &bytes[col * k * 2..(col + 1) * k * 2];
             for (i, v) in row.chunks_exact(2).enumerate() {
-                data[(t * k + i) * TILE_N + c] = u16::from_le_bytes([v[0], v[1]]);
+                data[g * k + i].0[j * TILE_N + c] = u16::from_le_bytes([v[0], v[1]]);
             }
         }
         Some(Self { data, n, k, tiles })
@@ -96,7 +107,7 @@ impl PackedWeight for PackedF16 {
     }
 
     fn matmul(&self, x: &[f32], m: usize, dst: &mut [f32]) {
-        self.matmul_on(x, m, dst, m >= 3 && wide_available());
+        self.matmul_on(x, m, dst, wide_available());
     }
 }
 
@@ -192,18 +203,24 @@ pub fn wide_available() -> bool {
     })
 }
 
-/// One prefetch per 64-byte line of each of `T` tiles' weight streams (every 4 steps of 8 f16
-/// values), `PREFETCH_BYTES` ahead of step `kk`.
+/// One prefetch per input step (one 64-byte line of the group's stream), `PREFETCH_BYTES`
+/// ahead of step `kk`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn prefetch_tiles<const T: usize>(wbase: *const u16, k: usize, kk: usize) {
+unsafe fn prefetch_group(wbase: *const u16, kk: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    if kk.is_multiple_of(4) {
-        for j in 0..T {
-            let p = wbase.wrapping_add((j * k + kk) * TILE_N) as *const i8;
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES));
-        }
-    }
+    let p = wbase.wrapping_add(kk * GROUP_STEP) as *const i8;
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES));
+}
+
+/// Where tile `t0`'s values at input 0 start: later inputs are `GROUP_STEP` apart, and the
+/// tiles after `t0` in its group `TILE_N` apart.
+fn tile_base(w: &PackedF16, t0: usize) -> *const u16 {
+    let (g, j) = (t0 / TILE_GROUP, t0 % TILE_GROUP);
+    w.data[g * w.k..]
+        .as_ptr()
+        .cast::<u16>()
+        .wrapping_add(j * TILE_N)
 }
 
 /// `R` rows times 4 tiles starting at tile `t0`, row `r0`, two tiles a 512-bit register.
@@ -220,19 +237,14 @@ unsafe fn wide_block<const R: usize>(
     const T: usize = 4;
     let k = w.k;
     let mut acc = [[_mm512_setzero_ps(); T / 2]; R];
-    let wbase = w.data.as_ptr().add(t0 * k * TILE_N);
+    let wbase = tile_base(w, t0);
     let xbase = x.as_ptr().add(r0 * k);
     for kk in 0..k {
-        prefetch_tiles::<T>(wbase, k, kk);
+        prefetch_group(wbase, kk);
         let mut wv = [_mm512_setzero_ps(); T / 2];
         for (pair, v) in wv.iter_mut().enumerate() {
-            let lo = wbase.add((2 * pair * k + kk) * TILE_N) as *const __m128i;
-            let hi = wbase.add(((2 * pair + 1) * k + kk) * TILE_N) as *const __m128i;
-            let both = _mm256_inserti128_si256::<1>(
-                _mm256_castsi128_si256(_mm_loadu_si128(lo)),
-                _mm_loadu_si128(hi),
-            );
-            *v = _mm512_cvtph_ps(both);
+            let both = wbase.add(kk * GROUP_STEP + 2 * pair * TILE_N) as *const __m256i;
+            *v = _mm512_cvtph_ps(_mm256_load_si256(both)); // 32-byte aligned in its line
         }
         for (r, row_acc) in acc.iter_mut().enumerate() {
             let xb = _mm512_set1_ps(*xbase.add(r * k + kk));
@@ -271,13 +283,17 @@ unsafe fn block<const R: usize, const T: usize>(
     use std::arch::x86_64::*;
     let k = w.k;
     let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let wbase = w.data.as_ptr().add(t0 * k * TILE_N);
+    let wbase = tile_base(w, t0);
     let xbase = x.as_ptr().add(r0 * k);
     for kk in 0..k {
-        prefetch_tiles::<T>(wbase, k, kk);
+        // A unit of fewer than 4 tiles shares its lines with the group's other units; the
+        // one that owns the group's first tile prefetches them.
+        if t0.is_multiple_of(TILE_GROUP) {
+            prefetch_group(wbase, kk);
+        }
         let mut wv = [_mm256_setzero_ps(); T];
         for (j, v) in wv.iter_mut().enumerate() {
-            let p = wbase.add((j * k + kk) * TILE_N) as *const __m128i;
+            let p = wbase.add(kk * GROUP_STEP + j * TILE_N) as *const __m128i;
             *v = _mm256_cvtph_ps(_mm_loadu_si128(p));
         }
         for (r, row_acc) in acc.iter_mut().enumerate() {
@@ -364,6 +380,27 @@ mod tests {
             packed.matmul_on(&x, m, &mut wide, true);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&narrow), bits(&wide), "{m} rows");
+        }
+    }
+
+    #[test]
+    fn the_groups_unpack_to_the_files_exact_weights() {
+        let (n, k) = (44usize, 96usize);
+        let bytes: Vec<u8> = random(7, n * k)
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect();
+        let packed = PackedF16::from_f16_bytes(&bytes, n, k).unwrap();
+        for col in 0..n {
+            let (t, c) = (col / TILE_N, col % TILE_N);
+            for i in 0..k {
+                let at = tile_base(&packed, t).wrapping_add(i * GROUP_STEP + c);
+                // SAFETY: inside the packed data (the tile exists, i < k, c < 8).
+                let got = unsafe { *at };
+                let want =
+                    u16::from_le_bytes([bytes[(col * k + i) * 2], bytes[(col * k + i) * 2 + 1]]);
+                assert_eq!(got, want, "column {col}, input {i}");
+            }
         }
     }
 

@@ -73,11 +73,14 @@ fn switched_off(var: &str) -> bool {
     std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-/// Whether this CPU has AVX2 and FMA, what the 8-bit and 4-bit kernels need.
+/// Whether this CPU has AVX2, FMA and F16C, what the 8-bit and 4-bit kernels need (their
+/// tiles keep scales in f16).
 pub fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -96,6 +99,54 @@ pub(super) mod test_support {
     pub fn random(seed: u64, n: usize) -> Vec<f32> {
         let mut rng = crate::sampling::SeededRng::new(seed);
         (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect()
+    }
+
+    /// Row counts whose chunks take every const row count of every tile kernel (1 to 8 on
+    /// AVX-512, 1 to 4 on 256-bit kernels) and several chunks.
+    pub const ROW_COUNTS: [usize; 9] = [1, 2, 3, 5, 6, 7, 8, 9, 17];
+
+    /// Asserts that `run(x, m, dst, isa)` gives every row the bits it has alone on AVX2, for
+    /// each of [`ROW_COUNTS`] and each instruction set this CPU has: batch invariance and the
+    /// same bits on every path.
+    pub fn assert_rows_and_isas_agree(
+        n: usize,
+        k: usize,
+        run: impl Fn(&[f32], usize, &mut [f32], crate::model::kernels::tile_driver::DotIsa),
+    ) {
+        use crate::model::kernels::tile_driver::DotIsa;
+        for m in ROW_COUNTS {
+            let x = random(100 + m as u64, m * k);
+            let alone: Vec<Vec<f32>> = (0..m)
+                .map(|r| {
+                    let mut one = vec![0f32; n];
+                    run(&x[r * k..(r + 1) * k], 1, &mut one, DotIsa::Avx2);
+                    one
+                })
+                .collect();
+            for isa in DotIsa::available() {
+                let mut out = vec![0f32; m * n];
+                run(&x, m, &mut out, isa);
+                for (r, one) in alone.iter().enumerate() {
+                    assert!(
+                        out[r * n..(r + 1) * n] == one[..],
+                        "{isa:?}: row {r} of {m} differs from the row alone on AVX2"
+                    );
+                }
+            }
+        }
+    }
+
+    /// candle's dequantization of `w` quantized to `dtype`, with the raw bytes.
+    pub fn quantized(w: &Tensor, dtype: GgmlDType) -> (Vec<u8>, Vec<f32>) {
+        let qt = QTensor::quantize(w, dtype).unwrap();
+        let values = qt
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        (qt.data().unwrap().to_vec(), values)
     }
 
     /// The largest absolute errors of `ours` (`x (m, k)` times the `(n, k)` weight `w`

@@ -23,21 +23,24 @@ use half::f16;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 use crate::model::kernels::tile_driver::{
-    for_each_dot_isa, for_each_tile, quantize_rows, DotIsa, QuantRows, QK, ROWS, TILE_N,
+    for_each_dot_isa_256, for_each_tile, quantize_rows, with_const_rows, DotIsa, QuantRows, QK,
+    TILE_N,
 };
 
 /// How many tiles ahead the kernel prefetches (the reason is `q8_gemm`'s: streaming and
-/// arithmetic overlap only with it).
-const PREFETCH_TILES: usize = 16;
+/// arithmetic overlap only with it): about 3 KB.
+const PREFETCH_TILES: usize = 10;
 const TILE_BYTES: usize = std::mem::size_of::<Tile>();
-/// One 32-value block of 8 output columns: per-column scales and minimums, then four 32-byte
-/// vectors. Vector `p` holds value group `2p` (values `8p..8p + 4` of the block) in its low
-/// nibbles and group `2p + 1` in its high ones, each laid out `[column (8)][4 values]`.
-#[repr(C, align(32))]
+/// One 32-value block of 16 output columns, as many bytes as the file's 16 blocks: per-column
+/// scales and minimums (f16 bits, as in the file), then four 64-byte vectors. Vector `p` holds
+/// value group `2p` (values `8p..8p + 4` of the block) in its low nibbles and group `2p + 1` in
+/// its high ones, each laid out `[column (16)][4 values]`; its two 32-byte halves are the
+/// tiles of columns 0-7 and 8-15 that a 256-bit kernel takes one at a time.
+#[repr(C, align(64))]
 #[derive(Clone)]
 struct Tile {
-    scales: [f32; TILE_N],
-    mins: [f32; TILE_N],
+    scales: [u16; TILE_N],
+    mins: [u16; TILE_N],
     qs: [u8; QK * TILE_N / 2],
 }
 
@@ -75,7 +78,8 @@ pub fn available() -> bool {
 
 impl PackedQ4 {
     /// Packs raw GGUF Q4_0 or Q4_1 bytes of an `(n, k)` weight; `None` if the shape does not
-    /// fit (k not a multiple of 32).
+    /// fit (k not a multiple of 32), or a Q4_0 scale is so large that its minimum `-8 · d`
+    /// leaves f16's range.
     pub fn from_gguf_bytes(format: Q4Format, bytes: &[u8], n: usize, k: usize) -> Option<Self> {
         let header = format.header_bytes();
         let block_bytes = header + QK / 2;
@@ -84,8 +88,8 @@ impl PackedQ4 {
         }
         let kb = k / QK;
         let zero = Tile {
-            scales: [0.0; TILE_N],
-            mins: [0.0; TILE_N],
+            scales: [0; TILE_N],
+            mins: [0; TILE_N],
             qs: [0; QK * TILE_N / 2],
         };
         let mut tiles = vec![zero; n.div_ceil(TILE_N) * kb];
@@ -94,11 +98,18 @@ impl PackedQ4 {
             for b in 0..kb {
                 let blk = &bytes[(col * kb + b) * block_bytes..(col * kb + b + 1) * block_bytes];
                 let tile = &mut tiles[t * kb + b];
-                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-                tile.scales[c] = d;
+                tile.scales[c] = u16::from_le_bytes([blk[0], blk[1]]);
                 tile.mins[c] = match format {
-                    Q4Format::Q4_0 => -8.0 * d,
-                    Q4Format::Q4_1 => f16::from_le_bytes([blk[2], blk[3]]).to_f32(),
+                    Q4Format::Q4_0 => {
+                        // Exact in f16 (a power-of-two multiple) unless it overflows.
+                        let d = f16::from_bits(tile.scales[c]).to_f32();
+                        let m = f16::from_f32(-8.0 * d);
+                        if m.to_f32() != -8.0 * d {
+                            return None;
+                        }
+                        m.to_bits()
+                    }
+                    Q4Format::Q4_1 => u16::from_le_bytes([blk[2], blk[3]]),
                 };
                 // GGUF keeps value i in the low nibble of byte i and value i + 16 in the high
                 // nibble of byte i.
@@ -112,12 +123,35 @@ impl PackedQ4 {
                 };
                 for i in 0..QK {
                     let (g, j) = (i / 4, i % 4);
-                    let at = (g / 2) * 32 + c * 4 + j;
+                    let at = (g / 2) * 64 + c * 4 + j;
                     tile.qs[at] |= nibble(i) << (4 * (g % 2));
                 }
             }
         }
         Some(Self { tiles, n, k })
+    }
+}
+
+#[cfg(test)]
+impl PackedQ4 {
+    /// The weights back out of the tiles, `(n, k)` row-major: `d · q + m` per value.
+    fn unpack(&self) -> Vec<f32> {
+        let kb = self.k / QK;
+        let mut out = vec![0f32; self.n * self.k];
+        for col in 0..self.n {
+            let (t, c) = (col / TILE_N, col % TILE_N);
+            for b in 0..kb {
+                let tile = &self.tiles[t * kb + b];
+                let d = f16::from_bits(tile.scales[c]).to_f32();
+                let m = f16::from_bits(tile.mins[c]).to_f32();
+                for i in 0..QK {
+                    let (g, j) = (i / 4, i % 4);
+                    let q = (tile.qs[(g / 2) * 64 + c * 4 + j] >> (4 * (g % 2))) & 0x0f;
+                    out[col * self.k + b * QK + i] = d * q as f32 + m;
+                }
+            }
+        }
+        out
     }
 }
 
@@ -146,7 +180,7 @@ pub fn matmul(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32]) {
 
 /// [`matmul`] on the tile kernel for `isa` (which the CPU must have).
 fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
-    assert!(available(), "q4_gemm::matmul needs AVX2 and FMA");
+    assert!(available(), "q4_gemm::matmul needs AVX2, FMA and F16C");
     assert_eq!(x.len(), m * w.k);
     assert_eq!(dst.len(), m * w.n);
     let q = quantize_rows(x);
@@ -156,125 +190,223 @@ fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
             .zip(&q.scales)
             .map(|(blk, &da)| da * blk.iter().map(|&v| v as i32).sum::<i32>() as f32)
             .collect();
-    // SAFETY (of each call): `available()` checked the CPU features; the driver hands each
-    // tile its own (rows, 8-column) block of `dst`, inside the bounds asserted above.
+    // SAFETY (of each call): `available()` checked the CPU features (and `isa` is one this
+    // CPU has); the driver hands each tile its own (rows, 16-column) block of `dst`, inside
+    // the bounds asserted above, with at most `rows_per_load` rows.
     #[cfg(target_arch = "x86_64")]
-    for_each_tile(m, w.n, dst, |t, r0, rows, dst| unsafe {
-        match isa {
-            DotIsa::Avx2 => tile_kernel_avx2(w, &q, &row_sums, t, r0, rows, dst),
-            DotIsa::AvxVnni => tile_kernel_vnni(w, &q, &row_sums, t, r0, rows, dst),
-            DotIsa::Avx512Vnni => tile_kernel_vnni512(w, &q, &row_sums, t, r0, rows, dst),
-        }
-    });
+    for_each_tile(
+        m,
+        w.n,
+        isa.rows_per_load(),
+        dst,
+        |t, r0, rows, dst| unsafe {
+            let args = (w, &q, &row_sums[..], t, r0, dst);
+            match isa {
+                DotIsa::Avx2 => with_const_rows!(rows, tile_kernel_avx2(args)),
+                DotIsa::AvxVnni => with_const_rows!(rows, tile_kernel_vnni(args)),
+                DotIsa::Avx512Vnni => with_const_rows!(rows, tile_kernel_vnni512(args)),
+            }
+        },
+    );
     // Elsewhere `available()` is false and the assertion above has stopped the call.
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (q, isa, row_sums);
 }
 
-/// The tile kernel, written once for three instruction sets. `$dot4(acc, w, a)` adds each
-/// group of 4 products of unsigned weight bytes and signed activation bytes into acc's 32-bit
-/// lanes: `maddubs` + `madd` on AVX2, one `vpdpbusd` with AVX-VNNI or AVX-512 VNNI; all exact.
-macro_rules! tile_kernel {
+/// What every tile kernel is given: the weights, the quantized rows, `da · Σa` per (row,
+/// block), the column tile, the first row and the output's start.
+type TileArgs<'a> = (
+    &'a PackedQ4,
+    &'a QuantRows,
+    &'a [f32],
+    usize,
+    usize,
+    *mut f32,
+);
+
+/// A pointer to the 4 activation bytes of row `r`, block `b`, value group `g` (the caller
+/// keeps them inside the rows).
+#[inline(always)]
+unsafe fn group(q: &QuantRows, k: usize, r: usize, b: usize, g: usize) -> *const i32 {
+    q.qs.as_ptr().add(r * k + b * QK + g * 4) as *const i32
+}
+
+/// The 256-bit tile kernel, written once for AVX2 and AVX-VNNI: `R` rows (at most 4), the
+/// tile's two 8-column halves one after the other. `$dot4(acc, w, a)` adds each group of 4
+/// products of unsigned weight bytes and signed activation bytes into acc's 32-bit lanes;
+/// exact. Per output element: exact integer sums per block, then `acc += Σ · (d · da)` and
+/// `acc += m · (da · Σa)` as two fused multiply-adds, blocks in order; the AVX-512 kernel does
+/// the same operations, so every path gives the same bits.
+macro_rules! tile_kernel_256 {
     ($name:ident, $features:literal, $dot4:expr) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        unsafe fn $name(
-            w: &PackedQ4,
-            q: &QuantRows,
-            row_sums: &[f32],
-            t: usize,
-            r0: usize,
-            rows: usize,
-            dst: *mut f32,
-        ) {
+        unsafe fn $name<const R: usize>((w, q, row_sums, t, r0, dst): TileArgs) {
             use std::arch::x86_64::*;
             let kb = w.k / QK;
             let low = _mm256_set1_epi8(0x0f);
-            let mut acc = [_mm256_setzero_ps(); ROWS];
-            for b in 0..kb {
-                let tile = &w.tiles[t * kb + b];
-                let ahead =
-                    (tile as *const Tile as *const i8).wrapping_add(PREFETCH_TILES * TILE_BYTES);
-                for line in 0..TILE_BYTES.div_ceil(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
-                }
-                let mut iacc = [_mm256_setzero_si256(); ROWS];
-                for p in 0..QK / 8 {
-                    let v = _mm256_load_si256(tile.qs.as_ptr().add(p * 32) as *const __m256i);
-                    let lo = _mm256_and_si256(v, low);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                    for (r, ia) in iacc.iter_mut().enumerate().take(rows) {
-                        let a = q.qs.as_ptr().add((r0 + r) * w.k + b * QK + p * 8) as *const i32;
-                        *ia = $dot4(*ia, lo, _mm256_set1_epi32(a.read_unaligned()));
-                        *ia = $dot4(*ia, hi, _mm256_set1_epi32(a.add(1).read_unaligned()));
+            let cols = (w.n - t * TILE_N).min(TILE_N);
+            for h in 0..cols.div_ceil(8) {
+                let mut acc = [_mm256_setzero_ps(); R];
+                for b in 0..kb {
+                    let tile = &w.tiles[t * kb + b];
+                    if h == 0 {
+                        let ahead = (tile as *const Tile as *const i8)
+                            .wrapping_add(PREFETCH_TILES * TILE_BYTES);
+                        for line in 0..TILE_BYTES / 64 {
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
+                        }
+                    }
+                    let mut iacc = [_mm256_setzero_si256(); R];
+                    for p in 0..QK / 8 {
+                        let at = tile.qs.as_ptr().add(p * 64 + h * 32);
+                        let v = _mm256_load_si256(at as *const __m256i);
+                        let lo = _mm256_and_si256(v, low);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                        for (r, ia) in iacc.iter_mut().enumerate() {
+                            let a = group(q, w.k, r0 + r, b, 2 * p);
+                            *ia = $dot4(*ia, lo, _mm256_set1_epi32(a.read_unaligned()));
+                            *ia = $dot4(*ia, hi, _mm256_set1_epi32(a.add(1).read_unaligned()));
+                        }
+                    }
+                    let half = |v: &[u16; TILE_N]| {
+                        _mm256_cvtph_ps(_mm_load_si128(v.as_ptr().add(8 * h) as *const __m128i))
+                    };
+                    let (sc, mins) = (half(&tile.scales), half(&tile.mins));
+                    for (r, (a, ia)) in acc.iter_mut().zip(&iacc).enumerate() {
+                        let row_block = (r0 + r) * kb + b;
+                        let scale = _mm256_mul_ps(sc, _mm256_set1_ps(q.scales[row_block]));
+                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*ia), scale, *a);
+                        *a = _mm256_fmadd_ps(mins, _mm256_set1_ps(row_sums[row_block]), *a);
                     }
                 }
-                let sc = _mm256_load_ps(tile.scales.as_ptr());
-                let mins = _mm256_load_ps(tile.mins.as_ptr());
-                for (r, (a, ia)) in acc.iter_mut().zip(&iacc).enumerate().take(rows) {
-                    let row_block = (r0 + r) * kb + b;
-                    let scale = _mm256_mul_ps(sc, _mm256_set1_ps(q.scales[row_block]));
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*ia), scale, *a);
-                    *a = _mm256_fmadd_ps(mins, _mm256_set1_ps(row_sums[row_block]), *a);
+                for (r, a) in acc.iter().enumerate() {
+                    let row = dst.add((r0 + r) * w.n + t * TILE_N + 8 * h);
+                    crate::model::kernels::tile_driver::store_cols_256(*a, row, cols - 8 * h);
                 }
-            }
-            let cols = (w.n - t * TILE_N).min(TILE_N);
-            for (r, a) in acc.iter().enumerate().take(rows) {
-                let mut out = [0f32; TILE_N];
-                _mm256_storeu_ps(out.as_mut_ptr(), *a);
-                let row = dst.add((r0 + r) * w.n + t * TILE_N);
-                std::ptr::copy_nonoverlapping(out.as_ptr(), row, cols);
             }
         }
     };
 }
 
-for_each_dot_isa!(tile_kernel);
+for_each_dot_isa_256!(tile_kernel_256);
+
+/// The AVX-512 VNNI tile kernel: all 16 columns in one 512-bit vector, `R` rows (at most 8) a
+/// weight load, the same operations per output element as [`tile_kernel_256`]. With one or
+/// two rows each row's block sum runs as two dependency chains (low and high nibbles, added
+/// at the end: integer sums, so the same bits), since a single chain of 8 `vpdpbusd` waits on
+/// its own latency rather than on memory.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn tile_kernel_vnni512<const R: usize>((w, q, row_sums, t, r0, dst): TileArgs) {
+    use std::arch::x86_64::*;
+    let split = R <= 2;
+    let kb = w.k / QK;
+    let low = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..kb {
+        let tile = &w.tiles[t * kb + b];
+        let ahead = (tile as *const Tile as *const i8).wrapping_add(PREFETCH_TILES * TILE_BYTES);
+        for line in 0..TILE_BYTES / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
+        }
+        let mut ia = [_mm512_setzero_si512(); R];
+        let mut ib = [_mm512_setzero_si512(); R];
+        for p in 0..QK / 8 {
+            let v = _mm512_load_si512(tile.qs.as_ptr().add(p * 64) as *const __m512i);
+            let lo = _mm512_and_si512(v, low);
+            let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            for r in 0..R {
+                let a = group(q, w.k, r0 + r, b, 2 * p);
+                ia[r] = _mm512_dpbusd_epi32(ia[r], lo, _mm512_set1_epi32(a.read_unaligned()));
+                let a1 = _mm512_set1_epi32(a.add(1).read_unaligned());
+                if split {
+                    ib[r] = _mm512_dpbusd_epi32(ib[r], hi, a1);
+                } else {
+                    ia[r] = _mm512_dpbusd_epi32(ia[r], hi, a1);
+                }
+            }
+        }
+        let sc = _mm512_cvtph_ps(_mm256_load_si256(tile.scales.as_ptr() as *const __m256i));
+        let mins = _mm512_cvtph_ps(_mm256_load_si256(tile.mins.as_ptr() as *const __m256i));
+        for r in 0..R {
+            let sum = if split {
+                _mm512_add_epi32(ia[r], ib[r])
+            } else {
+                ia[r]
+            };
+            let row_block = (r0 + r) * kb + b;
+            let scale = _mm512_mul_ps(sc, _mm512_set1_ps(q.scales[row_block]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]);
+            acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(row_sums[row_block]), acc[r]);
+        }
+    }
+    let cols = (w.n - t * TILE_N).min(TILE_N);
+    let mask = (((1u32 << cols) - 1) & 0xffff) as __mmask16;
+    for (r, a) in acc.iter().enumerate() {
+        _mm512_mask_storeu_ps(dst.add((r0 + r) * w.n + t * TILE_N), mask, *a);
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::kernels::packed_gemm::test_support::{errors_against_candle, random};
-    use candle_core::quantized::{GgmlDType, QTensor};
+    use crate::model::kernels::packed_gemm::test_support::{
+        assert_rows_and_isas_agree, errors_against_candle, quantized, random,
+    };
+    use candle_core::quantized::GgmlDType;
     use candle_core::{Device, Tensor};
 
     #[test]
     fn matches_candle_and_is_row_invariant() {
         if !available() {
-            panic!("these tests need an x86-64 CPU with AVX2 and FMA (every CI machine has them)");
+            panic!("these tests need an x86-64 CPU with AVX2, FMA and F16C (every CI machine)");
         }
         for (format, dtype) in [
             (Q4Format::Q4_0, GgmlDType::Q4_0),
             (Q4Format::Q4_1, GgmlDType::Q4_1),
         ] {
-            // n not a multiple of 8 exercises the padded last tile; 9 rows span three chunks;
-            // k is a multiple of 64 because candle's Q4_1 kernel takes blocks in pairs.
-            let (n, k, m) = (44usize, 128usize, 9usize);
-            let w = Tensor::from_vec(random(3, n * k), (n, k), &Device::Cpu).unwrap();
-            let qt = QTensor::quantize(&w, dtype).unwrap();
-            let packed = PackedQ4::from_gguf_bytes(format, &qt.data().unwrap(), n, k).unwrap();
-            let x = random(4, m * k);
-            let mut ours = vec![0f32; m * n];
-            matmul(&packed, &x, m, &mut ours);
-            // We must be at least as close to the exact product as candle (which rounds
-            // activation block scales to f16 where we keep f32).
-            let (err_ours, err_theirs) = errors_against_candle(&w, dtype, &x, m, &ours);
-            assert!(err_ours < 0.1, "{format:?}: max error {err_ours}");
-            assert!(
-                err_ours <= err_theirs * 1.05,
-                "{format:?}: ours {err_ours} vs candle {err_theirs}"
-            );
-            for isa in DotIsa::available() {
-                let mut other = vec![0f32; m * n];
-                matmul_on(&packed, &x, m, &mut other, isa);
-                assert!(other == ours, "{format:?}: {isa:?} differs");
-            }
-            for r in 0..m {
-                let mut one = vec![0f32; n];
-                matmul(&packed, &x[r * k..(r + 1) * k], 1, &mut one);
+            // n = 44 ends in a 12-column tile (a 256-bit kernel's second half holds 4), 37 in
+            // a 5-column one; k is a multiple of 64 because candle's Q4_1 kernel takes blocks
+            // in pairs.
+            for (n, k) in [(44usize, 128usize), (37, 64)] {
+                let w = Tensor::from_vec(random(3, n * k), (n, k), &Device::Cpu).unwrap();
+                let (bytes, _) = quantized(&w, dtype);
+                let packed = PackedQ4::from_gguf_bytes(format, &bytes, n, k).unwrap();
+                let m = 9;
+                let x = random(4, m * k);
+                let mut ours = vec![0f32; m * n];
+                matmul(&packed, &x, m, &mut ours);
+                // We must be at least as close to the exact product as candle (which rounds
+                // activation block scales to f16 where we keep f32).
+                let (err_ours, err_theirs) = errors_against_candle(&w, dtype, &x, m, &ours);
+                assert!(err_ours < 0.1, "{format:?}: max error {err_ours}");
                 assert!(
-                    one[..] == ours[r * n..(r + 1) * n],
-                    "{format:?}: row {r} differs alone"
+                    err_ours <= err_theirs * 1.05,
+                    "{format:?}: ours {err_ours} vs candle {err_theirs}"
+                );
+                assert_rows_and_isas_agree(n, k, |x, m, dst, isa| {
+                    matmul_on(&packed, x, m, dst, isa)
+                });
+            }
+        }
+    }
+
+    #[test]
+    fn the_tiles_unpack_to_the_files_exact_weights() {
+        for (format, dtype) in [
+            (Q4Format::Q4_0, GgmlDType::Q4_0),
+            (Q4Format::Q4_1, GgmlDType::Q4_1),
+        ] {
+            let (n, k) = (37usize, 128usize);
+            let w = Tensor::from_vec(random(5, n * k), (n, k), &Device::Cpu).unwrap();
+            let (bytes, values) = quantized(&w, dtype);
+            let packed = PackedQ4::from_gguf_bytes(format, &bytes, n, k).unwrap();
+            let unpacked = packed.unpack();
+            for (i, (a, b)) in unpacked.iter().zip(&values).enumerate() {
+                assert!(
+                    a == b,
+                    "{format:?}: value {i}: {a} unpacked, {b} in the file"
                 );
             }
         }
@@ -307,6 +439,10 @@ mod tests {
 
     #[test]
     fn refuses_shapes_it_cannot_pack() {
+        // A Q4_0 scale whose minimum, -8 · d, overflows f16.
+        let mut huge = f16::from_f32(60000.0).to_le_bytes().to_vec();
+        huge.extend_from_slice(&[0; QK / 2]);
+        assert!(PackedQ4::from_gguf_bytes(Q4Format::Q4_0, &huge, 1, 32).is_none());
         assert!(PackedQ4::from_gguf_bytes(Q4Format::Q4_0, &[0; 18], 1, 33).is_none());
         assert!(PackedQ4::from_gguf_bytes(Q4Format::Q4_0, &[0; 17], 1, 32).is_none());
         assert!(PackedQ4::from_gguf_bytes(Q4Format::Q4_1, &[0; 18], 1, 32).is_none());

@@ -10,12 +10,16 @@ use std::sync::OnceLock;
 
 use crate::model::kernels::packed_gemm;
 
-/// Output columns per weight tile.
-pub(crate) const TILE_N: usize = 8;
+/// Output columns per weight tile: one 512-bit vector of 32-bit lanes, or two 256-bit halves.
+pub(crate) const TILE_N: usize = 16;
 /// Values per quantized block.
 pub(crate) const QK: usize = 32;
-/// Activation rows one weight load serves.
-pub(crate) const ROWS: usize = 4;
+/// The most activation rows one weight load serves (the AVX-512 kernels; 256-bit ones take
+/// [`ROWS_256`]).
+pub(crate) const MAX_ROWS: usize = 8;
+/// Activation rows a 256-bit kernel serves a weight load: its 16 registers hold no more
+/// accumulators.
+pub(crate) const ROWS_256: usize = 4;
 
 /// Activation rows quantized to 8 bits per 32-value block, as ggml's Q8_0 does it (shared with
 /// `q4_gemm`, whose weights multiply the same 8-bit activations).
@@ -36,7 +40,7 @@ pub(crate) fn quantize_rows(x: &[f32]) -> QuantRows {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_rows_avx2(x: &[f32]) -> QuantRows {
     quantize_rows_portable(x)
 }
@@ -60,49 +64,83 @@ fn quantize_rows_portable(x: &[f32]) -> QuantRows {
 }
 
 /// Runs `tile(t, r0, rows, dst)` for every column tile `t` of an `(m, n)` output and every
-/// chunk of at most [`ROWS`] rows starting at `r0`, in parallel. Row chunks vary fastest so a
+/// chunk of at most `chunk` rows starting at `r0`, in parallel. Row chunks vary fastest so a
 /// worker keeps one column tile's weights in cache. Each call owns the `(rows, TILE_N)` block
-/// of `dst` it is given (`dst` is the whole output's start).
+/// of `dst` it is given (`dst` is the whole output's start). How rows are chunked never
+/// changes a result: every output element is computed by the same operations in any chunk.
 pub(crate) fn for_each_tile(
     m: usize,
     n: usize,
+    chunk: usize,
     dst: &mut [f32],
     tile: impl Fn(usize, usize, usize, *mut f32) + Sync,
 ) {
     assert_eq!(dst.len(), m * n);
     let n_tiles = n.div_ceil(TILE_N);
-    let row_chunks = m.div_ceil(ROWS);
+    let row_chunks = m.div_ceil(chunk);
     let dst_ptr = dst.as_mut_ptr() as usize;
     crate::model::kernels::parallel::for_each_unit(n_tiles * row_chunks, |unit| {
         let (t, rc) = (unit / row_chunks, unit % row_chunks);
-        let r0 = rc * ROWS;
-        tile(t, r0, (m - r0).min(ROWS), dst_ptr as *mut f32);
+        let r0 = rc * chunk;
+        tile(t, r0, (m - r0).min(chunk), dst_ptr as *mut f32);
     });
 }
 
-/// Instantiates a tile-kernel macro, `$kernel!(name, target features, dot4)`, for each
-/// [`DotIsa`]: `dot4(acc, w, a)` adds each group of 4 products of unsigned bytes `w` and
-/// signed bytes `a` into acc's 32-bit lanes, with `maddubs` + `madd` on AVX2 and one
-/// `vpdpbusd` with AVX-VNNI or AVX-512 VNNI; all exact. The AVX-512 variant is the same
-/// 256-bit code with AVX-512VL's 32 vector registers (16 make the unrolled loops spill).
-macro_rules! for_each_dot_isa {
+/// The per-(row, block) sums of the quantized activations, `Σa`, which a kernel multiplying
+/// offset weights (`w + c`) subtracts or scales: exact integers.
+pub(crate) fn block_sums(q: &QuantRows) -> Vec<i32> {
+    q.qs.chunks_exact(QK)
+        .map(|blk| blk.iter().map(|&v| v as i32).sum())
+        .collect()
+}
+
+/// Stores the first `cols` lanes of `v` at `dst` (a tile's row, cut at the matrix's edge).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn store_cols_256(v: std::arch::x86_64::__m256, dst: *mut f32, cols: usize) {
+    let mut out = [0f32; 8];
+    std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), v);
+    std::ptr::copy_nonoverlapping(out.as_ptr(), dst, cols.min(8));
+}
+
+/// Instantiates a 256-bit tile-kernel macro, `$kernel!(name, target features, dot4)`, for
+/// AVX2 and AVX-VNNI: `dot4(acc, w, a)` adds each group of 4 products of unsigned bytes `w`
+/// and signed bytes `a` into acc's 32-bit lanes, with `maddubs` + `madd` on AVX2 and one
+/// `vpdpbusd` with AVX-VNNI; both exact. (AVX-512 VNNI has kernels of its own, on 512-bit
+/// vectors.)
+macro_rules! for_each_dot_isa_256 {
     ($kernel:ident) => {
-        $kernel!(tile_kernel_avx2, "avx2,fma", |acc, w, a| {
+        $kernel!(tile_kernel_avx2, "avx2,fma,f16c", |acc, w, a| {
             use std::arch::x86_64::*;
             let pairs = _mm256_maddubs_epi16(w, a);
             _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
         });
-        $kernel!(tile_kernel_vnni, "avx2,fma,avxvnni", |acc, w, a| {
+        $kernel!(tile_kernel_vnni, "avx2,fma,f16c,avxvnni", |acc, w, a| {
             std::arch::x86_64::_mm256_dpbusd_avx_epi32(acc, w, a)
         });
-        $kernel!(
-            tile_kernel_vnni512,
-            "avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni",
-            |acc, w, a| { std::arch::x86_64::_mm256_dpbusd_epi32(acc, w, a) }
-        );
     };
 }
-pub(crate) use for_each_dot_isa;
+pub(crate) use for_each_dot_isa_256;
+
+/// Calls `$kernel::<R>($args)` with the const `R` equal to the runtime `$rows` (1 to
+/// [`MAX_ROWS`]), so each row count gets a kernel whose loops over rows are fully unrolled and
+/// whose accumulators stay in registers.
+macro_rules! with_const_rows {
+    ($rows:expr, $kernel:ident($($arg:expr),*)) => {
+        match $rows {
+            1 => $kernel::<1>($($arg),*),
+            2 => $kernel::<2>($($arg),*),
+            3 => $kernel::<3>($($arg),*),
+            4 => $kernel::<4>($($arg),*),
+            5 => $kernel::<5>($($arg),*),
+            6 => $kernel::<6>($($arg),*),
+            7 => $kernel::<7>($($arg),*),
+            8 => $kernel::<8>($($arg),*),
+            r => unreachable!("a row chunk of {r} rows"),
+        }
+    };
+}
+pub(crate) use with_const_rows;
 
 /// The instruction set of the 8-bit and 4-bit tile kernels; every one gives the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,6 +181,14 @@ impl DotIsa {
             }
         }
         out
+    }
+
+    /// Activation rows one weight load serves on this instruction set.
+    pub(crate) fn rows_per_load(self) -> usize {
+        match self {
+            DotIsa::Avx512Vnni => MAX_ROWS,
+            DotIsa::Avx2 | DotIsa::AvxVnni => ROWS_256,
+        }
     }
 
     /// For the start-up log.
