@@ -7,5 +7,4 @@ pub mod packed_gemm;
 pub mod parallel;
 pub mod q4_gemm;
 pub mod q8_gemm;
-pub mod rms_norm;
 pub mod tile_driver;

@@ -4,14 +4,11 @@
 //! multi-token forward (prefill, speculative verification) reads every weight once per row and
 //! costs nearly as much per token as decoding; its faster repacked path needs AVX512-VNNI and
 //! rows whose length is a multiple of 256 (SmolLM2's are 576). Here weights are repacked at load
-//! into tiles of 16 output columns (ik_llama.cpp's row-interleaved `_R8` layouts are the same
-//! idea), so one 512-bit weight load covers 16 columns x 4 values and serves up to 8 activation
-//! rows on AVX-512 VNNI (a 256-bit kernel takes the tile's halves, 4 rows at a time).
+//! into tiles of 8 output columns, so each 256-bit weight load covers 8 columns x 4 values and
+//! serves up to 4 activation rows.
 //!
-//! Weights are stored offset by 128 as unsigned bytes, what `vpdpbusd` multiplies into signed
-//! activations; `128 · Σa` per block is subtracted after. On plain AVX2 products use llama.cpp's
-//! sign trick instead, `maddubs(|w|, sign(a, w))`, which keeps every 16-bit pair sum below
-//! saturation (|a|, |w| <= 127, or one of them -128 with the other <= 127).
+//! Products use llama.cpp's sign trick, `maddubs(|w|, sign(a, w))`, which keeps every 16-bit
+//! pair sum below saturation (|a|, |w| <= 127, or one of them -128 with the other <= 127).
 //!
 //! Batch invariance is kept by construction: for every output element the sequence of
 //! operations is the same whatever the number of rows or how rows are grouped — exact int32 sums

@@ -47,7 +47,7 @@ pub(crate) fn forward(
 
     for (l, layer) in w.layers.iter().enumerate() {
         let h = timed(Op::Norm, || {
-            crate::model::kernels::rms_norm::rms_norm(&x, &layer.attn_norm, eps)
+            candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)
         })?;
         let mut qkv: Vec<f32> = timed(Op::QkvMatmul, || -> Result<Vec<f32>> {
             Ok(layer.qkv.forward(&h)?.flatten_all()?.to_vec1()?)

@@ -29,7 +29,7 @@ impl Layer {
         let o = timed(Op::OutMatmul, || self.o.forward(attn))?;
         let x = timed(Op::Elementwise, || x + o)?;
         let h = timed(Op::Norm, || {
-            crate::model::kernels::rms_norm::rms_norm(&x, &self.ffn_norm, eps)
+            candle_nn::ops::rms_norm(&x, &self.ffn_norm, eps)
         })?;
         let gu = timed(Op::GateUpMatmul, || self.gate_up.forward(&h))?;
         let act = timed(Op::Elementwise, || {
@@ -132,7 +132,7 @@ impl LlamaWeights {
         let n = rows.len();
         let idx = Tensor::from_vec(rows, n, x.device())?;
         let x = timed(Op::Norm, || {
-            crate::model::kernels::rms_norm::rms_norm(&x.index_select(&idx, 0)?, &self.norm, eps)
+            candle_nn::ops::rms_norm(&x.index_select(&idx, 0)?, &self.norm, eps)
         })?;
         let logits = timed(Op::LmHead, || self.lm_head.forward(&x))?;
         Ok(Some(logits.to_dtype(DType::F32)?))
