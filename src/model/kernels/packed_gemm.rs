@@ -101,9 +101,9 @@ pub(super) mod test_support {
         (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect()
     }
 
-    /// Row counts whose chunks take every const row count of every tile kernel (1 to 8 on
+    /// Row counts whose chunks take every const row count of every tile kernel (1 to 12 on
     /// AVX-512, 1 to 4 on 256-bit kernels) and several chunks.
-    pub const ROW_COUNTS: [usize; 9] = [1, 2, 3, 5, 6, 7, 8, 9, 17];
+    pub const ROW_COUNTS: [usize; 13] = [1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 25];
 
     /// Asserts that `run(x, m, dst, isa)` gives every row the bits it has alone on AVX2, for
     /// each of [`ROW_COUNTS`] and each instruction set this CPU has: batch invariance and the

@@ -1,5 +1,5 @@
-//! A batch-invariant matrix multiply for 4-bit weights (Q4_1 and Q4_0) on x86 CPUs with AVX2
-//! and FMA: the drafter's kernel.
+//! A batch-invariant matrix multiply for 4-bit weights (Q4_1 and Q4_0) on x86 CPUs with AVX2,
+//! FMA and F16C: the default model's kernel, as target and as drafter.
 //!
 //! Why it exists: a draft model's step is bound by streaming its weights (a Q8_0 step of
 //! SmolLM2-135M reads ~143 MB at ~18 GB/s on our 2-core machines), so a drafter whose weights
@@ -7,15 +7,17 @@
 //! is cheap next to a target step. The default model ships as Q4_1, so this kernel runs a
 //! drafter on exactly the target's weights at half Q8_0's bytes; candle has no SIMD Q4_1 kernel
 //! on x86 and its Q4_0 one computes one (row, column) dot product at a time. Weights are repacked
-//! at load into tiles of 8 output columns like `q8_gemm`, and multiply the same 8-bit
-//! activations.
+//! at load into tiles of 16 output columns like `q8_gemm`, in exactly the file's bytes (f16
+//! scales and minimums kept as they are: a 4-bit step is bound by streaming them), and multiply
+//! the same 8-bit activations.
 //!
 //! A 4-bit weight is `d · q + m` with `q` in 0..15 (Q4_0 is the case `m = -8 · d`). The nibbles
 //! stay unsigned so one `vpdpbusd` (or `maddubs` + `madd` on plain AVX2, which cannot saturate:
 //! 15 · 127 · 2 < 32768) multiplies them straight into the signed activations; per 32-value
 //! block the integer sum is exact, then two f32 fused multiply-adds add `d · da · Σ q·a` and
 //! `m · da · Σ a`, blocks in order. Each output element is thus computed the same way whatever
-//! the number of rows (batch invariance), and the AVX2 and AVX-VNNI paths give the same bits.
+//! the number of rows (batch invariance), and the AVX2, AVX-VNNI and AVX-512 VNNI paths give
+//! the same bits.
 
 use std::sync::OnceLock;
 
@@ -291,7 +293,7 @@ macro_rules! tile_kernel_256 {
 
 for_each_dot_isa_256!(tile_kernel_256);
 
-/// The AVX-512 VNNI tile kernel: all 16 columns in one 512-bit vector, `R` rows (at most 8) a
+/// The AVX-512 VNNI tile kernel: all 16 columns in one 512-bit vector, `R` rows (at most 12) a
 /// weight load, the same operations per output element as [`tile_kernel_256`]. With one or
 /// two rows each row's block sum runs as two dependency chains (low and high nibbles, added
 /// at the end: integer sums, so the same bits), since a single chain of 8 `vpdpbusd` waits on

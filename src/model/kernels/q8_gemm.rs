@@ -1,14 +1,17 @@
-//! A batch-invariant Q8_0 matrix multiply for x86 CPUs with AVX2 and FMA.
+//! A batch-invariant Q8_0 matrix multiply for x86 CPUs with AVX2, FMA and F16C.
 //!
 //! Why it exists: candle's Q8_0 kernel computes one (row, column) dot product at a time, so a
 //! multi-token forward (prefill, speculative verification) reads every weight once per row and
 //! costs nearly as much per token as decoding; its faster repacked path needs AVX512-VNNI and
 //! rows whose length is a multiple of 256 (SmolLM2's are 576). Here weights are repacked at load
-//! into tiles of 8 output columns, so each 256-bit weight load covers 8 columns x 4 values and
-//! serves up to 4 activation rows.
+//! into tiles of 16 output columns (ik_llama.cpp's row-interleaved `_R8` layouts are the same
+//! idea), so one 512-bit weight load covers 16 columns x 4 values and serves up to 12 activation
+//! rows on AVX-512 VNNI (a 256-bit kernel takes the tile's halves, 4 rows at a time).
 //!
-//! Products use llama.cpp's sign trick, `maddubs(|w|, sign(a, w))`, which keeps every 16-bit
-//! pair sum below saturation (|a|, |w| <= 127, or one of them -128 with the other <= 127).
+//! Weights are stored offset by 128 as unsigned bytes, what `vpdpbusd` multiplies into signed
+//! activations; `128 · Σa` per block is subtracted after. On plain AVX2 products use llama.cpp's
+//! sign trick instead, `maddubs(|w|, sign(a, w))`, which keeps every 16-bit pair sum below
+//! saturation (|a|, |w| <= 127, or one of them -128 with the other <= 127).
 //!
 //! Batch invariance is kept by construction: for every output element the sequence of
 //! operations is the same whatever the number of rows or how rows are grouped — exact int32 sums
@@ -278,7 +281,7 @@ macro_rules! tile_kernel_q8 {
 
 for_each_dot_isa_256!(tile_kernel_q8);
 
-/// The AVX-512 VNNI tile kernel: all 16 columns in one 512-bit vector, `R` rows (at most 8) a
+/// The AVX-512 VNNI tile kernel: all 16 columns in one 512-bit vector, `R` rows (at most 12) a
 /// weight load, the same operations per output element as [`tile_kernel_256`]. With one or
 /// two rows each row's block sum runs as two dependency chains (even and odd value groups,
 /// added at the end: integer sums, so the same bits), since one chain of 8 `vpdpbusd` waits

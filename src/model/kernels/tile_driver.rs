@@ -14,9 +14,10 @@ use crate::model::kernels::packed_gemm;
 pub(crate) const TILE_N: usize = 16;
 /// Values per quantized block.
 pub(crate) const QK: usize = 32;
-/// The most activation rows one weight load serves (the AVX-512 kernels; 256-bit ones take
-/// [`ROWS_256`]).
-pub(crate) const MAX_ROWS: usize = 8;
+/// The most activation rows one weight load serves (the AVX-512 kernels, whose 32 registers
+/// hold 12 rows' accumulators; 256-bit ones take [`ROWS_256`]): a verification of γ = 8
+/// drafts (9 rows) streams the weights once.
+pub(crate) const MAX_ROWS: usize = 12;
 /// Activation rows a 256-bit kernel serves a weight load: its 16 registers hold no more
 /// accumulators.
 pub(crate) const ROWS_256: usize = 4;
@@ -136,6 +137,10 @@ macro_rules! with_const_rows {
             6 => $kernel::<6>($($arg),*),
             7 => $kernel::<7>($($arg),*),
             8 => $kernel::<8>($($arg),*),
+            9 => $kernel::<9>($($arg),*),
+            10 => $kernel::<10>($($arg),*),
+            11 => $kernel::<11>($($arg),*),
+            12 => $kernel::<12>($($arg),*),
             r => unreachable!("a row chunk of {r} rows"),
         }
     };
