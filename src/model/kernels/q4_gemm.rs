@@ -25,8 +25,7 @@ use half::f16;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 use crate::model::kernels::tile_driver::{
-    for_each_dot_isa_256, for_each_tile, quantize_rows, with_const_rows, DotIsa, QuantRows, QK,
-    TILE_N,
+    for_each_tile, quantize_rows, with_const_rows, DotIsa, QuantRows, QK, TILE_N,
 };
 
 /// How many tiles ahead the kernel prefetches (the reason is `q8_gemm`'s: streaming and
@@ -234,13 +233,14 @@ unsafe fn group(q: &QuantRows, k: usize, r: usize, b: usize, g: usize) -> *const
 }
 
 /// The 256-bit tile kernel, written once for AVX2 and AVX-VNNI: `R` rows (at most 4), the
-/// tile's two 8-column halves one after the other. `$dot4(acc, w, a)` adds each group of 4
-/// products of unsigned weight bytes and signed activation bytes into acc's 32-bit lanes;
-/// exact. Per output element: exact integer sums per block, then `acc += Σ · (d · da)` and
-/// `acc += m · (da · Σa)` as two fused multiply-adds, blocks in order; the AVX-512 kernel does
-/// the same operations, so every path gives the same bits.
+/// tile's two 8-column halves one after the other. `$dot4(acc, w, a)` adds the products of
+/// unsigned weight bytes and signed activation bytes into a block's running sum `acc`, and
+/// `$widen(acc)` makes that sum one 32-bit lane a column; both exact. Per output element:
+/// exact integer sums per block, then `acc += Σ · (d · da)` and `acc += m · (da · Σa)` as two
+/// fused multiply-adds, blocks in order; the AVX-512 kernel does the same operations, so every
+/// path gives the same bits.
 macro_rules! tile_kernel_256 {
-    ($name:ident, $features:literal, $dot4:expr) => {
+    ($name:ident, $features:literal, $dot4:expr, $widen:expr) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         unsafe fn $name<const R: usize>((w, q, row_sums, t, r0, dst): TileArgs) {
@@ -278,7 +278,7 @@ macro_rules! tile_kernel_256 {
                     for (r, (a, ia)) in acc.iter_mut().zip(&iacc).enumerate() {
                         let row_block = (r0 + r) * kb + b;
                         let scale = _mm256_mul_ps(sc, _mm256_set1_ps(q.scales[row_block]));
-                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*ia), scale, *a);
+                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps($widen(*ia)), scale, *a);
                         *a = _mm256_fmadd_ps(mins, _mm256_set1_ps(row_sums[row_block]), *a);
                     }
                 }
@@ -291,7 +291,23 @@ macro_rules! tile_kernel_256 {
     };
 }
 
-for_each_dot_isa_256!(tile_kernel_256);
+// AVX2 keeps a block's sum in 16-bit lanes, each pair of them a column's 4-value group, and
+// widens it once a block: a `maddubs` pair sum is at most 2 · 15 · 127 = 3810 in magnitude
+// (activations round to -127..127), and a lane takes 8 of them a block (4 vectors, low and
+// high nibbles), at most 30,480 < 32,768, so the 16-bit adds are exact and one `madd` a block
+// replaces a `madd` and an add per product.
+tile_kernel_256!(
+    tile_kernel_avx2,
+    "avx2,fma,f16c",
+    |acc, w, a| _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, a)),
+    |acc| _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
+);
+tile_kernel_256!(
+    tile_kernel_vnni,
+    "avx2,fma,f16c,avxvnni",
+    |acc, w, a| _mm256_dpbusd_avx_epi32(acc, w, a),
+    |acc| acc
+);
 
 /// The AVX-512 VNNI tile kernel: all 16 columns in one 512-bit vector, `R` rows (at most 12) a
 /// weight load, the same operations per output element as [`tile_kernel_256`]. With one or
@@ -426,15 +442,23 @@ mod tests {
             bytes.extend_from_slice(&[0xffu8; QK / 2]);
         }
         let packed = PackedQ4::from_gguf_bytes(Q4Format::Q4_1, &bytes, n, k).unwrap();
-        let x: Vec<f32> = (0..k)
-            .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
-            .collect();
-        let want: f32 = x.iter().map(|v| 15.5 * v).sum();
-        for isa in DotIsa::available() {
-            let mut out = vec![0f32; n];
-            matmul_on(&packed, &x, 1, &mut out, isa);
-            for &o in &out {
-                assert!((o - want).abs() < 1e-3, "{isa:?}: {o} vs {want}");
+        // Mixed signs, then every activation at 127 and at -127: the largest block sums the
+        // AVX2 path's 16-bit lanes hold (8 pair sums of 2 · 15 · 127 each).
+        let rows: [Vec<f32>; 3] = [
+            (0..k)
+                .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+                .collect(),
+            vec![1.0; k],
+            vec![-1.0; k],
+        ];
+        for x in &rows {
+            let want: f32 = x.iter().map(|v| 15.5 * v).sum();
+            for isa in DotIsa::available() {
+                let mut out = vec![0f32; n];
+                matmul_on(&packed, x, 1, &mut out, isa);
+                for &o in &out {
+                    assert!((o - want).abs() < 1e-3, "{isa:?}: {o} vs {want}");
+                }
             }
         }
     }
