@@ -160,14 +160,8 @@ pub(super) mod test_support {
         ours: &[f32],
     ) -> (f64, f64) {
         let (n, k) = w.dims2().unwrap();
+        let (_, wd) = quantized(w, dtype);
         let qt = QTensor::quantize(w, dtype).unwrap();
-        let wd: Vec<f32> = qt
-            .dequantize(&Device::Cpu)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
         let xt = Tensor::from_vec(x.to_vec(), (m, k), &Device::Cpu).unwrap();
         let theirs: Vec<f32> = QMatMul::QTensor(std::sync::Arc::new(qt))
             .forward(&xt)

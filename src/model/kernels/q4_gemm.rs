@@ -25,7 +25,7 @@ use half::f16;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 use crate::model::kernels::tile_driver::{
-    for_each_tile, quantize_rows, with_const_rows, DotIsa, QuantRows, QK, TILE_N,
+    self, quantize_rows, run_tile_kernels, DotIsa, QuantRows, QK, TILE_N,
 };
 
 /// How many tiles ahead the kernel prefetches (the reason is `q8_gemm`'s: streaming and
@@ -137,22 +137,13 @@ impl PackedQ4 {
 impl PackedQ4 {
     /// The weights back out of the tiles, `(n, k)` row-major: `d · q + m` per value.
     fn unpack(&self) -> Vec<f32> {
-        let kb = self.k / QK;
-        let mut out = vec![0f32; self.n * self.k];
-        for col in 0..self.n {
-            let (t, c) = (col / TILE_N, col % TILE_N);
-            for b in 0..kb {
-                let tile = &self.tiles[t * kb + b];
-                let d = f16::from_bits(tile.scales[c]).to_f32();
-                let m = f16::from_bits(tile.mins[c]).to_f32();
-                for i in 0..QK {
-                    let (g, j) = (i / 4, i % 4);
-                    let q = (tile.qs[(g / 2) * 64 + c * 4 + j] >> (4 * (g % 2))) & 0x0f;
-                    out[col * self.k + b * QK + i] = d * q as f32 + m;
-                }
-            }
-        }
-        out
+        tile_driver::unpack_with(self.n, self.k, |block, c, i| {
+            let tile = &self.tiles[block];
+            let (g, j) = (i / 4, i % 4);
+            let q = (tile.qs[(g / 2) * 64 + c * 4 + j] >> (4 * (g % 2))) & 0x0f;
+            let m = f16::from_bits(tile.mins[c]).to_f32();
+            f16::from_bits(tile.scales[c]).to_f32() * q as f32 + m
+        })
     }
 }
 
@@ -191,24 +182,7 @@ fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
             .zip(&q.scales)
             .map(|(blk, &da)| da * blk.iter().map(|&v| v as i32).sum::<i32>() as f32)
             .collect();
-    // SAFETY (of each call): `available()` checked the CPU features (and `isa` is one this
-    // CPU has); the driver hands each tile its own (rows, 16-column) block of `dst`, inside
-    // the bounds asserted above, with at most `rows_per_load` rows.
-    #[cfg(target_arch = "x86_64")]
-    for_each_tile(
-        m,
-        w.n,
-        isa.rows_per_load(),
-        dst,
-        |t, r0, rows, dst| unsafe {
-            let args = (w, &q, &row_sums[..], t, r0, dst);
-            match isa {
-                DotIsa::Avx2 => with_const_rows!(rows, tile_kernel_avx2(args)),
-                DotIsa::AvxVnni => with_const_rows!(rows, tile_kernel_vnni(args)),
-                DotIsa::Avx512Vnni => with_const_rows!(rows, tile_kernel_vnni512(args)),
-            }
-        },
-    );
+    run_tile_kernels!(isa, m, w, &q, &row_sums[..], dst);
     // Elsewhere `available()` is false and the assertion above has stopped the call.
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (q, isa, row_sums);
@@ -216,14 +190,7 @@ fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
 
 /// What every tile kernel is given: the weights, the quantized rows, `da · Σa` per (row,
 /// block), the column tile, the first row and the output's start.
-type TileArgs<'a> = (
-    &'a PackedQ4,
-    &'a QuantRows,
-    &'a [f32],
-    usize,
-    usize,
-    *mut f32,
-);
+type TileArgs<'a> = tile_driver::TileArgs<'a, PackedQ4, f32>;
 
 /// A pointer to the 4 activation bytes of row `r`, block `b`, value group `g` (the caller
 /// keeps them inside the rows).

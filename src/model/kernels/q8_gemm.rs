@@ -21,8 +21,8 @@ use std::sync::OnceLock;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 use crate::model::kernels::tile_driver::{
-    block_sums, for_each_dot_isa_256, for_each_tile, quantize_rows, with_const_rows, DotIsa,
-    QuantRows, QK, TILE_N,
+    self, block_sums, for_each_dot_isa_256, quantize_rows, run_tile_kernels, DotIsa, QuantRows, QK,
+    TILE_N,
 };
 
 /// How many tiles ahead the kernel prefetches. Without it a core waits on each tile's load and
@@ -106,20 +106,11 @@ impl PackedQ8 {
 impl PackedQ8 {
     /// The weights back out of the tiles, `(n, k)` row-major: `d · q` per value.
     fn unpack(&self) -> Vec<f32> {
-        let kb = self.k / QK;
-        let mut out = vec![0f32; self.n * self.k];
-        for col in 0..self.n {
-            let (t, c) = (col / TILE_N, col % TILE_N);
-            for b in 0..kb {
-                let d = half::f16::from_bits(self.scales[t * kb + b].0[c]).to_f32();
-                for i in 0..QK {
-                    let (g, j) = (i / 4, i % 4);
-                    let q = (self.tiles[t * kb + b].qs[g * 64 + c * 4 + j] ^ 0x80) as i8;
-                    out[col * self.k + b * QK + i] = d * q as f32;
-                }
-            }
-        }
-        out
+        tile_driver::unpack_with(self.n, self.k, |block, c, i| {
+            let (g, j) = (i / 4, i % 4);
+            let q = (self.tiles[block].qs[g * 64 + c * 4 + j] ^ 0x80) as i8;
+            half::f16::from_bits(self.scales[block].0[c]).to_f32() * q as f32
+        })
     }
 }
 
@@ -157,24 +148,7 @@ fn matmul_on(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
         DotIsa::Avx2 => Vec::new(),
         DotIsa::AvxVnni | DotIsa::Avx512Vnni => block_sums(&q).iter().map(|s| 128 * s).collect(),
     };
-    // SAFETY (of each call): `available()` checked the CPU features (and `isa` is one this
-    // CPU has); the driver hands each tile its own (rows, 16-column) block of `dst`, inside
-    // the bounds asserted above, with at most `rows_per_load` rows.
-    #[cfg(target_arch = "x86_64")]
-    for_each_tile(
-        m,
-        w.n,
-        isa.rows_per_load(),
-        dst,
-        |t, r0, rows, dst| unsafe {
-            let args = (w, &q, &offsets[..], t, r0, dst);
-            match isa {
-                DotIsa::Avx2 => with_const_rows!(rows, tile_kernel_avx2(args)),
-                DotIsa::AvxVnni => with_const_rows!(rows, tile_kernel_vnni(args)),
-                DotIsa::Avx512Vnni => with_const_rows!(rows, tile_kernel_vnni512(args)),
-            }
-        },
-    );
+    run_tile_kernels!(isa, m, w, &q, &offsets[..], dst);
     // Elsewhere `available()` is false and the assertion above has stopped the call.
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (q, isa, offsets);
@@ -183,14 +157,7 @@ fn matmul_on(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
 /// What every tile kernel is given: the weights, the quantized rows, `128 · Σa` per (row,
 /// block) (empty on AVX2, which multiplies signed weights), the column tile, the first row and
 /// the output's start.
-type TileArgs<'a> = (
-    &'a PackedQ8,
-    &'a QuantRows,
-    &'a [i32],
-    usize,
-    usize,
-    *mut f32,
-);
+type TileArgs<'a> = tile_driver::TileArgs<'a, PackedQ8, i32>;
 
 /// The 4 activation bytes of row `r`, block `b`, value group `g` (the caller keeps them
 /// inside the rows).

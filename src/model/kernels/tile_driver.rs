@@ -95,6 +95,28 @@ pub(crate) fn block_sums(q: &QuantRows) -> Vec<i32> {
         .collect()
 }
 
+/// A packed weight's values back out, `(n, k)` row-major: `value(tile block, column in the
+/// tile, value in the block)` for every one, where tile block `t · (k / 32) + b` is column
+/// tile `t`'s block `b` (the tests' check that a layout holds the file's exact weights).
+#[cfg(test)]
+pub(crate) fn unpack_with(
+    n: usize,
+    k: usize,
+    value: impl Fn(usize, usize, usize) -> f32,
+) -> Vec<f32> {
+    let kb = k / QK;
+    let mut out = vec![0f32; n * k];
+    for col in 0..n {
+        let (t, c) = (col / TILE_N, col % TILE_N);
+        for b in 0..kb {
+            for i in 0..QK {
+                out[col * k + b * QK + i] = value(t * kb + b, c, i);
+            }
+        }
+    }
+    out
+}
+
 /// Stores the first `cols` lanes of `v` at `dst` (a tile's row, cut at the matrix's edge).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
@@ -122,6 +144,39 @@ macro_rules! for_each_dot_isa_256 {
     };
 }
 pub(crate) use for_each_dot_isa_256;
+
+/// What every tile kernel is given: the weights `W`, the quantized rows, a per-(row, block)
+/// figure of the kernel's own (`S`), the column tile, the first row and the output's start.
+pub(crate) type TileArgs<'a, W, S> = (&'a W, &'a QuantRows, &'a [S], usize, usize, *mut f32);
+
+/// Runs the calling module's `tile_kernel_avx2`, `tile_kernel_vnni` and `tile_kernel_vnni512`
+/// (each `fn<const R: usize>(TileArgs)`) for `$isa` over every (column tile, row chunk) of the
+/// `($m, $w.n)` output `$dst`, in parallel, each given `($w, $q, $per_block, t, r0, dst)`.
+/// The caller has checked the CPU features of `$isa` and the shapes of `$q` and `$dst`.
+macro_rules! run_tile_kernels {
+    ($isa:expr, $m:expr, $w:expr, $q:expr, $per_block:expr, $dst:expr) => {
+        // SAFETY (of each call): the caller checked the CPU features of `$isa`; the driver
+        // hands each tile its own (rows, 16-column) block of `dst`, inside the output, with at
+        // most `rows_per_load` rows.
+        #[cfg(target_arch = "x86_64")]
+        $crate::model::kernels::tile_driver::for_each_tile(
+            $m,
+            $w.n,
+            $isa.rows_per_load(),
+            $dst,
+            |t, r0, rows, dst| unsafe {
+                use $crate::model::kernels::tile_driver::{with_const_rows, DotIsa};
+                let args = ($w, $q, $per_block, t, r0, dst);
+                match $isa {
+                    DotIsa::Avx2 => with_const_rows!(rows, tile_kernel_avx2(args)),
+                    DotIsa::AvxVnni => with_const_rows!(rows, tile_kernel_vnni(args)),
+                    DotIsa::Avx512Vnni => with_const_rows!(rows, tile_kernel_vnni512(args)),
+                }
+            },
+        );
+    };
+}
+pub(crate) use run_tile_kernels;
 
 /// Calls `$kernel::<R>($args)` with the const `R` equal to the runtime `$rows` (1 to
 /// [`MAX_ROWS`]), so each row count gets a kernel whose loops over rows are fully unrolled and
