@@ -25,7 +25,7 @@ use half::f16;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 use crate::model::kernels::tile_driver::{
-    self, quantize_rows, run_tile_kernels, DotIsa, QuantRows, QK, TILE_N,
+    self, block_sums, quantize_rows, run_tile_kernels, DotIsa, QuantRows, QK, TILE_N,
 };
 
 /// How many tiles ahead the kernel prefetches (the reason is `q8_gemm`'s: streaming and
@@ -177,11 +177,11 @@ fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
     assert_eq!(dst.len(), m * w.n);
     let q = quantize_rows(x);
     // da · Σa per (row, block): what each column's minimum multiplies.
-    let row_sums: Vec<f32> =
-        q.qs.chunks_exact(QK)
-            .zip(&q.scales)
-            .map(|(blk, &da)| da * blk.iter().map(|&v| v as i32).sum::<i32>() as f32)
-            .collect();
+    let row_sums: Vec<f32> = block_sums(&q)
+        .iter()
+        .zip(&q.scales)
+        .map(|(&sum, &da)| da * sum as f32)
+        .collect();
     run_tile_kernels!(isa, m, w, &q, &row_sums[..], dst);
     // Elsewhere `available()` is false and the assertion above has stopped the call.
     #[cfg(not(target_arch = "x86_64"))]
