@@ -1271,7 +1271,9 @@ fn config_file_changes_and_sighup_reload_speculation_settings() {
 /// the drain ends, then stops accepting connections and exits cleanly.
 #[test]
 fn health_command_and_draining_after_sigterm() {
-    let server = Server::start(&["--context-length", CONTEXT, "--drain-seconds", "3"], &[]);
+    // A drain long enough for the checks below on a loaded 2-core machine (a `tandem health`
+    // process start included); with 3 s a busy CI run could see the drain end first.
+    let server = Server::start(&["--context-length", CONTEXT, "--drain-seconds", "10"], &[]);
     let addr = server.addr.clone();
     let health = || {
         Command::new(env!("CARGO_BIN_EXE_tandem"))
