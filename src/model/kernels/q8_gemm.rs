@@ -21,8 +21,7 @@ use std::sync::OnceLock;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 use crate::model::kernels::tile_driver::{
-    self, block_sums, for_each_dot_isa_256, quantize_rows, run_tile_kernels, DotIsa, QuantRows, QK,
-    TILE_N,
+    self, block_sums, quantize_rows, run_tile_kernels, DotIsa, QuantRows, QK, TILE_N,
 };
 
 /// How many tiles ahead the kernel prefetches. Without it a core waits on each tile's load and
@@ -186,9 +185,10 @@ unsafe fn prefetch_ahead(w: &PackedQ8, b: usize) {
 /// w))`, whose 16-bit pair sums cannot saturate; AVX-VNNI multiplies the offset bytes and
 /// subtracts `128 · Σa` per block. Both sums are exact, so per output element the operations
 /// are the same on every path: exact integer sums per block, then `acc += Σ · (d · da)` as one
-/// fused multiply-add, blocks in order.
+/// fused multiply-add, blocks in order. `$offset` says whether the kernel multiplies the
+/// offset bytes (and so subtracts `128 · Σa`).
 macro_rules! tile_kernel_256 {
-    ($name:ident, $features:literal, $dot4:expr) => {
+    ($name:ident, $features:literal, $offset:literal, $dot4:expr) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         unsafe fn $name<const R: usize>((w, q, offsets, t, r0, dst): TileArgs) {
@@ -215,9 +215,10 @@ macro_rules! tile_kernel_256 {
                     let sc = _mm256_cvtph_ps(_mm_load_si128(scales as *const __m128i));
                     for (r, (a, ia)) in acc.iter_mut().zip(&iacc).enumerate() {
                         let row_block = (r0 + r) * kb + b;
-                        let sum = match offsets.get(row_block) {
-                            Some(&off) => _mm256_sub_epi32(*ia, _mm256_set1_epi32(off)),
-                            None => *ia,
+                        let sum = if $offset {
+                            _mm256_sub_epi32(*ia, _mm256_set1_epi32(offsets[row_block]))
+                        } else {
+                            *ia
                         };
                         let scale = _mm256_mul_ps(sc, _mm256_set1_ps(q.scales[row_block]));
                         *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *a);
@@ -232,21 +233,17 @@ macro_rules! tile_kernel_256 {
     };
 }
 
-/// The 8-bit kernels' dot product on each 256-bit instruction set (see [`tile_kernel_256`]).
-macro_rules! tile_kernel_q8 {
-    (tile_kernel_avx2, $features:literal, $maddubs:expr) => {
-        tile_kernel_256!(tile_kernel_avx2, $features, |acc, u, a| {
-            use std::arch::x86_64::*;
-            let wv = _mm256_xor_si256(u, _mm256_set1_epi8(-128));
-            $maddubs(acc, _mm256_abs_epi8(wv), _mm256_sign_epi8(a, wv))
-        });
-    };
-    (tile_kernel_vnni, $features:literal, $dpbusd:expr) => {
-        tile_kernel_256!(tile_kernel_vnni, $features, $dpbusd);
-    };
-}
-
-for_each_dot_isa_256!(tile_kernel_q8);
+tile_kernel_256!(tile_kernel_avx2, "avx2,fma,f16c", false, |acc, u, a| {
+    let wv = _mm256_xor_si256(u, _mm256_set1_epi8(-128));
+    let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(a, wv));
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+});
+tile_kernel_256!(
+    tile_kernel_vnni,
+    "avx2,fma,f16c,avxvnni",
+    true,
+    |acc, u, a| { _mm256_dpbusd_avx_epi32(acc, u, a) }
+);
 
 /// The AVX-512 VNNI tile kernel: all 16 columns in one 512-bit vector, `R` rows (at most 12) a
 /// weight load, the same operations per output element as [`tile_kernel_256`]. With one or

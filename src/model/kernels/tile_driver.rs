@@ -126,25 +126,6 @@ pub(crate) unsafe fn store_cols_256(v: std::arch::x86_64::__m256, dst: *mut f32,
     std::ptr::copy_nonoverlapping(out.as_ptr(), dst, cols.min(8));
 }
 
-/// Instantiates a 256-bit tile-kernel macro, `$kernel!(name, target features, dot4)`, for
-/// AVX2 and AVX-VNNI: `dot4(acc, w, a)` adds each group of 4 products of unsigned bytes `w`
-/// and signed bytes `a` into acc's 32-bit lanes, with `maddubs` + `madd` on AVX2 and one
-/// `vpdpbusd` with AVX-VNNI; both exact. (AVX-512 VNNI has kernels of its own, on 512-bit
-/// vectors.)
-macro_rules! for_each_dot_isa_256 {
-    ($kernel:ident) => {
-        $kernel!(tile_kernel_avx2, "avx2,fma,f16c", |acc, w, a| {
-            use std::arch::x86_64::*;
-            let pairs = _mm256_maddubs_epi16(w, a);
-            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-        });
-        $kernel!(tile_kernel_vnni, "avx2,fma,f16c,avxvnni", |acc, w, a| {
-            std::arch::x86_64::_mm256_dpbusd_avx_epi32(acc, w, a)
-        });
-    };
-}
-pub(crate) use for_each_dot_isa_256;
-
 /// What every tile kernel is given: the weights `W`, the quantized rows, a per-(row, block)
 /// figure of the kernel's own (`S`), the column tile, the first row and the output's start.
 pub(crate) type TileArgs<'a, W, S> = (&'a W, &'a QuantRows, &'a [S], usize, usize, *mut f32);
