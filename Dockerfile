@@ -45,3 +45,5 @@ CMD ["serve"]
 
 FROM runtime AS default-model
 COPY --from=model --chown=10001:10001 /opt/tandem/models /var/lib/tandem/models
+# The default model's draft head (`--draft-model head`), found under TANDEM_CACHE/heads.
+COPY --chown=10001:10001 heads/SmolLM2-135M-Instruct/config.json heads/SmolLM2-135M-Instruct/model.safetensors /var/lib/tandem/heads/SmolLM2-135M-Instruct/

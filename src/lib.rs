@@ -21,3 +21,4 @@ pub mod sampling;
 pub mod server;
 pub mod setup;
 pub mod telemetry;
+pub mod train;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::draft::{check_same_vocabulary, DraftSpec, PromptLookup};
 use crate::engine::{DraftSource, EngineConfig};
+use crate::model::head::DraftHead;
 use crate::model::load::loader::LoadOptions;
 use crate::model::{LoadedModel, ModelError, ModelSource, WeightsDtype};
 
@@ -70,6 +71,11 @@ pub enum LoadedDrafter {
         model: Box<LoadedModel>,
         name: String,
     },
+    /// A draft head for the target, and its display name (`head:FOLDER (vocab K)`).
+    Head {
+        head: Arc<DraftHead>,
+        name: String,
+    },
 }
 
 impl LoadedDrafter {
@@ -78,7 +84,7 @@ impl LoadedDrafter {
         match self {
             LoadedDrafter::None => "none".into(),
             LoadedDrafter::PromptLookup(p) => DraftSpec::PromptLookup(*p).to_string(),
-            LoadedDrafter::Model { name, .. } => name.clone(),
+            LoadedDrafter::Model { name, .. } | LoadedDrafter::Head { name, .. } => name.clone(),
         }
     }
 }
@@ -104,6 +110,7 @@ pub fn load_drafter(
             (target.source.clone(), Some(*k))
         }
         DraftSpec::Model(path) => (ModelSource::resolve(path)?, None),
+        DraftSpec::Head(path) => return load_head(path.as_deref(), dtype, config, target),
     };
     let opts = LoadOptions {
         weights_dtype: dtype,
@@ -138,6 +145,39 @@ pub fn load_drafter(
     })
 }
 
+/// Loads a draft head for `target` from `path` (`None`: the default model's shipped head), its
+/// matmuls at `dtype` (as-is: 8-bit, a head's file being f32) and its vocabulary reduced to
+/// `speculation.draft_vocab` tokens.
+fn load_head(
+    path: Option<&str>,
+    dtype: WeightsDtype,
+    config: &Config,
+    target: &LoadedModel,
+) -> Result<LoadedDrafter, SetupError> {
+    let dir = match path {
+        Some(p) => std::path::PathBuf::from(p),
+        None => crate::model::head::default_head_dir(),
+    };
+    let dtype = match dtype {
+        WeightsDtype::AsIs => WeightsDtype::Auto,
+        d => d,
+    };
+    let head_error = |e: ModelError| SetupError::Draft(format!("head {}: {e}", dir.display()));
+    let tensors = crate::model::head::load_head(&dir).map_err(head_error)?;
+    let vocab = config.speculation.draft_vocab;
+    let head = DraftHead::new(tensors, &target.model, dtype, vocab).map_err(head_error)?;
+    let vocab_note = match head.vocab_ids() {
+        Some(ids) => format!("vocab {}", ids.len()),
+        None => "full vocab".into(),
+    };
+    let name = format!("head:{} ({vocab_note})", dir.display());
+    tracing::info!(draft_head = %name, "loaded the draft head");
+    Ok(LoadedDrafter::Head {
+        head: Arc::new(head),
+        name,
+    })
+}
+
 /// Loads the target and the drafter that `speculation.draft_model` names (blocking work: call
 /// it off the async runtime's threads via `spawn_blocking`); returns them with the drafter's
 /// display name.
@@ -155,6 +195,7 @@ pub fn load_models(
             model: Arc::new(model.model),
             name,
         }),
+        LoadedDrafter::Head { head, name } => Some(DraftSource::Head { head, name }),
     };
     Ok((target, draft, name))
 }

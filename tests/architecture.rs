@@ -19,7 +19,7 @@ const LAYERS: [&str; 6] = [
     "server",
 ];
 /// Modules that start the layers from a config file; only the server, at the top, may use them.
-const ABOVE_THE_LAYERS: [&str; 3] = ["config", "setup", "bench"];
+const ABOVE_THE_LAYERS: [&str; 4] = ["config", "setup", "bench", "train"];
 
 /// A library source file and the module path it defines (`engine::scheduler` for
 /// `src/engine/scheduler/mod.rs`).

@@ -200,6 +200,7 @@ fn concurrent_greedy_outputs_equal_plain(backend: BackendChoice) {
                         source.as_ref().map_or("none", |s| match s {
                             DraftSource::PromptLookup(_) => "prompt-lookup",
                             DraftSource::Model { .. } => "model",
+                            DraftSource::Head { .. } => "head",
                         })
                     );
                     assert_eq!(c.finish, FinishReason::Length);
@@ -757,6 +758,7 @@ fn token_trees_keep_greedy_output_identical() {
         let name = match &source {
             DraftSource::PromptLookup(_) => "prompt-lookup",
             DraftSource::Model { .. } => "model",
+            DraftSource::Head { .. } => "head",
         };
         let (mut tree_rounds, mut branch_accepts) = (0, 0);
         for pipeline in [false, true] {

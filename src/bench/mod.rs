@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 pub use error::BenchError;
 pub use mode::{parse_modes, DrafterKind, Mode, Structured};
-pub use prompts::{load_prompts, parse_prompts, select, BenchPrompt};
+pub use prompts::{every_nth, load_prompts, parse_prompts, select, BenchPrompt};
 pub use report::{summarize, BatchRecord, RunRecord, Spread, SummaryRow};
 pub use run::{run_bench, BenchModels, BenchOptions, BenchRun, EngineReport, Progress};
 pub use tables::{render_cache_notes, render_drafters, render_tables};

@@ -11,13 +11,16 @@ use crate::sampling::{GateOverride, Lenience};
 use super::BenchError;
 
 /// Which drafter a bench mode's engine carries: modes with the same one share an engine. A
-/// `draft` mode's model is the one `--draft-model` names, loaded once for every such mode.
+/// `draft` mode's model is the one `--draft-model` names, loaded once for every such mode; a
+/// `head` mode's head is the one `--head` names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DrafterKind {
     None,
     /// Prompt lookup with these n-gram sizes.
     PromptLookup(PromptLookup),
     Model,
+    /// A draft head on the target's features.
+    Head,
 }
 
 /// What a mode's answers are held to: nothing, a JSON schema, or tool calls.
@@ -112,9 +115,10 @@ impl Mode {
             "prompt-lookup" | "pld" => DrafterKind::PromptLookup(PromptLookup::default()),
             "suffix" => DrafterKind::PromptLookup(PromptLookup::default().across_requests()),
             "draft" | "draft-model" => DrafterKind::Model,
+            "head" => DrafterKind::Head,
             other => {
                 return Err(bad(format!(
-                    "unknown mode `{other}` (plain, prompt-lookup, suffix, draft, forced)"
+                    "unknown mode `{other}` (plain, prompt-lookup, suffix, draft, head, forced)"
                 )))
             }
         };

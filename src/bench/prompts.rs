@@ -58,6 +58,21 @@ pub fn load_prompts(path: &Path) -> Result<Vec<BenchPrompt>, BenchError> {
     parse_prompts(&text, &origin)
 }
 
+/// Every `n`-th question of a file (the `n`-th, `2n`-th, …, by place in the file) when
+/// `left_out`, else all the others: `tandem train-head --leave-out N` trains on the others, and
+/// `tandem bench --left-out N` measures on those it never saw. `n = 0` keeps everything.
+pub fn every_nth(prompts: Vec<BenchPrompt>, n: usize, left_out: bool) -> Vec<BenchPrompt> {
+    if n == 0 {
+        return prompts;
+    }
+    prompts
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| (i % n == n - 1) == left_out)
+        .map(|(_, p)| p)
+        .collect()
+}
+
 /// Keeps the prompts of the given categories (all when empty), at most `limit` per category
 /// (all when `None`), in file order; categories keep the order of their first appearance.
 pub fn select(
@@ -95,6 +110,18 @@ pub fn select(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_nth_splits_a_file_in_two() {
+        let text: String = (1..=7)
+            .map(|i| format!("{{\"question_id\": {i}, \"category\": \"c\", \"turns\": [\"q\"]}}\n"))
+            .collect();
+        let all = parse_prompts(&text, "t").unwrap();
+        let ids = |v: Vec<BenchPrompt>| v.iter().map(|p| p.question_id).collect::<Vec<_>>();
+        assert_eq!(ids(every_nth(all.clone(), 3, true)), [3, 6]);
+        assert_eq!(ids(every_nth(all.clone(), 3, false)), [1, 2, 4, 5, 7]);
+        assert_eq!(ids(every_nth(all, 0, true)).len(), 7);
+    }
 
     const GOOD: &str = r#"{"question_id": 1, "category": "writing", "turns": ["a", "b"]}
 {"question_id": 2, "category": "qa", "turns": ["c"]}

@@ -30,6 +30,8 @@ pub struct BenchModels {
     pub tokenizer: Arc<TextTokenizer>,
     /// The draft model, for `draft` modes.
     pub draft: Option<DraftSource>,
+    /// The draft head, for `head` modes.
+    pub head: Option<DraftSource>,
     /// What structured modes compile their constraints against.
     pub constraints: Option<Arc<ConstraintVocabulary>>,
 }
@@ -98,6 +100,9 @@ async fn start_engines(
             DrafterKind::PromptLookup(p) => Some(DraftSource::PromptLookup(p)),
             DrafterKind::Model => Some(models.draft.clone().ok_or_else(|| {
                 BenchError::Options(format!("mode `{}` needs a draft model", mode.label))
+            })?),
+            DrafterKind::Head => Some(models.head.clone().ok_or_else(|| {
+                BenchError::Options(format!("mode `{}` needs a draft head", mode.label))
             })?),
         };
         // Pipelined, the drafter and the verifier run at once: split the threads between

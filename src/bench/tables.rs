@@ -45,6 +45,7 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
                 format!("{kind}, n-grams of {lo}-{hi} tokens")
             }
             DrafterKind::Model => format!("the draft model {draft_model}"),
+            DrafterKind::Head => "a draft head on the target's own hidden states (--head)".into(),
         };
         let drafted: usize = runs
             .iter()
@@ -53,7 +54,7 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
             .sum();
         let note = match mode.drafter {
             _ if mode.is_plain() || drafted > 0 => "",
-            DrafterKind::Model => {
+            DrafterKind::Model | DrafterKind::Head => {
                 " -- never drafted: not forecast to pay (the governor decoded plainly; see \
                  docs/speculation.md)"
             }

@@ -26,6 +26,10 @@ pub struct BenchArgs {
     /// (required; data/spec_bench_dev.jsonl ships the development half).
     #[arg(long)]
     prompts: PathBuf,
+    /// Only every N-th question of the file, the ones `train-head --leave-out N` kept out of a
+    /// head's training (0 = every question).
+    #[arg(long, default_value_t = 0)]
+    left_out: usize,
     /// Only these categories, comma-separated [default: all].
     #[arg(long, value_delimiter = ',')]
     categories: Vec<String>,
@@ -71,6 +75,13 @@ pub struct BenchArgs {
     /// The draft model of `draft` modes: `default`, `self:K` or a model path.
     #[arg(long, default_value = "default")]
     draft_model: DraftSpec,
+    /// The draft head of `head` modes: a head folder [default: the default model's shipped
+    /// head].
+    #[arg(long)]
+    head: Option<String>,
+    /// A draft head's reduced vocabulary: its most frequent tokens (0 = the whole vocabulary).
+    #[arg(long, default_value_t = 8192)]
+    draft_vocab: usize,
     /// Weight type of the draft model (`as-is` keeps a GGUF's own quantization).
     #[arg(long, default_value = "as-is")]
     draft_weights_dtype: WeightsDtype,
@@ -97,7 +108,7 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
     }
     let modes = bench::parse_modes(&args.modes, args.max_gamma)?;
     let prompts = bench::select(
-        bench::load_prompts(&args.prompts)?,
+        bench::every_nth(bench::load_prompts(&args.prompts)?, args.left_out, true),
         &args.categories,
         args.limit_per_category,
     )?;
@@ -117,7 +128,20 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         DraftSpec::None
     };
     config.speculation.draft_weights_dtype = args.draft_weights_dtype;
+    config.speculation.draft_vocab = args.draft_vocab;
     let (target, draft, draft_name) = tandem::setup::load_models(&config)?;
+    let head = if modes.iter().any(|m| m.drafter == bench::DrafterKind::Head) {
+        let spec = DraftSpec::Head(args.head.clone());
+        match tandem::setup::load_drafter(&spec, WeightsDtype::AsIs, &config, &target)? {
+            tandem::setup::LoadedDrafter::Head { head, name } => {
+                eprintln!("bench: draft head {name}");
+                Some(tandem::engine::DraftSource::Head { head, name })
+            }
+            _ => None,
+        }
+    } else {
+        None
+    };
     let model_json = serde_json::json!({
         "target": target.source.display_name(),
         "target_weights": target.model.linear_dtypes().join("/"),
@@ -143,6 +167,7 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         target: Arc::new(target.model),
         tokenizer: Arc::clone(&target.tokenizer),
         draft,
+        head,
         constraints,
     };
     let opts = bench::BenchOptions {

@@ -160,6 +160,14 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
         stop_strings: args.stop.clone(),
         detokenizer: Some(std::sync::Arc::clone(tok)),
     };
+    if matches!(args.draft_model, DraftSpec::Head(_)) {
+        return Err(CliError::Flag {
+            flag: "--draft-model",
+            reason: "head: a draft head drafts from the engine's verifications; use \
+                     `tandem serve` or `tandem bench` (generate's loop has no hidden states)"
+                .into(),
+        });
+    }
     let drafter =
         tandem::setup::load_drafter(&args.draft_model, args.draft_weights_dtype, config, &loaded)
             .map_err(|source| CliError::LoadDraft {
@@ -316,6 +324,8 @@ fn proposer(drafter: &LoadedDrafter) -> Option<Box<dyn Proposer + '_>> {
             &model.model,
             model.source.display_name(),
         ))),
+        // Refused before loading (see `run`).
+        LoadedDrafter::Head { .. } => None,
     }
 }
 

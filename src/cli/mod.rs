@@ -11,6 +11,7 @@ mod health;
 mod model_args;
 mod serve;
 mod stream_bandwidth;
+mod train_head;
 
 use std::path::PathBuf;
 
@@ -66,6 +67,9 @@ enum Command {
     /// Time forwards of k new tokens against a cache of a given depth (the cost a speculative
     /// verification pays), reported against a 1-token forward.
     ForwardBench(forward_bench::ForwardBenchArgs),
+    /// Train a draft head (EAGLE) for the model on this CPU from its own answers to a prompt
+    /// file; `--draft-model head:FOLDER` then drafts with it.
+    TrainHead(Box<train_head::TrainHeadArgs>),
     /// Ask a running server's /health; exit 0 only on 200 (a container health check).
     Health(health::HealthArgs),
 }
@@ -161,6 +165,10 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::ForwardBench(args) => {
             args.model.apply(&mut config)?;
             forward_bench::run(&config, args)
+        }
+        Command::TrainHead(args) => {
+            args.model.apply(&mut config)?;
+            train_head::run(&config, *args)
         }
         Command::Health(args) => health::run(config.server.port, args),
     }

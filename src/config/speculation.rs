@@ -29,6 +29,8 @@ pub struct SpeculationSection {
     pub draft_weights_dtype: WeightsDtype,
     /// Where a draft model runs (`speculation.draft_device`; `None`: the target's device).
     pub draft_device: Option<DeviceSpec>,
+    /// A draft head's reduced vocabulary size (`speculation.draft_vocab`; 0: the whole one).
+    pub draft_vocab: usize,
     /// The live settings the engine starts with (`enabled`, `adaptive`, `gamma`, ...).
     pub settings: SpeculationSettings,
 }
@@ -52,6 +54,16 @@ impl SpeculationSection {
                     .map_err(|e| ConfigError::invalid("speculation.draft_device", e))?,
             ),
         };
+        let draft_vocab = match table.remove("draft_vocab") {
+            Some(toml::Value::Integer(n)) if n >= 0 => n as usize,
+            Some(other) => {
+                return Err(ConfigError::invalid(
+                    "speculation.draft_vocab",
+                    format!("must be a token count >= 0 (0: the whole vocabulary), got {other}"),
+                ))
+            }
+            None => 0,
+        };
         let update: SpeculationOverride = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Parse(format!("[speculation] {e}")))?;
@@ -62,6 +74,7 @@ impl SpeculationSection {
             draft_model,
             draft_weights_dtype,
             draft_device,
+            draft_vocab,
             settings,
         })
     }

@@ -5,7 +5,9 @@
 //! proposal is deterministic (prompt lookup: a point mass). After verification it is told how
 //! many tokens of the sequence stand, and rolls back whatever state it keeps past that.
 
+mod draw;
 mod error;
+mod head;
 mod history;
 mod model;
 mod model_slots;
@@ -16,6 +18,7 @@ mod spec;
 mod vocabulary;
 
 pub use error::DraftError;
+pub use head::HeadDrafter;
 pub use history::{RequestHistory, HISTORY_TOKENS};
 pub use model::{DraftJob, DraftTiming, ModelDrafter};
 pub use prompt_lookup::PromptLookup;

@@ -9,16 +9,13 @@ use std::collections::HashMap;
 use std::ops::Deref;
 use std::time::Instant;
 
+use super::draw::{draw_draft, DrawLane, DrawScratch};
 use super::siblings::Siblings;
 use super::{DraftError, Proposal, Proposer};
 use crate::constraint::SequenceConstraint;
 use crate::model::cache::prefix_index::PrefixIndex;
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
-use crate::sampling::{
-    apply_penalties, argmax, confidence, confidence_of_logits, probabilities, sample_from,
-    DraftGate, GateRound, SamplingParams, SeededRng,
-};
-use crate::telemetry;
+use crate::sampling::{DraftGate, GateRound, SamplingParams, SeededRng};
 
 /// `M` is how the model is held: `&Llama` for one generation, `Arc<Llama>` in the engine.
 pub struct ModelDrafter<M: Deref<Target = Llama>> {
@@ -32,8 +29,7 @@ pub struct ModelDrafter<M: Deref<Target = Llama>> {
     /// Slots of ended sequences kept for their prefix, when `prefix_cache` is on.
     pub(super) retained: PrefixIndex,
     pub(super) prefix_cache: bool,
-    pub(super) logits: Vec<f32>,
-    pub(super) probs: Vec<f32>,
+    pub(super) scratch: DrawScratch,
 }
 
 /// One sequence's share of a batched draft: its context (last token not yet verified), where
@@ -110,8 +106,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             held: HashMap::new(),
             retained: PrefixIndex::default(),
             prefix_cache: false,
-            logits: Vec::new(),
-            probs: Vec::new(),
+            scratch: DrawScratch::default(),
         }
     }
 
@@ -234,64 +229,13 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                     .map_err(DraftError::Model)
                     .and_then(|mut rows| {
                         let row = rows.pop().expect("asked for the last row");
-                        self.logits.clear();
-                        self.logits.extend_from_slice(&row);
-                        apply_penalties(
-                            &mut self.logits,
-                            job.params,
-                            &lane.history,
-                            &lane.history[job.generated_from..],
-                        );
-                        if let Some(g) = job.grammar.as_deref_mut() {
-                            g.mask()?.apply(&mut self.logits);
-                        }
-                        // The gate sees the distribution this token is drafted from: the
-                        // sampling one, or the softmax of what greedy takes the argmax of.
-                        let greedy = job.params.is_greedy();
-                        if !greedy {
-                            probabilities(&self.logits, job.params, &mut self.probs)?;
-                        }
-                        if job.gate.is_on() {
-                            let c = if greedy {
-                                confidence_of_logits(&self.logits, &mut self.probs)
-                            } else {
-                                confidence(&self.probs)
-                            };
-                            telemetry::record_draft_entropy(c.entropy);
-                            if !lane.gate.admit(&job.gate, job.min_tokens, c) {
-                                telemetry::record_draft_gate_stop();
-                                tracing::debug!(
-                                    seq = job.seq,
-                                    planned = job.gamma,
-                                    drafted = j,
-                                    entropy = c.entropy,
-                                    ema = lane.gate.ema().unwrap_or(0.0),
-                                    top = c.top,
-                                    "draft gate: drafter unsure, round ends early"
-                                );
-                                return Ok(None);
-                            }
-                        }
-                        let token = if greedy {
-                            argmax(&self.logits)?
-                        } else {
-                            job.out.dists.extend_from_slice(&self.probs);
-                            sample_from(&self.probs, job.rng.next_f64())
+                        let draw = DrawLane {
+                            step: j,
+                            gate: &mut lane.gate,
+                            siblings: &mut lane.siblings,
+                            history: &lane.history,
                         };
-                        if job.tree_nodes > 0 || job.confidence {
-                            if greedy && !job.gate.is_on() {
-                                confidence_of_logits(&self.logits, &mut self.probs);
-                            }
-                            let q_t = self.probs.get(token as usize).copied().unwrap_or(0.0);
-                            job.out.confidence.push(q_t);
-                            if job.tree_nodes > 0 {
-                                lane.siblings.record(j, token, q_t, &self.probs);
-                            }
-                        }
-                        if let Some(g) = job.grammar.as_deref_mut() {
-                            g.advance(&[token])?;
-                        }
-                        Ok(Some(token))
+                        draw_draft(&row, None, job, draw, &mut self.scratch)
                     });
                 match picked {
                     Ok(Some(t)) => {

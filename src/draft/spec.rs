@@ -1,5 +1,5 @@
 //! The drafter a user names: `none`, `prompt-lookup[:MIN-MAX]`, `suffix[:MIN-MAX]`, `self:K`,
-//! `default` or a model path, as one enum.
+//! `head[:PATH]`, `default` or a model path, as one enum.
 //!
 //! Why it exists: the same name arrives from the config file (`speculation.draft_model`) and from
 //! CLI flags, and is acted on by model loading, the server and the CLI. Parsing it once, where it
@@ -22,6 +22,9 @@ pub enum DraftSpec {
     PromptLookup(PromptLookup),
     /// The target's own first K layers (`self:K`), K >= 1.
     SelfLayers(usize),
+    /// A draft head on the target's features: `head` (the default model's shipped head) or
+    /// `head:PATH` (a head folder).
+    Head(Option<String>),
     /// A draft model: `default` (the default model file), a .gguf file, a Hugging Face folder
     /// or a hub id.
     Model(String),
@@ -32,7 +35,8 @@ pub enum DraftSpec {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidDraftSpec {
     #[error(
-        "must be none, prompt-lookup[:MIN-MAX], suffix[:MIN-MAX], default, self:K or a model path"
+        "must be none, prompt-lookup[:MIN-MAX], suffix[:MIN-MAX], default, self:K, head[:PATH] \
+         or a model path"
     )]
     Empty,
     /// Prompt-lookup n-gram sizes out of range (the text is [`PromptLookup::parse_ngrams`]'s).
@@ -71,6 +75,15 @@ impl FromStr for DraftSpec {
                 .map(|p| Self::PromptLookup(p.across_requests()))
                 .map_err(InvalidDraftSpec::Ngrams);
         }
+        if t == "head" {
+            return Ok(Self::Head(None));
+        }
+        if let Some(path) = t.strip_prefix("head:") {
+            return match path.trim() {
+                "" => Err(InvalidDraftSpec::Empty),
+                p => Ok(Self::Head(Some(p.to_string()))),
+            };
+        }
         if let Some(k) = t.strip_prefix("self:") {
             return match k.trim().parse::<usize>() {
                 Ok(k) if k >= 1 => Ok(Self::SelfLayers(k)),
@@ -96,6 +109,8 @@ impl fmt::Display for DraftSpec {
                 write!(f, "{kind}:{lo}-{hi}")
             }
             Self::SelfLayers(k) => write!(f, "self:{k}"),
+            Self::Head(None) => f.write_str("head"),
+            Self::Head(Some(p)) => write!(f, "head:{p}"),
             Self::Model(m) => f.write_str(m),
         }
     }
@@ -133,6 +148,12 @@ mod tests {
             Err(InvalidDraftSpec::Ngrams(_))
         ));
         assert_eq!(parse("self:8"), Ok(DraftSpec::SelfLayers(8)));
+        assert_eq!(parse("head"), Ok(DraftSpec::Head(None)));
+        assert_eq!(
+            parse("head:heads/mine"),
+            Ok(DraftSpec::Head(Some("heads/mine".into())))
+        );
+        assert_eq!(parse("head:"), Err(InvalidDraftSpec::Empty));
         assert_eq!(parse("default"), Ok(DraftSpec::Model("default".into())));
         assert_eq!(
             parse("models/draft.gguf"),
@@ -170,6 +191,8 @@ mod tests {
             "prompt-lookup:1-3",
             "prompt-lookup:2-5",
             "self:8",
+            "head",
+            "head:some/folder",
             "default",
         ] {
             assert_eq!(s.parse::<DraftSpec>().unwrap().to_string(), s);

@@ -16,9 +16,10 @@ use super::messages::{
 };
 use super::worker::ComputeWorker;
 use crate::draft::{
-    DraftJob, DraftTiming, ModelDrafter, PromptLookup, Proposal, Proposer, RequestHistory,
-    HISTORY_TOKENS,
+    DraftJob, DraftTiming, HeadDrafter, ModelDrafter, PromptLookup, Proposal, Proposer,
+    RequestHistory, HISTORY_TOKENS,
 };
+use crate::model::head::DraftHead;
 use crate::model::Llama;
 use crate::sampling::{DraftGate, SamplingParams, SeededRng};
 
@@ -32,12 +33,18 @@ pub enum DraftSource {
         model: Arc<Llama>,
         name: String,
     },
+    /// A draft head on the target's own features.
+    Head {
+        head: Arc<DraftHead>,
+        name: String,
+    },
 }
 
 /// What the Drafter actor's compute worker owns, made from a [`DraftSource`]: one draft model
 /// drafting for every sequence at once, or one prompt-lookup index per sequence.
 pub enum DraftWorkerState {
     Model(ModelDrafter<Arc<Llama>>),
+    Head(HeadDrafter),
     /// Prompt lookup: its settings, each sequence's lookup, and earlier requests' texts when
     /// it looks across requests (`suffix`).
     Lookup(
@@ -55,8 +62,10 @@ pub struct Drafter {
 impl Drafter {
     /// `max_seqs`: how many sequences may draft at once (the draft model's cache slots).
     /// `prefix_cache`: a draft model keeps ended sequences' caches for their prefixes.
+    /// `target`: the model a draft head drafts for (its embedding and output head).
     pub fn new(
         source: DraftSource,
+        target: Arc<Llama>,
         threads: usize,
         max_seqs: usize,
         prefix_cache: bool,
@@ -65,6 +74,9 @@ impl Drafter {
             DraftSource::Model { model, name } => DraftWorkerState::Model(
                 ModelDrafter::with_slots(model, name, max_seqs).with_prefix_cache(prefix_cache),
             ),
+            DraftSource::Head { head, name } => {
+                DraftWorkerState::Head(HeadDrafter::new(head, target, name, max_seqs))
+            }
             DraftSource::PromptLookup(p) => {
                 let (lo, hi) = p.ngrams();
                 let history = p
@@ -90,6 +102,7 @@ impl Message<DraftBatch> for Drafter {
 fn draft_batch(s: &mut DraftWorkerState, items: Vec<DraftItem>) -> DraftBatchResult {
     match s {
         DraftWorkerState::Model(drafter) => draft_with_model(drafter, items),
+        DraftWorkerState::Head(drafter) => draft_with_head(drafter, items),
         DraftWorkerState::Lookup(config, seqs, history) => {
             let start = Instant::now();
             let steps = items.iter().map(|it| it.gamma).max().unwrap_or(0);
@@ -117,16 +130,44 @@ fn draft_with_model(
     drafter: &mut ModelDrafter<Arc<Llama>>,
     items: Vec<DraftItem>,
 ) -> DraftBatchResult {
+    // Everything but the last (unverified) token of each context stands.
+    let failed = items
+        .iter()
+        .map(|it| {
+            let standing = &it.context[..it.context.len().saturating_sub(1)];
+            drafter
+                .rollback_to_context(it.seq, standing)
+                .err()
+                .map(|e| e.to_string())
+        })
+        .collect();
+    draft_jobs(items, failed, |jobs| drafter.propose_batch(jobs))
+}
+
+/// Every sequence's drafts from the head, after it takes in the features each carries.
+fn draft_with_head(drafter: &mut HeadDrafter, mut items: Vec<DraftItem>) -> DraftBatchResult {
+    let failed = items
+        .iter_mut()
+        .map(|it| {
+            std::mem::take(&mut it.features)
+                .into_iter()
+                .try_for_each(|(from, rows)| drafter.give_features(it.seq, from, &rows))
+                .err()
+                .map(|e| e.to_string())
+        })
+        .collect();
+    draft_jobs(items, failed, |jobs| drafter.propose_batch(jobs))
+}
+
+/// Drafts every item not `failed` already with `propose` (a batched drafter), and collects
+/// each item's outcome.
+fn draft_jobs(
+    items: Vec<DraftItem>,
+    mut failed: Vec<Option<String>>,
+    propose: impl FnOnce(&mut [DraftJob]) -> DraftTiming,
+) -> DraftBatchResult {
     let mut rngs: Vec<SeededRng> = items.iter().map(|it| it.rng.clone()).collect();
     let mut proposals: Vec<Proposal> = items.iter().map(|_| Proposal::default()).collect();
-    let mut failed: Vec<Option<String>> = vec![None; items.len()];
-    // Everything but the last (unverified) token of each context stands.
-    for (it, f) in items.iter().zip(&mut failed) {
-        let standing = &it.context[..it.context.len().saturating_sub(1)];
-        if let Err(e) = drafter.rollback_to_context(it.seq, standing) {
-            *f = Some(e.to_string());
-        }
-    }
     let mut jobs: Vec<DraftJob> = Vec::with_capacity(items.len());
     let mut job_of = Vec::with_capacity(items.len());
     let mut items = items;
@@ -151,7 +192,7 @@ fn draft_with_model(
             });
         }
     }
-    let timing = drafter.propose_batch(&mut jobs);
+    let timing = propose(&mut jobs);
     for (job, &i) in jobs.into_iter().zip(&job_of) {
         if let Err(e) = job.result {
             failed[i] = Some(e.to_string());
@@ -230,7 +271,7 @@ impl Message<DropRetained> for Drafter {
         self.worker
             .run(|s| match s {
                 DraftWorkerState::Model(drafter) => Ok(drafter.drop_retained()?),
-                DraftWorkerState::Lookup(..) => Ok(()),
+                DraftWorkerState::Head(_) | DraftWorkerState::Lookup(..) => Ok(()),
             })
             .await?
     }
@@ -247,6 +288,7 @@ impl Message<EndSequence> for Drafter {
         self.worker
             .run(move |s| match s {
                 DraftWorkerState::Model(drafter) => drafter.end(msg.seq, msg.keep),
+                DraftWorkerState::Head(drafter) => drafter.end(msg.seq),
                 DraftWorkerState::Lookup(_, seqs, history) => {
                     seqs.remove(&msg.seq);
                     if let Some(h) = history {
@@ -292,6 +334,7 @@ fn measure_draft_costs(
     // Token ids inside the draft model's vocabulary (a tiny test model may have 16).
     let vocab = match s {
         DraftWorkerState::Model(d) => d.model().hparams().vocab_size.clamp(1, 256) as u32,
+        DraftWorkerState::Head(d) => d.target().hparams().vocab_size.clamp(1, 256) as u32,
         DraftWorkerState::Lookup(..) => 256,
     };
     let context: Vec<u32> = (0..len as u32).map(|i| (i * 7919 + 13) % vocab).collect();
@@ -315,21 +358,22 @@ fn measure_draft_costs(
                 for keep in [0, context.len() - 1] {
                     d.rollback_seq(0, keep).map_err(|e| e.to_string())?;
                     let mut out = Proposal::default();
-                    let mut jobs = [DraftJob {
-                        seq: 0,
-                        context: &context,
-                        generated_from: context.len(),
-                        gamma: 4,
-                        params: &params,
-                        rng: &mut rng,
-                        out: &mut out,
-                        gate: DraftGate::OFF,
-                        min_tokens: 0,
-                        confidence: false,
-                        tree_nodes: 0,
-                        grammar: None,
-                        result: Ok(()),
-                    }];
+                    let mut jobs = [calibration_job(&context, &params, &mut rng, &mut out)];
+                    let t = d.propose_batch(&mut jobs);
+                    let [job] = jobs;
+                    job.result.map_err(|e| e.to_string())?;
+                    keep_best(t);
+                }
+            }
+        }
+        DraftWorkerState::Head(drafter) => {
+            let mut d = drafter.fresh("calibration");
+            for _ in 0..tries {
+                // From an empty cache (the catch-up), then from a filled one (the steps).
+                d.end(0);
+                for _ in 0..2 {
+                    let mut out = Proposal::default();
+                    let mut jobs = [calibration_job(&context, &params, &mut rng, &mut out)];
                     let t = d.propose_batch(&mut jobs);
                     let [job] = jobs;
                     job.result.map_err(|e| e.to_string())?;
@@ -353,4 +397,28 @@ fn measure_draft_costs(
         }
     }
     Ok(best)
+}
+
+/// Drafting 4 greedy tokens after `context`, as sequence 0, to time a drafter.
+fn calibration_job<'a>(
+    context: &'a [u32],
+    params: &'a SamplingParams,
+    rng: &'a mut SeededRng,
+    out: &'a mut Proposal,
+) -> DraftJob<'a> {
+    DraftJob {
+        seq: 0,
+        context,
+        generated_from: context.len(),
+        gamma: 4,
+        params,
+        rng,
+        out,
+        gate: DraftGate::OFF,
+        min_tokens: 0,
+        confidence: false,
+        tree_nodes: 0,
+        grammar: None,
+        result: Ok(()),
+    }
 }

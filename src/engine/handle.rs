@@ -134,7 +134,10 @@ impl Engine {
             } else {
                 0
             };
-        let verifier = Verifier::new(Arc::clone(&target), slots, cfg.target_threads)?;
+        // A head drafts from the target's features of each round: it drafts after the
+        // verification, never beside it.
+        let head = matches!(draft, Some(DraftSource::Head { .. }));
+        let verifier = Verifier::new(Arc::clone(&target), slots, cfg.target_threads, head)?;
         let has_drafter = draft.is_some();
         let draft_cache = matches!(draft, Some(DraftSource::Model { .. }));
         if cfg.prefix_cache {
@@ -146,6 +149,7 @@ impl Engine {
         let drafter = match draft {
             Some(source) => Some(Drafter::spawn(Drafter::new(
                 source,
+                Arc::clone(&target),
                 cfg.draft_threads,
                 slots,
                 cfg.prefix_cache,
@@ -179,7 +183,7 @@ impl Engine {
                 SchedulerConfig {
                     max_seqs: cfg.max_seqs,
                     prefill_chunk: cfg.prefill_chunk,
-                    pipeline: cfg.pipeline,
+                    pipeline: cfg.pipeline && !head,
                     context_len,
                     max_gamma: cfg.max_gamma,
                     prefix_cache: cfg.prefix_cache,

@@ -208,6 +208,10 @@ pub struct TargetOutcome {
     pub logprobs: Vec<TokenLogprob>,
     /// The logprobs of the prompt tokens this item's rows predicted, when asked.
     pub prompt_logprobs: Vec<TokenLogprob>,
+    /// With a draft head: the target's features of the positions that now stand (a prefill
+    /// chunk's, or a verification's first row and its accepted ones), from `features_from`.
+    pub features_from: usize,
+    pub features: Vec<f32>,
 }
 
 /// What a tree round's walk did: its size, how its main chain fared (the acceptance estimate
@@ -285,6 +289,9 @@ pub struct DraftItem {
     /// A constrained sequence's grammar state after `context`, forked: a draft model drafts
     /// from its distribution masked by it.
     pub grammar: Option<SequenceConstraint>,
+    /// The target's features (hidden states) the drafter has not had yet, as `(first
+    /// position, rows)` chunks: a draft head drafts from them. Empty for other drafters.
+    pub features: Vec<(usize, Vec<f32>)>,
 }
 
 pub struct DraftOutcome {

@@ -25,6 +25,8 @@ pub struct TargetState {
     cache: KvCache,
     scratch: Scratch,
     sampler: Sampler,
+    /// Return the standing positions' features (a draft head drafts from them).
+    features: bool,
 }
 
 #[derive(Actor)]
@@ -33,13 +35,20 @@ pub struct Verifier {
 }
 
 impl Verifier {
-    pub fn new(model: Arc<Llama>, slots: usize, threads: usize) -> Result<Self, EngineError> {
+    /// `features`: outcomes carry the target's hidden states of the positions that stand.
+    pub fn new(
+        model: Arc<Llama>,
+        slots: usize,
+        threads: usize,
+        features: bool,
+    ) -> Result<Self, EngineError> {
         let cache = model.new_cache(slots);
         let state = TargetState {
             model,
             cache,
             scratch: Scratch::default(),
             sampler: Sampler::default(),
+            features,
         };
         Ok(Self {
             worker: ComputeWorker::spawn("tandem-target", threads, state)?,
@@ -232,7 +241,13 @@ fn run_batch(
             parents: &it.parents,
         })
         .collect();
-    let logits = s.model.forward(&mut s.cache, &inputs)?;
+    let (logits, features) = if s.features {
+        let (l, f) = s.model.forward_with_features(&mut s.cache, &inputs)?;
+        (l, Some(f))
+    } else {
+        (s.model.forward(&mut s.cache, &inputs)?, None)
+    };
+    let hidden = features.as_ref().map_or(0, |f| f.hidden());
     let mut outcomes = Vec::with_capacity(items.len());
     for (i, it) in items.into_iter().enumerate() {
         let mut rng = it.rng.clone();
@@ -247,7 +262,11 @@ fn run_batch(
             rng: it.rng.clone(),
             logprobs: Vec::new(),
             prompt_logprobs: Vec::new(),
+            features_from: it.start_pos,
+            features: Vec::new(),
         };
+        // The rows of this item's features that stand once it is done, by input index.
+        let mut standing_rows: Vec<usize> = Vec::new();
         let result = (|| -> Result<(), EngineError> {
             match it.work {
                 TargetWork::PrefillChunk | TargetWork::PrefillLast => {
@@ -281,6 +300,7 @@ fn run_batch(
                         }
                         out.next_token = Some(tok);
                     }
+                    standing_rows.extend(0..it.tokens.len());
                     Ok(())
                 }
                 TargetWork::Verify if it.proposal.is_tree() => {
@@ -295,6 +315,7 @@ fn run_batch(
                         .chain(walk.path.iter().map(|&n| n + 1))
                         .collect();
                     s.cache.keep_path(it.slot, it.start_pos, &kept)?;
+                    standing_rows.extend_from_slice(&kept);
                     out.accepted = walk.path.len();
                     out.accepted_tokens =
                         walk.path.iter().map(|&n| it.proposal.tokens[n]).collect();
@@ -319,11 +340,20 @@ fn run_batch(
                     out.accepted_tokens = it.tokens[1..1 + outcome.accepted].to_vec();
                     out.next_token = Some(outcome.next_token);
                     out.tried_chain = tried_chain(&it.proposal, outcome.accepted);
+                    standing_rows.extend(0..=outcome.accepted);
                     Ok(())
                 }
             }
         })();
         out.rng = rng;
+        if let (Some(f), Ok(())) = (&features, &result) {
+            let rows = f.seq(i);
+            out.features.reserve(standing_rows.len() * hidden);
+            for &r in &standing_rows {
+                out.features
+                    .extend_from_slice(&rows[r * hidden..(r + 1) * hidden]);
+            }
+        }
         outcomes.push(result.map(|()| out).map_err(|e| {
             let by_request = matches!(e, EngineError::Sampling(_)) && it.params.modifies_logits();
             (

@@ -24,6 +24,9 @@
 //!   with weights converted at load time to the type the kernels run.
 //! * `text/`: the tokenizer with incremental decoding (`tokenizer`) and the chat template
 //!   (`chat_template`).
+//! * `head/`: draft heads (EAGLE): one decoder layer over the target's own hidden states and
+//!   embeddings, drafting through the target's output head or a reduced vocabulary of its
+//!   rows; read and written in EAGLE's published layout, and trained (`train`).
 //! * `cache/`: the explicit KV cache (`kv_cache`), f16 or f32, with slots that can be truncated
 //!   when drafts are rejected or copied from one another, and the prefix cache's index of
 //!   which slot holds which tokens (`prefix_index`).
@@ -32,6 +35,7 @@
 
 pub mod cache;
 mod error;
+pub mod head;
 pub mod kernels;
 pub mod llama;
 pub mod load;
@@ -39,7 +43,7 @@ pub mod text;
 
 pub use cache::kv_cache::{KvCache, KvDtype};
 pub use error::{ModelError, Result};
-pub use llama::batch::{BatchLogits, LogitsRows, SeqInput, TREE_ROOT};
+pub use llama::batch::{BatchFeatures, BatchLogits, LogitsRows, SeqInput, TREE_ROOT};
 pub use llama::device::{BackendChoice, DeviceSpec, ForwardKind};
 pub use llama::linear::WeightsDtype;
 pub use llama::model::Llama;

@@ -244,6 +244,7 @@ impl Scheduler {
                     _permit: permit,
                     constraint: request.constraint.as_ref().map(|c| c.start()),
                     round_forced: 0,
+                    features: Vec::new(),
                     request,
                 });
             }

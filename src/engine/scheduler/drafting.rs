@@ -51,6 +51,8 @@ impl Scheduler {
             };
             s.draft_rng = o.rng;
             s.drafter_seen = s.context.len();
+            // The drafter took the features the request carried.
+            s.features.clear();
             // A drafter failure costs this round's speculation, not the request.
             s.pending = o.proposal.ok();
         }

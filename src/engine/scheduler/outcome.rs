@@ -35,6 +35,9 @@ impl Scheduler {
         self.learn_from_round(&o);
         let s = self.active.iter_mut().find(|s| s.id == id)?;
         s.accept_rng = o.rng;
+        if !o.features.is_empty() {
+            s.features.push((o.features_from, o.features));
+        }
         let (chunk_len, drafts) = &sent[&id];
         if !s.decoding() {
             s.prefilled += chunk_len;

@@ -68,6 +68,9 @@ pub(super) struct Sequence {
     pub constraint: Option<SequenceConstraint>,
     /// How many of the drafts sent this round the grammar forced (they come first).
     pub round_forced: usize,
+    /// The target's features the drafter has not had yet (a draft head), as `(first
+    /// position, rows)` chunks.
+    pub features: Vec<(usize, Vec<f32>)>,
 }
 
 /// The tokens one round released for a sequence, and whether they ended it.
@@ -171,6 +174,7 @@ impl Sequence {
             confidence: settings.confidence_pricing,
             gate_min: live.gamma_min.get().min(gamma),
             grammar: self.constraint.as_ref().map(SequenceConstraint::fork),
+            features: self.features.clone(),
         }
     }
 

@@ -131,3 +131,43 @@ impl BatchLogits {
         Ok(Self { logits, ranges })
     }
 }
+
+/// Every new token's last hidden state after the final norm, on the host, each sequence's rows
+/// contiguous: what a draft head drafts from.
+pub struct BatchFeatures {
+    data: Vec<f32>,
+    hidden: usize,
+    ranges: Vec<Range<usize>>,
+}
+
+impl BatchFeatures {
+    /// `normed`: `(rows, hidden)`, one row per token of `batch` in order.
+    pub(crate) fn new(normed: Tensor, batch: &[SeqInput]) -> Result<Self> {
+        let (_, hidden) = normed.dims2()?;
+        let data = normed
+            .to_device(&candle_core::Device::Cpu)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let mut ranges = Vec::with_capacity(batch.len());
+        let mut offset = 0;
+        for s in batch {
+            ranges.push(offset..offset + s.tokens.len());
+            offset += s.tokens.len();
+        }
+        Ok(Self {
+            data,
+            hidden,
+            ranges,
+        })
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// Sequence `i`'s rows, flattened (`tokens × hidden`).
+    pub fn seq(&self, i: usize) -> &[f32] {
+        let r = &self.ranges[i];
+        &self.data[r.start * self.hidden..r.end * self.hidden]
+    }
+}

@@ -7,11 +7,11 @@
 //! inputs, fill the same [`KvCache`] type and give logits on the host, so the engine, drafters
 //! and governor do not know which one runs.
 
-use candle_core::Device;
+use candle_core::{DType, Device, Tensor};
 
 use super::{own_forward, tensor_forward};
 use crate::model::cache::kv_cache::{KvCache, KvDtype};
-use crate::model::llama::batch::{BatchLogits, SeqInput};
+use crate::model::llama::batch::{BatchFeatures, BatchLogits, SeqInput};
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::linear::WeightsDtype;
 use crate::model::llama::rope::RopeTable;
@@ -264,6 +264,32 @@ impl Llama {
     /// Runs new tokens of every sequence in `batch` through the model, appending their keys and
     /// values to the cache, and returns the logits rows each sequence asked for.
     pub fn forward(&self, cache: &mut KvCache, batch: &[SeqInput]) -> Result<BatchLogits> {
+        Ok(self.forward_inner(cache, batch)?.0)
+    }
+
+    /// [`Llama::forward`], and every new token's last hidden state after the final norm (what
+    /// the output head reads): the features a draft head drafts from.
+    pub fn forward_with_features(
+        &self,
+        cache: &mut KvCache,
+        batch: &[SeqInput],
+    ) -> Result<(BatchLogits, BatchFeatures)> {
+        let (logits, x) = self.forward_inner(cache, batch)?;
+        let normed = self.final_norm(&x)?;
+        Ok((logits, BatchFeatures::new(normed, batch)?))
+    }
+
+    /// The final norm over rows of the last layer's output.
+    fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+        let eps = self.hp.rms_norm_eps as f32;
+        Ok(candle_nn::ops::rms_norm(x, &self.weights.norm, eps)?)
+    }
+
+    fn forward_inner(
+        &self,
+        cache: &mut KvCache,
+        batch: &[SeqInput],
+    ) -> Result<(BatchLogits, Tensor)> {
         self.validate(cache, batch)?;
         let result = match &self.backend {
             Backend::Own(rope) => own_forward::forward(&self.weights, &self.hp, rope, cache, batch),
@@ -285,5 +311,47 @@ impl Llama {
                 Err(e)
             }
         }
+    }
+
+    /// The input embeddings of `ids` in f32 (a draft head's token input).
+    pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.hp.vocab_size) {
+            return Err(ModelError::BadInput(format!(
+                "token id {bad} is outside the vocabulary ({})",
+                self.hp.vocab_size
+            )));
+        }
+        let idx = Tensor::from_slice(ids, ids.len(), self.weights.embed.device())?;
+        Ok(self
+            .weights
+            .embed
+            .index_select(&idx, 0)?
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?)
+    }
+
+    /// The output head over rows of normed hidden states `(rows, hidden)` on the host: full
+    /// logits in f32.
+    pub fn project(&self, hidden: &Tensor) -> Result<Tensor> {
+        let x = hidden.to_device(&self.device)?;
+        Ok(self
+            .weights
+            .lm_head
+            .forward(&x)?
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?)
+    }
+
+    /// Rows `ids` of the output head's weight in f32 (a reduced draft vocabulary's head),
+    /// read from the embedding when the model ties the two.
+    pub fn output_rows(&self, ids: &[u32]) -> Result<Tensor> {
+        if !self.weights.output_tied {
+            return Err(ModelError::Unsupported(
+                "a reduced draft vocabulary (speculation.draft_vocab) needs a target whose output \
+                 head is its embedding (tie_word_embeddings); set draft_vocab = 0 for this one"
+                    .into(),
+            ));
+        }
+        self.embed(ids)
     }
 }

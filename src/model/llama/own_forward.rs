@@ -10,17 +10,44 @@ use crate::model::kernels::attention::{causal_attention, tree_attention, AttnSha
 use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::llama::rope::RopeTable;
-use crate::model::llama::weights::LlamaWeights;
+use crate::model::llama::weights::{Layer, LlamaWeights};
 use crate::model::load::hparams::LlamaHparams;
 use crate::model::Result;
 
+/// The whole model: embeddings, every layer, then the output head over the rows `batch` asks
+/// for. Also returns the last layer's output for every row (before the final norm).
 pub(crate) fn forward(
     w: &LlamaWeights,
     hp: &LlamaHparams,
     rope: &RopeTable,
     cache: &mut KvCache,
     batch: &[SeqInput],
-) -> Result<BatchLogits> {
+) -> Result<(BatchLogits, Tensor)> {
+    let ids: Vec<u32> = batch
+        .iter()
+        .flat_map(|s| s.tokens.iter().copied())
+        .collect();
+    let total = ids.len();
+    let ids_t = Tensor::from_vec(ids, total, &Device::Cpu)?;
+    let x = timed(Op::Embed, || {
+        w.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)
+    })?;
+    let x = run_layers(&w.layers, hp, rope, cache, batch, x)?;
+    let (rows, ranges) = logits_rows(batch);
+    let logits = BatchLogits::new(w.output_logits(&x, rows, hp.rms_norm_eps as f32)?, ranges)?;
+    Ok((logits, x))
+}
+
+/// `layers` over the input rows `x` (one per token of `batch`, in order), each layer's keys and
+/// values appended to the cache: the decoder stack a model and a draft head share.
+pub(crate) fn run_layers(
+    layers: &[Layer],
+    hp: &LlamaHparams,
+    rope: &RopeTable,
+    cache: &mut KvCache,
+    batch: &[SeqInput],
+    mut x: Tensor,
+) -> Result<Tensor> {
     let shape = AttnShape {
         num_heads: hp.num_heads,
         num_kv_heads: hp.num_kv_heads,
@@ -31,24 +58,13 @@ pub(crate) fn forward(
     let hd = hp.head_dim;
     let eps = hp.rms_norm_eps as f32;
     let device = Device::Cpu;
-
-    let ids: Vec<u32> = batch
-        .iter()
-        .flat_map(|s| s.tokens.iter().copied())
-        .collect();
-    let total = ids.len();
-    let ids_t = Tensor::from_vec(ids, total, &device)?;
-    let mut x = timed(Op::Embed, || {
-        w.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)
-    })?;
+    let total = x.dim(0)?;
     let mut attn_out = vec![0f32; total * q_dim];
     // Tree inputs: each token's depth (its position past start_pos) and its path.
     let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
 
-    for (l, layer) in w.layers.iter().enumerate() {
-        let h = timed(Op::Norm, || {
-            candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)
-        })?;
+    for (l, layer) in layers.iter().enumerate() {
+        let h = timed(Op::Norm, || layer.attn_input(&x, eps))?;
         let mut qkv: Vec<f32> = timed(Op::QkvMatmul, || -> Result<Vec<f32>> {
             Ok(layer.qkv.forward(&h)?.flatten_all()?.to_vec1()?)
         })?;
@@ -120,7 +136,5 @@ pub(crate) fn forward(
         let attn = Tensor::from_slice(&attn_out, (total, q_dim), &device)?;
         x = layer.after_attention(&x, &attn, eps)?;
     }
-
-    let (rows, ranges) = logits_rows(batch);
-    BatchLogits::new(w.output_logits(&x, rows, eps)?, ranges)
+    Ok(x)
 }

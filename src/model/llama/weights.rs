@@ -14,7 +14,9 @@ use crate::model::load::weights::{WeightName, WeightReader};
 use crate::model::{ModelError, Result};
 
 pub(crate) struct Layer {
-    pub attn_norm: Tensor,
+    /// `None`: the layer takes its input as it is (an EAGLE head's first layer, whose input
+    /// is already a projection of normed states).
+    pub attn_norm: Option<Tensor>,
     pub qkv: Linear,
     pub o: Linear,
     pub ffn_norm: Tensor,
@@ -23,6 +25,14 @@ pub(crate) struct Layer {
 }
 
 impl Layer {
+    /// What attention's projections read: the input, normed when the layer has a norm.
+    pub fn attn_input(&self, x: &Tensor, eps: f32) -> Result<Tensor> {
+        Ok(match &self.attn_norm {
+            Some(norm) => candle_nn::ops::rms_norm(x, norm, eps)?,
+            None => x.clone(),
+        })
+    }
+
     /// The rest of a layer once attention has run: the output projection and residual, then
     /// the SiLU-gated MLP and its residual. Row-wise, on whatever device `x` is.
     pub fn after_attention(&self, x: &Tensor, attn: &Tensor, eps: f32) -> Result<Tensor> {
@@ -45,6 +55,8 @@ pub(crate) struct LlamaWeights {
     pub layers: Vec<Layer>,
     pub norm: Tensor,
     pub lm_head: Linear,
+    /// The output head is the embedding (no separate output weight in the file).
+    pub output_tied: bool,
 }
 
 impl LlamaWeights {
@@ -86,7 +98,7 @@ impl LlamaWeights {
                 reader.raw(WeightName::Up(l))?,
             ];
             let layer = Layer {
-                attn_norm: dense(reader, WeightName::AttnNorm(l))?,
+                attn_norm: Some(dense(reader, WeightName::AttnNorm(l))?),
                 qkv: Linear::fuse(qkv, weights_dtype, device, kind)?,
                 o: Linear::convert(reader.raw(WeightName::O(l))?, weights_dtype, device, kind)?,
                 ffn_norm: dense(reader, WeightName::FfnNorm(l))?,
@@ -120,6 +132,7 @@ impl LlamaWeights {
             layers,
             norm,
             lm_head,
+            output_tied: matches!(head_src, WeightName::Embed),
         })
     }
 

@@ -51,7 +51,7 @@ pub(crate) fn forward(
     rope: &TensorRope,
     cache: &mut KvCache,
     batch: &[SeqInput],
-) -> Result<BatchLogits> {
+) -> Result<(BatchLogits, Tensor)> {
     let device = w.embed.device().clone();
     let heads = Heads {
         num_heads: hp.num_heads,
@@ -94,7 +94,7 @@ pub(crate) fn forward(
     let mut x = w.embed.index_select(&ids, 0)?.to_dtype(DType::F32)?;
 
     for (l, layer) in w.layers.iter().enumerate() {
-        let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
+        let h = layer.attn_input(&x, eps)?;
         let qkv = layer.qkv.forward(&h)?;
         let q = qkv
             .narrow(1, 0, q_dim)?
@@ -138,5 +138,6 @@ pub(crate) fn forward(
     }
 
     let (rows, ranges) = logits_rows(batch);
-    BatchLogits::new(w.output_logits(&x, rows, eps)?, ranges)
+    let logits = BatchLogits::new(w.output_logits(&x, rows, eps)?, ranges)?;
+    Ok((logits, x))
 }

@@ -1,0 +1,178 @@
+//! `tandem train-head`: trains a draft head for the loaded target on this machine's CPU, from
+//! the target's own answers to the first turns of a Spec-Bench-format prompt file.
+//!
+//! Why it exists: a head must match its target's hidden states, so a target without a
+//! published head gets one here, with nothing but the target and a prompt file (the
+//! development half in `data/`, never the held-out prompts the benchmarks report on).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+
+use tandem::bench::progress::ProgressBar;
+use tandem::config::Config;
+use tandem::model::head::train::TrainSettings;
+use tandem::model::ChatMessage;
+use tandem::train::{answer_prompts, train_head, Answer, TrainOptions};
+
+use super::model_args::{load_model, ModelArgs};
+use super::CliError;
+
+#[derive(Args)]
+pub struct TrainHeadArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The head's folder (required): checkpoints in EAGLE's layout, `answers.json` (the
+    /// generated data, reused by a later run), `train_state.json` and `training_curve.tsv`.
+    /// A folder with a checkpoint resumes after its last epoch.
+    #[arg(long)]
+    out: PathBuf,
+    /// Spec-Bench-format prompts (JSON lines with `turns`); each first turn is asked.
+    #[arg(long, default_value = "data/spec_bench_dev.jsonl")]
+    prompts: PathBuf,
+    /// Use at most this many prompts (0 = all).
+    #[arg(long, default_value_t = 0)]
+    limit: usize,
+    /// Leave every N-th question of the file out of training, so that `tandem bench
+    /// --left-out N` measures the head on questions it never saw (0 = train on all).
+    #[arg(long, default_value_t = 0)]
+    leave_out: usize,
+    /// Tokens of each answer.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampled answers per prompt besides the greedy one.
+    #[arg(long, default_value_t = 1)]
+    sampled: usize,
+    /// Temperature of the sampled answers.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Passes over the answers.
+    #[arg(long, default_value_t = 4)]
+    epochs: usize,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    learning_rate: f64,
+    /// Tokens of the draft vocabulary the token loss covers (0 = the whole vocabulary).
+    #[arg(long, default_value_t = 8192)]
+    draft_vocab: usize,
+    /// The head's MLP width (0 = the target's).
+    #[arg(long, default_value_t = 0)]
+    intermediate: usize,
+    /// Every N-th answer is held out for the evaluation each epoch ends with (0 = none).
+    #[arg(long, default_value_t = 20)]
+    holdout: usize,
+    /// Positions of an answer trained on (prompt included); longer ones are cut.
+    #[arg(long, default_value_t = 640)]
+    max_positions: usize,
+    /// Seed of the initial weights, the noise, the order and the sampled answers.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
+    keep_freed_memory();
+    let loaded = load_model(config)?;
+    let tok = &loaded.tokenizer;
+    let target = Arc::new(loaded.model);
+    let flag = |flag: &'static str, reason: String| CliError::Flag { flag, reason };
+    let answers_path = args.out.join("answers.json");
+    let answers: Vec<Answer> = match std::fs::read_to_string(&answers_path) {
+        Ok(text) => serde_json::from_str(&text)?,
+        Err(_) => {
+            let template = tok.chat_template().ok_or(CliError::NoChatTemplate)?;
+            let all = tandem::bench::load_prompts(&args.prompts)?;
+            let mut prompts = tandem::bench::every_nth(all, args.leave_out, false);
+            if args.limit > 0 {
+                prompts.truncate(args.limit);
+            }
+            let mut tokens = Vec::with_capacity(prompts.len());
+            for p in &prompts {
+                let Some(first) = p.turns.first() else {
+                    continue;
+                };
+                let rendered = template.render(&[ChatMessage::new("user", first.clone())], true)?;
+                tokens.push(tok.encode(&rendered, true)?);
+            }
+            let mut bar = ProgressBar::default();
+            let threads = tandem::runtime::init_threads(config.runtime.threads);
+            let answers = super::async_runtime()?
+                .block_on(answer_prompts(
+                    Arc::clone(&target),
+                    &tokens,
+                    (args.max_tokens, tok.eos_ids()),
+                    (args.sampled, args.temperature, args.seed),
+                    (8, threads),
+                    &mut |done, total| bar.update(done, total, "target answers"),
+                ))
+                .map_err(|e| flag("--prompts", e.to_string()))?;
+            std::fs::create_dir_all(&args.out).map_err(|e| CliError::WriteFile {
+                path: args.out.clone(),
+                source: e,
+            })?;
+            let json = serde_json::to_string(&answers)?;
+            std::fs::write(&answers_path, json).map_err(|e| CliError::WriteFile {
+                path: answers_path.clone(),
+                source: e,
+            })?;
+            answers
+        }
+    };
+    let opts = TrainOptions {
+        out: args.out.clone(),
+        epochs: args.epochs,
+        draft_vocab: args.draft_vocab,
+        intermediate: args.intermediate,
+        holdout: args.holdout,
+        settings: TrainSettings {
+            learning_rate: args.learning_rate,
+            max_positions: args.max_positions,
+            seed: args.seed,
+            ..TrainSettings::default()
+        },
+    };
+    let mut bar = ProgressBar::default();
+    let mut stage = String::new();
+    let report = train_head(&target, &answers, &opts, &mut |done, total, what| {
+        // A new stage starts a new bar.
+        let name = what.split(" loss").next().unwrap_or(what);
+        if name != stage {
+            stage = name.to_string();
+            bar = ProgressBar::default();
+        }
+        bar.update(done, total, what)
+    })
+    .map_err(|e| flag("--out", e.to_string()))?;
+    println!("| epoch | train loss | held-out loss | feature | token | top-1 agrees | seconds |");
+    println!("|---|---|---|---|---|---|---|");
+    for p in &report.curve {
+        println!(
+            "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.1}% | {:.0} |",
+            p.epoch,
+            p.train_loss,
+            p.eval_loss,
+            p.eval_feature,
+            p.eval_token,
+            100.0 * p.eval_top1,
+            p.seconds
+        );
+    }
+    println!("head written to {}", args.out.display());
+    Ok(())
+}
+
+/// A training step allocates and frees tensors of megabytes dozens of times; glibc hands
+/// such blocks back to the kernel on every free and the next step faults them in again, which
+/// cost 30% of a step. Keeping them in the heap makes the frees reusable.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_freed_memory() {
+    // SAFETY: mallopt only changes allocator thresholds; called before any training thread.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TOP_PAD, 64 << 20);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn keep_freed_memory() {}

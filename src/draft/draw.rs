@@ -1,0 +1,108 @@
+//! Drawing one drafted token from a drafter's logits row: the request's processors, its
+//! grammar mask, the confidence gate, then argmax or a sample, with the draft distribution
+//! and confidences recorded in the proposal. Every model drafter (a draft model, `self:K`, a
+//! draft head) draws through here, so their drafts are processed exactly alike.
+
+use super::siblings::Siblings;
+use super::{DraftError, DraftJob};
+use crate::sampling::{
+    apply_penalties, argmax, confidence, confidence_of_logits, probabilities, sample_from,
+    GateRound,
+};
+use crate::telemetry;
+
+/// Buffers reused from draw to draw.
+#[derive(Default)]
+pub struct DrawScratch {
+    logits: Vec<f32>,
+    probs: Vec<f32>,
+}
+
+/// One lane's state while a batch drafts: which step this is, its gate, its runners-up, and
+/// its text so far (context and drafts).
+pub(super) struct DrawLane<'a> {
+    pub step: usize,
+    pub gate: &'a mut GateRound,
+    pub siblings: &'a mut Siblings,
+    pub history: &'a [u32],
+}
+
+/// Draws the next draft of `job` from `row`: logits over the whole vocabulary, or over the
+/// draft vocabulary `vocab_ids` (its columns' target ids), in which case every other token
+/// gets probability 0, so `q` is a distribution over the reduced set. `None`: the gate ended
+/// the round here.
+pub(super) fn draw_draft(
+    row: &[f32],
+    vocab_ids: Option<&[u32]>,
+    job: &mut DraftJob,
+    lane: DrawLane,
+    s: &mut DrawScratch,
+) -> Result<Option<u32>, DraftError> {
+    let j = lane.step;
+    s.logits.clear();
+    match vocab_ids {
+        None => s.logits.extend_from_slice(row),
+        Some(ids) => {
+            s.logits.resize(job.out.vocab, f32::NEG_INFINITY);
+            for (&id, &v) in ids.iter().zip(row) {
+                s.logits[id as usize] = v;
+            }
+        }
+    }
+    apply_penalties(
+        &mut s.logits,
+        job.params,
+        lane.history,
+        &lane.history[job.generated_from..],
+    );
+    if let Some(g) = job.grammar.as_deref_mut() {
+        g.mask()?.apply(&mut s.logits);
+    }
+    // The gate sees the distribution this token is drafted from: the sampling one, or the
+    // softmax of what greedy takes the argmax of.
+    let greedy = job.params.is_greedy();
+    if !greedy {
+        probabilities(&s.logits, job.params, &mut s.probs)?;
+    }
+    if job.gate.is_on() {
+        let c = if greedy {
+            confidence_of_logits(&s.logits, &mut s.probs)
+        } else {
+            confidence(&s.probs)
+        };
+        telemetry::record_draft_entropy(c.entropy);
+        if !lane.gate.admit(&job.gate, job.min_tokens, c) {
+            telemetry::record_draft_gate_stop();
+            tracing::debug!(
+                seq = job.seq,
+                planned = job.gamma,
+                drafted = j,
+                entropy = c.entropy,
+                ema = lane.gate.ema().unwrap_or(0.0),
+                top = c.top,
+                "draft gate: drafter unsure, round ends early"
+            );
+            return Ok(None);
+        }
+    }
+    let token = if greedy {
+        argmax(&s.logits)?
+    } else {
+        job.out.dists.extend_from_slice(&s.probs);
+        sample_from(&s.probs, job.rng.next_f64())
+    };
+    if job.tree_nodes > 0 || job.confidence {
+        if greedy && !job.gate.is_on() {
+            confidence_of_logits(&s.logits, &mut s.probs);
+        }
+        let q_t = s.probs.get(token as usize).copied().unwrap_or(0.0);
+        job.out.confidence.push(q_t);
+        if job.tree_nodes > 0 {
+            lane.siblings.record(j, token, q_t, &s.probs);
+        }
+    }
+    if let Some(g) = job.grammar.as_deref_mut() {
+        g.advance(&[token])?;
+    }
+    Ok(Some(token))
+}

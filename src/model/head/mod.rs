@@ -1,0 +1,261 @@
+//! Draft heads: one decoder layer that drafts from the target's own hidden states (EAGLE).
+//!
+//! A head's input at position `t` is `fc([embed(x(t+1)), f(t)])`: the target's embedding of
+//! the token that follows `t` and the target's last hidden state at `t` (after the final norm,
+//! what the output head reads). One Llama layer (its input taken as it is, no norm) turns it
+//! into a state that stands in for `f(t+1)`, which the target's output head, or its rows of a
+//! reduced draft vocabulary, turns into the draft's logits; that state is also the next
+//! position's input feature while a chain is drafted. The head keeps its own one-layer KV
+//! cache, in slots like the target's.
+//!
+//! It exists as its own type (not a one-layer `Llama`) because its input is not a token and its
+//! output head is borrowed: the target's embedding and output weights are read from the target
+//! at every step, so a head file holds only its own layer and projection.
+
+mod checkpoint;
+pub mod train;
+
+use candle_core::{Device, Tensor};
+
+pub use checkpoint::{load_head, save_head};
+
+use crate::model::cache::kv_cache::{KvCache, KvDtype};
+use crate::model::llama::batch::{logits_rows, SeqInput};
+use crate::model::llama::device::ForwardKind;
+use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
+use crate::model::llama::own_forward::run_layers;
+use crate::model::llama::rope::RopeTable;
+use crate::model::llama::weights::Layer;
+use crate::model::load::hparams::LlamaHparams;
+use crate::model::{Llama, ModelError, Result};
+
+/// A head's weights in f32 as a checkpoint stores them (Hugging Face layout: `(out, in)`,
+/// q/k rotated by halves), for saving and training.
+#[derive(Clone, Debug)]
+pub struct HeadTensors {
+    /// `(hidden, 2·hidden)` over `[embedding, feature]`.
+    pub fc: Tensor,
+    pub fc_bias: Option<Tensor>,
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    pub o: Tensor,
+    pub ffn_norm: Tensor,
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub down: Tensor,
+    /// Target token ids, most frequent first (in the target's own answers): a reduced draft
+    /// vocabulary of K tokens is the first K. Empty: no ranking shipped.
+    pub token_rank: Vec<u32>,
+}
+
+/// The folder of the default model's shipped head: where `scripts/fetch-default-model` puts
+/// it (beside the default model), else the source tree's copy this binary was built from.
+pub fn default_head_dir() -> std::path::PathBuf {
+    let installed = crate::model::load::loader::cache_dir()
+        .join("heads")
+        .join(DEFAULT_HEAD);
+    if installed.join("config.json").exists() {
+        return installed;
+    }
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("heads")
+        .join(DEFAULT_HEAD)
+}
+
+/// The shipped head's folder name (under `heads/` in the repository and the cache).
+pub const DEFAULT_HEAD: &str = "SmolLM2-135M-Instruct";
+
+/// The head's shape: its layer's sizes (those of a target layer) and the target's vocabulary.
+pub fn head_hparams(target: &LlamaHparams) -> LlamaHparams {
+    LlamaHparams {
+        num_layers: 1,
+        rope_layout: crate::model::load::hparams::RopeLayout::HalfSplit,
+        ..target.clone()
+    }
+}
+
+/// A reduced draft vocabulary: the target ids it keeps and the output head's rows for them.
+struct DraftVocab {
+    ids: Vec<u32>,
+    head: Linear,
+}
+
+/// A loaded head, ready to draft for a target.
+pub struct DraftHead {
+    hp: LlamaHparams,
+    tensors: HeadTensors,
+    fc: Linear,
+    layers: Vec<Layer>,
+    rope: RopeTable,
+    context_len: usize,
+    vocab: Option<DraftVocab>,
+}
+
+/// One head forward's results: every input row's output state (the next position's feature)
+/// and the draft logits of the rows asked for (over the draft vocabulary when there is one).
+pub struct HeadStep {
+    pub hidden: Vec<f32>,
+    pub logits: Vec<f32>,
+    /// Logits columns: the draft vocabulary's size, or the target's.
+    pub width: usize,
+    /// Each sequence's logits rows.
+    pub ranges: Vec<std::ops::Range<usize>>,
+}
+
+impl HeadStep {
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.logits[r * self.width..(r + 1) * self.width]
+    }
+}
+
+impl DraftHead {
+    /// Builds the head for `target`, its matmuls in `dtype`, with a reduced draft vocabulary of
+    /// the `draft_vocab` most frequent tokens (0, or more than the ranking holds: the full
+    /// vocabulary). The target's shape must match the head's tensors.
+    pub fn new(
+        tensors: HeadTensors,
+        target: &Llama,
+        dtype: WeightsDtype,
+        draft_vocab: usize,
+    ) -> Result<Self> {
+        let mut hp = head_hparams(target.hparams());
+        hp.intermediate_size = tensors.gate.dim(0)?;
+        checkpoint::check_shapes(&tensors, &hp)?;
+        let linear = |parts: Vec<&Tensor>| -> Result<Linear> {
+            let raw = parts
+                .into_iter()
+                .map(|t| RawWeight::Dense(t.clone()))
+                .collect();
+            Linear::fuse(raw, dtype, &Device::Cpu, ForwardKind::Own)
+        };
+        let layer = Layer {
+            attn_norm: None,
+            qkv: linear(vec![&tensors.q, &tensors.k, &tensors.v])?,
+            o: linear(vec![&tensors.o])?,
+            ffn_norm: tensors.ffn_norm.clone(),
+            gate_up: linear(vec![&tensors.gate, &tensors.up])?,
+            down: linear(vec![&tensors.down])?,
+        };
+        let vocab = if draft_vocab > 0 && draft_vocab < tensors.token_rank.len() {
+            let ids = tensors.token_rank[..draft_vocab].to_vec();
+            let rows = target.output_rows(&ids)?;
+            let head = Linear::convert(
+                RawWeight::Dense(rows),
+                dtype,
+                &Device::Cpu,
+                ForwardKind::Own,
+            )?;
+            Some(DraftVocab { ids, head })
+        } else {
+            None
+        };
+        let context_len = target.context_len();
+        Ok(Self {
+            fc: linear(vec![&tensors.fc])?,
+            layers: vec![layer],
+            rope: RopeTable::new(&hp, context_len),
+            hp,
+            tensors,
+            context_len,
+            vocab,
+        })
+    }
+
+    pub fn tensors(&self) -> &HeadTensors {
+        &self.tensors
+    }
+
+    pub fn hidden_size(&self) -> usize {
+        self.hp.hidden_size
+    }
+
+    /// The target ids of the draft vocabulary's columns (`None`: the full vocabulary).
+    pub fn vocab_ids(&self) -> Option<&[u32]> {
+        self.vocab.as_ref().map(|v| v.ids.as_slice())
+    }
+
+    /// A cache for the head's layer with `slots` sequences.
+    pub fn new_cache(&self, slots: usize) -> KvCache {
+        KvCache::new(
+            1,
+            self.hp.num_kv_heads * self.hp.head_dim,
+            slots,
+            self.context_len,
+            KvDtype::F32,
+        )
+    }
+
+    /// Runs the head over new positions of every sequence in `batch`: row `i` of `features`
+    /// (`tokens × hidden`, in batch order) is the feature at the position of input token `i`,
+    /// and the token is the one that follows that position. Appends to the head's cache.
+    pub fn forward(
+        &self,
+        target: &Llama,
+        cache: &mut KvCache,
+        batch: &[SeqInput],
+        features: &[f32],
+    ) -> Result<HeadStep> {
+        let h = self.hp.hidden_size;
+        let ids: Vec<u32> = batch
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
+        let total = ids.len();
+        if features.len() != total * h {
+            return Err(ModelError::BadInput(format!(
+                "{} feature values for {total} head inputs of {h}",
+                features.len()
+            )));
+        }
+        for s in batch {
+            let held = cache.len(s.slot)?;
+            if s.start_pos != held || s.start_pos + s.tokens.len() > self.context_len {
+                return Err(ModelError::BadInput(format!(
+                    "head slot {} holds {held} tokens; an input at {} of {} does not fit",
+                    s.slot,
+                    s.start_pos,
+                    s.tokens.len()
+                )));
+            }
+        }
+        let embeds = target.embed(&ids)?;
+        let feats = Tensor::from_slice(features, (total, h), &Device::Cpu)?;
+        let mut x = self.fc.forward(&Tensor::cat(&[&embeds, &feats], 1)?)?;
+        if let Some(b) = &self.tensors.fc_bias {
+            x = x.broadcast_add(b)?;
+        }
+        let result = run_layers(&self.layers, &self.hp, &self.rope, cache, batch, x);
+        let x = match result {
+            Ok(x) => x,
+            Err(e) => {
+                for s in batch {
+                    cache.rollback_uncommitted(s.slot)?;
+                }
+                return Err(e);
+            }
+        };
+        for s in batch {
+            cache.commit_len(s.slot, s.start_pos + s.tokens.len())?;
+        }
+        let (rows, ranges) = logits_rows(batch);
+        let (logits, width) = if rows.is_empty() {
+            (Vec::new(), 0)
+        } else {
+            let idx = Tensor::from_vec(rows.clone(), rows.len(), &Device::Cpu)?;
+            let picked = x.index_select(&idx, 0)?;
+            let t = match &self.vocab {
+                Some(v) => v.head.forward(&picked)?,
+                None => target.project(&picked)?,
+            };
+            let width = t.dim(1)?;
+            (t.flatten_all()?.to_vec1::<f32>()?, width)
+        };
+        Ok(HeadStep {
+            hidden: x.flatten_all()?.to_vec1::<f32>()?,
+            logits,
+            width,
+            ranges,
+        })
+    }
+}

@@ -1,0 +1,362 @@
+//! Training a draft head on the CPU with candle's autograd (EAGLE's recipe): on sequences the
+//! target wrote, with its features at every position, the head at position `t` reads the
+//! token after `t` and the (noised) feature at `t` and is trained to give the feature at
+//! `t + 1` (mean squared error) and the target's next-token distribution at `t + 1` over the
+//! draft vocabulary (cross-entropy against the target's own probabilities), AdamW on both.
+//!
+//! The forward here is the inference forward ([`super::DraftHead::forward`]) written in
+//! differentiable tensor operations over a whole sequence at once: the same fc, the same
+//! unnormed-input layer, the same half-split rotary embedding, causal attention over the
+//! sequence, the output head's rows frozen.
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+
+use super::{head_hparams, HeadTensors};
+use crate::model::llama::rope::angle_tables;
+use crate::model::load::hparams::LlamaHparams;
+use crate::model::{Llama, ModelError, Result};
+
+/// One training sequence: tokens the target read or wrote and the target's feature (last
+/// hidden state after the final norm) at each of them, `tokens × hidden`.
+pub struct TrainSample {
+    pub tokens: Vec<u32>,
+    pub features: Vec<f32>,
+}
+
+/// How the head is trained.
+#[derive(Clone, Debug)]
+pub struct TrainSettings {
+    pub learning_rate: f64,
+    pub weight_decay: f64,
+    /// Weight of the feature regression and of the token loss (EAGLE: 1.0 and 0.1).
+    pub feature_weight: f64,
+    pub token_weight: f64,
+    /// Uniform noise of this width added to the input features (EAGLE: 0.2).
+    pub noise: f32,
+    /// Positions of a sequence trained on (longer ones are cut).
+    pub max_positions: usize,
+    pub seed: u64,
+}
+
+impl Default for TrainSettings {
+    fn default() -> Self {
+        Self {
+            learning_rate: 1e-3,
+            weight_decay: 0.0,
+            feature_weight: 1.0,
+            token_weight: 0.1,
+            noise: 0.2,
+            max_positions: 640,
+            seed: 0,
+        }
+    }
+}
+
+/// Losses of one sequence: the weighted total, its two parts, and how often the head's top
+/// token is the target's (teacher-forced, one step ahead).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Losses {
+    pub total: f32,
+    pub feature: f32,
+    pub token: f32,
+    pub top1: f32,
+    pub positions: usize,
+}
+
+/// A head's weights as trainable variables, in the order [`HeadTensors`] lists them.
+struct HeadVars {
+    fc: Var,
+    fc_bias: Option<Var>,
+    q: Var,
+    k: Var,
+    v: Var,
+    o: Var,
+    ffn_norm: Var,
+    gate: Var,
+    up: Var,
+    down: Var,
+}
+
+impl HeadVars {
+    fn all(&self) -> Vec<Var> {
+        let mut v = vec![
+            self.fc.clone(),
+            self.q.clone(),
+            self.k.clone(),
+            self.v.clone(),
+            self.o.clone(),
+            self.ffn_norm.clone(),
+            self.gate.clone(),
+            self.up.clone(),
+            self.down.clone(),
+        ];
+        v.extend(self.fc_bias.clone());
+        v
+    }
+}
+
+pub struct HeadTrainer {
+    hp: LlamaHparams,
+    vars: HeadVars,
+    opt: AdamW,
+    /// The output head's rows of the draft vocabulary (or all of them), frozen.
+    vocab_rows: Tensor,
+    token_rank: Vec<u32>,
+    cos: Tensor,
+    sin: Tensor,
+    settings: TrainSettings,
+    noise_state: u64,
+    steps: u64,
+}
+
+/// A fresh head for `target`: every matrix uniform in ±1/√in (PyTorch's default, as EAGLE
+/// starts), the norm at one.
+pub fn random_head(target: &LlamaHparams, intermediate: usize, seed: u64) -> Result<HeadTensors> {
+    let hp = head_hparams(target);
+    let h = hp.hidden_size;
+    let (q_dim, kv_dim) = (hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim);
+    let mut state = seed ^ 0x9e37_79b9_7f4a_7c15;
+    let mut uniform = |rows: usize, cols: usize| -> Result<Tensor> {
+        let bound = 1.0 / (cols as f32).sqrt();
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|_| (unit(&mut state) * 2.0 - 1.0) * bound)
+            .collect();
+        Ok(Tensor::from_vec(v, (rows, cols), &Device::Cpu)?)
+    };
+    Ok(HeadTensors {
+        fc: uniform(h, 2 * h)?,
+        fc_bias: None,
+        q: uniform(q_dim, h)?,
+        k: uniform(kv_dim, h)?,
+        v: uniform(kv_dim, h)?,
+        o: uniform(h, q_dim)?,
+        ffn_norm: Tensor::ones(h, DType::F32, &Device::Cpu)?,
+        gate: uniform(intermediate, h)?,
+        up: uniform(intermediate, h)?,
+        down: uniform(h, intermediate)?,
+        token_rank: Vec::new(),
+    })
+}
+
+/// A uniform number in [0, 1) from a splitmix64 state (training's own seeded stream).
+fn unit(state: &mut u64) -> f32 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 40) as f32 / (1u64 << 24) as f32
+}
+
+impl HeadTrainer {
+    /// Trains `init` for `target`; the token loss runs over the first `draft_vocab` tokens of
+    /// `init.token_rank` (0 or more than it holds: the whole vocabulary).
+    pub fn new(
+        init: HeadTensors,
+        target: &Llama,
+        draft_vocab: usize,
+        settings: TrainSettings,
+    ) -> Result<Self> {
+        let mut hp = head_hparams(target.hparams());
+        hp.intermediate_size = init.gate.dim(0)?;
+        super::checkpoint::check_shapes(&init, &hp)?;
+        let var = |t: &Tensor| Var::from_tensor(t);
+        let vars = HeadVars {
+            fc: var(&init.fc)?,
+            fc_bias: init.fc_bias.as_ref().map(var).transpose()?,
+            q: var(&init.q)?,
+            k: var(&init.k)?,
+            v: var(&init.v)?,
+            o: var(&init.o)?,
+            ffn_norm: var(&init.ffn_norm)?,
+            gate: var(&init.gate)?,
+            up: var(&init.up)?,
+            down: var(&init.down)?,
+        };
+        let vocab_rows = if draft_vocab > 0 && draft_vocab < init.token_rank.len() {
+            target.output_rows(&init.token_rank[..draft_vocab])?
+        } else {
+            let all: Vec<u32> = (0..hp.vocab_size as u32).collect();
+            target.output_rows(&all)?
+        };
+        let params = ParamsAdamW {
+            lr: settings.learning_rate,
+            weight_decay: settings.weight_decay,
+            ..Default::default()
+        };
+        let opt = AdamW::new(vars.all(), params)?;
+        let (half, cos, sin) = angle_tables(&hp, settings.max_positions.max(2));
+        let n = cos.len() / half;
+        Ok(Self {
+            cos: Tensor::from_vec(cos, (n, half), &Device::Cpu)?,
+            sin: Tensor::from_vec(sin, (n, half), &Device::Cpu)?,
+            noise_state: settings.seed,
+            hp,
+            vars,
+            opt,
+            vocab_rows,
+            token_rank: init.token_rank,
+            settings,
+            steps: 0,
+        })
+    }
+
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The head as it stands, to save or to draft with.
+    pub fn tensors(&self) -> HeadTensors {
+        let v = &self.vars;
+        let t = |x: &Var| x.as_tensor().detach();
+        HeadTensors {
+            fc: t(&v.fc),
+            fc_bias: v.fc_bias.as_ref().map(t),
+            q: t(&v.q),
+            k: t(&v.k),
+            v: t(&v.v),
+            o: t(&v.o),
+            ffn_norm: t(&v.ffn_norm),
+            gate: t(&v.gate),
+            up: t(&v.up),
+            down: t(&v.down),
+            token_rank: self.token_rank.clone(),
+        }
+    }
+
+    /// One optimizer step on one sequence; returns its losses before the step.
+    pub fn step(&mut self, target: &Llama, sample: &TrainSample) -> Result<Losses> {
+        let (loss, losses) = self.losses(target, sample, true)?;
+        self.opt.backward_step(&loss)?;
+        self.steps += 1;
+        Ok(losses)
+    }
+
+    /// The losses of one sequence without noise or a step (held-out evaluation).
+    pub fn evaluate(&mut self, target: &Llama, sample: &TrainSample) -> Result<Losses> {
+        Ok(self.losses(target, sample, false)?.1)
+    }
+
+    fn losses(
+        &mut self,
+        target: &Llama,
+        sample: &TrainSample,
+        noised: bool,
+    ) -> Result<(Tensor, Losses)> {
+        let h = self.hp.hidden_size;
+        let len = sample.tokens.len().min(self.settings.max_positions);
+        if len < 3 || sample.features.len() < len * h {
+            return Err(ModelError::BadInput(format!(
+                "a training sequence needs 3 tokens and their features, got {} and {} values",
+                sample.tokens.len(),
+                sample.features.len()
+            )));
+        }
+        let n = len - 1;
+        let feats = Tensor::from_slice(&sample.features[..len * h], (len, h), &Device::Cpu)?;
+        let mut input = feats.narrow(0, 0, n)?;
+        if noised && self.settings.noise > 0.0 {
+            let w = self.settings.noise;
+            let noise: Vec<f32> = (0..n * h)
+                .map(|_| (unit(&mut self.noise_state) - 0.5) * w)
+                .collect();
+            input = (input + Tensor::from_vec(noise, (n, h), &Device::Cpu)?)?;
+        }
+        let embeds = target.embed(&sample.tokens[1..len])?;
+        let out = self.forward(&embeds, &input)?;
+        let want = feats.narrow(0, 1, n)?;
+        let feature = (&out - &want)?.sqr()?.mean_all()?;
+        // The target's distribution at t + 1 over the draft vocabulary, and the head's.
+        let target_p = candle_nn::ops::softmax_last_dim(&want.matmul(&self.vocab_rows.t()?)?)?;
+        let logits = out.matmul(&self.vocab_rows.t()?)?;
+        let log_q = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let token = (target_p.clone() * log_q)?
+            .sum(D::Minus1)?
+            .neg()?
+            .mean_all()?;
+        let total =
+            ((&feature * self.settings.feature_weight)? + (&token * self.settings.token_weight)?)?;
+        let agree = logits
+            .argmax(D::Minus1)?
+            .eq(&target_p.argmax(D::Minus1)?)?
+            .to_dtype(DType::F32)?
+            .mean_all()?;
+        let losses = Losses {
+            total: total.to_scalar::<f32>()?,
+            feature: feature.to_scalar::<f32>()?,
+            token: token.to_scalar::<f32>()?,
+            top1: agree.to_scalar::<f32>()?,
+            positions: n,
+        };
+        Ok((total, losses))
+    }
+
+    /// The head over a whole sequence: `embeds` and `features` are `(n, hidden)`, row `t` the
+    /// token after position `t` and the feature at `t`; causal attention over the rows.
+    fn forward(&self, embeds: &Tensor, features: &Tensor) -> Result<Tensor> {
+        let hp = &self.hp;
+        let v = &self.vars;
+        let (n, _) = embeds.dims2()?;
+        let (nh, nkv, hd) = (hp.num_heads, hp.num_kv_heads, hp.head_dim);
+        let mut x = Tensor::cat(&[embeds, features], 1)?.matmul(&v.fc.t()?)?;
+        if let Some(b) = &v.fc_bias {
+            x = x.broadcast_add(b.as_tensor())?;
+        }
+        let heads = |t: Tensor, count: usize| -> Result<Tensor> {
+            Ok(t.reshape((n, count, hd))?.transpose(0, 1)?.contiguous()?)
+        };
+        let q = self.rotate(&heads(x.matmul(&v.q.t()?)?, nh)?)?;
+        let k = self.rotate(&heads(x.matmul(&v.k.t()?)?, nkv)?)?;
+        let val = heads(x.matmul(&v.v.t()?)?, nkv)?;
+        // Grouped-query attention: each key/value head serves nh / nkv query heads.
+        let group = nh / nkv;
+        let (k, val) = if group > 1 {
+            let spread = |t: Tensor| -> Result<Tensor> {
+                Ok(t.unsqueeze(1)?
+                    .broadcast_as((nkv, group, n, hd))?
+                    .contiguous()?
+                    .reshape((nh, n, hd))?)
+            };
+            (spread(k)?, spread(val)?)
+        } else {
+            (k, val)
+        };
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let mask: Vec<f32> = (0..n * n)
+            .map(|i| {
+                if i % n > i / n {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (n, n), &Device::Cpu)?;
+        let probs = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?;
+        let attn = probs
+            .matmul(&val)?
+            .transpose(0, 1)?
+            .contiguous()?
+            .reshape((n, nh * hd))?;
+        let x = (x + attn.matmul(&v.o.t()?)?)?;
+        let normed =
+            candle_nn::ops::rms_norm_slow(&x, v.ffn_norm.as_tensor(), hp.rms_norm_eps as f32)?;
+        let act =
+            (candle_nn::ops::silu(&normed.matmul(&v.gate.t()?)?)? * normed.matmul(&v.up.t()?)?)?;
+        Ok((x + act.matmul(&v.down.t()?)?)?)
+    }
+
+    /// Half-split rotary embedding of `(heads, n, head_dim)` at positions 0..n.
+    fn rotate(&self, x: &Tensor) -> Result<Tensor> {
+        let (_, n, hd) = x.dims3()?;
+        let half = hd / 2;
+        let cos = self.cos.narrow(0, 0, n)?;
+        let sin = self.sin.narrow(0, 0, n)?;
+        let (a, b) = (x.narrow(2, 0, half)?, x.narrow(2, half, half)?);
+        let lo = (a.broadcast_mul(&cos)? - b.broadcast_mul(&sin)?)?;
+        let hi = (a.broadcast_mul(&sin)? + b.broadcast_mul(&cos)?)?;
+        Ok(Tensor::cat(&[lo, hi], 2)?)
+    }
+}

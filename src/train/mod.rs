@@ -1,0 +1,15 @@
+//! `tandem train-head`: a draft head for a loaded target, trained on this machine's CPU from
+//! the target's own answers.
+//!
+//! Why it exists apart from `model::head::train` (the differentiable forward and the optimizer
+//! step): making the data takes the engine's plain decoding loop and chat prompts, and a run
+//! is a job with files (answers, checkpoints, a training curve) that can stop and resume. Like
+//! `bench`, it starts the layers below it and nothing below imports it.
+
+mod data;
+mod error;
+mod run;
+
+pub use data::{answer_prompts, token_rank, Answer};
+pub use error::TrainError;
+pub use run::{train_head, EpochPoint, TrainOptions, TrainReport};
