@@ -308,40 +308,40 @@ fn greedy_output_with_a_head_equals_plain_decoding() {
     let all = prompts(8, 77);
     let want: Vec<Vec<u32>> = all.iter().map(|p| plain(&greedy(p.clone(), 24))).collect();
     let (trained, _) = trained();
-    let mut rank = trained.token_rank.clone();
-    rank.truncate(64);
+    // Half the tokens the tiny target wrote.
+    let small = trained.token_rank.len() / 2;
+    assert!(small >= 1, "the ranking holds {:?}", trained.token_rank);
+    // (An engine with a head does not pipeline: asking for it must change nothing.)
     let heads = [
-        ("untrained", untrained(), 0),
-        ("trained", trained.clone(), 0),
+        ("untrained", untrained(), 0, false),
+        ("trained", trained.clone(), 0, false),
+        ("trained, pipelining asked for", trained.clone(), 0, true),
         // A reduced draft vocabulary: drafts outside it are never proposed.
-        ("trained, 64-token vocabulary", trained.clone(), 64),
+        ("trained, reduced vocabulary", trained.clone(), small, false),
     ];
-    for (name, head, vocab) in heads {
-        for pipeline in [false, true] {
-            let engine = engine_with(head_source(&head, vocab), pipeline);
-            for at_once in [1, 4] {
-                for (gamma, trees) in [(fixed(3), 0), (GammaPolicy::Adaptive, 0), (fixed(3), 4)] {
-                    let done = run_all(&engine, &all, at_once, speculation(gamma, trees));
-                    for (i, c) in done.iter().enumerate() {
-                        assert_eq!(
-                            c.tokens, want[i],
-                            "{name}: prompt {i}, {at_once} at once, {gamma:?}, trees {trees}, \
-                             pipeline {pipeline}"
-                        );
-                    }
-                    let s = totals(&done);
-                    // (The governor may decline an untrained head; a fixed γ drafts.)
-                    if gamma != GammaPolicy::Adaptive {
-                        assert!(s.draft_tokens > 0, "{name}: the head drafted: {s:?}");
-                    }
-                    if trees > 0 {
-                        assert!(s.tree_rounds > 0, "{name}: trees were verified: {s:?}");
-                    }
+    for (name, head, vocab, pipeline) in heads {
+        let engine = engine_with(head_source(&head, vocab), pipeline);
+        for at_once in [1, 4] {
+            for (gamma, trees) in [(fixed(3), 0), (GammaPolicy::Adaptive, 0), (fixed(3), 4)] {
+                let done = run_all(&engine, &all, at_once, speculation(gamma, trees));
+                for (i, c) in done.iter().enumerate() {
+                    assert_eq!(
+                        c.tokens, want[i],
+                        "{name}: prompt {i}, {at_once} at once, {gamma:?}, trees {trees}"
+                    );
+                }
+                let s = totals(&done);
+                // (The governor may decline an untrained head; a fixed γ drafts.)
+                if gamma != GammaPolicy::Adaptive {
+                    assert!(s.draft_tokens > 0, "{name}: the head drafted: {s:?}");
+                }
+                if trees > 0 {
+                    assert!(s.tree_rounds > 0, "{name}: trees were verified: {s:?}");
                 }
             }
-            let stats = rt().block_on(engine.cache_stats()).unwrap();
-            assert!(stats.idle(), "every slot returned: {stats:?}");
         }
+        let stats = rt().block_on(engine.cache_stats()).unwrap();
+        assert!(stats.idle(), "every slot returned: {stats:?}");
     }
 }
 

@@ -38,6 +38,13 @@ pub struct ForwardBenchArgs {
     /// rate of the kernel's inner loop (0 = no breakdown).
     #[arg(long, default_value_t = 0)]
     ops: usize,
+    /// Also time a draft step of this draft head (a head folder, or `default` for the default
+    /// model's) against the 1-token forward [default: none].
+    #[arg(long)]
+    head: Option<String>,
+    /// The head's reduced vocabulary for --head (0 = the whole vocabulary).
+    #[arg(long, default_value_t = 8192)]
+    draft_vocab: usize,
 }
 
 pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
@@ -114,6 +121,15 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
     }
     if args.ops > 1 {
         print_breakdown(model, &mut cache, slot, depth, args.ops, args.repeats, &ids)?;
+    }
+    if let (Some(dir), Some((_, one))) = (&args.head, base) {
+        let step = time_head_step(model, dir, args.draft_vocab, depth, args.repeats)?;
+        println!();
+        println!(
+            "draft head step (1 token, depth {depth}): {step:.3} ms, {:.0}% of a 1-token target \
+             forward",
+            step / one * 100.0
+        );
     }
     if let Some((k0, ms)) = base {
         // Every forward streams the weights once and the cache once.
@@ -259,4 +275,60 @@ fn print_breakdown(
         best * 1e3 / wide as f64
     );
     Ok(())
+}
+
+/// The median time of one draft step of the head in `dir` (`default`: the default model's)
+/// after `depth` positions, in ms: one position in, its draft logits out.
+fn time_head_step(
+    model: &Llama,
+    dir: &str,
+    draft_vocab: usize,
+    depth: usize,
+    repeats: usize,
+) -> Result<f64, CliError> {
+    let dir = match dir {
+        "default" => tandem::model::head::default_head_dir(),
+        d => std::path::PathBuf::from(d),
+    };
+    let tensors = tandem::model::head::load_head(&dir)?;
+    let head = tandem::model::head::DraftHead::new(
+        tensors,
+        model,
+        tandem::model::WeightsDtype::Auto,
+        draft_vocab,
+    )?;
+    let mut cache = head.new_cache(1);
+    let slot = cache.allocate().ok_or(CliError::NoCacheSlot)?;
+    let h = head.hidden_size();
+    let vocab = model.hparams().vocab_size as u32;
+    let tokens: Vec<u32> = (0..depth.max(1) as u32)
+        .map(|i| (i * 7919) % vocab)
+        .collect();
+    let input = |start_pos, tokens| SeqInput {
+        slot,
+        start_pos,
+        tokens,
+        logits: LogitsRows::Last,
+        parents: &[],
+    };
+    head.forward(
+        model,
+        &mut cache,
+        &[input(0, &tokens)],
+        &vec![0.1; tokens.len() * h],
+    )?;
+    let base = cache.len(slot)?;
+    let feature = vec![0.1f32; h];
+    let mut times = Vec::with_capacity(repeats);
+    for r in 0..repeats + 1 {
+        let t = std::time::Instant::now();
+        head.forward(model, &mut cache, &[input(base, &tokens[..1])], &feature)?;
+        let dt = t.elapsed().as_secs_f64() * 1e3;
+        cache.truncate_to(slot, base)?;
+        if r > 0 {
+            times.push(dt);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }

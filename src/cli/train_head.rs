@@ -62,7 +62,8 @@ pub struct TrainHeadArgs {
     /// Every N-th answer is held out for the evaluation each epoch ends with (0 = none).
     #[arg(long, default_value_t = 20)]
     holdout: usize,
-    /// Positions of an answer trained on (prompt included); longer ones are cut.
+    /// Positions of an answer trained on: a longer text (prompt and answer) is trained on its
+    /// last ones, at their own positions.
     #[arg(long, default_value_t = 640)]
     max_positions: usize,
     /// Seed of the initial weights, the noise, the order and the sampled answers.

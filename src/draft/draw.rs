@@ -106,3 +106,71 @@ pub(super) fn draw_draft(
     }
     Ok(Some(token))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::draft::Proposal;
+    use crate::sampling::{DraftGate, SamplingParams, SeededRng};
+
+    /// A reduced draft vocabulary: only its tokens are drafted, and `q` is 0 everywhere else,
+    /// even where the whole vocabulary's best token lies outside it.
+    #[test]
+    fn a_draft_vocabulary_confines_the_draws_and_q() {
+        let ids = [3u32, 5];
+        let row = [0.5f32, 2.0];
+        for params in [
+            SamplingParams::greedy(),
+            SamplingParams {
+                temperature: 1.0,
+                ..Default::default()
+            },
+        ] {
+            let mut rng = SeededRng::new(9);
+            let mut out = Proposal {
+                vocab: 8,
+                ..Proposal::default()
+            };
+            let mut scratch = DrawScratch::default();
+            let history = [0u32, 7];
+            for step in 0..20 {
+                let mut job = DraftJob {
+                    seq: 1,
+                    context: &history,
+                    generated_from: 2,
+                    gamma: 20,
+                    params: &params,
+                    rng: &mut rng,
+                    out: &mut out,
+                    gate: DraftGate::OFF,
+                    min_tokens: 0,
+                    confidence: false,
+                    tree_nodes: 0,
+                    grammar: None,
+                    result: Ok(()),
+                };
+                let lane = DrawLane {
+                    step,
+                    gate: &mut GateRound::default(),
+                    siblings: &mut Siblings::new(),
+                    history: &history,
+                };
+                let t = draw_draft(&row, Some(&ids), &mut job, lane, &mut scratch)
+                    .unwrap()
+                    .unwrap();
+                assert!(ids.contains(&t), "drafted {t}");
+                if params.is_greedy() {
+                    assert_eq!(t, 5);
+                }
+            }
+            for q in out.dists.chunks(8) {
+                let outside: f32 = (0..8)
+                    .filter(|i| !ids.contains(&(*i as u32)))
+                    .map(|i| q[i])
+                    .sum();
+                assert_eq!(outside, 0.0, "{q:?}");
+                assert!((q[3] + q[5] - 1.0).abs() < 1e-6, "{q:?}");
+            }
+        }
+    }
+}

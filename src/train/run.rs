@@ -93,11 +93,16 @@ pub fn train_head(
     state.seed = opts.settings.seed;
     let mut cache = target.new_cache(1);
     let mut samples = Vec::with_capacity(answers.len());
+    let h = hp.hidden_size;
     for (i, a) in answers.iter().enumerate() {
-        let tokens = &a.tokens[..a.tokens.len().min(opts.settings.max_positions)];
+        // The features over the whole text; a long one is trained on its last positions.
+        let len = a.tokens.len().min(target.context_len());
+        let start = len.saturating_sub(opts.settings.max_positions);
+        let all = features(target, &mut cache, &a.tokens[..len])?;
         samples.push(TrainSample {
-            tokens: tokens.to_vec(),
-            features: features(target, &mut cache, tokens)?,
+            start,
+            tokens: a.tokens[start..len].to_vec(),
+            features: all[start * h..].to_vec(),
         });
         progress(i + 1, answers.len(), "target features");
     }

@@ -52,21 +52,7 @@ pub fn load_head(dir: &Path) -> Result<HeadTensors> {
             )));
         }
     }
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| ModelError::Unreadable {
-            path: dir.to_owned(),
-            reason: e.to_string(),
-        })?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(ModelError::Unreadable {
-            path: dir.to_owned(),
-            reason: "no *.safetensors file in the head folder".into(),
-        });
-    }
+    let files = crate::model::load::weights::safetensors_files(dir)?;
     let mut all: HashMap<String, Tensor> = HashMap::new();
     for f in &files {
         let tensors = candle_core::safetensors::load(f, &Device::Cpu).map_err(|e| {

@@ -17,9 +17,11 @@ use crate::model::llama::rope::angle_tables;
 use crate::model::load::hparams::LlamaHparams;
 use crate::model::{Llama, ModelError, Result};
 
-/// One training sequence: tokens the target read or wrote and the target's feature (last
-/// hidden state after the final norm) at each of them, `tokens × hidden`.
+/// One training sequence: tokens the target read or wrote, from position `start` of their
+/// text on, and the target's feature (last hidden state after the final norm, computed over
+/// the whole text) at each of them, `tokens × hidden`.
 pub struct TrainSample {
+    pub start: usize,
     pub tokens: Vec<u32>,
     pub features: Vec<f32>,
 }
@@ -34,7 +36,8 @@ pub struct TrainSettings {
     pub token_weight: f64,
     /// Uniform noise of this width added to the input features (EAGLE: 0.2).
     pub noise: f32,
-    /// Positions of a sequence trained on (longer ones are cut).
+    /// Positions of a sequence trained on: a longer one is trained on its last ones (its
+    /// answer and what precedes it), at their own positions.
     pub max_positions: usize,
     pub seed: u64,
 }
@@ -186,7 +189,7 @@ impl HeadTrainer {
             ..Default::default()
         };
         let opt = AdamW::new(vars.all(), params)?;
-        let (half, cos, sin) = angle_tables(&hp, settings.max_positions.max(2));
+        let (half, cos, sin) = angle_tables(&hp, target.context_len().max(2));
         let n = cos.len() / half;
         Ok(Self {
             cos: Tensor::from_vec(cos, (n, half), &Device::Cpu)?,
@@ -264,7 +267,7 @@ impl HeadTrainer {
             input = (input + Tensor::from_vec(noise, (n, h), &Device::Cpu)?)?;
         }
         let embeds = target.embed(&sample.tokens[1..len])?;
-        let out = self.forward(&embeds, &input)?;
+        let out = self.forward(&embeds, &input, sample.start)?;
         let want = feats.narrow(0, 1, n)?;
         let feature = (&out - &want)?.sqr()?.mean_all()?;
         // The target's distribution at t + 1 over the draft vocabulary, and the head's.
@@ -293,8 +296,8 @@ impl HeadTrainer {
     }
 
     /// The head over a whole sequence: `embeds` and `features` are `(n, hidden)`, row `t` the
-    /// token after position `t` and the feature at `t`; causal attention over the rows.
-    fn forward(&self, embeds: &Tensor, features: &Tensor) -> Result<Tensor> {
+    /// token after position `start + t` and the feature there; causal attention over the rows.
+    fn forward(&self, embeds: &Tensor, features: &Tensor, start: usize) -> Result<Tensor> {
         let hp = &self.hp;
         let v = &self.vars;
         let (n, _) = embeds.dims2()?;
@@ -306,8 +309,8 @@ impl HeadTrainer {
         let heads = |t: Tensor, count: usize| -> Result<Tensor> {
             Ok(t.reshape((n, count, hd))?.transpose(0, 1)?.contiguous()?)
         };
-        let q = self.rotate(&heads(x.matmul(&v.q.t()?)?, nh)?)?;
-        let k = self.rotate(&heads(x.matmul(&v.k.t()?)?, nkv)?)?;
+        let q = self.rotate(&heads(x.matmul(&v.q.t()?)?, nh)?, start)?;
+        let k = self.rotate(&heads(x.matmul(&v.k.t()?)?, nkv)?, start)?;
         let val = heads(x.matmul(&v.v.t()?)?, nkv)?;
         // Grouped-query attention: each key/value head serves nh / nkv query heads.
         let group = nh / nkv;
@@ -348,12 +351,12 @@ impl HeadTrainer {
         Ok((x + act.matmul(&v.down.t()?)?)?)
     }
 
-    /// Half-split rotary embedding of `(heads, n, head_dim)` at positions 0..n.
-    fn rotate(&self, x: &Tensor) -> Result<Tensor> {
+    /// Half-split rotary embedding of `(heads, n, head_dim)` at positions `start..start + n`.
+    fn rotate(&self, x: &Tensor, start: usize) -> Result<Tensor> {
         let (_, n, hd) = x.dims3()?;
         let half = hd / 2;
-        let cos = self.cos.narrow(0, 0, n)?;
-        let sin = self.sin.narrow(0, 0, n)?;
+        let cos = self.cos.narrow(0, start, n)?;
+        let sin = self.sin.narrow(0, start, n)?;
         let (a, b) = (x.narrow(2, 0, half)?, x.narrow(2, half, half)?);
         let lo = (a.broadcast_mul(&cos)? - b.broadcast_mul(&sin)?)?;
         let hi = (a.broadcast_mul(&sin)? + b.broadcast_mul(&cos)?)?;

@@ -79,6 +79,26 @@ pub struct WeightReader {
     device: Device,
 }
 
+/// The `*.safetensors` files of a folder, sorted; none is an error naming the folder.
+pub(crate) fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| ModelError::Unreadable {
+            path: dir.to_owned(),
+            reason: e.to_string(),
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(ModelError::Unreadable {
+            path: dir.to_owned(),
+            reason: "no *.safetensors files in the folder".into(),
+        });
+    }
+    Ok(files)
+}
+
 impl WeightReader {
     pub fn gguf(content: gguf_file::Content, path: &Path, device: &Device) -> Result<Self> {
         let file = File::open(path).map_err(|e| ModelError::Unreadable {
@@ -97,21 +117,7 @@ impl WeightReader {
 
     /// All `*.safetensors` files of a folder (sharded checkpoints included).
     pub fn safetensors_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| ModelError::Unreadable {
-                path: dir.to_owned(),
-                reason: e.to_string(),
-            })?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            return Err(ModelError::Unreadable {
-                path: dir.to_owned(),
-                reason: "no *.safetensors files in the folder".into(),
-            });
-        }
+        let files = safetensors_files(dir)?;
         // SAFETY: the files are memory-mapped read-only; tandem never writes model files.
         let st =
             unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| ModelError::Unreadable {
