@@ -66,7 +66,7 @@ enum Command {
     Bench(Box<bench::BenchArgs>),
     /// Time forwards of k new tokens against a cache of a given depth (the cost a speculative
     /// verification pays), reported against a 1-token forward.
-    ForwardBench(forward_bench::ForwardBenchArgs),
+    ForwardBench(Box<forward_bench::ForwardBenchArgs>),
     /// Train a draft head (EAGLE) for the model on this CPU from its own answers to a prompt
     /// file; `--draft-model head:FOLDER` then drafts with it.
     TrainHead(Box<train_head::TrainHeadArgs>),
@@ -164,7 +164,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::ForwardBench(args) => {
             args.model.apply(&mut config)?;
-            forward_bench::run(&config, args)
+            forward_bench::run(&config, *args)
         }
         Command::TrainHead(args) => {
             args.model.apply(&mut config)?;
