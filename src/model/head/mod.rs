@@ -49,16 +49,17 @@ pub struct HeadTensors {
     pub token_rank: Vec<u32>,
 }
 
-/// The folder of the default model's shipped head: where `scripts/fetch-default-model` puts
-/// it (beside the default model), else the source tree's copy this binary was built from.
+/// The folder of the default model's shipped head: the source tree's copy this binary was
+/// built from when it is there (it matches the build), else where `scripts/fetch-default-model`
+/// puts it beside the default model (a binary run elsewhere: a container, a portable build).
 pub fn default_head_dir() -> std::path::PathBuf {
-    let installed = crate::model::load::loader::cache_dir()
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("heads")
         .join(DEFAULT_HEAD);
-    if installed.join("config.json").exists() {
-        return installed;
+    if source.join("config.json").exists() {
+        return source;
     }
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+    crate::model::load::loader::cache_dir()
         .join("heads")
         .join(DEFAULT_HEAD)
 }
@@ -111,8 +112,9 @@ impl HeadStep {
 
 impl DraftHead {
     /// Builds the head for `target`, its matmuls in `dtype`, with a reduced draft vocabulary of
-    /// the `draft_vocab` most frequent tokens (0, or more than the ranking holds: the full
-    /// vocabulary). The target's shape must match the head's tensors.
+    /// the `draft_vocab` most frequent tokens (all the ranking holds when it holds fewer; 0, or
+    /// a head with no ranking: the full vocabulary). The target's shape must match the head's
+    /// tensors.
     pub fn new(
         tensors: HeadTensors,
         target: &Llama,
@@ -137,8 +139,9 @@ impl DraftHead {
             gate_up: linear(vec![&tensors.gate, &tensors.up])?,
             down: linear(vec![&tensors.down])?,
         };
-        let vocab = if draft_vocab > 0 && draft_vocab < tensors.token_rank.len() {
-            let ids = tensors.token_rank[..draft_vocab].to_vec();
+        let ranked = tensors.token_rank.len();
+        let vocab = if draft_vocab > 0 && ranked > 0 && ranked < hp.vocab_size {
+            let ids = tensors.token_rank[..draft_vocab.min(ranked)].to_vec();
             let rows = target.output_rows(&ids)?;
             let head = Linear::convert(
                 RawWeight::Dense(rows),

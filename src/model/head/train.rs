@@ -177,8 +177,9 @@ impl HeadTrainer {
             up: var(&init.up)?,
             down: var(&init.down)?,
         };
-        let vocab_rows = if draft_vocab > 0 && draft_vocab < init.token_rank.len() {
-            target.output_rows(&init.token_rank[..draft_vocab])?
+        let ranked = init.token_rank.len();
+        let vocab_rows = if draft_vocab > 0 && ranked > 0 && ranked < hp.vocab_size {
+            target.output_rows(&init.token_rank[..draft_vocab.min(ranked)])?
         } else {
             let all: Vec<u32> = (0..hp.vocab_size as u32).collect();
             target.output_rows(&all)?
