@@ -34,7 +34,6 @@ struct HeadSeq {
 pub struct HeadDrafter {
     head: Arc<DraftHead>,
     target: Arc<Llama>,
-    name: String,
     cache: KvCache,
     seqs: HashMap<u64, HeadSeq>,
     scratch: DrawScratch,
@@ -54,25 +53,15 @@ struct Lane {
 
 impl HeadDrafter {
     /// A drafter for up to `slots` sequences at once.
-    pub fn new(
-        head: Arc<DraftHead>,
-        target: Arc<Llama>,
-        name: impl Into<String>,
-        slots: usize,
-    ) -> Self {
+    pub fn new(head: Arc<DraftHead>, target: Arc<Llama>, slots: usize) -> Self {
         let cache = head.new_cache(slots.max(1));
         Self {
             head,
             target,
-            name: name.into(),
             cache,
             seqs: HashMap::new(),
             scratch: DrawScratch::default(),
         }
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
     }
 
     pub fn target(&self) -> &Arc<Llama> {
@@ -80,8 +69,8 @@ impl HeadDrafter {
     }
 
     /// A drafter with the same head and target and one empty slot (to time drafting).
-    pub fn fresh(&self, name: &str) -> Self {
-        Self::new(Arc::clone(&self.head), Arc::clone(&self.target), name, 1)
+    pub fn fresh(&self) -> Self {
+        Self::new(Arc::clone(&self.head), Arc::clone(&self.target), 1)
     }
 
     /// The target's features for `seq` at positions `from..` (rows of the head's hidden size),

@@ -74,8 +74,8 @@ impl Drafter {
             DraftSource::Model { model, name } => DraftWorkerState::Model(
                 ModelDrafter::with_slots(model, name, max_seqs).with_prefix_cache(prefix_cache),
             ),
-            DraftSource::Head { head, name } => {
-                DraftWorkerState::Head(HeadDrafter::new(head, target, name, max_seqs))
+            DraftSource::Head { head, .. } => {
+                DraftWorkerState::Head(HeadDrafter::new(head, target, max_seqs))
             }
             DraftSource::PromptLookup(p) => {
                 let (lo, hi) = p.ngrams();
@@ -367,7 +367,7 @@ fn measure_draft_costs(
             }
         }
         DraftWorkerState::Head(drafter) => {
-            let mut d = drafter.fresh("calibration");
+            let mut d = drafter.fresh();
             for _ in 0..tries {
                 // From an empty cache (the catch-up), then from a filled one (the steps).
                 d.end(0);

@@ -165,10 +165,6 @@ impl DraftHead {
         })
     }
 
-    pub fn tensors(&self) -> &HeadTensors {
-        &self.tensors
-    }
-
     pub fn hidden_size(&self) -> usize {
         self.hp.hidden_size
     }

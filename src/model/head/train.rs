@@ -110,7 +110,6 @@ pub struct HeadTrainer {
     sin: Tensor,
     settings: TrainSettings,
     noise_state: u64,
-    steps: u64,
 }
 
 /// A fresh head for `target`: every matrix uniform in ±1/√in (PyTorch's default, as EAGLE
@@ -202,12 +201,7 @@ impl HeadTrainer {
             vocab_rows,
             token_rank: init.token_rank,
             settings,
-            steps: 0,
         })
-    }
-
-    pub fn steps(&self) -> u64 {
-        self.steps
     }
 
     /// The head as it stands, to save or to draft with.
@@ -233,7 +227,6 @@ impl HeadTrainer {
     pub fn step(&mut self, target: &Llama, sample: &TrainSample) -> Result<Losses> {
         let (loss, losses) = self.losses(target, sample, true)?;
         self.opt.backward_step(&loss)?;
-        self.steps += 1;
         Ok(losses)
     }
 
