@@ -18,7 +18,7 @@ use tandem::model::head::train::{random_head, TrainSettings};
 use tandem::model::head::{load_head, save_head, DraftHead, HeadTensors};
 use tandem::model::{Llama, WeightsDtype};
 use tandem::sampling::SamplingParams;
-use tandem::train::{answer_prompts, train_head, TrainOptions};
+use tandem::train::{answer_jobs, answer_prompts, train_head, TrainOptions};
 
 /// The tiny target (its folder kept alive with it).
 fn target() -> &'static (tempfile::TempDir, Arc<Llama>) {
@@ -62,9 +62,9 @@ fn trained() -> &'static (HeadTensors, Vec<tandem::train::EpochPoint>) {
         let answers = rt()
             .block_on(answer_prompts(
                 Arc::clone(target),
-                &prompts(48, 1000),
+                &answer_jobs(&prompts(48, 1000), 1, 5),
                 (40, &[]),
-                (1, 0.8, 5),
+                0.8,
                 (8, 2),
                 &mut |_, _| {},
             ))
@@ -367,6 +367,107 @@ fn training_lowers_the_loss_and_raises_acceptance() {
         after > before + 0.15,
         "training raised acceptance: {before:.3} -> {after:.3}"
     );
+}
+
+/// Training runs the head as drafting does: the trainer's first step over a sequence is the
+/// drafter's forward over its standing positions, and its second step (the head fed its own
+/// first step's state, EAGLE-3's training-time test) is the drafter's next chain step from
+/// each of them.
+#[test]
+fn training_steps_are_the_drafters_steps() {
+    use tandem::model::head::train::{HeadTrainer, TrainSample};
+    use tandem::model::{KvCache, LogitsRows, SeqInput};
+    let (_, target) = target();
+    let h = target.hparams().hidden_size;
+    let tokens = common::random_tokens(21, 14, 256);
+    let features: Vec<f32> = (0..tokens.len() * h)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 1.5)
+        .collect();
+    let head = untrained();
+    let trainer = HeadTrainer::new(head.clone(), target, 0, TrainSettings::default()).unwrap();
+    let sample = TrainSample {
+        start: 0,
+        tokens: tokens.clone(),
+        features: features.clone(),
+    };
+    let (first, second) = trainer.drafting_states(target, &sample).unwrap();
+    let n = tokens.len() - 1;
+    assert_eq!((first.len(), second.len()), (n * h, (n - 1) * h));
+    let drafter = DraftHead::new(head, target, WeightsDtype::F32, 0).unwrap();
+    let close = |a: &[f32], b: &[f32], what: String| {
+        assert_eq!(a.len(), b.len());
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-3, "{what} differs by {worst}");
+    };
+    let run = |cache: &mut KvCache, at: usize, toks: &[u32], feats: &[f32]| {
+        let input = SeqInput {
+            slot: 0,
+            start_pos: at,
+            tokens: toks,
+            logits: LogitsRows::None,
+            parents: &[],
+        };
+        drafter
+            .forward(target, cache, &[input], feats)
+            .unwrap()
+            .hidden
+    };
+    let mut cache = drafter.new_cache(1);
+    cache.allocate_slot(0).unwrap();
+    let standing = run(&mut cache, 0, &tokens[1..], &features[..n * h]);
+    close(&standing, &first, "the first step".into());
+    for r in 0..n - 1 {
+        // The standing positions 0..=r, then the chain's second step after them.
+        cache.truncate_to(0, 0).unwrap();
+        run(&mut cache, 0, &tokens[1..r + 2], &features[..(r + 1) * h]);
+        let next = run(
+            &mut cache,
+            r + 1,
+            &tokens[r + 2..r + 3],
+            &first[r * h..(r + 1) * h],
+        );
+        close(
+            &next,
+            &second[r * h..(r + 1) * h],
+            format!("the second step from {r}"),
+        );
+    }
+}
+
+/// Training's features reuse the part a text shares with the one before it: each text's come
+/// out as one forward over it alone gives them.
+#[test]
+fn features_of_texts_sharing_a_prefix_are_each_texts_own() {
+    use tandem::model::{LogitsRows, SeqInput};
+    use tandem::train::FeatureRunner;
+    let (_, target) = target();
+    let base = common::random_tokens(31, 20, 256);
+    let texts = [
+        base.clone(),
+        [&base[..12], &common::random_tokens(32, 9, 256)[..]].concat(),
+        base[..12].to_vec(),
+        base[..12].to_vec(),
+        common::random_tokens(33, 7, 256),
+    ];
+    let mut runner = FeatureRunner::new(target).unwrap();
+    for (i, text) in texts.iter().enumerate() {
+        let shared = runner.features(text).unwrap().to_vec();
+        let mut cache = target.new_cache(1);
+        cache.allocate_slot(0).unwrap();
+        let input = SeqInput {
+            slot: 0,
+            start_pos: 0,
+            tokens: text,
+            logits: LogitsRows::None,
+            parents: &[],
+        };
+        let (_, alone) = target.forward_with_features(&mut cache, &[input]).unwrap();
+        assert_eq!(shared, alone.seq(0), "text {i}");
+    }
 }
 
 /// The verification's features are the rows the output head reads: projected by it they give

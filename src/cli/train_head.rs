@@ -14,7 +14,7 @@ use tandem::bench::progress::ProgressBar;
 use tandem::config::Config;
 use tandem::model::head::train::TrainSettings;
 use tandem::model::ChatMessage;
-use tandem::train::{answer_prompts, train_head, Answer, TrainOptions};
+use tandem::train::{answer_jobs, answer_prompts, train_head, Answer, AnswerJob, TrainOptions};
 
 use super::model_args::{load_model, ModelArgs};
 use super::CliError;
@@ -44,15 +44,36 @@ pub struct TrainHeadArgs {
     /// Sampled answers per prompt besides the greedy one.
     #[arg(long, default_value_t = 1)]
     sampled: usize,
+    /// Turns of each question answered: 1, or 2 (the second turn asked after the target's own
+    /// answer to the first, once for each first answer, greedy after greedy, sampled after
+    /// sampled).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    turns: u8,
     /// Temperature of the sampled answers.
     #[arg(long, default_value_t = 0.8)]
     temperature: f32,
     /// Passes over the answers.
     #[arg(long, default_value_t = 4)]
     epochs: usize,
-    /// AdamW learning rate.
+    /// AdamW's peak learning rate (reached after --warmup-steps, decayed along a cosine to a
+    /// tenth by the last epoch's end).
     #[arg(long, default_value_t = 1e-3)]
     learning_rate: f64,
+    /// Steps of a run's linear warm-up to the learning rate (a resumed run warms up again).
+    #[arg(long, default_value_t = 200)]
+    warmup_steps: usize,
+    /// Gradients longer than this global norm are scaled down to it (0 = no clipping).
+    #[arg(long, default_value_t = 0.5)]
+    clip_norm: f64,
+    /// Weight of the token loss (cross-entropy against the target's distribution) beside the
+    /// feature regression's 1.
+    #[arg(long, default_value_t = 0.1)]
+    token_weight: f64,
+    /// Weight of the losses one drafting step further, the head fed its own first step's
+    /// feature (EAGLE-3's training-time test; 0 = not trained, a step costs about half as
+    /// much again when trained).
+    #[arg(long, default_value_t = 0.0)]
+    second_step_weight: f64,
     /// Tokens of the draft vocabulary the token loss covers (0 = the whole vocabulary).
     #[arg(long, default_value_t = 8192)]
     draft_vocab: usize,
@@ -87,26 +108,60 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
             if args.limit > 0 {
                 prompts.truncate(args.limit);
             }
-            let mut tokens = Vec::with_capacity(prompts.len());
+            let mut firsts = Vec::with_capacity(prompts.len());
             for p in &prompts {
                 let Some(first) = p.turns.first() else {
                     continue;
                 };
-                let rendered = template.render(&[ChatMessage::new("user", first.clone())], true)?;
-                tokens.push(tok.encode(&rendered, true)?);
+                let conversation = vec![ChatMessage::new("user", first.clone())];
+                let rendered = template.render(&conversation, true)?;
+                firsts.push((
+                    conversation,
+                    p.turns.get(1).cloned(),
+                    tok.encode(&rendered, true)?,
+                ));
             }
-            let mut bar = ProgressBar::default();
             let threads = tandem::runtime::init_threads(config.runtime.threads);
-            let answers = super::async_runtime()?
-                .block_on(answer_prompts(
+            let rt = super::async_runtime()?;
+            let ask = |jobs: &[AnswerJob], what: &str| {
+                let mut bar = ProgressBar::default();
+                rt.block_on(answer_prompts(
                     Arc::clone(&target),
-                    &tokens,
+                    jobs,
                     (args.max_tokens, tok.eos_ids()),
-                    (args.sampled, args.temperature, args.seed),
+                    args.temperature,
                     (8, threads),
-                    &mut |done, total| bar.update(done, total, "target answers"),
+                    &mut |done, total| bar.update(done, total, what),
                 ))
-                .map_err(|e| flag("--prompts", e.to_string()))?;
+                .map_err(|e| flag("--prompts", e.to_string()))
+            };
+            let prompt_tokens: Vec<Vec<u32>> = firsts.iter().map(|f| f.2.clone()).collect();
+            let jobs = answer_jobs(&prompt_tokens, args.sampled, args.seed);
+            let mut answers = ask(&jobs, "target answers")?;
+            if args.turns == 2 {
+                // Each first answer, in its conversation, before the question's second turn.
+                let per = 1 + args.sampled;
+                let mut seconds = Vec::new();
+                for (n, (job, answer)) in jobs.iter().zip(&answers).enumerate() {
+                    let (conversation, Some(second), _) = &firsts[n / per] else {
+                        continue;
+                    };
+                    let written: Vec<u32> = answer.tokens[answer.answer_from..]
+                        .iter()
+                        .copied()
+                        .filter(|t| !tok.eos_ids().contains(t))
+                        .collect();
+                    let mut turns = conversation.clone();
+                    turns.push(ChatMessage::new("assistant", tok.decode(&written)?));
+                    turns.push(ChatMessage::new("user", second.clone()));
+                    let rendered = template.render(&turns, true)?;
+                    seconds.push(AnswerJob {
+                        prompt: tok.encode(&rendered, true)?,
+                        seed: job.seed.map(|s| s ^ 0x5eed_0002),
+                    });
+                }
+                answers.extend(ask(&seconds, "second turns")?);
+            }
             std::fs::create_dir_all(&args.out).map_err(|e| CliError::WriteFile {
                 path: args.out.clone(),
                 source: e,
@@ -127,6 +182,10 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
         holdout: args.holdout,
         settings: TrainSettings {
             learning_rate: args.learning_rate,
+            warmup_steps: args.warmup_steps,
+            clip_norm: args.clip_norm,
+            token_weight: args.token_weight,
+            second_step_weight: args.second_step_weight,
             max_positions: args.max_positions,
             seed: args.seed,
             ..TrainSettings::default()
@@ -144,17 +203,20 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
         bar.update(done, total, what)
     })
     .map_err(|e| flag("--out", e.to_string()))?;
-    println!("| epoch | train loss | held-out loss | feature | token | top-1 agrees | seconds |");
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| epoch | train loss | held-out loss | feature | token | top-1 agrees | second step | seconds |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for p in &report.curve {
         println!(
-            "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.1}% | {:.0} |",
+            "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.1}% | {:.1}% | {:.0} |",
             p.epoch,
             p.train_loss,
             p.eval_loss,
             p.eval_feature,
             p.eval_token,
             100.0 * p.eval_top1,
+            100.0 * p.eval_top1_second,
             p.seconds
         );
     }

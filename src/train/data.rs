@@ -8,6 +8,7 @@ use super::TrainError;
 use std::sync::Arc;
 
 use crate::engine::{Engine, EngineConfig, EngineRequest, GenerationRequest, RequestSpeculation};
+use crate::model::cache::prefix_index::common_prefix;
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::SamplingParams;
 
@@ -21,19 +22,41 @@ pub struct Answer {
     pub sampled: bool,
 }
 
-/// The target's answers to every prompt: one greedy and `sampled` sampled at `temperature`,
-/// each up to `max_tokens`, sampled ones seeded by `seed` and their place. They are decoded by
-/// the engine, `concurrency` at a time (a sequence's tokens do not depend on its batch);
-/// `progress(done, total)` as they finish, in order.
+/// One answer to ask the target for: a rendered prompt, greedy (`seed: None`) or sampled with
+/// this seed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AnswerJob {
+    pub prompt: Vec<u32>,
+    pub seed: Option<u64>,
+}
+
+/// One greedy and `sampled` sampled answers to each prompt, the sampled ones seeded by `seed`
+/// and their place.
+pub fn answer_jobs(prompts: &[Vec<u32>], sampled: usize, seed: u64) -> Vec<AnswerJob> {
+    let mut jobs = Vec::with_capacity(prompts.len() * (1 + sampled));
+    for (i, prompt) in prompts.iter().enumerate() {
+        for j in 0..=sampled {
+            jobs.push(AnswerJob {
+                prompt: prompt.clone(),
+                seed: (j > 0).then(|| seed.wrapping_add((i * 1000 + j) as u64)),
+            });
+        }
+    }
+    jobs
+}
+
+/// The target's answers to `jobs`, in their order, each up to `max_tokens`, sampled ones at
+/// `temperature`. They are decoded by the engine, `concurrency` at a time (a sequence's
+/// tokens do not depend on its batch); `progress(done, total)` as they finish, in order.
 pub async fn answer_prompts(
     target: Arc<Llama>,
-    prompts: &[Vec<u32>],
+    jobs: &[AnswerJob],
     (max_tokens, eos_ids): (usize, &[u32]),
-    (sampled, temperature, seed): (usize, f32, u64),
+    temperature: f32,
     (concurrency, threads): (usize, usize),
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Vec<Answer>, TrainError> {
-    let total = prompts.len() * (1 + sampled);
+    let total = jobs.len();
     let cfg = EngineConfig {
         max_seqs: concurrency.max(1),
         max_queue: total.max(1),
@@ -43,43 +66,40 @@ pub async fn answer_prompts(
     };
     let engine = Engine::start(target, None, cfg).await?;
     let mut pending = Vec::with_capacity(total);
-    for (i, prompt) in prompts.iter().enumerate() {
-        for j in 0..=sampled {
-            let sampling = if j == 0 {
-                SamplingParams::greedy()
-            } else {
-                SamplingParams {
-                    temperature,
-                    seed: Some(seed.wrapping_add((i * 1000 + j) as u64)),
-                    ..Default::default()
-                }
-            };
-            let request = EngineRequest {
-                generation: GenerationRequest {
-                    prompt: prompt.clone(),
-                    max_tokens,
-                    sampling,
-                    eos_ids: eos_ids.to_vec(),
-                    ..Default::default()
-                },
-                speculation: RequestSpeculation::default(),
-                logprobs: None,
-                prompt_logprobs: None,
-                constraint: None,
-            };
-            let stream = engine.submit(request).await?;
-            pending.push((i, j > 0, tokio::spawn(stream.collect())));
-        }
+    for job in jobs {
+        let sampling = match job.seed {
+            None => SamplingParams::greedy(),
+            Some(seed) => SamplingParams {
+                temperature,
+                seed: Some(seed),
+                ..Default::default()
+            },
+        };
+        let request = EngineRequest {
+            generation: GenerationRequest {
+                prompt: job.prompt.clone(),
+                max_tokens,
+                sampling,
+                eos_ids: eos_ids.to_vec(),
+                ..Default::default()
+            },
+            speculation: RequestSpeculation::default(),
+            logprobs: None,
+            prompt_logprobs: None,
+            constraint: None,
+        };
+        let stream = engine.submit(request).await?;
+        pending.push(tokio::spawn(stream.collect()));
     }
     let mut answers = Vec::with_capacity(total);
-    for (i, was_sampled, done) in pending {
+    for (job, done) in jobs.iter().zip(pending) {
         let out = done
             .await
             .map_err(|e| TrainError::Options(format!("an answer's task failed: {e}")))??;
         answers.push(Answer {
-            tokens: [prompts[i].as_slice(), &out.tokens].concat(),
-            answer_from: prompts[i].len(),
-            sampled: was_sampled,
+            tokens: [job.prompt.as_slice(), &out.tokens].concat(),
+            answer_from: job.prompt.len(),
+            sampled: job.seed.is_some(),
         });
         progress(answers.len(), total);
     }
@@ -104,27 +124,50 @@ pub fn token_rank(answers: &[Answer], vocab: usize) -> Vec<u32> {
     seen
 }
 
-/// The target's features (last hidden state after the final norm) at every token of
-/// `tokens`, `tokens × hidden`, from one forward in a fresh slot of `cache`.
-pub fn features(
-    target: &Llama,
-    cache: &mut KvCache,
-    tokens: &[u32],
-) -> Result<Vec<f32>, TrainError> {
-    if cache.is_allocated(0) {
-        cache.free(0)?;
+/// The target's features (last hidden state after the final norm) along texts: each text's
+/// are computed after the last one's, reusing the positions it shares with it from the start
+/// (a question's answers share its prompt; a second turn, its first), so `texts` in sorted
+/// order costs each shared prefix once.
+pub struct FeatureRunner<'a> {
+    target: &'a Llama,
+    cache: KvCache,
+    last: Vec<u32>,
+    last_features: Vec<f32>,
+}
+
+impl<'a> FeatureRunner<'a> {
+    pub fn new(target: &'a Llama) -> Result<Self, TrainError> {
+        let mut cache = target.new_cache(1);
+        cache.allocate_slot(0)?;
+        Ok(Self {
+            target,
+            cache,
+            last: Vec::new(),
+            last_features: Vec::new(),
+        })
     }
-    cache.allocate_slot(0)?;
-    let (_, f) = target.forward_with_features(
-        cache,
-        &[SeqInput {
-            slot: 0,
-            start_pos: 0,
-            tokens,
-            logits: LogitsRows::None,
-            parents: &[],
-        }],
-    )?;
-    cache.free(0)?;
-    Ok(f.seq(0).to_vec())
+
+    /// The features at every token of `tokens`, `tokens × hidden`.
+    pub fn features(&mut self, tokens: &[u32]) -> Result<&[f32], TrainError> {
+        let h = self.target.hparams().hidden_size;
+        // At least the last token is run again, so that a text that is a prefix of the last
+        // one still comes out of one forward of its own.
+        let shared = common_prefix(&self.last, tokens).min(tokens.len().saturating_sub(1));
+        self.cache.truncate_to(0, shared)?;
+        let (_, f) = self.target.forward_with_features(
+            &mut self.cache,
+            &[SeqInput {
+                slot: 0,
+                start_pos: shared,
+                tokens: &tokens[shared..],
+                logits: LogitsRows::None,
+                parents: &[],
+            }],
+        )?;
+        self.last_features.truncate(shared * h);
+        self.last_features.extend_from_slice(f.seq(0));
+        self.last.clear();
+        self.last.extend_from_slice(tokens);
+        Ok(&self.last_features)
+    }
 }

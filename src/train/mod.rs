@@ -10,6 +10,6 @@ mod data;
 mod error;
 mod run;
 
-pub use data::{answer_prompts, token_rank, Answer};
+pub use data::{answer_jobs, answer_prompts, token_rank, Answer, AnswerJob, FeatureRunner};
 pub use error::TrainError;
 pub use run::{train_head, EpochPoint, TrainOptions, TrainReport};

@@ -1,14 +1,15 @@
-//! The training run: features for every answer, then epochs of AdamW steps in a seeded order,
-//! each ending with a held-out evaluation, a checkpoint (the head in EAGLE's layout) and a
-//! line of the training curve. A run whose folder holds a checkpoint resumes after its last
-//! epoch (the weights and the curve; the optimizer's moments start afresh).
+//! The training run: features for every answer, then epochs of AdamW steps in a seeded order
+//! under a warm-up and cosine schedule, each epoch ending with a held-out evaluation, a
+//! checkpoint (the head in EAGLE's layout) and a line of the training curve. A run whose folder
+//! holds a checkpoint resumes after its last epoch (the weights, the curve and the schedule's
+//! place; the optimizer's moments start afresh, so the rate warms up again).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::data::{features, token_rank, Answer};
+use super::data::{token_rank, Answer, FeatureRunner};
 use super::TrainError;
 use crate::model::head::train::{random_head, HeadTrainer, Losses, TrainSample, TrainSettings};
 use crate::model::head::{load_head, save_head, HeadTensors};
@@ -39,6 +40,9 @@ pub struct EpochPoint {
     pub eval_token: f32,
     /// How often the head's top token is the target's, one step ahead, held out.
     pub eval_top1: f32,
+    /// The same two steps ahead, the head fed its own first step's feature.
+    #[serde(default)]
+    pub eval_top1_second: f32,
     pub seconds: f64,
 }
 
@@ -91,32 +95,47 @@ pub fn train_head(
         head
     };
     state.seed = opts.settings.seed;
-    let mut cache = target.new_cache(1);
-    let mut samples = Vec::with_capacity(answers.len());
+    // Texts in sorted order, so that those sharing a prompt (or a first turn) come together
+    // and the shared part's features are computed once.
+    let mut by_text: Vec<usize> = (0..answers.len()).collect();
+    by_text.sort_by(|&a, &b| answers[a].tokens.cmp(&answers[b].tokens));
+    let mut runner = FeatureRunner::new(target)?;
+    let mut samples: Vec<Option<TrainSample>> = (0..answers.len()).map(|_| None).collect();
     let h = hp.hidden_size;
-    for (i, a) in answers.iter().enumerate() {
+    for (done, &i) in by_text.iter().enumerate() {
         // The features over the whole text; a long one is trained on its last positions.
+        let a = &answers[i];
         let len = a.tokens.len().min(target.context_len());
         let start = len.saturating_sub(opts.settings.max_positions);
-        let all = features(target, &mut cache, &a.tokens[..len])?;
-        samples.push(TrainSample {
+        let all = runner.features(&a.tokens[..len])?;
+        samples[i] = Some(TrainSample {
             start,
             tokens: a.tokens[start..len].to_vec(),
             features: all[start * h..].to_vec(),
         });
-        progress(i + 1, answers.len(), "target features");
+        progress(done + 1, answers.len(), "target features");
     }
-    drop(cache);
+    drop(runner);
+    let samples: Vec<TrainSample> = samples.into_iter().flatten().collect();
     let held = |i: usize| opts.holdout > 0 && i % opts.holdout == opts.holdout - 1;
     let train: Vec<usize> = (0..samples.len()).filter(|&i| !held(i)).collect();
     let eval: Vec<usize> = (0..samples.len()).filter(|&i| held(i)).collect();
     let mut trainer = HeadTrainer::new(init, target, opts.draft_vocab, opts.settings.clone())?;
+    let total_steps = opts.epochs * train.len();
+    let mut run_steps = 0;
     for epoch in state.epochs_done..opts.epochs {
         let start = Instant::now();
         let order = shuffled(&train, opts.settings.seed.wrapping_add(epoch as u64));
         let mut sum = 0.0f64;
         for (n, &i) in order.iter().enumerate() {
-            let l = trainer.step(target, &samples[i])?;
+            let lr = learning_rate_at(
+                &opts.settings,
+                epoch * train.len() + n,
+                total_steps,
+                run_steps,
+            );
+            run_steps += 1;
+            let l = trainer.step(target, &samples[i], lr)?;
             sum += f64::from(l.total);
             let what = format!(
                 "epoch {}/{} loss {:.4}",
@@ -134,6 +153,7 @@ pub fn train_head(
             eval_feature: eval_losses.feature,
             eval_token: eval_losses.token,
             eval_top1: eval_losses.top1,
+            eval_top1_second: eval_losses.top1_second,
             seconds: start.elapsed().as_secs_f64(),
         };
         state.curve.push(point);
@@ -145,6 +165,21 @@ pub fn train_head(
         curve: state.curve,
         head: trainer.tensors(),
     })
+}
+
+/// The learning rate of global step `step` of `total`, `run_step` steps after this run
+/// started: the peak, decayed along a cosine to a tenth by the last step, and ramped up
+/// linearly over the run's first `warmup_steps` (a resumed run warms up again, its optimizer's
+/// moments starting afresh).
+fn learning_rate_at(settings: &TrainSettings, step: usize, total: usize, run_step: usize) -> f64 {
+    let progress = step as f64 / total.max(1) as f64;
+    let decay = 0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress.min(1.0)).cos());
+    let warm = if settings.warmup_steps == 0 {
+        1.0
+    } else {
+        ((run_step + 1) as f64 / settings.warmup_steps as f64).min(1.0)
+    };
+    settings.learning_rate * decay * warm
 }
 
 /// The mean losses over `which` samples (position-weighted).
@@ -162,6 +197,7 @@ fn mean_losses(
         acc.feature += l.feature * w;
         acc.token += l.token * w;
         acc.top1 += l.top1 * w;
+        acc.top1_second += l.top1_second * w;
         acc.positions += l.positions;
     }
     let n = acc.positions.max(1) as f32;
@@ -170,6 +206,7 @@ fn mean_losses(
         feature: acc.feature / n,
         token: acc.token / n,
         top1: acc.top1 / n,
+        top1_second: acc.top1_second / n,
         positions: acc.positions,
     })
 }
@@ -220,19 +257,44 @@ fn write_state(dir: &Path, state: &TrainState) -> Result<(), TrainError> {
     let json = serde_json::to_string_pretty(state).expect("the state prints as JSON");
     write(STATE_FILE, json)?;
     let mut tsv = String::from(
-        "epoch\ttrain_loss\teval_loss\teval_feature\teval_token\teval_top1\tseconds\n",
+        "epoch\ttrain_loss\teval_loss\teval_feature\teval_token\teval_top1\teval_top1_second\tseconds\n",
     );
     for p in &state.curve {
         tsv.push_str(&format!(
-            "{}\t{:.5}\t{:.5}\t{:.5}\t{:.5}\t{:.4}\t{:.1}\n",
+            "{}\t{:.5}\t{:.5}\t{:.5}\t{:.5}\t{:.4}\t{:.4}\t{:.1}\n",
             p.epoch,
             p.train_loss,
             p.eval_loss,
             p.eval_feature,
             p.eval_token,
             p.eval_top1,
+            p.eval_top1_second,
             p.seconds
         ));
     }
     write("training_curve.tsv", tsv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_learning_rate_warms_up_then_decays_to_a_tenth() {
+        let s = TrainSettings {
+            learning_rate: 1.0,
+            warmup_steps: 10,
+            ..TrainSettings::default()
+        };
+        assert!((learning_rate_at(&s, 0, 100, 0) - 0.1).abs() < 1e-3);
+        assert!((learning_rate_at(&s, 9, 100, 9) - 0.98).abs() < 0.02);
+        let mid = learning_rate_at(&s, 50, 100, 50);
+        assert!((mid - 0.55).abs() < 1e-9, "{mid}");
+        assert!((learning_rate_at(&s, 100, 100, 100) - 0.1).abs() < 1e-9);
+        // A resumed run ramps up again from where the schedule stands.
+        let resumed = learning_rate_at(&s, 50, 100, 0);
+        assert!((resumed - mid / 10.0).abs() < 1e-9);
+        let rates: Vec<f64> = (10..100).map(|i| learning_rate_at(&s, i, 100, i)).collect();
+        assert!(rates.windows(2).all(|w| w[1] <= w[0]));
+    }
 }

@@ -3,6 +3,8 @@
 //! token after `t` and the (noised) feature at `t` and is trained to give the feature at
 //! `t + 1` (mean squared error) and the target's next-token distribution at `t + 1` over the
 //! draft vocabulary (cross-entropy against the target's own probabilities), AdamW on both.
+//! Optionally the same losses one step further (EAGLE-3's training-time test, one step deep):
+//! the head fed its own output as the next position's feature, as a chain's second draft is.
 //!
 //! The forward here is the inference forward ([`super::DraftHead::forward`]) written in
 //! differentiable tensor operations over a whole sequence at once: the same fc, the same
@@ -29,11 +31,20 @@ pub struct TrainSample {
 /// How the head is trained.
 #[derive(Clone, Debug)]
 pub struct TrainSettings {
+    /// The peak learning rate: a run warms up to it over `warmup_steps` steps, then decays it
+    /// along a cosine to a tenth by its last step.
     pub learning_rate: f64,
+    pub warmup_steps: usize,
     pub weight_decay: f64,
+    /// Gradients are scaled down to this global norm when longer (0: never); without it a
+    /// rare long, surprising sequence can throw a trained head off.
+    pub clip_norm: f64,
     /// Weight of the feature regression and of the token loss (EAGLE: 1.0 and 0.1).
     pub feature_weight: f64,
     pub token_weight: f64,
+    /// Weight of the same two losses one step further (EAGLE-3's training-time test): the
+    /// head fed its own first step's feature, as a chain's second draft is (0: not trained).
+    pub second_step_weight: f64,
     /// Uniform noise of this width added to the input features (EAGLE: 0.2).
     pub noise: f32,
     /// Positions of a sequence trained on: a longer one is trained on its last ones (its
@@ -46,9 +57,12 @@ impl Default for TrainSettings {
     fn default() -> Self {
         Self {
             learning_rate: 1e-3,
+            warmup_steps: 200,
             weight_decay: 0.0,
+            clip_norm: 0.5,
             feature_weight: 1.0,
             token_weight: 0.1,
+            second_step_weight: 0.0,
             noise: 0.2,
             max_positions: 640,
             seed: 0,
@@ -64,6 +78,9 @@ pub struct Losses {
     pub feature: f32,
     pub token: f32,
     pub top1: f32,
+    /// The same two steps ahead, the head fed its own first step (evaluation only, or when
+    /// the second step is trained).
+    pub top1_second: f32,
     pub positions: usize,
 }
 
@@ -110,6 +127,27 @@ pub struct HeadTrainer {
     sin: Tensor,
     settings: TrainSettings,
     noise_state: u64,
+}
+
+/// One step's output over a sequence and the keys and values it attended with.
+struct Pass {
+    out: Tensor,
+    k: Tensor,
+    v: Tensor,
+}
+
+/// `(n, n)`: 0 where row `i` may see column `j <= i`, minus infinity above the diagonal.
+fn causal_mask(n: usize) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..n * n)
+        .map(|i| {
+            if i % n > i / n {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Ok(Tensor::from_vec(mask, (n, n), &Device::Cpu)?)
 }
 
 /// A fresh head for `target`: every matrix uniform in ±1/√in (PyTorch's default, as EAGLE
@@ -223,10 +261,58 @@ impl HeadTrainer {
         }
     }
 
-    /// One optimizer step on one sequence; returns its losses before the step.
-    pub fn step(&mut self, target: &Llama, sample: &TrainSample) -> Result<Losses> {
+    /// The head's output states over `sample` (no noise), first step and second step, as
+    /// `(rows, hidden)` vectors: row `t` of the first is the state after reading position
+    /// `start + t`'s feature and the token after it; row `r` of the second is the state after
+    /// reading the first's row `r` and the token after position `start + r + 1` there.
+    pub fn drafting_states(
+        &self,
+        target: &Llama,
+        sample: &TrainSample,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let h = self.hp.hidden_size;
+        let len = sample.tokens.len();
+        let n = len - 1;
+        let feats = Tensor::from_slice(&sample.features[..n * h], (n, h), &Device::Cpu)?;
+        let embeds = target.embed(&sample.tokens[1..len])?;
+        let first = self.first_step(&embeds, &feats, sample.start)?;
+        let second = self.second_step(&embeds.narrow(0, 1, n - 1)?, &first, sample.start)?;
+        Ok((
+            first.out.flatten_all()?.to_vec1()?,
+            second.flatten_all()?.to_vec1()?,
+        ))
+    }
+
+    /// One optimizer step on one sequence at `learning_rate`; returns its losses before the
+    /// step.
+    pub fn step(
+        &mut self,
+        target: &Llama,
+        sample: &TrainSample,
+        learning_rate: f64,
+    ) -> Result<Losses> {
         let (loss, losses) = self.losses(target, sample, true)?;
-        self.opt.backward_step(&loss)?;
+        let mut grads = loss.backward()?;
+        if self.settings.clip_norm > 0.0 {
+            let vars = self.vars.all();
+            let mut sum = 0.0f64;
+            for v in &vars {
+                if let Some(g) = grads.get(v.as_tensor()) {
+                    sum += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+                }
+            }
+            let norm = sum.sqrt();
+            if norm > self.settings.clip_norm {
+                let scale = self.settings.clip_norm / norm;
+                for v in &vars {
+                    if let Some(g) = grads.remove(v.as_tensor()) {
+                        grads.insert(v.as_tensor(), (g * scale)?);
+                    }
+                }
+            }
+        }
+        self.opt.set_learning_rate(learning_rate);
+        self.opt.step(&grads)?;
         Ok(losses)
     }
 
@@ -243,9 +329,9 @@ impl HeadTrainer {
     ) -> Result<(Tensor, Losses)> {
         let h = self.hp.hidden_size;
         let len = sample.tokens.len().min(self.settings.max_positions);
-        if len < 3 || sample.features.len() < len * h {
+        if len < 4 || sample.features.len() < len * h {
             return Err(ModelError::BadInput(format!(
-                "a training sequence needs 3 tokens and their features, got {} and {} values",
+                "a training sequence needs 4 tokens and their features, got {} and {} values",
                 sample.tokens.len(),
                 sample.features.len()
             )));
@@ -261,82 +347,136 @@ impl HeadTrainer {
             input = (input + Tensor::from_vec(noise, (n, h), &Device::Cpu)?)?;
         }
         let embeds = target.embed(&sample.tokens[1..len])?;
-        let out = self.forward(&embeds, &input, sample.start)?;
         let want = feats.narrow(0, 1, n)?;
-        let feature = (&out - &want)?.sqr()?.mean_all()?;
-        // The target's distribution at t + 1 over the draft vocabulary, and the head's.
-        let target_p = candle_nn::ops::softmax_last_dim(&want.matmul(&self.vocab_rows.t()?)?)?;
-        let logits = out.matmul(&self.vocab_rows.t()?)?;
-        let log_q = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let token = (target_p.clone() * log_q)?
-            .sum(D::Minus1)?
-            .neg()?
-            .mean_all()?;
-        let total =
+        let first = self.first_step(&embeds, &input, sample.start)?;
+        let (feature, token, top1) = self.step_losses(&first.out, &want)?;
+        let mut total =
             ((&feature * self.settings.feature_weight)? + (&token * self.settings.token_weight)?)?;
-        let agree = logits
-            .argmax(D::Minus1)?
-            .eq(&target_p.argmax(D::Minus1)?)?
-            .to_dtype(DType::F32)?
-            .mean_all()?;
+        // The second step of a chain, as drafting runs it: fed the head's own feature, it
+        // attends to the first step's keys before it and to itself.
+        let second_weight = self.settings.second_step_weight;
+        let top1_second = if second_weight > 0.0 || !noised {
+            let m = n - 1;
+            let out = self.second_step(&embeds.narrow(0, 1, m)?, &first, sample.start)?;
+            let (f2, t2, top1) = self.step_losses(&out, &want.narrow(0, 1, m)?)?;
+            if noised {
+                let second =
+                    ((&f2 * self.settings.feature_weight)? + (&t2 * self.settings.token_weight)?)?;
+                total = (total + (second * second_weight)?)?;
+            }
+            top1.to_scalar::<f32>()?
+        } else {
+            0.0
+        };
         let losses = Losses {
             total: total.to_scalar::<f32>()?,
             feature: feature.to_scalar::<f32>()?,
             token: token.to_scalar::<f32>()?,
-            top1: agree.to_scalar::<f32>()?,
+            top1: top1.to_scalar::<f32>()?,
+            top1_second,
             positions: n,
         };
         Ok((total, losses))
     }
 
+    /// The feature regression, the token cross-entropy against the target's distribution over
+    /// the draft vocabulary, and how often the top tokens agree, of `out` against `want`.
+    fn step_losses(&self, out: &Tensor, want: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let feature = (out - want)?.sqr()?.mean_all()?;
+        let rows = self.vocab_rows.t()?;
+        let target_p = candle_nn::ops::softmax_last_dim(&want.matmul(&rows)?)?;
+        let logits = out.matmul(&rows)?;
+        let log_q = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let token = (target_p.clone() * log_q)?
+            .sum(D::Minus1)?
+            .neg()?
+            .mean_all()?;
+        let agree = logits
+            .argmax(D::Minus1)?
+            .eq(&target_p.argmax(D::Minus1)?)?
+            .to_dtype(DType::F32)?
+            .mean_all()?;
+        Ok((feature, token, agree))
+    }
+
     /// The head over a whole sequence: `embeds` and `features` are `(n, hidden)`, row `t` the
     /// token after position `start + t` and the feature there; causal attention over the rows.
-    fn forward(&self, embeds: &Tensor, features: &Tensor, start: usize) -> Result<Tensor> {
-        let hp = &self.hp;
+    fn first_step(&self, embeds: &Tensor, features: &Tensor, start: usize) -> Result<Pass> {
+        let n = embeds.dim(0)?;
+        let x = self.fuse(embeds, features)?;
+        let (q, k, v) = self.qkv(&x, start)?;
+        let scores = (q.matmul(&k.t()?)? * self.attention_scale())?;
+        let probs = candle_nn::ops::softmax(&scores.broadcast_add(&causal_mask(n)?)?, D::Minus1)?;
+        let out = self.finish(&x, &probs.matmul(&v)?)?;
+        Ok(Pass { out, k, v })
+    }
+
+    /// The second drafting step over the sequence: row `r` (position `start + r + 1`) reads the
+    /// token `embeds[r]` and the first step's output at row `r`, and attends to the first
+    /// step's keys of rows `0..=r` and to its own.
+    fn second_step(&self, embeds: &Tensor, first: &Pass, start: usize) -> Result<Tensor> {
+        let m = embeds.dim(0)?;
+        let x = self.fuse(embeds, &first.out.narrow(0, 0, m)?)?;
+        let (q, k, v) = self.qkv(&x, start + 1)?;
+        let scale = self.attention_scale();
+        let (k1, v1) = (first.k.narrow(1, 0, m)?, first.v.narrow(1, 0, m)?);
+        let cross = (q.matmul(&k1.t()?)? * scale)?.broadcast_add(&causal_mask(m)?)?;
+        let own = ((&q * &k)?.sum_keepdim(2)? * scale)?;
+        let probs = candle_nn::ops::softmax(&Tensor::cat(&[cross, own], 2)?, D::Minus1)?;
+        let attn =
+            (probs.narrow(2, 0, m)?.matmul(&v1)? + probs.narrow(2, m, 1)?.broadcast_mul(&v)?)?;
+        self.finish(&x, &attn)
+    }
+
+    fn attention_scale(&self) -> f64 {
+        1.0 / (self.hp.head_dim as f64).sqrt()
+    }
+
+    /// EAGLE's fc over the concatenated embedding and feature.
+    fn fuse(&self, embeds: &Tensor, features: &Tensor) -> Result<Tensor> {
         let v = &self.vars;
-        let (n, _) = embeds.dims2()?;
-        let (nh, nkv, hd) = (hp.num_heads, hp.num_kv_heads, hp.head_dim);
         let mut x = Tensor::cat(&[embeds, features], 1)?.matmul(&v.fc.t()?)?;
         if let Some(b) = &v.fc_bias {
             x = x.broadcast_add(b.as_tensor())?;
         }
+        Ok(x)
+    }
+
+    /// Rotated queries, rotated keys and values at positions `start..`, `(heads, n, head_dim)`,
+    /// each key/value head repeated for the query heads it serves (grouped-query attention).
+    fn qkv(&self, x: &Tensor, start: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        let hp = &self.hp;
+        let v = &self.vars;
+        let n = x.dim(0)?;
+        let (nh, nkv, hd) = (hp.num_heads, hp.num_kv_heads, hp.head_dim);
         let heads = |t: Tensor, count: usize| -> Result<Tensor> {
             Ok(t.reshape((n, count, hd))?.transpose(0, 1)?.contiguous()?)
         };
         let q = self.rotate(&heads(x.matmul(&v.q.t()?)?, nh)?, start)?;
         let k = self.rotate(&heads(x.matmul(&v.k.t()?)?, nkv)?, start)?;
         let val = heads(x.matmul(&v.v.t()?)?, nkv)?;
-        // Grouped-query attention: each key/value head serves nh / nkv query heads.
         let group = nh / nkv;
-        let (k, val) = if group > 1 {
-            let spread = |t: Tensor| -> Result<Tensor> {
-                Ok(t.unsqueeze(1)?
-                    .broadcast_as((nkv, group, n, hd))?
-                    .contiguous()?
-                    .reshape((nh, n, hd))?)
-            };
-            (spread(k)?, spread(val)?)
-        } else {
-            (k, val)
+        if group == 1 {
+            return Ok((q, k, val));
+        }
+        let spread = |t: Tensor| -> Result<Tensor> {
+            Ok(t.unsqueeze(1)?
+                .broadcast_as((nkv, group, n, hd))?
+                .contiguous()?
+                .reshape((nh, n, hd))?)
         };
-        let scale = 1.0 / (hd as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?;
-        let mask: Vec<f32> = (0..n * n)
-            .map(|i| {
-                if i % n > i / n {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        let mask = Tensor::from_vec(mask, (n, n), &Device::Cpu)?;
-        let probs = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?;
-        let attn = probs
-            .matmul(&val)?
+        Ok((q, spread(k)?, spread(val)?))
+    }
+
+    /// The attention's output projection and residual, then the normed MLP and its residual.
+    fn finish(&self, x: &Tensor, attn: &Tensor) -> Result<Tensor> {
+        let hp = &self.hp;
+        let v = &self.vars;
+        let (_, n, _) = attn.dims3()?;
+        let attn = attn
             .transpose(0, 1)?
             .contiguous()?
-            .reshape((n, nh * hd))?;
+            .reshape((n, hp.num_heads * hp.head_dim))?;
         let x = (x + attn.matmul(&v.o.t()?)?)?;
         let normed =
             candle_nn::ops::rms_norm_slow(&x, v.ffn_norm.as_tensor(), hp.rms_norm_eps as f32)?;
