@@ -253,6 +253,57 @@ fn short_bench_run_writes_json_and_svg_and_greedy_outputs_match() {
     );
 }
 
+/// The default model's shipped head (`--draft-model head`, `heads/` in the repository) drafts
+/// for it: on development questions its training left out, greedy output is plain output and
+/// a fair share of its drafts is accepted (a third on this run; a head that lost its training,
+/// or whose features or ranking no longer fit the model, accepts next to none).
+#[test]
+fn the_shipped_head_drafts_for_the_default_model() {
+    common::default_model();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    let run = tandem()
+        .arg("bench")
+        .arg("--prompts")
+        .arg(spec_bench_dev())
+        .args(["--left-out", "5", "--limit-per-category", "1"])
+        // One draft a round: how often the head's next token is the target's (the governor
+        // would decode plainly wherever the head does badly, leaving few drafts to count).
+        .args([
+            "--max-tokens",
+            "48",
+            "--warmup",
+            "0",
+            "--modes",
+            "plain,head:gamma=1",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let heads: Vec<&Value> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["mode"] == "head:gamma=1")
+        .collect();
+    assert!(heads.len() >= 5, "{heads:?}");
+    let (mut drafted, mut accepted) = (0, 0);
+    for r in &heads {
+        assert_eq!(r["outputs_match"], true, "greedy output with the head: {r}");
+        drafted += r["draft_tokens"].as_u64().unwrap();
+        accepted += r["accepted_tokens"].as_u64().unwrap();
+    }
+    let rate = accepted as f64 / drafted.max(1) as f64;
+    assert!(
+        drafted > 0 && rate > 0.2,
+        "the shipped head accepted {accepted} of {drafted} drafts"
+    );
+}
+
 #[test]
 fn malformed_prompt_files_name_the_line() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,5 +1,5 @@
 //! `tandem train-head`: trains a draft head for the loaded target on this machine's CPU, from
-//! the target's own answers to the first turns of a Spec-Bench-format prompt file.
+//! the target's own answers to the turns of a Spec-Bench-format prompt file.
 //!
 //! Why it exists: a head must match its target's hidden states, so a target without a
 //! published head gets one here, with nothing but the target and a prompt file (the
@@ -28,7 +28,8 @@ pub struct TrainHeadArgs {
     /// A folder with a checkpoint resumes after its last epoch.
     #[arg(long)]
     out: PathBuf,
-    /// Spec-Bench-format prompts (JSON lines with `turns`); each first turn is asked.
+    /// Spec-Bench-format prompts (JSON lines with `turns`); each first turn is asked (and each
+    /// second one with `--turns 2`).
     #[arg(long, default_value = "data/spec_bench_dev.jsonl")]
     prompts: PathBuf,
     /// Use at most this many prompts (0 = all).
