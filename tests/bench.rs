@@ -29,6 +29,15 @@ fn spec_bench_dev() -> std::path::PathBuf {
     p
 }
 
+/// A `tandem bench` command on the development prompts (the default model must be there), and
+/// a folder for its results.
+fn bench_on_dev() -> (tempfile::TempDir, Command) {
+    common::default_model();
+    let mut c = tandem();
+    c.arg("bench").arg("--prompts").arg(spec_bench_dev());
+    (tempfile::tempdir().unwrap(), c)
+}
+
 #[test]
 fn short_bench_run_writes_json_and_svg_and_greedy_outputs_match() {
     common::default_model();
@@ -259,13 +268,9 @@ fn short_bench_run_writes_json_and_svg_and_greedy_outputs_match() {
 /// or whose features or ranking no longer fit the model, accepts next to none).
 #[test]
 fn the_shipped_head_drafts_for_the_default_model() {
-    common::default_model();
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, mut bench) = bench_on_dev();
     let out = dir.path().join("r.json");
-    let run = tandem()
-        .arg("bench")
-        .arg("--prompts")
-        .arg(spec_bench_dev())
+    let run = bench
         .args(["--left-out", "5", "--limit-per-category", "1"])
         // One draft a round: how often the head's next token is the target's (the governor
         // would decode plainly wherever the head does badly, leaving few drafts to count).
@@ -504,13 +509,9 @@ fn a_mode_that_never_drafts_says_why() {
 /// constrained plain mode is measured against free plain decoding.
 #[test]
 fn structured_modes_draft_forced_tokens_and_match_constrained_plain() {
-    common::default_model();
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, mut bench) = bench_on_dev();
     let out = dir.path().join("r.json");
-    let run = tandem()
-        .arg("bench")
-        .arg("--prompts")
-        .arg(spec_bench_dev())
+    let run = bench
         .args(["--categories", "qa,writing", "--limit-per-category", "1"])
         .args(["--max-tokens", "40", "--warmup", "0", "--quiet"])
         .args([

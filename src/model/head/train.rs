@@ -350,8 +350,7 @@ impl HeadTrainer {
         let want = feats.narrow(0, 1, n)?;
         let first = self.first_step(&embeds, &input, sample.start)?;
         let (feature, token, top1) = self.step_losses(&first.out, &want)?;
-        let mut total =
-            ((&feature * self.settings.feature_weight)? + (&token * self.settings.token_weight)?)?;
+        let mut total = self.weighted(&feature, &token)?;
         // The second step of a chain, as drafting runs it: fed the head's own feature, it
         // attends to the first step's keys before it and to itself.
         let second_weight = self.settings.second_step_weight;
@@ -360,9 +359,7 @@ impl HeadTrainer {
             let out = self.second_step(&embeds.narrow(0, 1, m)?, &first, sample.start)?;
             let (f2, t2, top1) = self.step_losses(&out, &want.narrow(0, 1, m)?)?;
             if noised {
-                let second =
-                    ((&f2 * self.settings.feature_weight)? + (&t2 * self.settings.token_weight)?)?;
-                total = (total + (second * second_weight)?)?;
+                total = (total + (self.weighted(&f2, &t2)? * second_weight)?)?;
             }
             top1.to_scalar::<f32>()?
         } else {
@@ -377,6 +374,12 @@ impl HeadTrainer {
             positions: n,
         };
         Ok((total, losses))
+    }
+
+    /// A step's loss: its feature regression and token cross-entropy, weighted.
+    fn weighted(&self, feature: &Tensor, token: &Tensor) -> Result<Tensor> {
+        let s = &self.settings;
+        Ok(((feature * s.feature_weight)? + (token * s.token_weight)?)?)
     }
 
     /// The feature regression, the token cross-entropy against the target's distribution over
