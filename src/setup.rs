@@ -71,10 +71,12 @@ pub enum LoadedDrafter {
         model: Box<LoadedModel>,
         name: String,
     },
-    /// A draft head for the target, and its display name (`head:FOLDER (vocab K)`).
+    /// A draft head for the target, its display name (`head:FOLDER (vocab K)`) and the prompt
+    /// lookup that drafts before it (`head+lookup`).
     Head {
         head: Arc<DraftHead>,
         name: String,
+        lookup: Option<PromptLookup>,
     },
 }
 
@@ -110,7 +112,9 @@ pub fn load_drafter(
             (target.source.clone(), Some(*k))
         }
         DraftSpec::Model(path) => (ModelSource::resolve(path)?, None),
-        DraftSpec::Head(path) => return load_head(path.as_deref(), dtype, config, target),
+        DraftSpec::Head { path, lookup } => {
+            return load_head(path.as_deref(), *lookup, dtype, config, target)
+        }
     };
     let opts = LoadOptions {
         weights_dtype: dtype,
@@ -150,6 +154,7 @@ pub fn load_drafter(
 /// `speculation.draft_vocab` tokens.
 fn load_head(
     path: Option<&str>,
+    lookup: bool,
     dtype: WeightsDtype,
     config: &Config,
     target: &LoadedModel,
@@ -170,11 +175,13 @@ fn load_head(
         Some(ids) => format!("vocab {}", ids.len()),
         None => "full vocab".into(),
     };
-    let name = format!("head:{} ({vocab_note})", dir.display());
+    let kind = if lookup { "head+lookup" } else { "head" };
+    let name = format!("{kind}:{} ({vocab_note})", dir.display());
     tracing::info!(draft_head = %name, "loaded the draft head");
     Ok(LoadedDrafter::Head {
         head: Arc::new(head),
         name,
+        lookup: lookup.then(PromptLookup::default),
     })
 }
 
@@ -195,7 +202,9 @@ pub fn load_models(
             model: Arc::new(model.model),
             name,
         }),
-        LoadedDrafter::Head { head, name } => Some(DraftSource::Head { head, name }),
+        LoadedDrafter::Head { head, name, lookup } => {
+            Some(DraftSource::Head { head, name, lookup })
+        }
     };
     Ok((target, draft, name))
 }

@@ -10,6 +10,7 @@ mod common;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device, Tensor};
+use tandem::draft::PromptLookup;
 use tandem::engine::{
     generate_plain, Completion, DraftSource, Engine, EngineConfig, EngineRequest, Gamma,
     GammaPolicy, GenerationRequest, RequestSpeculation, SpeculationStats, TreeNodes,
@@ -18,7 +19,7 @@ use tandem::model::head::train::{random_head, TrainSettings};
 use tandem::model::head::{load_head, save_head, DraftHead, HeadTensors};
 use tandem::model::{Llama, WeightsDtype};
 use tandem::sampling::SamplingParams;
-use tandem::train::{answer_jobs, answer_prompts, train_head, TrainOptions};
+use tandem::train::{answer_jobs, answer_prompts, train_head, Answer, TrainOptions};
 
 /// The tiny target (its folder kept alive with it).
 fn target() -> &'static (tempfile::TempDir, Arc<Llama>) {
@@ -54,9 +55,33 @@ fn prompts(n: usize, seed: u64) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// A head trained on the tiny target's answers, with its training curve and the answers.
+struct Trained {
+    head: HeadTensors,
+    curve: Vec<tandem::train::EpochPoint>,
+    answers: Vec<Answer>,
+}
+
+/// The options of the trained head's run (the held-out answers are every 8th).
+fn train_options(out: &std::path::Path, epochs: usize, learning_rate: f64) -> TrainOptions {
+    TrainOptions {
+        out: out.to_owned(),
+        epochs,
+        draft_vocab: 0,
+        intermediate: 96,
+        holdout: 8,
+        init: None,
+        settings: TrainSettings {
+            learning_rate,
+            seed: 11,
+            ..TrainSettings::default()
+        },
+    }
+}
+
 /// The tiny target's answers, and a head trained on them (with its training curve), once.
-fn trained() -> &'static (HeadTensors, Vec<tandem::train::EpochPoint>) {
-    static H: OnceLock<(HeadTensors, Vec<tandem::train::EpochPoint>)> = OnceLock::new();
+fn trained() -> &'static Trained {
+    static H: OnceLock<Trained> = OnceLock::new();
     H.get_or_init(|| {
         let (_, target) = target();
         let answers = rt()
@@ -70,23 +95,16 @@ fn trained() -> &'static (HeadTensors, Vec<tandem::train::EpochPoint>) {
             ))
             .unwrap();
         let out = tempfile::tempdir().unwrap();
-        let opts = TrainOptions {
-            out: out.path().to_owned(),
-            epochs: 6,
-            draft_vocab: 0,
-            intermediate: 96,
-            holdout: 8,
-            settings: TrainSettings {
-                learning_rate: 3e-3,
-                seed: 11,
-                ..TrainSettings::default()
-            },
-        };
+        let opts = train_options(out.path(), 6, 3e-3);
         let report = train_head(target, &answers, &opts, &mut |_, _, _| {}).unwrap();
         // The folder holds the head it trained, which loads back.
         let saved = load_head(out.path()).unwrap();
         assert_eq!(saved.token_rank, report.head.token_rank);
-        (report.head, report.curve)
+        Trained {
+            head: report.head,
+            curve: report.curve,
+            answers,
+        }
     })
 }
 
@@ -100,7 +118,16 @@ fn head_source(t: &HeadTensors, vocab: usize) -> DraftSource {
     DraftSource::Head {
         head: Arc::new(DraftHead::new(t.clone(), target, WeightsDtype::F32, vocab).unwrap()),
         name: "tiny head".into(),
+        lookup: None,
     }
+}
+
+/// The head with prompt lookup drafting first (`head+lookup`).
+fn with_lookup(mut source: DraftSource) -> DraftSource {
+    if let DraftSource::Head { lookup, .. } = &mut source {
+        *lookup = Some(PromptLookup::default());
+    }
+    source
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
@@ -307,20 +334,49 @@ fn greedy_output_with_a_head_equals_plain_decoding() {
     let _serial = one_at_a_time();
     let all = prompts(8, 77);
     let want: Vec<Vec<u32>> = all.iter().map(|p| plain(&greedy(p.clone(), 24))).collect();
-    let (trained, _) = trained();
+    let trained = &trained().head;
     // Half the tokens the tiny target wrote.
     let small = trained.token_rank.len() / 2;
     assert!(small >= 1, "the ranking holds {:?}", trained.token_rank);
     // (An engine with a head does not pipeline: asking for it must change nothing.)
     let heads = [
-        ("untrained", untrained(), 0, false),
-        ("trained", trained.clone(), 0, false),
-        ("trained, pipelining asked for", trained.clone(), 0, true),
+        ("untrained", untrained(), 0, false, false),
+        ("trained", trained.clone(), 0, false, false),
+        (
+            "trained, pipelining asked for",
+            trained.clone(),
+            0,
+            true,
+            false,
+        ),
         // A reduced draft vocabulary: drafts outside it are never proposed.
-        ("trained, reduced vocabulary", trained.clone(), small, false),
+        (
+            "trained, reduced vocabulary",
+            trained.clone(),
+            small,
+            false,
+            false,
+        ),
+        // Prompt lookup first (the prompts repeat themselves), the head where it finds none.
+        (
+            "untrained, prompt lookup first",
+            untrained(),
+            0,
+            false,
+            true,
+        ),
+        (
+            "trained, prompt lookup first",
+            trained.clone(),
+            small,
+            false,
+            true,
+        ),
     ];
-    for (name, head, vocab, pipeline) in heads {
-        let engine = engine_with(head_source(&head, vocab), pipeline);
+    for (name, head, vocab, pipeline, lookup) in heads {
+        let source = head_source(&head, vocab);
+        let source = if lookup { with_lookup(source) } else { source };
+        let engine = engine_with(source, pipeline);
         for at_once in [1, 4] {
             for (gamma, trees) in [(fixed(3), 0), (GammaPolicy::Adaptive, 0), (fixed(3), 4)] {
                 let done = run_all(&engine, &all, at_once, speculation(gamma, trees));
@@ -345,10 +401,82 @@ fn greedy_output_with_a_head_equals_plain_decoding() {
     }
 }
 
+/// With a reduced draft vocabulary, a sequence's own tokens outside it are drafted too (a
+/// word the answer copies from its question), greedy and sampled, and nothing else outside
+/// it ever is.
+#[test]
+fn a_sequences_own_tokens_join_the_draft_vocabulary() {
+    use tandem::draft::{DraftJob, HeadDrafter, Proposal};
+    use tandem::sampling::{DraftGate, SeededRng};
+    let _serial = one_at_a_time();
+    let (_, target) = target();
+    let mut head = untrained();
+    // A ranking of two tokens: every other token is outside the draft vocabulary.
+    head.token_rank = vec![0, 1];
+    let head = Arc::new(DraftHead::new(head, target, WeightsDtype::F32, 2).unwrap());
+    let mut drafter = HeadDrafter::new(Arc::clone(&head), Arc::clone(target), 4);
+    let mut own_drafted = 0;
+    for (i, params) in [
+        SamplingParams::greedy(),
+        SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        },
+    ]
+    .iter()
+    .enumerate()
+    {
+        for seq in 0..8u64 {
+            let context = common::random_tokens(900 + seq, 12, 256);
+            let mut rng = SeededRng::new(seq);
+            let mut out = Proposal::default();
+            let mut jobs = [DraftJob {
+                seq: seq + 100 * i as u64,
+                context: &context,
+                generated_from: context.len(),
+                gamma: 4,
+                params,
+                rng: &mut rng,
+                out: &mut out,
+                gate: DraftGate::OFF,
+                min_tokens: 0,
+                confidence: false,
+                tree_nodes: 0,
+                grammar: None,
+                result: Ok(()),
+            }];
+            drafter.propose_batch(&mut jobs);
+            let [job] = jobs;
+            job.result.unwrap();
+            drafter.end(seq + 100 * i as u64);
+            assert_eq!(out.tokens.len(), 4);
+            for (k, &t) in out.tokens.iter().enumerate() {
+                let own = context.contains(&t);
+                assert!(
+                    t < 2 || own,
+                    "draft {t} is neither ranked nor the text's own"
+                );
+                own_drafted += usize::from(own && t >= 2);
+                if !params.is_greedy() {
+                    // q is a distribution over the ranked tokens and the text's own.
+                    let q = &out.dists[k * out.vocab..(k + 1) * out.vocab];
+                    let outside: f32 = (2..out.vocab as u32)
+                        .filter(|t| !context.contains(t))
+                        .map(|t| q[t as usize])
+                        .sum();
+                    assert_eq!(outside, 0.0);
+                    assert!((q.iter().sum::<f32>() - 1.0).abs() < 1e-4);
+                }
+            }
+        }
+    }
+    assert!(own_drafted > 0, "the text's own tokens were drafted");
+}
+
 #[test]
 fn training_lowers_the_loss_and_raises_acceptance() {
     let _serial = one_at_a_time();
-    let (head, curve) = trained();
+    let Trained { head, curve, .. } = trained();
     let (first, last) = (curve.first().unwrap(), curve.last().unwrap());
     eprintln!("training curve: {curve:#?}");
     assert!(
@@ -367,6 +495,46 @@ fn training_lowers_the_loss_and_raises_acceptance() {
         after > before + 0.15,
         "training raised acceptance: {before:.3} -> {after:.3}"
     );
+}
+
+/// A run started from a trained head (`--init`) starts where that head stands: with a
+/// learning rate of zero its evaluation is the trained run's last one (the head saved in f16),
+/// far from a random head's.
+#[test]
+fn a_run_from_a_trained_head_starts_where_it_stands() {
+    let _serial = one_at_a_time();
+    let (_, target) = target();
+    let Trained {
+        head,
+        curve,
+        answers,
+    } = trained();
+    let from = tempfile::tempdir().unwrap();
+    save_head(from.path(), head, target.hparams()).unwrap();
+    let evaluate = |init: Option<&std::path::Path>| {
+        let out = tempfile::tempdir().unwrap();
+        let mut opts = train_options(out.path(), 1, 0.0);
+        opts.init = init.map(|p| p.to_owned());
+        let report = train_head(target, answers, &opts, &mut |_, _, _| {}).unwrap();
+        assert_eq!(
+            report.head.token_rank, head.token_rank,
+            "ranked again, alike"
+        );
+        report.curve[0]
+    };
+    let (random, resumed, last) = (
+        evaluate(None),
+        evaluate(Some(from.path())),
+        curve.last().unwrap(),
+    );
+    eprintln!(
+        "held-out loss: random {random:?}, from the trained head {resumed:?}, trained {last:?}"
+    );
+    assert!(
+        (resumed.eval_loss - last.eval_loss).abs() < 0.02 * last.eval_loss,
+        "starts where the trained head stands"
+    );
+    assert!(resumed.eval_loss < 0.8 * random.eval_loss);
 }
 
 /// Training runs the head as drafting does: the trainer's first step over a sequence is the

@@ -55,10 +55,10 @@ const N: u64 = 3000;
 /// One prefill token, then a first round of up to γ = 5 drafts and its correction or bonus.
 const MAX_TOKENS: usize = 7;
 const GAMMAS: [usize; 3] = [1, 3, 5];
-/// 6 paths (trees and the head two of them) × 3 γ × 2 processor settings, plain sampling
-/// under both settings, and 3 constrained arms (the plain reference, pipelined, 4 at once)
-/// under both.
-const COMPARISONS: usize = 44;
+/// 7 paths (trees and the head, alone and after prompt lookup, three of them) × 3 γ × 2
+/// processor settings, plain sampling under both settings, and 3 constrained arms (the plain
+/// reference, pipelined, 4 at once) under both.
+const COMPARISONS: usize = 50;
 const FALSE_ALARM: f64 = 1e-3;
 
 type Triple = [u32; 3];
@@ -424,11 +424,14 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
     ];
     // A draft head (untrained: it disagrees with the target often) on the target's features.
     let head_tensors = random_head(target.hparams(), 64, 21).unwrap();
-    let head = DraftHead::new(head_tensors, &target, WeightsDtype::F32, 0).unwrap();
-    let head_engine = {
+    let head = Arc::new(DraftHead::new(head_tensors, &target, WeightsDtype::F32, 0).unwrap());
+    // With `lookup`, prompt lookup drafts first (a point mass) and the head where it finds
+    // no match (`head+lookup`).
+    let head_engine = |lookup: bool| {
         let source = tandem::engine::DraftSource::Head {
-            head: Arc::new(head),
+            head: Arc::clone(&head),
             name: "tiny head".into(),
+            lookup: lookup.then(tandem::draft::PromptLookup::default),
         };
         let cfg = EngineConfig {
             max_seqs: 4,
@@ -439,6 +442,7 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
         rt.block_on(Engine::start(Arc::clone(&target), Some(source), cfg))
             .unwrap()
     };
+    let (head_engine, hybrid_engine) = (head_engine(false), head_engine(true));
     let threshold = FALSE_ALARM / COMPARISONS as f64;
     let mut seeds = seed_base();
     let mut next_seeds = || {
@@ -481,6 +485,8 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
             arms.push(("4 at once, token trees", trees));
             let head = engine_arm(&rt, &head_engine, &params, (gamma, 0), 4, next_seeds());
             arms.push(("4 at once, draft head", head));
+            let hybrid = engine_arm(&rt, &hybrid_engine, &params, (gamma, 0), 4, next_seeds());
+            arms.push(("4 at once, draft head after prompt lookup", hybrid));
             for (path, arm) in arms {
                 let rate = arm.stats.acceptance_rate();
                 // (A tree's alternatives count as drafts too: its rate is lower by design. The

@@ -19,8 +19,11 @@ pub enum DrafterKind {
     /// Prompt lookup with these n-gram sizes.
     PromptLookup(PromptLookup),
     Model,
-    /// A draft head on the target's features.
-    Head,
+    /// A draft head on the target's features; with `lookup`, prompt lookup with these n-gram
+    /// sizes drafts first and the head where the text has no match (`head+pld`).
+    Head {
+        lookup: Option<PromptLookup>,
+    },
 }
 
 /// What a mode's answers are held to: nothing, a JSON schema, or tool calls.
@@ -94,8 +97,9 @@ impl Mode {
         (self.drafter, self.pipeline, self.prefix_cache)
     }
 
-    /// Parses `plain`, `prompt-lookup` (alias `pld`), `suffix` (prompt lookup across requests)
-    /// or `draft` (alias `draft-model`), each
+    /// Parses `plain`, `prompt-lookup` (alias `pld`), `suffix` (prompt lookup across requests),
+    /// `draft` (alias `draft-model`), `head` or `head+pld` (alias `head+lookup`: prompt lookup
+    /// first, the head where the text has no match), each
     /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`,
     /// `:tree=N` (up to N alternative nodes a round, verified with the chain as a token tree),
     /// `:confidence=true|false` (the governor cuts chains by the drafter's confidence),
@@ -115,10 +119,14 @@ impl Mode {
             "prompt-lookup" | "pld" => DrafterKind::PromptLookup(PromptLookup::default()),
             "suffix" => DrafterKind::PromptLookup(PromptLookup::default().across_requests()),
             "draft" | "draft-model" => DrafterKind::Model,
-            "head" => DrafterKind::Head,
+            "head" => DrafterKind::Head { lookup: None },
+            "head+pld" | "head+lookup" => DrafterKind::Head {
+                lookup: Some(PromptLookup::default()),
+            },
             other => {
                 return Err(bad(format!(
-                    "unknown mode `{other}` (plain, prompt-lookup, suffix, draft, head, forced)"
+                    "unknown mode `{other}` (plain, prompt-lookup, suffix, draft, head, head+pld, \
+                     forced)"
                 )))
             }
         };
@@ -187,6 +195,12 @@ impl Mode {
                     DrafterKind::PromptLookup(p) => {
                         let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
                         mode.drafter = DrafterKind::PromptLookup(p.with_ngrams_of(sizes));
+                    }
+                    DrafterKind::Head { lookup: Some(p) } => {
+                        let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
+                        mode.drafter = DrafterKind::Head {
+                            lookup: Some(p.with_ngrams_of(sizes)),
+                        };
                     }
                     _ => return Err(bad("ngram is a prompt-lookup setting".into())),
                 },

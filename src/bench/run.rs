@@ -101,9 +101,15 @@ async fn start_engines(
             DrafterKind::Model => Some(models.draft.clone().ok_or_else(|| {
                 BenchError::Options(format!("mode `{}` needs a draft model", mode.label))
             })?),
-            DrafterKind::Head => Some(models.head.clone().ok_or_else(|| {
-                BenchError::Options(format!("mode `{}` needs a draft head", mode.label))
-            })?),
+            DrafterKind::Head { lookup } => {
+                let mut head = models.head.clone().ok_or_else(|| {
+                    BenchError::Options(format!("mode `{}` needs a draft head", mode.label))
+                })?;
+                if let DraftSource::Head { lookup: first, .. } = &mut head {
+                    *first = lookup;
+                }
+                Some(head)
+            }
         };
         // Pipelined, the drafter and the verifier run at once: split the threads between
         // them. Otherwise they take turns, each with all of them.

@@ -45,7 +45,16 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
                 format!("{kind}, n-grams of {lo}-{hi} tokens")
             }
             DrafterKind::Model => format!("the draft model {draft_model}"),
-            DrafterKind::Head => "a draft head on the target's own hidden states (--head)".into(),
+            DrafterKind::Head { lookup: None } => {
+                "a draft head on the target's own hidden states (--head)".into()
+            }
+            DrafterKind::Head { lookup: Some(p) } => {
+                let (lo, hi) = p.ngrams();
+                format!(
+                    "prompt lookup in the request's own text (n-grams of {lo}-{hi} tokens), and \
+                     where it has no match the draft head (--head)"
+                )
+            }
         };
         let drafted: usize = runs
             .iter()
@@ -54,7 +63,7 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
             .sum();
         let note = match mode.drafter {
             _ if mode.is_plain() || drafted > 0 => "",
-            DrafterKind::Model | DrafterKind::Head => {
+            DrafterKind::Model | DrafterKind::Head { .. } => {
                 " -- never drafted: not forecast to pay (the governor decoded plainly; see \
                  docs/speculation.md)"
             }

@@ -130,12 +130,18 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
     config.speculation.draft_weights_dtype = args.draft_weights_dtype;
     config.speculation.draft_vocab = args.draft_vocab;
     let (target, draft, draft_name) = tandem::setup::load_models(&config)?;
-    let head = if modes.iter().any(|m| m.drafter == bench::DrafterKind::Head) {
-        let spec = DraftSpec::Head(args.head.clone());
+    let head = if modes
+        .iter()
+        .any(|m| matches!(m.drafter, bench::DrafterKind::Head { .. }))
+    {
+        let spec = DraftSpec::Head {
+            path: args.head.clone(),
+            lookup: false,
+        };
         match tandem::setup::load_drafter(&spec, WeightsDtype::AsIs, &config, &target)? {
-            tandem::setup::LoadedDrafter::Head { head, name } => {
+            tandem::setup::LoadedDrafter::Head { head, name, lookup } => {
                 eprintln!("bench: draft head {name}");
-                Some(tandem::engine::DraftSource::Head { head, name })
+                Some(tandem::engine::DraftSource::Head { head, name, lookup })
             }
             _ => None,
         }

@@ -160,7 +160,7 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
         stop_strings: args.stop.clone(),
         detokenizer: Some(std::sync::Arc::clone(tok)),
     };
-    if matches!(args.draft_model, DraftSpec::Head(_)) {
+    if matches!(args.draft_model, DraftSpec::Head { .. }) {
         return Err(CliError::Flag {
             flag: "--draft-model",
             reason: "head: a draft head drafts from the engine's verifications; use \

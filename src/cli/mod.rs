@@ -124,6 +124,12 @@ pub enum CliError {
         #[source]
         source: std::io::Error,
     },
+    #[error("reading {}", .path.display())]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("writing {}", .path.display())]
     WriteFile {
         path: PathBuf,

@@ -5,7 +5,7 @@
 //! published head gets one here, with nothing but the target and a prompt file (the
 //! development half in `data/`, never the held-out prompts the benchmarks report on).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
@@ -14,7 +14,10 @@ use tandem::bench::progress::ProgressBar;
 use tandem::config::Config;
 use tandem::model::head::train::TrainSettings;
 use tandem::model::ChatMessage;
-use tandem::train::{answer_jobs, answer_prompts, train_head, Answer, AnswerJob, TrainOptions};
+use tandem::train::{
+    answer_jobs, answer_prompts, finished_turn, train_head, user_turn_opening, Answer, AnswerJob,
+    TrainOptions,
+};
 
 use super::model_args::{load_model, ModelArgs};
 use super::CliError;
@@ -50,6 +53,22 @@ pub struct TrainHeadArgs {
     /// sampled).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     turns: u8,
+    /// Prompts the target writes itself besides the prompt file's: it continues the chat
+    /// template's opening of a user turn (sampled, seeded), and each turn it finishes is asked
+    /// afresh and answered once, greedy and sampled in turn (`self_answers.json`, reused by a
+    /// later run).
+    #[arg(long, default_value_t = 0)]
+    self_prompts: usize,
+    /// Tokens of a prompt the target writes; one it has not finished by then is dropped.
+    #[arg(long, default_value_t = 128)]
+    self_prompt_tokens: usize,
+    /// Temperature the target writes its prompts at.
+    #[arg(long, default_value_t = 1.0)]
+    self_prompt_temperature: f32,
+    /// Start from this head folder's weights instead of random ones (fine-tuning it on this
+    /// run's answers; its draft vocabulary is ranked again over them). A resumed run ignores it.
+    #[arg(long)]
+    init: Option<PathBuf>,
     /// Temperature of the sampled answers.
     #[arg(long, default_value_t = 0.8)]
     temperature: f32,
@@ -97,13 +116,28 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
     keep_freed_memory();
     let loaded = load_model(config)?;
     let tok = &loaded.tokenizer;
+    let template = tok.chat_template().ok_or(CliError::NoChatTemplate)?;
     let target = Arc::new(loaded.model);
     let flag = |flag: &'static str, reason: String| CliError::Flag { flag, reason };
-    let answers_path = args.out.join("answers.json");
-    let answers: Vec<Answer> = match std::fs::read_to_string(&answers_path) {
-        Ok(text) => serde_json::from_str(&text)?,
-        Err(_) => {
-            let template = tok.chat_template().ok_or(CliError::NoChatTemplate)?;
+    let threads = tandem::runtime::init_threads(config.runtime.threads);
+    let rt = super::async_runtime()?;
+    let ask = |jobs: &[AnswerJob], (max_tokens, temperature): (usize, f32), what: &str| {
+        let mut bar = ProgressBar::default();
+        rt.block_on(answer_prompts(
+            Arc::clone(&target),
+            jobs,
+            (max_tokens, tok.eos_ids()),
+            temperature,
+            (8, threads),
+            &mut |done, total| bar.update(done, total, what),
+        ))
+        .map_err(|e| flag("--prompts", e.to_string()))
+    };
+    let answering = (args.max_tokens, args.temperature);
+    let dev_path = args.out.join("answers.json");
+    let mut answers = match read_answers(&dev_path)? {
+        Some(answers) => answers,
+        None => {
             let all = tandem::bench::load_prompts(&args.prompts)?;
             let mut prompts = tandem::bench::every_nth(all, args.leave_out, false);
             if args.limit > 0 {
@@ -122,23 +156,9 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
                     tok.encode(&rendered, true)?,
                 ));
             }
-            let threads = tandem::runtime::init_threads(config.runtime.threads);
-            let rt = super::async_runtime()?;
-            let ask = |jobs: &[AnswerJob], what: &str| {
-                let mut bar = ProgressBar::default();
-                rt.block_on(answer_prompts(
-                    Arc::clone(&target),
-                    jobs,
-                    (args.max_tokens, tok.eos_ids()),
-                    args.temperature,
-                    (8, threads),
-                    &mut |done, total| bar.update(done, total, what),
-                ))
-                .map_err(|e| flag("--prompts", e.to_string()))
-            };
             let prompt_tokens: Vec<Vec<u32>> = firsts.iter().map(|f| f.2.clone()).collect();
             let jobs = answer_jobs(&prompt_tokens, args.sampled, args.seed);
-            let mut answers = ask(&jobs, "target answers")?;
+            let mut answers = ask(&jobs, answering, "target answers")?;
             if args.turns == 2 {
                 // Each first answer, in its conversation, before the question's second turn.
                 let per = 1 + args.sampled;
@@ -161,26 +181,75 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
                         seed: job.seed.map(|s| s ^ 0x5eed_0002),
                     });
                 }
-                answers.extend(ask(&seconds, "second turns")?);
+                answers.extend(ask(&seconds, answering, "second turns")?);
             }
-            std::fs::create_dir_all(&args.out).map_err(|e| CliError::WriteFile {
-                path: args.out.clone(),
-                source: e,
-            })?;
-            let json = serde_json::to_string(&answers)?;
-            std::fs::write(&answers_path, json).map_err(|e| CliError::WriteFile {
-                path: answers_path.clone(),
-                source: e,
-            })?;
+            write_answers(&args.out, &dev_path, &answers)?;
             answers
         }
     };
+    if args.self_prompts > 0 {
+        let self_path = args.out.join("self_answers.json");
+        let written = match read_answers(&self_path)? {
+            Some(answers) => answers,
+            None => {
+                // The target writes user turns from the template's opening of one, sampled
+                // (seeded); each finished one, asked afresh, gets one answer, greedy and
+                // sampled in turn.
+                let opening =
+                    user_turn_opening(template).map_err(|e| flag("--model", e.to_string()))?;
+                let opening = tok.encode(&opening, true)?;
+                let jobs: Vec<AnswerJob> = (0..args.self_prompts)
+                    .map(|i| AnswerJob {
+                        prompt: opening.clone(),
+                        seed: Some(args.seed ^ (0x5e1f_0000_0000 + i as u64)),
+                    })
+                    .collect();
+                let turns = ask(
+                    &jobs,
+                    (args.self_prompt_tokens, args.self_prompt_temperature),
+                    "prompts the target writes",
+                )?;
+                let mut seen = std::collections::HashSet::new();
+                let mut questions = Vec::new();
+                for turn in &turns {
+                    let Some(words) =
+                        finished_turn(&turn.tokens[turn.answer_from..], tok.eos_ids())
+                    else {
+                        continue;
+                    };
+                    let text = tok.decode(words)?;
+                    if text.trim().is_empty() || !seen.insert(text.clone()) {
+                        continue;
+                    }
+                    let rendered = template.render(&[ChatMessage::new("user", text)], true)?;
+                    questions.push(tok.encode(&rendered, true)?);
+                }
+                let jobs: Vec<AnswerJob> = questions
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, prompt)| AnswerJob {
+                        prompt,
+                        seed: (i % 2 == 1).then(|| args.seed ^ (0x5e1f_0001_0000 + i as u64)),
+                    })
+                    .collect();
+                let answers = ask(&jobs, answering, "answers to them")?;
+                write_answers(&args.out, &self_path, &answers)?;
+                answers
+            }
+        };
+        println!(
+            "{} prompts the target wrote itself, answered",
+            written.len()
+        );
+        answers.extend(written);
+    }
     let opts = TrainOptions {
         out: args.out.clone(),
         epochs: args.epochs,
         draft_vocab: args.draft_vocab,
         intermediate: args.intermediate,
         holdout: args.holdout,
+        init: args.init.clone(),
         settings: TrainSettings {
             learning_rate: args.learning_rate,
             warmup_steps: args.warmup_steps,
@@ -223,6 +292,27 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
     }
     println!("head written to {}", args.out.display());
     Ok(())
+}
+
+/// Answers a run wrote before (`None`: none yet).
+fn read_answers(path: &Path) -> Result<Option<Vec<Answer>>, CliError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(serde_json::from_str(&text)?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(CliError::ReadFile {
+            path: path.to_owned(),
+            source: e,
+        }),
+    }
+}
+
+fn write_answers(dir: &Path, path: &Path, answers: &[Answer]) -> Result<(), CliError> {
+    let write = |p: &Path, e| CliError::WriteFile {
+        path: p.to_owned(),
+        source: e,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| write(dir, e))?;
+    std::fs::write(path, serde_json::to_string(answers)?).map_err(|e| write(path, e))
 }
 
 /// A training step allocates and frees tensors of megabytes dozens of times; glibc hands

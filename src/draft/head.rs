@@ -14,9 +14,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::context_vocab::ContextVocab;
 use super::draw::{draw_draft, DrawLane, DrawScratch};
 use super::siblings::Siblings;
-use super::{DraftError, DraftJob, DraftTiming};
+use super::{DraftError, DraftJob, DraftTiming, PromptLookup};
 use crate::model::head::DraftHead;
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::GateRound;
@@ -29,6 +30,12 @@ struct HeadSeq {
     /// Target features from position `from` on, `hidden` values a row.
     from: usize,
     features: Vec<f32>,
+    /// With a reduced draft vocabulary: the tokens of the sequence's own text it lacks, which
+    /// this sequence's drafts may propose too.
+    context_vocab: ContextVocab,
+    /// The ids this sequence's drafts are drawn over (the draft vocabulary's, then
+    /// `context_vocab`'s); empty while it adds none.
+    draft_ids: Vec<u32>,
 }
 
 pub struct HeadDrafter {
@@ -37,6 +44,10 @@ pub struct HeadDrafter {
     cache: KvCache,
     seqs: HashMap<u64, HeadSeq>,
     scratch: DrawScratch,
+    /// A draft row with the sequence's own tokens' logits after the draft vocabulary's.
+    row: Vec<f32>,
+    /// Prompt lookup drafted first: a job whose text has an n-gram match drafts the match.
+    lookup: Option<PromptLookup>,
 }
 
 /// Per-job state while a batch drafts.
@@ -61,14 +72,26 @@ impl HeadDrafter {
             cache,
             seqs: HashMap::new(),
             scratch: DrawScratch::default(),
+            row: Vec::new(),
+            lookup: None,
         }
+    }
+
+    /// Drafts with prompt lookup first: a sequence whose text has an n-gram match drafts the
+    /// match (a point mass, as prompt lookup alone does), and the head drafts only where the
+    /// text has none. The head's cache catches up on the positions it skipped at its next
+    /// round, from the features it was given meanwhile.
+    pub fn with_lookup(mut self, lookup: Option<PromptLookup>) -> Self {
+        self.lookup = lookup;
+        self
     }
 
     pub fn target(&self) -> &Arc<Llama> {
         &self.target
     }
 
-    /// A drafter with the same head and target and one empty slot (to time drafting).
+    /// A drafter with the same head and target and one empty slot, to time the head's
+    /// drafting (without prompt lookup, whose drafts cost next to nothing).
     pub fn fresh(&self) -> Self {
         Self::new(Arc::clone(&self.head), Arc::clone(&self.target), 1)
     }
@@ -111,6 +134,8 @@ impl HeadDrafter {
                     standing: 0,
                     from: 0,
                     features: Vec::new(),
+                    context_vocab: ContextVocab::default(),
+                    draft_ids: Vec::new(),
                 },
             );
         }
@@ -126,6 +151,13 @@ impl HeadDrafter {
             job.out.clear();
             job.out.vocab = vocab;
             job.result = Ok(());
+            if let Some(p) = &self.lookup {
+                p.lookup_tree(job.context, job.gamma, job.tree_nodes, job.out);
+                if !job.out.tokens.is_empty() {
+                    lanes.push(None);
+                    continue;
+                }
+            }
             match self.lane(job) {
                 Ok(l) => lanes.push(Some(l)),
                 Err(e) => {
@@ -238,8 +270,17 @@ impl HeadDrafter {
                     siblings: &mut lane.siblings,
                     history: &lane.history,
                 };
-                let row = step.row(step.ranges[k].start);
-                match draw_draft(row, self.head.vocab_ids(), job, draw, &mut self.scratch) {
+                let mut row = step.row(step.ranges[k].start);
+                let mut ids = self.head.vocab_ids();
+                let state = self.seqs.get(&job.seq);
+                if let Some(s) = state.filter(|s| !s.draft_ids.is_empty()) {
+                    self.row.clear();
+                    self.row.extend_from_slice(row);
+                    let x = &step.hidden[(row_end - 1) * h..row_end * h];
+                    s.context_vocab.logits(x, &mut self.row);
+                    (row, ids) = (&self.row, Some(s.draft_ids.as_slice()));
+                }
+                match draw_draft(row, ids, job, draw, &mut self.scratch) {
                     Ok(Some(t)) => {
                         job.out.tokens.push(t);
                         lane.history.push(t);
@@ -280,7 +321,24 @@ impl HeadDrafter {
         }
         // Positions 0..ctx.len()-1 have features and a following token.
         let last = ctx.len() - 2;
+        let (head, target) = (Arc::clone(&self.head), Arc::clone(&self.target));
         let s = self.seq_state(job.seq)?;
+        if let Some(base) = head.vocab_ids() {
+            let had = s.context_vocab.ids().len();
+            s.context_vocab
+                .take_in(
+                    ctx,
+                    |t| head.drafts_token(t),
+                    |ids| head.output_rows(&target, ids),
+                )
+                .map_err(|e| DraftError::Forward(e.to_string()))?;
+            let added = s.context_vocab.ids();
+            if added.len() > had {
+                s.draft_ids.clear();
+                s.draft_ids.extend_from_slice(base);
+                s.draft_ids.extend_from_slice(added);
+            }
+        }
         // At least the last position is fed: its output gives the first draft.
         let first = s.standing.min(last);
         let slot = s.slot;

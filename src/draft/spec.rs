@@ -1,5 +1,5 @@
 //! The drafter a user names: `none`, `prompt-lookup[:MIN-MAX]`, `suffix[:MIN-MAX]`, `self:K`,
-//! `head[:PATH]`, `default` or a model path, as one enum.
+//! `head[:PATH]`, `head+lookup[:PATH]`, `default` or a model path, as one enum.
 //!
 //! Why it exists: the same name arrives from the config file (`speculation.draft_model`) and from
 //! CLI flags, and is acted on by model loading, the server and the CLI. Parsing it once, where it
@@ -23,8 +23,9 @@ pub enum DraftSpec {
     /// The target's own first K layers (`self:K`), K >= 1.
     SelfLayers(usize),
     /// A draft head on the target's features: `head` (the default model's shipped head) or
-    /// `head:PATH` (a head folder).
-    Head(Option<String>),
+    /// `head:PATH` (a head folder); `head+lookup[:PATH]`: prompt lookup drafts first, the
+    /// head where the text has no n-gram match.
+    Head { path: Option<String>, lookup: bool },
     /// A draft model: `default` (the default model file), a .gguf file, a Hugging Face folder
     /// or a hub id.
     Model(String),
@@ -35,8 +36,8 @@ pub enum DraftSpec {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidDraftSpec {
     #[error(
-        "must be none, prompt-lookup[:MIN-MAX], suffix[:MIN-MAX], default, self:K, head[:PATH] \
-         or a model path"
+        "must be none, prompt-lookup[:MIN-MAX], suffix[:MIN-MAX], default, self:K, head[:PATH], \
+         head+lookup[:PATH] or a model path"
     )]
     Empty,
     /// Prompt-lookup n-gram sizes out of range (the text is [`PromptLookup::parse_ngrams`]'s).
@@ -75,14 +76,19 @@ impl FromStr for DraftSpec {
                 .map(|p| Self::PromptLookup(p.across_requests()))
                 .map_err(InvalidDraftSpec::Ngrams);
         }
-        if t == "head" {
-            return Ok(Self::Head(None));
-        }
-        if let Some(path) = t.strip_prefix("head:") {
-            return match path.trim() {
-                "" => Err(InvalidDraftSpec::Empty),
-                p => Ok(Self::Head(Some(p.to_string()))),
-            };
+        for (name, lookup) in [("head", false), ("head+lookup", true)] {
+            if t == name {
+                return Ok(Self::Head { path: None, lookup });
+            }
+            if let Some(path) = t.strip_prefix(name).and_then(|r| r.strip_prefix(':')) {
+                return match path.trim() {
+                    "" => Err(InvalidDraftSpec::Empty),
+                    p => Ok(Self::Head {
+                        path: Some(p.to_string()),
+                        lookup,
+                    }),
+                };
+            }
         }
         if let Some(k) = t.strip_prefix("self:") {
             return match k.trim().parse::<usize>() {
@@ -109,8 +115,13 @@ impl fmt::Display for DraftSpec {
                 write!(f, "{kind}:{lo}-{hi}")
             }
             Self::SelfLayers(k) => write!(f, "self:{k}"),
-            Self::Head(None) => f.write_str("head"),
-            Self::Head(Some(p)) => write!(f, "head:{p}"),
+            Self::Head { path, lookup } => {
+                f.write_str(if *lookup { "head+lookup" } else { "head" })?;
+                match path {
+                    Some(p) => write!(f, ":{p}"),
+                    None => Ok(()),
+                }
+            }
             Self::Model(m) => f.write_str(m),
         }
     }
@@ -148,12 +159,22 @@ mod tests {
             Err(InvalidDraftSpec::Ngrams(_))
         ));
         assert_eq!(parse("self:8"), Ok(DraftSpec::SelfLayers(8)));
-        assert_eq!(parse("head"), Ok(DraftSpec::Head(None)));
+        let head = |path: Option<&str>, lookup| DraftSpec::Head {
+            path: path.map(String::from),
+            lookup,
+        };
+        assert_eq!(parse("head"), Ok(head(None, false)));
         assert_eq!(
             parse("head:heads/mine"),
-            Ok(DraftSpec::Head(Some("heads/mine".into())))
+            Ok(head(Some("heads/mine"), false))
+        );
+        assert_eq!(parse("head+lookup"), Ok(head(None, true)));
+        assert_eq!(
+            parse("head+lookup:heads/mine"),
+            Ok(head(Some("heads/mine"), true))
         );
         assert_eq!(parse("head:"), Err(InvalidDraftSpec::Empty));
+        assert_eq!(parse("head+lookup:"), Err(InvalidDraftSpec::Empty));
         assert_eq!(parse("default"), Ok(DraftSpec::Model("default".into())));
         assert_eq!(
             parse("models/draft.gguf"),
@@ -193,6 +214,8 @@ mod tests {
             "self:8",
             "head",
             "head:some/folder",
+            "head+lookup",
+            "head+lookup:some/folder",
             "default",
         ] {
             assert_eq!(s.parse::<DraftSpec>().unwrap().to_string(), s);

@@ -33,10 +33,12 @@ pub enum DraftSource {
         model: Arc<Llama>,
         name: String,
     },
-    /// A draft head on the target's own features.
+    /// A draft head on the target's own features; with `lookup`, prompt lookup drafts first
+    /// and the head where the text has no n-gram match.
     Head {
         head: Arc<DraftHead>,
         name: String,
+        lookup: Option<PromptLookup>,
     },
 }
 
@@ -74,8 +76,8 @@ impl Drafter {
             DraftSource::Model { model, name } => DraftWorkerState::Model(
                 ModelDrafter::with_slots(model, name, max_seqs).with_prefix_cache(prefix_cache),
             ),
-            DraftSource::Head { head, .. } => {
-                DraftWorkerState::Head(HeadDrafter::new(head, target, max_seqs))
+            DraftSource::Head { head, lookup, .. } => {
+                DraftWorkerState::Head(HeadDrafter::new(head, target, max_seqs).with_lookup(lookup))
             }
             DraftSource::PromptLookup(p) => {
                 let (lo, hi) = p.ngrams();

@@ -27,6 +27,9 @@ pub struct TrainOptions {
     pub intermediate: usize,
     /// Every `holdout`-th answer is held out for evaluation (0: none).
     pub holdout: usize,
+    /// A head folder whose weights a new run starts from instead of random ones (its draft
+    /// vocabulary ranked again over these answers); a resumed run ignores it.
+    pub init: Option<PathBuf>,
     pub settings: TrainSettings,
 }
 
@@ -84,6 +87,10 @@ pub fn train_head(
             )));
         }
         load_head(&opts.out)?
+    } else if let Some(from) = &opts.init {
+        let mut head = load_head(from)?;
+        head.token_rank = token_rank(answers, hp.vocab_size);
+        head
     } else {
         let inter = if opts.intermediate == 0 {
             hp.intermediate_size
