@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::context_vocab::ContextVocab;
 use super::draw::{draw_draft, DrawLane, DrawScratch};
 use super::siblings::Siblings;
 use super::{DraftError, DraftJob, DraftTiming, PromptLookup};
@@ -30,12 +29,6 @@ struct HeadSeq {
     /// Target features from position `from` on, `hidden` values a row.
     from: usize,
     features: Vec<f32>,
-    /// With a reduced draft vocabulary: the tokens of the sequence's own text it lacks, which
-    /// this sequence's drafts may propose too.
-    context_vocab: ContextVocab,
-    /// The ids this sequence's drafts are drawn over (the draft vocabulary's, then
-    /// `context_vocab`'s); empty while it adds none.
-    draft_ids: Vec<u32>,
 }
 
 pub struct HeadDrafter {
@@ -44,8 +37,6 @@ pub struct HeadDrafter {
     cache: KvCache,
     seqs: HashMap<u64, HeadSeq>,
     scratch: DrawScratch,
-    /// A draft row with the sequence's own tokens' logits after the draft vocabulary's.
-    row: Vec<f32>,
     /// Prompt lookup drafted first: a job whose text has an n-gram match drafts the match.
     lookup: Option<PromptLookup>,
 }
@@ -72,7 +63,6 @@ impl HeadDrafter {
             cache,
             seqs: HashMap::new(),
             scratch: DrawScratch::default(),
-            row: Vec::new(),
             lookup: None,
         }
     }
@@ -134,8 +124,6 @@ impl HeadDrafter {
                     standing: 0,
                     from: 0,
                     features: Vec::new(),
-                    context_vocab: ContextVocab::default(),
-                    draft_ids: Vec::new(),
                 },
             );
         }
@@ -270,17 +258,8 @@ impl HeadDrafter {
                     siblings: &mut lane.siblings,
                     history: &lane.history,
                 };
-                let mut row = step.row(step.ranges[k].start);
-                let mut ids = self.head.vocab_ids();
-                let state = self.seqs.get(&job.seq);
-                if let Some(s) = state.filter(|s| !s.draft_ids.is_empty()) {
-                    self.row.clear();
-                    self.row.extend_from_slice(row);
-                    let x = &step.hidden[(row_end - 1) * h..row_end * h];
-                    s.context_vocab.logits(x, &mut self.row);
-                    (row, ids) = (&self.row, Some(s.draft_ids.as_slice()));
-                }
-                match draw_draft(row, ids, job, draw, &mut self.scratch) {
+                let row = step.row(step.ranges[k].start);
+                match draw_draft(row, self.head.vocab_ids(), job, draw, &mut self.scratch) {
                     Ok(Some(t)) => {
                         job.out.tokens.push(t);
                         lane.history.push(t);
@@ -321,24 +300,7 @@ impl HeadDrafter {
         }
         // Positions 0..ctx.len()-1 have features and a following token.
         let last = ctx.len() - 2;
-        let (head, target) = (Arc::clone(&self.head), Arc::clone(&self.target));
         let s = self.seq_state(job.seq)?;
-        if let Some(base) = head.vocab_ids() {
-            let had = s.context_vocab.ids().len();
-            s.context_vocab
-                .take_in(
-                    ctx,
-                    |t| head.drafts_token(t),
-                    |ids| head.output_rows(&target, ids),
-                )
-                .map_err(|e| DraftError::Forward(e.to_string()))?;
-            let added = s.context_vocab.ids();
-            if added.len() > had {
-                s.draft_ids.clear();
-                s.draft_ids.extend_from_slice(base);
-                s.draft_ids.extend_from_slice(added);
-            }
-        }
         // At least the last position is fed: its output gives the first draft.
         let first = s.standing.min(last);
         let slot = s.slot;

@@ -5,7 +5,6 @@
 //! proposal is deterministic (prompt lookup: a point mass). After verification it is told how
 //! many tokens of the sequence stand, and rolls back whatever state it keeps past that.
 
-mod context_vocab;
 mod draw;
 mod error;
 mod head;

@@ -15,7 +15,7 @@
 mod checkpoint;
 pub mod train;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 pub use checkpoint::{load_head, save_head};
 
@@ -76,11 +76,9 @@ pub fn head_hparams(target: &LlamaHparams) -> LlamaHparams {
     }
 }
 
-/// A reduced draft vocabulary: the target ids it keeps, which ids those are (by id), and the
-/// output head's rows for them.
+/// A reduced draft vocabulary: the target ids it keeps and the output head's rows for them.
 struct DraftVocab {
     ids: Vec<u32>,
-    member: Vec<bool>,
     head: Linear,
 }
 
@@ -151,13 +149,7 @@ impl DraftHead {
                 &Device::Cpu,
                 ForwardKind::Own,
             )?;
-            let mut member = vec![false; hp.vocab_size];
-            for &t in &ids {
-                if let Some(m) = member.get_mut(t as usize) {
-                    *m = true;
-                }
-            }
-            Some(DraftVocab { ids, member, head })
+            Some(DraftVocab { ids, head })
         } else {
             None
         };
@@ -180,23 +172,6 @@ impl DraftHead {
     /// The target ids of the draft vocabulary's columns (`None`: the full vocabulary).
     pub fn vocab_ids(&self) -> Option<&[u32]> {
         self.vocab.as_ref().map(|v| v.ids.as_slice())
-    }
-
-    /// Whether the head may propose `id` (every id when it drafts over the whole vocabulary).
-    pub fn drafts_token(&self, id: u32) -> bool {
-        self.vocab
-            .as_ref()
-            .is_none_or(|v| v.member.get(id as usize).copied().unwrap_or(false))
-    }
-
-    /// The output head's rows of `ids` (`hidden` values each, f32): what the draft logits of
-    /// tokens outside the draft vocabulary are scored with.
-    pub fn output_rows(&self, target: &Llama, ids: &[u32]) -> Result<Vec<f32>> {
-        Ok(target
-            .output_rows(ids)?
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?)
     }
 
     /// A cache for the head's layer with `slots` sequences.
