@@ -12,7 +12,7 @@ use crate::draft::{check_same_vocabulary, DraftSpec, PromptLookup};
 use crate::engine::{DraftSource, EngineConfig};
 use crate::model::head::DraftHead;
 use crate::model::load::loader::LoadOptions;
-use crate::model::{LoadedModel, ModelError, ModelSource, WeightsDtype};
+use crate::model::{Llama, LoadedModel, ModelError, ModelSource, WeightsDtype};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
@@ -122,7 +122,7 @@ pub fn load_drafter(
         device: config.draft_device(),
         ..target_options(config)
     };
-    let draft = LoadedModel::load(&source, &opts)?;
+    let mut draft = LoadedModel::load(&source, &opts)?;
     check_same_vocabulary(
         &draft.tokenizer,
         &source.display_name(),
@@ -130,6 +130,7 @@ pub fn load_drafter(
         &target.source.display_name(),
     )
     .map_err(|e| SetupError::Draft(e.to_string()))?;
+    let vocab_note = reduce_draft_vocab(&mut draft.model, config)?;
     let layers_note = match layers {
         Some(k) => format!(
             ", first {k} of {} layers",
@@ -138,7 +139,7 @@ pub fn load_drafter(
         None => String::new(),
     };
     let name = format!(
-        "{} ({}{layers_note})",
+        "{} ({}{layers_note}{vocab_note})",
         source.display_name(),
         draft.model.linear_dtypes().join("/")
     );
@@ -152,6 +153,33 @@ pub fn load_drafter(
 /// Loads a draft head for `target` from `path` (`None`: the default model's shipped head), its
 /// matmuls at `dtype` (as-is: 8-bit, a head's file being f32) and its vocabulary reduced to
 /// `speculation.draft_vocab` tokens.
+/// Gives a draft model (or `self:K`) of the default target the reduced draft vocabulary
+/// (`speculation.draft_vocab`) of the shipped head's ranking, counted from the default model's
+/// own answers; returns the note for the drafter's name. Another target's ranking ships only
+/// inside its head, so its draft models draw from the whole vocabulary, as do draft models
+/// off the CPU (the reduced projection runs on it).
+fn reduce_draft_vocab(model: &mut Llama, config: &Config) -> Result<String, SetupError> {
+    let k = config.speculation.draft_vocab;
+    if k == 0 || config.model.path != "default" || !model.device().is_cpu() {
+        return Ok(String::new());
+    }
+    let dir = crate::model::head::default_head_dir();
+    let ranking = match crate::model::head::load_head(&dir) {
+        Ok(head) => head.token_rank,
+        Err(e) => {
+            tracing::warn!(head = %dir.display(), error = %e, "no vocabulary ranking for the draft model: it drafts over the whole vocabulary");
+            return Ok(String::new());
+        }
+    };
+    model
+        .set_draft_vocab(&ranking, k)
+        .map_err(|e| SetupError::Draft(format!("speculation.draft_vocab: {e}")))?;
+    Ok(model
+        .draft_vocab()
+        .map(|v| format!(", vocab {}", v.ids().len()))
+        .unwrap_or_default())
+}
+
 fn load_head(
     path: Option<&str>,
     lookup: bool,

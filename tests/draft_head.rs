@@ -1,7 +1,8 @@
 //! Draft heads (EAGLE): a head saved in EAGLE's layout loads back as exactly what was written;
 //! a malformed head is refused at load with the key named; the engine drafting with a head
 //! (chains and trees, 1 and 4 requests at once, pipelining asked for or not) gives exactly
-//! plain greedy decoding; and `train-head`'s training on the tiny model's own answers lowers
+//! plain greedy decoding; a draft model's reduced draft vocabulary confines its drafts; and
+//! `train-head`'s training on the tiny model's own answers lowers
 //! its held-out loss and raises its acceptance over the untrained head. (Sampled output with a
 //! head: `tests/sampled_distribution.rs`.)
 
@@ -399,6 +400,84 @@ fn greedy_output_with_a_head_equals_plain_decoding() {
         let stats = rt().block_on(engine.cache_stats()).unwrap();
         assert!(stats.idle(), "every slot returned: {stats:?}");
     }
+}
+
+/// A draft model with a reduced draft vocabulary (`speculation.draft_vocab`) drafts only its
+/// tokens, greedy and sampled (`q` is 0 elsewhere), and greedy output with it is plain
+/// decoding's: the tiny target drafting for itself over the even tokens among the first 64.
+#[test]
+fn a_draft_model_drafts_over_its_reduced_vocabulary() {
+    use tandem::draft::{DraftJob, ModelDrafter, Proposal};
+    use tandem::sampling::{DraftGate, SeededRng};
+    let _serial = one_at_a_time();
+    let (dir, _) = target();
+    let mut draft = common::load_tiny(dir.path(), WeightsDtype::F32).model;
+    let ranking: Vec<u32> = (0..64).map(|i| 2 * i).collect();
+    draft.set_draft_vocab(&ranking, 32).unwrap();
+    let kept = &ranking[..32];
+    assert_eq!(draft.draft_vocab().unwrap().ids(), kept);
+    let mut drafter = ModelDrafter::new(&draft, "tiny, reduced");
+    for params in [
+        SamplingParams::greedy(),
+        SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        },
+    ] {
+        for seed in 0..4 {
+            let context = common::random_tokens(300 + seed, 10, 256);
+            let mut rng = SeededRng::new(seed);
+            let mut out = Proposal::default();
+            let mut jobs = [DraftJob {
+                seq: 0,
+                context: &context,
+                generated_from: context.len(),
+                gamma: 4,
+                params: &params,
+                rng: &mut rng,
+                out: &mut out,
+                gate: DraftGate::OFF,
+                min_tokens: 0,
+                confidence: false,
+                tree_nodes: 0,
+                grammar: None,
+                result: Ok(()),
+            }];
+            drafter.propose_batch(&mut jobs);
+            let [job] = jobs;
+            job.result.unwrap();
+            drafter.end(0, false);
+            assert_eq!(out.tokens.len(), 4);
+            assert!(
+                out.tokens.iter().all(|t| kept.contains(t)),
+                "{:?}",
+                out.tokens
+            );
+            for row in out.dists.chunks(out.vocab) {
+                let outside: f32 = (0..out.vocab as u32)
+                    .filter(|t| !kept.contains(t))
+                    .map(|t| row[t as usize])
+                    .sum();
+                assert_eq!(outside, 0.0);
+            }
+        }
+    }
+    // In the engine: output is plain decoding's; the target's own tokens outside the
+    // vocabulary are never drafted, so some drafts fall.
+    let all = prompts(6, 4321);
+    let want: Vec<Vec<u32>> = all.iter().map(|p| plain(&greedy(p.clone(), 24))).collect();
+    let source = DraftSource::Model {
+        model: Arc::new(draft),
+        name: "tiny, reduced".into(),
+    };
+    let engine = engine_with(source, false);
+    let done = run_all(&engine, &all, 3, speculation(fixed(3), 0));
+    for (i, c) in done.iter().enumerate() {
+        assert_eq!(c.tokens, want[i], "prompt {i}");
+    }
+    let s = totals(&done);
+    let rate = s.acceptance_rate();
+    assert!(s.draft_tokens > 0 && rate > 0.0 && rate < 1.0, "{s:?}");
 }
 
 #[test]

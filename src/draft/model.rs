@@ -14,7 +14,7 @@ use super::siblings::Siblings;
 use super::{DraftError, Proposal, Proposer};
 use crate::constraint::SequenceConstraint;
 use crate::model::cache::prefix_index::PrefixIndex;
-use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{BatchLogits, KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::{DraftGate, GateRound, SamplingParams, SeededRng};
 
 /// `M` is how the model is held: `&Llama` for one generation, `Arc<Llama>` in the engine.
@@ -78,6 +78,13 @@ pub struct DraftTiming {
 
 /// The sequence id the single-sequence [`Proposer`] interface drafts under.
 const SOLO: u64 = u64::MAX;
+
+/// A draft step's logits: every sequence's last row over the whole vocabulary, or over the
+/// model's reduced draft vocabulary (rows of `width` values, in batch order).
+enum StepLogits {
+    Full(BatchLogits),
+    Reduced((Vec<f32>, usize)),
+}
 
 /// Per-job state while a batch drafts.
 struct Lane {
@@ -185,6 +192,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         }
         let start = Instant::now();
         let steps = lanes.iter().flatten().map(|l| l.gamma).max().unwrap_or(0);
+        let vocab = self.model.draft_vocab();
         for j in 0..steps {
             let order: Vec<usize> = (0..jobs.len())
                 .filter(|&i| lanes[i].as_ref().is_some_and(|l| j < l.gamma))
@@ -200,12 +208,25 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                         slot: l.slot,
                         start_pos: self.cache.len(l.slot).unwrap_or(0),
                         tokens: &l.feed,
-                        logits: LogitsRows::Last,
+                        // A reduced vocabulary projects the output states itself.
+                        logits: if vocab.is_some() {
+                            LogitsRows::None
+                        } else {
+                            LogitsRows::Last
+                        },
                         parents: &[],
                     }
                 })
                 .collect();
-            let logits = self.model.forward(&mut self.cache, &inputs);
+            let logits = match vocab {
+                Some(v) => v
+                    .forward_last(&self.model, &mut self.cache, &inputs)
+                    .map(StepLogits::Reduced),
+                None => self
+                    .model
+                    .forward(&mut self.cache, &inputs)
+                    .map(StepLogits::Full),
+            };
             drop(inputs);
             timing.steps += 1;
             if j == 0 {
@@ -224,19 +245,27 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             for (row_idx, &i) in order.iter().enumerate() {
                 let lane = lanes[i].as_mut().expect("filtered");
                 let job = &mut jobs[i];
-                let picked = logits
-                    .seq_rows(row_idx)
-                    .map_err(DraftError::Model)
-                    .and_then(|mut rows| {
-                        let row = rows.pop().expect("asked for the last row");
-                        let draw = DrawLane {
-                            step: j,
-                            gate: &mut lane.gate,
-                            siblings: &mut lane.siblings,
-                            history: &lane.history,
-                        };
-                        draw_draft(&row, None, job, draw, &mut self.scratch)
-                    });
+                let draw = DrawLane {
+                    step: j,
+                    gate: &mut lane.gate,
+                    siblings: &mut lane.siblings,
+                    history: &lane.history,
+                };
+                let picked = match &logits {
+                    StepLogits::Full(l) => {
+                        l.seq_rows(row_idx)
+                            .map_err(DraftError::Model)
+                            .and_then(|mut rows| {
+                                let row = rows.pop().expect("asked for the last row");
+                                draw_draft(&row, None, job, draw, &mut self.scratch)
+                            })
+                    }
+                    StepLogits::Reduced((rows, width)) => {
+                        let row = &rows[row_idx * width..(row_idx + 1) * width];
+                        let ids = vocab.map(|v| v.ids());
+                        draw_draft(row, ids, job, draw, &mut self.scratch)
+                    }
+                };
                 match picked {
                     Ok(Some(t)) => {
                         job.out.tokens.push(t);

@@ -34,6 +34,7 @@
 //!   parent.
 
 pub mod cache;
+pub mod draft_vocab;
 mod error;
 pub mod head;
 pub mod kernels;

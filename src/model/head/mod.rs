@@ -20,6 +20,7 @@ use candle_core::{Device, Tensor};
 pub use checkpoint::{load_head, save_head};
 
 use crate::model::cache::kv_cache::{KvCache, KvDtype};
+use crate::model::draft_vocab::DraftVocab;
 use crate::model::llama::batch::{logits_rows, SeqInput};
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
@@ -74,12 +75,6 @@ pub fn head_hparams(target: &LlamaHparams) -> LlamaHparams {
         rope_layout: crate::model::load::hparams::RopeLayout::HalfSplit,
         ..target.clone()
     }
-}
-
-/// A reduced draft vocabulary: the target ids it keeps and the output head's rows for them.
-struct DraftVocab {
-    ids: Vec<u32>,
-    head: Linear,
 }
 
 /// A loaded head, ready to draft for a target.
@@ -139,19 +134,12 @@ impl DraftHead {
             gate_up: linear(vec![&tensors.gate, &tensors.up])?,
             down: linear(vec![&tensors.down])?,
         };
-        let ranked = tensors.token_rank.len();
-        let vocab = if draft_vocab > 0 && ranked > 0 && ranked < hp.vocab_size {
-            let ids = tensors.token_rank[..draft_vocab.min(ranked)].to_vec();
-            let rows = target.output_rows(&ids)?;
-            let head = Linear::convert(
-                RawWeight::Dense(rows),
-                dtype,
-                &Device::Cpu,
-                ForwardKind::Own,
-            )?;
-            Some(DraftVocab { ids, head })
-        } else {
-            None
+        let vocab = match DraftVocab::ids_of(&tensors.token_rank, draft_vocab, hp.vocab_size) {
+            Some(ids) => {
+                let rows = target.output_rows(&ids)?;
+                Some(DraftVocab::new(ids, rows, dtype)?)
+            }
+            None => None,
         };
         let context_len = target.context_len();
         Ok(Self {
@@ -171,7 +159,7 @@ impl DraftHead {
 
     /// The target ids of the draft vocabulary's columns (`None`: the full vocabulary).
     pub fn vocab_ids(&self) -> Option<&[u32]> {
-        self.vocab.as_ref().map(|v| v.ids.as_slice())
+        self.vocab.as_ref().map(|v| v.ids())
     }
 
     /// A cache for the head's layer with `slots` sequences.
@@ -244,7 +232,7 @@ impl DraftHead {
             let idx = Tensor::from_vec(rows.clone(), rows.len(), &Device::Cpu)?;
             let picked = x.index_select(&idx, 0)?;
             let t = match &self.vocab {
-                Some(v) => v.head.forward(&picked)?,
+                Some(v) => v.project(&picked)?,
                 None => target.project(&picked)?,
             };
             let width = t.dim(1)?;
