@@ -154,12 +154,12 @@ pub fn load_drafter(
 /// matmuls at `dtype` (as-is: 8-bit, a head's file being f32) and its vocabulary reduced to
 /// `speculation.draft_vocab` tokens.
 /// Gives a draft model (or `self:K`) of the default target the reduced draft vocabulary
-/// (`speculation.draft_vocab`) of the shipped head's ranking, counted from the default model's
+/// (`speculation.draft_model_vocab`) of the shipped head's ranking, counted from the default model's
 /// own answers; returns the note for the drafter's name. Another target's ranking ships only
 /// inside its head, so its draft models draw from the whole vocabulary, as do draft models
 /// off the CPU (the reduced projection runs on it).
 fn reduce_draft_vocab(model: &mut Llama, config: &Config) -> Result<String, SetupError> {
-    let k = config.speculation.draft_vocab;
+    let k = config.speculation.draft_model_vocab;
     if k == 0 || config.model.path != "default" || !model.device().is_cpu() {
         return Ok(String::new());
     }
@@ -173,7 +173,7 @@ fn reduce_draft_vocab(model: &mut Llama, config: &Config) -> Result<String, Setu
     };
     model
         .set_draft_vocab(&ranking, k)
-        .map_err(|e| SetupError::Draft(format!("speculation.draft_vocab: {e}")))?;
+        .map_err(|e| SetupError::Draft(format!("speculation.draft_model_vocab: {e}")))?;
     Ok(model
         .draft_vocab()
         .map(|v| format!(", vocab {}", v.ids().len()))

@@ -402,7 +402,7 @@ fn greedy_output_with_a_head_equals_plain_decoding() {
     }
 }
 
-/// A draft model with a reduced draft vocabulary (`speculation.draft_vocab`) drafts only its
+/// A draft model with a reduced draft vocabulary (`speculation.draft_model_vocab`) drafts only its
 /// tokens, greedy and sampled (`q` is 0 elsewhere), and greedy output with it is plain
 /// decoding's: the tiny target drafting for itself over the even tokens among the first 64.
 #[test]

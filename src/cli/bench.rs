@@ -82,6 +82,10 @@ pub struct BenchArgs {
     /// A draft head's reduced vocabulary: its most frequent tokens (0 = the whole vocabulary).
     #[arg(long, default_value_t = 8192)]
     draft_vocab: usize,
+    /// A draft model's (or `self:K`'s) reduced vocabulary, drafting for the default model: the
+    /// shipped head's most frequent tokens (0 = the whole vocabulary).
+    #[arg(long, default_value_t = 0)]
+    draft_model_vocab: usize,
     /// Weight type of the draft model (`as-is` keeps a GGUF's own quantization).
     #[arg(long, default_value = "as-is")]
     draft_weights_dtype: WeightsDtype,
@@ -129,6 +133,7 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
     };
     config.speculation.draft_weights_dtype = args.draft_weights_dtype;
     config.speculation.draft_vocab = args.draft_vocab;
+    config.speculation.draft_model_vocab = args.draft_model_vocab;
     let (target, draft, draft_name) = tandem::setup::load_models(&config)?;
     let head = if modes
         .iter()

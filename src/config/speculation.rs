@@ -31,6 +31,9 @@ pub struct SpeculationSection {
     pub draft_device: Option<DeviceSpec>,
     /// A draft head's reduced vocabulary size (`speculation.draft_vocab`; 0: the whole one).
     pub draft_vocab: usize,
+    /// A draft model's (or `self:K`'s) reduced vocabulary size, for the default model
+    /// (`speculation.draft_model_vocab`; 0: the whole one).
+    pub draft_model_vocab: usize,
     /// The live settings the engine starts with (`enabled`, `adaptive`, `gamma`, ...).
     pub settings: SpeculationSettings,
 }
@@ -54,16 +57,16 @@ impl SpeculationSection {
                     .map_err(|e| ConfigError::invalid("speculation.draft_device", e))?,
             ),
         };
-        let draft_vocab = match table.remove("draft_vocab") {
-            Some(toml::Value::Integer(n)) if n >= 0 => n as usize,
-            Some(other) => {
-                return Err(ConfigError::invalid(
-                    "speculation.draft_vocab",
-                    format!("must be a token count >= 0 (0: the whole vocabulary), got {other}"),
-                ))
-            }
-            None => 0,
+        let mut token_count = |key: &str| match table.remove(key) {
+            Some(toml::Value::Integer(n)) if n >= 0 => Ok(n as usize),
+            Some(other) => Err(ConfigError::invalid(
+                format!("speculation.{key}"),
+                format!("must be a token count >= 0 (0: the whole vocabulary), got {other}"),
+            )),
+            None => Ok(0),
         };
+        let draft_vocab = token_count("draft_vocab")?;
+        let draft_model_vocab = token_count("draft_model_vocab")?;
         let update: SpeculationOverride = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Parse(format!("[speculation] {e}")))?;
@@ -75,6 +78,7 @@ impl SpeculationSection {
             draft_weights_dtype,
             draft_device,
             draft_vocab,
+            draft_model_vocab,
             settings,
         })
     }
