@@ -66,7 +66,8 @@ pub struct TrainHeadArgs {
     #[arg(long, default_value_t = 1.0)]
     self_prompt_temperature: f32,
     /// Start from this head folder's weights instead of random ones (fine-tuning it on this
-    /// run's answers; its draft vocabulary is ranked again over them). A resumed run ignores it.
+    /// run's answers; its draft vocabulary is ranked again over them). A resumed run ignores it
+    /// [default: none, random weights].
     #[arg(long)]
     init: Option<PathBuf>,
     /// Temperature of the sampled answers.
