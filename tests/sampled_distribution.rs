@@ -276,22 +276,8 @@ fn loop_arm(
 }
 
 /// `N` requests through `engine`, `at_once` in flight together, each with up to `tree_nodes`
-/// alternatives beside its chain.
+/// alternatives beside its chain (the caller checks how much first rounds drafted).
 fn engine_arm(
-    rt: &tokio::runtime::Runtime,
-    engine: &Engine,
-    params: &SamplingParams,
-    (gamma, tree_nodes): (usize, usize),
-    at_once: u64,
-    seeds: u64,
-) -> Arm {
-    engine_arm_drafting(rt, engine, params, (gamma, tree_nodes), at_once, seeds)
-        .check_drafted(gamma)
-}
-
-/// [`engine_arm`] without the check that first rounds draft the whole γ (prompt lookup's
-/// match may be shorter).
-fn engine_arm_drafting(
     rt: &tokio::runtime::Runtime,
     engine: &Engine,
     params: &SamplingParams,
@@ -486,23 +472,25 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
                 loop_arm(&target, &draft, &params, gamma, 1.0, next_seeds()),
             )];
             for (path, engine, at_once) in &engines {
-                let arm = engine_arm(&rt, engine, &params, (gamma, 0), *at_once, next_seeds());
+                let arm = engine_arm(&rt, engine, &params, (gamma, 0), *at_once, next_seeds())
+                    .check_drafted(gamma);
                 arms.push((path, arm));
             }
             // Token trees: the drafter's runners-up beside its sampled chain, 4 at once.
-            let trees = engine_arm(&rt, &engines[2].1, &params, (gamma, 2), 4, next_seeds());
+            let trees = engine_arm(&rt, &engines[2].1, &params, (gamma, 2), 4, next_seeds())
+                .check_drafted(gamma);
             assert!(
                 trees.stats.tree_rounds > 0 && trees.stats.tree_branch_accepts > 0,
                 "{name}, γ = {gamma}: trees verified and alternatives taken: {:?}",
                 trees.stats
             );
             arms.push(("4 at once, token trees", trees));
-            let head = engine_arm(&rt, &head_engine, &params, (gamma, 0), 4, next_seeds());
+            let head = engine_arm(&rt, &head_engine, &params, (gamma, 0), 4, next_seeds())
+                .check_drafted(gamma);
             arms.push(("4 at once, draft head", head));
             // (Prompt lookup's match may be shorter than γ: its first rounds draft at least one.)
-            let hybrid =
-                engine_arm_drafting(&rt, &hybrid_engine, &params, (gamma, 0), 4, next_seeds())
-                    .check_drafted(1);
+            let hybrid = engine_arm(&rt, &hybrid_engine, &params, (gamma, 0), 4, next_seeds())
+                .check_drafted(1);
             arms.push(("4 at once, draft head after prompt lookup", hybrid));
             for (path, arm) in arms {
                 let rate = arm.stats.acceptance_rate();
