@@ -154,26 +154,35 @@ pub fn load_drafter(
 /// matmuls at `dtype` (as-is: 8-bit, a head's file being f32) and its vocabulary reduced to
 /// `speculation.draft_vocab` tokens.
 /// Gives a draft model (or `self:K`) of the default target the reduced draft vocabulary
-/// (`speculation.draft_model_vocab`) of the shipped head's ranking, counted from the default model's
-/// own answers; returns the note for the drafter's name. Another target's ranking ships only
-/// inside its head, so its draft models draw from the whole vocabulary, as do draft models
-/// off the CPU (the reduced projection runs on it).
+/// (`speculation.draft_model_vocab`) of the shipped head's ranking, counted from the default
+/// model's own answers; returns the note for the drafter's name. Another target's ranking
+/// ships only inside its head, and the reduced projection runs on the CPU, so asking for it
+/// elsewhere is refused with the key named.
 fn reduce_draft_vocab(model: &mut Llama, config: &Config) -> Result<String, SetupError> {
     let k = config.speculation.draft_model_vocab;
-    if k == 0 || config.model.path != "default" || !model.device().is_cpu() {
+    if k == 0 {
         return Ok(String::new());
     }
-    let dir = crate::model::head::default_head_dir();
-    let ranking = match crate::model::head::load_head(&dir) {
-        Ok(head) => head.token_rank,
-        Err(e) => {
-            tracing::warn!(head = %dir.display(), error = %e, "no vocabulary ranking for the draft model: it drafts over the whole vocabulary");
-            return Ok(String::new());
-        }
+    let refuse = |why: String| {
+        SetupError::Draft(format!(
+            "speculation.draft_model_vocab = {k}: {why}; set it to 0"
+        ))
     };
+    if config.model.path != "default" {
+        return Err(refuse(
+            "a draft model's vocabulary ranking ships only for the default model".into(),
+        ));
+    }
+    if !model.device().is_cpu() {
+        return Err(refuse("the reduced projection runs on the CPU only".into()));
+    }
+    let dir = crate::model::head::default_head_dir();
+    let ranking = crate::model::head::load_head(&dir)
+        .map_err(|e| refuse(format!("the ranking in {}: {e}", dir.display())))?
+        .token_rank;
     model
         .set_draft_vocab(&ranking, k)
-        .map_err(|e| SetupError::Draft(format!("speculation.draft_model_vocab: {e}")))?;
+        .map_err(|e| refuse(e.to_string()))?;
     Ok(model
         .draft_vocab()
         .map(|v| format!(", vocab {}", v.ids().len()))

@@ -480,6 +480,23 @@ fn a_draft_model_drafts_over_its_reduced_vocabulary() {
     assert!(s.draft_tokens > 0 && rate > 0.0 && rate < 1.0, "{s:?}");
 }
 
+/// A draft model's reduced vocabulary asked for where no ranking ships (a target other than
+/// the default model) is refused at start-up with the key named, not ignored.
+#[test]
+fn a_draft_model_vocabulary_without_a_ranking_is_refused() {
+    let (dir, _) = target();
+    let path = dir.path().display().to_string();
+    let text = format!(
+        "[model]\npath = {path:?}\n[speculation]\ndraft_model = {path:?}\ndraft_model_vocab = 64\n"
+    );
+    let config = tandem::config::Config::from_toml(&text).unwrap();
+    let loaded = common::load_tiny(dir.path(), WeightsDtype::F32);
+    let spec = config.speculation.draft_model.clone();
+    let refused = tandem::setup::load_drafter(&spec, WeightsDtype::F32, &config, &loaded);
+    let e = refused.err().expect("refused").to_string();
+    assert!(e.contains("speculation.draft_model_vocab"), "{e}");
+}
+
 #[test]
 fn training_lowers_the_loss_and_raises_acceptance() {
     let _serial = one_at_a_time();
