@@ -22,7 +22,7 @@ pub struct ModelArgs {
     #[arg(long, env = "TANDEM_MODEL")]
     model: Option<String>,
     /// Linear weight type after loading: auto, as-is, f32, f16, bf16, q8_0, q4_0, q4_1, q4k
-    /// [default: model.weights_dtype, `auto`: keep a file's quantization, float weights to q8_0].
+    /// [default: model.weights_dtype, `auto`: keep a file's quantization, float weights to q8_0; f16 on a GPU].
     #[arg(long, env = "TANDEM_WEIGHTS_DTYPE")]
     weights_dtype: Option<String>,
     /// Compute threads, 0 = every core [default: runtime.threads, 0].

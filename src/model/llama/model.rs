@@ -8,6 +8,7 @@
 //! and governor do not know which one runs.
 
 use crate::model::draft_vocab::DraftVocab;
+use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 
 use super::{own_forward, tensor_forward};
@@ -75,7 +76,27 @@ impl Llama {
             ));
         }
         let context_len = context_len.min(hp.max_position_embeddings).max(1);
+        // On a GPU candle's quantized matmuls are not batch-invariant: measured on an H200, a
+        // 5-token forward's rows differ from single steps, and greedy speculative output left
+        // plain decoding's on 7 of 13 categories. Dense f16 through cuBLAS kept them equal and
+        // a step of a small model costs the same (launches, not bytes, bound it there).
+        let weights_dtype = match weights_dtype {
+            WeightsDtype::Auto if !device.is_cpu() => WeightsDtype::F16,
+            dtype => dtype,
+        };
         let weights = LlamaWeights::load(reader, &hp, weights_dtype, device, kind)?;
+        let quantized = !matches!(
+            weights.layers.first().map(|l| l.qkv.dtype()),
+            None | Some(GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
+        );
+        if !device.is_cpu() && quantized {
+            tracing::warn!(
+                "quantized weights ({weights_dtype}) on a GPU: candle's quantized kernels there \
+                 give a verified token other bits than a single step, so greedy speculative \
+                 output can leave plain decoding's at near-ties (weights_dtype auto takes f16 on \
+                 a GPU)"
+            );
+        }
         let backend = match kind {
             ForwardKind::Own => Backend::Own(RopeTable::new(&hp, context_len)),
             ForwardKind::Tensor => Backend::Tensor(TensorRope::new(&hp, context_len, device)?),
