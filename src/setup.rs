@@ -212,6 +212,12 @@ fn load_head(
         Some(ids) => format!("vocab {}", ids.len()),
         None => "full vocab".into(),
     };
+    let vocab_note = match head.feature_taps() {
+        crate::model::FeatureTaps::LayerInputs(taps) => {
+            format!("EAGLE-3 over layers {taps:?}, {vocab_note}")
+        }
+        crate::model::FeatureTaps::LastNormed => vocab_note,
+    };
     let kind = if lookup { "head+lookup" } else { "head" };
     let name = format!("{kind}:{} ({vocab_note})", dir.display());
     tracing::info!(draft_head = %name, "loaded the draft head");

@@ -18,7 +18,7 @@ use tandem::engine::{
 };
 use tandem::model::head::train::{random_head, TrainSettings};
 use tandem::model::head::{load_head, save_head, DraftHead, HeadTensors};
-use tandem::model::{Llama, WeightsDtype};
+use tandem::model::{FeatureTaps, Llama, WeightsDtype};
 use tandem::sampling::SamplingParams;
 use tandem::train::{answer_jobs, answer_prompts, train_head, Answer, TrainOptions};
 
@@ -216,6 +216,42 @@ fn totals(done: &[Completion]) -> SpeculationStats {
     s
 }
 
+/// The layer's tensors of a head as written and as loaded back, side by side.
+fn layer_pairs<'a>(a: &'a HeadTensors, b: &'a HeadTensors) -> Vec<(&'a Tensor, &'a Tensor)> {
+    vec![
+        (&a.fc, &b.fc),
+        (&a.q, &b.q),
+        (&a.k, &b.k),
+        (&a.v, &b.v),
+        (&a.o, &b.o),
+        (&a.ffn_norm, &b.ffn_norm),
+        (&a.gate, &b.gate),
+        (&a.up, &b.up),
+        (&a.down, &b.down),
+    ]
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+/// Written as f16: what loads back is each weight rounded to f16, bit for bit.
+fn assert_loaded_as_f16(pairs: &[(&Tensor, &Tensor)]) {
+    for (i, (written, loaded)) in pairs.iter().enumerate() {
+        let rounded = written
+            .to_dtype(DType::F16)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .unwrap();
+        assert_eq!(bits(&rounded), bits(loaded), "tensor {i}");
+    }
+}
+
 #[test]
 fn a_saved_head_loads_back_as_written() {
     let (_, target) = target();
@@ -224,36 +260,7 @@ fn a_saved_head_loads_back_as_written() {
     let dir = tempfile::tempdir().unwrap();
     save_head(dir.path(), &head, target.hparams()).unwrap();
     let back = load_head(dir.path()).unwrap();
-    // Written as f16: what loads back is each weight rounded to f16, bit for bit.
-    let f16 = |t: &Tensor| {
-        t.to_dtype(DType::F16)
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
-    };
-    let bits = |t: &Tensor| -> Vec<u32> {
-        t.flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect()
-    };
-    let pairs = [
-        (&head.fc, &back.fc),
-        (&head.q, &back.q),
-        (&head.k, &back.k),
-        (&head.v, &back.v),
-        (&head.o, &back.o),
-        (&head.ffn_norm, &back.ffn_norm),
-        (&head.gate, &back.gate),
-        (&head.up, &back.up),
-        (&head.down, &back.down),
-    ];
-    for (i, (a, b)) in pairs.into_iter().enumerate() {
-        assert_eq!(bits(&f16(a)), bits(b), "tensor {i}");
-    }
+    assert_loaded_as_f16(&layer_pairs(&head, &back));
     assert_eq!(back.token_rank, head.token_rank);
     assert!(back.fc_bias.is_none());
     // Saved again, it loads back unchanged.
@@ -265,20 +272,25 @@ fn a_saved_head_loads_back_as_written() {
     DraftHead::new(back, target, WeightsDtype::F32, 3).unwrap();
 }
 
+type Tensors = std::collections::HashMap<String, Tensor>;
+
+/// A copy of the head folder `dir` whose tensors `edit` changed.
+fn rewritten(dir: &std::path::Path, edit: &dyn Fn(&mut Tensors)) -> tempfile::TempDir {
+    let file = dir.join("model.safetensors");
+    let mut all = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
+    edit(&mut all);
+    let d = tempfile::tempdir().unwrap();
+    std::fs::copy(dir.join("config.json"), d.path().join("config.json")).unwrap();
+    candle_core::safetensors::save(&all, d.path().join("model.safetensors")).unwrap();
+    d
+}
+
 #[test]
 fn malformed_heads_are_refused_naming_the_key() {
     let (_, target) = target();
     let dir = tempfile::tempdir().unwrap();
     save_head(dir.path(), &untrained(), target.hparams()).unwrap();
-    let file = dir.path().join("model.safetensors");
-    let rewrite = |edit: &dyn Fn(&mut std::collections::HashMap<String, Tensor>)| {
-        let mut all = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
-        edit(&mut all);
-        let d = tempfile::tempdir().unwrap();
-        std::fs::copy(dir.path().join("config.json"), d.path().join("config.json")).unwrap();
-        candle_core::safetensors::save(&all, d.path().join("model.safetensors")).unwrap();
-        d
-    };
+    let rewrite = |edit: &dyn Fn(&mut Tensors)| rewritten(dir.path(), edit);
     let missing = rewrite(&|all| {
         all.remove("layers.0.mlp.up_proj.weight");
     });
@@ -291,8 +303,9 @@ fn malformed_heads_are_refused_naming_the_key() {
             Tensor::zeros(4, DType::I64, &Device::Cpu).unwrap(),
         );
     });
+    // A vocabulary map makes it an EAGLE-3 head, whose own keys it then lacks.
     let e = load_head(eagle3.path()).unwrap_err().to_string();
-    assert!(e.contains("EAGLE-3"), "{e}");
+    assert!(e.contains("midlayer.input_layernorm.weight"), "{e}");
 
     // A head for a target of another hidden size.
     let mut other = target.hparams().clone();
@@ -370,6 +383,21 @@ fn greedy_output_with_a_head_equals_plain_decoding() {
             "trained, prompt lookup first",
             trained.clone(),
             small,
+            false,
+            true,
+        ),
+        // EAGLE-3: three taps, its own vocabulary of the tiny target's even tokens.
+        (
+            "EAGLE-3",
+            eagle3_head(41, (0..130).map(|i| i * 2).collect(), vec![]),
+            0,
+            false,
+            false,
+        ),
+        (
+            "EAGLE-3, prompt lookup first",
+            eagle3_head(41, (0..130).map(|i| i * 2).collect(), vec![1, 0, 1]),
+            0,
             false,
             true,
         ),
@@ -657,7 +685,9 @@ fn features_of_texts_sharing_a_prefix_are_each_texts_own() {
             logits: LogitsRows::None,
             parents: &[],
         };
-        let (_, alone) = target.forward_with_features(&mut cache, &[input]).unwrap();
+        let (_, alone) = target
+            .forward_with_features(&mut cache, &[input], &FeatureTaps::LastNormed)
+            .unwrap();
         assert_eq!(shared, alone.seq(0), "text {i}");
     }
 }
@@ -670,7 +700,7 @@ fn features_come_out_of_the_forward_on_both_backends() {
     let (dir, own) = target();
     let tensor = common::load_tiny_on(dir.path(), WeightsDtype::F32, BackendChoice::Candle).model;
     let tokens = common::random_tokens(3, 12, 256);
-    let run = |m: &Llama| {
+    let run_taps = |m: &Llama, taps: &FeatureTaps| {
         let mut cache = m.new_cache(1);
         cache.allocate_slot(0).unwrap();
         let input = SeqInput {
@@ -680,9 +710,10 @@ fn features_come_out_of_the_forward_on_both_backends() {
             logits: LogitsRows::All,
             parents: &[],
         };
-        let (logits, features) = m.forward_with_features(&mut cache, &[input]).unwrap();
+        let (logits, features) = m.forward_with_features(&mut cache, &[input], taps).unwrap();
         (logits.seq_rows(0).unwrap(), features.seq(0).to_vec())
     };
+    let run = |m: &Llama| run_taps(m, &FeatureTaps::LastNormed);
     let (logits, features) = run(own);
     let h = own.hparams().hidden_size;
     assert_eq!(features.len(), tokens.len() * h);
@@ -704,5 +735,328 @@ fn features_come_out_of_the_forward_on_both_backends() {
     assert!(
         worst < 1e-3,
         "the tensor backend's features differ by {worst}"
+    );
+
+    // EAGLE-3's taps: layer inputs side by side in the order asked. Layer 0's input is the
+    // embedding; tapping changes no logit.
+    let taps = FeatureTaps::LayerInputs(vec![1, 0, 1]);
+    let embedded = own.embed(&tokens).unwrap().to_vec2::<f32>().unwrap();
+    for (name, m) in [("own", own.as_ref()), ("tensor", &tensor)] {
+        let (tapped_logits, tapped) = run_taps(m, &taps);
+        assert_eq!(tapped.len(), tokens.len() * 3 * h, "{name}");
+        if name == "own" {
+            assert_eq!(tapped_logits, logits, "tapping changes no logit");
+        }
+        for (i, row) in tapped.chunks_exact(3 * h).enumerate() {
+            assert_eq!(
+                &row[h..2 * h],
+                &embedded[i][..],
+                "{name}: layer 0's input, row {i}"
+            );
+            assert_eq!(
+                &row[..h],
+                &row[2 * h..],
+                "{name}: the same layer twice, row {i}"
+            );
+            assert_ne!(
+                &row[..h],
+                &row[h..2 * h],
+                "{name}: layer 1's input is not the embedding"
+            );
+        }
+    }
+}
+
+/// A random EAGLE-3 head for the tiny target (`common::random_eagle3_head`).
+fn eagle3_head(seed: u64, ids: Vec<u32>, taps: Vec<usize>) -> HeadTensors {
+    common::random_eagle3_head(&target().1, 96, seed, ids, taps)
+}
+
+/// An EAGLE-3 head saved by tandem is in the published layout (`midlayer.*`, `fc` over three
+/// taps, its own `lm_head` and `norm`, `d2t` offsets, `t2d`, the config's draft vocabulary and
+/// taps in the output-of-layer numbering) and loads back as exactly what was written.
+#[test]
+fn an_eagle3_head_saves_in_the_published_layout_and_loads_back_as_written() {
+    let (_, target) = target();
+    let hp = target.hparams();
+    let h = hp.hidden_size;
+    let ids = vec![40, 3, 257, 11];
+    let head = eagle3_head(21, ids.clone(), vec![1, 1, 1]);
+    let dir = tempfile::tempdir().unwrap();
+    save_head(dir.path(), &head, hp).unwrap();
+
+    let file =
+        candle_core::safetensors::load(dir.path().join("model.safetensors"), &Device::Cpu).unwrap();
+    let dims = |k: &str| {
+        file.get(k)
+            .unwrap_or_else(|| panic!("{k} written"))
+            .dims()
+            .to_vec()
+    };
+    assert_eq!(dims("fc.weight"), [h, 3 * h]);
+    assert_eq!(
+        dims("midlayer.self_attn.q_proj.weight"),
+        [hp.num_heads * hp.head_dim, 2 * h]
+    );
+    assert_eq!(dims("midlayer.hidden_norm.weight"), [h]);
+    assert_eq!(dims("midlayer.input_layernorm.weight"), [h]);
+    assert_eq!(dims("lm_head.weight"), [4, h]);
+    assert_eq!(dims("norm.weight"), [h]);
+    assert!(
+        file.keys().all(|k| !k.starts_with("layers.")),
+        "{:?}",
+        file.keys()
+    );
+    let d2t = file["d2t"].to_vec1::<i64>().unwrap();
+    assert_eq!(d2t, [40, 2, 255, 8], "target id = draft id + d2t");
+    let t2d = file["t2d"].to_vec1::<u8>().unwrap();
+    assert_eq!(t2d.len(), hp.vocab_size);
+    let members: Vec<usize> = (0..t2d.len()).filter(|&i| t2d[i] == 1).collect();
+    assert_eq!(members, [3, 11, 40, 257]);
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["architectures"][0], "LlamaForCausalLMEagle3");
+    assert_eq!(config["draft_vocab_size"], 4);
+    assert_eq!(
+        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+        serde_json::json!([0, 0, 0])
+    );
+
+    let back = load_head(dir.path()).unwrap();
+    let (a, b) = (head.eagle3.as_ref().unwrap(), back.eagle3.as_ref().unwrap());
+    assert_eq!(b.draft_ids, ids);
+    assert_eq!(b.taps, [1, 1, 1]);
+    assert_eq!(b.rope_theta, a.rope_theta);
+    let mut pairs = layer_pairs(&head, &back);
+    pairs.extend([
+        (&a.input_norm, &b.input_norm),
+        (&a.hidden_norm, &b.hidden_norm),
+        (&a.final_norm, &b.final_norm),
+        (&a.lm_head, &b.lm_head),
+    ]);
+    assert_loaded_as_f16(&pairs);
+    // Saved again, the same file; and it drafts for its target.
+    let again = tempfile::tempdir().unwrap();
+    save_head(again.path(), &back, hp).unwrap();
+    assert_eq!(
+        std::fs::read(again.path().join("model.safetensors")).unwrap(),
+        std::fs::read(dir.path().join("model.safetensors")).unwrap()
+    );
+    let drafting = DraftHead::new(back, target, WeightsDtype::F32, 0).unwrap();
+    assert_eq!(drafting.vocab_ids(), Some(&ids[..]));
+    assert_eq!(
+        drafting.feature_taps(),
+        FeatureTaps::LayerInputs(vec![1, 1, 1])
+    );
+}
+
+/// A malformed EAGLE-3 head is refused with the key named: a vocabulary map outside the
+/// target's vocabulary or naming a token twice, a missing norm, an output head of another
+/// width, a tapped layer the target lacks.
+#[test]
+fn malformed_eagle3_heads_are_refused_naming_the_key() {
+    let (_, target) = target();
+    let hp = target.hparams();
+    let dir = tempfile::tempdir().unwrap();
+    save_head(dir.path(), &eagle3_head(5, vec![1, 2, 3], vec![]), hp).unwrap();
+    let rewrite = |edit: &dyn Fn(&mut Tensors)| rewritten(dir.path(), edit);
+    let refused = |d: &tempfile::TempDir| -> String {
+        match load_head(d.path()) {
+            Err(e) => e.to_string(),
+            Ok(t) => DraftHead::new(t, target, WeightsDtype::F32, 0)
+                .err()
+                .expect("refused")
+                .to_string(),
+        }
+    };
+    let offsets = |v: Vec<i64>| {
+        move |all: &mut Tensors| {
+            all.insert(
+                "d2t".into(),
+                Tensor::from_vec(v.clone(), 3, &Device::Cpu).unwrap(),
+            );
+        }
+    };
+    let outside = rewrite(&offsets(vec![1, 1, 400]));
+    let e = refused(&outside);
+    assert!(e.contains("d2t") && e.contains("outside"), "{e}");
+    let twice = rewrite(&offsets(vec![1, 0, 0]));
+    let e = refused(&twice);
+    assert!(e.contains("d2t") && e.contains("two draft tokens"), "{e}");
+    let negative = rewrite(&offsets(vec![-5, 0, 0]));
+    assert!(refused(&negative).contains("d2t[0]"));
+    let no_norm = rewrite(&|all| {
+        all.remove("midlayer.hidden_norm.weight");
+    });
+    assert!(refused(&no_norm).contains("midlayer.hidden_norm.weight"));
+    let narrow = rewrite(&|all| {
+        all.insert(
+            "lm_head.weight".into(),
+            Tensor::zeros((3, 8), DType::F16, &Device::Cpu).unwrap(),
+        );
+    });
+    assert!(refused(&narrow).contains("lm_head.weight"));
+    let wide_q = rewrite(&|all| {
+        let q = all["midlayer.self_attn.q_proj.weight"].clone();
+        all.insert(
+            "midlayer.self_attn.q_proj.weight".into(),
+            q.narrow(1, 0, hp.hidden_size).unwrap(),
+        );
+    });
+    assert!(refused(&wide_q).contains("midlayer.self_attn.q_proj.weight"));
+    // Taps past the target's layers (output of layer 5 is layer 6's input; it has 2).
+    let taps = rewrite(&|_| {});
+    let config = std::fs::read_to_string(taps.path().join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    config["eagle_config"] = serde_json::json!({"eagle_aux_hidden_state_layer_ids": [0, 5, 0]});
+    std::fs::write(taps.path().join("config.json"), config.to_string()).unwrap();
+    assert!(refused(&taps).contains("eagle_aux_hidden_state_layer_ids"));
+}
+
+/// The EAGLE-3 head computes the forward the published heads define, checked against a
+/// reference written here from that definition: `g = fc(taps)`; attention over
+/// `[input_norm(embed(x)), hidden_norm(g)]` with the head's own RoPE, `g` as the residual; the
+/// MLP; logits of `lm_head(norm(out))` over its draft vocabulary; `out` (before `norm`) the next
+/// step's `g`.
+#[test]
+fn an_eagle3_head_computes_the_published_forward() {
+    use tandem::model::{LogitsRows, SeqInput};
+    let (_, target) = target();
+    let hp = target.hparams().clone();
+    let (h, nh, nkv, hd) = (hp.hidden_size, hp.num_heads, hp.num_kv_heads, hp.head_dim);
+    let ids: Vec<u32> = (0..40).map(|i| i * 5 + 1).collect();
+    let head_t = eagle3_head(31, ids.clone(), vec![1, 0, 1]);
+    let p = head_t.eagle3.clone().unwrap();
+    let head = DraftHead::new(head_t.clone(), target, WeightsDtype::F32, 0).unwrap();
+
+    // The target's taps over a text, then the head over positions 0..n with the tokens after.
+    let text = common::random_tokens(9, 10, 256);
+    let mut cache = target.new_cache(1);
+    cache.allocate_slot(0).unwrap();
+    let (_, features) = target
+        .forward_with_features(
+            &mut cache,
+            &[SeqInput {
+                slot: 0,
+                start_pos: 0,
+                tokens: &text,
+                logits: LogitsRows::None,
+                parents: &[],
+            }],
+            &head.feature_taps(),
+        )
+        .unwrap();
+    let n = text.len() - 1;
+    let taps = &features.seq(0)[..n * 3 * h];
+    let g = head.input_states(taps).unwrap();
+    let mut head_cache = head.new_cache(1);
+    head_cache.allocate_slot(0).unwrap();
+    let step = head
+        .forward(
+            target,
+            &mut head_cache,
+            &[SeqInput {
+                slot: 0,
+                start_pos: 0,
+                tokens: &text[1..],
+                logits: LogitsRows::All,
+                parents: &[],
+            }],
+            &g,
+        )
+        .unwrap();
+
+    // The reference, row by row in f64-free plain candle ops.
+    let t = |v: &[f32], r: usize, c: usize| Tensor::from_slice(v, (r, c), &Device::Cpu).unwrap();
+    let rms =
+        |x: &Tensor, w: &Tensor| candle_nn::ops::rms_norm(x, w, hp.rms_norm_eps as f32).unwrap();
+    let lin = |x: &Tensor, w: &Tensor| x.matmul(&w.t().unwrap()).unwrap();
+    let g_ref = lin(&t(taps, n, 3 * h), &head_t.fc);
+    let embeds = target.embed(&text[1..]).unwrap();
+    let a = Tensor::cat(
+        &[rms(&embeds, &p.input_norm), rms(&g_ref, &p.hidden_norm)],
+        1,
+    )
+    .unwrap();
+    let (q, k, v) = (lin(&a, &head_t.q), lin(&a, &head_t.k), lin(&a, &head_t.v));
+    let rope = |x: &Tensor, heads: usize| -> Vec<Vec<Vec<f32>>> {
+        // Half-split RoPE at theta 10000: (pos, head, dim).
+        let x = x.to_vec2::<f32>().unwrap();
+        (0..n)
+            .map(|pos| {
+                (0..heads)
+                    .map(|hh| {
+                        let row = &x[pos][hh * hd..(hh + 1) * hd];
+                        let half = hd / 2;
+                        (0..hd)
+                            .map(|d| {
+                                let i = d % half;
+                                let theta =
+                                    pos as f32 / p.rope_theta.powf(2.0 * i as f32 / hd as f32);
+                                let (c, s) = (theta.cos(), theta.sin());
+                                if d < half {
+                                    row[d] * c - row[d + half] * s
+                                } else {
+                                    row[d] * c + row[d - half] * s
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let (qr, kr) = (rope(&q, nh), rope(&k, nkv));
+    let vv = v.to_vec2::<f32>().unwrap();
+    let mut attn = vec![0f32; n * nh * hd];
+    for pos in 0..n {
+        for hh in 0..nh {
+            let kvh = hh / (nh / nkv);
+            let scores: Vec<f32> = (0..=pos)
+                .map(|j| {
+                    (0..hd).map(|d| qr[pos][hh][d] * kr[j][kvh][d]).sum::<f32>()
+                        / (hd as f32).sqrt()
+                })
+                .collect();
+            let top = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let w: Vec<f32> = scores.iter().map(|s| (s - top).exp()).collect();
+            let total: f32 = w.iter().sum();
+            for d in 0..hd {
+                attn[(pos * nh + hh) * hd + d] =
+                    (0..=pos).map(|j| w[j] / total * vv[j][kvh * hd + d]).sum();
+            }
+        }
+    }
+    let x = (&g_ref + lin(&t(&attn, n, nh * hd), &head_t.o)).unwrap();
+    let m = rms(&x, &head_t.ffn_norm);
+    let act =
+        (candle_nn::ops::silu(&lin(&m, &head_t.gate)).unwrap() * lin(&m, &head_t.up)).unwrap();
+    let out = (&x + lin(&act, &head_t.down)).unwrap();
+    let logits = lin(&rms(&out, &p.final_norm), &p.lm_head);
+
+    let close = |got: &[f32], want: &[f32], what: &str| {
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+        let worst = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst <= 1e-4 * scale, "{what}: off by {worst} of {scale}");
+    };
+    close(
+        &g,
+        &g_ref.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        "fc of the taps",
+    );
+    close(
+        &step.hidden,
+        &out.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        "output state",
+    );
+    assert_eq!(step.width, ids.len());
+    close(
+        &step.logits,
+        &logits.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        "draft logits",
     );
 }

@@ -2,8 +2,10 @@
 //! request can take: the single-request loop, the batched engine, the pipelined engine, the
 //! batched engine with four requests at once, that engine verifying token trees (the
 //! drafter's runners-up beside its sampled chain, walked by the multi-draft rule), and a draft
-//! head (EAGLE, drafting from the target's own features) four at once, for γ = 1, 3 and 5, with temperature alone and with every processor together (top-k, top-p, min-p, a
-//! repetition penalty, a logit bias).
+//! head (EAGLE, drafting from the target's own features; alone, after prompt lookup, and an
+//! EAGLE-3 head over its own reduced vocabulary) four at once, for γ = 1, 3 and 5, with
+//! temperature alone and with every processor together (top-k, top-p, min-p, a repetition
+//! penalty, a logit bias).
 //!
 //! The model is a tiny random Llama with a 6-token vocabulary, so the exact distribution of the
 //! first three generated tokens under plain sampling (216 sequences) is computed from the
@@ -55,10 +57,10 @@ const N: u64 = 3000;
 /// One prefill token, then a first round of up to γ = 5 drafts and its correction or bonus.
 const MAX_TOKENS: usize = 7;
 const GAMMAS: [usize; 3] = [1, 3, 5];
-/// 7 paths (trees and the head, alone and after prompt lookup, three of them) × 3 γ × 2
-/// processor settings, plain sampling under both settings, and 3 constrained arms (the plain
-/// reference, pipelined, 4 at once) under both.
-const COMPARISONS: usize = 50;
+/// 8 paths (trees, the head alone and after prompt lookup, an EAGLE-3 head, three of them) ×
+/// 3 γ × 2 processor settings, plain sampling under both settings, and 3 constrained arms (the
+/// plain reference, pipelined, 4 at once) under both.
+const COMPARISONS: usize = 56;
 const FALSE_ALARM: f64 = 1e-3;
 
 type Triple = [u32; 3];
@@ -427,9 +429,9 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
     let head = Arc::new(DraftHead::new(head_tensors, &target, WeightsDtype::F32, 0).unwrap());
     // With `lookup`, prompt lookup drafts first (a point mass) and the head where it finds
     // no match (`head+lookup`).
-    let head_engine = |lookup: bool| {
+    let start_head_engine = |head: &Arc<DraftHead>, lookup: bool| {
         let source = tandem::engine::DraftSource::Head {
-            head: Arc::clone(&head),
+            head: Arc::clone(head),
             name: "tiny head".into(),
             lookup: lookup.then(tandem::draft::PromptLookup::default),
         };
@@ -442,7 +444,13 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
         rt.block_on(Engine::start(Arc::clone(&target), Some(source), cfg))
             .unwrap()
     };
-    let (head_engine, hybrid_engine) = (head_engine(false), head_engine(true));
+    let head_engine = start_head_engine(&head, false);
+    let hybrid_engine = start_head_engine(&head, true);
+    // An EAGLE-3 head (three taps, its own output head) over four of the six tokens: q is 0
+    // outside them.
+    let eagle3 = common::random_eagle3_head(&target, 64, 23, vec![5, 0, 3, 2], vec![]);
+    let eagle3 = Arc::new(DraftHead::new(eagle3, &target, WeightsDtype::F32, 0).unwrap());
+    let eagle3_engine = start_head_engine(&eagle3, false);
     let threshold = FALSE_ALARM / COMPARISONS as f64;
     let mut seeds = seed_base();
     let mut next_seeds = || {
@@ -492,6 +500,9 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
             let hybrid = engine_arm(&rt, &hybrid_engine, &params, (gamma, 0), 4, next_seeds())
                 .check_drafted(1);
             arms.push(("4 at once, draft head after prompt lookup", hybrid));
+            let eagle3 = engine_arm(&rt, &eagle3_engine, &params, (gamma, 0), 4, next_seeds())
+                .check_drafted(gamma);
+            arms.push(("4 at once, EAGLE-3 head", eagle3));
             for (path, arm) in arms {
                 let rate = arm.stats.acceptance_rate();
                 // (A tree's alternatives count as drafts too: its rate is lower by design. The

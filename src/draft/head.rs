@@ -1,4 +1,4 @@
-//! The draft head as a drafter: drafts from the target's own hidden states (EAGLE).
+//! The draft head as a drafter: drafts from the target's own hidden states (EAGLE, EAGLE-3).
 //!
 //! Per sequence it keeps a slot in the head's one-layer cache and the target's features it has
 //! not taken in yet. Position `t` of the head's cache is computed from the target's feature at
@@ -86,12 +86,18 @@ impl HeadDrafter {
         Self::new(Arc::clone(&self.head), Arc::clone(&self.target), 1)
     }
 
-    /// The target's features for `seq` at positions `from..` (rows of the head's hidden size),
-    /// from a prefill chunk or the rows of a verification that stood.
+    /// The target's features for `seq` at positions `from..` (rows of what the head's
+    /// `feature_taps` names), from a prefill chunk or the rows of a verification that stood.
+    /// They are kept as the head's input states (an EAGLE-3 head's `fc` of its taps).
     pub fn give_features(&mut self, seq: u64, from: usize, rows: &[f32]) -> Result<(), DraftError> {
         if rows.is_empty() {
             return Ok(());
         }
+        let states = self
+            .head
+            .input_states(rows)
+            .map_err(|e| DraftError::Forward(e.to_string()))?;
+        let rows = &states[..];
         let h = self.head.hidden_size();
         let s = self.seq_state(seq)?;
         let end = s.from + s.features.len() / h;

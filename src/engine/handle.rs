@@ -136,8 +136,12 @@ impl Engine {
             };
         // A head drafts from the target's features of each round: it drafts after the
         // verification, never beside it.
-        let head = matches!(draft, Some(DraftSource::Head { .. }));
-        let verifier = Verifier::new(Arc::clone(&target), slots, cfg.target_threads, head)?;
+        let features = match &draft {
+            Some(DraftSource::Head { head, .. }) => Some(head.feature_taps()),
+            _ => None,
+        };
+        let head = features.is_some();
+        let verifier = Verifier::new(Arc::clone(&target), slots, cfg.target_threads, features)?;
         let has_drafter = draft.is_some();
         let draft_cache = matches!(draft, Some(DraftSource::Model { .. }));
         if cfg.prefix_cache {

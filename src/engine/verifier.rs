@@ -15,7 +15,7 @@ use super::messages::{
 use super::verify::{verify, verify_tree, Scratch, VerifyInput};
 use super::worker::ComputeWorker;
 use crate::draft::Proposal;
-use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{FeatureTaps, KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::tree::TreeOutcome;
 use crate::sampling::{apply_penalties, token_logprob, Sampler};
 
@@ -25,8 +25,8 @@ pub struct TargetState {
     cache: KvCache,
     scratch: Scratch,
     sampler: Sampler,
-    /// Return the standing positions' features (a draft head drafts from them).
-    features: bool,
+    /// Return the standing positions' features, these ones (a draft head drafts from them).
+    features: Option<FeatureTaps>,
 }
 
 #[derive(Actor)]
@@ -35,12 +35,12 @@ pub struct Verifier {
 }
 
 impl Verifier {
-    /// `features`: outcomes carry the target's hidden states of the positions that stand.
+    /// `features`: outcomes carry these hidden states of the positions that stand.
     pub fn new(
         model: Arc<Llama>,
         slots: usize,
         threads: usize,
-        features: bool,
+        features: Option<FeatureTaps>,
     ) -> Result<Self, EngineError> {
         let cache = model.new_cache(slots);
         let state = TargetState {
@@ -241,8 +241,8 @@ fn run_batch(
             parents: &it.parents,
         })
         .collect();
-    let (logits, features) = if s.features {
-        let (l, f) = s.model.forward_with_features(&mut s.cache, &inputs)?;
+    let (logits, features) = if let Some(taps) = &s.features {
+        let (l, f) = s.model.forward_with_features(&mut s.cache, &inputs, taps)?;
         (l, Some(f))
     } else {
         (s.model.forward(&mut s.cache, &inputs)?, None)

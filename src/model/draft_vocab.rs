@@ -55,7 +55,8 @@ impl DraftVocab {
         cache: &mut KvCache,
         batch: &[SeqInput],
     ) -> Result<(Vec<f32>, usize)> {
-        let (_, features) = model.forward_with_features(cache, batch)?;
+        let (_, features) =
+            model.forward_with_features(cache, batch, &crate::model::FeatureTaps::LastNormed)?;
         let h = features.hidden();
         let mut last = Vec::with_capacity(batch.len() * h);
         for i in 0..batch.len() {

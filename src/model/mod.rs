@@ -44,7 +44,7 @@ pub mod text;
 
 pub use cache::kv_cache::{KvCache, KvDtype};
 pub use error::{ModelError, Result};
-pub use llama::batch::{BatchFeatures, BatchLogits, LogitsRows, SeqInput, TREE_ROOT};
+pub use llama::batch::{BatchFeatures, BatchLogits, FeatureTaps, LogitsRows, SeqInput, TREE_ROOT};
 pub use llama::device::{BackendChoice, DeviceSpec, ForwardKind};
 pub use llama::linear::WeightsDtype;
 pub use llama::model::Llama;

@@ -163,6 +163,7 @@ impl<'a> FeatureRunner<'a> {
                 logits: LogitsRows::None,
                 parents: &[],
             }],
+            &crate::model::FeatureTaps::LastNormed,
         )?;
         self.last_features.truncate(shared * h);
         self.last_features.extend_from_slice(f.seq(0));

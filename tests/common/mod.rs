@@ -103,6 +103,50 @@ impl Default for TinySpec {
     }
 }
 
+/// A random EAGLE-3 head for `target` (MLP of `intermediate`): its draft vocabulary `ids`
+/// (columns of its own output head, which start as the target's rows of those tokens where it
+/// ties them to its embedding, so that some drafts stand), tapping the inputs of layers `taps`
+/// (empty: the default ones).
+pub fn random_eagle3_head(
+    target: &Llama,
+    intermediate: usize,
+    seed: u64,
+    ids: Vec<u32>,
+    taps: Vec<usize>,
+) -> tandem::model::head::HeadTensors {
+    let hp = target.hparams();
+    let (h, q_dim, kv_dim) = (
+        hp.hidden_size,
+        hp.num_heads * hp.head_dim,
+        hp.num_kv_heads * hp.head_dim,
+    );
+    let mut rng = SeededRng::new(seed);
+    let mut t = tandem::model::head::train::random_head(hp, intermediate, seed).unwrap();
+    let mut uniform =
+        |rows: usize, cols: usize| random(&mut rng, &[rows, cols], 1.0 / (cols as f32).sqrt());
+    t.fc = uniform(h, 3 * h);
+    t.q = uniform(q_dim, 2 * h);
+    t.k = uniform(kv_dim, 2 * h);
+    t.v = uniform(kv_dim, 2 * h);
+    // (A target with an output head of its own has no rows to lend: random ones then.)
+    let lm_head = target
+        .output_rows(&ids)
+        .unwrap_or_else(|_| uniform(ids.len(), h));
+    let mut norm = || (random(&mut rng, &[h], 0.2) + 1.0).unwrap();
+    t.ffn_norm = norm();
+    t.eagle3 = Some(tandem::model::head::Eagle3Parts {
+        input_norm: norm(),
+        hidden_norm: norm(),
+        final_norm: norm(),
+        lm_head,
+        draft_ids: ids,
+        taps,
+        rope_theta: 10_000.0,
+        rope_scaling: tandem::model::load::hparams::RopeScaling::None,
+    });
+    t
+}
+
 fn random(rng: &mut SeededRng, shape: &[usize], scale: f32) -> Tensor {
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n)

@@ -12,28 +12,41 @@
 //! as EAGLE's `cnets.py` defines them and vLLM's and SGLang's EAGLE loaders read them (a
 //! `model.` prefix on every key is accepted; `layers.0.input_layernorm.weight` and
 //! `embed_tokens.weight` are ignored: layer 0 takes its input unnormed and the embedding is the
-//! target's). EAGLE-3 heads (`midlayer.*`, `d2t`/`t2d`) are recognised and refused.
+//! target's). EAGLE-3 heads (`midlayer.*`, `d2t`/`t2d`) are read and written in their own
+//! layout (`eagle3`).
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use candle_core::safetensors::Load;
 use candle_core::{DType, Device, Tensor};
 
-use super::HeadTensors;
+use super::{eagle3, HeadTensors};
 use crate::model::load::hparams::LlamaHparams;
 use crate::model::{ModelError, Result};
 
 const TOKEN_RANK: &str = "tandem.token_rank";
 
-fn key_q(k: &str) -> String {
-    format!("layers.0.self_attn.{k}_proj.weight")
+/// Where a head's layer keeps its tensors: `layers.0.` (EAGLE) or `midlayer.` (EAGLE-3).
+fn layer_prefix(eagle3: bool) -> &'static str {
+    if eagle3 {
+        eagle3::MID
+    } else {
+        "layers.0."
+    }
 }
 
-fn key_mlp(k: &str) -> String {
-    format!("layers.0.mlp.{k}_proj.weight")
+fn key_q(prefix: &str, k: &str) -> String {
+    format!("{prefix}self_attn.{k}_proj.weight")
 }
 
-const FFN_NORM: &str = "layers.0.post_attention_layernorm.weight";
+fn key_mlp(prefix: &str, k: &str) -> String {
+    format!("{prefix}mlp.{k}_proj.weight")
+}
+
+fn key_ffn_norm(prefix: &str) -> String {
+    format!("{prefix}post_attention_layernorm.weight")
+}
 
 /// Reads a head folder written by [`save_head`] or published in EAGLE's layout. Every problem
 /// names the key or file it is about.
@@ -55,23 +68,32 @@ pub fn load_head(dir: &Path) -> Result<HeadTensors> {
     let files = crate::model::load::weights::safetensors_files(dir)?;
     let mut all: HashMap<String, Tensor> = HashMap::new();
     for f in &files {
-        let tensors = candle_core::safetensors::load(f, &Device::Cpu).map_err(|e| {
-            ModelError::Unreadable {
-                path: f.clone(),
-                reason: e.to_string(),
-            }
-        })?;
-        for (k, t) in tensors {
+        let unreadable = |reason: String| ModelError::Unreadable {
+            path: f.clone(),
+            reason,
+        };
+        let data = std::fs::read(f).map_err(|e| unreadable(e.to_string()))?;
+        let file = candle_core::safetensors::SliceSafetensors::new(&data)
+            .map_err(|e| unreadable(e.to_string()))?;
+        for (k, view) in file.tensors() {
             let k = k.strip_prefix("model.").map(str::to_string).unwrap_or(k);
+            // EAGLE-3's `t2d` is a bool tensor, which candle cannot hold; it is not read.
+            if k == "t2d" {
+                continue;
+            }
+            let t = view
+                .load(&Device::Cpu)
+                .map_err(|e| unreadable(format!("{k}: {e}")))?;
             all.insert(k, t);
         }
     }
-    if all.contains_key("d2t") || all.keys().any(|k| k.starts_with("midlayer.")) {
-        return Err(ModelError::Unsupported(
-            "an EAGLE-3 head (midlayer.*, d2t): tandem reads EAGLE (one layer over fc) heads"
-                .into(),
-        ));
-    }
+    let is_eagle3 = eagle3::is_eagle3(&all);
+    let parts = if is_eagle3 {
+        Some(eagle3::take_parts(&config, &mut all, dir)?)
+    } else {
+        None
+    };
+    let prefix = layer_prefix(is_eagle3);
     let mut take = |key: &str| -> Result<Tensor> {
         let t = all.remove(key).ok_or_else(|| {
             ModelError::MissingTensor(format!("{key} in the head {}", dir.display()))
@@ -80,14 +102,14 @@ pub fn load_head(dir: &Path) -> Result<HeadTensors> {
     };
     let tensors = HeadTensors {
         fc: take("fc.weight")?,
-        q: take(&key_q("q"))?,
-        k: take(&key_q("k"))?,
-        v: take(&key_q("v"))?,
-        o: take(&key_q("o"))?,
-        ffn_norm: take(FFN_NORM)?,
-        gate: take(&key_mlp("gate"))?,
-        up: take(&key_mlp("up"))?,
-        down: take(&key_mlp("down"))?,
+        q: take(&key_q(prefix, "q"))?,
+        k: take(&key_q(prefix, "k"))?,
+        v: take(&key_q(prefix, "v"))?,
+        o: take(&key_q(prefix, "o"))?,
+        ffn_norm: take(&key_ffn_norm(prefix))?,
+        gate: take(&key_mlp(prefix, "gate"))?,
+        up: take(&key_mlp(prefix, "up"))?,
+        down: take(&key_mlp(prefix, "down"))?,
         fc_bias: all
             .remove("fc.bias")
             .map(|t| t.to_dtype(DType::F32))
@@ -99,6 +121,7 @@ pub fn load_head(dir: &Path) -> Result<HeadTensors> {
                 .map_err(|e| ModelError::BadConfig(format!("{TOKEN_RANK}: {e}")))?,
             None => Vec::new(),
         },
+        eagle3: parts,
     };
     Ok(tensors)
 }
@@ -113,18 +136,22 @@ pub fn save_head(dir: &Path, t: &HeadTensors, target: &LlamaHparams) -> Result<(
     };
     std::fs::create_dir_all(dir).map_err(io)?;
     let half = |w: &Tensor| w.to_dtype(DType::F16);
+    let prefix = layer_prefix(t.eagle3.is_some());
     let mut map: HashMap<String, Tensor> = HashMap::new();
     map.insert("fc.weight".into(), half(&t.fc)?);
     if let Some(b) = &t.fc_bias {
         map.insert("fc.bias".into(), half(b)?);
     }
     for (k, w) in [("q", &t.q), ("k", &t.k), ("v", &t.v), ("o", &t.o)] {
-        map.insert(key_q(k), half(w)?);
+        map.insert(key_q(prefix, k), half(w)?);
     }
     for (k, w) in [("gate", &t.gate), ("up", &t.up), ("down", &t.down)] {
-        map.insert(key_mlp(k), half(w)?);
+        map.insert(key_mlp(prefix, k), half(w)?);
     }
-    map.insert(FFN_NORM.into(), half(&t.ffn_norm)?);
+    map.insert(key_ffn_norm(prefix), half(&t.ffn_norm)?);
+    if let Some(p) = &t.eagle3 {
+        map.extend(eagle3::part_tensors(p, target.vocab_size)?);
+    }
     if !t.token_rank.is_empty() {
         let n = t.token_rank.len();
         map.insert(
@@ -133,7 +160,7 @@ pub fn save_head(dir: &Path, t: &HeadTensors, target: &LlamaHparams) -> Result<(
         );
     }
     candle_core::safetensors::save(&map, dir.join("model.safetensors"))?;
-    let config = serde_json::json!({
+    let mut config = serde_json::json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": target.hidden_size,
@@ -148,6 +175,9 @@ pub fn save_head(dir: &Path, t: &HeadTensors, target: &LlamaHparams) -> Result<(
         "max_position_embeddings": target.max_position_embeddings,
         "tie_word_embeddings": target.tie_word_embeddings,
     });
+    if let Some(p) = &t.eagle3 {
+        eagle3::describe(p, &mut config)?;
+    }
     let text = serde_json::to_string_pretty(&config).expect("a JSON value prints");
     std::fs::write(dir.join("config.json"), text).map_err(io)?;
     Ok(())
@@ -159,16 +189,20 @@ pub(super) fn check_shapes(t: &HeadTensors, hp: &LlamaHparams) -> Result<()> {
     let h = hp.hidden_size;
     let (q_dim, kv_dim) = (hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim);
     let inter = t.gate.dim(0).unwrap_or(0);
-    let want: [(&str, &Tensor, &[usize]); 9] = [
-        ("fc.weight", &t.fc, &[h, 2 * h]),
-        ("layers.0.self_attn.q_proj.weight", &t.q, &[q_dim, h]),
-        ("layers.0.self_attn.k_proj.weight", &t.k, &[kv_dim, h]),
-        ("layers.0.self_attn.v_proj.weight", &t.v, &[kv_dim, h]),
-        ("layers.0.self_attn.o_proj.weight", &t.o, &[h, q_dim]),
-        (FFN_NORM, &t.ffn_norm, &[h]),
-        ("layers.0.mlp.gate_proj.weight", &t.gate, &[inter, h]),
-        ("layers.0.mlp.up_proj.weight", &t.up, &[inter, h]),
-        ("layers.0.mlp.down_proj.weight", &t.down, &[h, inter]),
+    let e3 = t.eagle3.is_some();
+    let p = layer_prefix(e3);
+    // EAGLE-3: fc reads three taps, attention reads [embedding, g].
+    let (fc_in, attn_in) = if e3 { (3 * h, 2 * h) } else { (2 * h, h) };
+    let want: [(String, &Tensor, Vec<usize>); 9] = [
+        ("fc.weight".into(), &t.fc, vec![h, fc_in]),
+        (key_q(p, "q"), &t.q, vec![q_dim, attn_in]),
+        (key_q(p, "k"), &t.k, vec![kv_dim, attn_in]),
+        (key_q(p, "v"), &t.v, vec![kv_dim, attn_in]),
+        (key_q(p, "o"), &t.o, vec![h, q_dim]),
+        (key_ffn_norm(p), &t.ffn_norm, vec![h]),
+        (key_mlp(p, "gate"), &t.gate, vec![inter, h]),
+        (key_mlp(p, "up"), &t.up, vec![inter, h]),
+        (key_mlp(p, "down"), &t.down, vec![h, inter]),
     ];
     for (key, tensor, shape) in want {
         if tensor.dims() != shape {

@@ -1,4 +1,5 @@
-//! Draft heads: one decoder layer that drafts from the target's own hidden states (EAGLE).
+//! Draft heads: one decoder layer that drafts from the target's own hidden states (EAGLE, and
+//! EAGLE-3: see `eagle3`).
 //!
 //! A head's input at position `t` is `fc([embed(x(t+1)), f(t)])`: the target's embedding of
 //! the token that follows `t` and the target's last hidden state at `t` (after the final norm,
@@ -13,18 +14,21 @@
 //! at every step, so a head file holds only its own layer and projection.
 
 mod checkpoint;
+pub mod eagle3;
 pub mod train;
 
 use candle_core::{Device, Tensor};
 
 pub use checkpoint::{load_head, save_head};
+pub use eagle3::Eagle3Parts;
 
 use crate::model::cache::kv_cache::{KvCache, KvDtype};
 use crate::model::draft_vocab::DraftVocab;
+use crate::model::llama::batch::FeatureTaps;
 use crate::model::llama::batch::{logits_rows, SeqInput};
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
-use crate::model::llama::own_forward::run_layers;
+use crate::model::llama::own_forward::{run_layers, LayerIo};
 use crate::model::llama::rope::RopeTable;
 use crate::model::llama::weights::Layer;
 use crate::model::load::hparams::LlamaHparams;
@@ -34,7 +38,8 @@ use crate::model::{Llama, ModelError, Result};
 /// q/k rotated by halves), for saving and training.
 #[derive(Clone, Debug)]
 pub struct HeadTensors {
-    /// `(hidden, 2·hidden)` over `[embedding, feature]`.
+    /// `(hidden, 2·hidden)` over `[embedding, feature]`; an EAGLE-3 head's `(hidden,
+    /// 3·hidden)` over its three taps.
     pub fc: Tensor,
     pub fc_bias: Option<Tensor>,
     pub q: Tensor,
@@ -48,6 +53,8 @@ pub struct HeadTensors {
     /// Target token ids, most frequent first (in the target's own answers): a reduced draft
     /// vocabulary of K tokens is the first K. Empty: no ranking shipped.
     pub token_rank: Vec<u32>,
+    /// An EAGLE-3 head's own parts (its q/k/v then read `2·hidden` columns).
+    pub eagle3: Option<Eagle3Parts>,
 }
 
 /// The folder of the default model's shipped head: the source tree's copy this binary was
@@ -111,14 +118,30 @@ impl DraftHead {
     /// a head with no ranking: the full vocabulary). The target's shape must match the head's
     /// tensors.
     pub fn new(
-        tensors: HeadTensors,
+        mut tensors: HeadTensors,
         target: &Llama,
         dtype: WeightsDtype,
         draft_vocab: usize,
     ) -> Result<Self> {
         let mut hp = head_hparams(target.hparams());
         hp.intermediate_size = tensors.gate.dim(0)?;
+        if let Some(p) = &mut tensors.eagle3 {
+            // Its own RoPE (EAGLE-3 heads are trained with their config's, not the target's).
+            hp.rope_theta = p.rope_theta;
+            hp.rope_scaling = p.rope_scaling.clone();
+            if p.taps.is_empty() {
+                p.taps = eagle3::default_taps(target.hparams().num_layers);
+            }
+        }
         checkpoint::check_shapes(&tensors, &hp)?;
+        if let Some(p) = &tensors.eagle3 {
+            eagle3::check_parts(
+                p,
+                hp.hidden_size,
+                hp.vocab_size,
+                target.hparams().num_layers,
+            )?;
+        }
         let linear = |parts: Vec<&Tensor>| -> Result<Linear> {
             let raw = parts
                 .into_iter()
@@ -127,19 +150,26 @@ impl DraftHead {
             Linear::fuse(raw, dtype, &Device::Cpu, ForwardKind::Own)
         };
         let layer = Layer {
-            attn_norm: None,
+            attn_norm: tensors.eagle3.as_ref().map(|p| p.hidden_norm.clone()),
             qkv: linear(vec![&tensors.q, &tensors.k, &tensors.v])?,
             o: linear(vec![&tensors.o])?,
             ffn_norm: tensors.ffn_norm.clone(),
             gate_up: linear(vec![&tensors.gate, &tensors.up])?,
             down: linear(vec![&tensors.down])?,
         };
-        let vocab = match DraftVocab::ids_of(&tensors.token_rank, draft_vocab, hp.vocab_size) {
-            Some(ids) => {
+        // An EAGLE-3 head drafts over its own vocabulary with its own output head.
+        let ranked = DraftVocab::ids_of(&tensors.token_rank, draft_vocab, hp.vocab_size);
+        let vocab = match (&tensors.eagle3, ranked) {
+            (Some(p), _) => Some(DraftVocab::new(
+                p.draft_ids.clone(),
+                p.lm_head.clone(),
+                dtype,
+            )?),
+            (None, Some(ids)) => {
                 let rows = target.output_rows(&ids)?;
                 Some(DraftVocab::new(ids, rows, dtype)?)
             }
-            None => None,
+            (None, None) => None,
         };
         let context_len = target.context_len();
         Ok(Self {
@@ -155,6 +185,33 @@ impl DraftHead {
 
     pub fn hidden_size(&self) -> usize {
         self.hp.hidden_size
+    }
+
+    /// The target's hidden states this head drafts from.
+    pub fn feature_taps(&self) -> FeatureTaps {
+        match &self.tensors.eagle3 {
+            Some(p) => FeatureTaps::LayerInputs(p.taps.clone()),
+            None => FeatureTaps::LastNormed,
+        }
+    }
+
+    /// The head's input state for rows of the target's features (as [`Self::feature_taps`]
+    /// names them): an EAGLE head reads the features as they are, an EAGLE-3 head reads `fc`
+    /// of its three taps. What [`Self::forward`] takes, a hidden size a row.
+    pub fn input_states(&self, features: &[f32]) -> Result<Vec<f32>> {
+        let Some(_) = &self.tensors.eagle3 else {
+            return Ok(features.to_vec());
+        };
+        let width = self.fc.in_features();
+        if !features.len().is_multiple_of(width) {
+            return Err(ModelError::BadInput(format!(
+                "{} feature values are not rows of {width}",
+                features.len()
+            )));
+        }
+        let rows = features.len() / width;
+        let x = Tensor::from_slice(features, (rows, width), &Device::Cpu)?;
+        Ok(self.fc.forward(&x)?.flatten_all()?.to_vec1::<f32>()?)
     }
 
     /// The target ids of the draft vocabulary's columns (`None`: the full vocabulary).
@@ -174,8 +231,11 @@ impl DraftHead {
     }
 
     /// Runs the head over new positions of every sequence in `batch`: row `i` of `features`
-    /// (`tokens × hidden`, in batch order) is the feature at the position of input token `i`,
-    /// and the token is the one that follows that position. Appends to the head's cache.
+    /// (`tokens × hidden`, in batch order) is the input state at the position of input token
+    /// `i` ([`Self::input_states`] of the target's features, or the head's own output state
+    /// while a chain is drafted), and the token is the one that follows that position. Appends
+    /// to the head's cache. Each row's output state (EAGLE-3: before its final norm) comes back
+    /// as the next position's input state.
     pub fn forward(
         &self,
         target: &Llama,
@@ -208,13 +268,29 @@ impl DraftHead {
         }
         let embeds = target.embed(&ids)?;
         let feats = Tensor::from_slice(features, (total, h), &Device::Cpu)?;
-        let mut x = self.fc.forward(&Tensor::cat(&[&embeds, &feats], 1)?)?;
-        if let Some(b) = &self.tensors.fc_bias {
-            x = x.broadcast_add(b)?;
-        }
-        let result = run_layers(&self.layers, &self.hp, &self.rope, cache, batch, x);
+        let eps = self.hp.rms_norm_eps as f32;
+        // EAGLE: the layer reads fc([embedding, feature]) as it is. EAGLE-3: the state `g` is
+        // the residual, and attention reads [input_norm(embedding), hidden_norm(g)].
+        let (x, prefix) = match &self.tensors.eagle3 {
+            None => {
+                let mut x = self.fc.forward(&Tensor::cat(&[&embeds, &feats], 1)?)?;
+                if let Some(b) = &self.tensors.fc_bias {
+                    x = x.broadcast_add(b)?;
+                }
+                (x, None)
+            }
+            Some(p) => (
+                feats,
+                Some(candle_nn::ops::rms_norm(&embeds, &p.input_norm, eps)?),
+            ),
+        };
+        let io = LayerIo {
+            prefix: prefix.as_ref(),
+            taps: &[],
+        };
+        let result = run_layers(&self.layers, &self.hp, &self.rope, cache, batch, x, io);
         let x = match result {
-            Ok(x) => x,
+            Ok((x, _)) => x,
             Err(e) => {
                 for s in batch {
                     cache.rollback_uncommitted(s.slot)?;
@@ -230,7 +306,10 @@ impl DraftHead {
             (Vec::new(), 0)
         } else {
             let idx = Tensor::from_vec(rows.clone(), rows.len(), &Device::Cpu)?;
-            let picked = x.index_select(&idx, 0)?;
+            let mut picked = x.index_select(&idx, 0)?;
+            if let Some(p) = &self.tensors.eagle3 {
+                picked = candle_nn::ops::rms_norm(&picked, &p.final_norm, eps)?;
+            }
             let t = match &self.vocab {
                 Some(v) => v.project(&picked)?,
                 None => target.project(&picked)?,

@@ -176,6 +176,7 @@ pub fn random_head(target: &LlamaHparams, intermediate: usize, seed: u64) -> Res
         up: uniform(intermediate, h)?,
         down: uniform(h, intermediate)?,
         token_rank: Vec::new(),
+        eagle3: None,
     })
 }
 
@@ -198,6 +199,11 @@ impl HeadTrainer {
         draft_vocab: usize,
         settings: TrainSettings,
     ) -> Result<Self> {
+        if init.eagle3.is_some() {
+            return Err(ModelError::Unsupported(
+                "training an EAGLE-3 head (train-head trains EAGLE heads)".into(),
+            ));
+        }
         let mut hp = head_hparams(target.hparams());
         hp.intermediate_size = init.gate.dim(0)?;
         super::checkpoint::check_shapes(&init, &hp)?;
@@ -258,6 +264,7 @@ impl HeadTrainer {
             up: t(&v.up),
             down: t(&v.down),
             token_rank: self.token_rank.clone(),
+            eagle3: None,
         }
     }
 

@@ -134,6 +134,16 @@ impl BatchLogits {
 
 /// Every new token's last hidden state after the final norm, on the host, each sequence's rows
 /// contiguous: what a draft head drafts from.
+/// Which hidden states a forward hands a draft head, per new token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FeatureTaps {
+    /// The last layer's output after the final norm, what the output head reads (EAGLE).
+    LastNormed,
+    /// The residual stream entering each of these layers, concatenated in this order
+    /// (EAGLE-3).
+    LayerInputs(Vec<usize>),
+}
+
 pub struct BatchFeatures {
     data: Vec<f32>,
     hidden: usize,

@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::{own_forward, tensor_forward};
 use crate::model::cache::kv_cache::{KvCache, KvDtype};
-use crate::model::llama::batch::{BatchFeatures, BatchLogits, SeqInput};
+use crate::model::llama::batch::{BatchFeatures, BatchLogits, FeatureTaps, SeqInput};
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::linear::WeightsDtype;
 use crate::model::llama::rope::RopeTable;
@@ -308,19 +308,28 @@ impl Llama {
     /// Runs new tokens of every sequence in `batch` through the model, appending their keys and
     /// values to the cache, and returns the logits rows each sequence asked for.
     pub fn forward(&self, cache: &mut KvCache, batch: &[SeqInput]) -> Result<BatchLogits> {
-        Ok(self.forward_inner(cache, batch)?.0)
+        Ok(self.forward_inner(cache, batch, &[])?.0)
     }
 
-    /// [`Llama::forward`], and every new token's last hidden state after the final norm (what
-    /// the output head reads): the features a draft head drafts from.
+    /// [`Llama::forward`], and every new token's hidden states that `taps` names: the features
+    /// a draft head drafts from.
     pub fn forward_with_features(
         &self,
         cache: &mut KvCache,
         batch: &[SeqInput],
+        taps: &FeatureTaps,
     ) -> Result<(BatchLogits, BatchFeatures)> {
-        let (logits, x) = self.forward_inner(cache, batch)?;
-        let normed = self.final_norm(&x)?;
-        Ok((logits, BatchFeatures::new(normed, batch)?))
+        let features = match taps {
+            FeatureTaps::LastNormed => {
+                let (logits, x, _) = self.forward_inner(cache, batch, &[])?;
+                (logits, self.final_norm(&x)?)
+            }
+            FeatureTaps::LayerInputs(layers) => {
+                let (logits, _, tapped) = self.forward_inner(cache, batch, layers)?;
+                (logits, Tensor::cat(&tapped, 1)?)
+            }
+        };
+        Ok((features.0, BatchFeatures::new(features.1, batch)?))
     }
 
     /// The final norm over rows of the last layer's output.
@@ -333,12 +342,15 @@ impl Llama {
         &self,
         cache: &mut KvCache,
         batch: &[SeqInput],
-    ) -> Result<(BatchLogits, Tensor)> {
+        taps: &[usize],
+    ) -> Result<(BatchLogits, Tensor, Vec<Tensor>)> {
         self.validate(cache, batch)?;
         let result = match &self.backend {
-            Backend::Own(rope) => own_forward::forward(&self.weights, &self.hp, rope, cache, batch),
+            Backend::Own(rope) => {
+                own_forward::forward(&self.weights, &self.hp, rope, cache, batch, taps)
+            }
             Backend::Tensor(rope) => {
-                tensor_forward::forward(&self.weights, &self.hp, rope, cache, batch)
+                tensor_forward::forward(&self.weights, &self.hp, rope, cache, batch, taps)
             }
         };
         match result {

@@ -15,14 +15,16 @@ use crate::model::load::hparams::LlamaHparams;
 use crate::model::Result;
 
 /// The whole model: embeddings, every layer, then the output head over the rows `batch` asks
-/// for. Also returns the last layer's output for every row (before the final norm).
+/// for. Also returns the last layer's output for every row (before the final norm), and the
+/// input of each layer in `taps` (a draft head's features).
 pub(crate) fn forward(
     w: &LlamaWeights,
     hp: &LlamaHparams,
     rope: &RopeTable,
     cache: &mut KvCache,
     batch: &[SeqInput],
-) -> Result<(BatchLogits, Tensor)> {
+    taps: &[usize],
+) -> Result<(BatchLogits, Tensor, Vec<Tensor>)> {
     let ids: Vec<u32> = batch
         .iter()
         .flat_map(|s| s.tokens.iter().copied())
@@ -32,14 +34,33 @@ pub(crate) fn forward(
     let x = timed(Op::Embed, || {
         w.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)
     })?;
-    let x = run_layers(&w.layers, hp, rope, cache, batch, x)?;
+    let (x, tapped) = run_layers(
+        &w.layers,
+        hp,
+        rope,
+        cache,
+        batch,
+        x,
+        LayerIo { prefix: None, taps },
+    )?;
     let (rows, ranges) = logits_rows(batch);
     let logits = BatchLogits::new(w.output_logits(&x, rows, hp.rms_norm_eps as f32)?, ranges)?;
-    Ok((logits, x))
+    Ok((logits, x, tapped))
+}
+
+/// What a stack of layers reads besides its input rows and hands back besides its output.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct LayerIo<'a> {
+    /// Columns put before the first layer's (normed) attention input, row by row: an EAGLE-3
+    /// head's normed token embeddings beside its hidden input.
+    pub prefix: Option<&'a Tensor>,
+    /// Layers whose input (the residual stream before them) is returned, in this order.
+    pub taps: &'a [usize],
 }
 
 /// `layers` over the input rows `x` (one per token of `batch`, in order), each layer's keys and
-/// values appended to the cache: the decoder stack a model and a draft head share.
+/// values appended to the cache: the decoder stack a model and a draft head share. Returns the
+/// last layer's output and the inputs of the layers `io.taps` names.
 pub(crate) fn run_layers(
     layers: &[Layer],
     hp: &LlamaHparams,
@@ -47,7 +68,8 @@ pub(crate) fn run_layers(
     cache: &mut KvCache,
     batch: &[SeqInput],
     mut x: Tensor,
-) -> Result<Tensor> {
+    io: LayerIo,
+) -> Result<(Tensor, Vec<Tensor>)> {
     let shape = AttnShape {
         num_heads: hp.num_heads,
         num_kv_heads: hp.num_kv_heads,
@@ -63,8 +85,15 @@ pub(crate) fn run_layers(
     // Tree inputs: each token's depth (its position past start_pos) and its path.
     let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
 
+    let mut tapped: Vec<Option<Tensor>> = vec![None; io.taps.len()];
     for (l, layer) in layers.iter().enumerate() {
-        let h = timed(Op::Norm, || layer.attn_input(&x, eps))?;
+        for (i, _) in io.taps.iter().enumerate().filter(|(_, &t)| t == l) {
+            tapped[i] = Some(x.clone());
+        }
+        let mut h = timed(Op::Norm, || layer.attn_input(&x, eps))?;
+        if let (Some(prefix), 0) = (io.prefix, l) {
+            h = Tensor::cat(&[prefix, &h], 1)?;
+        }
         let mut qkv: Vec<f32> = timed(Op::QkvMatmul, || -> Result<Vec<f32>> {
             Ok(layer.qkv.forward(&h)?.flatten_all()?.to_vec1()?)
         })?;
@@ -136,5 +165,17 @@ pub(crate) fn run_layers(
         let attn = Tensor::from_slice(&attn_out, (total, q_dim), &device)?;
         x = layer.after_attention(&x, &attn, eps)?;
     }
-    Ok(x)
+    let tapped = tapped
+        .into_iter()
+        .zip(io.taps)
+        .map(|(t, l)| {
+            t.ok_or_else(|| {
+                crate::model::ModelError::BadInput(format!(
+                    "layer {l} is tapped, but the model has {} layers",
+                    layers.len()
+                ))
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok((x, tapped))
 }

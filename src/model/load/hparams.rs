@@ -160,25 +160,7 @@ impl LlamaHparams {
         }
         let rope_scaling = match c.rope_scaling {
             None => RopeScaling::None,
-            Some(rs) => {
-                let kind = rs.rope_type.or(rs.r#type).unwrap_or_default();
-                match kind.as_str() {
-                    "llama3" => RopeScaling::Llama3 {
-                        factor: rs.factor.unwrap_or(1.0),
-                        low_freq_factor: rs.low_freq_factor.unwrap_or(1.0),
-                        high_freq_factor: rs.high_freq_factor.unwrap_or(4.0),
-                        original_max_position_embeddings: rs
-                            .original_max_position_embeddings
-                            .unwrap_or(8192),
-                    },
-                    "default" | "" => RopeScaling::None,
-                    other => {
-                        return Err(ModelError::Unsupported(format!(
-                            "rope_scaling.rope_type '{other}'"
-                        )))
-                    }
-                }
-            }
+            Some(rs) => rs.scaling()?,
         };
         let num_kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
         let hp = Self {
@@ -200,6 +182,33 @@ impl LlamaHparams {
         };
         hp.validate()?;
         Ok(hp)
+    }
+}
+
+/// A config.json's `rope_scaling` object (a draft head's config reads it too).
+pub fn rope_scaling_from_hf(value: &serde_json::Value) -> Result<RopeScaling> {
+    let rs: HfRopeScaling = serde_json::from_value(value.clone())
+        .map_err(|e| ModelError::BadConfig(format!("rope_scaling: {e}")))?;
+    rs.scaling()
+}
+
+impl HfRopeScaling {
+    fn scaling(self) -> Result<RopeScaling> {
+        let kind = self.rope_type.or(self.r#type).unwrap_or_default();
+        match kind.as_str() {
+            "llama3" => Ok(RopeScaling::Llama3 {
+                factor: self.factor.unwrap_or(1.0),
+                low_freq_factor: self.low_freq_factor.unwrap_or(1.0),
+                high_freq_factor: self.high_freq_factor.unwrap_or(4.0),
+                original_max_position_embeddings: self
+                    .original_max_position_embeddings
+                    .unwrap_or(8192),
+            }),
+            "default" | "" => Ok(RopeScaling::None),
+            other => Err(ModelError::Unsupported(format!(
+                "rope_scaling.rope_type '{other}'"
+            ))),
+        }
     }
 }
 

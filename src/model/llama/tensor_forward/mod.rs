@@ -51,7 +51,8 @@ pub(crate) fn forward(
     rope: &TensorRope,
     cache: &mut KvCache,
     batch: &[SeqInput],
-) -> Result<(BatchLogits, Tensor)> {
+    taps: &[usize],
+) -> Result<(BatchLogits, Tensor, Vec<Tensor>)> {
     let device = w.embed.device().clone();
     let heads = Heads {
         num_heads: hp.num_heads,
@@ -93,7 +94,20 @@ pub(crate) fn forward(
         .reshape((total, 1, half))?;
     let mut x = w.embed.index_select(&ids, 0)?.to_dtype(DType::F32)?;
 
+    let mut tapped = Vec::with_capacity(taps.len());
+    for &t in taps {
+        if t >= w.layers.len() {
+            return Err(crate::model::ModelError::BadInput(format!(
+                "layer {t} is tapped, but the model has {} layers",
+                w.layers.len()
+            )));
+        }
+    }
+    let mut layer_inputs: Vec<Option<Tensor>> = vec![None; taps.len()];
     for (l, layer) in w.layers.iter().enumerate() {
+        for (i, _) in taps.iter().enumerate().filter(|(_, &t)| t == l) {
+            layer_inputs[i] = Some(x.clone());
+        }
         let h = layer.attn_input(&x, eps)?;
         let qkv = layer.qkv.forward(&h)?;
         let q = qkv
@@ -139,5 +153,6 @@ pub(crate) fn forward(
 
     let (rows, ranges) = logits_rows(batch);
     let logits = BatchLogits::new(w.output_logits(&x, rows, eps)?, ranges)?;
-    Ok((logits, x))
+    tapped.extend(layer_inputs.into_iter().flatten());
+    Ok((logits, x, tapped))
 }
