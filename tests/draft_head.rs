@@ -1,5 +1,6 @@
-//! Draft heads (EAGLE): a head saved in EAGLE's layout loads back as exactly what was written;
-//! a malformed head is refused at load with the key named; the engine drafting with a head
+//! Draft heads (EAGLE, EAGLE-3): a head saved in EAGLE's or EAGLE-3's layout loads back as
+//! exactly what was written; a malformed head is refused at load with the key named; an
+//! EAGLE-3 head computes the published forward; the engine drafting with a head
 //! (chains and trees, 1 and 4 requests at once, pipelining asked for or not) gives exactly
 //! plain greedy decoding; a draft model's reduced draft vocabulary confines its drafts; and
 //! `train-head`'s training on the tiny model's own answers lowers

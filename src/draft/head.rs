@@ -97,7 +97,7 @@ impl HeadDrafter {
             .head
             .input_states(rows)
             .map_err(|e| DraftError::Forward(e.to_string()))?;
-        let rows = &states[..];
+        let rows: &[f32] = &states;
         let h = self.head.hidden_size();
         let s = self.seq_state(seq)?;
         let end = s.from + s.features.len() / h;

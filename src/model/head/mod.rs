@@ -17,6 +17,8 @@ mod checkpoint;
 pub mod eagle3;
 pub mod train;
 
+use std::borrow::Cow;
+
 use candle_core::{Device, Tensor};
 
 pub use checkpoint::{load_head, save_head};
@@ -198,9 +200,9 @@ impl DraftHead {
     /// The head's input state for rows of the target's features (as [`Self::feature_taps`]
     /// names them): an EAGLE head reads the features as they are, an EAGLE-3 head reads `fc`
     /// of its three taps. What [`Self::forward`] takes, a hidden size a row.
-    pub fn input_states(&self, features: &[f32]) -> Result<Vec<f32>> {
+    pub fn input_states<'a>(&self, features: &'a [f32]) -> Result<Cow<'a, [f32]>> {
         let Some(_) = &self.tensors.eagle3 else {
-            return Ok(features.to_vec());
+            return Ok(Cow::Borrowed(features));
         };
         let width = self.fc.in_features();
         if !features.len().is_multiple_of(width) {
@@ -211,7 +213,9 @@ impl DraftHead {
         }
         let rows = features.len() / width;
         let x = Tensor::from_slice(features, (rows, width), &Device::Cpu)?;
-        Ok(self.fc.forward(&x)?.flatten_all()?.to_vec1::<f32>()?)
+        Ok(Cow::Owned(
+            self.fc.forward(&x)?.flatten_all()?.to_vec1::<f32>()?,
+        ))
     }
 
     /// The target ids of the draft vocabulary's columns (`None`: the full vocabulary).
