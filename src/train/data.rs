@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::engine::{Engine, EngineConfig, EngineRequest, GenerationRequest, RequestSpeculation};
 use crate::model::cache::prefix_index::common_prefix;
-use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{FeatureTaps, KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::SamplingParams;
 
 /// One prompt and the target's answer to it, as one token sequence.
@@ -130,26 +130,28 @@ pub fn token_rank(answers: &[Answer], vocab: usize) -> Vec<u32> {
 /// order costs each shared prefix once.
 pub struct FeatureRunner<'a> {
     target: &'a Llama,
+    taps: FeatureTaps,
     cache: KvCache,
     last: Vec<u32>,
     last_features: Vec<f32>,
 }
 
 impl<'a> FeatureRunner<'a> {
-    pub fn new(target: &'a Llama) -> Result<Self, TrainError> {
+    /// A runner of the features `taps` names.
+    pub fn new(target: &'a Llama, taps: FeatureTaps) -> Result<Self, TrainError> {
         let mut cache = target.new_cache(1);
         cache.allocate_slot(0)?;
         Ok(Self {
             target,
+            taps,
             cache,
             last: Vec::new(),
             last_features: Vec::new(),
         })
     }
 
-    /// The features at every token of `tokens`, `tokens × hidden`.
+    /// The features at every token of `tokens`, a row each.
     pub fn features(&mut self, tokens: &[u32]) -> Result<&[f32], TrainError> {
-        let h = self.target.hparams().hidden_size;
         // At least the last token is run again, so that a text that is a prefix of the last
         // one still comes out of one forward of its own.
         let shared = common_prefix(&self.last, tokens).min(tokens.len().saturating_sub(1));
@@ -163,9 +165,9 @@ impl<'a> FeatureRunner<'a> {
                 logits: LogitsRows::None,
                 parents: &[],
             }],
-            &crate::model::FeatureTaps::LastNormed,
+            &self.taps,
         )?;
-        self.last_features.truncate(shared * h);
+        self.last_features.truncate(shared * f.hidden());
         self.last_features.extend_from_slice(f.seq(0));
         self.last.clear();
         self.last.extend_from_slice(tokens);

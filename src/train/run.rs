@@ -1,6 +1,6 @@
 //! The training run: features for every answer, then epochs of AdamW steps in a seeded order
 //! under a warm-up and cosine schedule, each epoch ending with a held-out evaluation, a
-//! checkpoint (the head in EAGLE's layout) and a line of the training curve. A run whose folder
+//! checkpoint (the head in EAGLE's or EAGLE-3's layout) and a line of the training curve. A run whose folder
 //! holds a checkpoint resumes after its last epoch (the weights, the curve and the schedule's
 //! place; the optimizer's moments start afresh, so the rate warms up again).
 
@@ -11,9 +11,19 @@ use serde::{Deserialize, Serialize};
 
 use super::data::{token_rank, Answer, FeatureRunner};
 use super::TrainError;
-use crate::model::head::train::{random_head, HeadTrainer, Losses, TrainSample, TrainSettings};
+use crate::model::head::train::{
+    random_eagle3_head, random_head, HeadTrainer, Losses, TrainSample, TrainSettings,
+};
 use crate::model::head::{load_head, save_head, HeadTensors};
-use crate::model::Llama;
+use crate::model::{FeatureTaps, Llama};
+
+fn layout_name(eagle3: bool) -> &'static str {
+    if eagle3 {
+        "an EAGLE-3 head"
+    } else {
+        "an EAGLE head"
+    }
+}
 
 /// What `tandem train-head` trains.
 #[derive(Clone, Debug)]
@@ -30,6 +40,9 @@ pub struct TrainOptions {
     /// A head folder whose weights a new run starts from instead of random ones (its draft
     /// vocabulary ranked again over these answers); a resumed run ignores it.
     pub init: Option<PathBuf>,
+    /// Train an EAGLE-3 head (three taps, its own norms and output head over the draft
+    /// vocabulary) instead of an EAGLE one.
+    pub eagle3: bool,
     pub settings: TrainSettings,
 }
 
@@ -89,7 +102,9 @@ pub fn train_head(
         load_head(&opts.out)?
     } else if let Some(from) = &opts.init {
         let mut head = load_head(from)?;
-        head.token_rank = token_rank(answers, hp.vocab_size);
+        if head.eagle3.is_none() {
+            head.token_rank = token_rank(answers, hp.vocab_size);
+        }
         head
     } else {
         let inter = if opts.intermediate == 0 {
@@ -97,18 +112,53 @@ pub fn train_head(
         } else {
             opts.intermediate
         };
-        let mut head = random_head(hp, inter, opts.settings.seed)?;
-        head.token_rank = token_rank(answers, hp.vocab_size);
-        head
+        let rank = token_rank(answers, hp.vocab_size);
+        if opts.eagle3 {
+            // Its own vocabulary, in ascending ids as published heads order it.
+            let k = if opts.draft_vocab == 0 {
+                rank.len()
+            } else {
+                opts.draft_vocab.min(rank.len())
+            };
+            let mut ids = rank[..k].to_vec();
+            ids.sort_unstable();
+            random_eagle3_head(target, inter, opts.settings.seed, ids)?
+        } else {
+            let mut head = random_head(hp, inter, opts.settings.seed)?;
+            head.token_rank = rank;
+            head
+        }
     };
+    if init.eagle3.is_some() != opts.eagle3 {
+        return Err(TrainError::Options(format!(
+            "the head to continue is {}, the run asks for {}",
+            layout_name(init.eagle3.is_some()),
+            layout_name(opts.eagle3)
+        )));
+    }
     state.seed = opts.settings.seed;
     // Texts in sorted order, so that those sharing a prompt (or a first turn) come together
     // and the shared part's features are computed once.
     let mut by_text: Vec<usize> = (0..answers.len()).collect();
     by_text.sort_by(|&a, &b| answers[a].tokens.cmp(&answers[b].tokens));
-    let mut runner = FeatureRunner::new(target)?;
+    // EAGLE-3 trains on its taps and the target's last state (for the target's distribution).
+    let taps = match &init.eagle3 {
+        Some(p) => {
+            let mut layers = p.taps.clone();
+            if layers.is_empty() {
+                layers = crate::model::head::eagle3::default_taps(hp.num_layers);
+            }
+            layers.push(hp.num_layers);
+            FeatureTaps::LayerInputs(layers)
+        }
+        None => FeatureTaps::LastNormed,
+    };
+    let h = match &taps {
+        FeatureTaps::LastNormed => hp.hidden_size,
+        FeatureTaps::LayerInputs(layers) => layers.len() * hp.hidden_size,
+    };
+    let mut runner = FeatureRunner::new(target, taps)?;
     let mut samples: Vec<Option<TrainSample>> = (0..answers.len()).map(|_| None).collect();
-    let h = hp.hidden_size;
     for (done, &i) in by_text.iter().enumerate() {
         // The features over the whole text; a long one is trained on its last positions.
         let a = &answers[i];

@@ -5,6 +5,8 @@
 //! draft vocabulary (cross-entropy against the target's own probabilities), AdamW on both.
 //! Optionally the same losses one step further (EAGLE-3's training-time test, one step deep):
 //! the head fed its own output as the next position's feature, as a chain's second draft is.
+//! An EAGLE-3 head trains the same way on its three taps (`fc` inside the graph), with its own
+//! norms and output head, on the token loss alone.
 //!
 //! The forward here is the inference forward ([`super::DraftHead::forward`]) written in
 //! differentiable tensor operations over a whole sequence at once: the same fc, the same
@@ -14,14 +16,15 @@
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 
-use super::{head_hparams, HeadTensors};
+use super::{head_hparams, Eagle3Parts, HeadTensors};
 use crate::model::llama::rope::angle_tables;
 use crate::model::load::hparams::LlamaHparams;
 use crate::model::{Llama, ModelError, Result};
 
 /// One training sequence: tokens the target read or wrote, from position `start` of their
-/// text on, and the target's feature (last hidden state after the final norm, computed over
-/// the whole text) at each of them, `tokens × hidden`.
+/// text on, and the target's features (computed over the whole text) at each of them, a row
+/// of [`HeadTrainer::feature_width`] each: its last hidden state after the final norm (EAGLE),
+/// or its three taps and its last layer's output (EAGLE-3).
 pub struct TrainSample {
     pub start: usize,
     pub tokens: Vec<u32>,
@@ -96,6 +99,15 @@ struct HeadVars {
     gate: Var,
     up: Var,
     down: Var,
+    eagle3: Option<Eagle3Vars>,
+}
+
+/// An EAGLE-3 head's own trainable parts.
+struct Eagle3Vars {
+    input_norm: Var,
+    hidden_norm: Var,
+    final_norm: Var,
+    lm_head: Var,
 }
 
 impl HeadVars {
@@ -112,6 +124,14 @@ impl HeadVars {
             self.down.clone(),
         ];
         v.extend(self.fc_bias.clone());
+        if let Some(e) = &self.eagle3 {
+            v.extend([
+                e.input_norm.clone(),
+                e.hidden_norm.clone(),
+                e.final_norm.clone(),
+                e.lm_head.clone(),
+            ]);
+        }
         v
     }
 }
@@ -119,6 +139,8 @@ impl HeadVars {
 pub struct HeadTrainer {
     hp: LlamaHparams,
     vars: HeadVars,
+    /// An EAGLE-3 head's parts that are not trained (its vocabulary, taps, RoPE).
+    eagle3: Option<Eagle3Parts>,
     opt: AdamW,
     /// The output head's rows of the draft vocabulary (or all of them), frozen.
     vocab_rows: Tensor,
@@ -180,6 +202,46 @@ pub fn random_head(target: &LlamaHparams, intermediate: usize, seed: u64) -> Res
     })
 }
 
+/// A fresh EAGLE-3 head for `target`, drafting over `draft_ids` (its output head starts as the
+/// target's rows of them), tapping the default layers: `fc` over three taps and q/k/v over
+/// `[embedding, g]` uniform as [`random_head`]'s matrices, the norms at one.
+pub fn random_eagle3_head(
+    target: &Llama,
+    intermediate: usize,
+    seed: u64,
+    draft_ids: Vec<u32>,
+) -> Result<HeadTensors> {
+    let hp = head_hparams(target.hparams());
+    let h = hp.hidden_size;
+    let (q_dim, kv_dim) = (hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim);
+    let mut head = random_head(target.hparams(), intermediate, seed)?;
+    let mut state = seed ^ 0x3c6e_f372_fe94_f82b;
+    let mut uniform = |rows: usize, cols: usize| -> Result<Tensor> {
+        let bound = 1.0 / (cols as f32).sqrt();
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|_| (unit(&mut state) * 2.0 - 1.0) * bound)
+            .collect();
+        Ok(Tensor::from_vec(v, (rows, cols), &Device::Cpu)?)
+    };
+    head.fc = uniform(h, 3 * h)?;
+    head.q = uniform(q_dim, 2 * h)?;
+    head.k = uniform(kv_dim, 2 * h)?;
+    head.v = uniform(kv_dim, 2 * h)?;
+    let ones = || Tensor::ones(h, DType::F32, &Device::Cpu);
+    head.eagle3 = Some(Eagle3Parts {
+        input_norm: ones()?,
+        hidden_norm: ones()?,
+        final_norm: ones()?,
+        lm_head: target.output_rows(&draft_ids)?,
+        draft_ids,
+        // The default taps, which its config then leaves unnamed as published heads do.
+        taps: Vec::new(),
+        rope_theta: hp.rope_theta,
+        rope_scaling: hp.rope_scaling.clone(),
+    });
+    Ok(head)
+}
+
 /// A uniform number in [0, 1) from a splitmix64 state (training's own seeded stream).
 fn unit(state: &mut u64) -> f32 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -199,13 +261,12 @@ impl HeadTrainer {
         draft_vocab: usize,
         settings: TrainSettings,
     ) -> Result<Self> {
-        if init.eagle3.is_some() {
-            return Err(ModelError::Unsupported(
-                "training an EAGLE-3 head (train-head trains EAGLE heads)".into(),
-            ));
-        }
         let mut hp = head_hparams(target.hparams());
         hp.intermediate_size = init.gate.dim(0)?;
+        if let Some(p) = &init.eagle3 {
+            hp.rope_theta = p.rope_theta;
+            hp.rope_scaling = p.rope_scaling.clone();
+        }
         super::checkpoint::check_shapes(&init, &hp)?;
         let var = |t: &Tensor| Var::from_tensor(t);
         let vars = HeadVars {
@@ -219,9 +280,21 @@ impl HeadTrainer {
             gate: var(&init.gate)?,
             up: var(&init.up)?,
             down: var(&init.down)?,
+            eagle3: match &init.eagle3 {
+                Some(p) => Some(Eagle3Vars {
+                    input_norm: var(&p.input_norm)?,
+                    hidden_norm: var(&p.hidden_norm)?,
+                    final_norm: var(&p.final_norm)?,
+                    lm_head: var(&p.lm_head)?,
+                }),
+                None => None,
+            },
         };
         let ranked = init.token_rank.len();
-        let vocab_rows = if draft_vocab > 0 && ranked > 0 && ranked < hp.vocab_size {
+        let vocab_rows = if let Some(p) = &init.eagle3 {
+            // The target's distribution over the head's own vocabulary.
+            target.output_rows(&p.draft_ids)?
+        } else if draft_vocab > 0 && ranked > 0 && ranked < hp.vocab_size {
             target.output_rows(&init.token_rank[..draft_vocab.min(ranked)])?
         } else {
             let all: Vec<u32> = (0..hp.vocab_size as u32).collect();
@@ -241,6 +314,7 @@ impl HeadTrainer {
             noise_state: settings.seed,
             hp,
             vars,
+            eagle3: init.eagle3,
             opt,
             vocab_rows,
             token_rank: init.token_rank,
@@ -264,7 +338,17 @@ impl HeadTrainer {
             up: t(&v.up),
             down: t(&v.down),
             token_rank: self.token_rank.clone(),
-            eagle3: None,
+            eagle3: self
+                .eagle3
+                .as_ref()
+                .zip(v.eagle3.as_ref())
+                .map(|(p, e)| Eagle3Parts {
+                    input_norm: t(&e.input_norm),
+                    hidden_norm: t(&e.hidden_norm),
+                    final_norm: t(&e.final_norm),
+                    lm_head: t(&e.lm_head),
+                    ..p.clone()
+                }),
         }
     }
 
@@ -277,12 +361,12 @@ impl HeadTrainer {
         target: &Llama,
         sample: &TrainSample,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let h = self.hp.hidden_size;
+        let w = self.feature_width();
         let len = sample.tokens.len();
         let n = len - 1;
-        let feats = Tensor::from_slice(&sample.features[..n * h], (n, h), &Device::Cpu)?;
+        let feats = Tensor::from_slice(&sample.features[..n * w], (n, w), &Device::Cpu)?;
         let embeds = target.embed(&sample.tokens[1..len])?;
-        let first = self.first_step(&embeds, &feats, sample.start)?;
+        let first = self.first_step(&embeds, &self.input_state(&feats)?, sample.start)?;
         let second = self.second_step(&embeds.narrow(0, 1, n - 1)?, &first, sample.start)?;
         Ok((
             first.out.flatten_all()?.to_vec1()?,
@@ -334,9 +418,9 @@ impl HeadTrainer {
         sample: &TrainSample,
         noised: bool,
     ) -> Result<(Tensor, Losses)> {
-        let h = self.hp.hidden_size;
+        let w = self.feature_width();
         let len = sample.tokens.len().min(self.settings.max_positions);
-        if len < 4 || sample.features.len() < len * h {
+        if len < 4 || sample.features.len() < len * w {
             return Err(ModelError::BadInput(format!(
                 "a training sequence needs 4 tokens and their features, got {} and {} values",
                 sample.tokens.len(),
@@ -344,18 +428,18 @@ impl HeadTrainer {
             )));
         }
         let n = len - 1;
-        let feats = Tensor::from_slice(&sample.features[..len * h], (len, h), &Device::Cpu)?;
+        let feats = Tensor::from_slice(&sample.features[..len * w], (len, w), &Device::Cpu)?;
         let mut input = feats.narrow(0, 0, n)?;
         if noised && self.settings.noise > 0.0 {
-            let w = self.settings.noise;
-            let noise: Vec<f32> = (0..n * h)
-                .map(|_| (unit(&mut self.noise_state) - 0.5) * w)
+            let width = self.settings.noise;
+            let noise: Vec<f32> = (0..n * w)
+                .map(|_| (unit(&mut self.noise_state) - 0.5) * width)
                 .collect();
-            input = (input + Tensor::from_vec(noise, (n, h), &Device::Cpu)?)?;
+            input = (input + Tensor::from_vec(noise, (n, w), &Device::Cpu)?)?;
         }
         let embeds = target.embed(&sample.tokens[1..len])?;
-        let want = feats.narrow(0, 1, n)?;
-        let first = self.first_step(&embeds, &input, sample.start)?;
+        let want = self.target_states(target, &feats)?.narrow(0, 1, n)?;
+        let first = self.first_step(&embeds, &self.input_state(&input)?, sample.start)?;
         let (feature, token, top1) = self.step_losses(&first.out, &want)?;
         let mut total = self.weighted(&feature, &token)?;
         // The second step of a chain, as drafting runs it: fed the head's own feature, it
@@ -383,10 +467,46 @@ impl HeadTrainer {
         Ok((total, losses))
     }
 
-    /// A step's loss: its feature regression and token cross-entropy, weighted.
+    /// A step's loss: its feature regression and token cross-entropy, weighted (EAGLE-3: the
+    /// token loss alone, its output standing for no target state).
     fn weighted(&self, feature: &Tensor, token: &Tensor) -> Result<Tensor> {
+        if self.vars.eagle3.is_some() {
+            return Ok(token.clone());
+        }
         let s = &self.settings;
         Ok(((feature * s.feature_weight)? + (token * s.token_weight)?)?)
+    }
+
+    /// Values a sample's feature row holds: the target's normed state (EAGLE), or its three
+    /// taps and its last layer's output (EAGLE-3).
+    pub fn feature_width(&self) -> usize {
+        let h = self.hp.hidden_size;
+        if self.vars.eagle3.is_some() {
+            4 * h
+        } else {
+            h
+        }
+    }
+
+    /// The head's input state over rows of features: the features (EAGLE), `fc` of the taps
+    /// (EAGLE-3).
+    fn input_state(&self, features: &Tensor) -> Result<Tensor> {
+        let h = self.hp.hidden_size;
+        Ok(match &self.vars.eagle3 {
+            None => features.clone(),
+            Some(_) => features
+                .narrow(1, 0, 3 * h)?
+                .matmul(&self.vars.fc.as_tensor().t()?)?,
+        })
+    }
+
+    /// The target's normed last state over rows of features (what its output head reads).
+    fn target_states(&self, target: &Llama, features: &Tensor) -> Result<Tensor> {
+        let h = self.hp.hidden_size;
+        match &self.vars.eagle3 {
+            None => Ok(features.clone()),
+            Some(_) => target.final_norm(&features.narrow(1, 3 * h, h)?.contiguous()?),
+        }
     }
 
     /// The feature regression, the token cross-entropy against the target's distribution over
@@ -395,7 +515,14 @@ impl HeadTrainer {
         let feature = (out - want)?.sqr()?.mean_all()?;
         let rows = self.vocab_rows.t()?;
         let target_p = candle_nn::ops::softmax_last_dim(&want.matmul(&rows)?)?;
-        let logits = out.matmul(&rows)?;
+        let logits = match &self.vars.eagle3 {
+            None => out.matmul(&rows)?,
+            Some(e) => {
+                let eps = self.hp.rms_norm_eps as f32;
+                candle_nn::ops::rms_norm_slow(out, e.final_norm.as_tensor(), eps)?
+                    .matmul(&e.lm_head.as_tensor().t()?)?
+            }
+        };
         let log_q = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let token = (target_p.clone() * log_q)?
             .sum(D::Minus1)?
@@ -413,8 +540,8 @@ impl HeadTrainer {
     /// token after position `start + t` and the feature there; causal attention over the rows.
     fn first_step(&self, embeds: &Tensor, features: &Tensor, start: usize) -> Result<Pass> {
         let n = embeds.dim(0)?;
-        let x = self.fuse(embeds, features)?;
-        let (q, k, v) = self.qkv(&x, start)?;
+        let (x, a) = self.layer_input(embeds, features)?;
+        let (q, k, v) = self.qkv(&a, start)?;
         let scores = (q.matmul(&k.t()?)? * self.attention_scale())?;
         let probs = candle_nn::ops::softmax(&scores.broadcast_add(&causal_mask(n)?)?, D::Minus1)?;
         let out = self.finish(&x, &probs.matmul(&v)?)?;
@@ -426,8 +553,8 @@ impl HeadTrainer {
     /// step's keys of rows `0..=r` and to its own.
     fn second_step(&self, embeds: &Tensor, first: &Pass, start: usize) -> Result<Tensor> {
         let m = embeds.dim(0)?;
-        let x = self.fuse(embeds, &first.out.narrow(0, 0, m)?)?;
-        let (q, k, v) = self.qkv(&x, start + 1)?;
+        let (x, a) = self.layer_input(embeds, &first.out.narrow(0, 0, m)?)?;
+        let (q, k, v) = self.qkv(&a, start + 1)?;
         let scale = self.attention_scale();
         let (k1, v1) = (first.k.narrow(1, 0, m)?, first.v.narrow(1, 0, m)?);
         let cross = (q.matmul(&k1.t()?)? * scale)?.broadcast_add(&causal_mask(m)?)?;
@@ -440,6 +567,29 @@ impl HeadTrainer {
 
     fn attention_scale(&self) -> f64 {
         1.0 / (self.hp.head_dim as f64).sqrt()
+    }
+
+    /// The layer's residual input and what its attention reads, from the token embeddings and
+    /// the input states: EAGLE's fc over both (one tensor, both roles); EAGLE-3's state as the
+    /// residual and `[input_norm(embedding), hidden_norm(state)]` for attention.
+    fn layer_input(&self, embeds: &Tensor, states: &Tensor) -> Result<(Tensor, Tensor)> {
+        match &self.vars.eagle3 {
+            None => {
+                let x = self.fuse(embeds, states)?;
+                Ok((x.clone(), x))
+            }
+            Some(e) => {
+                let eps = self.hp.rms_norm_eps as f32;
+                let a = Tensor::cat(
+                    &[
+                        candle_nn::ops::rms_norm_slow(embeds, e.input_norm.as_tensor(), eps)?,
+                        candle_nn::ops::rms_norm_slow(states, e.hidden_norm.as_tensor(), eps)?,
+                    ],
+                    1,
+                )?;
+                Ok((states.clone(), a))
+            }
+        }
     }
 
     /// EAGLE's fc over the concatenated embedding and feature.

@@ -140,7 +140,7 @@ pub enum FeatureTaps {
     /// The last layer's output after the final norm, what the output head reads (EAGLE).
     LastNormed,
     /// The residual stream entering each of these layers, concatenated in this order
-    /// (EAGLE-3).
+    /// (EAGLE-3); the number of layers names the last layer's output (before the final norm).
     LayerInputs(Vec<usize>),
 }
 

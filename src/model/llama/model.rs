@@ -333,7 +333,7 @@ impl Llama {
     }
 
     /// The final norm over rows of the last layer's output.
-    fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
         let eps = self.hp.rms_norm_eps as f32;
         Ok(candle_nn::ops::rms_norm(x, &self.weights.norm, eps)?)
     }

@@ -54,7 +54,8 @@ pub(crate) struct LayerIo<'a> {
     /// Columns put before the first layer's (normed) attention input, row by row: an EAGLE-3
     /// head's normed token embeddings beside its hidden input.
     pub prefix: Option<&'a Tensor>,
-    /// Layers whose input (the residual stream before them) is returned, in this order.
+    /// Layers whose input (the residual stream before them) is returned, in this order; the
+    /// number of layers names the last one's output.
     pub taps: &'a [usize],
 }
 
@@ -164,6 +165,14 @@ pub(crate) fn run_layers(
         })?;
         let attn = Tensor::from_slice(&attn_out, (total, q_dim), &device)?;
         x = layer.after_attention(&x, &attn, eps)?;
+    }
+    for (i, _) in io
+        .taps
+        .iter()
+        .enumerate()
+        .filter(|(_, &t)| t == layers.len())
+    {
+        tapped[i] = Some(x.clone());
     }
     let tapped = tapped
         .into_iter()

@@ -96,7 +96,7 @@ pub(crate) fn forward(
 
     let mut tapped = Vec::with_capacity(taps.len());
     for &t in taps {
-        if t >= w.layers.len() {
+        if t > w.layers.len() {
             return Err(crate::model::ModelError::BadInput(format!(
                 "layer {t} is tapped, but the model has {} layers",
                 w.layers.len()
@@ -153,6 +153,13 @@ pub(crate) fn forward(
 
     let (rows, ranges) = logits_rows(batch);
     let logits = BatchLogits::new(w.output_logits(&x, rows, eps)?, ranges)?;
+    for (i, _) in taps
+        .iter()
+        .enumerate()
+        .filter(|(_, &t)| t == w.layers.len())
+    {
+        layer_inputs[i] = Some(x.clone());
+    }
     tapped.extend(layer_inputs.into_iter().flatten());
     Ok((logits, x, tapped))
 }
