@@ -15,6 +15,7 @@
 
 mod checkpoint;
 pub mod eagle3;
+mod init;
 pub mod train;
 
 use std::borrow::Cow;
