@@ -27,8 +27,7 @@ pub use eagle3::Eagle3Parts;
 
 use crate::model::cache::kv_cache::{KvCache, KvDtype};
 use crate::model::draft_vocab::DraftVocab;
-use crate::model::llama::batch::FeatureTaps;
-use crate::model::llama::batch::{logits_rows, SeqInput};
+use crate::model::llama::batch::{logits_rows, FeatureTaps, SeqInput};
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
 use crate::model::llama::own_forward::{run_layers, LayerIo};
