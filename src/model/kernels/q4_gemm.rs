@@ -25,7 +25,7 @@ use half::f16;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 use crate::model::kernels::tile_driver::{
-    self, block_sums, quantize_rows, run_tile_kernels, DotIsa, QuantRows, QK, TILE_N,
+    self, block_sums, quantize_rows, run_tile_kernels, DotIsa, QK, TILE_N,
 };
 
 /// How many tiles ahead the kernel prefetches (the reason is `q8_gemm`'s: streaming and
@@ -175,7 +175,7 @@ fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
     assert!(available(), "q4_gemm::matmul needs AVX2, FMA and F16C");
     assert_eq!(x.len(), m * w.k);
     assert_eq!(dst.len(), m * w.n);
-    let q = quantize_rows(x);
+    let q = quantize_rows(x, m);
     // da · Σa per (row, block): what each column's minimum multiplies.
     let row_sums: Vec<f32> = block_sums(&q)
         .iter()
@@ -191,13 +191,6 @@ fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
 /// What every tile kernel is given: the weights, the quantized rows, `da · Σa` per (row,
 /// block), the column tile, the first row and the output's start.
 type TileArgs<'a> = tile_driver::TileArgs<'a, PackedQ4, f32>;
-
-/// A pointer to the 4 activation bytes of row `r`, block `b`, value group `g` (the caller
-/// keeps them inside the rows).
-#[inline(always)]
-unsafe fn group(q: &QuantRows, k: usize, r: usize, b: usize, g: usize) -> *const i32 {
-    q.qs.as_ptr().add(r * k + b * QK + g * 4) as *const i32
-}
 
 /// The 256-bit tile kernel, written once for AVX2 and AVX-VNNI: `R` rows (at most 4), the
 /// tile's two 8-column halves one after the other. `$dot4(acc, w, a)` adds the products of
@@ -233,7 +226,7 @@ macro_rules! tile_kernel_256 {
                         let lo = _mm256_and_si256(v, low);
                         let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
                         for (r, ia) in iacc.iter_mut().enumerate() {
-                            let a = group(q, w.k, r0 + r, b, 2 * p);
+                            let a = q.group(r0 + r, b, 2 * p);
                             *ia = $dot4(*ia, lo, _mm256_set1_epi32(a.read_unaligned()));
                             *ia = $dot4(*ia, hi, _mm256_set1_epi32(a.add(1).read_unaligned()));
                         }
@@ -243,7 +236,7 @@ macro_rules! tile_kernel_256 {
                     };
                     let (sc, mins) = (half(&tile.scales), half(&tile.mins));
                     for (r, (a, ia)) in acc.iter_mut().zip(&iacc).enumerate() {
-                        let row_block = (r0 + r) * kb + b;
+                        let row_block = q.at(r0 + r, b);
                         let scale = _mm256_mul_ps(sc, _mm256_set1_ps(q.scales[row_block]));
                         *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps($widen(*ia)), scale, *a);
                         *a = _mm256_fmadd_ps(mins, _mm256_set1_ps(row_sums[row_block]), *a);
@@ -281,20 +274,32 @@ tile_kernel_256!(
 /// two rows each row's block sum runs as two dependency chains (low and high nibbles, added
 /// at the end: integer sums, so the same bits), since a single chain of 8 `vpdpbusd` waits on
 /// its own latency rather than on memory.
+///
+/// With several rows the kernel is bound by its vector instructions (a `vpdpbusd` and a fused
+/// multiply-add share the same units), so everything else is kept off them: every row's
+/// activations, scales and sums for a block are read at constant offsets from one pointer (the
+/// block-major [`QuantRows`]), as broadcast memory operands, with no index arithmetic or
+/// bounds check per row.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn tile_kernel_vnni512<const R: usize>((w, q, row_sums, t, r0, dst): TileArgs) {
     use std::arch::x86_64::*;
     let split = R <= 2;
     let kb = w.k / QK;
+    debug_assert!(r0 + R <= q.m && w.tiles.len() >= (t + 1) * kb);
     let low = _mm512_set1_epi8(0x0f);
+    let tiles = w.tiles.as_ptr().add(t * kb);
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..kb {
-        let tile = &w.tiles[t * kb + b];
+        let tile = &*tiles.add(b);
         let ahead = (tile as *const Tile as *const i8).wrapping_add(PREFETCH_TILES * TILE_BYTES);
         for line in 0..TILE_BYTES / 64 {
             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
         }
+        // Row r0 + r of block b: values at acts + 32 r, scale at scales + r, sum at sums + r.
+        let first = q.at(r0, b);
+        let acts = q.qs.as_ptr().add(first * QK);
+        let (scales, sums) = (q.scales.as_ptr().add(first), row_sums.as_ptr().add(first));
         let mut ia = [_mm512_setzero_si512(); R];
         let mut ib = [_mm512_setzero_si512(); R];
         for p in 0..QK / 8 {
@@ -302,7 +307,7 @@ unsafe fn tile_kernel_vnni512<const R: usize>((w, q, row_sums, t, r0, dst): Tile
             let lo = _mm512_and_si512(v, low);
             let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
             for r in 0..R {
-                let a = group(q, w.k, r0 + r, b, 2 * p);
+                let a = acts.add(r * QK + p * 8) as *const i32;
                 ia[r] = _mm512_dpbusd_epi32(ia[r], lo, _mm512_set1_epi32(a.read_unaligned()));
                 let a1 = _mm512_set1_epi32(a.add(1).read_unaligned());
                 if split {
@@ -320,10 +325,9 @@ unsafe fn tile_kernel_vnni512<const R: usize>((w, q, row_sums, t, r0, dst): Tile
             } else {
                 ia[r]
             };
-            let row_block = (r0 + r) * kb + b;
-            let scale = _mm512_mul_ps(sc, _mm512_set1_ps(q.scales[row_block]));
+            let scale = _mm512_mul_ps(sc, _mm512_set1_ps(*scales.add(r)));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]);
-            acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(row_sums[row_block]), acc[r]);
+            acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(*sums.add(r)), acc[r]);
         }
     }
     let cols = (w.n - t * TILE_N).min(TILE_N);

@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 use crate::model::kernels::tile_driver::{
-    self, block_sums, quantize_rows, run_tile_kernels, DotIsa, QuantRows, QK, TILE_N,
+    self, block_sums, quantize_rows, run_tile_kernels, DotIsa, QK, TILE_N,
 };
 
 /// How many tiles ahead the kernel prefetches. Without it a core waits on each tile's load and
@@ -141,7 +141,7 @@ fn matmul_on(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
     assert!(available(), "q8_gemm::matmul needs AVX2, FMA and F16C");
     assert_eq!(x.len(), m * w.k);
     assert_eq!(dst.len(), m * w.n);
-    let q = quantize_rows(x);
+    let q = quantize_rows(x, m);
     // 128 · Σa per (row, block): what `vpdpbusd` over the offset weights adds.
     let offsets: Vec<i32> = match isa {
         DotIsa::Avx2 => Vec::new(),
@@ -157,13 +157,6 @@ fn matmul_on(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
 /// block) (empty on AVX2, which multiplies signed weights), the column tile, the first row and
 /// the output's start.
 type TileArgs<'a> = tile_driver::TileArgs<'a, PackedQ8, i32>;
-
-/// The 4 activation bytes of row `r`, block `b`, value group `g` (the caller keeps them
-/// inside the rows).
-#[inline(always)]
-unsafe fn group(q: &QuantRows, k: usize, r: usize, b: usize, g: usize) -> i32 {
-    (q.qs.as_ptr().add(r * k + b * QK + g * 4) as *const i32).read_unaligned()
-}
 
 /// Prefetches the tile `PREFETCH_TILES` ahead of `b` and its scales (tiles are read in
 /// address order, across units too; an address past the end is harmless).
@@ -207,14 +200,14 @@ macro_rules! tile_kernel_256 {
                         let at = tile.qs.as_ptr().add(g * 64 + h * 32);
                         let u = _mm256_load_si256(at as *const __m256i);
                         for (r, ia) in iacc.iter_mut().enumerate() {
-                            let a = _mm256_set1_epi32(group(q, w.k, r0 + r, b, g));
+                            let a = _mm256_set1_epi32(q.group(r0 + r, b, g).read_unaligned());
                             *ia = $dot4(*ia, u, a);
                         }
                     }
                     let scales = w.scales[t * kb + b].0.as_ptr().add(8 * h);
                     let sc = _mm256_cvtph_ps(_mm_load_si128(scales as *const __m128i));
                     for (r, (a, ia)) in acc.iter_mut().zip(&iacc).enumerate() {
-                        let row_block = (r0 + r) * kb + b;
+                        let row_block = q.at(r0 + r, b);
                         let sum = if $offset {
                             _mm256_sub_epi32(*ia, _mm256_set1_epi32(offsets[row_block]))
                         } else {
@@ -256,16 +249,24 @@ unsafe fn tile_kernel_vnni512<const R: usize>((w, q, offsets, t, r0, dst): TileA
     use std::arch::x86_64::*;
     let split = R <= 2;
     let kb = w.k / QK;
+    debug_assert!(r0 + R <= q.m && w.tiles.len() >= (t + 1) * kb);
+    let (tiles, tile_scales) = (w.tiles.as_ptr().add(t * kb), w.scales.as_ptr().add(t * kb));
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..kb {
         prefetch_ahead(w, t * kb + b);
-        let tile = &w.tiles[t * kb + b];
+        let tile = &*tiles.add(b);
+        // Row r0 + r of block b: values at acts + 32 r, scale at scales + r, offset at
+        // sums + r (see `q4_gemm`'s kernel: no per-row index arithmetic).
+        let first = q.at(r0, b);
+        let acts = q.qs.as_ptr().add(first * QK);
+        let (scales, sums) = (q.scales.as_ptr().add(first), offsets.as_ptr().add(first));
         let mut ia = [_mm512_setzero_si512(); R];
         let mut ib = [_mm512_setzero_si512(); R];
         for g in 0..QK / 4 {
             let u = _mm512_load_si512(tile.qs.as_ptr().add(g * 64) as *const __m512i);
             for r in 0..R {
-                let a = _mm512_set1_epi32(group(q, w.k, r0 + r, b, g));
+                let at = acts.add(r * QK + g * 4) as *const i32;
+                let a = _mm512_set1_epi32(at.read_unaligned());
                 if split && g % 2 == 1 {
                     ib[r] = _mm512_dpbusd_epi32(ib[r], u, a);
                 } else {
@@ -273,17 +274,17 @@ unsafe fn tile_kernel_vnni512<const R: usize>((w, q, offsets, t, r0, dst): TileA
                 }
             }
         }
-        let scales = w.scales[t * kb + b].0.as_ptr();
-        let sc = _mm512_cvtph_ps(_mm256_load_si256(scales as *const __m256i));
+        let sc = _mm512_cvtph_ps(_mm256_load_si256(
+            (*tile_scales.add(b)).0.as_ptr() as *const __m256i
+        ));
         for r in 0..R {
-            let row_block = (r0 + r) * kb + b;
             let sum = if split {
                 _mm512_add_epi32(ia[r], ib[r])
             } else {
                 ia[r]
             };
-            let sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(offsets[row_block]));
-            let scale = _mm512_mul_ps(sc, _mm512_set1_ps(q.scales[row_block]));
+            let sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(*sums.add(r)));
+            let scale = _mm512_mul_ps(sc, _mm512_set1_ps(*scales.add(r)));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]);
         }
     }

@@ -23,43 +23,127 @@ pub(crate) const MAX_ROWS: usize = 12;
 pub(crate) const ROWS_256: usize = 4;
 
 /// Activation rows quantized to 8 bits per 32-value block, as ggml's Q8_0 does it (shared with
-/// `q4_gemm`, whose weights multiply the same 8-bit activations).
+/// `q4_gemm`, whose weights multiply the same 8-bit activations), stored block-major: block `b`
+/// of every row, then block `b + 1`. A tile kernel serving `R` rows a weight load then finds
+/// all their values for one block, and their scales, at fixed offsets from one pointer, which
+/// the instruction can take as an embedded broadcast operand rather than a register per row.
 pub(crate) struct QuantRows {
+    /// `(block, row, value)`: block `b` of row `r` at `(b · m + r) · 32`.
     pub(crate) qs: Vec<i8>,
+    /// `(block, row)`: the scale of block `b` of row `r` at `b · m + r`.
     pub(crate) scales: Vec<f32>,
+    /// Rows.
+    pub(crate) m: usize,
 }
 
-pub(crate) fn quantize_rows(x: &[f32]) -> QuantRows {
-    // A portable build rounds through libm's `roundf` one value at a time; with AVX2 enabled
-    // the same loop compiles to vector rounding (the same bits).
+impl QuantRows {
+    /// Where block `b` of row `r` sits among the blocks (its scale's index; its values start
+    /// at 32 times it).
+    #[inline(always)]
+    pub(crate) fn at(&self, r: usize, b: usize) -> usize {
+        b * self.m + r
+    }
+
+    /// A pointer to the 4 values of group `g` of block `b` of row `r` (the caller keeps them
+    /// inside the rows).
+    #[inline(always)]
+    pub(crate) unsafe fn group(&self, r: usize, b: usize, g: usize) -> *const i32 {
+        self.qs.as_ptr().add(self.at(r, b) * QK + g * 4) as *const i32
+    }
+}
+
+/// Quantizes the `m` rows of `x` (row-major, a multiple of 32 values each).
+pub(crate) fn quantize_rows(x: &[f32], m: usize) -> QuantRows {
     #[cfg(target_arch = "x86_64")]
     if packed_gemm::has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { quantize_rows_avx2(x) };
+        return unsafe { quantize_rows_avx2(x, m) };
     }
-    quantize_rows_portable(x)
+    quantize_rows_portable(x, m)
 }
 
+/// [`quantize_rows_portable`]'s arithmetic eight values at a time: the same maximum, the same
+/// IEEE quotient and products, rounding half away from zero as `f32::round` does (truncate,
+/// then step away from zero where the dropped fraction is at least a half; both exact), so the
+/// same bits for finite inputs. The scalar loop compiled to one value at a time, and at 8
+/// rows quantizing took a fifth of a matmul's time on the calling thread alone.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_rows_avx2(x: &[f32]) -> QuantRows {
-    quantize_rows_portable(x)
-}
-
-#[inline(always)]
-fn quantize_rows_portable(x: &[f32]) -> QuantRows {
+unsafe fn quantize_rows_avx2(x: &[f32], m: usize) -> QuantRows {
+    use std::arch::x86_64::*;
+    assert!(m > 0 && x.len().is_multiple_of(m * QK));
+    let k = x.len() / m;
     let mut out = QuantRows {
         qs: vec![0; x.len()],
         scales: vec![0.0; x.len() / QK],
+        m,
     };
-    for (b, xs) in x.chunks_exact(QK).enumerate() {
-        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        for (q, &v) in out.qs[b * QK..(b + 1) * QK].iter_mut().zip(xs) {
-            *q = (v * id).round() as i8;
+    let sign = _mm256_set1_ps(-0.0);
+    let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for r in 0..m {
+        for b in 0..k / QK {
+            let at = out.at(r, b);
+            let src = x.as_ptr().add(r * k + b * QK);
+            let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(8 * i)));
+            let abs = |v: __m256| _mm256_andnot_ps(sign, v);
+            let m8 = _mm256_max_ps(
+                _mm256_max_ps(abs(v[0]), abs(v[1])),
+                _mm256_max_ps(abs(v[2]), abs(v[3])),
+            );
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps::<1>(m8));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            let q: [__m256i; 4] = std::array::from_fn(|i| {
+                let y = _mm256_mul_ps(v[i], idv);
+                let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+                let away = _mm256_cmp_ps::<_CMP_GE_OQ>(abs(_mm256_sub_ps(y, t)), half);
+                let step = _mm256_and_ps(away, _mm256_or_ps(one, _mm256_and_ps(sign, y)));
+                _mm256_cvttps_epi32(_mm256_add_ps(t, step))
+            });
+            let words = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let bytes = _mm256_permutevar8x32_epi32(words, order);
+            _mm256_storeu_si256(out.qs.as_mut_ptr().add(at * QK) as *mut __m256i, bytes);
+            out.scales[at] = d;
         }
-        out.scales[b] = d;
+    }
+    out
+}
+
+fn quantize_rows_portable(x: &[f32], m: usize) -> QuantRows {
+    assert!(m > 0 && x.len().is_multiple_of(m * QK));
+    let k = x.len() / m;
+    let mut out = QuantRows {
+        qs: vec![0; x.len()],
+        scales: vec![0.0; x.len() / QK],
+        m,
+    };
+    for (r, row) in x.chunks_exact(k).enumerate() {
+        for (b, xs) in row.chunks_exact(QK).enumerate() {
+            let at = out.at(r, b);
+            // The largest magnitude in eight lanes, then across them: a maximum is exact, so
+            // the order does not change it (for finite values), and the lanes vectorize where
+            // one running maximum would be a chain of 32 dependent steps.
+            let mut lanes = [0f32; 8];
+            for eight in xs.chunks_exact(8) {
+                for (l, v) in lanes.iter_mut().zip(eight) {
+                    *l = l.max(v.abs());
+                }
+            }
+            let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            for (q, &v) in out.qs[at * QK..(at + 1) * QK].iter_mut().zip(xs) {
+                *q = (v * id).round() as i8;
+            }
+            out.scales[at] = d;
+        }
     }
     out
 }
@@ -88,7 +172,8 @@ pub(crate) fn for_each_tile(
 }
 
 /// The per-(row, block) sums of the quantized activations, `Σa`, which a kernel multiplying
-/// offset weights (`w + c`) subtracts or scales: exact integers.
+/// offset weights (`w + c`) subtracts or scales: exact integers, in the order of
+/// [`QuantRows::at`].
 pub(crate) fn block_sums(q: &QuantRows) -> Vec<i32> {
     q.qs.chunks_exact(QK)
         .map(|blk| blk.iter().map(|&v| v as i32).sum())
@@ -238,6 +323,56 @@ impl DotIsa {
             DotIsa::Avx2 => "AVX2",
             DotIsa::AvxVnni => "AVX-VNNI",
             DotIsa::Avx512Vnni => "AVX-512 VNNI",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vector_quantizer_gives_the_scalar_bits_block_major() {
+        if !packed_gemm::has_avx2_fma() {
+            panic!("this test needs an x86-64 CPU with AVX2, FMA and F16C (every CI machine)");
+        }
+        let (m, k) = (3usize, 96usize);
+        let mut x = crate::model::kernels::packed_gemm::test_support::random(7, m * k);
+        // Ties, where rounding half away from zero and half to even differ: a block whose
+        // largest magnitude is 127 (so each value is its own quotient) holding ±0.5, ±1.5,
+        // ±2.5 and -0.0; and an all-zero block.
+        x[0] = 127.0;
+        for (i, v) in [0.5, -0.5, 1.5, -1.5, 2.5, -2.5, -0.0, 126.5]
+            .iter()
+            .enumerate()
+        {
+            x[1 + i] = *v;
+        }
+        x[k + QK..k + 2 * QK].fill(0.0);
+        let fast = quantize_rows(&x, m);
+        let slow = quantize_rows_portable(&x, m);
+        assert_eq!(fast.qs, slow.qs);
+        assert_eq!(
+            fast.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
+            slow.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(&slow.qs[1..9], &[1, -1, 2, -2, 3, -3, 0, 127]);
+        // Block-major: row 1's second block sits after every row's first block.
+        let at = slow.at(1, 1);
+        assert_eq!(at, m + 1);
+        assert!(slow.qs[at * QK..(at + 1) * QK].iter().all(|&q| q == 0));
+        assert_eq!(slow.scales[at], 0.0);
+        for r in 0..m {
+            for b in 0..k / QK {
+                let (blk, d) = (&x[r * k + b * QK..][..QK], slow.scales[slow.at(r, b)]);
+                let q = &slow.qs[slow.at(r, b) * QK..][..QK];
+                for (v, &qv) in blk.iter().zip(q) {
+                    assert!(
+                        (v - d * qv as f32).abs() <= d * 0.5 + 1e-6,
+                        "{v} vs {qv} · {d}"
+                    );
+                }
+            }
         }
     }
 }
