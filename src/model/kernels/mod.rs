@@ -7,4 +7,5 @@ pub mod packed_gemm;
 pub mod parallel;
 pub mod q4_gemm;
 pub mod q8_gemm;
+pub mod rms_norm;
 pub mod tile_driver;

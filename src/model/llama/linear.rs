@@ -323,6 +323,22 @@ impl Linear {
     }
 
     /// Which kernel runs this layer, for reporting.
+    /// [`Self::forward`] on `m` host rows: straight into the packed kernel where there is one
+    /// (no tensor around the input or the output), else through candle.
+    pub fn forward_rows(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        match &self.kernel {
+            Kernel::Packed(p) => {
+                let mut dst = vec![0f32; m * self.out_features];
+                p.0.matmul(x, m, &mut dst);
+                Ok(dst)
+            }
+            Kernel::Candle(_) => {
+                let t = Tensor::from_slice(x, (m, self.in_features), &Device::Cpu)?;
+                Ok(self.forward(&t)?.flatten_all()?.to_vec1()?)
+            }
+        }
+    }
+
     pub fn kernel_name(&self) -> &'static str {
         match &self.kernel {
             Kernel::Candle(_) => "candle",

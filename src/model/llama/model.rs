@@ -335,7 +335,11 @@ impl Llama {
     /// The final norm over rows of the last layer's output.
     pub fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
         let eps = self.hp.rms_norm_eps as f32;
-        Ok(candle_nn::ops::rms_norm(x, &self.weights.norm, eps)?)
+        Ok(crate::model::kernels::rms_norm::rms_norm(
+            x,
+            &self.weights.norm,
+            eps,
+        )?)
     }
 
     fn forward_inner(

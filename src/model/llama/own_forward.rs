@@ -68,7 +68,7 @@ pub(crate) fn run_layers(
     rope: &RopeTable,
     cache: &mut KvCache,
     batch: &[SeqInput],
-    mut x: Tensor,
+    x: Tensor,
     io: LayerIo,
 ) -> Result<(Tensor, Vec<Tensor>)> {
     let shape = AttnShape {
@@ -80,8 +80,12 @@ pub(crate) fn run_layers(
     let row = q_dim + 2 * kv_dim;
     let hd = hp.head_dim;
     let eps = hp.rms_norm_eps as f32;
-    let device = Device::Cpu;
-    let total = x.dim(0)?;
+    let (total, hidden) = x.dims2()?;
+    // The residual stream as host rows; each layer's work reads and writes them in place.
+    let mut xs: Vec<f32> = x.flatten_all()?.to_vec1()?;
+    let prefix: Option<Vec<f32>> = io.prefix.map(|p| p.flatten_all()?.to_vec1()).transpose()?;
+    let row_tensor = |xs: &[f32]| Tensor::from_slice(xs, (total, hidden), &Device::Cpu);
+    let mut h = vec![0f32; total * hidden];
     let mut attn_out = vec![0f32; total * q_dim];
     // Tree inputs: each token's depth (its position past start_pos) and its path.
     let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
@@ -89,15 +93,24 @@ pub(crate) fn run_layers(
     let mut tapped: Vec<Option<Tensor>> = vec![None; io.taps.len()];
     for (l, layer) in layers.iter().enumerate() {
         for (i, _) in io.taps.iter().enumerate().filter(|(_, &t)| t == l) {
-            tapped[i] = Some(x.clone());
+            tapped[i] = Some(row_tensor(&xs)?);
         }
-        let mut h = timed(Op::Norm, || layer.attn_input(&x, eps))?;
-        if let (Some(prefix), 0) = (io.prefix, l) {
-            h = Tensor::cat(&[prefix, &h], 1)?;
-        }
-        let mut qkv: Vec<f32> = timed(Op::QkvMatmul, || -> Result<Vec<f32>> {
-            Ok(layer.qkv.forward(&h)?.flatten_all()?.to_vec1()?)
-        })?;
+        timed(Op::Norm, || layer.attn_input_rows(&xs, eps, &mut h))?;
+        let joined;
+        let attn_in: &[f32] = match (&prefix, l) {
+            (Some(prefix), 0) => {
+                // [prefix row, normed row] side by side, row by row.
+                let pw = prefix.len() / total.max(1);
+                joined = prefix
+                    .chunks_exact(pw)
+                    .zip(h.chunks_exact(hidden))
+                    .flat_map(|(p, r)| p.iter().chain(r).copied())
+                    .collect::<Vec<f32>>();
+                &joined
+            }
+            _ => &h,
+        };
+        let mut qkv = timed(Op::QkvMatmul, || layer.qkv.forward_rows(attn_in, total))?;
         timed(Op::Rope, || {
             let mut offset = 0;
             for (s, tree) in batch.iter().zip(&trees) {
@@ -163,8 +176,7 @@ pub(crate) fn run_layers(
             }
             Ok(())
         })?;
-        let attn = Tensor::from_slice(&attn_out, (total, q_dim), &device)?;
-        x = layer.after_attention(&x, &attn, eps)?;
+        layer.after_attention_rows(&mut xs, &attn_out, eps, &mut h)?;
     }
     for (i, _) in io
         .taps
@@ -172,7 +184,7 @@ pub(crate) fn run_layers(
         .enumerate()
         .filter(|(_, &t)| t == layers.len())
     {
-        tapped[i] = Some(x.clone());
+        tapped[i] = Some(row_tensor(&xs)?);
     }
     let tapped = tapped
         .into_iter()
@@ -186,5 +198,5 @@ pub(crate) fn run_layers(
             })
         })
         .collect::<Result<_>>()?;
-    Ok((x, tapped))
+    Ok((Tensor::from_vec(xs, (total, hidden), &Device::Cpu)?, tapped))
 }

@@ -6,6 +6,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::model::kernels::elementwise::silu_mul;
+use crate::model::kernels::rms_norm::{add_norm_rows, norm_rows, rms_norm, with_host};
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::linear::{Linear, WeightsDtype};
 use crate::model::llama::op_profile::{timed, Op};
@@ -28,9 +30,52 @@ impl Layer {
     /// What attention's projections read: the input, normed when the layer has a norm.
     pub fn attn_input(&self, x: &Tensor, eps: f32) -> Result<Tensor> {
         Ok(match &self.attn_norm {
-            Some(norm) => candle_nn::ops::rms_norm(x, norm, eps)?,
+            Some(norm) => rms_norm(x, norm, eps)?,
             None => x.clone(),
         })
+    }
+
+    /// [`Self::attn_input`] on host rows (the own kernels' forward): written into `out`.
+    pub fn attn_input_rows(&self, x: &[f32], eps: f32, out: &mut [f32]) -> Result<()> {
+        match &self.attn_norm {
+            Some(norm) => with_host(norm, |w| norm_rows(x, w, eps, out))?,
+            None => out.copy_from_slice(x),
+        }
+        Ok(())
+    }
+
+    /// [`Self::after_attention`] on host rows: `x` (the residual stream) is updated in place;
+    /// `scratch` (as long as `x`) holds the MLP's normed input.
+    pub fn after_attention_rows(
+        &self,
+        x: &mut [f32],
+        attn: &[f32],
+        eps: f32,
+        scratch: &mut [f32],
+    ) -> Result<()> {
+        let rows = attn.len() / self.o.in_features();
+        let o = timed(Op::OutMatmul, || self.o.forward_rows(attn, rows))?;
+        timed(Op::Norm, || {
+            with_host(&self.ffn_norm, |w| add_norm_rows(x, &o, w, eps, scratch))
+        })?;
+        let gu = timed(Op::GateUpMatmul, || {
+            self.gate_up.forward_rows(scratch, rows)
+        })?;
+        let act = timed(Op::Elementwise, || {
+            let inter = self.down.in_features();
+            let mut act = vec![0f32; rows * inter];
+            for (src, dst) in gu.chunks_exact(2 * inter).zip(act.chunks_exact_mut(inter)) {
+                silu_mul(&src[..inter], &src[inter..], dst);
+            }
+            act
+        });
+        let down = timed(Op::DownMatmul, || self.down.forward_rows(&act, rows))?;
+        timed(Op::Elementwise, || {
+            for (v, d) in x.iter_mut().zip(&down) {
+                *v += d;
+            }
+        });
+        Ok(())
     }
 
     /// The rest of a layer once attention has run: the output projection and residual, then
@@ -38,9 +83,7 @@ impl Layer {
     pub fn after_attention(&self, x: &Tensor, attn: &Tensor, eps: f32) -> Result<Tensor> {
         let o = timed(Op::OutMatmul, || self.o.forward(attn))?;
         let x = timed(Op::Elementwise, || x + o)?;
-        let h = timed(Op::Norm, || {
-            candle_nn::ops::rms_norm(&x, &self.ffn_norm, eps)
-        })?;
+        let h = timed(Op::Norm, || rms_norm(&x, &self.ffn_norm, eps))?;
         let gu = timed(Op::GateUpMatmul, || self.gate_up.forward(&h))?;
         let act = timed(Op::Elementwise, || {
             crate::model::kernels::elementwise::silu_gate(&gu)
@@ -145,7 +188,7 @@ impl LlamaWeights {
         let n = rows.len();
         let idx = Tensor::from_vec(rows, n, x.device())?;
         let x = timed(Op::Norm, || {
-            candle_nn::ops::rms_norm(&x.index_select(&idx, 0)?, &self.norm, eps)
+            rms_norm(&x.index_select(&idx, 0)?, &self.norm, eps)
         })?;
         let logits = timed(Op::LmHead, || self.lm_head.forward(&x))?;
         Ok(Some(logits.to_dtype(DType::F32)?))
