@@ -6,7 +6,9 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::model::cache::kv_cache::{KvCache, LayerKv};
-use crate::model::kernels::attention::{causal_attention, tree_attention, AttnShape};
+use crate::model::kernels::attention::{
+    causal_attention, prefetch_cache, tree_attention, AttnShape,
+};
 use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::llama::rope::RopeTable;
@@ -94,6 +96,12 @@ pub(crate) fn run_layers(
     for (l, layer) in layers.iter().enumerate() {
         for (i, _) in io.taps.iter().enumerate().filter(|(_, &t)| t == l) {
             tapped[i] = Some(row_tensor(&xs)?);
+        }
+        for s in batch {
+            match cache.layer(s.slot, l)? {
+                LayerKv::F32 { keys, values } => prefetch_cache(keys, values),
+                LayerKv::F16 { keys, values } => prefetch_cache(keys, values),
+            }
         }
         timed(Op::Norm, || layer.attn_input_rows(&xs, eps, &mut h))?;
         let joined;

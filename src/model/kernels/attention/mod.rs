@@ -299,6 +299,33 @@ pub fn causal_attention<T: KvElement>(
     }
 }
 
+/// The most bytes of keys (and as many of values) [`prefetch_cache`] asks for: a shallow
+/// context's whole cache, while a deep one, whose reads the prefetchers follow on their own,
+/// would only evict the weights the next matmul streams.
+const PREFETCH_BYTES: usize = 64 << 10;
+
+/// Asks for a layer's cached keys and values to be brought into this core's caches: issued
+/// before the layer's q/k/v matmul, they arrive while it streams the weights, where attention
+/// would otherwise wait on memory for each key row it reads (a forward's other layers have
+/// evicted them).
+pub fn prefetch_cache<T: KvElement>(keys: &[T], values: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    for buf in [keys, values] {
+        let bytes = std::mem::size_of_val(buf).min(PREFETCH_BYTES);
+        let base = buf.as_ptr() as *const i8;
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch never faults, and the address is inside `buf`.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                    base.add(line),
+                )
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (keys, values);
+}
+
 /// Below this many (unit, key) pairs attention runs on the calling thread: a 1-token step at a
 /// shallow depth (SmolLM2: 9 units of ~65 keys) costs less than waking the pool, while a
 /// verification of 4 tokens at depth 64 (36 units) ran in two thirds of the time on 2 threads
