@@ -50,11 +50,10 @@ unsafe fn silu_mul_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) -> usize {
         // −|g|: the sign bit set.
         let e = crate::model::kernels::fast_exp::exp8(_mm256_or_ps(g, sign));
         let d = _mm256_add_ps(one, e);
-        let pos = _mm256_div_ps(g, d);
-        let neg = _mm256_div_ps(_mm256_mul_ps(g, e), d);
-        // g >= 0 picks `pos` (a NaN g compares false and takes `neg`, which is NaN too).
+        // g >= 0 divides g, else g · e (a NaN g compares false and takes g · e, NaN too): the
+        // numerator is picked before the one division, which gives the bits of dividing each.
         let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(g, zero);
-        let s = _mm256_blendv_ps(neg, pos, ge);
+        let s = _mm256_div_ps(_mm256_blendv_ps(_mm256_mul_ps(g, e), g, ge), d);
         _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(s, u));
     }
     full
