@@ -4,16 +4,16 @@
 //! forward that is batch-invariant: a token's logits are the same bits whether it is decoded
 //! alone, verified with drafts, or batched with other sequences, which is what lets
 //! speculative decoding reproduce plain greedy decoding exactly. candle supplies the tensors,
-//! the thread pool, the row-wise operations (RMS norm, SiLU) and the matmul for weight types
-//! we have no kernel for; the heavy arithmetic is our own CPU kernels:
+//! the thread pool, the GPU forward's row-wise operations and the matmul for weight types we
+//! have no kernel for; the heavy arithmetic is our own CPU kernels:
 //!
 //! It is grouped by job:
 //!
 //! * `kernels/`: the CPU arithmetic. Matrix multiplies for Q4_0/Q4_1 (`q4_gemm`), Q8_0
 //!   (`q8_gemm`) and f16 (`f16_gemm`) weights with the candle glue in `packed_gemm`; attention
 //!   written by hand with scalar definitions and AVX2/AVX-512 kernels that match them bit for
-//!   bit (`attention`); elementwise work over one vectorized exponential (`elementwise`,
-//!   `fast_exp`); which vector level the CPU gets (`cpu_kernels`) and the row-parallel loop
+//!   bit (`attention`); RMS norms fused with the residual add (`rms_norm`); elementwise work
+//!   over one vectorized exponential (`elementwise`, `fast_exp`); which vector level the CPU gets (`cpu_kernels`) and the row-parallel loop
 //!   (`parallel`).
 //! * `llama/`: the model. Its weights (`weights`), the per-layer weight type (`linear`),
 //!   rotary embeddings (`rope`), the batched forward's inputs and outputs (`batch`), the
