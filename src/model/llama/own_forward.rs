@@ -1,7 +1,9 @@
 //! The forward on the own CPU kernels: linear layers and the MLP run on all new tokens of all
 //! sequences flattened into one matrix, attention runs per sequence on the host cache (see
 //! `attention`). Every step is row-independent, so a token's logits are the same bits whether
-//! it is decoded alone, verified with γ drafts, or batched with other sequences.
+//! it is decoded alone, verified with γ drafts, or batched with other sequences. Between the
+//! embedding and the output head the residual stream stays host rows that each layer updates
+//! in place: a tensor per operation cost more than the operation at a decode step's one row.
 
 use candle_core::{DType, Device, Tensor};
 
