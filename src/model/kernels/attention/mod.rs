@@ -330,7 +330,7 @@ pub fn prefetch_cache<T: KvElement>(keys: &[T], values: &[T]) {
 /// shallow depth (SmolLM2: 9 units of ~65 keys) costs less than waking the pool, while a
 /// verification of 4 tokens at depth 64 (36 units) ran in two thirds of the time on 2 threads
 /// (`forward-bench --ops`, 0.72 against 0.48 ms a forward with 4096 as the bound).
-const PARALLEL_WORK: usize = 256;
+const PARALLEL_WORK: usize = 1024;
 
 /// The most (query, head) units computed together: the 3 heads of each of 8 verified tokens
 /// on SmolLM2. Measured at depth 1500 (8 tokens / a 256-token chunk): 12 units 29.0 / 642 ms,
