@@ -98,6 +98,16 @@ pub(crate) fn silu_gate(gu: &candle_core::Tensor) -> candle_core::Result<candle_
     candle_nn::ops::silu(&gu.narrow(1, 0, inter)?)? * gu.narrow(1, inter, inter)?
 }
 
+/// [`silu_gate`] on host rows of `2 · inter` values (gate first), one output row of `inter`
+/// values each.
+pub(crate) fn silu_gate_rows(gu: &[f32], inter: usize) -> Vec<f32> {
+    let mut out = vec![0f32; gu.len() / 2];
+    for (src, dst) in gu.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
+        silu_mul(&src[..inter], &src[inter..], dst);
+    }
+    out
+}
+
 struct SiluGate;
 
 impl candle_core::CustomOp1 for SiluGate {
@@ -116,13 +126,8 @@ impl candle_core::CustomOp1 for SiluGate {
         else {
             candle_core::bail!("silu-gate takes contiguous f32 rows");
         };
-        let data = &data[start..end];
-        let inter = width / 2;
-        let mut out = vec![0f32; rows * inter];
-        for (src, dst) in data.chunks_exact(width).zip(out.chunks_exact_mut(inter)) {
-            silu_mul(&src[..inter], &src[inter..2 * inter], dst);
-        }
-        Ok((candle_core::CpuStorage::F32(out), (rows, inter).into()))
+        let out = silu_gate_rows(&data[start..end], width / 2);
+        Ok((candle_core::CpuStorage::F32(out), (rows, width / 2).into()))
     }
 }
 

@@ -322,7 +322,6 @@ impl Linear {
         })
     }
 
-    /// Which kernel runs this layer, for reporting.
     /// [`Self::forward`] on `m` host rows: straight into the packed kernel where there is one
     /// (no tensor around the input or the output), else through candle.
     pub fn forward_rows(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
@@ -339,6 +338,7 @@ impl Linear {
         }
     }
 
+    /// Which kernel runs this layer, for reporting.
     pub fn kernel_name(&self) -> &'static str {
         match &self.kernel {
             Kernel::Candle(_) => "candle",

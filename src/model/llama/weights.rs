@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::kernels::elementwise::silu_mul;
+use crate::model::kernels::elementwise::silu_gate_rows;
 use crate::model::kernels::rms_norm::{add_norm_rows, norm_rows, rms_norm, with_host};
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::linear::{Linear, WeightsDtype};
@@ -62,12 +62,7 @@ impl Layer {
             self.gate_up.forward_rows(scratch, rows)
         })?;
         let act = timed(Op::Elementwise, || {
-            let inter = self.down.in_features();
-            let mut act = vec![0f32; rows * inter];
-            for (src, dst) in gu.chunks_exact(2 * inter).zip(act.chunks_exact_mut(inter)) {
-                silu_mul(&src[..inter], &src[inter..], dst);
-            }
-            act
+            silu_gate_rows(&gu, self.down.in_features())
         });
         let down = timed(Op::DownMatmul, || self.down.forward_rows(&act, rows))?;
         timed(Op::Elementwise, || {
