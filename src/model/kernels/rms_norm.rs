@@ -8,21 +8,21 @@
 //! then `(x / m) · w`), so every output is the bits candle's norm gives and greedy outputs are
 //! unchanged; each row is computed alone, so a token's result does not depend on its batch.
 
-/// `sqrt(Σx² / n + eps)`, the squares summed in order (candle's `rms_norm`).
+/// `dst = row / sqrt(Σx² / n + eps) · w`, the squares summed in order (candle's `rms_norm`).
 #[inline(always)]
-fn rms(row: &[f32], eps: f32) -> f32 {
+fn norm_row(row: &[f32], w: &[f32], eps: f32, dst: &mut [f32]) {
     let sum2 = row.iter().map(|v| v * v).sum::<f32>();
-    (sum2 / row.len() as f32 + eps).sqrt()
+    let m = (sum2 / row.len() as f32 + eps).sqrt();
+    for ((o, v), g) in dst.iter_mut().zip(row).zip(w) {
+        *o = v / m * g;
+    }
 }
 
 #[inline(always)]
 fn norm_rows_generic(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     for (row, dst) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let m = rms(row, eps);
-        for ((o, v), g) in dst.iter_mut().zip(row).zip(w) {
-            *o = v / m * g;
-        }
+        norm_row(row, w, eps, dst);
     }
 }
 
@@ -37,10 +37,7 @@ fn add_norm_rows_generic(x: &mut [f32], add: &[f32], w: &[f32], eps: f32, out: &
         for (v, a) in row.iter_mut().zip(a) {
             *v += a;
         }
-        let m = rms(row, eps);
-        for ((o, v), g) in dst.iter_mut().zip(&*row).zip(w) {
-            *o = v / m * g;
-        }
+        norm_row(row, w, eps, dst);
     }
 }
 
@@ -79,20 +76,24 @@ enum Width {
     Avx512,
 }
 
+/// Chosen once: the switches are environment variables, too slow to read on every norm.
 fn width() -> Width {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::model::kernels::packed_gemm::enabled;
-        if enabled("TANDEM_DISABLE_AVX512", || {
-            is_x86_feature_detected!("avx512f")
-        }) {
-            return Width::Avx512;
+    static WIDTH: std::sync::OnceLock<Width> = std::sync::OnceLock::new();
+    *WIDTH.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::model::kernels::packed_gemm::enabled;
+            if enabled("TANDEM_DISABLE_AVX512", || {
+                is_x86_feature_detected!("avx512f")
+            }) {
+                return Width::Avx512;
+            }
+            if enabled("TANDEM_DISABLE_AVX2", || is_x86_feature_detected!("avx2")) {
+                return Width::Avx2;
+            }
         }
-        if enabled("TANDEM_DISABLE_AVX2", || is_x86_feature_detected!("avx2")) {
-            return Width::Avx2;
-        }
-    }
-    Width::Portable
+        Width::Portable
+    })
 }
 
 fn check(x: usize, w: usize, out: usize) {
