@@ -98,14 +98,26 @@ pub(crate) fn silu_gate(gu: &candle_core::Tensor) -> candle_core::Result<candle_
     candle_nn::ops::silu(&gu.narrow(1, 0, inter)?)? * gu.narrow(1, inter, inter)?
 }
 
-/// [`silu_gate`] on host rows of `2 · inter` values (gate first), one output row of `inter`
-/// values each.
-pub(crate) fn silu_gate_rows(gu: &[f32], inter: usize) -> Vec<f32> {
-    let mut out = vec![0f32; gu.len() / 2];
-    for (src, dst) in gu.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
+/// [`silu_gate`] on host rows of `2 · inter` values (gate first), into `out` (one row of
+/// `inter` values each). Several rows are split over the compute threads: a verification's
+/// 9 rows were a visible share of the serial time its forward spent while the other thread
+/// waited, and each row is computed alone either way (the same bits).
+pub(crate) fn silu_gate_rows(gu: &[f32], inter: usize, out: &mut [f32]) {
+    assert!(inter > 0 && gu.len() == 2 * out.len() && out.len().is_multiple_of(inter));
+    let rows = out.len() / inter;
+    let out_ptr = out.as_mut_ptr() as usize;
+    let row = |r: usize| {
+        let src = &gu[r * 2 * inter..][..2 * inter];
+        // SAFETY: row r owns out[r · inter..][..inter], inside `out`; each row runs once.
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(r * inter), inter) };
         silu_mul(&src[..inter], &src[inter..], dst);
+    };
+    if rows < 2 {
+        (0..rows).for_each(row);
+    } else {
+        crate::model::kernels::parallel::for_each_unit(rows, row);
     }
-    out
 }
 
 struct SiluGate;
@@ -126,7 +138,8 @@ impl candle_core::CustomOp1 for SiluGate {
         else {
             candle_core::bail!("silu-gate takes contiguous f32 rows");
         };
-        let out = silu_gate_rows(&data[start..end], width / 2);
+        let mut out = vec![0f32; rows * (width / 2)];
+        silu_gate_rows(&data[start..end], width / 2, &mut out);
         Ok((candle_core::CpuStorage::F32(out), (rows, width / 2).into()))
     }
 }

@@ -25,7 +25,7 @@ use half::f16;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 use crate::model::kernels::tile_driver::{
-    self, block_sums, quantize_rows, run_tile_kernels, DotIsa, QK, TILE_N,
+    self, run_tile_kernels, with_quantized, DotIsa, QK, TILE_N,
 };
 
 /// How many tiles ahead the kernel prefetches (the reason is `q8_gemm`'s: streaming and
@@ -175,17 +175,19 @@ fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
     assert!(available(), "q4_gemm::matmul needs AVX2, FMA and F16C");
     assert_eq!(x.len(), m * w.k);
     assert_eq!(dst.len(), m * w.n);
-    let q = quantize_rows(x, m);
-    // da · Σa per (row, block): what each column's minimum multiplies.
-    let row_sums: Vec<f32> = block_sums(&q)
-        .iter()
-        .zip(&q.scales)
-        .map(|(&sum, &da)| da * sum as f32)
-        .collect();
-    run_tile_kernels!(isa, m, w, &q, &row_sums[..], dst);
-    // Elsewhere `available()` is false and the assertion above has stopped the call.
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (q, isa, row_sums);
+    with_quantized(x, m, |q| {
+        // da · Σa per (row, block): what each column's minimum multiplies.
+        let row_sums: Vec<f32> = q
+            .sums
+            .iter()
+            .zip(&q.scales)
+            .map(|(&sum, &da)| da * sum as f32)
+            .collect();
+        run_tile_kernels!(isa, m, w, q, &row_sums[..], dst);
+        // Elsewhere `available()` is false and the assertion above has stopped the call.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (q, isa, row_sums);
+    })
 }
 
 /// What every tile kernel is given: the weights, the quantized rows, `da · Σa` per (row,

@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 use crate::model::kernels::tile_driver::{
-    self, block_sums, quantize_rows, run_tile_kernels, DotIsa, QK, TILE_N,
+    self, run_tile_kernels, with_quantized, DotIsa, QK, TILE_N,
 };
 
 /// How many tiles ahead the kernel prefetches. Without it a core waits on each tile's load and
@@ -141,16 +141,17 @@ fn matmul_on(w: &PackedQ8, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
     assert!(available(), "q8_gemm::matmul needs AVX2, FMA and F16C");
     assert_eq!(x.len(), m * w.k);
     assert_eq!(dst.len(), m * w.n);
-    let q = quantize_rows(x, m);
-    // 128 · Σa per (row, block): what `vpdpbusd` over the offset weights adds.
-    let offsets: Vec<i32> = match isa {
-        DotIsa::Avx2 => Vec::new(),
-        DotIsa::AvxVnni | DotIsa::Avx512Vnni => block_sums(&q).iter().map(|s| 128 * s).collect(),
-    };
-    run_tile_kernels!(isa, m, w, &q, &offsets[..], dst);
-    // Elsewhere `available()` is false and the assertion above has stopped the call.
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (q, isa, offsets);
+    with_quantized(x, m, |q| {
+        // 128 · Σa per (row, block): what `vpdpbusd` over the offset weights adds.
+        let offsets: Vec<i32> = match isa {
+            DotIsa::Avx2 => Vec::new(),
+            DotIsa::AvxVnni | DotIsa::Avx512Vnni => q.sums.iter().map(|s| 128 * s).collect(),
+        };
+        run_tile_kernels!(isa, m, w, q, &offsets[..], dst);
+        // Elsewhere `available()` is false and the assertion above has stopped the call.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (q, isa, offsets);
+    })
 }
 
 /// What every tile kernel is given: the weights, the quantized rows, `128 · Σa` per (row,

@@ -8,36 +8,72 @@
 //! then `(x / m) · w`), so every output is the bits candle's norm gives and greedy outputs are
 //! unchanged; each row is computed alone, so a token's result does not depend on its batch.
 
-/// `dst = row / sqrt(Σx² / n + eps) · w`, the squares summed in order (candle's `rms_norm`).
+/// The most rows whose sums of squares run side by side: each sum is a chain of dependent
+/// additions (the order is candle's), so one row's sum waits on the adder's latency, while
+/// eight rows' independent chains keep it busy. `forward-bench --ops` had a 9-row norm cost
+/// four times a 1-row one before.
+const SUM_ROWS: usize = 8;
+
+/// `Σx²` of each of `R` rows of `n` values (`rows` holds them back to back), every row's
+/// squares added in order from its first value (candle's `rms_norm`), the rows' chains
+/// interleaved so they run at once. Each sum is the bits it would be alone.
 #[inline(always)]
-fn norm_row(row: &[f32], w: &[f32], eps: f32, dst: &mut [f32]) {
-    let sum2 = row.iter().map(|v| v * v).sum::<f32>();
-    let m = (sum2 / row.len() as f32 + eps).sqrt();
-    for ((o, v), g) in dst.iter_mut().zip(row).zip(w) {
-        *o = v / m * g;
+#[allow(clippy::needless_range_loop)]
+fn sums_of_squares<const R: usize>(rows: &[f32], n: usize) -> [f32; R] {
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &rows[r * n..][..n]);
+    let mut sums = [0f32; R];
+    for i in 0..n {
+        for r in 0..R {
+            let v = rows[r][i];
+            sums[r] += v * v;
+        }
+    }
+    sums
+}
+
+/// `dst = x / sqrt(Σx² / n + eps) · w` for a group of at most [`SUM_ROWS`] rows.
+#[inline(always)]
+fn norm_group(x: &[f32], w: &[f32], eps: f32, dst: &mut [f32]) {
+    let n = w.len();
+    let mut sums = [0f32; SUM_ROWS];
+    let k = x.len() / n;
+    macro_rules! sums_for {
+        ($($r:literal)*) => {
+            match k {
+                $($r => sums[..$r].copy_from_slice(&sums_of_squares::<$r>(x, n)),)*
+                _ => unreachable!("a group holds 1 to {SUM_ROWS} rows"),
+            }
+        };
+    }
+    sums_for!(1 2 3 4 5 6 7 8);
+    for ((row, out), sum2) in x.chunks_exact(n).zip(dst.chunks_exact_mut(n)).zip(sums) {
+        let m = (sum2 / n as f32 + eps).sqrt();
+        for ((o, v), g) in out.iter_mut().zip(row).zip(w) {
+            *o = v / m * g;
+        }
     }
 }
 
 #[inline(always)]
 fn norm_rows_generic(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let n = w.len();
-    for (row, dst) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        norm_row(row, w, eps, dst);
+    let group = SUM_ROWS * w.len();
+    for (rows, dst) in x.chunks(group).zip(out.chunks_mut(group)) {
+        norm_group(rows, w, eps, dst);
     }
 }
 
 #[inline(always)]
 fn add_norm_rows_generic(x: &mut [f32], add: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let n = w.len();
-    for ((row, a), dst) in x
-        .chunks_exact_mut(n)
-        .zip(add.chunks_exact(n))
-        .zip(out.chunks_exact_mut(n))
+    let group = SUM_ROWS * w.len();
+    for ((rows, a), dst) in x
+        .chunks_mut(group)
+        .zip(add.chunks(group))
+        .zip(out.chunks_mut(group))
     {
-        for (v, a) in row.iter_mut().zip(a) {
+        for (v, a) in rows.iter_mut().zip(a) {
             *v += a;
         }
-        norm_row(row, w, eps, dst);
+        norm_group(rows, w, eps, dst);
     }
 }
 
@@ -239,7 +275,8 @@ mod tests {
     fn every_width_gives_the_same_bits_and_rows_stand_alone() {
         // 576 values (the default model), and 70 (a tail past the last block of 16).
         for n in [576usize, 70] {
-            let rows = 5;
+            // Eleven rows: a full group of eight side by side, then three.
+            let rows = 11;
             let x = random(11, rows * n);
             let w = random(12, n);
             let add = random(13, rows * n);
@@ -258,10 +295,17 @@ mod tests {
                 assert_eq!(bits(&xs), bits(&summed));
                 assert_eq!(bits(&fused), bits(&apart), "{width:?}, n = {n}");
             }
-            // A row normed alone is the same bits as in a batch.
-            let mut alone = vec![0f32; n];
-            norm_rows(&x[2 * n..3 * n], &w, 1e-5, &mut alone);
-            assert_eq!(bits(&alone), bits(&want[2 * n..3 * n]));
+            // A row normed alone is the same bits as in a batch, in either group.
+            for r in [2, 9] {
+                let mut alone = vec![0f32; n];
+                norm_rows(&x[r * n..(r + 1) * n], &w, 1e-5, &mut alone);
+                assert_eq!(bits(&alone), bits(&want[r * n..(r + 1) * n]), "row {r}");
+                let row = &x[r * n..(r + 1) * n];
+                let sum2 = row.iter().map(|v| v * v).sum::<f32>();
+                let m = (sum2 / n as f32 + 1e-5).sqrt();
+                let reference: Vec<f32> = row.iter().zip(&w).map(|(v, g)| v / m * g).collect();
+                assert_eq!(bits(&alone), bits(&reference), "row {r}: candle's order");
+            }
         }
     }
 

@@ -32,6 +32,9 @@ pub(crate) struct QuantRows {
     pub(crate) qs: Vec<i8>,
     /// `(block, row)`: the scale of block `b` of row `r` at `b · m + r`.
     pub(crate) scales: Vec<f32>,
+    /// `(block, row)`: the sum of block `b` of row `r`'s quantized values, `Σa` (exact), which
+    /// a kernel multiplying offset weights (`w + c`) subtracts or scales.
+    pub(crate) sums: Vec<i32>,
     /// Rows.
     pub(crate) m: usize,
 }
@@ -52,14 +55,67 @@ impl QuantRows {
     }
 }
 
+impl QuantRows {
+    const fn new() -> Self {
+        Self {
+            qs: Vec::new(),
+            scales: Vec::new(),
+            sums: Vec::new(),
+            m: 0,
+        }
+    }
+
+    /// Sized for `m` rows of `k` values, keeping the buffers' memory: every entry is written by
+    /// the quantizer, so nothing is cleared.
+    fn reshape(&mut self, m: usize, k: usize) {
+        self.m = m;
+        let blocks = m * k / QK;
+        self.qs.resize(m * k, 0);
+        self.scales.resize(blocks, 0.0);
+        self.sums.resize(blocks, 0);
+    }
+}
+
 /// Quantizes the `m` rows of `x` (row-major, a multiple of 32 values each).
+#[cfg(test)]
 pub(crate) fn quantize_rows(x: &[f32], m: usize) -> QuantRows {
+    let mut out = QuantRows::new();
+    quantize_rows_into(x, m, &mut out);
+    out
+}
+
+/// Quantizes the `m` rows of `x` into `out`, reusing its memory.
+fn quantize_rows_into(x: &[f32], m: usize, out: &mut QuantRows) {
+    assert!(m > 0 && x.len().is_multiple_of(m * QK));
+    out.reshape(m, x.len() / m);
     #[cfg(target_arch = "x86_64")]
     if packed_gemm::has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { quantize_rows_avx2(x, m) };
+        return unsafe { quantize_rows_avx2(x, out) };
     }
-    quantize_rows_portable(x, m)
+    quantize_rows_portable(x, out)
+}
+
+/// Calls `f` with the `m` rows of `x` quantized into memory the calling thread keeps across
+/// calls: a forward quantizes the activations of every matmul, and allocating (and clearing)
+/// them each time was a visible share of a wide forward's serial time.
+pub(crate) fn with_quantized<R>(x: &[f32], m: usize, f: impl FnOnce(&QuantRows) -> R) -> R {
+    thread_local! {
+        static ROWS: std::cell::RefCell<QuantRows> =
+            const { std::cell::RefCell::new(QuantRows::new()) };
+    }
+    ROWS.with(|rows| match rows.try_borrow_mut() {
+        Ok(mut q) => {
+            quantize_rows_into(x, m, &mut q);
+            f(&q)
+        }
+        // A matmul inside another's closure (none today): quantize into fresh memory.
+        Err(_) => {
+            let mut q = QuantRows::new();
+            quantize_rows_into(x, m, &mut q);
+            f(&q)
+        }
+    })
 }
 
 /// [`quantize_rows_portable`]'s arithmetic eight values at a time: the same maximum, the same
@@ -69,18 +125,14 @@ pub(crate) fn quantize_rows(x: &[f32], m: usize) -> QuantRows {
 /// rows quantizing took a fifth of a matmul's time on the calling thread alone.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_rows_avx2(x: &[f32], m: usize) -> QuantRows {
+unsafe fn quantize_rows_avx2(x: &[f32], out: &mut QuantRows) {
     use std::arch::x86_64::*;
-    assert!(m > 0 && x.len().is_multiple_of(m * QK));
+    let m = out.m;
     let k = x.len() / m;
-    let mut out = QuantRows {
-        qs: vec![0; x.len()],
-        scales: vec![0.0; x.len() / QK],
-        m,
-    };
     let sign = _mm256_set1_ps(-0.0);
     let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let (ones8, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
     for r in 0..m {
         for b in 0..k / QK {
             let at = out.at(r, b);
@@ -111,19 +163,20 @@ unsafe fn quantize_rows_avx2(x: &[f32], m: usize) -> QuantRows {
             let bytes = _mm256_permutevar8x32_epi32(words, order);
             _mm256_storeu_si256(out.qs.as_mut_ptr().add(at * QK) as *mut __m256i, bytes);
             out.scales[at] = d;
+            // Σa: byte pairs (1 · a, exact in 16 bits), then word pairs, then the 8 lanes.
+            let s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, bytes), ones16);
+            let s4 = _mm_add_epi32(
+                _mm256_castsi256_si128(s8),
+                _mm256_extracti128_si256::<1>(s8),
+            );
+            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            out.sums[at] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)));
         }
     }
-    out
 }
 
-fn quantize_rows_portable(x: &[f32], m: usize) -> QuantRows {
-    assert!(m > 0 && x.len().is_multiple_of(m * QK));
-    let k = x.len() / m;
-    let mut out = QuantRows {
-        qs: vec![0; x.len()],
-        scales: vec![0.0; x.len() / QK],
-        m,
-    };
+fn quantize_rows_portable(x: &[f32], out: &mut QuantRows) {
+    let k = x.len() / out.m;
     for (r, row) in x.chunks_exact(k).enumerate() {
         for (b, xs) in row.chunks_exact(QK).enumerate() {
             let at = out.at(r, b);
@@ -139,13 +192,15 @@ fn quantize_rows_portable(x: &[f32], m: usize) -> QuantRows {
             let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
             let d = amax / 127.0;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
             for (q, &v) in out.qs[at * QK..(at + 1) * QK].iter_mut().zip(xs) {
                 *q = (v * id).round() as i8;
+                sum += *q as i32;
             }
             out.scales[at] = d;
+            out.sums[at] = sum;
         }
     }
-    out
 }
 
 /// Runs `tile(t, r0, rows, dst)` for every column tile `t` of an `(m, n)` output and every
@@ -169,15 +224,6 @@ pub(crate) fn for_each_tile(
         let r0 = rc * chunk;
         tile(t, r0, (m - r0).min(chunk), dst_ptr as *mut f32);
     });
-}
-
-/// The per-(row, block) sums of the quantized activations, `Σa`, which a kernel multiplying
-/// offset weights (`w + c`) subtracts or scales: exact integers, in the order of
-/// [`QuantRows::at`].
-pub(crate) fn block_sums(q: &QuantRows) -> Vec<i32> {
-    q.qs.chunks_exact(QK)
-        .map(|blk| blk.iter().map(|&v| v as i32).sum())
-        .collect()
 }
 
 /// A packed weight's values back out, `(n, k)` row-major: `value(tile block, column in the
@@ -350,8 +396,11 @@ mod tests {
         }
         x[k + QK..k + 2 * QK].fill(0.0);
         let fast = quantize_rows(&x, m);
-        let slow = quantize_rows_portable(&x, m);
+        let mut slow = QuantRows::new();
+        slow.reshape(m, k);
+        quantize_rows_portable(&x, &mut slow);
         assert_eq!(fast.qs, slow.qs);
+        assert_eq!(fast.sums, slow.sums);
         assert_eq!(
             fast.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
             slow.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>()
@@ -366,6 +415,8 @@ mod tests {
             for b in 0..k / QK {
                 let (blk, d) = (&x[r * k + b * QK..][..QK], slow.scales[slow.at(r, b)]);
                 let q = &slow.qs[slow.at(r, b) * QK..][..QK];
+                let sum: i32 = q.iter().map(|&v| v as i32).sum();
+                assert_eq!(slow.sums[slow.at(r, b)], sum);
                 for (v, &qv) in blk.iter().zip(q) {
                     assert!(
                         (v - d * qv as f32).abs() <= d * 0.5 + 1e-6,

@@ -325,17 +325,27 @@ impl Linear {
     /// [`Self::forward`] on `m` host rows: straight into the packed kernel where there is one
     /// (no tensor around the input or the output), else through candle.
     pub fn forward_rows(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        let mut dst = Vec::new();
+        self.forward_rows_into(x, m, &mut dst)?;
+        Ok(dst)
+    }
+
+    /// [`Self::forward_rows`] into `dst`, resized to the output and keeping its memory: the
+    /// kernel writes every element, so what a forward's buffers already hold is not cleared.
+    pub fn forward_rows_into(&self, x: &[f32], m: usize, dst: &mut Vec<f32>) -> Result<()> {
+        let n = m * self.out_features;
+        if dst.len() < n {
+            dst.resize(n, 0.0);
+        }
+        dst.truncate(n);
         match &self.kernel {
-            Kernel::Packed(p) => {
-                let mut dst = vec![0f32; m * self.out_features];
-                p.0.matmul(x, m, &mut dst);
-                Ok(dst)
-            }
+            Kernel::Packed(p) => p.0.matmul(x, m, dst),
             Kernel::Candle(_) => {
                 let t = Tensor::from_slice(x, (m, self.in_features), &Device::Cpu)?;
-                Ok(self.forward(&t)?.flatten_all()?.to_vec1()?)
+                dst.copy_from_slice(&self.forward(&t)?.flatten_all()?.to_vec1::<f32>()?);
             }
         }
+        Ok(())
     }
 
     /// Which kernel runs this layer, for reporting.

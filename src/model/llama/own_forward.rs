@@ -14,7 +14,7 @@ use crate::model::kernels::attention::{
 use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::llama::rope::RopeTable;
-use crate::model::llama::weights::{Layer, LlamaWeights};
+use crate::model::llama::weights::{Layer, LlamaWeights, MlpBuffers};
 use crate::model::load::hparams::LlamaHparams;
 use crate::model::Result;
 
@@ -91,6 +91,7 @@ pub(crate) fn run_layers(
     let row_tensor = |xs: &[f32]| Tensor::from_slice(xs, (total, hidden), &Device::Cpu);
     let mut h = vec![0f32; total * hidden];
     let mut attn_out = vec![0f32; total * q_dim];
+    let (mut qkv, mut q, mut mlp) = (Vec::new(), Vec::new(), MlpBuffers::default());
     // Tree inputs: each token's depth (its position past start_pos) and its path.
     let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
 
@@ -120,7 +121,9 @@ pub(crate) fn run_layers(
             }
             _ => &h,
         };
-        let mut qkv = timed(Op::QkvMatmul, || layer.qkv.forward_rows(attn_in, total))?;
+        timed(Op::QkvMatmul, || {
+            layer.qkv.forward_rows_into(attn_in, total, &mut qkv)
+        })?;
         timed(Op::Rope, || {
             let mut offset = 0;
             for (s, tree) in batch.iter().zip(&trees) {
@@ -155,11 +158,8 @@ pub(crate) fn run_layers(
         })?;
         timed(Op::Attention, || -> Result<()> {
             // Queries are strided inside the fused rows; pack them once per layer.
-            let q: Vec<f32> = qkv
-                .chunks_exact(row)
-                .flat_map(|r| &r[..q_dim])
-                .copied()
-                .collect();
+            q.clear();
+            q.extend(qkv.chunks_exact(row).flat_map(|r| &r[..q_dim]));
             let mut offset = 0;
             for (s, tree) in batch.iter().zip(&trees) {
                 let n = s.tokens.len();
@@ -186,7 +186,7 @@ pub(crate) fn run_layers(
             }
             Ok(())
         })?;
-        layer.after_attention_rows(&mut xs, &attn_out, eps, &mut h)?;
+        layer.after_attention_rows(&mut xs, &attn_out, eps, &mut h, &mut mlp)?;
     }
     for (i, _) in io
         .taps

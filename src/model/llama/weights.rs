@@ -45,28 +45,35 @@ impl Layer {
     }
 
     /// [`Self::after_attention`] on host rows: `x` (the residual stream) is updated in place;
-    /// `scratch` (as long as `x`) holds the MLP's normed input.
+    /// `scratch` (as long as `x`) holds the MLP's normed input, `bufs` the outputs in between
+    /// (kept across a forward's layers).
     pub fn after_attention_rows(
         &self,
         x: &mut [f32],
         attn: &[f32],
         eps: f32,
         scratch: &mut [f32],
+        bufs: &mut MlpBuffers,
     ) -> Result<()> {
         let rows = attn.len() / self.o.in_features();
-        let o = timed(Op::OutMatmul, || self.o.forward_rows(attn, rows))?;
+        let MlpBuffers { o, gu, act, down } = bufs;
+        timed(Op::OutMatmul, || self.o.forward_rows_into(attn, rows, o))?;
         timed(Op::Norm, || {
-            with_host(&self.ffn_norm, |w| add_norm_rows(x, &o, w, eps, scratch))
+            with_host(&self.ffn_norm, |w| add_norm_rows(x, o, w, eps, scratch))
         })?;
-        let gu = timed(Op::GateUpMatmul, || {
-            self.gate_up.forward_rows(scratch, rows)
+        timed(Op::GateUpMatmul, || {
+            self.gate_up.forward_rows_into(scratch, rows, gu)
         })?;
-        let act = timed(Op::Elementwise, || {
-            silu_gate_rows(&gu, self.down.in_features())
-        });
-        let down = timed(Op::DownMatmul, || self.down.forward_rows(&act, rows))?;
+        let inter = self.down.in_features();
         timed(Op::Elementwise, || {
-            for (v, d) in x.iter_mut().zip(&down) {
+            act.resize(rows * inter, 0.0);
+            silu_gate_rows(gu, inter, act)
+        });
+        timed(Op::DownMatmul, || {
+            self.down.forward_rows_into(act, rows, down)
+        })?;
+        timed(Op::Elementwise, || {
+            for (v, d) in x.iter_mut().zip(down.iter()) {
                 *v += d;
             }
         });
@@ -86,6 +93,17 @@ impl Layer {
         let down = timed(Op::DownMatmul, || self.down.forward(&act))?;
         Ok(timed(Op::Elementwise, || x + down)?)
     }
+}
+
+/// The host rows between a layer's attention and its output: the output projection, the
+/// gate/up projection, the SiLU gate and the down projection. One set serves every layer of a
+/// forward, so their memory is allocated once per forward, not once per layer.
+#[derive(Default)]
+pub(crate) struct MlpBuffers {
+    o: Vec<f32>,
+    gu: Vec<f32>,
+    act: Vec<f32>,
+    down: Vec<f32>,
 }
 
 pub(crate) struct LlamaWeights {

@@ -81,3 +81,126 @@ accumulate_values_at_width! {
     "avx512f,avx512vl,avx2,fma,f16c", __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps,
     _mm512_set1_ps, _mm512_fmadd_ps, load16
 }
+
+/// [`scaled_dots`] for `M` queries (2 or 3) reading the same keys: the heads of one query
+/// that share a key-value head. Each key block is loaded (and widened from f16) once for all
+/// of them instead of once each; every query's scores are the same operations in the same
+/// order as [`scaled_dots`] (the same fused chains from zero, the same reduction), so the same
+/// bits. Query `m` is `q[m * dim..][..dim]` and its scores go to `scores[m * score_stride..]
+/// [..n]`; `dim` is a multiple of 16 and every read and write is inside its slice (the caller
+/// checks).
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+pub(super) unsafe fn scaled_dots_shared<T: KvElement, const M: usize>(
+    q: &[f32],
+    keys: &[T],
+    stride: usize,
+    offset: usize,
+    scale: f32,
+    scores: &mut [f32],
+    score_stride: usize,
+    n: usize,
+) {
+    let dim = q.len() / M;
+    let blocks = dim / 16;
+    let qp = q.as_ptr();
+    let kp = keys.as_ptr().add(offset);
+    let sp = scores.as_mut_ptr();
+    let sv = _mm256_set1_ps(scale);
+    let mut j = 0;
+    while j + 8 <= n {
+        // 8 M accumulators, M query registers and one key register: 28 of 32 at M = 3.
+        let mut acc = [[_mm512_setzero_ps(); 8]; M];
+        for c in 0..blocks {
+            let qz: [__m512; M] =
+                std::array::from_fn(|m| _mm512_loadu_ps(qp.add(m * dim + c * 16)));
+            for i in 0..8 {
+                let k = load16(kp.add((j + i) * stride + c * 16));
+                for m in 0..M {
+                    acc[m][i] = _mm512_fmadd_ps(qz[m], k, acc[m][i]);
+                }
+            }
+        }
+        for (m, a) in acc.iter().enumerate() {
+            let folded: [__m256; 8] = std::array::from_fn(|i| halves_sum(a[i]));
+            let sums = reduce_eight_keys(folded);
+            _mm256_storeu_ps(sp.add(m * score_stride + j), _mm256_mul_ps(sums, sv));
+        }
+        j += 8;
+    }
+    if j < n {
+        for m in 0..M {
+            let out = std::slice::from_raw_parts_mut(sp.add(m * score_stride + j), n - j);
+            scaled_dots(
+                &q[m * dim..][..dim],
+                keys,
+                stride,
+                offset + j * stride,
+                scale,
+                out,
+            );
+        }
+    }
+}
+
+/// `super::accumulate_values` for `M` heads (2 or 3) weighing the same values: each value
+/// block is loaded (and widened) once for all of them. Head `m`'s weights are
+/// `weights[m * weight_stride..][..n]` and its even and odd sums `acc[m * 2 * dim..][..2 *
+/// dim]`; per head the same fused multiply-adds in the same order as the one-head kernels, so
+/// the same bits. `dim` is a multiple of 64 and every access is inside its slice (the caller
+/// checks).
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)]
+pub(super) unsafe fn accumulate_values_shared<T: KvElement, const M: usize>(
+    weights: &[f32],
+    weight_stride: usize,
+    n: usize,
+    values: &[T],
+    stride: usize,
+    offset: usize,
+    acc: &mut [f32],
+) {
+    const BLOCK: usize = 64;
+    let dim = acc.len() / (2 * M);
+    let (wp, ap) = (weights.as_ptr(), acc.as_mut_ptr());
+    for block in 0..dim / BLOCK {
+        let vp = values.as_ptr().add(offset + block * BLOCK);
+        let sums = |m: usize, odd: usize| ap.add(m * 2 * dim + odd * dim + block * BLOCK);
+        // 8 M accumulators (24 at M = 3); the weights are broadcast from memory.
+        let mut even: [[__m512; 4]; M] = std::array::from_fn(|m| {
+            std::array::from_fn(|r| _mm512_loadu_ps(sums(m, 0).add(16 * r)))
+        });
+        let mut odd: [[__m512; 4]; M] = std::array::from_fn(|m| {
+            std::array::from_fn(|r| _mm512_loadu_ps(sums(m, 1).add(16 * r)))
+        });
+        let mut j = 0;
+        while j + 2 <= n {
+            let (ve, vo) = (vp.add(j * stride), vp.add((j + 1) * stride));
+            for r in 0..4 {
+                let (e, o) = (load16(ve.add(16 * r)), load16(vo.add(16 * r)));
+                for m in 0..M {
+                    let w = wp.add(m * weight_stride + j);
+                    even[m][r] = _mm512_fmadd_ps(_mm512_set1_ps(*w), e, even[m][r]);
+                    odd[m][r] = _mm512_fmadd_ps(_mm512_set1_ps(*w.add(1)), o, odd[m][r]);
+                }
+            }
+            j += 2;
+        }
+        if j < n {
+            let ve = vp.add(j * stride);
+            for r in 0..4 {
+                let e = load16(ve.add(16 * r));
+                for m in 0..M {
+                    let w = _mm512_set1_ps(*wp.add(m * weight_stride + j));
+                    even[m][r] = _mm512_fmadd_ps(w, e, even[m][r]);
+                }
+            }
+        }
+        for m in 0..M {
+            for r in 0..4 {
+                _mm512_storeu_ps(sums(m, 0).add(16 * r), even[m][r]);
+                _mm512_storeu_ps(sums(m, 1).add(16 * r), odd[m][r]);
+            }
+        }
+    }
+}

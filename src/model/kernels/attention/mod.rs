@@ -143,6 +143,126 @@ fn accumulate_values<T: KvElement>(
     scalar::accumulate_values(weights, values, stride, offset, acc)
 }
 
+/// The most heads [`scaled_dots_heads`] and [`accumulate_values_heads`] take side by side:
+/// the AVX-512 kernels keep 8 accumulators a head in registers (32 of them in all).
+const SHARED_HEADS: usize = 3;
+
+/// [`scaled_dots`] for `heads` queries (at most [`SHARED_HEADS`]) over the same `n` keys: query
+/// `m` is `q[m * dim..][..dim]` (`dim = q.len() / heads`), its scores go to
+/// `scores[m * score_stride..][..n]`. Every score is the bits [`scaled_dots`] gives it; the
+/// AVX-512 path loads and widens each key once for all the heads.
+#[allow(clippy::too_many_arguments)]
+fn scaled_dots_heads<T: KvElement>(
+    q: &[f32],
+    heads: usize,
+    keys: &[T],
+    (stride, offset): (usize, usize),
+    scale: f32,
+    scores: &mut [f32],
+    score_stride: usize,
+    n: usize,
+) {
+    let dim = q.len() / heads;
+    assert!(heads > 0 && heads <= SHARED_HEADS && q.len() == heads * dim);
+    assert!(n == 0 || scores.len() >= (heads - 1) * score_stride + n);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if heads > 1 && dim.is_multiple_of(16) && simd_available() && wide_available() {
+            assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.len());
+            // SAFETY: AVX-512 was checked; every key read is inside `keys` and every score
+            // written inside `scores` (asserted above).
+            unsafe {
+                match heads {
+                    2 => avx512::scaled_dots_shared::<T, 2>(
+                        q,
+                        keys,
+                        stride,
+                        offset,
+                        scale,
+                        scores,
+                        score_stride,
+                        n,
+                    ),
+                    _ => avx512::scaled_dots_shared::<T, 3>(
+                        q,
+                        keys,
+                        stride,
+                        offset,
+                        scale,
+                        scores,
+                        score_stride,
+                        n,
+                    ),
+                }
+            }
+            return;
+        }
+    }
+    for m in 0..heads {
+        let s = &mut scores[m * score_stride..][..n];
+        scaled_dots(&q[m * dim..][..dim], keys, stride, offset, scale, s);
+    }
+}
+
+/// [`accumulate_values`] for `heads` heads (at most [`SHARED_HEADS`]) weighing the same `n`
+/// values: head `m`'s weights are `weights[m * weight_stride..][..n]`, its sums
+/// `acc[m * 2 * dim..][..2 * dim]`. Every sum is the bits [`accumulate_values`] gives it; the
+/// AVX-512 path loads and widens each value once for all the heads.
+#[allow(clippy::too_many_arguments)]
+fn accumulate_values_heads<T: KvElement>(
+    weights: &[f32],
+    weight_stride: usize,
+    n: usize,
+    heads: usize,
+    values: &[T],
+    (stride, offset): (usize, usize),
+    acc: &mut [f32],
+) {
+    let dim = acc.len() / (2 * heads);
+    assert!(heads > 0 && heads <= SHARED_HEADS && acc.len() == heads * 2 * dim);
+    assert!(n == 0 || weights.len() >= (heads - 1) * weight_stride + n);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if heads > 1 && dim.is_multiple_of(64) && simd_available() && wide_available() {
+            assert!(n == 0 || (n - 1) * stride + offset + dim <= values.len());
+            // SAFETY: AVX-512 was checked; every value read is inside `values`, every weight
+            // inside `weights` and every sum inside `acc` (asserted above).
+            unsafe {
+                match heads {
+                    2 => avx512::accumulate_values_shared::<T, 2>(
+                        weights,
+                        weight_stride,
+                        n,
+                        values,
+                        stride,
+                        offset,
+                        acc,
+                    ),
+                    _ => avx512::accumulate_values_shared::<T, 3>(
+                        weights,
+                        weight_stride,
+                        n,
+                        values,
+                        stride,
+                        offset,
+                        acc,
+                    ),
+                }
+            }
+            return;
+        }
+    }
+    for m in 0..heads {
+        accumulate_values(
+            &weights[m * weight_stride..][..n],
+            values,
+            stride,
+            offset,
+            &mut acc[m * 2 * dim..][..2 * dim],
+        );
+    }
+}
+
 /// `out = (even + odd) · inv` from [`accumulate_values`]' sums.
 fn finish_values(acc: &[f32], inv: f32, out: &mut [f32]) {
     let (even, odd) = acc.split_at(out.len());
@@ -229,27 +349,42 @@ pub fn causal_attention<T: KvElement>(
         let kv_off = (members.start / per_kv_head) * head_dim;
         let seen_of = |u: usize| start_pos + unit(u).0 + 1;
         let stride = seen_of(members.end - 1);
-        let q_of = |u: usize| {
-            let (i, h) = unit(u);
-            &q[i * q_dim + h * head_dim..][..head_dim]
-        };
-        // Key chunk by key chunk, so a chunk is read once for all members: calls
-        // `f(member, unit, first key, keys in the chunk)` for each member that sees it.
-        let each_chunk = |f: &mut dyn FnMut(usize, usize, usize, usize)| {
+        // Key chunk by key chunk, so a chunk is read once for all members, and within a
+        // chunk the heads of one query (which see the same keys) side by side: calls
+        // `f(first member, heads, its unit, first key, keys in the chunk)` for each run of
+        // such members that sees the chunk.
+        let each_chunk = |f: &mut dyn FnMut(usize, usize, usize, usize, usize)| {
             for j0 in (0..stride).step_by(KEY_CHUNK) {
-                for (m, u) in members.clone().enumerate() {
+                let mut m = 0;
+                while m < nm {
+                    let u = members.start + m;
+                    let query = unit(u).0;
+                    let mut heads = 1;
+                    while heads < SHARED_HEADS && m + heads < nm && unit(u + heads).0 == query {
+                        heads += 1;
+                    }
                     let seen = seen_of(u);
                     if j0 < seen {
-                        f(m, u, j0, KEY_CHUNK.min(seen - j0));
+                        f(m, heads, u, j0, KEY_CHUNK.min(seen - j0));
                     }
+                    m += heads;
                 }
             }
         };
         scores.clear();
         scores.resize(nm * stride, 0.0);
-        each_chunk(&mut |m, u, j0, len| {
-            let s = &mut scores[m * stride + j0..][..len];
-            scaled_dots(q_of(u), &keys[j0 * kv_dim..], kv_dim, kv_off, scale, s);
+        each_chunk(&mut |m, heads, u, j0, len| {
+            let (i, h) = unit(u);
+            scaled_dots_heads(
+                &q[i * q_dim + h * head_dim..][..heads * head_dim],
+                heads,
+                &keys[j0 * kv_dim..],
+                (kv_dim, kv_off),
+                scale,
+                &mut scores[m * stride + j0..],
+                stride,
+                len,
+            );
         });
         let mut inv = [0f32; MAX_GROUP];
         for (m, u) in members.clone().enumerate() {
@@ -257,13 +392,15 @@ pub fn causal_attention<T: KvElement>(
         }
         acc.clear();
         acc.resize(nm * 2 * head_dim, 0.0);
-        each_chunk(&mut |m, _, j0, len| {
-            accumulate_values(
-                &scores[m * stride + j0..][..len],
+        each_chunk(&mut |m, heads, _, j0, len| {
+            accumulate_values_heads(
+                &scores[m * stride + j0..],
+                stride,
+                len,
+                heads,
                 &values[j0 * kv_dim..],
-                kv_dim,
-                kv_off,
-                &mut acc[m * 2 * head_dim..][..2 * head_dim],
+                (kv_dim, kv_off),
+                &mut acc[m * 2 * head_dim..][..heads * 2 * head_dim],
             );
         });
         for (m, u) in members.enumerate() {

@@ -244,40 +244,48 @@ fn an_f16_cache_gives_the_bits_of_its_values_in_f32() {
 #[test]
 fn heads_computed_together_give_each_heads_own_result() {
     use super::{causal_attention, AttnShape};
-    // 9 heads on 3 key-value heads (SmolLM2's shape). 150 cached tokens span three key
+    // 9 heads on 3 key-value heads (SmolLM2's shape), and 8 on 2 (groups of 4, as Llama 3's,
+    // which the kernels take 3 heads and 1 at a time). 150 cached tokens span three key
     // chunks, the last one odd; 3 new tokens fit one run per key-value head, 8 (24 units)
     // fill one exactly and 11 spill into a second, and a 70-token prefill from an empty
     // cache runs queries that see different numbers of chunks together. Large enough
     // shapes are split over threads.
-    let shape = AttnShape {
-        num_heads: 9,
-        num_kv_heads: 3,
-        head_dim: 64,
-    };
-    for (start, n_new) in [(150, 3), (150, 8), (150, 11), (0, 70)] {
-        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-        let q: Vec<f32> = (0..n_new * q_dim).map(|i| val(i * 11 + 2)).collect();
-        let keys: Vec<f32> = (0..(start + n_new) * kv_dim)
-            .map(|i| val(i * 7 + 3))
-            .collect();
-        let values: Vec<f32> = (0..(start + n_new) * kv_dim)
-            .map(|i| val(i * 5 + 1))
-            .collect();
-        let mut ours = vec![0f32; n_new * q_dim];
-        causal_attention(shape, &q, &keys, &values, start, &mut ours);
-        let mut want = vec![0f32; n_new * q_dim];
-        for i in 0..n_new {
-            for h in 0..9 {
-                let seen = start + i + 1;
-                let mut scores = vec![0f32; seen];
-                let qv = &q[i * q_dim + h * 64..][..64];
-                scaled_dots(qv, &keys, kv_dim, h / 3 * 64, 0.125, &mut scores);
-                let inv = 1.0 / softmax_weights(&mut scores);
-                let o = &mut want[i * q_dim + h * 64..][..64];
-                weighted_values(&scores, inv, &values, kv_dim, h / 3 * 64, o);
+    for (num_heads, num_kv_heads) in [(9, 3), (8, 2)] {
+        let shape = AttnShape {
+            num_heads,
+            num_kv_heads,
+            head_dim: 64,
+        };
+        let group = num_heads / num_kv_heads;
+        for (start, n_new) in [(150, 3), (150, 8), (150, 11), (0, 70)] {
+            let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+            let q: Vec<f32> = (0..n_new * q_dim).map(|i| val(i * 11 + 2)).collect();
+            let keys: Vec<f32> = (0..(start + n_new) * kv_dim)
+                .map(|i| val(i * 7 + 3))
+                .collect();
+            let values: Vec<f32> = (0..(start + n_new) * kv_dim)
+                .map(|i| val(i * 5 + 1))
+                .collect();
+            let mut ours = vec![0f32; n_new * q_dim];
+            causal_attention(shape, &q, &keys, &values, start, &mut ours);
+            let mut want = vec![0f32; n_new * q_dim];
+            for i in 0..n_new {
+                for h in 0..num_heads {
+                    let seen = start + i + 1;
+                    let mut scores = vec![0f32; seen];
+                    let qv = &q[i * q_dim + h * 64..][..64];
+                    scaled_dots(qv, &keys, kv_dim, h / group * 64, 0.125, &mut scores);
+                    let inv = 1.0 / softmax_weights(&mut scores);
+                    let o = &mut want[i * q_dim + h * 64..][..64];
+                    weighted_values(&scores, inv, &values, kv_dim, h / group * 64, o);
+                }
             }
+            assert_eq!(
+                bits(&ours),
+                bits(&want),
+                "{num_heads} heads: {n_new} new tokens after {start}"
+            );
         }
-        assert_eq!(bits(&ours), bits(&want), "{n_new} new tokens after {start}");
     }
 }
 
@@ -399,5 +407,69 @@ fn softmax_exp_is_within_two_ulp_of_exp() {
         let mut s = vec![0.5f32; 10];
         s[at] = f32::NAN;
         assert!(softmax_weights(&mut s).is_nan(), "NaN at {at}");
+    }
+}
+
+/// Heads side by side (`scaled_dots_heads`, `accumulate_values_heads`) give each head the bits
+/// it gets alone, for f32 and f16 keys and values, 1 to 3 heads, head sizes on the AVX-512
+/// paths (64, 128) and off them (48 for values, 40 for both), key counts with and without a
+/// tail, and value sums that continue running sums (odd and even keys already in them).
+#[test]
+fn heads_side_by_side_give_each_head_its_own_bits() {
+    use super::{accumulate_values_heads, scaled_dots_heads};
+    fn check<T: KvElement>(keys: &[T], values: &[T], dim: usize, n: usize, heads: usize) {
+        let (stride, offset) = (3 * dim, dim);
+        let q: Vec<f32> = (0..heads * dim).map(|i| val(i * 13 + 5)).collect();
+        let score_stride = n + 5;
+        let mut scores = vec![0f32; heads * score_stride];
+        scaled_dots_heads(
+            &q,
+            heads,
+            keys,
+            (stride, offset),
+            0.125,
+            &mut scores,
+            score_stride,
+            n,
+        );
+        let start: Vec<f32> = (0..heads * 2 * dim).map(|i| val(i * 3 + 1)).collect();
+        let mut acc = start.clone();
+        accumulate_values_heads(
+            &scores,
+            score_stride,
+            n,
+            heads,
+            values,
+            (stride, offset),
+            &mut acc,
+        );
+        for m in 0..heads {
+            let mut want = vec![0f32; n];
+            scaled_dots(&q[m * dim..][..dim], keys, stride, offset, 0.125, &mut want);
+            let got = &scores[m * score_stride..][..n];
+            assert_eq!(
+                bits(got),
+                bits(&want),
+                "scores of head {m}/{heads}, {dim}, {n} keys"
+            );
+            let mut alone = start[m * 2 * dim..][..2 * dim].to_vec();
+            accumulate_values(got, values, stride, offset, &mut alone);
+            let got = &acc[m * 2 * dim..][..2 * dim];
+            assert_eq!(
+                bits(got),
+                bits(&alone),
+                "sums of head {m}/{heads}, {dim}, {n} keys"
+            );
+        }
+    }
+    for dim in [128, 64, 48, 40] {
+        for n in [1, 2, 7, 8, 23, 64] {
+            let (k16, k32) = half_and_wide(n * 3 * dim, 7);
+            let (v16, v32) = half_and_wide(n * 3 * dim, 5);
+            for heads in 1..=3 {
+                check(&k32, &v32, dim, n, heads);
+                check(&k16, &v16, dim, n, heads);
+            }
+        }
     }
 }
