@@ -136,7 +136,7 @@ impl PackedF16 {
         };
         let row_chunks = m.div_ceil(rows_per_unit.max(1));
         let units = (self.tiles / tiles_per_unit) * row_chunks;
-        crate::model::kernels::parallel::for_each_unit(units, |unit| {
+        crate::model::kernels::parallel::for_each_unit_split(units, |unit| {
             let (g, rc) = (unit / row_chunks, unit % row_chunks);
             let r0 = rc * rows_per_unit;
             let rows = (m - r0).min(rows_per_unit);

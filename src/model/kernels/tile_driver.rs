@@ -204,8 +204,9 @@ fn quantize_rows_portable(x: &[f32], out: &mut QuantRows) {
 }
 
 /// Runs `tile(t, r0, rows, dst)` for every column tile `t` of an `(m, n)` output and every
-/// chunk of at most `chunk` rows starting at `r0`, in parallel. Row chunks vary fastest so a
-/// worker keeps one column tile's weights in cache. Each call owns the `(rows, TILE_N)` block
+/// chunk of at most `chunk` rows starting at `r0`, in parallel, each thread a contiguous run
+/// of tiles (one sequential stream of weights). Row chunks vary fastest so a worker keeps one
+/// column tile's weights in cache. Each call owns the `(rows, TILE_N)` block
 /// of `dst` it is given (`dst` is the whole output's start). How rows are chunked never
 /// changes a result: every output element is computed by the same operations in any chunk.
 pub(crate) fn for_each_tile(
@@ -219,7 +220,7 @@ pub(crate) fn for_each_tile(
     let n_tiles = n.div_ceil(TILE_N);
     let row_chunks = m.div_ceil(chunk);
     let dst_ptr = dst.as_mut_ptr() as usize;
-    crate::model::kernels::parallel::for_each_unit(n_tiles * row_chunks, |unit| {
+    crate::model::kernels::parallel::for_each_unit_split(n_tiles * row_chunks, |unit| {
         let (t, rc) = (unit / row_chunks, unit % row_chunks);
         let r0 = rc * chunk;
         tile(t, r0, (m - r0).min(chunk), dst_ptr as *mut f32);
