@@ -147,6 +147,18 @@ fn accumulate_values<T: KvElement>(
 /// the AVX-512 kernels keep 8 accumulators a head in registers (32 of them in all).
 const SHARED_HEADS: usize = 3;
 
+/// Calls the AVX-512 kernel `$kernel::<T, M>(args)` with the const `M` equal to `$heads`
+/// (2 or 3), so each head count gets a kernel whose loops over heads are unrolled.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_const_heads {
+    ($heads:expr, $kernel:ident::<$t:ty>($($arg:expr),*)) => {
+        match $heads {
+            2 => avx512::$kernel::<$t, 2>($($arg),*),
+            _ => avx512::$kernel::<$t, 3>($($arg),*),
+        }
+    };
+}
+
 /// [`scaled_dots`] for `heads` queries (at most [`SHARED_HEADS`]) over the same `n` keys: query
 /// `m` is `q[m * dim..][..dim]` (`dim = q.len() / heads`), its scores go to
 /// `scores[m * score_stride..][..n]`. Every score is the bits [`scaled_dots`] gives it; the
@@ -172,8 +184,9 @@ fn scaled_dots_heads<T: KvElement>(
             // SAFETY: AVX-512 was checked; every key read is inside `keys` and every score
             // written inside `scores` (asserted above).
             unsafe {
-                match heads {
-                    2 => avx512::scaled_dots_shared::<T, 2>(
+                with_const_heads!(
+                    heads,
+                    scaled_dots_shared::<T>(
                         q,
                         keys,
                         stride,
@@ -181,19 +194,9 @@ fn scaled_dots_heads<T: KvElement>(
                         scale,
                         scores,
                         score_stride,
-                        n,
-                    ),
-                    _ => avx512::scaled_dots_shared::<T, 3>(
-                        q,
-                        keys,
-                        stride,
-                        offset,
-                        scale,
-                        scores,
-                        score_stride,
-                        n,
-                    ),
-                }
+                        n
+                    )
+                )
             }
             return;
         }
@@ -228,26 +231,18 @@ fn accumulate_values_heads<T: KvElement>(
             // SAFETY: AVX-512 was checked; every value read is inside `values`, every weight
             // inside `weights` and every sum inside `acc` (asserted above).
             unsafe {
-                match heads {
-                    2 => avx512::accumulate_values_shared::<T, 2>(
+                with_const_heads!(
+                    heads,
+                    accumulate_values_shared::<T>(
                         weights,
                         weight_stride,
                         n,
                         values,
                         stride,
                         offset,
-                        acc,
-                    ),
-                    _ => avx512::accumulate_values_shared::<T, 3>(
-                        weights,
-                        weight_stride,
-                        n,
-                        values,
-                        stride,
-                        offset,
-                        acc,
-                    ),
-                }
+                        acc
+                    )
+                )
             }
             return;
         }
