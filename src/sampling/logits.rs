@@ -4,6 +4,7 @@
 //! Why it exists: plain decoding, the draft model and the verifier all turn logits into a token
 //! through these same functions, so a speculative round compares like with like.
 
+use super::row_scan::{first_invalid, first_max};
 use super::{SamplingError, SeededRng};
 
 /// OpenAI's range for `presence_penalty` and `frequency_penalty`. Within it a penalised logit
@@ -169,21 +170,13 @@ pub fn apply_penalties(
 
 /// Index of the largest logit (the lowest index among ties, so greedy is deterministic).
 pub fn argmax(logits: &[f32]) -> Result<u32, SamplingError> {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v.is_nan() || v == f32::INFINITY {
-            return Err(SamplingError::InvalidLogits(i));
-        }
-        if v > best_v {
-            best_v = v;
-            best = i;
-        }
+    if let Some(i) = first_invalid(logits) {
+        return Err(SamplingError::InvalidLogits(i));
     }
-    if best_v == f32::NEG_INFINITY {
-        return Err(SamplingError::Empty);
+    match first_max(logits) {
+        Some((i, v)) if v != f32::NEG_INFINITY => Ok(i as u32),
+        _ => Err(SamplingError::Empty),
     }
-    Ok(best as u32)
 }
 
 /// Turns (already penalised) logits into the sampling distribution in `probs`: temperature,

@@ -13,6 +13,7 @@ mod lenience;
 mod logits;
 mod logprobs;
 mod rng;
+mod row_scan;
 pub mod speculative;
 pub mod tree;
 

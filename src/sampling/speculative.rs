@@ -256,7 +256,7 @@ pub fn accept_greedy(
     for (row, &dist) in p.iter().enumerate() {
         if lenient {
             check_distribution(TARGET, row, dist, true)?;
-        } else if let Some(token) = dist.iter().position(|v| v.is_nan() || *v == f32::INFINITY) {
+        } else if let Some(token) = super::row_scan::first_invalid(dist) {
             return Err(SpecError::InvalidValue {
                 what: TARGET,
                 row,
