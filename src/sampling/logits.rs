@@ -4,7 +4,7 @@
 //! Why it exists: plain decoding, the draft model and the verifier all turn logits into a token
 //! through these same functions, so a speculative round compares like with like.
 
-use super::row_scan::{first_invalid, first_max};
+use super::row_scan::{first_invalid, first_max, max_value};
 use super::{SamplingError, SeededRng};
 
 /// OpenAI's range for `presence_penalty` and `frequency_penalty`. Within it a penalised logit
@@ -203,7 +203,7 @@ pub fn probabilities(
             .expect("an invalid logit was seen");
         return Err(SamplingError::InvalidLogits(i));
     }
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = max_value(logits);
     if max == f32::NEG_INFINITY {
         return Err(SamplingError::Empty);
     }

@@ -1,5 +1,5 @@
-//! The two scans a greedy step runs over a whole vocabulary-sized row: where its first NaN or
-//! +inf is, and where its maximum first is.
+//! The scans a step runs over a whole vocabulary-sized row: where its first NaN or +inf is,
+//! its maximum, and where that maximum first is.
 //!
 //! Why it exists: written as loops with a branch per value they compiled to one value at a
 //! time, two passes of tens of microseconds over a 49,152-value row, and a verification runs
@@ -25,14 +25,33 @@ fn first_invalid_scalar(row: &[f32]) -> Option<usize> {
 /// The first index of `row`'s maximum and the maximum, `None` when it is empty; `row` holds no
 /// NaN (see [`first_invalid`]).
 pub(crate) fn first_max(row: &[f32]) -> Option<(usize, f32)> {
+    if row.is_empty() {
+        return None;
+    }
+    let best = max_value(row);
     #[cfg(target_arch = "x86_64")]
     if crate::model::kernels::fast_exp::vector_available() {
         // SAFETY: AVX2 was checked; every read is inside `row`.
-        return unsafe { first_max_avx2(row) };
+        let i = unsafe { first_equal_avx2(row, best) };
+        return Some((i, row[i]));
     }
-    first_max_scalar(row)
+    let i = row.iter().position(|&v| v == best)?;
+    Some((i, row[i]))
 }
 
+/// The largest value of `row` (`-inf` when it is empty); `row` holds no NaN. A maximum is
+/// exact in any order, so the vector path's is the scalar fold's.
+pub(crate) fn max_value(row: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::model::kernels::fast_exp::vector_available() {
+        // SAFETY: AVX2 was checked; every read is inside `row`.
+        return unsafe { max_value_avx2(row) };
+    }
+    row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The scalar loop [`first_max`] answers as (the tests' definition).
+#[cfg(test)]
 fn first_max_scalar(row: &[f32]) -> Option<(usize, f32)> {
     let mut best: Option<(usize, f32)> = None;
     for (i, &v) in row.iter().enumerate() {
@@ -69,14 +88,10 @@ unsafe fn first_invalid_avx2(row: &[f32]) -> Option<usize> {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn first_max_avx2(row: &[f32]) -> Option<(usize, f32)> {
+unsafe fn max_value_avx2(row: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let p = row.as_ptr();
     let full = row.len() / STEP * STEP;
-    if full == 0 {
-        return first_max_scalar(row);
-    }
-    // The maximum is exact in any order (no NaN); then its first index.
     let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
     for i in (0..full).step_by(STEP) {
         for (r, acc) in m.iter_mut().enumerate() {
@@ -88,23 +103,33 @@ unsafe fn first_max_avx2(row: &[f32]) -> Option<(usize, f32)> {
         lanes.as_mut_ptr(),
         _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3])),
     );
-    let mut best = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    for &v in &row[full..] {
-        best = best.max(v);
-    }
+    lanes
+        .iter()
+        .chain(&row[full..])
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+}
+
+/// The first index of `row` holding a value equal to `best`, which `row` holds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn first_equal_avx2(row: &[f32], best: f32) -> usize {
+    use std::arch::x86_64::*;
+    let p = row.as_ptr();
+    let full = row.len() / 8 * 8;
     let target = _mm256_set1_ps(best);
     for i in (0..full).step_by(8) {
-        let eq = _mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_loadu_ps(p.add(i)), target);
-        let mask = _mm256_movemask_ps(eq);
+        let mask = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+            _mm256_loadu_ps(p.add(i)),
+            target,
+        ));
         if mask != 0 {
-            return Some((
-                i + mask.trailing_zeros() as usize,
-                row[i + mask.trailing_zeros() as usize],
-            ));
+            return i + mask.trailing_zeros() as usize;
         }
     }
-    let j = row[full..].iter().position(|&v| v == best)?;
-    Some((full + j, row[full + j]))
+    full + row[full..]
+        .iter()
+        .position(|&v| v == best)
+        .expect("the maximum is in the row")
 }
 
 #[cfg(test)]
@@ -143,6 +168,11 @@ mod tests {
             assert_eq!(first_invalid(&row), first_invalid_scalar(&row));
             let (fast, slow) = (first_max(&row), first_max_scalar(&row));
             assert_eq!(fast.map(|f| f.0), slow.map(|s| s.0), "row of {}", row.len());
+            let fold = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(
+                max_value(&row).to_bits() & 0x7fff_ffff,
+                fold.to_bits() & 0x7fff_ffff
+            );
             // Every invalid value at every place of a block and of the tail.
             for bad in [f32::NAN, f32::INFINITY] {
                 for at in [0, 5, 31, 32, 47, row.len().saturating_sub(1)] {
