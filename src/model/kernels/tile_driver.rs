@@ -90,11 +90,36 @@ fn quantize_rows_into(x: &[f32], m: usize, out: &mut QuantRows) {
     out.reshape(m, x.len() / m);
     #[cfg(target_arch = "x86_64")]
     if packed_gemm::has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { quantize_rows_avx2(x, out) };
+        let at = (
+            out.qs.as_mut_ptr() as usize,
+            out.scales.as_mut_ptr() as usize,
+            out.sums.as_mut_ptr() as usize,
+        );
+        // SAFETY: the CPU has AVX2 and FMA; the buffers hold `m` rows of `k` values (just
+        // reshaped), and each call writes only its own rows' blocks.
+        let rows = |r: std::ops::Range<usize>| unsafe {
+            quantize_rows_avx2(
+                x,
+                m,
+                r,
+                (at.0 as *mut i8, at.1 as *mut f32, at.2 as *mut i32),
+            )
+        };
+        if m >= PARALLEL_ROWS {
+            crate::model::kernels::parallel::for_each_split(m, rows);
+        } else {
+            rows(0..m);
+        }
+        return;
     }
     quantize_rows_portable(x, out)
 }
+
+/// From this many rows (a prefill's) the rows are quantized on every thread: a long prompt's
+/// quantizing on the calling thread alone was the largest serial part of its forward. A
+/// verification's rows (at most 12 a weight load) stay on the calling thread, where waking
+/// the pool would cost more.
+const PARALLEL_ROWS: usize = 16;
 
 /// Calls `f` with the `m` rows of `x` quantized into memory the calling thread keeps across
 /// calls: a forward quantizes the activations of every matmul, and allocating (and clearing)
@@ -123,19 +148,26 @@ pub(crate) fn with_quantized<R>(x: &[f32], m: usize, f: impl FnOnce(&QuantRows) 
 /// then step away from zero where the dropped fraction is at least a half; both exact), so the
 /// same bits for finite inputs. The scalar loop compiled to one value at a time, and at 8
 /// rows quantizing took a fifth of a matmul's time on the calling thread alone.
+///
+/// Quantizes `rows` of the `m` rows of `x` into the block-major buffers `(qs, scales, sums)`,
+/// which hold all `m` rows; blocks of other rows are not touched.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_rows_avx2(x: &[f32], out: &mut QuantRows) {
+unsafe fn quantize_rows_avx2(
+    x: &[f32],
+    m: usize,
+    rows: std::ops::Range<usize>,
+    (qs, scales, sums): (*mut i8, *mut f32, *mut i32),
+) {
     use std::arch::x86_64::*;
-    let m = out.m;
     let k = x.len() / m;
     let sign = _mm256_set1_ps(-0.0);
     let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let (ones8, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
-    for r in 0..m {
+    for r in rows {
         for b in 0..k / QK {
-            let at = out.at(r, b);
+            let at = b * m + r;
             let src = x.as_ptr().add(r * k + b * QK);
             let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(8 * i)));
             let abs = |v: __m256| _mm256_andnot_ps(sign, v);
@@ -161,8 +193,8 @@ unsafe fn quantize_rows_avx2(x: &[f32], out: &mut QuantRows) {
                 _mm256_packs_epi32(q[2], q[3]),
             );
             let bytes = _mm256_permutevar8x32_epi32(words, order);
-            _mm256_storeu_si256(out.qs.as_mut_ptr().add(at * QK) as *mut __m256i, bytes);
-            out.scales[at] = d;
+            _mm256_storeu_si256(qs.add(at * QK) as *mut __m256i, bytes);
+            *scales.add(at) = d;
             // Σa: byte pairs (1 · a, exact in 16 bits), then word pairs, then the 8 lanes.
             let s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, bytes), ones16);
             let s4 = _mm_add_epi32(
@@ -170,7 +202,7 @@ unsafe fn quantize_rows_avx2(x: &[f32], out: &mut QuantRows) {
                 _mm256_extracti128_si256::<1>(s8),
             );
             let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-            out.sums[at] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)));
+            *sums.add(at) = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)));
         }
     }
 }
@@ -407,6 +439,19 @@ mod tests {
             slow.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>()
         );
         assert_eq!(&slow.qs[1..9], &[1, -1, 2, -2, 3, -3, 0, 127]);
+        // Enough rows to be quantized on every thread: the same bits, sums and places.
+        let (m2, k2) = (PARALLEL_ROWS + 25, 64usize);
+        let x2 = crate::model::kernels::packed_gemm::test_support::random(9, m2 * k2);
+        let fast2 = quantize_rows(&x2, m2);
+        let mut slow2 = QuantRows::new();
+        slow2.reshape(m2, k2);
+        quantize_rows_portable(&x2, &mut slow2);
+        assert_eq!(fast2.qs, slow2.qs);
+        assert_eq!(fast2.sums, slow2.sums);
+        assert_eq!(
+            fast2.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
+            slow2.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>()
+        );
         // Block-major: row 1's second block sits after every row's first block.
         let at = slow.at(1, 1);
         assert_eq!(at, m + 1);

@@ -159,7 +159,9 @@ pub(crate) fn run_layers(
         timed(Op::Attention, || -> Result<()> {
             // Queries are strided inside the fused rows; pack them once per layer.
             q.clear();
-            q.extend(qkv.chunks_exact(row).flat_map(|r| &r[..q_dim]));
+            for r in qkv.chunks_exact(row) {
+                q.extend_from_slice(&r[..q_dim]);
+            }
             let mut offset = 0;
             for (s, tree) in batch.iter().zip(&trees) {
                 let n = s.tokens.len();
