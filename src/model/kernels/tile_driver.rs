@@ -428,30 +428,24 @@ mod tests {
             x[1 + i] = *v;
         }
         x[k + QK..k + 2 * QK].fill(0.0);
-        let fast = quantize_rows(&x, m);
-        let mut slow = QuantRows::new();
-        slow.reshape(m, k);
-        quantize_rows_portable(&x, &mut slow);
-        assert_eq!(fast.qs, slow.qs);
-        assert_eq!(fast.sums, slow.sums);
-        assert_eq!(
-            fast.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
-            slow.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>()
-        );
+        // The vector quantizer against the scalar loop: the same values, sums and scale bits.
+        let scalar_equals_vector = |x: &[f32], m: usize, k: usize| -> QuantRows {
+            let fast = quantize_rows(x, m);
+            let mut slow = QuantRows::new();
+            slow.reshape(m, k);
+            quantize_rows_portable(x, &mut slow);
+            assert_eq!(fast.qs, slow.qs, "{m} rows");
+            assert_eq!(fast.sums, slow.sums, "{m} rows");
+            let bits = |q: &QuantRows| q.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fast), bits(&slow), "{m} rows");
+            slow
+        };
+        let slow = scalar_equals_vector(&x, m, k);
         assert_eq!(&slow.qs[1..9], &[1, -1, 2, -2, 3, -3, 0, 127]);
-        // Enough rows to be quantized on every thread: the same bits, sums and places.
+        // Enough rows to be quantized on every thread.
         let (m2, k2) = (PARALLEL_ROWS + 25, 64usize);
         let x2 = crate::model::kernels::packed_gemm::test_support::random(9, m2 * k2);
-        let fast2 = quantize_rows(&x2, m2);
-        let mut slow2 = QuantRows::new();
-        slow2.reshape(m2, k2);
-        quantize_rows_portable(&x2, &mut slow2);
-        assert_eq!(fast2.qs, slow2.qs);
-        assert_eq!(fast2.sums, slow2.sums);
-        assert_eq!(
-            fast2.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
-            slow2.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>()
-        );
+        scalar_equals_vector(&x2, m2, k2);
         // Block-major: row 1's second block sits after every row's first block.
         let at = slow.at(1, 1);
         assert_eq!(at, m + 1);
