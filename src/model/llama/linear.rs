@@ -322,16 +322,10 @@ impl Linear {
         })
     }
 
-    /// [`Self::forward`] on `m` host rows: straight into the packed kernel where there is one
-    /// (no tensor around the input or the output), else through candle.
-    pub fn forward_rows(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        let mut dst = Vec::new();
-        self.forward_rows_into(x, m, &mut dst)?;
-        Ok(dst)
-    }
-
-    /// [`Self::forward_rows`] into `dst`, resized to the output and keeping its memory: the
-    /// kernel writes every element, so what a forward's buffers already hold is not cleared.
+    /// [`Self::forward`] on `m` host rows into `dst`: straight into the packed kernel where
+    /// there is one (no tensor around the input or the output), else through candle. `dst` is
+    /// resized to the output and keeps its memory: the kernel writes every element, so what a
+    /// forward's buffers already hold is not cleared.
     pub fn forward_rows_into(&self, x: &[f32], m: usize, dst: &mut Vec<f32>) -> Result<()> {
         let n = m * self.out_features;
         if dst.len() < n {
