@@ -147,6 +147,7 @@ mod tests {
                     confidence: false,
                     tree_nodes: 0,
                     grammar: None,
+                    lookup: true,
                     result: Ok(()),
                 };
                 let lane = DrawLane {

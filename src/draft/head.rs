@@ -68,8 +68,8 @@ impl HeadDrafter {
     }
 
     /// Drafts with prompt lookup first: a sequence whose text has an n-gram match drafts the
-    /// match (a point mass, as prompt lookup alone does), and the head drafts only where the
-    /// text has none. The head's cache catches up on the positions it skipped at its next
+    /// match (a point mass, as prompt lookup alone does), and the head drafts where the text
+    /// has none, or where the job says not to look (`DraftJob::lookup`). The head's cache catches up on the positions it skipped at its next
     /// round, from the features it was given meanwhile.
     pub fn with_lookup(mut self, lookup: Option<PromptLookup>) -> Self {
         self.lookup = lookup;
@@ -145,7 +145,7 @@ impl HeadDrafter {
             job.out.clear();
             job.out.vocab = vocab;
             job.result = Ok(());
-            if let Some(p) = &self.lookup {
+            if let Some(p) = self.lookup.as_ref().filter(|_| job.lookup) {
                 p.lookup_tree(job.context, job.gamma, job.tree_nodes, job.out);
                 if !job.out.tokens.is_empty() {
                     lanes.push(None);

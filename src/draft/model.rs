@@ -55,6 +55,9 @@ pub struct DraftJob<'a> {
     /// draft model's distribution masked by the grammar, which is then the `q` the drafts are
     /// verified against, and the state follows the drafts.
     pub grammar: Option<&'a mut SequenceConstraint>,
+    /// A drafter that drafts prompt lookup's match first may do so this round; `false`: the
+    /// scheduler judged its model likelier to be right here than this match.
+    pub lookup: bool,
     pub result: Result<(), DraftError>,
 }
 
@@ -353,6 +356,7 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
             grammar: None,
             confidence: false,
             tree_nodes: 0,
+            lookup: true,
             result: Ok(()),
         }];
         self.propose_batch(&mut jobs);

@@ -85,6 +85,13 @@ impl PromptLookup {
             .unwrap_or((&[], 0))
     }
 
+    /// The kind of draft a lookup after `context` makes (its `Proposal::confidence_kind`: the
+    /// matched n-gram's length, 3 for 3 or more), or `None` when the context has no match.
+    pub fn match_kind(&self, context: &[u32]) -> Option<u8> {
+        let (_, ngram) = self.lookup_with_length(context, 1);
+        (ngram > 0).then(|| kind_of_match(ngram))
+    }
+
     /// [`PromptLookup::lookup`] for one n-gram size `n`.
     pub fn lookup_at(context: &[u32], gamma: usize, n: usize) -> &[u32] {
         let len = context.len();
@@ -109,6 +116,12 @@ impl PromptLookup {
     }
 }
 
+/// A draft's kind after a match of `ngram` tokens: 1 and 2 apart, 3 for 3 or more (longer
+/// matches stand about as often as 3-token ones).
+fn kind_of_match(ngram: usize) -> u8 {
+    ngram.min(3) as u8
+}
+
 /// The most earlier matches a tree looks at (the latest ones, longest n-grams first).
 const TREE_MATCHES: usize = 16;
 
@@ -124,7 +137,7 @@ impl PromptLookup {
         out.clear();
         let (main, ngram) = self.lookup_with_length(context, gamma);
         out.tokens.extend_from_slice(main);
-        out.confidence_kind = ngram.min(3) as u8;
+        out.confidence_kind = kind_of_match(ngram);
         if main.is_empty() {
             return;
         }

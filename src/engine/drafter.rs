@@ -190,6 +190,7 @@ fn draft_jobs(
                 confidence: it.confidence,
                 tree_nodes: it.tree_nodes,
                 grammar: it.grammar.as_mut(),
+                lookup: it.lookup,
                 result: Ok(()),
             });
         }
@@ -421,6 +422,7 @@ fn calibration_job<'a>(
         confidence: false,
         tree_nodes: 0,
         grammar: None,
+        lookup: true,
         result: Ok(()),
     }
 }

@@ -16,7 +16,7 @@ use super::governor::{CostModel, GovernorConfig};
 use super::liveness::{EngineHealth, Liveness};
 use super::messages::*;
 use super::request::{check_request, EngineRequest, FinishReason, Usage};
-use super::scheduler::{Scheduler, SchedulerConfig};
+use super::scheduler::{DraftForesight, Scheduler, SchedulerConfig};
 use super::settings::{LiveSettings, SpeculationSettings};
 use super::verifier::Verifier;
 use crate::model::Llama;
@@ -141,6 +141,13 @@ impl Engine {
             _ => None,
         };
         let head = features.is_some();
+        let foresight = match &draft {
+            Some(DraftSource::PromptLookup(p)) => DraftForesight::new(*p, false),
+            Some(DraftSource::Head {
+                lookup: Some(p), ..
+            }) => DraftForesight::new(*p, true),
+            _ => None,
+        };
         let verifier = Verifier::new(Arc::clone(&target), slots, cfg.target_threads, features)?;
         let has_drafter = draft.is_some();
         let draft_cache = matches!(draft, Some(DraftSource::Model { .. }));
@@ -192,6 +199,7 @@ impl Engine {
                     max_gamma: cfg.max_gamma,
                     prefix_cache: cfg.prefix_cache,
                     governor: cfg.governor,
+                    foresight,
                     stall_after_rounds: cfg.stall_after_rounds,
                 },
                 Verifier::spawn(verifier),

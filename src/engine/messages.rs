@@ -292,6 +292,8 @@ pub struct DraftItem {
     /// The target's features (hidden states) the drafter has not had yet, as `(first
     /// position, rows)` chunks: a draft head drafts from them. Empty for other drafters.
     pub features: Vec<(usize, Vec<f32>)>,
+    /// A drafter that drafts prompt lookup's match first may do so (see `DraftJob::lookup`).
+    pub lookup: bool,
 }
 
 pub struct DraftOutcome {

@@ -1,5 +1,6 @@
-//! Per-request acceptance: a decayed estimate of how often the drafter's tokens stand, and when a
-//! request decoding plainly should probe speculation again.
+//! Per-request acceptance: a decayed estimate of how often the drafter's tokens stand, kept
+//! apart by the kind of draft (a model's, or prompt lookup's by the length of its match), and
+//! when a request decoding plainly should probe speculation again.
 
 use super::config::GovernorConfig;
 use super::planner::{Candidate, Choice};
@@ -44,11 +45,59 @@ impl AcceptanceRate {
     }
 }
 
-/// One request's governor: its acceptance rate, and when it last speculated.
+/// Kinds of draft whose acceptance is kept apart (`Proposal::confidence_kind`): 0 for a
+/// model's or a head's draft, 1 to 3 for prompt lookup's after a match of that many tokens (3
+/// or more). A 3-token match goes on as the target does most of the time, a 1-token match
+/// rarely: one rate for both plans every round as if it were the average one.
+pub const DRAFT_KINDS: usize = 4;
+
+/// An acceptance rate over every draft, and one per kind of draft.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KindRates {
+    all: AcceptanceRate,
+    by_kind: [AcceptanceRate; DRAFT_KINDS],
+}
+
+impl KindRates {
+    /// Rates that start at `prior`, every kind alike.
+    pub fn new(prior: f64) -> Self {
+        Self {
+            all: AcceptanceRate::new(prior),
+            by_kind: [AcceptanceRate::new(prior); DRAFT_KINDS],
+        }
+    }
+
+    /// Rates that start where `pooled` stands now, each kind at its own.
+    pub fn starting_from(pooled: &KindRates) -> Self {
+        Self {
+            all: AcceptanceRate::new(pooled.all.get()),
+            by_kind: pooled.by_kind.map(|r| AcceptanceRate::new(r.get())),
+        }
+    }
+
+    /// The rate of drafts of `kind`, or of every draft when the kind is not known beforehand.
+    pub fn get(&self, kind: Option<u8>) -> f64 {
+        match kind.and_then(|k| self.by_kind.get(usize::from(k))) {
+            Some(r) => r.get(),
+            None => self.all.get(),
+        }
+    }
+
+    /// A round in which `accepted` of `drafted` drafts of `kind` stood (see
+    /// [`AcceptanceRate::record`]).
+    pub fn record(&mut self, kind: u8, drafted: usize, accepted: usize, decay: f64) {
+        self.all.record(drafted, accepted, decay);
+        if let Some(r) = self.by_kind.get_mut(usize::from(kind)) {
+            r.record(drafted, accepted, decay);
+        }
+    }
+}
+
+/// One request's governor: its acceptance rates, and when it last speculated.
 #[derive(Clone, Debug)]
 pub struct Governor {
     cfg: GovernorConfig,
-    rate: AcceptanceRate,
+    rates: KindRates,
     plain_steps: usize,
     /// Plain steps before the next probe.
     probe_wait: usize,
@@ -66,23 +115,40 @@ impl Governor {
     /// lately on other requests. Starting every request at one half would make each one
     /// decode plainly until probes proved the drafter, even when it is nearly always right.
     pub fn with_prior(cfg: GovernorConfig, prior: f64) -> Self {
+        Self::starting_from(cfg, &KindRates::new(prior))
+    }
+
+    /// A governor whose estimates start where the server's pooled ones stand (each kind of
+    /// draft at its own rate).
+    pub fn starting_from(cfg: GovernorConfig, pooled: &KindRates) -> Self {
         Self {
             cfg,
-            rate: AcceptanceRate::new(prior),
+            rates: KindRates::starting_from(pooled),
             plain_steps: 0,
             probe_wait: cfg.probe_every.max(1),
             probed: false,
         }
     }
 
-    /// The acceptance rate estimate (see [`AcceptanceRate`]).
+    /// The acceptance rate estimate over every kind of draft (see [`AcceptanceRate`]).
     pub fn alpha(&self) -> f64 {
-        self.rate.get()
+        self.rates.get(None)
     }
 
-    /// Records a round: `accepted` of `drafted` drafts stood (a round stops at its first
-    /// rejection, so a short count means exactly one rejection).
+    /// The estimate for drafts of `kind` (every draft's when `None`: not known beforehand).
+    pub fn alpha_of(&self, kind: Option<u8>) -> f64 {
+        self.rates.get(kind)
+    }
+
+    /// Records a round of a drafter with one kind of draft (kind 0): see
+    /// [`Governor::record_round_of`].
     pub fn record_round(&mut self, drafted: usize, accepted: usize) {
+        self.record_round_of(0, drafted, accepted);
+    }
+
+    /// Records a round: `accepted` of `drafted` drafts of `kind` stood (a round stops at its
+    /// first rejection, so a short count means exactly one rejection).
+    pub fn record_round_of(&mut self, kind: u8, drafted: usize, accepted: usize) {
         let base = self.cfg.probe_every.max(1);
         if std::mem::take(&mut self.probed) {
             // The round after a probe tells whether the probe brought speculation back.
@@ -98,17 +164,18 @@ impl Governor {
         }
         self.probed = self.plain_steps > 0 && self.plain_steps + 1 >= self.probe_wait;
         self.plain_steps = 0;
-        self.rate.record(drafted, accepted, self.cfg.decay);
+        self.rates.record(kind, drafted, accepted, self.cfg.decay);
     }
 
     /// This request's say in the next round's plan, γ in `gamma_min..=gamma_max` or plain:
-    /// free, or a probe at `gamma_min` after enough plain steps so α stays current.
+    /// free, or a probe at `gamma_min` after enough plain steps so α stays current. `kind`:
+    /// the kind of draft the round will make, when known beforehand (its α is that kind's).
     pub fn candidate(
         &self,
         gamma_min: usize,
         gamma_max: usize,
-        catch_up: usize,
-        remaining: usize,
+        (catch_up, remaining): (usize, usize),
+        kind: Option<u8>,
     ) -> Candidate {
         let gamma_min = gamma_min.max(1).min(gamma_max);
         let choice = if gamma_max == 0 {
@@ -125,7 +192,7 @@ impl Governor {
             }
         };
         Candidate {
-            alpha: self.alpha(),
+            alpha: self.alpha_of(kind),
             choice,
             catch_up,
             remaining,
@@ -137,6 +204,7 @@ impl Governor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::governor::plan_round;
     use crate::engine::governor::test_support::{costs, solo};
 
     #[test]
@@ -160,6 +228,44 @@ mod tests {
             g.record_round(2, 0);
         }
         assert_eq!(solo(&g, &c), 0, "α ≈ {}", g.alpha());
+    }
+
+    #[test]
+    fn each_kind_of_draft_is_planned_with_its_own_rate() {
+        let c = costs(0.02, &[1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4, 1.5, 1.6]);
+        let plan = |g: &Governor, kind: Option<u8>| {
+            plan_round(&[g.candidate(1, 8, (0, 1000), kind)], 0, &c, 1.02)[0]
+        };
+        let mut g = Governor::new(GovernorConfig::default());
+        // Lookup after 3-token matches nearly always stands, after 1-token ones rarely.
+        for _ in 0..30 {
+            g.record_round_of(3, 4, 4);
+            g.record_round_of(1, 2, 0);
+        }
+        assert!(g.alpha_of(Some(3)) > 0.9, "{}", g.alpha_of(Some(3)));
+        assert!(g.alpha_of(Some(1)) < 0.1, "{}", g.alpha_of(Some(1)));
+        assert!(plan(&g, Some(3)) >= 4, "γ = {}", plan(&g, Some(3)));
+        assert_eq!(plan(&g, Some(1)), 0);
+        // Not knowing the kind, the round is planned with every draft's rate, in between.
+        let all = g.alpha();
+        assert!(
+            all > g.alpha_of(Some(1)) && all < g.alpha_of(Some(3)),
+            "{all}"
+        );
+        // A kind never drafted keeps the prior; the pooled rates hand each kind on apart.
+        assert_eq!(g.alpha_of(Some(2)), 0.5);
+        let mut pooled = KindRates::new(0.5);
+        for _ in 0..100 {
+            pooled.record(0, 3, 3, 0.995);
+            pooled.record(2, 3, 0, 0.995);
+        }
+        let fresh = Governor::starting_from(GovernorConfig::default(), &pooled);
+        assert!(fresh.alpha_of(Some(0)) > 0.9, "{}", fresh.alpha_of(Some(0)));
+        assert!(fresh.alpha_of(Some(2)) < 0.1, "{}", fresh.alpha_of(Some(2)));
+        assert_eq!(fresh.alpha_of(Some(3)), 0.5);
+        // A kind past the known ones counts in every draft's rate only.
+        g.record_round_of(9, 4, 4);
+        assert_eq!(g.alpha_of(Some(9)), g.alpha());
     }
 
     #[test]

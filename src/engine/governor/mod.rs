@@ -15,7 +15,7 @@ mod costs;
 mod planner;
 mod speedup;
 
-pub use acceptance::{AcceptanceRate, Governor};
+pub use acceptance::{AcceptanceRate, Governor, KindRates, DRAFT_KINDS};
 pub use branches::{
     acceptance_by_node, keep_alternatives, keep_chain, ConfidenceRates, RoundPrice, TreeOffer,
 };

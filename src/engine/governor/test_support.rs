@@ -15,5 +15,5 @@ pub fn costs(draft: f64, verify: &[f64]) -> CostModel {
 
 /// The plan for one request alone, as its governor sees it.
 pub fn solo(g: &Governor, c: &CostModel) -> usize {
-    plan_round(&[g.candidate(1, 8, 0, 1000)], 0, c, 1.02)[0]
+    plan_round(&[g.candidate(1, 8, (0, 1000), None)], 0, c, 1.02)[0]
 }

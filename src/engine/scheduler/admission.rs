@@ -228,7 +228,7 @@ impl Scheduler {
                     emitter: Emitter::new(&request.generation),
                     draft_rng: SeededRng::new(seed ^ 0x9E37_79B9_7F4A_7C15),
                     accept_rng: SeededRng::new(seed),
-                    governor: Governor::with_prior(self.cfg.governor, self.acceptance.get()),
+                    governor: Governor::starting_from(self.cfg.governor, &self.acceptance),
                     spec: SpeculationStats::default(),
                     group: usize::from(group),
                     max_context: self.cfg.context_len,

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use super::foresight::NextDraft;
 use super::state::Scheduler;
 use crate::engine::error::EngineError;
 use crate::engine::governor::{forecast_round, plan_round, Candidate, RoundForecast};
@@ -59,19 +60,42 @@ impl Scheduler {
         (t.step_seconds + t.catch_up_seconds, kept)
     }
 
+    /// What each sequence in `which` (indices into `active`) would draft now, where the
+    /// scheduler can tell (a drafter drafting prompt lookup's match first).
+    pub(super) fn foresee(&self, which: &[usize]) -> Vec<NextDraft> {
+        which
+            .iter()
+            .map(|&i| match &self.cfg.foresight {
+                Some(f) => {
+                    let s = &self.active[i];
+                    f.next(&s.context, |k| s.governor.alpha_of(Some(k)))
+                }
+                None => NextDraft::Unknown,
+            })
+            .collect()
+    }
+
     /// γ for each sequence in `which` (indices into `active`) for one round, with `base_width`
     /// other tokens in the same target forward, and what the plan is expected to cost.
+    /// `next`: what each would draft (`Unknown` for drafts made ahead of a verification, from
+    /// a context not known yet).
     pub(super) fn plan(
         &self,
-        which: &[usize],
+        (which, next): (&[usize], &[NextDraft]),
         base_width: usize,
         live: &SpeculationSettings,
     ) -> (Vec<usize>, Option<RoundForecast>) {
         let has_drafter = self.drafter.is_some();
         let candidates: Vec<Candidate> = which
             .iter()
-            .map(|&i| {
-                self.active[i].candidate(has_drafter, self.cfg.context_len, live, self.queue.len())
+            .zip(next)
+            .map(|(&i, &next)| {
+                self.active[i].candidate(
+                    has_drafter,
+                    self.cfg.context_len,
+                    (live, self.queue.len()),
+                    next,
+                )
             })
             .collect();
         let plan = plan_round(
@@ -87,24 +111,29 @@ impl Scheduler {
         (plan, forecast)
     }
 
-    /// Draft requests for the sequences `which` that the plan gives a γ.
+    /// Draft requests for the sequences `which` that the plan gives a γ (`next`: what each
+    /// was planned to draft).
     pub(super) fn draft_items(
         &self,
-        which: &[usize],
+        (which, next): (&[usize], &[NextDraft]),
         plan: &[usize],
         live: &SpeculationSettings,
     ) -> Vec<DraftItem> {
         which
             .iter()
+            .zip(next)
             .zip(plan)
             .filter(|&(_, &gamma)| gamma > 0)
-            .map(|(&i, &gamma)| {
-                self.active[i].draft_item(
+            .map(|((&i, &next), &gamma)| {
+                let mut item = self.active[i].draft_item(
                     gamma,
                     (self.cfg.context_len, self.cfg.max_gamma),
                     live,
                     self.queue.len(),
-                )
+                );
+                // Planned as the model's draft: the drafter does not look for a match first.
+                item.lookup = next != NextDraft::Kind(0);
+                item
             })
             .collect()
     }

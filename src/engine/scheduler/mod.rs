@@ -16,6 +16,7 @@
 mod admission;
 mod constrain;
 mod drafting;
+mod foresight;
 mod outcome;
 mod round;
 mod round_clock;
@@ -26,6 +27,7 @@ mod trees;
 
 use kameo::message::{Context, Message};
 
+pub use foresight::DraftForesight;
 pub use state::{Scheduler, SchedulerConfig};
 
 use crate::engine::messages::{

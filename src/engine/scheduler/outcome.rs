@@ -61,9 +61,10 @@ impl Scheduler {
                 Some(t) => (t.chain_len, t.chain_accepted),
                 None => (drafts.len(), o.accepted),
             };
-            s.governor.record_round(chain, chain_accepted);
+            let kind = o.confidence_kind;
+            s.governor.record_round_of(kind, chain, chain_accepted);
             self.acceptance
-                .record(chain, chain_accepted, POOLED_ACCEPTANCE_DECAY);
+                .record(kind, chain, chain_accepted, POOLED_ACCEPTANCE_DECAY);
             if let Some(t) = &o.tree {
                 s.spec.tree_rounds += 1;
                 s.spec.tree_nodes += t.nodes;

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use super::foresight::NextDraft;
 use super::round_clock::{log_forecast, RoundTimes};
 use super::round_plan::{RoundPlan, SeqState, TargetPart};
 use super::state::Scheduler;
@@ -36,10 +37,16 @@ impl Scheduler {
             })
             .collect();
         let shape = RoundPlan::build(&states, pipelined, self.cfg.prefill_chunk, self.rounds);
-        let (plan_now, forecast) = self.plan(&shape.draft_now, shape.prefill_width, &live);
-        let to_draft_now = self.draft_items(&shape.draft_now, &plan_now, &live);
-        let plan_ahead = self.plan(&shape.draft_ahead, 0, &live).0;
-        let mut to_draft_ahead = self.draft_items(&shape.draft_ahead, &plan_ahead, &live);
+        let now = (&shape.draft_now[..], &self.foresee(&shape.draft_now)[..]);
+        let (plan_now, forecast) = self.plan(now, shape.prefill_width, &live);
+        let to_draft_now = self.draft_items(now, &plan_now, &live);
+        // Drafts made ahead come from a context not known yet.
+        let ahead = (
+            &shape.draft_ahead[..],
+            &vec![NextDraft::Unknown; shape.draft_ahead.len()][..],
+        );
+        let plan_ahead = self.plan(ahead, 0, &live).0;
+        let mut to_draft_ahead = self.draft_items(ahead, &plan_ahead, &live);
 
         let round_start = Instant::now();
         let mut draft_secs = 0.0;

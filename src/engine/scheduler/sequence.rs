@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
+use super::foresight::NextDraft;
 use crate::constraint::SequenceConstraint;
 use crate::draft::Proposal;
 use crate::engine::emitter::Emitter;
@@ -110,24 +111,29 @@ impl Sequence {
 
     /// How γ is set for the next round: the request's policy under the live settings, capped so
     /// the verification fits the context and does not draft past `max_tokens`.
+    /// `next`: what the drafter will draft, where the scheduler can tell beforehand.
     pub fn candidate(
         &self,
         has_drafter: bool,
         context_len: usize,
-        live: &SpeculationSettings,
-        queued: usize,
+        (live, queued): (&SpeculationSettings, usize),
+        next: NextDraft,
     ) -> Candidate {
         let n = self.context.len() - 1;
         let remaining = self.remaining();
         let cap = gamma_cap(n, context_len, remaining);
+        let kind = match next {
+            NextDraft::Kind(k) => Some(k),
+            NextDraft::Unknown | NextDraft::Nothing => None,
+        };
         let fixed = |g: usize| Candidate {
-            alpha: self.governor.alpha(),
+            alpha: self.governor.alpha_of(kind),
             choice: Choice::Fixed(g),
             catch_up: 0,
             remaining,
             depth: n,
         };
-        if !has_drafter {
+        if !has_drafter || next == NextDraft::Nothing {
             return fixed(0);
         }
         match self.settings(live, queued).gamma.capped(cap) {
@@ -138,8 +144,11 @@ impl Sequence {
                 ..self.governor.candidate(
                     min,
                     max,
-                    self.context.len().saturating_sub(self.drafter_seen + 2),
-                    remaining,
+                    (
+                        self.context.len().saturating_sub(self.drafter_seen + 2),
+                        remaining,
+                    ),
+                    kind,
                 )
             },
         }
@@ -175,6 +184,7 @@ impl Sequence {
             gate_min: live.gamma_min.get().min(gamma),
             grammar: self.constraint.as_ref().map(SequenceConstraint::fork),
             features: self.features.clone(),
+            lookup: true,
         }
     }
 

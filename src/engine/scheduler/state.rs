@@ -12,7 +12,7 @@ use super::sequence::{Queued, Sequence};
 use crate::engine::cache_manager::CacheManager;
 use crate::engine::drafter::Drafter;
 use crate::engine::governor::{
-    AcceptanceRate, ConfidenceRates, CostModel, GovernorConfig, SpeedupEstimate,
+    ConfidenceRates, CostModel, GovernorConfig, KindRates, SpeedupEstimate,
 };
 use crate::engine::liveness::Liveness;
 use crate::engine::messages::{Failure, Step};
@@ -36,6 +36,9 @@ pub struct SchedulerConfig {
     /// Retain finished sequences' slots and start prompts from cached prefixes.
     pub prefix_cache: bool,
     pub governor: GovernorConfig,
+    /// For a drafter that drafts prompt lookup's match first: the same lookup, run before
+    /// planning, so each round is planned with the acceptance of the draft it will get.
+    pub foresight: Option<super::DraftForesight>,
     /// Fault injection for tests: stop waking up after this many rounds.
     pub stall_after_rounds: Option<u64>,
 }
@@ -56,8 +59,8 @@ pub struct Scheduler {
     pub(super) step_scheduled: bool,
     pub(super) costs: CostModel,
     pub(super) speedup: SpeedupEstimate,
-    /// Every request's drafts together: where a new request's governor starts.
-    pub(super) acceptance: AcceptanceRate,
+    /// Every request's drafts together, by kind: where a new request's governor starts.
+    pub(super) acceptance: KindRates,
     /// How often chains' nodes and trees' alternatives stand when tried, by the drafter's
     /// confidence.
     pub(super) chain_rates: ConfidenceRates,
@@ -94,7 +97,7 @@ impl Scheduler {
             step_scheduled: false,
             costs,
             speedup: SpeedupEstimate::default(),
-            acceptance: AcceptanceRate::new(0.5),
+            acceptance: KindRates::new(0.5),
             chain_rates: ConfidenceRates::default(),
             branch_rates: ConfidenceRates::default(),
             rounds: 0,

@@ -83,7 +83,7 @@ fn fresher_prices_of_other_widths_bound_a_stale_one() {
         g.record_round(4, 4);
     }
     c.record_draft(0.5, 0.0, 1, 1);
-    let three = [g.candidate(1, 1, 0, 100); 3];
+    let three = [g.candidate(1, 1, (0, 100), None); 3];
     assert_eq!(plan_round(&three, 0, &c, 1.02), vec![0, 0, 0]);
 }
 
@@ -106,7 +106,7 @@ fn drafting_that_runs_over_its_forecast_is_priced_higher() {
     for w in 1..=4 {
         lucky.record_verify(1.0 + 0.05 * (w - 1) as f64, w);
     }
-    let one = [g.candidate(1, 3, 0, 100)];
+    let one = [g.candidate(1, 3, (0, 100), None)];
     assert!(plan_round(&one, 0, &lucky, 1.05)[0] > 0);
     for _ in 0..50 {
         let f = lucky.draft_seconds(1, 1).unwrap();

@@ -133,7 +133,12 @@ fn a_drafter_that_keeps_failing_is_not_probed_at_the_price_of_a_catch_up() {
 #[test]
 fn unmeasured_costs_start_with_the_smallest_gamma() {
     let g = Governor::new(GovernorConfig::default());
-    let plan = plan_round(&[g.candidate(2, 8, 0, 100)], 0, &CostModel::new(9), 1.02);
+    let plan = plan_round(
+        &[g.candidate(2, 8, (0, 100), None)],
+        0,
+        &CostModel::new(9),
+        1.02,
+    );
     assert_eq!(plan, vec![2]);
 }
 
@@ -150,7 +155,7 @@ fn a_batch_speculates_less_when_verification_width_is_not_free() {
         g.record_round(4, 2);
         g.record_round(4, 4);
     }
-    let one = g.candidate(1, 8, 0, 1000);
+    let one = g.candidate(1, 8, (0, 1000), None);
     let alone = plan_round(&[one], 0, &c, 1.02);
     assert!(alone[0] >= 2, "alone it speculates: {alone:?}");
     let batch = plan_round(&[one; 8], 0, &c, 1.02);
@@ -175,13 +180,13 @@ fn a_drafter_far_behind_speculates_only_if_enough_output_is_left() {
     for _ in 0..30 {
         g.record_round(4, 4);
     }
-    let near_end = plan_round(&[g.candidate(1, 8, 500, 3)], 0, &c, 1.02);
+    let near_end = plan_round(&[g.candidate(1, 8, (500, 3), None)], 0, &c, 1.02);
     assert_eq!(
         near_end,
         vec![0],
         "500 tokens to catch up for 3 tokens of output"
     );
-    let lots_left = plan_round(&[g.candidate(1, 8, 500, 2000)], 0, &c, 1.02);
+    let lots_left = plan_round(&[g.candidate(1, 8, (500, 2000), None)], 0, &c, 1.02);
     assert!(lots_left[0] > 0, "{lots_left:?}");
 }
 
@@ -197,9 +202,9 @@ fn a_long_catch_up_is_not_hidden_beside_a_prompt_chunk() {
     }
     // Beside a 200-token prompt chunk the round is long anyway, so this round's share of
     // the catch-up looks cheap; it is paid in full all the same.
-    let far_behind = plan_round(&[good.candidate(1, 8, 900, 64)], 200, &c, 1.02);
+    let far_behind = plan_round(&[good.candidate(1, 8, (900, 64), None)], 200, &c, 1.02);
     assert_eq!(far_behind, vec![0]);
-    let close = plan_round(&[good.candidate(1, 8, 20, 64)], 200, &c, 1.02);
+    let close = plan_round(&[good.candidate(1, 8, (20, 64), None)], 200, &c, 1.02);
     assert!(close[0] > 0, "{close:?}");
 }
 
@@ -209,14 +214,16 @@ fn drafting_beside_a_prompt_chunk_is_priced_as_between_prefills() {
     let verify: Vec<f64> = (1..=256).map(|w| 0.9 + 0.1 * w as f64).collect();
     let c = costs(0.5, &verify);
     // At 60% acceptance a round of one draft yields 1.6 tokens for 1.6 steps: no gain.
-    let so_so = Governor::with_prior(GovernorConfig::default(), 0.6).candidate(1, 8, 0, 100);
+    let so_so =
+        Governor::with_prior(GovernorConfig::default(), 0.6).candidate(1, 8, (0, 100), None);
     assert_eq!(plan_round(&[so_so], 0, &c, 1.02), vec![0]);
     // Beside a 164-token chunk the forward costs 17.4 steps whatever this request does;
     // charged to decoding, drafting looked 1.5x faster, yet it only makes the chunk's
     // prompt wait longer for its first token.
     assert_eq!(plan_round(&[so_so], 164, &c, 1.02), vec![0]);
     // A drafter that pays between prefills still drafts beside one.
-    let good = Governor::with_prior(GovernorConfig::default(), 0.95).candidate(1, 8, 0, 100);
+    let good =
+        Governor::with_prior(GovernorConfig::default(), 0.95).candidate(1, 8, (0, 100), None);
     assert!(plan_round(&[good], 0, &c, 1.02)[0] > 0);
     assert!(plan_round(&[good], 164, &c, 1.02)[0] > 0);
 }

@@ -1,0 +1,102 @@
+//! Which kind of draft a round will get, told before the drafter is asked: the governor plans
+//! γ with the acceptance of that kind of draft, not with the average of every kind.
+//!
+//! Prompt lookup's drafts stand far more often after a long match than after a 1-token one,
+//! and a head drafting after prompt lookup (`head+lookup`) mixes lookup's copied drafts with
+//! the head's own: one rate for all of them plans every round as if it were the average one,
+//! too short where the text is copied and too long where it is not. The scan that finds the
+//! match is the drafter's own, pure and cheap next to a forward, so the scheduler runs it too.
+
+use crate::draft::PromptLookup;
+
+/// What the scheduler can tell of a sequence's next draft.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NextDraft {
+    /// Not known before drafting (a drafter with one kind of draft, or drafts made ahead).
+    Unknown,
+    /// A draft of this kind (`Proposal::confidence_kind`); kind 0 from a drafter that drafts
+    /// lookup's match first means its model drafts, whatever the text matches.
+    Kind(u8),
+    /// Nothing to draft: prompt lookup alone, and the text has no match.
+    Nothing,
+}
+
+/// How a drafter that drafts prompt lookup's match first chooses its draft.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftForesight {
+    lookup: PromptLookup,
+    /// A model (a head) drafts where the text has no match; else nothing is drafted there.
+    model_otherwise: bool,
+}
+
+impl DraftForesight {
+    /// For a drafter that looks only in the request's own text (not `suffix`, whose store of
+    /// earlier requests the scheduler does not see).
+    pub fn new(lookup: PromptLookup, model_otherwise: bool) -> Option<Self> {
+        (!lookup.looks_across_requests()).then_some(Self {
+            lookup,
+            model_otherwise,
+        })
+    }
+
+    /// The draft to make after `context`, given the request's acceptance of each kind of draft
+    /// (`alpha_of`): the match's, unless the model's drafts stand more often than drafts after
+    /// matches of that length (the model drafts then: a 1-token match is right less often than
+    /// a head).
+    pub fn next(&self, context: &[u32], alpha_of: impl Fn(u8) -> f64) -> NextDraft {
+        match self.lookup.match_kind(context) {
+            Some(kind) if !self.model_otherwise || alpha_of(kind) >= alpha_of(0) => {
+                NextDraft::Kind(kind)
+            }
+            _ if self.model_otherwise => NextDraft::Kind(0),
+            _ => NextDraft::Nothing,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::draft::Proposal;
+
+    #[test]
+    fn the_foresight_names_the_kind_the_drafter_then_drafts() {
+        let lookup = PromptLookup::new(1, 3);
+        let alone = DraftForesight::new(lookup, false).expect("own text");
+        let first = DraftForesight::new(lookup, true).expect("own text");
+        let cases: [&[u32]; 5] = [
+            &[1, 2, 3, 4, 1, 2, 3],
+            &[1, 2, 3, 4, 9, 2, 3],
+            &[1, 2, 3, 4, 9, 8, 3],
+            &[1, 2, 3, 4, 9, 8, 7],
+            &[5],
+        ];
+        let even = |_: u8| 0.5;
+        let mut p = Proposal::default();
+        for context in cases {
+            lookup.lookup_tree(context, 4, 0, &mut p);
+            let want = if p.tokens.is_empty() {
+                assert_eq!(alone.next(context, even), NextDraft::Nothing, "{context:?}");
+                NextDraft::Kind(0)
+            } else {
+                assert_eq!(
+                    alone.next(context, even),
+                    NextDraft::Kind(p.confidence_kind)
+                );
+                NextDraft::Kind(p.confidence_kind)
+            };
+            assert_eq!(first.next(context, even), want, "{context:?}");
+        }
+        assert_eq!(alone.next(cases[0], even), NextDraft::Kind(3));
+        assert_eq!(alone.next(cases[1], even), NextDraft::Kind(2));
+        assert_eq!(alone.next(cases[2], even), NextDraft::Kind(1));
+        // Where the model's drafts stand more often than a match of that length, the model
+        // drafts (with lookup alone, the match still does: there is nothing else).
+        let short_matches_fail = |k: u8| [0.4, 0.2, 0.6, 0.8][usize::from(k)];
+        assert_eq!(first.next(cases[2], short_matches_fail), NextDraft::Kind(0));
+        assert_eq!(first.next(cases[1], short_matches_fail), NextDraft::Kind(2));
+        assert_eq!(first.next(cases[0], short_matches_fail), NextDraft::Kind(3));
+        assert_eq!(alone.next(cases[2], short_matches_fail), NextDraft::Kind(1));
+        assert!(DraftForesight::new(lookup.across_requests(), true).is_none());
+    }
+}
