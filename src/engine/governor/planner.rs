@@ -186,6 +186,49 @@ fn could_save(
     Some(best)
 }
 
+/// Decoding rounds in which nobody drafted after which one sequence drafts whatever the prices
+/// say (see [`recheck_prices`]).
+pub const RECHECK_AFTER_ROUNDS: u64 = 256;
+
+/// Makes one sequence draft when nobody has for [`RECHECK_AFTER_ROUNDS`] decoding rounds,
+/// whatever the prices say: the sequence free to speculate (or due a probe) with the least to
+/// catch up on, at its smallest γ, if that catch-up is at most that many tokens. Returns
+/// whether it did.
+///
+/// Why: prices change only when they are measured, and a verification of several tokens or a
+/// draft step is measured only when someone drafts. A start-up calibration spoiled by a burst
+/// of other work on the machine (or a move to a busier one) can price drafting so high that
+/// it never pays even at full acceptance: nobody drafts, nothing is measured again, and the
+/// server never speculates for the rest of its life. One round now and then re-measures them
+/// (the minimum of a price's recent measurements replaces a spoiled one at once), for about a
+/// two-hundredth of the rounds of a server whose drafter really does not pay.
+pub fn recheck_prices(
+    candidates: &[Candidate],
+    plan: &mut [usize],
+    rounds_without_drafts: u64,
+) -> bool {
+    if rounds_without_drafts < RECHECK_AFTER_ROUNDS || plan.iter().any(|&g| g > 0) {
+        return false;
+    }
+    let pick = candidates
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| match c.choice {
+            Choice::Free { min, .. } => Some((i, min, c.catch_up)),
+            Choice::Probe { gamma, .. } => Some((i, gamma, c.catch_up)),
+            Choice::Fixed(_) => None,
+        })
+        .filter(|&(_, _, catch_up)| catch_up as u64 <= RECHECK_AFTER_ROUNDS)
+        .min_by_key(|&(_, _, catch_up)| catch_up);
+    match pick {
+        Some((i, gamma, _)) => {
+            plan[i] = gamma.max(1);
+            true
+        }
+        None => false,
+    }
+}
+
 /// What a round run with a plan is expected to yield and cost, by part, in seconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RoundForecast {

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use super::foresight::NextDraft;
 use super::state::Scheduler;
 use crate::engine::error::EngineError;
-use crate::engine::governor::{forecast_round, plan_round, Candidate, RoundForecast};
+use crate::engine::governor::{
+    forecast_round, plan_round, recheck_prices, Candidate, RoundForecast,
+};
 use crate::engine::messages::{DraftBatch, DraftBatchResult, DraftItem, DraftOutcome};
 use crate::engine::settings::SpeculationSettings;
 
@@ -98,12 +100,18 @@ impl Scheduler {
                 )
             })
             .collect();
-        let plan = plan_round(
+        let mut plan = plan_round(
             &candidates,
             base_width,
             &self.costs,
             self.cfg.governor.min_gain,
         );
+        if has_drafter && recheck_prices(&candidates, &mut plan, self.rounds_without_drafts) {
+            tracing::debug!(
+                rounds = self.rounds_without_drafts,
+                "nobody drafted for a while: one round drafts to measure the prices again"
+            );
+        }
         let forecast = forecast_round(&candidates, &plan, base_width, &self.costs);
         if has_drafter && !candidates.is_empty() {
             tracing::debug!(?candidates, ?plan, "plan");

@@ -47,6 +47,13 @@ impl Scheduler {
         );
         let plan_ahead = self.plan(ahead, 0, &live).0;
         let mut to_draft_ahead = self.draft_items(ahead, &plan_ahead, &live);
+        if !shape.draft_now.is_empty() || !shape.draft_ahead.is_empty() {
+            self.rounds_without_drafts = if to_draft_now.is_empty() && to_draft_ahead.is_empty() {
+                self.rounds_without_drafts + 1
+            } else {
+                0
+            };
+        }
 
         let round_start = Instant::now();
         let mut draft_secs = 0.0;

@@ -66,6 +66,9 @@ pub struct Scheduler {
     pub(super) chain_rates: ConfidenceRates,
     pub(super) branch_rates: ConfidenceRates,
     pub(super) rounds: u64,
+    /// Decoding rounds since anyone drafted (prices are re-measured after many: see
+    /// `governor::recheck_prices`).
+    pub(super) rounds_without_drafts: u64,
     pub(super) overlap: Overlap,
     /// Next rounds drafted during a verification within a request, and how many were used.
     pub(super) drafted_ahead: u64,
@@ -101,6 +104,7 @@ impl Scheduler {
             chain_rates: ConfidenceRates::default(),
             branch_rates: ConfidenceRates::default(),
             rounds: 0,
+            rounds_without_drafts: 0,
             overlap: Overlap::default(),
             drafted_ahead: 0,
             ahead_used: 0,

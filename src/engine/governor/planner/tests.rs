@@ -240,3 +240,46 @@ fn fixed_choices_are_kept() {
     };
     assert_eq!(plan_round(&[fixed], 0, &c, 1.02), vec![3]);
 }
+
+#[test]
+fn prices_that_forbid_drafting_are_measured_again_after_a_while() {
+    // Drafting loses even when every draft stands: nobody drafts, so nothing is re-measured.
+    let slow = costs(2.0, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]);
+    let free = |catch_up| Candidate {
+        alpha: 0.9,
+        choice: Choice::Free { min: 2, max: 8 },
+        catch_up,
+        remaining: 1000,
+        depth: 0,
+    };
+    let probe = Candidate {
+        choice: Choice::Probe { gamma: 1, max: 8 },
+        ..free(10)
+    };
+    let off = Candidate {
+        choice: Choice::Fixed(0),
+        ..free(0)
+    };
+    let all = [off, free(40), probe, free(2_000)];
+    let mut plan = plan_round(&all, 0, &slow, 1.02);
+    assert_eq!(plan, vec![0, 0, 0, 0]);
+    assert!(!recheck_prices(&all, &mut plan, RECHECK_AFTER_ROUNDS - 1));
+    assert_eq!(plan, vec![0, 0, 0, 0]);
+    // After long enough, the one with the least to catch up drafts (never one whose γ is
+    // fixed, nor one whose catch-up would cost more than the rounds it makes up for).
+    assert!(recheck_prices(&all, &mut plan, RECHECK_AFTER_ROUNDS));
+    assert_eq!(plan, vec![0, 0, 1, 0]);
+    let mut plan = vec![0, 0];
+    assert!(recheck_prices(
+        &[off, free(40)],
+        &mut plan,
+        RECHECK_AFTER_ROUNDS
+    ));
+    assert_eq!(plan, vec![0, 2]);
+    let mut plan = vec![0, 0];
+    assert!(!recheck_prices(&[off, free(2_000)], &mut plan, 10_000));
+    // A round where someone drafts measures the prices already.
+    let mut plan = vec![0, 3];
+    assert!(!recheck_prices(&[off, free(40)], &mut plan, 10_000));
+    assert_eq!(plan, vec![0, 3]);
+}
