@@ -22,8 +22,8 @@ pub use branches::{
 pub use config::GovernorConfig;
 pub use costs::{CostEstimate, CostModel};
 pub use planner::{
-    expected_speedup, expected_tokens, forecast_round, plan_round, recheck_prices, Candidate,
-    Choice, RoundForecast, RECHECK_AFTER_ROUNDS,
+    expected_speedup, expected_tokens, forecast_round, plan_round, recheck_prices, solo_rate,
+    Candidate, Choice, RoundForecast, RECHECK_AFTER_ROUNDS,
 };
 pub use speedup::SpeedupEstimate;
 

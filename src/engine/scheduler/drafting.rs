@@ -7,7 +7,7 @@ use super::foresight::NextDraft;
 use super::state::Scheduler;
 use crate::engine::error::EngineError;
 use crate::engine::governor::{
-    forecast_round, plan_round, recheck_prices, Candidate, RoundForecast,
+    forecast_round, plan_round, recheck_prices, solo_rate, Candidate, RoundForecast,
 };
 use crate::engine::messages::{DraftBatch, DraftBatchResult, DraftItem, DraftOutcome};
 use crate::engine::settings::SpeculationSettings;
@@ -64,13 +64,19 @@ impl Scheduler {
 
     /// What each sequence in `which` (indices into `active`) would draft now, where the
     /// scheduler can tell (a drafter drafting prompt lookup's match first).
-    pub(super) fn foresee(&self, which: &[usize]) -> Vec<NextDraft> {
+    pub(super) fn foresee(&self, which: &[usize], live: &SpeculationSettings) -> Vec<NextDraft> {
+        let max_gamma = live.gamma_max.get().min(self.cfg.max_gamma);
         which
             .iter()
             .map(|&i| match &self.cfg.foresight {
                 Some(f) => {
                     let s = &self.active[i];
-                    f.next(&s.context, |k| s.governor.alpha_of(Some(k)))
+                    // A kind's worth: its solo rate (kind 0 pays its draft steps; a match's
+                    // copy does not), or its acceptance until the costs are measured.
+                    f.next(&s.context, |k| {
+                        let alpha = s.governor.alpha_of(Some(k));
+                        solo_rate(alpha, max_gamma, k == 0, &self.costs).unwrap_or(alpha)
+                    })
                 }
                 None => NextDraft::Unknown,
             })

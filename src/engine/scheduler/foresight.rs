@@ -39,15 +39,13 @@ impl DraftForesight {
         })
     }
 
-    /// The draft to make after `context`, given the request's acceptance of each kind of draft
-    /// (`alpha_of`): the match's, unless the model's drafts stand more often than drafts after
-    /// matches of that length (the model drafts then: a 1-token match is right less often than
-    /// a head).
-    pub fn next(&self, context: &[u32], alpha_of: impl Fn(u8) -> f64) -> NextDraft {
+    /// The draft to make after `context`, given what a round of each kind of draft is worth to
+    /// the request (`worth`: its expected tokens per step's time, from that kind's acceptance
+    /// and what its drafts cost): the match's, unless the model's drafts are worth more than a
+    /// match of that length (a 1-token match is right less often than a head).
+    pub fn next(&self, context: &[u32], worth: impl Fn(u8) -> f64) -> NextDraft {
         match self.lookup.match_kind(context) {
-            Some(kind) if !self.model_otherwise || alpha_of(kind) >= alpha_of(0) => {
-                NextDraft::Kind(kind)
-            }
+            Some(kind) if !self.model_otherwise || worth(kind) >= worth(0) => NextDraft::Kind(kind),
             _ if self.model_otherwise => NextDraft::Kind(0),
             _ => NextDraft::Nothing,
         }
@@ -71,7 +69,7 @@ mod tests {
             &[1, 2, 3, 4, 9, 8, 7],
             &[5],
         ];
-        let even = |_: u8| 0.5;
+        let even = |_: u8| 1.2;
         let mut p = Proposal::default();
         for context in cases {
             lookup.lookup_tree(context, 4, 0, &mut p);
@@ -90,9 +88,9 @@ mod tests {
         assert_eq!(alone.next(cases[0], even), NextDraft::Kind(3));
         assert_eq!(alone.next(cases[1], even), NextDraft::Kind(2));
         assert_eq!(alone.next(cases[2], even), NextDraft::Kind(1));
-        // Where the model's drafts stand more often than a match of that length, the model
+        // Where the model's drafts are worth more than a match of that length, the model
         // drafts (with lookup alone, the match still does: there is nothing else).
-        let short_matches_fail = |k: u8| [0.4, 0.2, 0.6, 0.8][usize::from(k)];
+        let short_matches_fail = |k: u8| [1.2, 0.9, 1.4, 1.8][usize::from(k)];
         assert_eq!(first.next(cases[2], short_matches_fail), NextDraft::Kind(0));
         assert_eq!(first.next(cases[1], short_matches_fail), NextDraft::Kind(2));
         assert_eq!(first.next(cases[0], short_matches_fail), NextDraft::Kind(3));

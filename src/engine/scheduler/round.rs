@@ -37,7 +37,10 @@ impl Scheduler {
             })
             .collect();
         let shape = RoundPlan::build(&states, pipelined, self.cfg.prefill_chunk, self.rounds);
-        let now = (&shape.draft_now[..], &self.foresee(&shape.draft_now)[..]);
+        let now = (
+            &shape.draft_now[..],
+            &self.foresee(&shape.draft_now, &live)[..],
+        );
         let (plan_now, forecast) = self.plan(now, shape.prefill_width, &live);
         let to_draft_now = self.draft_items(now, &plan_now, &live);
         // Drafts made ahead come from a context not known yet.
@@ -154,7 +157,9 @@ impl Scheduler {
             round_seconds: round_start.elapsed().as_secs_f64(),
         };
         if let (Some(f), false) = (forecast, pipelined) {
-            if f.drafting > 0 {
+            // Only rounds whose drafter stepped: a round drafted by prompt lookup's scan alone
+            // (`head+lookup`) would teach the model's forecasts that a step costs nothing.
+            if f.drafting > 0 && draft_timing.steps > 0 {
                 self.costs
                     .record_draft_forecast(f.draft, draft_timing.step_seconds);
             }

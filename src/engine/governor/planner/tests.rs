@@ -283,3 +283,21 @@ fn prices_that_forbid_drafting_are_measured_again_after_a_while() {
     assert!(!recheck_prices(&[off, free(40)], &mut plan, 10_000));
     assert_eq!(plan, vec![0, 3]);
 }
+
+#[test]
+fn a_kind_of_draft_is_worth_its_tokens_over_its_costs() {
+    // A draft step costs a fifth of a step; verifying 2-9 tokens 1.05x-1.8x.
+    let c = costs(0.2, &[1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]);
+    let free = |alpha| solo_rate(alpha, 8, false, &c).unwrap();
+    let stepped = |alpha| solo_rate(alpha, 8, true, &c).unwrap();
+    // The best γ's tokens per step: at 50% and no draft cost, γ = 2 gives 1.75 for 1.1.
+    assert!((free(0.5) - 1.75 / 1.1).abs() < 1e-9, "{}", free(0.5));
+    // The same acceptance with draft steps to pay is worth less; a little more acceptance
+    // does not make up for them, much more does.
+    assert!(stepped(0.5) < free(0.5));
+    assert!(stepped(0.55) < free(0.5));
+    assert!(stepped(0.8) > free(0.5));
+    // Never below a plain step's worth at γ = 1 for free drafts: a draft costs nothing.
+    assert!(free(0.0) > 0.9);
+    assert!(solo_rate(0.5, 8, true, &CostModel::new(9)).is_none());
+}
