@@ -435,81 +435,70 @@ fn greedy_output_with_a_head_equals_plain_decoding() {
 /// A draft model with a reduced draft vocabulary (`speculation.draft_model_vocab`) drafts only its
 /// tokens, greedy and sampled (`q` is 0 elsewhere), and greedy output with it is plain
 /// decoding's: the tiny target drafting for itself over the even tokens among the first 64.
+/// A job drafting 4 tokens after `context` as sequence 0: no gate, no tree, no grammar.
+fn four_drafts<'a>(
+    context: &'a [u32],
+    params: &'a SamplingParams,
+    rng: &'a mut tandem::sampling::SeededRng,
+    out: &'a mut tandem::draft::Proposal,
+    lookup: bool,
+) -> tandem::draft::DraftJob<'a> {
+    tandem::draft::DraftJob {
+        seq: 0,
+        context,
+        generated_from: context.len(),
+        gamma: 4,
+        params,
+        rng,
+        out,
+        gate: tandem::sampling::DraftGate::OFF,
+        min_tokens: 0,
+        confidence: false,
+        tree_nodes: 0,
+        grammar: None,
+        lookup,
+        result: Ok(()),
+    }
+}
+
 #[test]
 fn a_head_after_lookup_drafts_the_match_unless_told_not_to_look() {
-    use tandem::draft::{DraftJob, HeadDrafter, Proposal};
-    use tandem::sampling::{DraftGate, SeededRng};
+    use tandem::draft::{HeadDrafter, Proposal};
+    use tandem::sampling::SeededRng;
     let _serial = one_at_a_time();
     let (_, target) = target();
     let head = Arc::new(DraftHead::new(untrained(), target, WeightsDtype::F32, 0).unwrap());
-    let lookup = PromptLookup::new(1, 3);
-    let mut drafter =
-        HeadDrafter::new(Arc::clone(&head), Arc::clone(target), 1).with_lookup(Some(lookup));
     // The text ends in a 3-token run it holds earlier: lookup proposes what followed it.
     let mut context = common::random_tokens(77, 12, 256);
     context.extend_from_within(2..5);
     let copied = &context[5..9].to_vec();
     let params = SamplingParams::greedy();
-    let mut draft = |look: bool| {
+    let draft = |drafter: &mut HeadDrafter, look: bool| {
         let mut rng = SeededRng::new(1);
         let mut out = Proposal::default();
-        let mut jobs = [DraftJob {
-            seq: 0,
-            context: &context,
-            generated_from: context.len(),
-            gamma: 4,
-            params: &params,
-            rng: &mut rng,
-            out: &mut out,
-            gate: DraftGate::OFF,
-            min_tokens: 0,
-            confidence: false,
-            tree_nodes: 0,
-            grammar: None,
-            lookup: look,
-            result: Ok(()),
-        }];
+        let mut jobs = [four_drafts(&context, &params, &mut rng, &mut out, look)];
         drafter.propose_batch(&mut jobs);
         let [job] = jobs;
         job.result.unwrap();
         out
     };
-    let matched = draft(true);
+    let lookup = Some(PromptLookup::new(1, 3));
+    let mut first = HeadDrafter::new(Arc::clone(&head), Arc::clone(target), 1).with_lookup(lookup);
+    let matched = draft(&mut first, true);
     assert_eq!(&matched.tokens, copied);
     assert_eq!(matched.confidence_kind, 3);
-    // Told not to look, the head drafts its own chain (kind 0), as it would without lookup.
-    let own = draft(false);
+    // Told not to look, the head drafts its own chain (kind 0), as it does without lookup.
+    let own = draft(&mut first, false);
     assert_eq!(own.confidence_kind, 0);
     assert_eq!(own.tokens.len(), 4);
     let mut alone = HeadDrafter::new(head, Arc::clone(target), 1);
-    let mut rng = SeededRng::new(1);
-    let mut out = Proposal::default();
-    let mut jobs = [DraftJob {
-        seq: 0,
-        context: &context,
-        generated_from: context.len(),
-        gamma: 4,
-        params: &params,
-        rng: &mut rng,
-        out: &mut out,
-        gate: DraftGate::OFF,
-        min_tokens: 0,
-        confidence: false,
-        tree_nodes: 0,
-        grammar: None,
-        lookup: true,
-        result: Ok(()),
-    }];
-    alone.propose_batch(&mut jobs);
-    let [job] = jobs;
-    job.result.unwrap();
-    assert_eq!(own.tokens, out.tokens);
+    assert_eq!(own.tokens, draft(&mut alone, true).tokens);
 }
 
 #[test]
 fn a_draft_model_drafts_over_its_reduced_vocabulary() {
-    use tandem::draft::{DraftJob, ModelDrafter, Proposal};
-    use tandem::sampling::{DraftGate, SeededRng};
+    use tandem::draft::{ModelDrafter, Proposal};
+    use tandem::sampling::SeededRng;
     let _serial = one_at_a_time();
     let (dir, _) = target();
     let mut draft = common::load_tiny(dir.path(), WeightsDtype::F32).model;
@@ -529,22 +518,7 @@ fn a_draft_model_drafts_over_its_reduced_vocabulary() {
             let context = common::random_tokens(300 + seed, 10, 256);
             let mut rng = SeededRng::new(seed);
             let mut out = Proposal::default();
-            let mut jobs = [DraftJob {
-                seq: 0,
-                context: &context,
-                generated_from: context.len(),
-                gamma: 4,
-                params: &params,
-                rng: &mut rng,
-                out: &mut out,
-                gate: DraftGate::OFF,
-                min_tokens: 0,
-                confidence: false,
-                tree_nodes: 0,
-                grammar: None,
-                lookup: true,
-                result: Ok(()),
-            }];
+            let mut jobs = [four_drafts(&context, &params, &mut rng, &mut out, true)];
             drafter.propose_batch(&mut jobs);
             let [job] = jobs;
             job.result.unwrap();

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use kameo::actor::ActorRef;
 use kameo::Actor;
 
+use super::foresight::DraftForesight;
 use super::round_clock::Overlap;
 use super::sequence::{Queued, Sequence};
 use crate::engine::cache_manager::CacheManager;
@@ -38,7 +39,7 @@ pub struct SchedulerConfig {
     pub governor: GovernorConfig,
     /// For a drafter that drafts prompt lookup's match first: the same lookup, run before
     /// planning, so each round is planned with the acceptance of the draft it will get.
-    pub foresight: Option<super::DraftForesight>,
+    pub foresight: Option<DraftForesight>,
     /// Fault injection for tests: stop waking up after this many rounds.
     pub stall_after_rounds: Option<u64>,
 }
