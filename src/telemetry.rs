@@ -27,6 +27,7 @@ pub const CONSTRAINED_REQUESTS: &str = "tandem_constrained_requests_total";
 pub const SPEC_FORCED_TOKENS: &str = "tandem_spec_forced_tokens_total";
 pub const SPEC_FORCED_ACCEPTED: &str = "tandem_spec_forced_accepted_tokens_total";
 pub const CONSTRAINT_MASK_SECONDS: &str = "tandem_constraint_mask_seconds";
+pub const CONSTRAINT_TOO_COMPLEX: &str = "tandem_constraint_too_complex_total";
 
 pub const REQUEST_ACCEPTANCE_RATE: &str = "tandem_request_acceptance_rate";
 pub const SPEC_ACCEPTED_LENGTH: &str = "tandem_spec_decode_accepted_length";
@@ -155,6 +156,10 @@ fn describe() {
     describe_histogram!(
         CONSTRAINT_MASK_SECONDS,
         "Time a constrained sequence's grammar took per round: drafts checked, forced tokens found, every row's mask computed."
+    );
+    describe_counter!(
+        CONSTRAINT_TOO_COMPLEX,
+        "Constraints found too complex, by stage: refused past the input limits (limits), compiling past structured.compile_timeout_ms (timeout), or a sequence ended past llguidance's per-token limits (generation)."
     );
     describe_counter!(
         SPEC_DRAFT_GATE_STOPS,
@@ -296,10 +301,39 @@ pub fn register_trees() {
     counter!(SPEC_TREE_BRANCH_ACCEPTS).increment(0);
 }
 
-/// Exports the structured-output counters at 0 from the start (see [`register_draft_gate`]).
+/// Where a constraint can be found too complex (`record_constraint_too_complex`).
+const TOO_COMPLEX_STAGES: [&str; 3] = ["limits", "timeout", "generation"];
+/// The kinds of constraint a request can carry (`record_constrained_request`).
+const CONSTRAINT_KINDS: [&str; 6] = [
+    "json_object",
+    "json_schema",
+    "regex",
+    "choice",
+    "grammar",
+    "tools",
+];
+
+/// Exports the structured-output series at 0 from the start (see [`register_draft_gate`]), so
+/// the dashboard's panels show zeros rather than "no data" before the first constrained
+/// request.
 pub fn register_constraints() {
     counter!(SPEC_FORCED_TOKENS).increment(0);
     counter!(SPEC_FORCED_ACCEPTED).increment(0);
+    for kind in CONSTRAINT_KINDS {
+        counter!(CONSTRAINED_REQUESTS, "kind" => kind).increment(0);
+    }
+    for stage in TOO_COMPLEX_STAGES {
+        counter!(CONSTRAINT_TOO_COMPLEX, "stage" => stage).increment(0);
+    }
+    // Registering the histogram exports it, with no samples yet.
+    let _ = histogram!(CONSTRAINT_MASK_SECONDS);
+}
+
+/// A constraint was refused, or a sequence ended, because it was too complex: past the input
+/// limits or llguidance's (`limits`), its compile past the deadline (`timeout`), or its
+/// grammar past llguidance's per-token limits while generating (`generation`).
+pub fn record_constraint_too_complex(stage: &'static str) {
+    counter!(CONSTRAINT_TOO_COMPLEX, "stage" => stage).increment(1);
 }
 
 /// A request with a constraint of this kind was accepted.

@@ -16,13 +16,7 @@ fn chat_prompt(loaded: &LoadedModel, question: &str) -> Vec<u32> {
         .tokenizer
         .chat_template()
         .expect("SmolLM2 ships a chat template")
-        .render(
-            &[ChatMessage {
-                role: "user".into(),
-                content: question.into(),
-            }],
-            true,
-        )
+        .render(&[ChatMessage::new("user", question)], true)
         .unwrap();
     loaded.tokenizer.encode(&text, true).unwrap()
 }

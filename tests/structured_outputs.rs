@@ -223,7 +223,9 @@ fn real_model_json_schema_output_is_identical_with_speculation() {
         "required": ["name", "age", "pets"],
         "additionalProperties": false,
     });
-    let constraint = vocab.compile(&ConstraintSpec::JsonSchema(schema)).unwrap();
+    let constraint = vocab
+        .compile(&ConstraintSpec::JsonSchema(schema, Default::default()))
+        .unwrap();
     let template = tok.chat_template().unwrap();
     let prompts: Vec<Vec<u32>> = [
         "Describe Ann, 31, who has a cat, as JSON.",

@@ -22,7 +22,7 @@ use super::prompts::BenchPrompt;
 use super::report::{BatchRecord, RunRecord};
 use super::structured::{Structures, JSON_INSTRUCTION};
 use super::BenchError;
-use crate::constraint::ConstraintVocabulary;
+use crate::constraint::{ConstraintVocabulary, JsonWhitespace};
 
 /// The models a benchmark runs on.
 pub struct BenchModels {
@@ -39,6 +39,8 @@ pub struct BenchModels {
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
     pub modes: Vec<Mode>,
+    /// How structured modes lay out JSON (`structured.json_whitespace`).
+    pub json_whitespace: JsonWhitespace,
     pub max_tokens: usize,
     /// Temperature 0 = greedy (outputs are then compared with plain decoding's).
     pub sampling: SamplingParams,
@@ -323,6 +325,7 @@ pub async fn run_bench(
     let structures = Arc::new(Structures::compile(
         models.constraints.as_deref(),
         &opts.modes,
+        &opts.json_whitespace,
     )?);
     let engines = start_engines(models, &opts).await?;
     let opts = Arc::new(opts);

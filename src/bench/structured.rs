@@ -10,7 +10,7 @@ use serde_json::json;
 use super::mode::{Mode, Structured};
 use super::BenchError;
 use crate::constraint::tools::{Tool, ToolChoice, Tools};
-use crate::constraint::{CompiledConstraint, ConstraintSpec, ConstraintVocabulary};
+use crate::constraint::{CompiledConstraint, ConstraintSpec, ConstraintVocabulary, JsonWhitespace};
 
 /// The schema a `json` mode answers into: a short topic, up to three keywords, a confidence
 /// and the answer itself.
@@ -74,6 +74,7 @@ impl Structures {
     pub fn compile(
         vocab: Option<&ConstraintVocabulary>,
         modes: &[Mode],
+        whitespace: &JsonWhitespace,
     ) -> Result<Self, BenchError> {
         let wanted = |s: Structured| modes.iter().any(|m| m.structured == s);
         if !wanted(Structured::Json) && !wanted(Structured::Tools) {
@@ -89,12 +90,15 @@ impl Structures {
         };
         let mut out = Self::default();
         if wanted(Structured::Json) {
-            out.json = Some(compile(&ConstraintSpec::JsonSchema(answer_schema()))?);
+            out.json = Some(compile(&ConstraintSpec::JsonSchema(
+                answer_schema(),
+                whitespace.clone(),
+            ))?);
         }
         if wanted(Structured::Tools) {
             let tools = tool_set();
             let spec = tools
-                .constraint()
+                .constraint(whitespace)
                 .expect("required tools constrain the answer");
             out.tools = Some((tools.system_prompt(), compile(&spec)?));
         }

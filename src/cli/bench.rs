@@ -161,6 +161,7 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         "draft_device": config.draft_device().to_string(),
         "context_length": target.model.context_len(),
         "kv_cache_dtype": target.model.kv_dtype().to_string(),
+        "json_whitespace": config.structured.json_whitespace,
     });
     let constraints = if modes
         .iter()
@@ -194,6 +195,7 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         max_gamma: args.max_gamma,
         prefill_chunk: config.engine.prefill_chunk,
         system_prompt: args.system_prompt.clone(),
+        json_whitespace: config.json_whitespace(),
     };
     eprintln!(
         "bench: {} prompts in {} categories, modes {}, {} tokens, temperature {}, concurrency {}, {} repeat(s), {} thread(s)",

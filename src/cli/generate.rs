@@ -136,15 +136,9 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
         let template = tok.chat_template().ok_or(CliError::NoChatTemplate)?;
         let mut messages = Vec::new();
         if let Some(s) = &args.system {
-            messages.push(ChatMessage {
-                role: "system".into(),
-                content: s.clone(),
-            });
+            messages.push(ChatMessage::new("system", s.clone()));
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: prompt_text,
-        });
+        messages.push(ChatMessage::new("user", prompt_text));
         template.render(&messages, true)?
     };
     let prompt = tok.encode(&text, true)?;

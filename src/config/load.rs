@@ -6,6 +6,7 @@ use std::path::Path;
 use super::error::ConfigError;
 use super::sections::{Config, Sections, DEFAULT_CONFIG};
 use super::speculation::{settings_error, SpeculationSection, SPECULATION_ALIASES};
+use crate::constraint::JsonWhitespace;
 use crate::engine::{EngineConfig, Gamma};
 use crate::model::{BackendChoice, DeviceSpec, KvDtype, WeightsDtype};
 
@@ -37,6 +38,7 @@ impl Config {
             speculation,
             engine: s.engine,
             logging: s.logging,
+            structured: s.structured,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -61,6 +63,15 @@ impl Config {
     pub fn kv_cache_dtype(&self) -> KvDtype {
         self.model
             .kv_cache_dtype
+            .parse()
+            .expect("validated at load")
+    }
+
+    /// How JSON is laid out unless a request or schema says otherwise
+    /// (`structured.json_whitespace`).
+    pub fn json_whitespace(&self) -> JsonWhitespace {
+        self.structured
+            .json_whitespace
             .parse()
             .expect("validated at load")
     }
@@ -164,6 +175,18 @@ impl Config {
             if v == 0 {
                 return invalid(key, "must be >= 1 (a client that never finishes would hold its connection for good)".into());
             }
+        }
+        let st = &self.structured;
+        for (key, v) in [
+            ("structured.compile_threads", st.compile_threads as u64),
+            ("structured.compile_timeout_ms", st.compile_timeout_ms),
+        ] {
+            if v == 0 {
+                return invalid(key, "must be >= 1".into());
+            }
+        }
+        if let Err(e) = st.json_whitespace.parse::<JsonWhitespace>() {
+            return invalid("structured.json_whitespace", e);
         }
         validate_engine(&self.engine)?;
         self.speculation

@@ -21,6 +21,7 @@ pub struct Config {
     /// `[engine]`, read into the engine's own type (thread counts of 0 mean `runtime.threads`).
     pub engine: EngineConfig,
     pub logging: LoggingConfig,
+    pub structured: StructuredConfig,
 }
 
 /// Every table but `[speculation]`, which [`SpeculationSection`] reads on its own.
@@ -33,6 +34,7 @@ pub(super) struct Sections {
     pub(super) server: ServerConfig,
     pub(super) engine: EngineConfig,
     pub(super) logging: LoggingConfig,
+    pub(super) structured: StructuredConfig,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -54,6 +56,16 @@ pub struct ServerConfig {
     pub drain_seconds: u64,
     pub header_timeout_seconds: u64,
     pub body_timeout_seconds: u64,
+}
+
+/// `[structured]`: where and how requests' constraints compile, and JSON's default layout.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredConfig {
+    pub compile_threads: usize,
+    pub compile_queue: usize,
+    pub compile_timeout_ms: u64,
+    pub json_whitespace: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -7,18 +7,24 @@
 //! verified row alike, so speculation stays exact), cuts drafts at the first token the grammar
 //! forbids, and proposes the tokens the grammar forces (a JSON key, `": "`, a closing brace) as
 //! drafts of their own, verified by the same rule as every other draft. Compiling happens once
-//! per request, before it is queued, so a bad or unsatisfiable grammar is a 400 before any
-//! token is generated.
+//! per request, before it is queued, on the compile threads of `compiler` and within the
+//! bounds of `limits`, so a bad, unsatisfiable or hostile grammar is a 400 before any token is
+//! generated and never reaches the async runtime's stack.
 
+mod compiler;
 mod error;
+mod json_layout;
+pub mod limits;
 mod mask;
 mod sequence;
 mod spec;
 pub mod tools;
 mod vocabulary;
 
+pub use compiler::{CompilePool, CompilePoolError, CompileResult, COMPILE_STACK_BYTES};
 pub use error::ConstraintError;
+pub use json_layout::{with_json_layout, JsonWhitespace, FLEXIBLE_WHITESPACE};
 pub use mask::TokenMask;
 pub use sequence::SequenceConstraint;
-pub use spec::{lark_string, with_json_layout, CompiledConstraint, ConstraintSpec};
+pub use spec::{lark_string, CompiledConstraint, ConstraintSpec};
 pub use vocabulary::ConstraintVocabulary;

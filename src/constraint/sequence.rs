@@ -17,8 +17,15 @@ impl std::fmt::Debug for SequenceConstraint {
     }
 }
 
+/// A matcher's error: a limit reached (the grammar's doing) or a refusal of a token the
+/// engine emitted under its own mask (a bug).
 fn matcher_error(e: impl std::fmt::Display) -> ConstraintError {
-    ConstraintError::Matcher(super::spec::first_line(&e.to_string()))
+    let line = super::spec::first_line(&e.to_string());
+    if super::spec::reached_limit(&line) {
+        ConstraintError::Exhausted(line)
+    } else {
+        ConstraintError::Matcher(line)
+    }
 }
 
 impl SequenceConstraint {
@@ -36,8 +43,13 @@ impl SequenceConstraint {
     }
 
     /// The tokens allowed next (only the end-of-sequence tokens once the grammar is complete).
+    /// A failure here is the grammar's: it compiled but needs more work at this point than
+    /// llguidance's per-token limits allow.
     pub fn mask(&mut self) -> Result<TokenMask, ConstraintError> {
-        let mut bits = self.matcher.compute_mask_or_eos().map_err(matcher_error)?;
+        let mut bits = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| ConstraintError::Exhausted(super::spec::first_line(&e.to_string())))?;
         if bits.len() < self.vocab {
             bits.resize(self.vocab);
         }

@@ -6,15 +6,16 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::Matcher;
 use serde_json::{json, Value};
 
+use super::json_layout::{with_json_layout, JsonWhitespace};
 use super::{ConstraintError, ConstraintVocabulary, SequenceConstraint};
 
 /// A request's constraint, as the API layer read it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ConstraintSpec {
-    /// Any JSON object (`response_format: {"type": "json_object"}`).
-    JsonObject,
-    /// A JSON value valid against this schema.
-    JsonSchema(Value),
+    /// Any JSON object (`response_format: {"type": "json_object"}`), laid out so.
+    JsonObject(JsonWhitespace),
+    /// A JSON value valid against this schema, laid out so unless the schema says otherwise.
+    JsonSchema(Value, JsonWhitespace),
     /// Text matching a regular expression (Rust `regex` syntax), whole.
     Regex(String),
     /// Exactly one of these strings.
@@ -23,37 +24,25 @@ pub enum ConstraintSpec {
     Lark(String),
 }
 
-/// How JSON is laid out under a schema unless the schema says otherwise (`x-guidance`):
-/// single-line separators and no free whitespace, so a small model cannot wander into endless
-/// newlines, and the grammar forces every separator (forced tokens are drafts for free).
-fn json_layout() -> Value {
-    json!({
-        "whitespace_flexible": false,
-        "item_separator": ", ",
-        "key_separator": ": ",
-    })
-}
-
-/// A schema with tandem's JSON layout, unless it sets its own.
-pub fn with_json_layout(schema: &Value) -> Value {
-    let mut schema = schema.clone();
-    if let Value::Object(map) = &mut schema {
-        map.entry("x-guidance").or_insert_with(json_layout);
-    }
-    schema
-}
-
 impl ConstraintSpec {
     fn grammar(&self) -> TopLevelGrammar {
         match self {
-            Self::JsonObject => {
-                TopLevelGrammar::from_json_schema(with_json_layout(&json!({"type": "object"})))
+            Self::JsonObject(ws) => {
+                TopLevelGrammar::from_json_schema(with_json_layout(&json!({"type": "object"}), ws))
             }
-            Self::JsonSchema(schema) => TopLevelGrammar::from_json_schema(with_json_layout(schema)),
+            Self::JsonSchema(schema, ws) => {
+                TopLevelGrammar::from_json_schema(with_json_layout(schema, ws))
+            }
             Self::Regex(rx) => TopLevelGrammar::from_regex(rx),
             Self::Choice(options) => {
+                // One terminal, so the choices are one lexeme (a union the lexer follows)
+                // rather than one parser item each: a long list stays within the parser's
+                // items per row.
                 let alternatives: Vec<String> = options.iter().map(|o| lark_string(o)).collect();
-                TopLevelGrammar::from_lark(format!("start: {}", alternatives.join(" | ")))
+                TopLevelGrammar::from_lark(format!(
+                    "start: CHOICE\nCHOICE: {}",
+                    alternatives.join(" | ")
+                ))
             }
             Self::Lark(grammar) => TopLevelGrammar::from_lark(grammar.clone()),
         }
@@ -62,8 +51,8 @@ impl ConstraintSpec {
     /// A short name for logs and metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::JsonObject => "json_object",
-            Self::JsonSchema(_) => "json_schema",
+            Self::JsonObject(_) => "json_object",
+            Self::JsonSchema(..) => "json_schema",
             Self::Regex(_) => "regex",
             Self::Choice(_) => "choice",
             Self::Lark(_) => "grammar",
@@ -92,18 +81,21 @@ impl std::fmt::Debug for CompiledConstraint {
 
 impl ConstraintVocabulary {
     /// Compiles `spec`; refuses a grammar that does not compile or allows no token at all.
+    /// Checks `spec` against `limits` first: call it on a compile thread (`CompilePool`) for
+    /// a request's constraint, since what passes the limits may still recurse deeply.
     pub fn compile(&self, spec: &ConstraintSpec) -> Result<CompiledConstraint, ConstraintError> {
+        super::limits::check(spec)?;
         let parser = self
             .factory
             .create_parser(spec.grammar())
-            .map_err(|e| ConstraintError::Grammar(first_line(&e.to_string())))?;
+            .map_err(|e| compile_error(&e.to_string()))?;
         let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(ConstraintError::Grammar(first_line(&e)));
+            return Err(compile_error(&e));
         }
         let start = matcher
             .compute_mask()
-            .map_err(|e| ConstraintError::Grammar(first_line(&e.to_string())))?;
+            .map_err(|e| compile_error(&e.to_string()))?;
         if start.is_zero() {
             return Err(ConstraintError::Unsatisfiable);
         }
@@ -127,10 +119,17 @@ fn probe_forced_start(matcher: &Matcher) -> Result<(), ConstraintError> {
     while !probe.is_stopped() {
         let ff = probe.compute_ff_tokens();
         if let Some(e) = probe.get_error() {
-            return Err(ConstraintError::Grammar(first_line(&e)));
+            return Err(compile_error(&e));
         }
         if ff.is_empty() {
-            return Ok(());
+            // The first choice: its mask is the first a sequence computes.
+            probe
+                .compute_mask()
+                .map_err(|e| compile_error(&e.to_string()))?;
+            return match probe.get_error() {
+                Some(e) => Err(compile_error(&e)),
+                None => Ok(()),
+            };
         }
         forced += ff.len();
         if forced > MAX_FORCED_START {
@@ -141,9 +140,37 @@ fn probe_forced_start(matcher: &Matcher) -> Result<(), ConstraintError> {
         }
         probe
             .consume_tokens(&ff)
-            .map_err(|e| ConstraintError::Grammar(first_line(&e.to_string())))?;
+            .map_err(|e| compile_error(&e.to_string()))?;
     }
     Ok(())
+}
+
+/// Phrases of llguidance's errors for a grammar past its limits (`ParserLimits`, the lexer's
+/// and regex builder's budgets) rather than a wrong one.
+const LIMIT_PHRASES: [&str; 7] = [
+    "fuel",
+    "items; max is",
+    "too many",
+    "too large",
+    "too big",
+    "max_items_in_row",
+    "limit",
+];
+
+/// A compile error in llguidance's words, as a limit reached or a grammar that is wrong.
+fn compile_error(e: &str) -> ConstraintError {
+    let line = first_line(e);
+    if reached_limit(&line) {
+        ConstraintError::TooComplex(line)
+    } else {
+        ConstraintError::Grammar(line)
+    }
+}
+
+/// Whether an error of llguidance's says a limit was reached.
+pub(super) fn reached_limit(e: &str) -> bool {
+    let lower = e.to_lowercase();
+    LIMIT_PHRASES.iter().any(|p| lower.contains(p))
 }
 
 /// llguidance's errors can carry the whole grammar after the first line; a client needs the

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use llguidance::api::ParserLimits;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::ParserFactory;
 
@@ -46,6 +47,26 @@ impl TokenizerEnv for TokenizerEnvironment {
     }
 }
 
+/// llguidance's own limits, set here rather than inherited so they are this server's choice
+/// (docs/operations.md lists them). Each bounds the work of one compile or one token's mask;
+/// a grammar past one is refused at compile time (400) or, found while generating, ends its
+/// own sequence only.
+fn set_limits(l: &mut ParserLimits) {
+    // Earley items in one row: a row holds every alternative open at one position, so an
+    // object's optional properties (each a branch) and wide alternations fill it.
+    l.max_items_in_row = 2_000;
+    // Lexer work building a grammar's lexemes (about 50 per microsecond), and per mask.
+    l.initial_lexer_fuel = 1_000_000;
+    l.step_lexer_fuel = 200_000;
+    l.step_max_items = 50_000;
+    l.max_lexer_states = 250_000;
+    // Symbols in the grammar's productions (a few megabytes of schema).
+    l.max_grammar_size = 500_000;
+    l.precompute_large_lexemes = true;
+    // Errors go to clients and logs: the reason, not the grammar and the parser's state.
+    l.verbose_errors = false;
+}
+
 impl ConstraintVocabulary {
     /// The vocabulary of a model whose logits rows have `vocab` entries (a model may pad its
     /// output head past the tokenizer's ids: those tokens are never allowed).
@@ -82,6 +103,7 @@ impl ConstraintVocabulary {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
         factory.quiet();
+        set_limits(factory.limits_mut());
         Ok(Self {
             factory,
             vocab: words.len(),

@@ -21,6 +21,9 @@ pub enum EngineError {
     Failed(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The request's grammar grew past llguidance's per-token limits while generating.
+    #[error("{0}")]
+    GrammarTooComplex(String),
     #[error("cannot decode the output: {0}")]
     Detokenize(String),
     #[error("the prompt is empty")]

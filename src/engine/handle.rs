@@ -445,6 +445,9 @@ impl EventStream {
                         usage,
                     })
                 }
+                EngineEvent::Failed(f) if f.code == Some(GRAMMAR_TOO_COMPLEX) => {
+                    return Err(EngineError::GrammarTooComplex(f.message))
+                }
                 EngineEvent::Failed(f) if f.by_request => {
                     return Err(EngineError::InvalidRequest(f.message))
                 }

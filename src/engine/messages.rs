@@ -32,9 +32,11 @@ pub enum EngineEvent {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Failure {
     pub message: String,
-    /// The request's own settings caused it (its penalties or biases left no valid logit):
-    /// a client error, not the server's.
+    /// The request's own settings caused it (its penalties or biases left no valid logit, its
+    /// grammar grew past the per-token limits): a client error, not the server's.
     pub by_request: bool,
+    /// What a client can tell such a failure by (`GRAMMAR_TOO_COMPLEX`).
+    pub code: Option<&'static str>,
 }
 
 impl Failure {
@@ -42,9 +44,22 @@ impl Failure {
         Self {
             message: message.into(),
             by_request: false,
+            code: None,
+        }
+    }
+
+    /// The request's grammar needed more work than llguidance's per-token limits allow.
+    pub fn grammar_too_complex(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            by_request: true,
+            code: Some(GRAMMAR_TOO_COMPLEX),
         }
     }
 }
+
+/// The code of a failure whose grammar was too complex to follow.
+pub const GRAMMAR_TOO_COMPLEX: &str = "grammar_too_complex";
 
 /// Scheduler: a new request, already checked by `Engine::submit`, and where each of its
 /// choices' events go (one choice, or several sharing the prompt's prefill). Replies with the

@@ -37,7 +37,7 @@ pub use error::EngineError;
 pub use gamma::{gamma_cap, Gamma, GammaPolicy, InvalidGamma};
 pub use handle::{Completion, Engine, EngineConfig, EventStream};
 pub use liveness::EngineHealth;
-pub use messages::{CacheStats, EngineEvent, Failure, SchedulerStats};
+pub use messages::{CacheStats, EngineEvent, Failure, SchedulerStats, GRAMMAR_TOO_COMPLEX};
 pub use reference::{generate_plain, generate_speculative, FixedSpeculation};
 pub use request::{
     EngineRequest, FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput,

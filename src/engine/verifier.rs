@@ -365,6 +365,7 @@ fn run_batch(
                         e.to_string()
                     },
                     by_request,
+                    code: None,
                 },
             )
         }));

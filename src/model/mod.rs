@@ -51,4 +51,4 @@ pub use llama::model::Llama;
 pub use load::hparams::{LlamaHparams, RopeScaling};
 pub use load::loader::{default_model_path, LoadOptions, LoadedModel, ModelSource};
 pub use text::chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
-pub use text::tokenizer::{IncrementalDecoder, TextTokenizer, TokenizerError};
+pub use text::tokenizer::{literal_marker, IncrementalDecoder, TextTokenizer, TokenizerError};

@@ -117,6 +117,13 @@ impl ApiError {
         e
     }
 
+    /// 503: the server cannot take this request now; retry in a second.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message);
+        e.retry_after = Some(1);
+        e
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
@@ -151,6 +158,11 @@ impl From<EngineError> for ApiError {
             | EngineError::EmptyPrompt
             | EngineError::PromptTooLong { .. }
             | EngineError::Sampling(_) => Self::invalid(e.to_string()),
+            EngineError::GrammarTooComplex(_) => {
+                let mut a = Self::invalid(format!("Generation failed: {e}"));
+                a.code = Some(crate::engine::GRAMMAR_TOO_COMPLEX);
+                a
+            }
             other => Self::internal(other.to_string()),
         }
     }

@@ -20,12 +20,12 @@ use super::response::{log_finished, now_secs, Echo, Endpoint, Report, ResponseMe
 use super::schema::{parse_request, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use super::startup::Loaded;
 use super::stream::stream_response;
-use super::structured::{compile, requested_constraint};
+use super::structured::{compile, json_whitespace, requested_constraint};
 use super::tools::read_tools;
-use super::validation::{chat_turns, check_token_ids, engine_request, tokenize};
+use super::validation::{chat_prompt, chat_turns, check_token_ids, engine_request, tokenize};
 use super::{read_body, AppState};
 use crate::constraint::tools::Tools;
-use crate::constraint::CompiledConstraint;
+use crate::constraint::{CompiledConstraint, ConstraintSpec};
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let loaded = state.ready()?;
@@ -116,13 +116,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) ->
         let loaded = state.ready()?;
         let tools = read_tools(req.tools, req.tool_choice.as_ref(), req.parallel_tool_calls)?;
         let turns = chat_turns(req.messages, tools.as_ref())?;
-        let template = loaded.tokenizer.chat_template().ok_or_else(|| {
-            ApiError::invalid("This model has no chat template; use /v1/completions.")
-        })?;
-        let text = template
-            .render(&turns, true)
-            .map_err(|e| ApiError::invalid_param("messages", format!("Chat template: {e}")))?;
-        let prompt = tokenize(loaded, &text)?;
+        let prompt = chat_prompt(loaded, &turns, true, true)?;
         if common.echo == Some(true) {
             return Err(ApiError::invalid_param(
                 "echo",
@@ -210,18 +204,19 @@ async fn respond(
             ),
         ));
     }
-    let constraint = request_constraint(loaded, &params, reporting.tools.as_ref())?;
+    let constraint = request_constraint(loaded, &params, reporting.tools.as_ref()).await?;
+    let constraint_field = constraint.as_ref().map(|c| c.field);
     let mut requests = Vec::with_capacity(prompts.len());
     for prompt in prompts {
         let mut request = engine_request(state, loaded, prompt, &params)?;
         request.logprobs = reporting.logprobs;
         request.prompt_logprobs = reporting.logprobs.filter(|_| !reporting.echo.is_empty());
-        request.constraint = constraint.as_ref().map(|(c, _)| c.clone());
+        request.constraint = constraint.as_ref().map(|c| c.compiled.clone());
         requests.push(request);
     }
-    if let Some((_, kind)) = &constraint {
+    if let Some(c) = &constraint {
         for _ in 0..requests.len() * n {
-            crate::telemetry::record_constrained_request(kind);
+            crate::telemetry::record_constrained_request(c.kind);
         }
     }
     let prompt_tokens: usize = requests.iter().map(|r| r.generation.prompt.len()).sum();
@@ -248,6 +243,7 @@ async fn respond(
             echo: reporting.echo,
             eos_ids,
             tools: reporting.tools.as_ref().is_some_and(Tools::active),
+            constraint_field,
         },
     };
     if params.stream == Some(true) {
@@ -263,8 +259,15 @@ async fn respond(
     let collect = async {
         let mut done = Vec::with_capacity(events.len());
         for e in events {
-            done.push(e.collect().await.inspect_err(|e| {
+            let completion = e.collect().await.inspect_err(|e| {
                 tracing::warn!(error = %e, "generation failed");
+            });
+            done.push(completion.map_err(|e| {
+                let mut e = ApiError::from(e);
+                if e.code == Some(crate::engine::GRAMMAR_TOO_COMPLEX) {
+                    e.param = constraint_field.map(str::to_string);
+                }
+                e
             })?);
         }
         Ok::<_, ApiError>(done)
@@ -282,15 +285,30 @@ async fn respond(
     Ok(Json(meta.full(&done)).into_response())
 }
 
-/// The one constraint a request runs under, compiled, with its kind for the metrics: from
-/// its structured-output fields or from its tools (which cannot be combined).
-fn request_constraint(
+/// A request's constraint, compiled.
+struct RequestConstraint {
+    compiled: CompiledConstraint,
+    /// Its kind, for the metrics.
+    kind: &'static str,
+    /// The field that set it (`tools` for tools).
+    field: &'static str,
+}
+
+/// The one constraint a request runs under: from its structured-output fields or from its
+/// tools (which cannot be combined).
+async fn request_constraint(
     loaded: &Loaded,
     params: &CommonParams,
     tools: Option<&Tools>,
-) -> Result<Option<(CompiledConstraint, &'static str)>, ApiError> {
-    let requested = requested_constraint(params)?;
-    let from_tools = tools.and_then(Tools::constraint);
+) -> Result<Option<RequestConstraint>, ApiError> {
+    let default_ws = loaded
+        .compiler
+        .as_ref()
+        .map(|c| c.json_whitespace.clone())
+        .unwrap_or_default();
+    let whitespace = json_whitespace(params, &default_ws)?;
+    let requested = requested_constraint(params, &whitespace)?;
+    let from_tools = tools.and_then(|t| t.constraint(&whitespace));
     let (field, spec, kind) = match (requested, from_tools) {
         (Some((field, _)), Some(_)) => {
             return Err(ApiError::invalid_param(
@@ -306,8 +324,27 @@ fn request_constraint(
             (field, spec, kind)
         }
         (None, Some(spec)) => ("tools", spec, "tools"),
-        (None, None) => return Ok(None),
+        (None, None) => {
+            if params.guided_whitespace_pattern.is_some() {
+                return Err(ApiError::invalid_param(
+                    "guided_whitespace_pattern",
+                    "guided_whitespace_pattern lays out JSON: it needs a JSON constraint \
+                     (response_format, guided_json) or tools the model may call.",
+                ));
+            }
+            return Ok(None);
+        }
     };
+    let json = matches!(
+        spec,
+        ConstraintSpec::JsonObject(_) | ConstraintSpec::JsonSchema(..)
+    ) || kind == "tools";
+    if params.guided_whitespace_pattern.is_some() && !json {
+        return Err(ApiError::invalid_param(
+            "guided_whitespace_pattern",
+            format!("guided_whitespace_pattern lays out JSON; `{field}` is not JSON."),
+        ));
+    }
     if params.ignore_eos == Some(true) {
         return Err(ApiError::invalid_param(
             "ignore_eos",
@@ -315,6 +352,10 @@ fn request_constraint(
              output with the end-of-sequence token.",
         ));
     }
-    let compiled = compile(loaded.constraints.as_deref(), field, &spec)?;
-    Ok(Some((compiled, kind)))
+    let compiled = compile(loaded.compiler.as_ref(), field, spec).await?;
+    Ok(Some(RequestConstraint {
+        compiled,
+        kind,
+        field,
+    }))
 }

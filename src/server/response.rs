@@ -6,6 +6,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
+use super::error::ApiError;
 use super::logprobs::{chat_content, CompletionLogprobs};
 use super::tools::{call_id, call_json};
 use crate::constraint::tools::{parse_calls, ToolStream};
@@ -48,6 +49,29 @@ pub(super) struct Report {
     /// Chat with tools the model may call: an answer that is calls is reported as
     /// `tool_calls`.
     pub tools: bool,
+    /// The field whose constraint the output follows (`tools` for tools): named by an error
+    /// when the grammar becomes too complex to follow part-way.
+    pub constraint_field: Option<&'static str>,
+}
+
+impl Report {
+    /// An engine failure as the client sees it: a grammar too complex to follow names the
+    /// field that set it.
+    pub(super) fn failure(&self, f: &crate::engine::Failure) -> ApiError {
+        let message = format!("Generation failed: {}", f.message);
+        match (f.code, f.by_request) {
+            (Some(code), _) => {
+                let mut e = match self.constraint_field {
+                    Some(field) => ApiError::invalid_param(field, message),
+                    None => ApiError::invalid(message),
+                };
+                e.code = Some(code);
+                e
+            }
+            (None, true) => ApiError::invalid(message),
+            (None, false) => ApiError::internal(message),
+        }
+    }
 }
 
 pub(super) struct Echo {
@@ -204,10 +228,9 @@ impl ResponseMeta {
                 );
                 let logprobs = out.take_logprobs(self);
                 let finish = c.finish.as_openai();
-                let calls = match (self.report.tools, c.finish) {
-                    (true, FinishReason::Stop) => parse_calls(&text),
-                    _ => None,
-                };
+                // An answer of calls cut by its token limit still returns every complete call
+                // (and its finish reason says it was cut), as a stream releases them.
+                let calls = self.report.tools.then(|| parse_calls(&text)).flatten();
                 match self.endpoint {
                     Endpoint::Completions => json!({
                         "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
@@ -219,11 +242,19 @@ impl ResponseMeta {
                             .enumerate()
                             .map(|(k, call)| call_json(&call, &call_id(&self.id, index, k), None))
                             .collect();
+                        let finish = match c.finish {
+                            FinishReason::Stop => "tool_calls",
+                            other => other.as_openai(),
+                        };
+                        let mut message = json!({"role": "assistant", "content": null});
+                        if !calls.is_empty() {
+                            message["tool_calls"] = Value::Array(calls);
+                        }
                         json!({
                             "index": index,
-                            "message": {"role": "assistant", "content": null, "tool_calls": calls},
+                            "message": message,
                             "logprobs": logprobs,
-                            "finish_reason": "tool_calls",
+                            "finish_reason": finish,
                         })
                     }
                     Endpoint::Chat => json!({

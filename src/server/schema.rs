@@ -20,7 +20,7 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 
 /// Fields of OpenAI's or vLLM's APIs that change what a client gets back and that tandem does
 /// not do: refused by name rather than ignored.
-const REFUSED_FIELDS: [(&str, &str); 9] = [
+const REFUSED_FIELDS: [(&str, &str); 11] = [
     (
         "functions",
         "The legacy `functions` field is not supported; send `tools` (and `tool_choice`).",
@@ -39,9 +39,17 @@ const REFUSED_FIELDS: [(&str, &str); 9] = [
         "The constraint engine is always llguidance; leave `guided_decoding_backend` out.",
     ),
     (
-        "guided_whitespace_pattern",
-        "JSON under a schema is laid out on one line; a schema's own `x-guidance` options \
-         set another layout.",
+        "tools",
+        "Tools belong to /v1/chat/completions; a completion's prompt is the model's whole \
+         input.",
+    ),
+    (
+        "tool_choice",
+        "tool_choice belongs to /v1/chat/completions, with its `tools`.",
+    ),
+    (
+        "parallel_tool_calls",
+        "parallel_tool_calls belongs to /v1/chat/completions, with its `tools`.",
     ),
     ("suffix", "Insertion (`suffix`) is not supported."),
     ("audio", "Only text output is supported."),
@@ -211,6 +219,8 @@ pub struct CommonParams {
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
     pub json_schema: Option<serde_json::Value>,
+    /// vLLM's: the whitespace JSON may hold between tokens, as a regex ("" for none).
+    pub guided_whitespace_pattern: Option<String>,
     /// llama.cpp's GBNF grammar: refused with the field to use instead.
     pub grammar: Option<serde_json::Value>,
 }
@@ -321,11 +331,15 @@ pub struct ChatMessageIn {
     pub tool_calls: Option<Vec<ToolCallIn>>,
     /// A tool turn: the call it answers (results reach the model in the order of the calls).
     pub tool_call_id: Option<String>,
+    /// The speaker's name, handed to the chat template as `name`.
+    pub name: Option<String>,
 }
 
 /// A tool call of an earlier assistant turn, as the client sends it back.
 #[derive(Debug, Deserialize)]
 pub struct ToolCallIn {
+    /// What a later tool turn's `tool_call_id` names.
+    pub id: Option<String>,
     #[serde(rename = "type")]
     pub kind: Option<String>,
     pub function: FunctionCallIn,

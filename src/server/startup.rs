@@ -7,11 +7,12 @@
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::constraint::ConstraintVocabulary;
+use crate::constraint::{CompilePool, ConstraintVocabulary};
 use crate::engine::Engine;
 use crate::model::TextTokenizer;
 use crate::setup::{engine_config, load_models, SetupError};
 
+use super::structured::Compiler;
 use super::ServerError;
 
 /// What the server needs once the models are up.
@@ -25,9 +26,9 @@ pub struct Loaded {
     /// When the model was loaded and began to be served (Unix seconds): `/v1/models`'
     /// `created`.
     pub created: u64,
-    /// The vocabulary structured outputs compile against; `None` (with the reason logged at
-    /// start-up) for a model that cannot end a constrained output.
-    pub constraints: Option<Arc<ConstraintVocabulary>>,
+    /// Where structured outputs compile, against the model's vocabulary; `None` (with the
+    /// reason logged at start-up) for a model that cannot end a constrained output.
+    pub compiler: Option<Compiler>,
 }
 
 /// Loads everything and starts the engine.
@@ -55,6 +56,19 @@ pub async fn start(config: Config, threads: usize) -> Result<Loaded, ServerError
             .inspect_err(|e| tracing::warn!(error = %e, "structured outputs are unavailable"))
             .ok()
             .map(Arc::new);
+    let compiler = match constraints {
+        Some(vocab) => {
+            let st = &config.structured;
+            let pool = CompilePool::new(vocab, st.compile_threads, st.compile_queue)
+                .map_err(|e| ServerError::Startup(format!("constraint compile threads: {e}")))?;
+            Some(Compiler {
+                pool,
+                timeout: std::time::Duration::from_millis(st.compile_timeout_ms),
+                json_whitespace: config.json_whitespace(),
+            })
+        }
+        None => None,
+    };
     let engine = Engine::start(
         Arc::new(target.model),
         draft,
@@ -69,6 +83,6 @@ pub async fn start(config: Config, threads: usize) -> Result<Loaded, ServerError
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        constraints,
+        compiler,
     })
 }

@@ -190,11 +190,7 @@ impl StreamState {
             Some(EngineEvent::Failed(f)) => {
                 self.span
                     .in_scope(|| tracing::warn!(error = %f.message, "generation failed"));
-                let e = if f.by_request {
-                    ApiError::invalid(format!("Generation failed: {}", f.message))
-                } else {
-                    ApiError::internal(format!("Generation failed: {}", f.message))
-                };
+                let e = self.meta.report.failure(&f);
                 self.fail(e);
             }
             None => self.fail(ApiError::internal("The engine stopped.")),

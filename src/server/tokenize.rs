@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::logprobs::token_text;
 use super::schema::{parse_body, ChatMessageIn};
-use super::validation::{chat_turns, check_model};
+use super::validation::{chat_prompt, chat_turns, check_model};
 use super::{read_body, AppState};
 
 #[derive(Debug, Deserialize)]
@@ -56,16 +56,16 @@ pub async fn tokenize(
     let loaded = state.ready()?;
     check_model(req.model.as_deref(), loaded)?;
     let tok = &loaded.tokenizer;
-    let text = match (req.content, req.prompt, req.messages) {
-        (Some(t), None, None) | (None, Some(t), None) => t,
+    let add_special = req.add_special.or(req.add_special_tokens).unwrap_or(true);
+    let ids = match (req.content, req.prompt, req.messages) {
+        (Some(t), None, None) | (None, Some(t), None) => tok
+            .encode(&t, add_special)
+            .map_err(|e| ApiError::invalid(format!("Cannot tokenize: {e}")))?,
+        // As a chat request tokenizes them: the messages' text is text, not control tokens.
         (None, None, Some(messages)) => {
             let turns = chat_turns(Some(messages), None)?;
-            let template = tok.chat_template().ok_or_else(|| {
-                ApiError::invalid_param("messages", "This model has no chat template.")
-            })?;
-            template
-                .render(&turns, req.add_generation_prompt.unwrap_or(true))
-                .map_err(|e| ApiError::invalid_param("messages", format!("Chat template: {e}")))?
+            let opening = req.add_generation_prompt.unwrap_or(true);
+            chat_prompt(loaded, &turns, opening, add_special)?
         }
         (None, None, None) => {
             return Err(ApiError::invalid(
@@ -78,10 +78,6 @@ pub async fn tokenize(
             ))
         }
     };
-    let add_special = req.add_special.or(req.add_special_tokens).unwrap_or(true);
-    let ids = tok
-        .encode(&text, add_special)
-        .map_err(|e| ApiError::invalid(format!("Cannot tokenize: {e}")))?;
     let piece = |id: u32| token_text(tok, id).0;
     let tokens: Value = if req.with_pieces == Some(true) {
         ids.iter()

@@ -15,7 +15,7 @@ use super::startup::Loaded;
 use super::AppState;
 use crate::constraint::tools::{call_text, response_text, Tools};
 use crate::engine::{EngineRequest, GenerationRequest};
-use crate::model::ChatMessage;
+use crate::model::{literal_marker, ChatMessage};
 use crate::sampling::SamplingParams;
 
 pub(super) fn tokenize(loaded: &Loaded, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -68,6 +68,8 @@ pub(super) fn chat_turns(
         ));
     }
     let mut turns = Vec::with_capacity(messages.len() + 1);
+    // The ids of the calls earlier assistant turns made: a tool turn answers one of them.
+    let mut call_ids: Vec<String> = Vec::new();
     for (i, m) in messages.into_iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" => "system",
@@ -87,10 +89,21 @@ pub(super) fn chat_turns(
             None => String::new(),
         };
         if m.role == "tool" {
-            if m.tool_call_id.as_deref().is_none_or(str::is_empty) {
+            let id = m.tool_call_id.as_deref().unwrap_or_default();
+            if id.is_empty() {
                 return Err(ApiError::invalid_param(
                     &format!("messages[{i}].tool_call_id"),
                     "A tool message needs the `tool_call_id` of the call it answers.",
+                ));
+            }
+            if !call_ids.iter().any(|c| c == id) {
+                return Err(ApiError::invalid_param(
+                    &format!("messages[{i}].tool_call_id"),
+                    format!(
+                        "A tool message answers a call of an earlier assistant message; no \
+                         earlier message made a call with id `{}`.",
+                        escaped_for_message(id)
+                    ),
                 ));
             }
             content = response_text(&content);
@@ -120,8 +133,11 @@ pub(super) fn chat_turns(
                 content.push('\n');
             }
             content.push_str(&call_text(&call.function.name, &arguments));
+            call_ids.extend(call.id);
         }
-        turns.push(ChatMessage::new(role, content));
+        let mut turn = ChatMessage::new(role, content);
+        turn.name = m.name;
+        turns.push(turn);
     }
     if turns.iter().all(|t| t.content.trim().is_empty()) {
         return Err(ApiError::invalid_param(
@@ -139,6 +155,57 @@ pub(super) fn chat_turns(
         }
     }
     Ok(turns)
+}
+
+/// A client's string inside an error message: at most 64 characters, control characters
+/// escaped, so it can neither flood nor break a log line.
+fn escaped_for_message(s: &str) -> String {
+    let cut: String = s.chars().take(64).collect();
+    cut.escape_debug().to_string()
+}
+
+/// The prompt of a chat: the turns rendered with the model's chat template, every message's
+/// text (contents, names, tool calls and results, the tools' descriptions) tokenized as text,
+/// so only the template's own markup becomes control tokens.
+pub(super) fn chat_prompt(
+    loaded: &Loaded,
+    turns: &[ChatMessage],
+    add_generation_prompt: bool,
+    add_bos: bool,
+) -> Result<Vec<u32>, ApiError> {
+    let tok = &loaded.tokenizer;
+    let template = tok.chat_template().ok_or_else(|| {
+        ApiError::invalid_param(
+            "messages",
+            "This model has no chat template; use /v1/completions.",
+        )
+    })?;
+    let literals = turns
+        .iter()
+        .flat_map(|t| std::iter::once(t.content.as_str()).chain(t.name.as_deref()));
+    let marker = literal_marker(literals);
+    let escaped: Vec<ChatMessage> = turns
+        .iter()
+        .map(|t| ChatMessage {
+            role: t.role.clone(),
+            content: tok.escape_control_text(&t.content, marker),
+            name: t
+                .name
+                .as_deref()
+                .map(|n| tok.escape_control_text(n, marker)),
+        })
+        .collect();
+    let text = template
+        .render(&escaped, add_generation_prompt)
+        .map_err(|e| ApiError::invalid_param("messages", format!("Chat template: {e}")))?;
+    if text.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "The chat template rendered an empty prompt.",
+        ));
+    }
+    tok.encode_templated(&text, marker, add_bos)
+        .map_err(|e| ApiError::invalid_param("messages", format!("Cannot tokenize: {e}")))
 }
 
 /// A request's `model` must name the served model (or `default`), if it names one.

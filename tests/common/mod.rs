@@ -354,10 +354,10 @@ pub fn spec_bench_prompts(model: &LoadedModel, n: usize) -> Vec<Vec<u32>> {
         .map(|q| {
             let chat = template
                 .render(
-                    &[tandem::model::ChatMessage {
-                        role: "user".into(),
-                        content: q["turns"][0].as_str().unwrap().to_owned(),
-                    }],
+                    &[tandem::model::ChatMessage::new(
+                        "user",
+                        q["turns"][0].as_str().unwrap(),
+                    )],
                     true,
                 )
                 .unwrap();

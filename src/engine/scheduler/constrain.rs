@@ -15,6 +15,7 @@
 //! select on the draws), under greedy decoding a chain that starts with them is kept.
 
 use super::state::Scheduler;
+use crate::constraint::ConstraintError;
 use crate::engine::error::EngineError;
 use crate::engine::gamma::{gamma_cap, RoundGamma};
 use crate::engine::messages::{Failure, TargetItem, TargetWork};
@@ -84,10 +85,26 @@ impl Scheduler {
             telemetry::record_constraint_masks(took, it.masks.len());
             match result {
                 Ok(forced) => s.round_forced = forced,
-                Err(e) => failed.push((it.seq, Failure::engine(format!("structured output: {e}")))),
+                Err(e) => failed.push((it.seq, constraint_failure(&e))),
             }
         }
         items.retain(|it| !failed.iter().any(|(seq, _)| *seq == it.seq));
         (failed, seconds)
+    }
+}
+
+/// How a grammar's failure ends its sequence: past llguidance's per-token limits it is the
+/// request's doing (a 400-class error naming the code, counted); anything else is the
+/// engine's.
+pub(super) fn constraint_failure(e: &EngineError) -> Failure {
+    match e {
+        EngineError::Constraint(ConstraintError::Exhausted(why)) => {
+            telemetry::record_constraint_too_complex("generation");
+            Failure::grammar_too_complex(format!(
+                "the grammar became too complex to follow at this point of the output \
+                 ({why}); simplify it"
+            ))
+        }
+        other => Failure::engine(format!("structured output: {other}")),
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use super::constrain::constraint_failure;
 use super::sequence::{RoundEmission, Sequence};
 use super::state::{record_finished, Ending, Scheduler, POOLED_ACCEPTANCE_DECAY};
 use crate::engine::messages::{DraftOutcome, EngineEvent, Failure, TargetOutcome};
@@ -79,8 +80,7 @@ impl Scheduler {
                 // The grammar follows what was emitted (nothing past a stop matters).
                 if let Some(c) = s.constraint.as_mut() {
                     if let Err(e) = c.advance(&emission.tokens) {
-                        let why = format!("structured output: {e}");
-                        return Some((id, Err(Failure::engine(why))));
+                        return Some((id, Err(constraint_failure(&e.into()))));
                     }
                 }
                 let mut logprobs = o.logprobs;

@@ -31,6 +31,9 @@ const TEMPLATE_NAME: &str = "chat_template";
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// The speaker's name (OpenAI's `name`), for templates that write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -38,6 +41,7 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            name: None,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::fmt;
+use std::sync::OnceLock;
 
 use candle_core::quantized::gguf_file;
 use tokenizers::decoders::DecoderWrapper;
@@ -167,6 +168,8 @@ impl TextTokenizer {
             special_ids,
             vocab_size,
             chat_template,
+            control_texts: OnceLock::new(),
+            literal: OnceLock::new(),
         })
     }
 }

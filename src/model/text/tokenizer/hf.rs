@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
+use std::sync::OnceLock;
 
 use tokenizers::Tokenizer;
 
@@ -132,6 +133,8 @@ impl TextTokenizer {
             special_ids,
             vocab_size,
             chat_template,
+            control_texts: OnceLock::new(),
+            literal: OnceLock::new(),
         })
     }
 }

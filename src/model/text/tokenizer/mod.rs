@@ -21,6 +21,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use tokenizers::Tokenizer;
 
@@ -29,9 +30,11 @@ use crate::model::text::chat_template::{ChatTemplate, ChatTemplateError};
 mod gguf;
 mod hf;
 mod incremental;
+mod literal;
 mod token_bytes;
 
 pub use incremental::IncrementalDecoder;
+pub use literal::literal_marker;
 
 /// Token texts that end generation when the model has them as special (control) tokens.
 /// Configs typically declare only one end id; llama.cpp uses the same list to find the rest.
@@ -88,6 +91,10 @@ pub struct TextTokenizer {
     special_ids: HashSet<u32>,
     vocab_size: usize,
     chat_template: Option<ChatTemplate>,
+    /// The control tokens' texts and ids, longest first (`literal`).
+    control_texts: OnceLock<Vec<(String, u32)>>,
+    /// `inner` with control-token parsing off, made when a literal first spells a token.
+    literal: OnceLock<Tokenizer>,
 }
 
 impl fmt::Debug for TextTokenizer {
