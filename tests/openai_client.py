@@ -178,15 +178,28 @@ def structured_outputs(client, model: str) -> None:
     spec = parsed.usage.model_extra["speculative"]
     assert 0 < spec["forced_accepted_tokens"] <= spec["forced_tokens"], spec
 
+    # JSON as the model writes it (indented lines), or compact on request (vLLM's field).
     obj = client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": "Give the capital of France as JSON."}],
+        messages=[{"role": "user", "content": "Describe a person (name and age) as JSON."}],
         response_format={"type": "json_object"},
         max_tokens=100,
         temperature=0,
     )
     assert obj.choices[0].finish_reason == "stop", obj
     assert isinstance(json.loads(obj.choices[0].message.content), dict), obj
+    assert "\n  " in obj.choices[0].message.content, obj
+    compact = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Give the capital of France as JSON."}],
+        response_format={"type": "json_object"},
+        extra_body={"guided_whitespace_pattern": ""},
+        max_tokens=100,
+        temperature=0,
+    )
+    text = compact.choices[0].message.content
+    assert compact.choices[0].finish_reason == "stop" and "\n" not in text, compact
+    assert isinstance(json.loads(text), dict), compact
 
     # Several sampled choices with logprobs: each its own grammar state, each valid JSON, each
     # token's entry from the masked distribution it was drawn from.
@@ -300,6 +313,37 @@ def tool_calls(client, model: str) -> None:
             check(call)
     else:
         assert a.message.content and not a.message.content.startswith("<tool_call>"), answer
+
+    # A tool from a Pydantic model with a nested model and an Enum, as the client's own helper
+    # writes it ($defs and $ref): named, it is one call whose arguments the model parses back.
+    import enum
+
+    from pydantic import BaseModel
+
+    class Unit(str, enum.Enum):
+        celsius = "celsius"
+        fahrenheit = "fahrenheit"
+
+    class Place(BaseModel):
+        city: str
+        country: str
+
+    class Forecast(BaseModel):
+        place: Place
+        unit: Unit
+        days: int
+
+    tool = openai.pydantic_function_tool(Forecast, name="forecast")
+    assert "$defs" in json.dumps(tool["function"]["parameters"]), tool
+    parsed = client.chat.completions.parse(
+        model=model, messages=ask, tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "forecast"}},
+        max_tokens=120, temperature=0,
+    )
+    calls = parsed.choices[0].message.tool_calls
+    assert len(calls) == 1 and calls[0].function.name == "forecast", parsed
+    args = calls[0].function.parsed_arguments
+    assert isinstance(args, Forecast) and isinstance(args.place, Place), args
 
     try:
         client.chat.completions.create(
