@@ -420,7 +420,7 @@ pub fn set_queue(running: usize, waiting: usize) {
 }
 
 pub fn set_speculation(lenience: f32, gamma: usize) {
-    gauge!(SPEC_LENIENCE).set(f64::from(lenience));
+    gauge!(SPEC_LENIENCE).set(crate::sampling::widen(lenience));
     gauge!(SPEC_GAMMA).set(gamma as f64);
 }
 

@@ -404,7 +404,10 @@ fn user_text_cannot_forge_control_tokens() {
 fn user_strings_cannot_forge_log_lines() {
     let mut server = Server::start(&["--context-length", CONTEXT], &[]);
     let addr = server.addr.clone();
-    let forged = "\nFAKE-LOG-LINE admin token accepted\r\nFAKE-LOG-LINE \u{1b}[31mred";
+    // U+2028 and U+2029 end a line for log viewers and JavaScript, as \n does. Every forging
+    // character is within the first 64, the most of a client's string a message quotes.
+    let forged = "\nFAKE-LOG-LINE\u{2028}FAKE-LOG-LINE\u{2029}FAKE-LOG-LINE\r\n\
+                  FAKE-LOG-LINE \u{1b}[31mred";
     let bodies = [
         json!({"prompt": "Hi", "model": format!("x{forged}")}),
         json!({"messages": [{"role": format!("user{forged}"), "content": "Hi"}]}),
@@ -450,6 +453,10 @@ fn user_strings_cannot_forge_log_lines() {
         assert!(
             !line.contains('\u{1b}'),
             "a raw escape sequence in the log: {line:?}"
+        );
+        assert!(
+            !line.contains(['\u{2028}', '\u{2029}']),
+            "a raw line or paragraph separator in the log: {line:?}"
         );
     }
     assert!(server.terminate());

@@ -59,7 +59,7 @@ pub fn results_json(
                 "label": m.label,
                 "drafter": format!("{:?}", m.drafter),
                 "gamma": format!("{:?}", m.gamma),
-                "lenience": m.lenience.unwrap_or_default().get(),
+                "lenience": f64::from(m.lenience.unwrap_or_default()),
                 "pipeline": m.pipeline,
             })
         })

@@ -174,7 +174,7 @@ impl Mode {
                     mode.gamma = GammaPolicy::Fixed(g);
                 }
                 "lenience" => {
-                    let l: f32 = v.parse().map_err(|_| bad(format!("lenience `{v}`")))?;
+                    let l: f64 = v.parse().map_err(|_| bad(format!("lenience `{v}`")))?;
                     let l = Lenience::try_from(l).map_err(|e| bad(format!("lenience {e}")))?;
                     mode.lenience = Some(l);
                 }

@@ -87,7 +87,7 @@ pub struct GenerateArgs {
     gamma: usize,
     /// Relaxed acceptance in (0, 1]; 1 keeps the target's distribution exactly.
     #[arg(long, default_value_t = 1.0)]
-    lenience: f32,
+    lenience: f64,
     /// Also run plain decoding of the same prompt in this process and print the speedup and
     /// whether the outputs are identical. Both are run once untimed (warm-up), then
     /// `--compare-runs` times each, alternating, and the medians and the spread are printed.

@@ -54,7 +54,7 @@ pub struct ServeArgs {
     /// Server-wide relaxed acceptance in (0, 1]; 1 keeps the target's distribution exactly
     /// [default: speculation.lenience, 1].
     #[arg(long, env = "TANDEM_LENIENCE")]
-    lenience: Option<f32>,
+    lenience: Option<f64>,
     /// Sequences decoded together in one batched forward [default: engine.max_seqs, 8].
     #[arg(long, env = "TANDEM_MAX_SEQS")]
     max_seqs: Option<usize>,

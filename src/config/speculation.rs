@@ -121,6 +121,12 @@ mod tests {
         );
         let e = Config::from_toml("[speculation]\nlenience = 1.5").unwrap_err();
         assert!(e.to_string().contains("speculation.lenience"), "{e}");
+        // Quoted as written, not as the f32 it would be (0).
+        let e = Config::from_toml("[speculation]\nlenience = 1e-300").unwrap_err();
+        assert!(
+            e.to_string().ends_with("got 1e-300 (0 as a 32-bit float)"),
+            "{e}"
+        );
         let e = Config::from_toml("[speculation]\nlenience_under_load = 0.0").unwrap_err();
         assert!(
             e.to_string().contains("speculation.lenience_under_load"),

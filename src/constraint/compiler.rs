@@ -44,7 +44,6 @@ struct Job {
 pub struct CompilePool {
     jobs: Sender<Job>,
     queue: usize,
-    vocab: Arc<ConstraintVocabulary>,
 }
 
 impl std::fmt::Debug for CompilePool {
@@ -79,11 +78,7 @@ impl CompilePool {
                     }
                 })?;
         }
-        Ok(Self {
-            jobs: tx,
-            queue,
-            vocab,
-        })
+        Ok(Self { jobs: tx, queue })
     }
 
     /// Queues `spec`; the answer comes on the returned receiver. Dropping the receiver before
@@ -98,11 +93,6 @@ impl CompilePool {
             Err(TrySendError::Full(_)) => Err(CompilePoolError::Full { queue: self.queue }),
             Err(TrySendError::Disconnected(_)) => Err(CompilePoolError::Stopped),
         }
-    }
-
-    /// The vocabulary the pool compiles against.
-    pub fn vocabulary(&self) -> &Arc<ConstraintVocabulary> {
-        &self.vocab
     }
 }
 

@@ -21,7 +21,7 @@ mod spec;
 pub mod tools;
 mod vocabulary;
 
-pub use compiler::{CompilePool, CompilePoolError, CompileResult, COMPILE_STACK_BYTES};
+pub use compiler::{CompilePool, CompilePoolError, CompileResult};
 pub use error::ConstraintError;
 pub use json_layout::{with_json_layout, JsonWhitespace, FLEXIBLE_WHITESPACE};
 pub use mask::TokenMask;

@@ -159,7 +159,7 @@ const LIMIT_PHRASES: [&str; 7] = [
 
 /// A compile error in llguidance's words, as a limit reached or a grammar that is wrong.
 fn compile_error(e: &str) -> ConstraintError {
-    let line = first_line(e);
+    let line = super::sequence::matcher_reason(e);
     if reached_limit(&line) {
         ConstraintError::TooComplex(line)
     } else {

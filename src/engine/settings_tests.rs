@@ -99,6 +99,29 @@ fn a_request_sets_its_own_knobs_checked_and_never_the_servers_policy() {
     ] {
         assert_eq!(bad.for_request(8).unwrap_err().key, key);
     }
+    // A refusal quotes the number sent: as an f32, 1e-300 is 0 and 0.9 is 0.8999999761581421.
+    for (bad, key, sent) in [
+        (
+            SpeculationOverride {
+                lenience: Some(1e-300),
+                ..Default::default()
+            },
+            "lenience",
+            "must be in (0, 1] (1 = exact), got 1e-300 (0 as a 32-bit float)",
+        ),
+        (
+            SpeculationOverride {
+                egag_threshold: Some(0.9),
+                egag_ema_beta: Some(1.9),
+                ..Default::default()
+            },
+            "egag_ema_beta",
+            "must be in [0, 1), got 1.9",
+        ),
+    ] {
+        let e = bad.for_request(8).unwrap_err();
+        assert_eq!((e.key, e.reason.as_str()), (key, sent), "{e}");
+    }
 }
 
 #[test]
@@ -116,6 +139,18 @@ fn a_change_is_logged_in_words() {
     assert!(words.contains("lenience 1.0 -> 0.5"), "{words}");
     assert!(words.contains("gamma 4 -> 3"), "{words}");
     assert!(!words.contains("SpeculationSettings"), "{words}");
+    // As written, not as the f32 widened (0.8999999761581421).
+    let after = SpeculationOverride {
+        lenience: Some(0.9),
+        egag_threshold: Some(0.9),
+        ..Default::default()
+    }
+    .apply(&before, 8)
+    .unwrap();
+    let words = describe_change(&before, &after);
+    assert!(words.contains("lenience 1.0 -> 0.9"), "{words}");
+    assert!(words.contains("egag_threshold 0.5 -> 0.9"), "{words}");
+    assert!(!words.contains("0.899"), "{words}");
 }
 
 #[test]
@@ -167,7 +202,7 @@ fn bad_values_name_their_key_and_change_nothing() {
         ),
         (
             SpeculationOverride {
-                lenience_under_load: Some(f32::NAN),
+                lenience_under_load: Some(f64::NAN),
                 ..Default::default()
             },
             "lenience_under_load",

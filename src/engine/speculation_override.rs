@@ -5,36 +5,66 @@
 //! object all set the same knobs; written once here, each is checked by one rule with its key
 //! named, whichever way it came in.
 
-use serde::Deserialize;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
 use super::gamma::{Gamma, GammaPolicy};
 use super::settings::{LiveSettings, RoundSettings, SettingsError, SpeculationSettings};
 use super::tree_nodes::TreeNodes;
-use crate::sampling::{GateOverride, Lenience};
+use crate::sampling::{DraftGate, FloatRule, GateOverride, Lenience};
 
 /// The speculation knobs, written once for every place that sets them: the admin API's `PUT`
 /// body, the config file's `[speculation]` table, the CLI's flags, and a request's
 /// `speculative` object. Raw values as they arrive; [`SpeculationOverride::apply`] checks a
 /// server-wide change and [`SpeculationOverride::for_request`] a request's, each rule once,
 /// with the key named. A request may set every knob but the server's policy
-/// ([`SpeculationOverride::SERVER_ONLY`]).
+/// ([`SpeculationOverride::SERVER_ONLY`]). Float knobs stay `f64` until checked, so a
+/// refusal quotes the number sent rather than its `f32` (1e-300 would be 0).
+///
+/// Only an object deserializes into it: serde's derive would also take an array, by position,
+/// and name the first field's type in its refusal ("expected a boolean").
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, remote = "Self")]
 pub struct SpeculationOverride {
     pub enabled: Option<bool>,
     pub adaptive: Option<bool>,
     pub gamma: Option<usize>,
     pub gamma_min: Option<usize>,
     pub gamma_max: Option<usize>,
-    pub lenience: Option<f32>,
+    pub lenience: Option<f64>,
     pub under_load_queue_depth: Option<usize>,
-    pub lenience_under_load: Option<f32>,
+    pub lenience_under_load: Option<f64>,
     pub use_egag: Option<bool>,
-    pub egag_threshold: Option<f32>,
-    pub egag_ema_beta: Option<f32>,
-    pub draft_p_min: Option<f32>,
+    pub egag_threshold: Option<f64>,
+    pub egag_ema_beta: Option<f64>,
+    pub draft_p_min: Option<f64>,
     pub confidence_pricing: Option<bool>,
     pub tree_nodes: Option<usize>,
+}
+
+impl<'de> Deserialize<'de> for SpeculationOverride {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectOnly;
+
+        impl<'de> Visitor<'de> for ObjectOnly {
+            type Value = SpeculationOverride;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "an object of speculation settings, such as {\"gamma\": 3} or \
+                     {\"enabled\": false}",
+                )
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                // The derived (`remote = "Self"`) reader, which names an unknown key.
+                SpeculationOverride::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+
+        deserializer.deserialize_map(ObjectOnly)
+    }
 }
 
 /// A request's own speculation settings, checked: what its `speculative` object set.
@@ -89,9 +119,7 @@ impl SpeculationOverride {
             .map(Lenience::try_from)
             .transpose()
             .map_err(|e| SettingsError::new("lenience", e))?;
-        let gate = self.gate_override();
-        gate.check()
-            .map_err(|(key, reason)| SettingsError::new(key, reason))?;
+        let gate = self.gate_override()?;
         let tree_nodes = self
             .tree_nodes
             .map(|n| TreeNodes::within(n, gamma_limit))
@@ -113,7 +141,7 @@ impl SpeculationOverride {
         gamma_limit: usize,
     ) -> Result<SpeculationSettings, SettingsError> {
         let gamma = |key, v: usize| Gamma::try_from(v).map_err(|e| SettingsError::new(key, e));
-        let lenience = |key, v: f32| Lenience::try_from(v).map_err(|e| SettingsError::new(key, e));
+        let lenience = |key, v: f64| Lenience::try_from(v).map_err(|e| SettingsError::new(key, e));
         let mut s = *current;
         if let Some(v) = self.enabled {
             s.enabled = v;
@@ -143,7 +171,7 @@ impl SpeculationOverride {
         if let Some(v) = self.lenience_under_load {
             s.lenience_under_load = lenience("lenience_under_load", v)?;
         }
-        s.gate = self.gate_override().over(s.gate);
+        s.gate = self.gate_override()?.over(s.gate);
         if let Some(v) = self.confidence_pricing {
             s.confidence_pricing = v;
         }
@@ -157,14 +185,28 @@ impl SpeculationOverride {
 }
 
 impl SpeculationOverride {
-    /// The confidence gate's knobs as an override of a gate.
-    fn gate_override(&self) -> GateOverride {
-        GateOverride {
+    /// The confidence gate's knobs as an override of a gate, each given one checked by its
+    /// rule as sent and as narrowed.
+    fn gate_override(&self) -> Result<GateOverride, SettingsError> {
+        let narrow = |key, rule: FloatRule, sent: Option<f64>| {
+            sent.map(|v| rule.narrow(v))
+                .transpose()
+                .map_err(|e| SettingsError::new(key, e))
+        };
+        Ok(GateOverride {
             use_egag: self.use_egag,
-            egag_threshold: self.egag_threshold,
-            egag_ema_beta: self.egag_ema_beta,
-            draft_p_min: self.draft_p_min,
-        }
+            egag_threshold: narrow(
+                "egag_threshold",
+                DraftGate::THRESHOLD_RULE,
+                self.egag_threshold,
+            )?,
+            egag_ema_beta: narrow(
+                "egag_ema_beta",
+                DraftGate::EMA_BETA_RULE,
+                self.egag_ema_beta,
+            )?,
+            draft_p_min: narrow("draft_p_min", DraftGate::P_MIN_RULE, self.draft_p_min)?,
+        })
     }
 }
 

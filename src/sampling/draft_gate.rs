@@ -15,6 +15,8 @@
 
 use serde::Serialize;
 
+use super::decimal::{serialize_widened, FloatRule};
+
 /// The gate's settings: server-wide in `[speculation]` (live through the admin API and the
 /// config file), per request in the `speculative` object.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -23,10 +25,13 @@ pub struct DraftGate {
     /// `egag_threshold`.
     pub use_egag: bool,
     /// In (0, 1]: 0 is a certain drafter, 1 a uniform one.
+    #[serde(serialize_with = "serialize_widened")]
     pub egag_threshold: f32,
     /// In [0, 1): `ema = beta * ema + (1 - beta) * entropy`, seeded by the first token's entropy.
+    #[serde(serialize_with = "serialize_widened")]
     pub egag_ema_beta: f32,
     /// In [0, 1): stop when the drafter's top probability is below it; 0 turns it off.
+    #[serde(serialize_with = "serialize_widened")]
     pub draft_p_min: f32,
 }
 
@@ -44,22 +49,30 @@ impl DraftGate {
         self.use_egag || self.draft_p_min > 0.0
     }
 
-    /// The first setting out of range, as (key, rule). Written so that NaN fails.
+    /// `egag_threshold`'s range (each rule fails NaN).
+    pub const THRESHOLD_RULE: FloatRule = FloatRule {
+        rule: "must be in (0, 1]",
+        holds: |t| t > 0.0 && t <= 1.0,
+    };
+    /// `egag_ema_beta`'s range.
+    pub const EMA_BETA_RULE: FloatRule = FloatRule {
+        rule: "must be in [0, 1)",
+        holds: |b| (0.0..1.0).contains(&b),
+    };
+    /// `draft_p_min`'s range.
+    pub const P_MIN_RULE: FloatRule = FloatRule {
+        rule: "must be in [0, 1) (0 = off)",
+        holds: |p| (0.0..1.0).contains(&p),
+    };
+
+    /// The first setting out of range, as (key, rule).
     pub fn check(&self) -> Result<(), (&'static str, String)> {
-        let t = self.egag_threshold;
-        if !(t > 0.0 && t <= 1.0) {
-            return Err(("egag_threshold", format!("must be in (0, 1], got {t}")));
-        }
-        let b = self.egag_ema_beta;
-        if !((0.0..1.0).contains(&b)) {
-            return Err(("egag_ema_beta", format!("must be in [0, 1), got {b}")));
-        }
-        let p = self.draft_p_min;
-        if !((0.0..1.0).contains(&p)) {
-            return Err((
-                "draft_p_min",
-                format!("must be in [0, 1) (0 = off), got {p}"),
-            ));
+        for (key, rule, v) in [
+            ("egag_threshold", Self::THRESHOLD_RULE, self.egag_threshold),
+            ("egag_ema_beta", Self::EMA_BETA_RULE, self.egag_ema_beta),
+            ("draft_p_min", Self::P_MIN_RULE, self.draft_p_min),
+        ] {
+            rule.check(v).map_err(|e| (key, e.to_string()))?;
         }
         Ok(())
     }

@@ -7,20 +7,27 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::decimal::{widen, FloatRule, OutOfRange};
+
 /// Relaxed acceptance in (0, 1]; 1 is exact (the target's distribution, greedy: identical
 /// output).
 #[derive(Clone, Copy, Debug, PartialEq, PartialOrd, Serialize, Deserialize)]
-#[serde(try_from = "f32", into = "f32")]
+#[serde(try_from = "f64", into = "f64")]
 pub struct Lenience(f32);
 
-/// A value outside (0, 1]; its text is the rule, for the caller to prefix with the key.
-#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
-#[error("must be in (0, 1] (1 = exact), got {0}")]
-pub struct InvalidLenience(pub f32);
+/// A value outside (0, 1]; its text is the rule and the number as sent, for the caller to
+/// prefix with the key.
+pub type InvalidLenience = OutOfRange;
 
 impl Lenience {
     /// Exact acceptance: the output is distributed exactly as the target's.
     pub const EXACT: Self = Self(1.0);
+
+    /// The rule every boundary checks.
+    pub const RULE: FloatRule = FloatRule {
+        rule: "must be in (0, 1] (1 = exact)",
+        holds: |v| v > 0.0 && v <= 1.0,
+    };
 
     pub fn get(self) -> f32 {
         self.0
@@ -37,22 +44,33 @@ impl Default for Lenience {
     }
 }
 
+/// A lenience as sent (JSON, TOML, a flag): checked before and after narrowing to `f32`.
+impl TryFrom<f64> for Lenience {
+    type Error = InvalidLenience;
+
+    fn try_from(v: f64) -> Result<Self, Self::Error> {
+        Self::RULE.narrow(v).map(Self)
+    }
+}
+
 impl TryFrom<f32> for Lenience {
     type Error = InvalidLenience;
 
     fn try_from(v: f32) -> Result<Self, Self::Error> {
-        // Written so that NaN fails too.
-        if v > 0.0 && v <= 1.0 {
-            Ok(Self(v))
-        } else {
-            Err(InvalidLenience(v))
-        }
+        Self::RULE.check(v).map(Self)
     }
 }
 
 impl From<Lenience> for f32 {
     fn from(l: Lenience) -> f32 {
         l.0
+    }
+}
+
+/// As written: 0.9, not 0.8999999761581421.
+impl From<Lenience> for f64 {
+    fn from(l: Lenience) -> f64 {
+        widen(l.0)
     }
 }
 
@@ -85,5 +103,9 @@ mod tests {
         assert_eq!(serde_json::to_string(&l).unwrap(), "0.25");
         let e = serde_json::from_str::<Lenience>("1.5").unwrap_err();
         assert!(e.to_string().contains("must be in (0, 1]"), "{e}");
+        let l: Lenience = serde_json::from_str("0.9").unwrap();
+        assert_eq!(serde_json::to_value(l).unwrap(), serde_json::json!(0.9));
+        let e = serde_json::from_str::<Lenience>("1e-300").unwrap_err();
+        assert!(e.to_string().contains("got 1e-300"), "{e}");
     }
 }

@@ -5,6 +5,7 @@
 //! temperature, softmax, top-k, top-p, min-p, renormalisation. Temperature 0 is greedy: the
 //! argmax of the penalised logits.
 
+mod decimal;
 mod draft_gate;
 #[cfg(test)]
 pub(crate) mod enumeration;
@@ -17,6 +18,7 @@ mod row_scan;
 pub mod speculative;
 pub mod tree;
 
+pub use decimal::{serialize_widened, widen, FloatRule, OutOfRange};
 pub use draft_gate::{
     confidence, confidence_of_logits, Confidence, DraftGate, GateOverride, GateRound,
 };

@@ -22,6 +22,17 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The token of an `Authorization: Bearer <token>` header value, trimmed. The scheme's name
+/// is matched in any case: HTTP auth schemes are case-insensitive (RFC 7235), and clients and
+/// proxies send `bearer` too.
+fn bearer_token(value: &str) -> Option<&str> {
+    const SCHEME: &str = "Bearer ";
+    let scheme = value.get(..SCHEME.len())?;
+    scheme
+        .eq_ignore_ascii_case(SCHEME)
+        .then(|| value[SCHEME.len()..].trim())
+}
+
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(token) = &state.admin_token else {
         return Err(ApiError::not_found(
@@ -31,9 +42,9 @@ fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .ok_or_else(|| ApiError::unauthorized("Send `Authorization: Bearer <admin token>`."))?;
-    if !same_secret(given.trim().as_bytes(), token.as_bytes()) {
+    if !same_secret(given.as_bytes(), token.as_bytes()) {
         return Err(ApiError::unauthorized("Wrong admin token."));
     }
     Ok(())
@@ -85,7 +96,7 @@ pub async fn put_speculation(
 
 #[cfg(test)]
 mod tests {
-    use super::same_secret;
+    use super::{bearer_token, same_secret};
 
     #[test]
     fn secrets_compare_exactly() {
@@ -93,5 +104,21 @@ mod tests {
         assert!(!same_secret(b"abc", b"abd"));
         assert!(!same_secret(b"abc", b"abcd"));
         assert!(!same_secret(b"", b"a"));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_matched_in_any_case() {
+        for value in [
+            "Bearer tok",
+            "bearer tok",
+            "BEARER tok",
+            "bEaReR tok",
+            "Bearer   tok  ",
+        ] {
+            assert_eq!(bearer_token(value), Some("tok"), "{value:?}");
+        }
+        for value in ["Basic tok", "Bearertok", "Bearer", "", "Beärer tok"] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
+        }
     }
 }

@@ -12,6 +12,14 @@ use axum::Json;
 use crate::engine::EngineError;
 use crate::model::ModelError;
 
+/// A client's string inside an error message: at most 64 characters, line breaks (U+2028 and
+/// U+2029 too) and other control characters escaped, so it can neither flood nor break a log
+/// line, and the client sees what the log shows.
+pub(super) fn escaped_for_message(s: &str) -> String {
+    let cut: String = s.chars().take(64).collect();
+    cut.escape_debug().to_string()
+}
+
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
@@ -55,7 +63,10 @@ impl ApiError {
         let mut e = Self::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
-            format!("The model `{model}` does not exist; this server serves `{served}`."),
+            format!(
+                "The model `{}` does not exist; this server serves `{served}`.",
+                escaped_for_message(model)
+            ),
         );
         e.param = Some("model".into());
         e.code = Some("model_not_found");

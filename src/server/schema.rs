@@ -137,6 +137,8 @@ fn in_plain_words(serde_message: &str) -> String {
         ("expected f64", "expected a number"),
         ("expected a sequence", "expected an array"),
         ("expected a map", "expected an object"),
+        ("invalid type: sequence", "invalid type: array"),
+        ("invalid type: map", "invalid type: object"),
     ] {
         out = out.replace(rust, plain);
     }
@@ -439,6 +441,42 @@ mod tests {
         let e = parse_request::<CompletionRequest>(br#"{"prompt":"x","speculative":{"gama":2}}"#)
             .unwrap_err();
         assert!(e.message.contains("gama"), "{}", e.message);
+    }
+
+    #[test]
+    fn speculative_takes_an_object_and_says_so() {
+        for bad in ["[1]", "[true]", "true", "3", r#""fast""#] {
+            let body = format!(r#"{{"prompt":"x","speculative":{bad}}}"#);
+            let e = parse_request::<CompletionRequest>(body.as_bytes()).unwrap_err();
+            assert_eq!(
+                e.param.as_deref(),
+                Some("speculative"),
+                "{bad}: {}",
+                e.message
+            );
+            assert!(
+                e.message
+                    .contains("expected an object of speculation settings, such as"),
+                "{bad}: {}",
+                e.message
+            );
+            assert!(
+                !e.message.contains("expected a boolean"),
+                "{bad}: {}",
+                e.message
+            );
+        }
+        let e =
+            parse_request::<CompletionRequest>(br#"{"prompt":"x","speculative":[1]}"#).unwrap_err();
+        assert!(e.message.contains("invalid type: array"), "{}", e.message);
+        let (_, c): (CompletionRequest, _) =
+            parse_request(br#"{"prompt":"x","speculative":{"enabled":false,"lenience":0.9}}"#)
+                .unwrap();
+        let s = c.speculative.unwrap();
+        assert_eq!((s.enabled, s.lenience), (Some(false), Some(0.9)));
+        let (_, c): (CompletionRequest, _) =
+            parse_request(br#"{"prompt":"x","speculative":null}"#).unwrap();
+        assert!(c.speculative.is_none());
     }
 
     #[test]

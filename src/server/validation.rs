@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::error::ApiError;
+use super::error::{escaped_for_message, ApiError};
 use serde_json::Value;
 
 use super::schema::{ChatMessageIn, CommonParams, StopInput};
@@ -80,7 +80,10 @@ pub(super) fn chat_turns(
             other => {
                 return Err(ApiError::invalid_param(
                     &format!("messages[{i}].role"),
-                    format!("Unknown role `{other}`: use system, user, assistant or tool."),
+                    format!(
+                        "Unknown role `{}`: use system, user, assistant or tool.",
+                        escaped_for_message(other)
+                    ),
                 ))
             }
         };
@@ -155,13 +158,6 @@ pub(super) fn chat_turns(
         }
     }
     Ok(turns)
-}
-
-/// A client's string inside an error message: at most 64 characters, control characters
-/// escaped, so it can neither flood nor break a log line.
-fn escaped_for_message(s: &str) -> String {
-    let cut: String = s.chars().take(64).collect();
-    cut.escape_debug().to_string()
 }
 
 /// The prompt of a chat: the turns rendered with the model's chat template, every message's
