@@ -138,12 +138,14 @@ impl SequenceConstraint {
             if self.matcher.is_stopped() {
                 return Ok(());
             }
-            if self.matcher.validate_tokens(&[t]).map_err(matcher_error)? != 1 {
-                return Err(ConstraintError::Matcher(format!(
-                    "token {t} was emitted but the grammar does not allow it"
-                )));
-            }
-            self.matcher.consume_token(t).map_err(matcher_error)?;
+            // Consuming checks the token too (one parser step, not two); a token the mask
+            // allowed is never refused here.
+            self.matcher.consume_token(t).map_err(|e| match matcher_error(e) {
+                ConstraintError::Matcher(why) => ConstraintError::Matcher(format!(
+                    "token {t} was emitted but the grammar does not allow it: {why}"
+                )),
+                other => other,
+            })?;
         }
         Ok(())
     }
