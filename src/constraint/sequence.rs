@@ -140,12 +140,14 @@ impl SequenceConstraint {
             }
             // Consuming checks the token too (one parser step, not two); a token the mask
             // allowed is never refused here.
-            self.matcher.consume_token(t).map_err(|e| match matcher_error(e) {
-                ConstraintError::Matcher(why) => ConstraintError::Matcher(format!(
-                    "token {t} was emitted but the grammar does not allow it: {why}"
-                )),
-                other => other,
-            })?;
+            self.matcher
+                .consume_token(t)
+                .map_err(|e| match matcher_error(e) {
+                    ConstraintError::Matcher(why) => ConstraintError::Matcher(format!(
+                        "token {t} was emitted but the grammar does not allow it: {why}"
+                    )),
+                    other => other,
+                })?;
         }
         Ok(())
     }
