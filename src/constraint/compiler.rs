@@ -104,7 +104,7 @@ fn compile_guarded(vocab: &ConstraintVocabulary, spec: &ConstraintSpec) -> Compi
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_default();
-        tracing::warn!(kind = spec.kind(), panic = %super::spec::first_line(&why), "the constraint compiler panicked");
+        tracing::warn!(kind = spec.kind(), panic = %super::reasons::first_line(&why), "the constraint compiler panicked");
         Err(ConstraintError::TooComplex(
             "the constraint compiler could not build it".into(),
         ))

@@ -16,6 +16,7 @@ mod error;
 mod json_layout;
 pub mod limits;
 mod mask;
+mod reasons;
 mod sequence;
 mod spec;
 pub mod tools;

@@ -1,9 +1,9 @@
 //! One sequence's grammar state: the masks of a round's rows, drafts checked against the
 //! grammar, the tokens the grammar forces, and the output consumed as it is emitted.
 
-use llguidance::api::StopReason;
 use llguidance::Matcher;
 
+use super::reasons::{matcher_reason, reached_limit};
 use super::{ConstraintError, TokenMask};
 
 /// A sequence's matcher, advanced by exactly the tokens it emits.
@@ -18,38 +18,11 @@ impl std::fmt::Debug for SequenceConstraint {
     }
 }
 
-/// A matcher's error as a client may read it: its first line, and where that is only the name
-/// of llguidance's stop reason (all it says when it stops without a message of its own), the
-/// reason in plain words.
-pub(super) fn matcher_reason(e: &str) -> String {
-    let line = super::spec::first_line(e);
-    let Ok(reason) = serde_json::from_value::<StopReason>(serde_json::Value::String(line.clone()))
-    else {
-        return line;
-    };
-    // Exhaustive, so a reason a new llguidance adds gets its words here before it can reach a
-    // client as a bare name.
-    match reason {
-        StopReason::NotStopped => "the grammar stopped without a reason",
-        StopReason::MaxTokensTotal | StopReason::MaxTokensParser => {
-            "the output reached the grammar's token limit"
-        }
-        StopReason::NoExtension => "the grammar allows no further text here",
-        StopReason::NoExtensionBias => "the grammar allows no further token here",
-        StopReason::EndOfSentence => "the grammar's output had already ended",
-        StopReason::InternalError => "the grammar engine failed internally",
-        StopReason::LexerTooComplex => "the grammar's lexer reached its complexity limit",
-        StopReason::ParserTooComplex => "the grammar's parser reached its complexity limit",
-        StopReason::Cancelled => "the grammar's work was cancelled",
-    }
-    .to_string()
-}
-
 /// A matcher's error: a limit reached (the grammar's doing) or a refusal of a token the
 /// engine emitted under its own mask (a bug).
 fn matcher_error(e: impl std::fmt::Display) -> ConstraintError {
     let line = matcher_reason(&e.to_string());
-    if super::spec::reached_limit(&line) {
+    if reached_limit(&line) {
         ConstraintError::Exhausted(line)
     } else {
         ConstraintError::Matcher(line)
@@ -155,45 +128,5 @@ impl SequenceConstraint {
     /// Whether the output so far is a complete match (the end-of-sequence token is allowed).
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::matcher_reason;
-
-    #[test]
-    fn llguidance_stop_reasons_reach_clients_in_plain_words() {
-        assert_eq!(
-            matcher_reason("NoExtensionBias"),
-            "the grammar allows no further token here"
-        );
-        assert_eq!(
-            matcher_reason("NoExtension\n<non-verbose/>"),
-            "the grammar allows no further text here"
-        );
-        for name in [
-            "NotStopped",
-            "MaxTokensTotal",
-            "MaxTokensParser",
-            "EndOfSentence",
-            "InternalError",
-            "LexerTooComplex",
-            "ParserTooComplex",
-            "Cancelled",
-        ] {
-            let words = matcher_reason(name);
-            assert!(words.starts_with("the "), "{name}: {words}");
-            assert!(!words.contains(name), "{name}: {words}");
-        }
-        // Complexity still reads as a limit reached.
-        assert!(super::super::spec::reached_limit(&matcher_reason(
-            "ParserTooComplex"
-        )));
-        // llguidance's own messages pass as they are, first line only.
-        assert_eq!(
-            matcher_reason("max_tokens_total reached\n<state>...</state>"),
-            "max_tokens_total reached"
-        );
     }
 }

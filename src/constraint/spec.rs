@@ -7,6 +7,7 @@ use llguidance::Matcher;
 use serde_json::{json, Value};
 
 use super::json_layout::{with_json_layout, JsonWhitespace};
+use super::reasons::{matcher_reason, reached_limit};
 use super::{ConstraintError, ConstraintVocabulary, SequenceConstraint};
 
 /// A request's constraint, as the API layer read it.
@@ -145,38 +146,14 @@ fn probe_forced_start(matcher: &Matcher) -> Result<(), ConstraintError> {
     Ok(())
 }
 
-/// Phrases of llguidance's errors for a grammar past its limits (`ParserLimits`, the lexer's
-/// and regex builder's budgets) rather than a wrong one.
-const LIMIT_PHRASES: [&str; 7] = [
-    "fuel",
-    "items; max is",
-    "too many",
-    "too large",
-    "too big",
-    "max_items_in_row",
-    "limit",
-];
-
 /// A compile error in llguidance's words, as a limit reached or a grammar that is wrong.
 fn compile_error(e: &str) -> ConstraintError {
-    let line = super::sequence::matcher_reason(e);
+    let line = matcher_reason(e);
     if reached_limit(&line) {
         ConstraintError::TooComplex(line)
     } else {
         ConstraintError::Grammar(line)
     }
-}
-
-/// Whether an error of llguidance's says a limit was reached.
-pub(super) fn reached_limit(e: &str) -> bool {
-    let lower = e.to_lowercase();
-    LIMIT_PHRASES.iter().any(|p| lower.contains(p))
-}
-
-/// llguidance's errors can carry the whole grammar after the first line; a client needs the
-/// reason.
-pub(super) fn first_line(e: &str) -> String {
-    e.lines().next().unwrap_or(e).trim().to_string()
 }
 
 impl CompiledConstraint {
