@@ -120,6 +120,18 @@ fn assert_alive(server: &Server) {
 #[test]
 fn hostile_grammars_are_refused_or_served_and_never_hurt_the_server() {
     let server = Server::start(&["--context-length", "512"], &[]);
+    // The structured-output series exist before the first constrained request, at zero, so
+    // the dashboard's panels show zeros rather than no data.
+    for (name, labels) in [
+        ("tandem_constrained_requests_total", "kind=\"json_schema\""),
+        (
+            "tandem_constraint_too_complex_total",
+            "stage=\"generation\"",
+        ),
+        ("tandem_constraint_mask_seconds_count", ""),
+    ] {
+        assert_eq!(server.metric(name, labels), Some(0.0), "{name}");
+    }
     let left_recursive = "start: list\nlist: list \",\" ITEM | ITEM\nITEM: /[a-z]+/\n";
     let nested_brackets = format!("start: {}\"a\"{}\n", "(".repeat(100), ")".repeat(100));
     let cases: Vec<(&str, &str, Value, Expect)> = vec![
@@ -241,6 +253,33 @@ fn hostile_grammars_are_refused_or_served_and_never_hurt_the_server() {
             Expect::TooComplex("response_format"),
         ),
     ];
+    // Fields that would be ignored are refused by name.
+    let refused = [
+        (
+            completion(json!({"tools": weather_tool(json!({"type": "object"}))})),
+            "tools",
+        ),
+        (
+            completion(json!({"guided_regex": "a+", "guided_whitespace_pattern": " ?"})),
+            "guided_whitespace_pattern",
+        ),
+        (
+            chat(json!({"guided_whitespace_pattern": " ?"})),
+            "guided_whitespace_pattern",
+        ),
+    ];
+    for (body, field) in &refused {
+        let path = if body.get("prompt").is_some() {
+            "/v1/completions"
+        } else {
+            "/v1/chat/completions"
+        };
+        check(
+            field,
+            &post_json(&server.addr, path, body),
+            &Expect::Invalid(field),
+        );
+    }
     for (case, path, body, expect) in &cases {
         let r = post_json(&server.addr, path, body);
         check(case, &r, expect);
