@@ -58,7 +58,8 @@ impl Failure {
     }
 }
 
-/// The code of a failure whose grammar was too complex to follow.
+/// The error code of a constraint too complex: refused before it runs, or a sequence ended
+/// when its grammar became too complex to follow.
 pub const GRAMMAR_TOO_COMPLEX: &str = "grammar_too_complex";
 
 /// Scheduler: a new request, already checked by `Engine::submit`, and where each of its

@@ -309,6 +309,21 @@ async fn request_constraint(
     let whitespace = json_whitespace(params, &default_ws)?;
     let requested = requested_constraint(params, &whitespace)?;
     let from_tools = tools.and_then(|t| t.constraint(&whitespace));
+    let lays_out_json = match (&requested, &from_tools) {
+        (Some((_, spec)), _) => matches!(
+            spec,
+            ConstraintSpec::JsonObject(_) | ConstraintSpec::JsonSchema(..)
+        ),
+        (None, tools) => tools.is_some(),
+    };
+    if params.guided_whitespace_pattern.is_some() && !lays_out_json {
+        return Err(ApiError::invalid_param(
+            "guided_whitespace_pattern",
+            "guided_whitespace_pattern lays out JSON: it needs a JSON constraint \
+             (response_format json_object or json_schema, guided_json, json_schema) or tools \
+             the model may call.",
+        ));
+    }
     let (field, spec, kind) = match (requested, from_tools) {
         (Some((field, _)), Some(_)) => {
             return Err(ApiError::invalid_param(
@@ -324,27 +339,8 @@ async fn request_constraint(
             (field, spec, kind)
         }
         (None, Some(spec)) => ("tools", spec, "tools"),
-        (None, None) => {
-            if params.guided_whitespace_pattern.is_some() {
-                return Err(ApiError::invalid_param(
-                    "guided_whitespace_pattern",
-                    "guided_whitespace_pattern lays out JSON: it needs a JSON constraint \
-                     (response_format, guided_json) or tools the model may call.",
-                ));
-            }
-            return Ok(None);
-        }
+        (None, None) => return Ok(None),
     };
-    let json = matches!(
-        spec,
-        ConstraintSpec::JsonObject(_) | ConstraintSpec::JsonSchema(..)
-    ) || kind == "tools";
-    if params.guided_whitespace_pattern.is_some() && !json {
-        return Err(ApiError::invalid_param(
-            "guided_whitespace_pattern",
-            format!("guided_whitespace_pattern lays out JSON; `{field}` is not JSON."),
-        ));
-    }
     if params.ignore_eos == Some(true) {
         return Err(ApiError::invalid_param(
             "ignore_eos",

@@ -232,12 +232,9 @@ pub(super) async fn compile(
 /// A 400 naming `field`, with the code a client can act on.
 pub(super) fn too_complex(field: &str, message: String) -> ApiError {
     let mut e = ApiError::invalid_param(field, message);
-    e.code = Some(GRAMMAR_TOO_COMPLEX);
+    e.code = Some(crate::engine::GRAMMAR_TOO_COMPLEX);
     e
 }
-
-/// The error code of a constraint past a limit, refused or ended while generating.
-pub const GRAMMAR_TOO_COMPLEX: &str = "grammar_too_complex";
 
 /// Where a server compiles its requests' constraints, and how long a compile may take.
 pub struct Compiler {

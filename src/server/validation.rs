@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::error::{escaped_for_message, ApiError};
 use serde_json::Value;
 
-use super::schema::{ChatMessageIn, CommonParams, StopInput};
+use super::schema::{ChatMessageIn, CommonParams, StopInput, ToolCallIn};
 use super::startup::Loaded;
 use super::AppState;
 use crate::constraint::tools::{call_text, response_text, Tools};
@@ -92,23 +92,7 @@ pub(super) fn chat_turns(
             None => String::new(),
         };
         if m.role == "tool" {
-            let id = m.tool_call_id.as_deref().unwrap_or_default();
-            if id.is_empty() {
-                return Err(ApiError::invalid_param(
-                    &format!("messages[{i}].tool_call_id"),
-                    "A tool message needs the `tool_call_id` of the call it answers.",
-                ));
-            }
-            if !call_ids.iter().any(|c| c == id) {
-                return Err(ApiError::invalid_param(
-                    &format!("messages[{i}].tool_call_id"),
-                    format!(
-                        "A tool message answers a call of an earlier assistant message; no \
-                         earlier message made a call with id `{}`.",
-                        escaped_for_message(id)
-                    ),
-                ));
-            }
+            check_answers_a_call(i, m.tool_call_id.as_deref(), &call_ids)?;
             content = response_text(&content);
         } else if m.tool_calls.is_some() && m.role != "assistant" {
             return Err(ApiError::invalid_param(
@@ -117,25 +101,10 @@ pub(super) fn chat_turns(
             ));
         }
         for (k, call) in m.tool_calls.into_iter().flatten().enumerate() {
-            if call.kind.as_deref().is_some_and(|k| k != "function") {
-                return Err(ApiError::invalid_param(
-                    &format!("messages[{i}].tool_calls[{k}].type"),
-                    "Only `function` tool calls exist.",
-                ));
-            }
-            let arguments: Value = match call.function.arguments {
-                Value::String(s) => serde_json::from_str(&s).map_err(|e| {
-                    ApiError::invalid_param(
-                        &format!("messages[{i}].tool_calls[{k}].function.arguments"),
-                        format!("The arguments are not valid JSON: {e}"),
-                    )
-                })?,
-                other => other,
-            };
             if !content.is_empty() {
                 content.push('\n');
             }
-            content.push_str(&call_text(&call.function.name, &arguments));
+            content.push_str(&earlier_call_text(i, k, &call)?);
             call_ids.extend(call.id);
         }
         let mut turn = ChatMessage::new(role, content);
@@ -158,6 +127,48 @@ pub(super) fn chat_turns(
         }
     }
     Ok(turns)
+}
+
+/// Message `i`, a tool's result, must answer a call an earlier assistant message made.
+fn check_answers_a_call(i: usize, id: Option<&str>, calls: &[String]) -> Result<(), ApiError> {
+    let id = id.unwrap_or_default();
+    if id.is_empty() {
+        return Err(ApiError::invalid_param(
+            &format!("messages[{i}].tool_call_id"),
+            "A tool message needs the `tool_call_id` of the call it answers.",
+        ));
+    }
+    if !calls.iter().any(|c| c == id) {
+        return Err(ApiError::invalid_param(
+            &format!("messages[{i}].tool_call_id"),
+            format!(
+                "A tool message answers a call of an earlier assistant message; no earlier \
+                 message made a call with id `{}`.",
+                escaped_for_message(id)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Call `k` of assistant message `i`, written as the model writes calls.
+fn earlier_call_text(i: usize, k: usize, call: &ToolCallIn) -> Result<String, ApiError> {
+    if call.kind.as_deref().is_some_and(|k| k != "function") {
+        return Err(ApiError::invalid_param(
+            &format!("messages[{i}].tool_calls[{k}].type"),
+            "Only `function` tool calls exist.",
+        ));
+    }
+    let arguments: Value = match &call.function.arguments {
+        Value::String(s) => serde_json::from_str(s).map_err(|e| {
+            ApiError::invalid_param(
+                &format!("messages[{i}].tool_calls[{k}].function.arguments"),
+                format!("The arguments are not valid JSON: {e}"),
+            )
+        })?,
+        other => other.clone(),
+    };
+    Ok(call_text(&call.function.name, &arguments))
 }
 
 /// The prompt of a chat: the turns rendered with the model's chat template, every message's
