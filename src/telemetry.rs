@@ -341,11 +341,10 @@ pub fn record_constrained_request(kind: &'static str) {
     counter!(CONSTRAINED_REQUESTS, "kind" => kind).increment(1);
 }
 
-/// One round of a constrained sequence: its grammar work took `seconds` for `masks` rows.
-pub fn record_constraint_masks(seconds: f64, masks: usize) {
-    if masks > 0 {
-        histogram!(CONSTRAINT_MASK_SECONDS).record(seconds);
-    }
+/// One round of a constrained sequence: its grammar's work before the target forward (drafts
+/// checked, forced tokens, the rows' masks where sampling needs them) took `seconds`.
+pub fn record_constraint_work(seconds: f64) {
+    histogram!(CONSTRAINT_MASK_SECONDS).record(seconds);
 }
 
 /// A round's forced drafts: `forced` proposed, `accepted` of them stood.

@@ -143,6 +143,20 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
         assert!(matches_record(&s), "plain constrained output {s:?}");
         assert_eq!(c.usage.speculative.forced_tokens, 0);
     }
+    // With logprobs, every row's mask is computed before the forward instead of each row's
+    // argmax checked against the grammar after it (this random model's argmax is refused at
+    // most rows): the same tokens.
+    let reqs = prompts
+        .iter()
+        .map(|p| {
+            let mut r = request(p.clone(), 48, &eos, GammaPolicy::Off, &constraint);
+            r.logprobs = Some(1);
+            r
+        })
+        .collect();
+    for (c, w) in run_all(&rt, &plain_engine, reqs).iter().zip(&want) {
+        assert_eq!(c.tokens, w.tokens, "masked rows against checked argmaxes");
+    }
     drop(plain_engine);
 
     let sources = [
@@ -176,6 +190,11 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
                             .enumerate()
                             .map(|(j, p)| {
                                 let mut r = request(p.clone(), 48, &eos, gamma, &constraint);
+                                // Half the requests' rows are masked before the forward
+                                // (logprobs), half have their argmaxes checked after it.
+                                if (ci + j) % 2 == 0 {
+                                    r.logprobs = Some(0);
+                                }
                                 if j % 2 == 1 {
                                     r.speculation.tree_nodes =
                                         Some(TreeNodes::within(4, 8).unwrap());
@@ -257,6 +276,18 @@ fn real_model_json_schema_output_is_identical_with_speculation() {
         .map(|p| request(p.clone(), 80, &eos, GammaPolicy::Off, &constraint))
         .collect();
     let want = run_all(&rt, &plain, reqs);
+    // Masked rows (logprobs asked for) and checked argmaxes give the same output.
+    let reqs = prompts
+        .iter()
+        .map(|p| {
+            let mut r = request(p.clone(), 80, &eos, GammaPolicy::Off, &constraint);
+            r.logprobs = Some(0);
+            r
+        })
+        .collect();
+    for (c, w) in run_all(&rt, &plain, reqs).iter().zip(&want) {
+        assert_eq!(c.tokens, w.tokens, "masked rows against checked argmaxes");
+    }
     drop(plain);
     for c in &want {
         let v: serde_json::Value = serde_json::from_str(&text(&tok, &c.tokens, &eos)).unwrap();
@@ -279,4 +310,75 @@ fn real_model_json_schema_output_is_identical_with_speculation() {
             "{s:?}"
         );
     }
+}
+
+/// A greedy row checks only its argmax against the grammar (computing the mask where the
+/// grammar refuses it), so that check must agree with the mask: for every token of the real
+/// vocabulary, at every state along seeded random walks through a JSON schema (flexible
+/// whitespace), a tool-call grammar, a regex and choices (which end in the grammar's stop).
+#[test]
+fn a_single_token_check_agrees_with_the_mask_for_every_token() {
+    use tandem::constraint::tools::{Tool, ToolChoice, Tools};
+    let loaded = common::load_default(WeightsDtype::Q4_1);
+    let tok = Arc::clone(&loaded.tokenizer);
+    let vocab_size = loaded.model.hparams().vocab_size;
+    let vocab = ConstraintVocabulary::new(Arc::clone(&tok), vocab_size).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "topic": {"type": "string", "maxLength": 12},
+            "n": {"type": "integer"},
+            "level": {"enum": ["low", "high"]},
+        },
+        "required": ["topic", "n", "level"],
+        "additionalProperties": false,
+    });
+    let tools = Tools::new(
+        vec![Tool {
+            name: "search".into(),
+            description: None,
+            parameters: serde_json::json!({"type": "object",
+                "properties": {"q": {"type": "string", "maxLength": 8}}, "required": ["q"]}),
+        }],
+        ToolChoice::Required,
+        false,
+    );
+    let specs = [
+        ConstraintSpec::JsonSchema(schema, Default::default()),
+        tools.constraint(&Default::default()).unwrap(),
+        ConstraintSpec::Regex("[a-c]{2,4}-(x|yz)".into()),
+        ConstraintSpec::Choice(vec!["yes".into(), "no".into(), "maybe so".into()]),
+    ];
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let (mut states, mut stopped) = (0, 0);
+    for spec in &specs {
+        let mut g = vocab.compile(spec).unwrap().start();
+        for _step in 0..24 {
+            let mask = g.mask().unwrap();
+            let mut allowed = Vec::new();
+            for t in 0..vocab_size as u32 {
+                let want = mask.allows(t);
+                assert_eq!(g.allows(t).unwrap(), want, "{spec:?}: token {t}");
+                if want {
+                    allowed.push(t);
+                }
+            }
+            states += 1;
+            assert!(!allowed.is_empty(), "{spec:?}: nothing allowed");
+            if allowed.iter().all(|t| tok.eos_ids().contains(t)) {
+                stopped += 1;
+                break;
+            }
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let next = allowed[(seed % allowed.len() as u64) as usize];
+            g.advance(&[next]).unwrap();
+        }
+    }
+    assert!(states >= 40, "{states} states checked");
+    assert!(
+        stopped >= 2,
+        "walks that reached their grammar's end: {stopped}"
+    );
 }

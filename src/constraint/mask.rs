@@ -11,6 +11,11 @@ impl TokenMask {
         Self(bits)
     }
 
+    /// Whether the mask allows `token` (tokens past its vocabulary are forbidden).
+    pub fn allows(&self, token: u32) -> bool {
+        (token as usize) < self.0.len() && self.0.is_allowed(token)
+    }
+
     /// Sets every forbidden token's logit to -inf, so every later step of the logits pipeline
     /// (softmax, top-k/p, the draw, argmax) gives it exactly zero. Logits past the mask's
     /// vocabulary are forbidden too.
@@ -43,6 +48,7 @@ mod tests {
         let mask = TokenMask::new(bits);
         let mut logits: Vec<f32> = (0..72).map(|i| i as f32).collect();
         mask.apply(&mut logits);
+        assert!(mask.allows(33) && !mask.allows(34) && !mask.allows(70) && !mask.allows(9999));
         for (i, &l) in logits.iter().enumerate() {
             if [0, 33, 69].contains(&i) {
                 assert_eq!(l, i as f32);

@@ -10,6 +10,9 @@ use super::{ConstraintError, TokenMask};
 pub struct SequenceConstraint {
     matcher: Matcher,
     vocab: usize,
+    /// The tokenizer's vocabulary as the grammar knows it (the model's may be padded past it):
+    /// llguidance stops a matcher asked to validate a token past it.
+    grammar_vocab: usize,
 }
 
 impl std::fmt::Debug for SequenceConstraint {
@@ -31,7 +34,14 @@ fn matcher_error(e: impl std::fmt::Display) -> ConstraintError {
 
 impl SequenceConstraint {
     pub(super) fn new(matcher: Matcher, vocab: usize) -> Self {
-        Self { matcher, vocab }
+        let grammar_vocab = matcher
+            .tok_env()
+            .map_or(0, |env| env.tok_trie().vocab_size());
+        Self {
+            matcher,
+            vocab,
+            grammar_vocab,
+        }
     }
 
     /// An independent copy of this state (the grammar and its caches shared), for a drafter to
@@ -40,6 +50,7 @@ impl SequenceConstraint {
         Self {
             matcher: self.matcher.clone(),
             vocab: self.vocab,
+            grammar_vocab: self.grammar_vocab,
         }
     }
 
@@ -57,12 +68,45 @@ impl SequenceConstraint {
         Ok(TokenMask::new(bits))
     }
 
+    /// Whether the grammar allows `token` next: exactly whether [`Self::mask`] would allow it,
+    /// mostly for a parser step's cost instead of a pass over the vocabulary (a greedy row
+    /// checks its argmax and computes the mask only when the grammar refuses it).
+    ///
+    /// The mask is not simply "the tokens the parser accepts": where the grammar forces text,
+    /// llguidance allows only the first token of that text's canonical tokenization (not
+    /// `"t"` where `"topic"` is forced), and forced bytes that end mid-token must start the
+    /// next token. So a forced token answers by itself, other forced bytes defer to the mask,
+    /// and only a free position asks the parser about the one token.
+    pub fn allows(&mut self, token: u32) -> Result<bool, ConstraintError> {
+        if self.matcher.is_stopped() {
+            return Ok(self.mask()?.allows(token));
+        }
+        if let Some(&first) = self.matcher.compute_ff_tokens().first() {
+            return Ok(token == first);
+        }
+        if !self.matcher.compute_ff_bytes().is_empty() {
+            return Ok(self.mask()?.allows(token));
+        }
+        if token as usize >= self.grammar_vocab {
+            return Ok(false);
+        }
+        Ok(self
+            .matcher
+            .validate_tokens(&[token])
+            .map_err(matcher_error)?
+            == 1)
+    }
+
     /// How many of `tokens`, from the first, the grammar allows from here.
     pub fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
-        if tokens.is_empty() || self.matcher.is_stopped() {
+        let known = tokens
+            .iter()
+            .position(|&t| t as usize >= self.grammar_vocab)
+            .unwrap_or(tokens.len());
+        if known == 0 || self.matcher.is_stopped() {
             return 0;
         }
-        self.matcher.validate_tokens(tokens).unwrap_or(0)
+        self.matcher.validate_tokens(&tokens[..known]).unwrap_or(0)
     }
 
     /// The tokens the grammar forces from here (llguidance's fast-forward tokens: the forced

@@ -2,10 +2,13 @@
 
 use tokio::sync::mpsc;
 
+use super::error::EngineError;
 use super::request::{EngineRequest, FinishReason, Usage};
-use crate::constraint::{SequenceConstraint, TokenMask};
+use super::verify::RowGrammar;
+use crate::constraint::{ConstraintError, SequenceConstraint};
 use crate::draft::{DraftTiming, Proposal};
 use crate::sampling::{DraftGate, Lenience, SamplingParams, SeededRng, TokenLogprob};
+use crate::telemetry;
 
 /// What a request's stream yields: output pieces, then exactly one `Done` or `Failed`.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,6 +48,22 @@ impl Failure {
             message: message.into(),
             by_request: false,
             code: None,
+        }
+    }
+
+    /// How a grammar's failure ends its sequence: past llguidance's per-token limits it is
+    /// the request's doing (a 400-class error naming the code, counted); anything else is the
+    /// engine's.
+    pub fn of_grammar(e: &EngineError) -> Self {
+        match e {
+            EngineError::Constraint(ConstraintError::Exhausted(why)) => {
+                telemetry::record_constraint_too_complex("generation");
+                Self::grammar_too_complex(format!(
+                    "the grammar became too complex to follow at this point of the output \
+                     ({why}); simplify it"
+                ))
+            }
+            other => Self::engine(format!("structured output: {other}")),
         }
     }
 
@@ -199,9 +218,8 @@ pub struct TargetItem {
     pub logprobs: Option<usize>,
     /// Logprobs of the prompt tokens this item's rows predict (prefill).
     pub prompt_logprobs: Option<usize>,
-    /// A constrained sequence's grammar masks: one per row of a Verify item, one for the
-    /// sampled token of a PrefillLast item; empty when unconstrained.
-    pub masks: Vec<TokenMask>,
+    /// A constrained sequence's grammar, for its rows.
+    pub grammar: RowGrammar,
 }
 
 /// One sequence's result of a target forward.

@@ -249,7 +249,7 @@ fn run_batch(
     };
     let hidden = features.as_ref().map_or(0, |f| f.hidden());
     let mut outcomes = Vec::with_capacity(items.len());
-    for (i, it) in items.into_iter().enumerate() {
+    for (i, mut it) in items.into_iter().enumerate() {
         let mut rng = it.rng.clone();
         let mut out = TargetOutcome {
             seq: it.seq,
@@ -287,7 +287,7 @@ fn run_batch(
                     if let Some(mut row) = last {
                         // The first token's mask goes on the raw row: a mask's -inf survives
                         // the penalties unchanged, so the order matches a verified row's.
-                        if let Some(mask) = it.masks.first() {
+                        if let Some(mask) = it.grammar.mask(0) {
                             mask.apply(&mut row);
                         }
                         let tok = s
@@ -306,7 +306,7 @@ fn run_batch(
                 TargetWork::Verify if it.proposal.is_tree() => {
                     let rows = logits.seq_rows(i)?;
                     let walk = verify_tree(
-                        verify_input(&it, rows),
+                        verify_input(&mut it, rows),
                         &mut s.scratch,
                         &mut rng,
                         &mut out.logprobs,
@@ -327,9 +327,10 @@ fn run_batch(
                 }
                 TargetWork::Verify => {
                     let rows = logits.seq_rows(i)?;
+                    let lenience = it.lenience;
                     let outcome = verify(
-                        verify_input(&it, rows),
-                        it.lenience,
+                        verify_input(&mut it, rows),
+                        lenience,
                         &mut s.scratch,
                         &mut rng,
                         &mut out.logprobs,
@@ -355,6 +356,9 @@ fn run_batch(
             }
         }
         outcomes.push(result.map(|()| out).map_err(|e| {
+            if matches!(e, EngineError::Constraint(_)) {
+                return (it.seq, Failure::of_grammar(&e));
+            }
             let by_request = matches!(e, EngineError::Sampling(_)) && it.params.modifies_logits();
             (
                 it.seq,
@@ -377,7 +381,7 @@ fn run_batch(
 }
 
 /// What the verification of `it` reads, with the target's `rows` for it.
-fn verify_input(it: &TargetItem, rows: Vec<Vec<f32>>) -> VerifyInput<'_> {
+fn verify_input(it: &mut TargetItem, rows: Vec<Vec<f32>>) -> VerifyInput<'_> {
     VerifyInput {
         params: &it.params,
         context: &it.context,
@@ -385,6 +389,6 @@ fn verify_input(it: &TargetItem, rows: Vec<Vec<f32>>) -> VerifyInput<'_> {
         proposal: &it.proposal,
         rows,
         logprobs: it.logprobs,
-        masks: &it.masks,
+        grammar: &mut it.grammar,
     }
 }

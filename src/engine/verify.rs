@@ -4,14 +4,45 @@
 //! both accept exactly the same drafts.
 
 use super::error::EngineError;
-use crate::constraint::TokenMask;
+use crate::constraint::{SequenceConstraint, TokenMask};
 use crate::draft::Proposal;
 use crate::sampling::speculative::{accept_greedy, accept_sampled, DraftDist, RoundOutcome};
 use crate::sampling::tree::{accept_tree_greedy, accept_tree_sampled, DraftTree, TreeOutcome};
 use crate::sampling::{
-    apply_penalties, probabilities, token_logprob, Lenience, SamplingParams, SeededRng,
+    apply_penalties, argmax, probabilities, token_logprob, Lenience, SamplingParams, SeededRng,
     TokenLogprob,
 };
+
+/// How a constrained sequence's grammar reaches the rows the target computed for it.
+#[derive(Debug, Default)]
+pub enum RowGrammar {
+    /// Unconstrained.
+    #[default]
+    Free,
+    /// One mask per row of a Verify item (one for the sampled token of a PrefillLast item),
+    /// computed before the forward: what sampling, lenient acceptance and logprobs need, since
+    /// they read the whole masked row.
+    Masks(Vec<TokenMask>),
+    /// An exact greedy Verify item's grammar as the round starts (a fork of the sequence's):
+    /// each row's argmax is checked against it and the row's mask is computed only when the
+    /// grammar refuses that token. Exact: a row's argmax that the grammar allows is the argmax
+    /// of the masked row too (masking only lowers other tokens to -inf).
+    Checked(SequenceConstraint),
+}
+
+impl RowGrammar {
+    /// Row `i`'s mask, when it was computed before the forward.
+    pub fn mask(&self, i: usize) -> Option<&TokenMask> {
+        match self {
+            Self::Masks(m) => m.get(i),
+            _ => None,
+        }
+    }
+
+    pub fn is_free(&self) -> bool {
+        matches!(self, Self::Free)
+    }
+}
 
 /// Per-round scratch, reused so rounds do not allocate.
 #[derive(Default)]
@@ -35,9 +66,9 @@ pub struct VerifyInput<'a> {
     pub rows: Vec<Vec<f32>>,
     /// Report each emitted token's logprob with this many alternatives.
     pub logprobs: Option<usize>,
-    /// A constrained request's grammar masks, one per row (empty: unconstrained). Applied
-    /// after the penalties, exactly where plain decoding applies them.
-    pub masks: &'a [TokenMask],
+    /// A constrained request's grammar, applied after the penalties, exactly where plain
+    /// decoding applies it.
+    pub grammar: &'a mut RowGrammar,
 }
 
 /// Applies the request's processors to each verified row (row i sees the context plus the
@@ -59,9 +90,17 @@ pub fn verify(
         proposal,
         rows,
         logprobs,
-        masks,
+        grammar,
     } = input;
     let drafts = &proposal.tokens[..];
+    if let RowGrammar::Checked(g) = grammar {
+        if !params.is_greedy() || !lenience.is_exact() || logprobs.is_some() {
+            return Err(EngineError::Worker(
+                "a checked grammar verifies exact greedy rows without logprobs only".into(),
+            ));
+        }
+        return verify_checked(params, (context, prompt_len), drafts, &rows, g, s);
+    }
     let mut history = context.to_vec();
     s.target_probs.resize_with(rows.len(), Vec::new);
     if logprobs.is_some() && s.processed.len() < rows.len() {
@@ -75,7 +114,7 @@ pub fn verify(
             params,
             lenience,
             (&history, prompt_len),
-            (i, &row, masks.get(i)),
+            (i, &row, grammar.mask(i)),
             s,
             logprobs.is_some(),
         )?;
@@ -106,6 +145,50 @@ pub fn verify(
         }
     }
     Ok(outcome)
+}
+
+/// Exact greedy verification against a [`RowGrammar::Checked`] grammar: row by row, the
+/// processed row's argmax, checked against the grammar after the drafts before it (the mask
+/// computed and applied only when the grammar refuses it), compared with the row's draft.
+/// Rows past the first mismatch are never read, as in [`accept_greedy`].
+fn verify_checked(
+    params: &SamplingParams,
+    (context, prompt_len): (&[u32], usize),
+    drafts: &[u32],
+    rows: &[Vec<f32>],
+    grammar: &mut SequenceConstraint,
+    s: &mut Scratch,
+) -> Result<RoundOutcome, EngineError> {
+    if rows.len() != drafts.len() + 1 {
+        return Err(EngineError::Worker(format!(
+            "{} target rows for {} drafts",
+            rows.len(),
+            drafts.len()
+        )));
+    }
+    let mut history = context.to_vec();
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            history.push(drafts[i - 1]);
+            grammar.advance(&drafts[i - 1..i])?;
+        }
+        s.logits.clear();
+        s.logits.extend_from_slice(row);
+        apply_penalties(&mut s.logits, params, &history, &history[prompt_len..]);
+        let mut best = argmax(&s.logits)?;
+        if !grammar.allows(best)? {
+            grammar.mask()?.apply(&mut s.logits);
+            best = argmax(&s.logits)?;
+        }
+        if drafts.get(i) != Some(&best) {
+            return Ok(RoundOutcome {
+                accepted: i,
+                next_token: best,
+                bonus: i == drafts.len(),
+            });
+        }
+    }
+    unreachable!("the last row has no draft to match")
 }
 
 /// Applies the request's processors to target row `i`, whose history (prompt and output up
@@ -166,9 +249,9 @@ pub fn verify_tree(
         proposal,
         rows,
         logprobs,
-        masks,
+        grammar,
     } = input;
-    if !masks.is_empty() {
+    if !grammar.is_free() {
         return Err(EngineError::Worker(
             "a constrained request is verified as a chain, never a tree".into(),
         ));

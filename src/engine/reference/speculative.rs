@@ -15,7 +15,7 @@ use crate::engine::gamma::{gamma_cap, Gamma};
 use crate::engine::request::{
     FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput, SpeculationStats,
 };
-use crate::engine::verify::{verify, Scratch, VerifyInput};
+use crate::engine::verify::{verify, RowGrammar, Scratch, VerifyInput};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::{Lenience, Sampler, SeededRng};
 
@@ -143,7 +143,7 @@ fn run(
                 proposal: &proposal,
                 rows,
                 logprobs: None,
-                masks: &[],
+                grammar: &mut RowGrammar::Free,
             },
             spec.lenience,
             &mut s,

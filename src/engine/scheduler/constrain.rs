@@ -15,11 +15,11 @@
 //! select on the draws), under greedy decoding a chain that starts with them is kept.
 
 use super::state::Scheduler;
-use crate::constraint::ConstraintError;
 use crate::engine::error::EngineError;
 use crate::engine::gamma::{gamma_cap, RoundGamma};
 use crate::engine::messages::{Failure, TargetItem, TargetWork};
 use crate::engine::settings::SpeculationSettings;
+use crate::engine::verify::RowGrammar;
 use crate::telemetry;
 
 impl Scheduler {
@@ -57,7 +57,7 @@ impl Scheduler {
             let started = std::time::Instant::now();
             let result = (|| -> Result<usize, EngineError> {
                 if it.work == TargetWork::PrefillLast {
-                    it.masks = vec![c.mask()?];
+                    it.grammar = RowGrammar::Masks(vec![c.mask()?]);
                     return Ok(0);
                 }
                 let p = &mut it.proposal;
@@ -77,34 +77,28 @@ impl Scheduler {
                 it.tokens.truncate(1);
                 it.tokens.extend_from_slice(&p.tokens);
                 it.parents.clear();
-                c.masks_along(&p.tokens, &mut it.masks)?;
+                // Exact greedy rows need a row's mask only where the grammar refuses its
+                // argmax: the verifier checks that on a fork, after the forward.
+                let checked =
+                    it.params.is_greedy() && it.lenience.is_exact() && it.logprobs.is_none();
+                it.grammar = if checked {
+                    RowGrammar::Checked(c.fork())
+                } else {
+                    let mut masks = Vec::with_capacity(p.tokens.len() + 1);
+                    c.masks_along(&p.tokens, &mut masks)?;
+                    RowGrammar::Masks(masks)
+                };
                 Ok(forced.len())
             })();
             let took = started.elapsed().as_secs_f64();
             seconds += took;
-            telemetry::record_constraint_masks(took, it.masks.len());
+            telemetry::record_constraint_work(took);
             match result {
                 Ok(forced) => s.round_forced = forced,
-                Err(e) => failed.push((it.seq, constraint_failure(&e))),
+                Err(e) => failed.push((it.seq, Failure::of_grammar(&e))),
             }
         }
         items.retain(|it| !failed.iter().any(|(seq, _)| *seq == it.seq));
         (failed, seconds)
-    }
-}
-
-/// How a grammar's failure ends its sequence: past llguidance's per-token limits it is the
-/// request's doing (a 400-class error naming the code, counted); anything else is the
-/// engine's.
-pub(super) fn constraint_failure(e: &EngineError) -> Failure {
-    match e {
-        EngineError::Constraint(ConstraintError::Exhausted(why)) => {
-            telemetry::record_constraint_too_complex("generation");
-            Failure::grammar_too_complex(format!(
-                "the grammar became too complex to follow at this point of the output \
-                 ({why}); simplify it"
-            ))
-        }
-        other => Failure::engine(format!("structured output: {other}")),
     }
 }

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::constrain::constraint_failure;
 use super::sequence::{RoundEmission, Sequence};
 use super::state::{record_finished, Ending, Scheduler, POOLED_ACCEPTANCE_DECAY};
 use crate::engine::messages::{DraftOutcome, EngineEvent, Failure, TargetOutcome};
@@ -80,7 +79,7 @@ impl Scheduler {
                 // The grammar follows what was emitted (nothing past a stop matters).
                 if let Some(c) = s.constraint.as_mut() {
                     if let Err(e) = c.advance(&emission.tokens) {
-                        return Some((id, Err(constraint_failure(&e.into()))));
+                        return Some((id, Err(Failure::of_grammar(&e.into()))));
                     }
                 }
                 let mut logprobs = o.logprobs;

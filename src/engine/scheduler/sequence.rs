@@ -15,6 +15,7 @@ use crate::engine::governor::{Candidate, Choice, Governor};
 use crate::engine::messages::{DraftItem, DraftOutcome, EngineEvent, TargetItem, TargetWork};
 use crate::engine::request::{EngineRequest, FinishReason, SpeculationStats};
 use crate::engine::settings::{RoundSettings, SpeculationSettings};
+use crate::engine::verify::RowGrammar;
 use crate::sampling::{Lenience, SeededRng, TokenLogprob};
 
 /// A request waiting for slots: one per choice, all admitted together.
@@ -257,7 +258,7 @@ impl Sequence {
                 TargetWork::Verify => None,
                 _ => self.request.prompt_logprobs,
             },
-            masks: Vec::new(),
+            grammar: RowGrammar::Free,
         }
     }
 
