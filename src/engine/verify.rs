@@ -27,7 +27,7 @@ pub enum RowGrammar {
     /// each row's argmax is checked against it and the row's mask is computed only when the
     /// grammar refuses that token. Exact: a row's argmax that the grammar allows is the argmax
     /// of the masked row too (masking only lowers other tokens to -inf).
-    Checked(SequenceConstraint),
+    Checked(Box<SequenceConstraint>),
 }
 
 impl RowGrammar {

@@ -82,7 +82,7 @@ impl Scheduler {
                 let checked =
                     it.params.is_greedy() && it.lenience.is_exact() && it.logprobs.is_none();
                 it.grammar = if checked {
-                    RowGrammar::Checked(c.fork())
+                    RowGrammar::Checked(Box::new(c.fork()))
                 } else {
                     let mut masks = Vec::with_capacity(p.tokens.len() + 1);
                     c.masks_along(&p.tokens, &mut masks)?;
