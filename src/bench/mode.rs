@@ -35,6 +35,9 @@ pub enum Structured {
     Json,
     /// Each question answered with a call of one of a few tools (`tool_choice: required`).
     Tools,
+    /// Each question answered freely under the tools workload's system prompt: the baseline
+    /// that tells the tools grammar's cost from its longer prompt's.
+    ToolsPrompt,
 }
 
 impl Structured {
@@ -43,8 +46,14 @@ impl Structured {
             "none" | "free" => Some(Self::Free),
             "json" => Some(Self::Json),
             "tools" => Some(Self::Tools),
+            "tools_prompt" => Some(Self::ToolsPrompt),
             _ => None,
         }
+    }
+
+    /// Whether the answers are held to a grammar.
+    pub fn is_constrained(self) -> bool {
+        matches!(self, Self::Json | Self::Tools)
     }
 }
 
@@ -78,17 +87,23 @@ impl Mode {
     /// The mode this one is measured against: for a speculative mode, the first plain mode
     /// under the same structure (constrained speculation against constrained plain decoding);
     /// for a constrained plain mode, the first unconstrained plain mode (the constraint's own
-    /// cost). `None` for the baseline itself.
+    /// cost), for tool calls the one under the tools' system prompt where there is one.
+    /// `None` for the baseline itself.
     pub fn baseline<'a>(&self, modes: &'a [Mode]) -> Option<&'a Mode> {
+        let plain_under = |s: Structured| modes.iter().find(|m| m.is_plain() && m.structured == s);
         let want = if self.is_plain() {
-            if self.structured == Structured::Free {
-                return None;
+            match self.structured {
+                Structured::Free => return None,
+                Structured::Tools => {
+                    return plain_under(Structured::ToolsPrompt)
+                        .or_else(|| plain_under(Structured::Free));
+                }
+                _ => Structured::Free,
             }
-            Structured::Free
         } else {
             self.structured
         };
-        modes.iter().find(|m| m.is_plain() && m.structured == want)
+        plain_under(want)
     }
 
     /// The engine this mode runs on: modes with the same drafter, pipelining and prefix cache
@@ -156,8 +171,11 @@ impl Mode {
                 continue;
             }
             if k == "structured" {
-                mode.structured = Structured::parse(v)
-                    .ok_or_else(|| bad(format!("structured `{v}` (none, json, tools)")))?;
+                mode.structured = Structured::parse(v).ok_or_else(|| {
+                    bad(format!(
+                        "structured `{v}` (none, json, tools, tools_prompt)"
+                    ))
+                })?;
                 continue;
             }
             if mode.drafter == DrafterKind::None {
@@ -335,6 +353,25 @@ mod tests {
             Some("plain:structured=json".into())
         );
         assert_eq!(label(m[4].baseline(&m)), Some("plain".into()));
+        // Tool calls' constraint is measured against the same prompt unconstrained, when
+        // that mode runs; their speculation against constrained plain decoding.
+        let m = parse_modes(
+            "plain,plain:structured=tools,plain:structured=tools_prompt,pld:structured=tools",
+            8,
+        )
+        .unwrap();
+        assert!(m[1].structured.is_constrained() && !m[2].structured.is_constrained());
+        assert_eq!(
+            label(m[1].baseline(&m)),
+            Some("plain:structured=tools_prompt".into())
+        );
+        assert_eq!(label(m[2].baseline(&m)), Some("plain".into()));
+        assert_eq!(
+            label(m[3].baseline(&m)),
+            Some("plain:structured=tools".into())
+        );
+        let m = parse_modes("plain,plain:structured=tools", 8).unwrap();
+        assert_eq!(label(m[1].baseline(&m)), Some("plain".into()));
     }
 
     #[test]

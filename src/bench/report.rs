@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::mode::{Mode, Structured};
+use super::mode::Mode;
 
 /// One request (one turn of one question) under one mode.
 #[derive(Clone, Debug, Serialize)]
@@ -244,7 +244,7 @@ pub fn summarize(
                 tree_share: (rounds > 0).then(|| tree_rounds as f64 / rounds as f64),
                 tree_nodes_per_round: per_tree(tree_nodes),
                 tree_branch_share: per_tree(branched),
-                forced_share: (drafted > 0 && mode.structured != Structured::Free)
+                forced_share: (drafted > 0 && mode.structured.is_constrained())
                     .then(|| forced as f64 / drafted as f64),
                 ttft_median_s: median_ttft(true),
                 ttft_later_turns_median_s: median_ttft(false),

@@ -315,7 +315,7 @@ pub async fn run_bench(
             "--concurrency, --repeat and --max-tokens must be at least 1".into(),
         ));
     }
-    if opts.ignore_eos && opts.modes.iter().any(|m| m.structured != Structured::Free) {
+    if opts.ignore_eos && opts.modes.iter().any(|m| m.structured.is_constrained()) {
         return Err(BenchError::Options(
             "structured modes end their answers with the end-of-sequence token: drop \
              --ignore-eos"

@@ -68,6 +68,8 @@ fn tool_set() -> Tools {
 pub(super) struct Structures {
     json: Option<CompiledConstraint>,
     tools: Option<(String, CompiledConstraint)>,
+    /// The tools' system prompt alone (`tools_prompt`).
+    tools_prompt: Option<String>,
 }
 
 impl Structures {
@@ -77,8 +79,12 @@ impl Structures {
         whitespace: &JsonWhitespace,
     ) -> Result<Self, BenchError> {
         let wanted = |s: Structured| modes.iter().any(|m| m.structured == s);
+        let tools_prompt = wanted(Structured::ToolsPrompt).then(|| tool_set().system_prompt());
         if !wanted(Structured::Json) && !wanted(Structured::Tools) {
-            return Ok(Self::default());
+            return Ok(Self {
+                tools_prompt,
+                ..Self::default()
+            });
         }
         let vocab = vocab.ok_or_else(|| {
             BenchError::Options("structured modes need the model's constraint vocabulary".into())
@@ -88,7 +94,10 @@ impl Structures {
                 .compile(spec)
                 .map_err(|e| BenchError::Options(format!("structured workload: {e}")))
         };
-        let mut out = Self::default();
+        let mut out = Self {
+            tools_prompt,
+            ..Self::default()
+        };
         if wanted(Structured::Json) {
             out.json = Some(compile(&ConstraintSpec::JsonSchema(
                 answer_schema(),
@@ -114,6 +123,7 @@ impl Structures {
                 Some((prompt, c)) => (Some(c.clone()), Some(prompt.as_str())),
                 None => (None, None),
             },
+            Structured::ToolsPrompt => (None, self.tools_prompt.as_deref()),
         }
     }
 }

@@ -32,6 +32,9 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
         let what = match mode.drafter {
             DrafterKind::None if mode.is_plain() => match mode.structured {
                 Structured::Free => "none (plain decoding, the baseline)".to_string(),
+                Structured::ToolsPrompt => {
+                    "none (plain decoding under the tools' system prompt, no constraint)".into()
+                }
                 _ => "none (constrained plain decoding, the baseline of its structure)".to_string(),
             },
             DrafterKind::None => "none: only the constraint's forced tokens are drafted".into(),

@@ -163,10 +163,7 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         "kv_cache_dtype": target.model.kv_dtype().to_string(),
         "json_whitespace": config.structured.json_whitespace,
     });
-    let constraints = if modes
-        .iter()
-        .any(|m| m.structured != bench::Structured::Free)
-    {
+    let constraints = if modes.iter().any(|m| m.structured.is_constrained()) {
         let vocab = target.model.hparams().vocab_size;
         let built =
             tandem::constraint::ConstraintVocabulary::new(Arc::clone(&target.tokenizer), vocab)
