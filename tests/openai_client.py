@@ -17,6 +17,12 @@ def main(base_url: str) -> None:
 
     models = client.models.list()
     model = models.data[0].id
+    assert client.models.retrieve(model).id == model
+    try:
+        client.models.retrieve("no-such-model")
+        raise AssertionError("an unknown model id was retrieved")
+    except openai.NotFoundError as e:
+        assert "no-such-model" in str(e), e
 
     # A streaming chat completion with usage in the last chunk.
     stream = client.chat.completions.create(
@@ -24,6 +30,7 @@ def main(base_url: str) -> None:
         messages=[{"role": "user", "content": "Say hello in French."}],
         max_tokens=24,
         temperature=0,
+        modalities=["text"],
         stream=True,
         stream_options={"include_usage": True},
     )
@@ -139,6 +146,7 @@ def main(base_url: str) -> None:
 
     structured_outputs(client, model)
     tool_calls(client, model)
+    responses(client, model)
 
     print("openai client: ok", openai.__version__)
 
@@ -354,6 +362,85 @@ def tool_calls(client, model: str) -> None:
         assert e.body["param"] == "tool_choice", e.body
     else:
         raise AssertionError("tool_choice naming a missing function was accepted")
+
+
+def responses(client, model: str) -> None:
+    """The Responses API as the client uses it: plain, streamed, continued, retrieved and
+    deleted, with a function tool, and parsed into a Pydantic model through `text.format`."""
+    import json
+    first = client.responses.create(
+        model=model, input="Name a colour of the rainbow.", instructions="Answer in one line.",
+        max_output_tokens=24, temperature=0,
+    )
+    assert first.output_text.strip(), first
+    assert first.usage.output_tokens > 0 and first.usage.input_tokens > 0, first.usage
+
+    text, kinds, final = "", [], None
+    with client.responses.stream(
+        model=model, input="Name a colour of the rainbow.", instructions="Answer in one line.",
+        max_output_tokens=24, temperature=0,
+    ) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.output_text.delta":
+                text += event.delta
+            if event.type in ("response.completed", "response.incomplete"):
+                final = event.response
+    assert kinds[0] == "response.created" and kinds[-1] in (
+        "response.completed", "response.incomplete"), kinds
+    assert final.status == first.status, (final.status, first.status)
+    assert text == first.output_text == final.output_text, (text, first.output_text)
+
+    later = client.responses.create(
+        model=model, input="And another one?", previous_response_id=first.id,
+        max_output_tokens=24, temperature=0,
+    )
+    assert later.output_text.strip() and later.previous_response_id == first.id, later
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    client.responses.delete(first.id)
+    try:
+        client.responses.retrieve(first.id)
+        raise AssertionError("a deleted response was retrieved")
+    except openai.NotFoundError:
+        pass
+
+    weather = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"], "additionalProperties": False},
+               "strict": True}
+    called = client.responses.create(
+        model=model, input="What is the weather in Paris?", tools=[weather],
+        tool_choice="required", max_output_tokens=60, temperature=0,
+    )
+    calls = [o for o in called.output if o.type == "function_call"]
+    assert calls and calls[0].name == "get_weather", called.output
+    assert isinstance(json.loads(calls[0].arguments)["city"], str), calls[0]
+    answered = client.responses.create(
+        model=model, previous_response_id=called.id, tools=[weather], tool_choice="none",
+        input=[{"type": "function_call_output", "call_id": c.call_id, "output": "18C, sunny"}
+               for c in calls],
+        max_output_tokens=24, temperature=0,
+    )
+    assert answered.output_text.strip(), answered
+
+    from pydantic import BaseModel, Field
+
+    class Colour(BaseModel):
+        name: str = Field(max_length=16)
+        warm: bool
+
+    parsed = client.responses.parse(
+        model=model, input="Describe the colour red as JSON.", text_format=Colour,
+        max_output_tokens=60, temperature=0,
+    )
+    assert isinstance(parsed.output_parsed, Colour), parsed.output_text
+
+    try:
+        client.responses.create(model=model, input="hi", reasoning={"effort": "low"})
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "reasoning", e.body
+    else:
+        raise AssertionError("reasoning settings were accepted")
 
 
 if __name__ == "__main__":

@@ -159,6 +159,19 @@ fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
         .unwrap()
         .as_secs();
     assert!(created > now - 3600 && created <= now, "{models}");
+    // One model by its id (`client.models.retrieve`); another id, slashes and all, is a 404
+    // naming it.
+    let one = get(&addr, &format!("/v1/models/{model_id}"));
+    assert_eq!(one.status, 200, "{}", one.text());
+    assert_eq!(one.json(), models["data"][0]);
+    let other = get(&addr, "/v1/models/org/other-model");
+    assert_eq!(other.status, 404);
+    let e = &other.json()["error"];
+    assert_eq!(e["code"], "model_not_found", "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("`org/other-model`"),
+        "{e}"
+    );
 
     // Completions, greedy: identical to plain greedy `tandem generate` (speculation is on, with
     // the governor choosing γ; a repetitive prompt gives prompt lookup something to draft).
@@ -212,8 +225,9 @@ fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
     // (prompt lookup finds the question's words in the answer): identical to plain decoding.
     let question = "Name three colours of the rainbow.";
     let reference = generate_reference(question, false, 48, false);
+    // `modalities: ["text"]` (the official client's default) asks for what is done anyway.
     let body = json!({"messages": [{"role": "user", "content": question}], "max_tokens": 48,
-                      "temperature": 0, "speculative": {"gamma": 3}});
+                      "temperature": 0, "speculative": {"gamma": 3}, "modalities": ["text"]});
     let v = post_json(&addr, "/v1/chat/completions", &body).json();
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
@@ -228,6 +242,11 @@ fn openai_routes_match_plain_greedy_generation_and_shut_down_gracefully() {
     );
     usage_is_consistent(&v["usage"]);
     assert_speculated(&v["usage"]);
+    let mut audio = body.clone();
+    audio["modalities"] = json!(["text", "audio"]);
+    let r = post_json(&addr, "/v1/chat/completions", &audio);
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "modalities");
     assert_eq!(
         v["usage"]["completion_tokens"],
         reference["generated_tokens"]

@@ -176,6 +176,12 @@ impl Config {
                 return invalid(key, "must be >= 1 (a client that never finishes would hold its connection for good)".into());
             }
         }
+        if self.server.responses_ttl_seconds == 0 {
+            return invalid(
+                "server.responses_ttl_seconds",
+                "must be >= 1 (turn stored responses off with server.responses_stored = 0)".into(),
+            );
+        }
         let st = &self.structured;
         for (key, v) in [
             ("structured.compile_threads", st.compile_threads as u64),

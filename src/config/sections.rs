@@ -56,6 +56,8 @@ pub struct ServerConfig {
     pub drain_seconds: u64,
     pub header_timeout_seconds: u64,
     pub body_timeout_seconds: u64,
+    pub responses_stored: usize,
+    pub responses_ttl_seconds: u64,
 }
 
 /// `[structured]`: where and how requests' constraints compile, and JSON's default layout.

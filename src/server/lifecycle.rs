@@ -47,6 +47,10 @@ pub async fn run(
         next_request: AtomicU64::new(0),
         draining: AtomicBool::new(false),
         body_timeout: Duration::from_secs(config.server.body_timeout_seconds),
+        responses: super::responses_store::ResponseStore::new(
+            config.server.responses_stored,
+            Duration::from_secs(config.server.responses_ttl_seconds),
+        ),
         cutoff: tokio::sync::watch::channel(false).0,
     });
     tracing::info!(%local, "listening on http://{local} (loading models; /health is 503 until ready)");

@@ -15,6 +15,10 @@ mod logprobs;
 pub mod openai;
 mod reload;
 mod response;
+mod responses;
+mod responses_input;
+mod responses_output;
+mod responses_store;
 pub mod schema;
 pub mod startup;
 mod stream;
@@ -55,6 +59,8 @@ pub struct AppState {
     draining: AtomicBool,
     /// Longest a client may take to send a request body.
     body_timeout: Duration,
+    /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
+    responses: responses_store::ResponseStore,
     /// Turns true when the shutdown grace period ends: requests still running end in words
     /// (a stream's last events are a finish reason, an error and `[DONE]`; a waiting
     /// response becomes a 503) instead of a cut connection.
@@ -88,6 +94,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*id}", get(openai::model))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/health", get(health))

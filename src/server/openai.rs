@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -31,14 +31,31 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, A
     let loaded = state.ready()?;
     Ok(Json(json!({
         "object": "list",
-        "data": [{
-            "id": loaded.model_name,
-            "object": "model",
-            "created": loaded.created,
-            "owned_by": "tandem",
-            "max_model_len": loaded.engine.context_len(),
-        }],
+        "data": [model_card(loaded)],
     })))
+}
+
+/// The served model as `/v1/models` lists it.
+fn model_card(loaded: &Loaded) -> Value {
+    json!({
+        "id": loaded.model_name,
+        "object": "model",
+        "created": loaded.created,
+        "owned_by": "tandem",
+        "max_model_len": loaded.engine.context_len(),
+    })
+}
+
+/// `GET /v1/models/{id}`: the served model, or a 404 naming the id asked for.
+pub async fn model(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let loaded = state.ready()?;
+    if id != loaded.model_name {
+        return Err(ApiError::model_not_found(&id, &loaded.model_name));
+    }
+    Ok(Json(model_card(loaded)))
 }
 
 pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response {

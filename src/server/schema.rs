@@ -53,9 +53,20 @@ const REFUSED_FIELDS: [(&str, &str); 11] = [
     ),
     ("suffix", "Insertion (`suffix`) is not supported."),
     ("audio", "Only text output is supported."),
-    ("modalities", "Only text output is supported."),
+    (
+        "modalities",
+        "Only text output is supported: send `modalities: [\"text\"]` or leave it out.",
+    ),
     ("prediction", "Predicted outputs are not supported."),
 ];
+
+/// Refused fields whose value can ask for exactly what tandem does anyway (OpenAI's own client
+/// sends `modalities: ["text"]`, its default): that value is accepted.
+const ACCEPTED_AS_DONE: &[&str] = &["modalities"];
+
+fn is_what_we_do(field: &str, v: &serde_json::Value) -> bool {
+    field == "modalities" && *v == serde_json::json!(["text"])
+}
 
 /// An endpoint's own body fields (the rest are the shared [`CommonParams`]).
 pub trait EndpointFields: DeserializeOwned {
@@ -73,11 +84,14 @@ pub fn parse_request<T: EndpointFields>(bytes: &[u8]) -> Result<(T, CommonParams
         .iter()
         .filter_map(|k| all.remove_entry(*k))
         .collect();
-    if let Some((field, why)) = REFUSED_FIELDS
-        .iter()
-        .find(|(f, _)| all.get(*f).is_some_and(|v| !v.is_null()))
-    {
+    if let Some((field, why)) = REFUSED_FIELDS.iter().find(|(f, _)| {
+        all.get(*f)
+            .is_some_and(|v| !v.is_null() && !is_what_we_do(f, v))
+    }) {
         return Err(ApiError::invalid_param(field, *why));
+    }
+    for f in ACCEPTED_AS_DONE {
+        all.remove(*f);
     }
     Ok((
         from_value(serde_json::Value::Object(own))?,

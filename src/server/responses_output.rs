@@ -1,0 +1,415 @@
+//! A chat completion's answer in the Responses API's shapes: the response object (its output
+//! items: a message of `output_text`, `function_call`s), its usage, and the semantic events of
+//! a streamed response, made from the chat stream's chunks as they come.
+//!
+//! Why it exists: the Responses API serves what chat completions generate; this is where the
+//! answer and its stream are told in that API's words, and nothing else (pure: no I/O).
+
+use serde_json::{json, Map, Value};
+
+/// What every response object of one request repeats: its id, when, the model, and the
+/// request's settings as the client sent them.
+pub struct ResponseHead {
+    pub id: String,
+    pub created_at: u64,
+    pub model: String,
+    pub request: Map<String, Value>,
+}
+
+impl ResponseHead {
+    /// The response object with this status, output and usage.
+    pub fn response(&self, status: &str, output: Vec<Value>, usage: Value, error: Value) -> Value {
+        let r = &self.request;
+        let setting = |k: &str, default: Value| r.get(k).cloned().unwrap_or(default);
+        json!({
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": error,
+            "incomplete_details": if status == "incomplete" {
+                json!({"reason": "max_output_tokens"})
+            } else {
+                Value::Null
+            },
+            "instructions": setting("instructions", Value::Null),
+            "max_output_tokens": setting("max_output_tokens", Value::Null),
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": setting("parallel_tool_calls", json!(true)),
+            "previous_response_id": setting("previous_response_id", Value::Null),
+            "store": setting("store", json!(true)),
+            "temperature": setting("temperature", json!(1.0)),
+            "top_p": setting("top_p", json!(1.0)),
+            "text": setting("text", json!({"format": {"type": "text"}})),
+            "tool_choice": setting("tool_choice", json!("auto")),
+            "tools": setting("tools", json!([])),
+            "truncation": "disabled",
+            "metadata": setting("metadata", json!({})),
+            "usage": usage,
+        })
+    }
+
+    fn message_id(&self) -> String {
+        format!("msg_{}", self.id)
+    }
+
+    fn call_item_id(&self, k: usize) -> String {
+        format!("fc_{}_{k}", self.id)
+    }
+}
+
+/// A response's status from the chat choice's finish reason.
+pub fn status_of(finish: &str) -> &'static str {
+    match finish {
+        "length" | "abort" => "incomplete",
+        _ => "completed",
+    }
+}
+
+/// The Responses API's usage from a chat completion's (tandem's speculation figures kept).
+pub fn usage_of(chat: &Value) -> Value {
+    let input = chat["prompt_tokens"].as_u64().unwrap_or(0);
+    let output = chat["completion_tokens"].as_u64().unwrap_or(0);
+    json!({
+        "input_tokens": input,
+        "input_tokens_details": {
+            "cached_tokens": chat["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)
+        },
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input + output,
+        "speculative": chat.get("speculative").cloned().unwrap_or(Value::Null),
+    })
+}
+
+/// The output items of a chat completion's message: its text as one message item (when it has
+/// text, or no calls), then one item per tool call.
+pub fn output_items(head: &ResponseHead, message: &Value, status: &str) -> Vec<Value> {
+    let mut items = Vec::new();
+    let text = message["content"].as_str().unwrap_or("");
+    let calls = message["tool_calls"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    if !text.is_empty() || calls.is_empty() {
+        items.push(message_item(head, text, status));
+    }
+    for (k, call) in calls.iter().enumerate() {
+        items.push(call_item(
+            head,
+            k,
+            call["id"].as_str().unwrap_or(""),
+            call["function"]["name"].as_str().unwrap_or(""),
+            call["function"]["arguments"].as_str().unwrap_or(""),
+            "completed",
+        ));
+    }
+    items
+}
+
+fn message_item(head: &ResponseHead, text: &str, status: &str) -> Value {
+    json!({
+        "type": "message",
+        "id": head.message_id(),
+        "status": status,
+        "role": "assistant",
+        "content": [text_part(text)],
+    })
+}
+
+fn text_part(text: &str) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+}
+
+fn call_item(
+    head: &ResponseHead,
+    k: usize,
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    status: &str,
+) -> Value {
+    json!({
+        "type": "function_call",
+        "id": head.call_item_id(k),
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    })
+}
+
+/// A response's output as the assistant's chat turn: what a later `previous_response_id`
+/// continues from.
+pub fn chat_turn(output: &[Value]) -> Value {
+    let text: String = output
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["text"].as_str().map(str::to_string))
+        .collect();
+    let calls: Vec<Value> = output
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .map(|i| {
+            json!({"id": i["call_id"], "type": "function",
+                   "function": {"name": i["name"], "arguments": i["arguments"]}})
+        })
+        .collect();
+    let mut turn = json!({"role": "assistant", "content": text});
+    if !calls.is_empty() {
+        turn["tool_calls"] = Value::Array(calls);
+    }
+    turn
+}
+
+/// One output item being streamed.
+enum Open {
+    Message {
+        index: usize,
+        text: String,
+    },
+    Call {
+        index: usize,
+        k: usize,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
+}
+
+/// The events of a streamed response, made from the chat stream's chunks in order.
+pub struct EventTranslator {
+    head: ResponseHead,
+    sequence: u64,
+    /// Items already done, by output index.
+    output: Vec<Value>,
+    /// Items being streamed: the message, then the chat stream's tool calls by their index.
+    message: Option<Open>,
+    calls: Vec<Open>,
+    finish: Option<String>,
+    usage: Value,
+}
+
+impl EventTranslator {
+    pub fn new(head: ResponseHead) -> Self {
+        Self {
+            head,
+            sequence: 0,
+            output: Vec::new(),
+            message: None,
+            calls: Vec::new(),
+            finish: None,
+            usage: Value::Null,
+        }
+    }
+
+    fn event(&mut self, kind: &str, mut body: Value) -> Value {
+        body["type"] = json!(kind);
+        body["sequence_number"] = json!(self.sequence);
+        self.sequence += 1;
+        body
+    }
+
+    /// `response.created` and `response.in_progress`.
+    pub fn start(&mut self) -> Vec<Value> {
+        let r = self
+            .head
+            .response("in_progress", Vec::new(), Value::Null, Value::Null);
+        vec![
+            self.event("response.created", json!({"response": r.clone()})),
+            self.event("response.in_progress", json!({"response": r})),
+        ]
+    }
+
+    fn next_index(&self) -> usize {
+        self.output.len() + usize::from(self.message.is_some()) + self.calls.len()
+    }
+
+    /// The events one chat chunk makes.
+    pub fn chunk(&mut self, chunk: &Value) -> Vec<Value> {
+        let mut out = Vec::new();
+        if chunk["usage"].is_object() {
+            self.usage = usage_of(&chunk["usage"]);
+        }
+        let Some(choice) = chunk["choices"].get(0) else {
+            return out;
+        };
+        let delta = &choice["delta"];
+        if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+            if self.message.is_none() {
+                out.extend(self.open_message());
+            }
+            if let Some(Open::Message { index, text: all }) = self.message.as_mut() {
+                all.push_str(text);
+                let index = *index;
+                let id = self.head.message_id();
+                out.push(self.event(
+                    "response.output_text.delta",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                           "delta": text, "logprobs": []}),
+                ));
+            }
+        }
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            out.extend(self.call_delta(call));
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            self.finish = Some(f.to_string());
+        }
+        out
+    }
+
+    fn open_message(&mut self) -> Vec<Value> {
+        let index = self.next_index();
+        let id = self.head.message_id();
+        let item = json!({"type": "message", "id": id, "status": "in_progress",
+                          "role": "assistant", "content": []});
+        let out = vec![
+            self.event(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+            ),
+            self.event(
+                "response.content_part.added",
+                json!({"item_id": id, "output_index": index, "content_index": 0,
+                       "part": text_part("")}),
+            ),
+        ];
+        self.message = Some(Open::Message {
+            index,
+            text: String::new(),
+        });
+        out
+    }
+
+    fn call_delta(&mut self, call: &Value) -> Vec<Value> {
+        let mut out = Vec::new();
+        let k = call["index"].as_u64().unwrap_or(0) as usize;
+        if k >= self.calls.len() {
+            let index = self.next_index();
+            let call_id = call["id"].as_str().unwrap_or("").to_string();
+            let name = call["function"]["name"].as_str().unwrap_or("").to_string();
+            let item = call_item(&self.head, k, &call_id, &name, "", "in_progress");
+            out.push(self.event(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+            ));
+            self.calls.push(Open::Call {
+                index,
+                k,
+                call_id,
+                name,
+                arguments: String::new(),
+            });
+        }
+        let piece = call["function"]["arguments"].as_str().unwrap_or("");
+        if piece.is_empty() {
+            return out;
+        }
+        let item_id = self.head.call_item_id(k);
+        if let Some(Open::Call {
+            index, arguments, ..
+        }) = self.calls.get_mut(k)
+        {
+            arguments.push_str(piece);
+            let index = *index;
+            out.push(self.event(
+                "response.function_call_arguments.delta",
+                json!({"item_id": item_id, "output_index": index, "delta": piece}),
+            ));
+        }
+        out
+    }
+
+    /// The events that close the response after the chat stream's `[DONE]`, and the final
+    /// response object.
+    pub fn finish(&mut self) -> (Vec<Value>, Value) {
+        let status = status_of(self.finish.as_deref().unwrap_or("stop"));
+        // An answer of no text and no calls is still one (empty) message, as unstreamed.
+        let mut out = if self.message.is_none() && self.calls.is_empty() && self.output.is_empty() {
+            self.open_message()
+        } else {
+            Vec::new()
+        };
+        let mut open: Vec<Open> = self.message.take().into_iter().collect();
+        open.append(&mut self.calls);
+        open.sort_by_key(|o| match o {
+            Open::Message { index, .. } | Open::Call { index, .. } => *index,
+        });
+        for item in open {
+            out.extend(self.close(item, status));
+        }
+        let response =
+            self.head
+                .response(status, self.output.clone(), self.usage.clone(), Value::Null);
+        let kind = if status == "completed" {
+            "response.completed"
+        } else {
+            "response.incomplete"
+        };
+        out.push(self.event(kind, json!({"response": response.clone()})));
+        (out, response)
+    }
+
+    fn close(&mut self, item: Open, status: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        match item {
+            Open::Message { index, text } => {
+                let id = self.head.message_id();
+                out.push(self.event(
+                    "response.output_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                           "text": text, "logprobs": []}),
+                ));
+                out.push(self.event(
+                    "response.content_part.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                           "part": text_part(&text)}),
+                ));
+                let item = message_item(&self.head, &text, status);
+                out.push(self.event(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item.clone()}),
+                ));
+                self.output.push(item);
+            }
+            Open::Call {
+                index,
+                k,
+                call_id,
+                name,
+                arguments,
+            } => {
+                let item = call_item(&self.head, k, &call_id, &name, &arguments, "completed");
+                out.push(self.event(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": item["id"], "output_index": index, "name": name,
+                           "arguments": arguments}),
+                ));
+                out.push(self.event(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item.clone()}),
+                ));
+                self.output.push(item);
+            }
+        }
+        out
+    }
+
+    /// `response.failed` with the chat stream's error.
+    pub fn failed(&mut self, error: &Value) -> Value {
+        let error = json!({
+            "code": error["code"].as_str().unwrap_or("server_error"),
+            "message": error["message"].as_str().unwrap_or("generation failed"),
+        });
+        let response = self
+            .head
+            .response("failed", self.output.clone(), self.usage.clone(), error);
+        self.event("response.failed", json!({"response": response}))
+    }
+}
+
+#[cfg(test)]
+#[path = "responses_output_tests.rs"]
+mod tests;
