@@ -83,6 +83,28 @@ const PASSED: &[&str] = &[
     "speculative",
 ];
 
+/// The Responses API's own fields this module reads (besides [`PASSED`]), and those that ask
+/// nothing of the answer (who the user is, caching and billing hints, stream padding): any
+/// other field is refused by name rather than ignored.
+const KNOWN: &[&str] = &[
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "tools",
+    "tool_choice",
+    "text",
+    "store",
+    "previous_response_id",
+    "metadata",
+    "truncation",
+    "user",
+    "safety_identifier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "service_tier",
+    "stream_options",
+];
+
 /// A Responses request as a chat request.
 #[derive(Debug)]
 pub struct ChatForm {
@@ -156,6 +178,15 @@ fn refuse_unsupported(req: &Map<String, Value>) -> Result<(), ApiError> {
         .find(|(f, _)| req.get(*f).is_some_and(|v| asks(f, v)))
     {
         return Err(ApiError::invalid_param(field, *why));
+    }
+    if let Some(field) = req.keys().find(|k| {
+        let k = k.as_str();
+        !KNOWN.contains(&k) && !PASSED.contains(&k) && !REFUSED.iter().any(|(f, _)| *f == k)
+    }) {
+        return Err(ApiError::invalid_param(
+            field,
+            format!("Unknown field `{field}` for /v1/responses."),
+        ));
     }
     match req.get("truncation") {
         None | Some(Value::Null) => Ok(()),

@@ -145,6 +145,7 @@ fn what_tandem_does_not_do_is_refused_by_name() {
             json!({"input": "x", "text": {"verbosity": "low"}}),
             "text.verbosity",
         ),
+        (json!({"input": "x", "temprature": 0.5}), "temprature"),
         (
             json!({"input": [{"type": "reasoning", "summary": []}]}),
             "input[0].type",
