@@ -1,5 +1,6 @@
 //! Drawing one drafted token from a drafter's logits row: the request's processors, its
-//! grammar mask, the confidence gate, then argmax or a sample, with the draft distribution
+//! grammar (a greedy draft's argmax checked, the mask where it is refused or the whole row is
+//! read), the confidence gate, then argmax or a sample, with the draft distribution
 //! and confidences recorded in the proposal. Every model drafter (a draft model, `self:K`, a
 //! draft head) draws through here, so their drafts are processed exactly alike.
 
@@ -55,12 +56,22 @@ pub(super) fn draw_draft(
         lane.history,
         &lane.history[job.generated_from..],
     );
+    let greedy = job.params.is_greedy();
+    // A greedy draft read for its argmax alone (no gate, no confidences) needs the grammar's
+    // mask only where the grammar refuses that argmax: an allowed argmax is the masked one.
+    let argmax_only = greedy && !job.gate.is_on() && job.tree_nodes == 0 && !job.confidence;
+    let mut checked = None;
     if let Some(g) = job.grammar.as_deref_mut() {
-        g.mask()?.apply(&mut s.logits);
+        if argmax_only {
+            let best = argmax(&s.logits)?;
+            checked = g.allows(best)?.then_some(best);
+        }
+        if checked.is_none() {
+            g.mask()?.apply(&mut s.logits);
+        }
     }
     // The gate sees the distribution this token is drafted from: the sampling one, or the
     // softmax of what greedy takes the argmax of.
-    let greedy = job.params.is_greedy();
     if !greedy {
         probabilities(&s.logits, job.params, &mut s.probs)?;
     }
@@ -85,7 +96,9 @@ pub(super) fn draw_draft(
             return Ok(None);
         }
     }
-    let token = if greedy {
+    let token = if let Some(t) = checked {
+        t
+    } else if greedy {
         argmax(&s.logits)?
     } else {
         job.out.dists.extend_from_slice(&s.probs);
