@@ -183,6 +183,15 @@ fn responses_follow_the_chat_path_stream_continue_call_tools_and_refuse_by_name(
     let path = format!("/v1/responses/{}", last["id"].as_str().unwrap());
     assert_eq!(get(&addr, &path).json(), *last);
 
+    // Per-request speculation settings work as on chat: off, the same answer with no drafts.
+    let plain = respond(
+        &addr,
+        json!({"input": q1, "instructions": "Answer briefly.", "max_output_tokens": 32,
+               "temperature": 0, "speculative": {"enabled": false}}),
+    );
+    assert_eq!(output_text(&plain), want);
+    assert_eq!(plain["usage"]["speculative"]["draft_tokens"], 0, "{plain}");
+
     // A cut answer is incomplete, and says why.
     let cut = respond(
         &addr,
