@@ -44,9 +44,17 @@ def langchain(base_url: str, model: str) -> None:
     chat = ChatOpenAI(base_url=base_url, api_key="unused", model=model, temperature=0,
                       max_tokens=48, max_retries=0)
     assert chat.invoke("Say hello.").content.strip()
-    for method in ("json_schema", "function_calling", "json_mode"):
+    for method in ("json_schema", "function_calling"):
         out = chat.with_structured_output(Colour, method=method).invoke(ASK_JSON)
         assert isinstance(out, Colour), (method, out)
+    # json_mode asks for any JSON object: the server holds the answer to one; whether it has
+    # the model's fields is the model's doing.
+    out = chat.with_structured_output(Colour, method="json_mode", include_raw=True).invoke(
+        ASK_JSON)
+    if not isinstance(out["parsed"], Colour):
+        import json
+
+        assert isinstance(json.loads(out["raw"].content), dict), out
     called = chat.bind_tools([get_weather], tool_choice="any").invoke(
         "What is the weather in Paris?")
     assert called.tool_calls and called.tool_calls[0]["name"] == "get_weather", called
