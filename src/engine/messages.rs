@@ -2,9 +2,9 @@
 
 use tokio::sync::mpsc;
 
+use super::acceptance::RowGrammar;
 use super::error::EngineError;
 use super::request::{EngineRequest, FinishReason, Usage};
-use super::verify::RowGrammar;
 use crate::constraint::{ConstraintError, SequenceConstraint};
 use crate::draft::{DraftTiming, Proposal};
 use crate::sampling::{DraftGate, Lenience, SamplingParams, SeededRng, TokenLogprob};

@@ -10,6 +10,7 @@
 //!   (`worker`) for forward passes, continuous batching, pipelining and the speed `governor`;
 //!   its heartbeat (`liveness`) and the `watchdog` that reads it.
 
+pub mod acceptance;
 pub mod cache_manager;
 mod calibration;
 pub mod drafter;
@@ -28,7 +29,6 @@ pub mod speculation_override;
 pub mod stop;
 pub mod tree_nodes;
 pub mod verifier;
-pub mod verify;
 mod watchdog;
 pub mod worker;
 

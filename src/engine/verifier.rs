@@ -7,12 +7,12 @@ use std::time::Instant;
 use kameo::message::{Context, Message};
 use kameo::Actor;
 
+use super::acceptance::{verify, verify_tree, Scratch, VerifyInput};
 use super::error::EngineError;
 use super::messages::{
     CopyPrefix, Failure, FreeSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome,
     TargetWork, TreeWalk, TruncateSlot,
 };
-use super::verify::{verify, verify_tree, Scratch, VerifyInput};
 use super::worker::ComputeWorker;
 use crate::draft::Proposal;
 use crate::model::{FeatureTaps, KvCache, Llama, LogitsRows, SeqInput};

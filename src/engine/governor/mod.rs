@@ -8,14 +8,14 @@
 //! plain decoding, probing again now and then so a request that becomes predictable gets
 //! speculation back. Pure arithmetic: no clocks, no I/O; the caller feeds it measurements.
 
-mod acceptance;
+mod acceptance_rate;
 mod branches;
 mod config;
 mod costs;
 mod planner;
 mod speedup;
 
-pub use acceptance::{AcceptanceRate, Governor, KindRates, DRAFT_KINDS};
+pub use acceptance_rate::{AcceptanceRate, Governor, KindRates, DRAFT_KINDS};
 pub use branches::{
     acceptance_by_node, keep_alternatives, keep_chain, ConfidenceRates, RoundPrice, TreeOffer,
 };

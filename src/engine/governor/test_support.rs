@@ -1,6 +1,6 @@
 //! Shared fixtures of the governor's tests.
 
-use super::acceptance::Governor;
+use super::acceptance_rate::Governor;
 use super::costs::CostModel;
 use super::planner::plan_round;
 

@@ -9,13 +9,13 @@ use std::time::Instant;
 
 use super::steps::{emit_token, end_output, in_fresh_slot};
 use crate::draft::{Proposal, Proposer};
+use crate::engine::acceptance::{verify, RowGrammar, Scratch, VerifyInput};
 use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
 use crate::engine::gamma::{gamma_cap, Gamma};
 use crate::engine::request::{
     FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput, SpeculationStats,
 };
-use crate::engine::verify::{verify, RowGrammar, Scratch, VerifyInput};
 use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::{Lenience, Sampler, SeededRng};
 

@@ -15,11 +15,11 @@
 //! select on the draws), under greedy decoding a chain that starts with them is kept.
 
 use super::state::Scheduler;
+use crate::engine::acceptance::RowGrammar;
 use crate::engine::error::EngineError;
 use crate::engine::gamma::{gamma_cap, RoundGamma};
 use crate::engine::messages::{Failure, TargetItem, TargetWork};
 use crate::engine::settings::SpeculationSettings;
-use crate::engine::verify::RowGrammar;
 use crate::telemetry;
 
 impl Scheduler {

@@ -8,6 +8,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use super::foresight::NextDraft;
 use crate::constraint::SequenceConstraint;
 use crate::draft::Proposal;
+use crate::engine::acceptance::RowGrammar;
 use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
 use crate::engine::gamma::{gamma_cap, RoundGamma};
@@ -15,7 +16,6 @@ use crate::engine::governor::{Candidate, Choice, Governor};
 use crate::engine::messages::{DraftItem, DraftOutcome, EngineEvent, TargetItem, TargetWork};
 use crate::engine::request::{EngineRequest, FinishReason, SpeculationStats};
 use crate::engine::settings::{RoundSettings, SpeculationSettings};
-use crate::engine::verify::RowGrammar;
 use crate::sampling::{Lenience, SeededRng, TokenLogprob};
 
 /// A request waiting for slots: one per choice, all admitted together.

@@ -1,7 +1,9 @@
-//! The verification step of a speculation round (docs/speculation.md, "One round"): the request's logits
-//! processors applied to each target row exactly as plain decoding would apply them, then the
-//! acceptance rule. One function, used by the reference loop and the Verifier actor alike, so
-//! both accept exactly the same drafts.
+//! Where a round's drafts are accepted or rejected (docs/speculation.md, "One round"): the
+//! request's logits processors and grammar applied to each target row exactly as plain
+//! decoding would apply them, then the acceptance rule. One function per proposal shape
+//! (`verify`, `verify_tree`), used by the reference loop and the Verifier actor alike, so both
+//! accept exactly the same drafts. (The Verifier actor, `verifier`, runs the forward and rolls
+//! the cache back to what this step accepted.)
 
 use super::error::EngineError;
 use crate::constraint::{SequenceConstraint, TokenMask};
