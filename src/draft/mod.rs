@@ -14,7 +14,7 @@ mod model_slots;
 mod prompt_lookup;
 mod proposal;
 mod siblings;
-mod spec;
+mod drafter_spec;
 mod vocabulary;
 
 pub use error::DraftError;
@@ -23,7 +23,7 @@ pub use history::{RequestHistory, HISTORY_TOKENS};
 pub use model::{DraftJob, DraftTiming, ModelDrafter};
 pub use prompt_lookup::PromptLookup;
 pub use proposal::Proposal;
-pub use spec::{DraftSpec, InvalidDraftSpec};
+pub use drafter_spec::{DraftSpec, InvalidDraftSpec};
 pub use vocabulary::check_same_vocabulary;
 
 use crate::sampling::{SamplingParams, SeededRng};
