@@ -82,6 +82,8 @@ fn responses_follow_the_chat_path_stream_continue_call_tools_and_refuse_by_name(
         32,
     );
     assert_eq!(r["object"], "response");
+    assert!(r["id"].as_str().unwrap().starts_with("resp_"), "{r}");
+    assert_eq!(r["store"], true);
     assert_eq!(output_text(&r), want);
     assert!(
         r["status"] == "completed" || r["status"] == "incomplete",
@@ -342,17 +344,18 @@ fn responses_follow_the_chat_path_stream_continue_call_tools_and_refuse_by_name(
     );
     drop(server);
 
-    // A server that keeps no responses says so when asked to store one.
+    // A server that keeps no responses says so when asked to store one, and stores none by
+    // default.
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("tandem.toml");
     std::fs::write(&config, "[server]\nresponses_stored = 0\n").unwrap();
     let server = Server::start(&["--config", config.to_str().unwrap()], &[]);
-    let r = post_json(&server.addr, "/v1/responses", &json!({"input": "x"}));
-    assert_refused(&r, 400, "store");
     let r = post_json(
         &server.addr,
         "/v1/responses",
-        &json!({"input": "Hi", "store": false, "max_output_tokens": 4}),
+        &json!({"input": "x", "store": true}),
     );
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_refused(&r, 400, "store");
+    let r = respond(&server.addr, json!({"input": "Hi", "max_output_tokens": 4}));
+    assert_eq!(r["store"], false, "{r}");
 }

@@ -5,6 +5,7 @@
 //! proposal is deterministic (prompt lookup: a point mass). After verification it is told how
 //! many tokens of the sequence stand, and rolls back whatever state it keeps past that.
 
+mod drafter_spec;
 mod draw;
 mod error;
 mod head;
@@ -14,16 +15,15 @@ mod model_slots;
 mod prompt_lookup;
 mod proposal;
 mod siblings;
-mod drafter_spec;
 mod vocabulary;
 
+pub use drafter_spec::{DraftSpec, InvalidDraftSpec};
 pub use error::DraftError;
 pub use head::HeadDrafter;
 pub use history::{RequestHistory, HISTORY_TOKENS};
 pub use model::{DraftJob, DraftTiming, ModelDrafter};
 pub use prompt_lookup::PromptLookup;
 pub use proposal::Proposal;
-pub use drafter_spec::{DraftSpec, InvalidDraftSpec};
 pub use vocabulary::check_same_vocabulary;
 
 use crate::sampling::{SamplingParams, SeededRng};

@@ -48,8 +48,17 @@ async fn create_inner(state: &Arc<AppState>, body: Body) -> Result<Response, Api
             )))
         }
     };
+    let created_at = now_secs();
+    // Left out, `store` is the server's default: kept, unless this server keeps none.
     let store = match req.get("store") {
-        None | Some(Value::Null) => true,
+        None | Some(Value::Null) => state.responses.is_on(),
+        Some(Value::Bool(true)) if !state.responses.is_on() => {
+            return Err(ApiError::invalid_param(
+                "store",
+                "This server keeps no responses (server.responses_stored = 0): send \
+                 `store: false` or leave it out.",
+            ))
+        }
         Some(Value::Bool(b)) => *b,
         Some(_) => {
             return Err(ApiError::invalid_param(
@@ -58,12 +67,6 @@ async fn create_inner(state: &Arc<AppState>, body: Body) -> Result<Response, Api
             ))
         }
     };
-    if store && !state.responses.is_on() {
-        return Err(ApiError::invalid_param(
-            "store",
-            "This server keeps no responses (server.responses_stored = 0): send `store: false`.",
-        ));
-    }
     let earlier = match req.get("previous_response_id") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(id)) => {
@@ -89,10 +92,12 @@ async fn create_inner(state: &Arc<AppState>, body: Body) -> Result<Response, Api
         return Ok(in_responses_words(answer).await);
     }
     let head = ResponseHead {
-        id: state.new_request_id("resp"),
-        created_at: now_secs(),
+        // `resp_`: clients continue only from ids of this shape (LangChain, LiteLLM).
+        id: state.new_request_id("resp").replacen('-', "_", 1),
+        created_at,
         model: state.ready()?.model_name.clone(),
         request: req,
+        stored: store,
     };
     let saver = store.then(|| Saver {
         state: Arc::clone(state),

@@ -62,6 +62,15 @@ const REFUSED: &[(&str, &str)] = &[
         "n",
         "A response has one output; send several requests for several answers.",
     ),
+    (
+        "context_management",
+        "Context management (server-side compaction) is not supported: an input longer than \
+         the context is refused.",
+    ),
+    (
+        "moderation",
+        "Moderation is not run by tandem; leave `moderation` out.",
+    ),
 ];
 
 /// Fields passed to the chat request as they are: the sampling extensions both endpoints take
@@ -101,6 +110,7 @@ const KNOWN: &[&str] = &[
     "safety_identifier",
     "prompt_cache_key",
     "prompt_cache_retention",
+    "prompt_cache_options",
     "service_tier",
     "stream_options",
 ];
@@ -179,9 +189,12 @@ fn refuse_unsupported(req: &Map<String, Value>) -> Result<(), ApiError> {
     {
         return Err(ApiError::invalid_param(field, *why));
     }
-    if let Some(field) = req.keys().find(|k| {
+    if let Some((field, _)) = req.iter().find(|(k, v)| {
         let k = k.as_str();
-        !KNOWN.contains(&k) && !PASSED.contains(&k) && !REFUSED.iter().any(|(f, _)| *f == k)
+        !v.is_null()
+            && !KNOWN.contains(&k)
+            && !PASSED.contains(&k)
+            && !REFUSED.iter().any(|(f, _)| *f == k)
     }) {
         return Err(ApiError::invalid_param(
             field,
@@ -220,11 +233,13 @@ fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
                 format!("`{at}` must be an object."),
             ));
         };
-        match item
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("message")
-        {
+        // An item of no type is a message, or (with an `id` and no role) a reference.
+        let untyped = if item.contains_key("role") || !item.contains_key("id") {
+            "message"
+        } else {
+            "item_reference"
+        };
+        match item.get("type").and_then(Value::as_str).unwrap_or(untyped) {
             "message" => out.push(message(item, &at)?),
             "function_call" => {
                 let call = json!({
@@ -358,7 +373,9 @@ fn chat_tools(tools: &Value) -> Result<Value, ApiError> {
 /// `tool_choice` in chat's shape: the same words, a named function as chat names it.
 fn chat_tool_choice(choice: &Value) -> Result<Value, ApiError> {
     match choice {
-        Value::String(_) => Ok(choice.clone()),
+        Value::String(s) if ["auto", "none", "required"].contains(&s.as_str()) => {
+            Ok(choice.clone())
+        }
         Value::Object(o) if o.get("type") == Some(&json!("function")) => match o.get("name") {
             Some(Value::String(name)) => Ok(json!({"type": "function", "function": {"name": name}})),
             _ => Err(ApiError::invalid_param(

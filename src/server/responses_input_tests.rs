@@ -147,6 +147,15 @@ fn what_tandem_does_not_do_is_refused_by_name() {
         ),
         (json!({"input": "x", "temprature": 0.5}), "temprature"),
         (
+            json!({"input": "x", "context_management": [{"type": "compaction"}]}),
+            "context_management",
+        ),
+        (
+            json!({"input": "x", "tool_choice": "sometimes"}),
+            "tool_choice",
+        ),
+        (json!({"input": [{"id": "msg_1"}]}), "input[0].type"),
+        (
             json!({"input": [{"type": "reasoning", "summary": []}]}),
             "input[0].type",
         ),
@@ -171,7 +180,7 @@ fn what_tandem_does_not_do_is_refused_by_name() {
     chat_form(
         &req(
             json!({"input": "x", "background": false, "include": [], "truncation": "disabled",
-                    "reasoning": null}),
+                    "reasoning": null, "not_a_field": null, "prompt_cache_options": {}}),
         ),
         &[],
     )

@@ -14,13 +14,21 @@ pub struct ResponseHead {
     pub created_at: u64,
     pub model: String,
     pub request: Map<String, Value>,
+    /// Whether the response is kept (`store`, or the server's default).
+    pub stored: bool,
 }
 
 impl ResponseHead {
     /// The response object with this status, output and usage.
     pub fn response(&self, status: &str, output: Vec<Value>, usage: Value, error: Value) -> Value {
         let r = &self.request;
-        let setting = |k: &str, default: Value| r.get(k).cloned().unwrap_or(default);
+        // A field sent as null is a field left out.
+        let setting = |k: &str, default: Value| {
+            r.get(k)
+                .filter(|v| !v.is_null())
+                .cloned()
+                .unwrap_or(default)
+        };
         json!({
             "id": self.id,
             "object": "response",
@@ -38,7 +46,7 @@ impl ResponseHead {
             "output": output,
             "parallel_tool_calls": setting("parallel_tool_calls", json!(true)),
             "previous_response_id": setting("previous_response_id", Value::Null),
-            "store": setting("store", json!(true)),
+            "store": self.stored,
             "temperature": setting("temperature", json!(1.0)),
             "top_p": setting("top_p", json!(1.0)),
             "text": setting("text", json!({"format": {"type": "text"}})),
@@ -50,19 +58,22 @@ impl ResponseHead {
         })
     }
 
-    fn message_id(&self) -> String {
-        format!("msg_{}", self.id)
+    /// An output item's id, by its output index (the SDK tells items apart by id).
+    fn message_id(&self, index: usize) -> String {
+        format!("msg_{}_{index}", self.id)
     }
 
-    fn call_item_id(&self, k: usize) -> String {
-        format!("fc_{}_{k}", self.id)
+    fn call_item_id(&self, index: usize) -> String {
+        format!("fc_{}_{index}", self.id)
     }
 }
 
 /// A response's status from the chat choice's finish reason.
 pub fn status_of(finish: &str) -> &'static str {
     match finish {
-        "length" | "abort" => "incomplete",
+        "length" => "incomplete",
+        // The server ended it (shutdown), not the answer.
+        "abort" => "failed",
         _ => "completed",
     }
 }
@@ -74,7 +85,8 @@ pub fn usage_of(chat: &Value) -> Value {
     json!({
         "input_tokens": input,
         "input_tokens_details": {
-            "cached_tokens": chat["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)
+            "cached_tokens": chat["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
+            "cache_write_tokens": 0,
         },
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": 0},
@@ -92,12 +104,12 @@ pub fn output_items(head: &ResponseHead, message: &Value, status: &str) -> Vec<V
         .as_array()
         .map_or(&[][..], Vec::as_slice);
     if !text.is_empty() || calls.is_empty() {
-        items.push(message_item(head, text, status));
+        items.push(message_item(head, 0, text, status));
     }
-    for (k, call) in calls.iter().enumerate() {
+    for call in calls {
         items.push(call_item(
             head,
-            k,
+            items.len(),
             call["id"].as_str().unwrap_or(""),
             call["function"]["name"].as_str().unwrap_or(""),
             call["function"]["arguments"].as_str().unwrap_or(""),
@@ -107,10 +119,10 @@ pub fn output_items(head: &ResponseHead, message: &Value, status: &str) -> Vec<V
     items
 }
 
-fn message_item(head: &ResponseHead, text: &str, status: &str) -> Value {
+fn message_item(head: &ResponseHead, index: usize, text: &str, status: &str) -> Value {
     json!({
         "type": "message",
-        "id": head.message_id(),
+        "id": head.message_id(index),
         "status": status,
         "role": "assistant",
         "content": [text_part(text)],
@@ -123,7 +135,7 @@ fn text_part(text: &str) -> Value {
 
 fn call_item(
     head: &ResponseHead,
-    k: usize,
+    index: usize,
     call_id: &str,
     name: &str,
     arguments: &str,
@@ -131,7 +143,7 @@ fn call_item(
 ) -> Value {
     json!({
         "type": "function_call",
-        "id": head.call_item_id(k),
+        "id": head.call_item_id(index),
         "call_id": call_id,
         "name": name,
         "arguments": arguments,
@@ -163,7 +175,7 @@ pub fn chat_turn(output: &[Value]) -> Value {
     turn
 }
 
-/// One output item being streamed.
+/// The one output item being streamed (the API finishes an item before it adds the next).
 enum Open {
     Message {
         index: usize,
@@ -171,6 +183,7 @@ enum Open {
     },
     Call {
         index: usize,
+        /// The chat stream's index of this call.
         k: usize,
         call_id: String,
         name: String,
@@ -184,9 +197,7 @@ pub struct EventTranslator {
     sequence: u64,
     /// Items already done, by output index.
     output: Vec<Value>,
-    /// Items being streamed: the message, then the chat stream's tool calls by their index.
-    message: Option<Open>,
-    calls: Vec<Open>,
+    open: Option<Open>,
     finish: Option<String>,
     usage: Value,
 }
@@ -197,8 +208,7 @@ impl EventTranslator {
             head,
             sequence: 0,
             output: Vec::new(),
-            message: None,
-            calls: Vec::new(),
+            open: None,
             finish: None,
             usage: Value::Null,
         }
@@ -222,10 +232,6 @@ impl EventTranslator {
         ]
     }
 
-    fn next_index(&self) -> usize {
-        self.output.len() + usize::from(self.message.is_some()) + self.calls.len()
-    }
-
     /// The events one chat chunk makes.
     pub fn chunk(&mut self, chunk: &Value) -> Vec<Value> {
         let mut out = Vec::new();
@@ -237,19 +243,20 @@ impl EventTranslator {
         };
         let delta = &choice["delta"];
         if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
-            if self.message.is_none() {
+            if !matches!(self.open, Some(Open::Message { .. })) {
+                out.extend(self.close_open("completed"));
                 out.extend(self.open_message());
             }
-            if let Some(Open::Message { index, text: all }) = self.message.as_mut() {
+            let index = self.output.len();
+            let id = self.head.message_id(index);
+            if let Some(Open::Message { text: all, .. }) = self.open.as_mut() {
                 all.push_str(text);
-                let index = *index;
-                let id = self.head.message_id();
-                out.push(self.event(
-                    "response.output_text.delta",
-                    json!({"item_id": id, "output_index": index, "content_index": 0,
-                           "delta": text, "logprobs": []}),
-                ));
             }
+            out.push(self.event(
+                "response.output_text.delta",
+                json!({"item_id": id, "output_index": index, "content_index": 0,
+                       "delta": text, "logprobs": []}),
+            ));
         }
         for call in delta["tool_calls"].as_array().into_iter().flatten() {
             out.extend(self.call_delta(call));
@@ -261,8 +268,8 @@ impl EventTranslator {
     }
 
     fn open_message(&mut self) -> Vec<Value> {
-        let index = self.next_index();
-        let id = self.head.message_id();
+        let index = self.output.len();
+        let id = self.head.message_id(index);
         let item = json!({"type": "message", "id": id, "status": "in_progress",
                           "role": "assistant", "content": []});
         let out = vec![
@@ -276,7 +283,7 @@ impl EventTranslator {
                        "part": text_part("")}),
             ),
         ];
-        self.message = Some(Open::Message {
+        self.open = Some(Open::Message {
             index,
             text: String::new(),
         });
@@ -286,16 +293,17 @@ impl EventTranslator {
     fn call_delta(&mut self, call: &Value) -> Vec<Value> {
         let mut out = Vec::new();
         let k = call["index"].as_u64().unwrap_or(0) as usize;
-        if k >= self.calls.len() {
-            let index = self.next_index();
+        if !matches!(self.open, Some(Open::Call { k: open, .. }) if open == k) {
+            out.extend(self.close_open("completed"));
+            let index = self.output.len();
             let call_id = call["id"].as_str().unwrap_or("").to_string();
             let name = call["function"]["name"].as_str().unwrap_or("").to_string();
-            let item = call_item(&self.head, k, &call_id, &name, "", "in_progress");
+            let item = call_item(&self.head, index, &call_id, &name, "", "in_progress");
             out.push(self.event(
                 "response.output_item.added",
                 json!({"output_index": index, "item": item}),
             ));
-            self.calls.push(Open::Call {
+            self.open = Some(Open::Call {
                 index,
                 k,
                 call_id,
@@ -307,18 +315,15 @@ impl EventTranslator {
         if piece.is_empty() {
             return out;
         }
-        let item_id = self.head.call_item_id(k);
-        if let Some(Open::Call {
-            index, arguments, ..
-        }) = self.calls.get_mut(k)
-        {
+        let index = self.output.len();
+        if let Some(Open::Call { arguments, .. }) = self.open.as_mut() {
             arguments.push_str(piece);
-            let index = *index;
-            out.push(self.event(
-                "response.function_call_arguments.delta",
-                json!({"item_id": item_id, "output_index": index, "delta": piece}),
-            ));
         }
+        let item_id = self.head.call_item_id(index);
+        out.push(self.event(
+            "response.function_call_arguments.delta",
+            json!({"item_id": item_id, "output_index": index, "delta": piece}),
+        ));
         out
     }
 
@@ -327,36 +332,33 @@ impl EventTranslator {
     pub fn finish(&mut self) -> (Vec<Value>, Value) {
         let status = status_of(self.finish.as_deref().unwrap_or("stop"));
         // An answer of no text and no calls is still one (empty) message, as unstreamed.
-        let mut out = if self.message.is_none() && self.calls.is_empty() && self.output.is_empty() {
+        let mut out = if self.open.is_none() && self.output.is_empty() {
             self.open_message()
         } else {
             Vec::new()
         };
-        let mut open: Vec<Open> = self.message.take().into_iter().collect();
-        open.append(&mut self.calls);
-        open.sort_by_key(|o| match o {
-            Open::Message { index, .. } | Open::Call { index, .. } => *index,
-        });
-        for item in open {
-            out.extend(self.close(item, status));
-        }
+        out.extend(self.close_open(status));
         let response =
             self.head
                 .response(status, self.output.clone(), self.usage.clone(), Value::Null);
-        let kind = if status == "completed" {
-            "response.completed"
-        } else {
-            "response.incomplete"
+        let kind = match status {
+            "completed" => "response.completed",
+            "failed" => "response.failed",
+            _ => "response.incomplete",
         };
         out.push(self.event(kind, json!({"response": response.clone()})));
         (out, response)
     }
 
-    fn close(&mut self, item: Open, status: &str) -> Vec<Value> {
+    /// The `.done` events of the item being streamed, if any.
+    fn close_open(&mut self, status: &str) -> Vec<Value> {
+        let Some(item) = self.open.take() else {
+            return Vec::new();
+        };
         let mut out = Vec::new();
         match item {
             Open::Message { index, text } => {
-                let id = self.head.message_id();
+                let id = self.head.message_id(index);
                 out.push(self.event(
                     "response.output_text.done",
                     json!({"item_id": id, "output_index": index, "content_index": 0,
@@ -367,7 +369,7 @@ impl EventTranslator {
                     json!({"item_id": id, "output_index": index, "content_index": 0,
                            "part": text_part(&text)}),
                 ));
-                let item = message_item(&self.head, &text, status);
+                let item = message_item(&self.head, index, &text, status);
                 out.push(self.event(
                     "response.output_item.done",
                     json!({"output_index": index, "item": item.clone()}),
@@ -376,12 +378,12 @@ impl EventTranslator {
             }
             Open::Call {
                 index,
-                k,
                 call_id,
                 name,
                 arguments,
+                ..
             } => {
-                let item = call_item(&self.head, k, &call_id, &name, &arguments, "completed");
+                let item = call_item(&self.head, index, &call_id, &name, &arguments, "completed");
                 out.push(self.event(
                     "response.function_call_arguments.done",
                     json!({"item_id": item["id"], "output_index": index, "name": name,
@@ -397,18 +399,25 @@ impl EventTranslator {
         out
     }
 
-    /// `response.failed` with the chat stream's error.
+    /// `response.failed` with the chat stream's error: its code where the Responses API has
+    /// it, else `server_error` with the code in the message.
     pub fn failed(&mut self, error: &Value) -> Value {
-        let error = json!({
-            "code": error["code"].as_str().unwrap_or("server_error"),
-            "message": error["message"].as_str().unwrap_or("generation failed"),
-        });
+        let code = error["code"].as_str().unwrap_or("server_error");
+        let message = error["message"].as_str().unwrap_or("generation failed");
+        let error = if RESPONSE_ERROR_CODES.contains(&code) {
+            json!({"code": code, "message": message})
+        } else {
+            json!({"code": "server_error", "message": format!("{code}: {message}")})
+        };
         let response = self
             .head
             .response("failed", self.output.clone(), self.usage.clone(), error);
         self.event("response.failed", json!({"response": response}))
     }
 }
+
+/// The codes a Responses API error may carry (`ResponseError.code`) that tandem can give.
+const RESPONSE_ERROR_CODES: &[&str] = &["server_error", "rate_limit_exceeded", "invalid_prompt"];
 
 #[cfg(test)]
 #[path = "responses_output_tests.rs"]

@@ -14,6 +14,7 @@ fn head() -> ResponseHead {
         created_at: 7,
         model: "m".into(),
         request,
+        stored: true,
     }
 }
 
@@ -59,9 +60,12 @@ fn a_chat_answer_becomes_output_items_usage_and_a_status() {
     assert_eq!(usage["output_tokens"], 3);
     assert_eq!(usage["total_tokens"], 8);
     assert_eq!(usage["input_tokens_details"]["cached_tokens"], 2);
+    assert_eq!(usage["input_tokens_details"]["cache_write_tokens"], 0);
     assert_eq!(usage["speculative"]["rounds"], 1);
     assert_eq!(status_of("length"), "incomplete");
     assert_eq!(status_of("tool_calls"), "completed");
+    assert_eq!(status_of("abort"), "failed");
+    assert_ne!(items[0]["id"], items[1]["id"]);
     let r = h.response("incomplete", items, usage, Value::Null);
     assert_eq!(r["object"], "response");
     assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
@@ -104,12 +108,13 @@ fn a_streamed_answer_gives_the_semantic_events_in_order() {
             "response.content_part.added",
             "response.output_text.delta",
             "response.output_text.delta",
-            "response.output_item.added",
-            "response.function_call_arguments.delta",
-            "response.function_call_arguments.delta",
+            // Each item is finished before the next is added.
             "response.output_text.done",
             "response.content_part.done",
             "response.output_item.done",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta",
             "response.function_call_arguments.done",
             "response.output_item.done",
             "response.completed",
@@ -118,9 +123,11 @@ fn a_streamed_answer_gives_the_semantic_events_in_order() {
     for (i, e) in events.iter().enumerate() {
         assert_eq!(e["sequence_number"], i, "{e}");
     }
-    assert_eq!(events[9]["text"], "Hello");
+    assert_eq!(events[6]["text"], "Hello");
     assert_eq!(events[12]["arguments"], "{\"a\":1}");
-    assert_eq!(events[6]["output_index"], 1);
+    assert_eq!(events[9]["output_index"], 1);
+    assert_eq!(events[9]["item"]["id"], "fc_resp-1_1");
+    assert_eq!(events[2]["item"]["id"], "msg_resp-1_0");
     assert_eq!(response["status"], "completed");
     assert_eq!(response["output"][0]["content"][0]["text"], "Hello");
     assert_eq!(response["output"][1]["arguments"], "{\"a\":1}");
@@ -150,5 +157,10 @@ fn a_cut_stream_is_incomplete_an_empty_one_one_message_and_a_failure_failed() {
     let failed = t.failed(&json!({"message": "too complex", "code": "grammar_too_complex"}));
     assert_eq!(failed["type"], "response.failed");
     assert_eq!(failed["response"]["status"], "failed");
-    assert_eq!(failed["response"]["error"]["code"], "grammar_too_complex");
+    // Only the Responses API's own codes pass; others are told in the message.
+    assert_eq!(failed["response"]["error"]["code"], "server_error");
+    assert_eq!(
+        failed["response"]["error"]["message"],
+        "grammar_too_complex: too complex"
+    );
 }
