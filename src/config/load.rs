@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::error::ConfigError;
-use super::sections::{Config, Sections, DEFAULT_CONFIG};
+use super::sections::{Config, Sections, ServerConfig, StructuredConfig, DEFAULT_CONFIG};
 use super::speculation::{settings_error, SpeculationSection, SPECULATION_ALIASES};
 use crate::constraint::JsonWhitespace;
 use crate::engine::{EngineConfig, Gamma};
@@ -156,44 +156,8 @@ impl Config {
                 ),
             };
         }
-        if self.server.host.trim().is_empty() {
-            return invalid("server.host", "must not be empty".into());
-        }
-        if self.server.max_body_bytes < 1024 {
-            return invalid("server.max_body_bytes", "must be >= 1024".into());
-        }
-        for (key, v) in [
-            (
-                "server.header_timeout_seconds",
-                self.server.header_timeout_seconds,
-            ),
-            (
-                "server.body_timeout_seconds",
-                self.server.body_timeout_seconds,
-            ),
-        ] {
-            if v == 0 {
-                return invalid(key, "must be >= 1 (a client that never finishes would hold its connection for good)".into());
-            }
-        }
-        if self.server.responses_ttl_seconds == 0 {
-            return invalid(
-                "server.responses_ttl_seconds",
-                "must be >= 1 (turn stored responses off with server.responses_stored = 0)".into(),
-            );
-        }
-        let st = &self.structured;
-        for (key, v) in [
-            ("structured.compile_threads", st.compile_threads as u64),
-            ("structured.compile_timeout_ms", st.compile_timeout_ms),
-        ] {
-            if v == 0 {
-                return invalid(key, "must be >= 1".into());
-            }
-        }
-        if let Err(e) = st.json_whitespace.parse::<JsonWhitespace>() {
-            return invalid("structured.json_whitespace", e);
-        }
+        validate_server(&self.server)?;
+        validate_structured(&self.structured)?;
         validate_engine(&self.engine)?;
         self.speculation
             .settings
@@ -201,6 +165,56 @@ impl Config {
             .map_err(settings_error)?;
         Ok(())
     }
+}
+
+/// What `[server]` must hold beyond its types.
+fn validate_server(server: &ServerConfig) -> Result<(), ConfigError> {
+    let invalid = |key: &str, reason: String| Err(ConfigError::invalid(key, reason));
+    if server.host.trim().is_empty() {
+        return invalid("server.host", "must not be empty".into());
+    }
+    if server.max_body_bytes < 1024 {
+        return invalid("server.max_body_bytes", "must be >= 1024".into());
+    }
+    for (key, v) in [
+        (
+            "server.header_timeout_seconds",
+            server.header_timeout_seconds,
+        ),
+        ("server.body_timeout_seconds", server.body_timeout_seconds),
+    ] {
+        if v == 0 {
+            return invalid(
+                key,
+                "must be >= 1 (a client that never finishes would hold its connection for good)"
+                    .into(),
+            );
+        }
+    }
+    if server.responses_ttl_seconds == 0 {
+        return invalid(
+            "server.responses_ttl_seconds",
+            "must be >= 1 (turn stored responses off with server.responses_stored = 0)".into(),
+        );
+    }
+    Ok(())
+}
+
+/// What `[structured]` must hold beyond its types.
+fn validate_structured(st: &StructuredConfig) -> Result<(), ConfigError> {
+    let invalid = |key: &str, reason: String| Err(ConfigError::invalid(key, reason));
+    for (key, v) in [
+        ("structured.compile_threads", st.compile_threads as u64),
+        ("structured.compile_timeout_ms", st.compile_timeout_ms),
+    ] {
+        if v == 0 {
+            return invalid(key, "must be >= 1".into());
+        }
+    }
+    if let Err(e) = st.json_whitespace.parse::<JsonWhitespace>() {
+        return invalid("structured.json_whitespace", e);
+    }
+    Ok(())
 }
 
 /// What `[engine]` must hold beyond its types.

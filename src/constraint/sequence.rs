@@ -75,17 +75,18 @@ impl SequenceConstraint {
     /// The mask is not simply "the tokens the parser accepts": where the grammar forces text,
     /// llguidance allows only the first token of that text's canonical tokenization (not
     /// `"t"` where `"topic"` is forced), and forced bytes that end mid-token must start the
-    /// next token. So a forced token answers by itself, other forced bytes defer to the mask,
-    /// and only a free position asks the parser about the one token.
+    /// next token. So a free position (no forced bytes, the common case) asks the parser about
+    /// the one token, a forced token answers by itself, and other forced bytes defer to the
+    /// mask.
     pub fn allows(&mut self, token: u32) -> Result<bool, ConstraintError> {
         if self.matcher.is_stopped() {
             return Ok(self.mask()?.allows(token));
         }
-        if let Some(&first) = self.matcher.compute_ff_tokens().first() {
-            return Ok(token == first);
-        }
         if !self.matcher.compute_ff_bytes().is_empty() {
-            return Ok(self.mask()?.allows(token));
+            return Ok(match self.matcher.compute_ff_tokens().first() {
+                Some(&first) => token == first,
+                None => self.mask()?.allows(token),
+            });
         }
         if token as usize >= self.grammar_vocab {
             return Ok(false);

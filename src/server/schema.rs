@@ -60,10 +60,8 @@ const REFUSED_FIELDS: [(&str, &str); 11] = [
     ("prediction", "Predicted outputs are not supported."),
 ];
 
-/// Refused fields whose value can ask for exactly what tandem does anyway (OpenAI's own client
-/// sends `modalities: ["text"]`, its default): that value is accepted.
-const ACCEPTED_AS_DONE: &[&str] = &["modalities"];
-
+/// Whether a refused field's value asks for exactly what tandem does anyway (OpenAI's own
+/// client sends `modalities: ["text"]`, its default): that value is accepted.
 fn is_what_we_do(field: &str, v: &serde_json::Value) -> bool {
     field == "modalities" && *v == serde_json::json!(["text"])
 }
@@ -90,9 +88,7 @@ pub fn parse_request<T: EndpointFields>(bytes: &[u8]) -> Result<(T, CommonParams
     }) {
         return Err(ApiError::invalid_param(field, *why));
     }
-    for f in ACCEPTED_AS_DONE {
-        all.remove(*f);
-    }
+    all.retain(|f, v| !is_what_we_do(f, v));
     Ok((
         from_value(serde_json::Value::Object(own))?,
         from_value(serde_json::Value::Object(all))?,
