@@ -5,7 +5,9 @@
 
 mod common;
 
-use tandem::model::{KvCache, KvDtype, Llama, LoadedModel, LogitsRows, SeqInput, WeightsDtype};
+use tandem::model::{
+    Kept, KvCache, KvDtype, Llama, LoadedModel, LogitsRows, SeqInput, WeightsDtype,
+};
 
 /// k tokens in one forward (all rows) == k one-token forwards, after a shared prefix.
 fn multi_token_equals_single_steps(model: &Llama, prefix: &[u32], tail: &[u32]) {
@@ -43,7 +45,7 @@ fn truncate_and_refeed_equals_fresh(model: &Llama, prompt: &[u32], wrong: &[u32]
     let a = cache.allocate().unwrap();
     common::forward_rows(model, &mut cache, a, prompt, LogitsRows::None);
     common::forward_rows(model, &mut cache, a, wrong, LogitsRows::All);
-    cache.truncate_to(a, prompt.len()).unwrap();
+    cache.keep(a, Kept::First(prompt.len())).unwrap();
     assert_eq!(cache.len(a).unwrap(), prompt.len());
     let refed = common::forward_rows(model, &mut cache, a, right, LogitsRows::All);
     let b = cache.allocate().unwrap();
@@ -228,7 +230,7 @@ fn an_f16_cache_holds_half_the_bytes() {
     );
     let bytes = cache.slot_memory_bytes(a);
     assert!(bytes >= 10 * cache.bytes_per_token(), "{bytes}");
-    cache.truncate_to(a, 3).unwrap();
+    cache.keep(a, Kept::First(3)).unwrap();
     assert_eq!(
         cache.slot_memory_bytes(a),
         bytes,
@@ -264,10 +266,10 @@ fn cache_slots_truncate_free_and_report_memory() {
     assert!(cache.slot_memory_bytes(a) >= 10 * cache.bytes_per_token());
     assert_eq!(cache.slot_memory_bytes(b), 0);
     assert!(
-        cache.truncate_to(a, 11).is_err(),
+        cache.keep(a, Kept::First(11)).is_err(),
         "cannot grow by truncation"
     );
-    cache.truncate_to(a, 4).unwrap();
+    cache.keep(a, Kept::First(4)).unwrap();
     assert_eq!(cache.len(a).unwrap(), 4);
     cache.free(a).unwrap();
     assert_eq!(cache.slot_memory_bytes(a), 0);
@@ -297,7 +299,7 @@ fn bad_forward_inputs_are_rejected_and_leave_the_cache_alone() {
         },
     )
     .unwrap();
-    assert!(e.contains("truncate_to"), "{e}");
+    assert!(e.contains("KvCache::keep"), "{e}");
     let e = bad(
         &mut cache,
         SeqInput {

@@ -19,7 +19,7 @@ use tandem::engine::{
 };
 use tandem::model::head::train::{random_head, TrainSettings};
 use tandem::model::head::{load_head, save_head, DraftHead, HeadTensors};
-use tandem::model::{FeatureTaps, Llama, WeightsDtype};
+use tandem::model::{FeatureTaps, Kept, Llama, WeightsDtype};
 use tandem::sampling::SamplingParams;
 use tandem::train::{answer_jobs, answer_prompts, train_head, Answer, TrainOptions};
 
@@ -752,7 +752,7 @@ fn training_steps_are_the_drafters_steps() {
         close(&standing, &first, "the first step".into());
         for r in 0..n - 1 {
             // The standing positions 0..=r, then the chain's second step after them.
-            cache.truncate_to(0, 0).unwrap();
+            cache.keep(0, Kept::First(0)).unwrap();
             run(&mut cache, 0, &tokens[1..r + 2], &states[..(r + 1) * h]);
             let next = run(
                 &mut cache,

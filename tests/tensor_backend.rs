@@ -22,7 +22,8 @@ use tandem::engine::{
     generate_plain, generate_speculative, FixedSpeculation, Gamma, GenerationRequest,
 };
 use tandem::model::{
-    BackendChoice, DeviceSpec, ForwardKind, KvDtype, Llama, LoadedModel, LogitsRows, WeightsDtype,
+    BackendChoice, DeviceSpec, ForwardKind, Kept, KvDtype, Llama, LoadedModel, LogitsRows,
+    WeightsDtype,
 };
 use tandem::sampling::{Lenience, SamplingParams};
 
@@ -239,7 +240,7 @@ fn cache_algebra_holds_on_the_tensor_backend() {
     let a = cache.allocate().unwrap();
     common::forward_rows(m, &mut cache, a, &prefix, LogitsRows::None);
     common::forward_rows(m, &mut cache, a, &wrong, LogitsRows::All);
-    cache.truncate_to(a, prefix.len()).unwrap();
+    cache.keep(a, Kept::First(prefix.len())).unwrap();
     let refed = common::forward_rows(m, &mut cache, a, &right, LogitsRows::All);
     let b = cache.allocate().unwrap();
     let full: Vec<u32> = prefix.iter().chain(&right).copied().collect();
@@ -249,7 +250,7 @@ fn cache_algebra_holds_on_the_tensor_backend() {
         assert!(gap <= LOGIT_TOLERANCE, "refed row {i} off by {gap}");
     }
     // Refeeding the same width after a rollback is bit for bit.
-    cache.truncate_to(a, prefix.len()).unwrap();
+    cache.keep(a, Kept::First(prefix.len())).unwrap();
     assert_eq!(
         common::forward_rows(m, &mut cache, a, &right, LogitsRows::All),
         refed
@@ -283,7 +284,7 @@ fn cache_algebra_holds_on_the_tensor_backend() {
     assert_eq!(cache.len(1).unwrap(), 20);
     let tail = &prefix[20..24];
     let from_copy = common::forward_rows(m, &mut cache, 1, tail, LogitsRows::All);
-    cache.truncate_to(a, 20).unwrap();
+    cache.keep(a, Kept::First(20)).unwrap();
     assert_eq!(
         common::forward_rows(m, &mut cache, a, tail, LogitsRows::All),
         from_copy

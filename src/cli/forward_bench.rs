@@ -11,7 +11,7 @@ use clap::Args;
 
 use tandem::config::Config;
 use tandem::model::llama::op_profile::{self, Op};
-use tandem::model::{KvCache, Llama, LogitsRows, SeqInput};
+use tandem::model::{Kept, KvCache, Llama, LogitsRows, SeqInput};
 use tandem::sampling::speculative::{accept_sampled, DraftDist};
 use tandem::sampling::{probabilities, Lenience, SamplingParams, SeededRng};
 
@@ -96,7 +96,7 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
                 }],
             )?;
             let dt = t.elapsed().as_secs_f64() * 1e3;
-            cache.truncate_to(slot, depth)?;
+            cache.keep(slot, Kept::First(depth))?;
             if r > 0 {
                 times.push(dt); // the first round warms caches
             }
@@ -182,7 +182,7 @@ fn print_breakdown(
             let t = op_profile::take();
             op_profile::enable(false);
             done?;
-            cache.truncate_to(slot, depth)?;
+            cache.keep(slot, Kept::First(depth))?;
             if r > 0 {
                 runs.push(t);
             }
@@ -324,7 +324,7 @@ fn time_head_step(
         let t = std::time::Instant::now();
         head.forward(model, &mut cache, &[input(base, &tokens[..1])], &feature)?;
         let dt = t.elapsed().as_secs_f64() * 1e3;
-        cache.truncate_to(slot, base)?;
+        cache.keep(slot, Kept::First(base))?;
         if r > 0 {
             times.push(dt);
         }

@@ -18,7 +18,7 @@ use super::draw::{draw_draft, DrawLane, DrawScratch};
 use super::siblings::Siblings;
 use super::{DraftError, DraftJob, DraftTiming, PromptLookup};
 use crate::model::head::DraftHead;
-use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{Kept, KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::GateRound;
 
 /// One sequence's head state.
@@ -325,7 +325,7 @@ impl HeadDrafter {
         }
         s.standing = first;
         if self.cache.len(slot)? > first {
-            self.cache.truncate_to(slot, first)?;
+            self.cache.keep(slot, Kept::First(first))?;
         }
         // Room for the standing positions and γ-1 fed drafts.
         let gamma = job.gamma.min((max_len + 1).saturating_sub(ctx.len()));

@@ -51,6 +51,7 @@ pub trait Proposer {
         Ok(())
     }
 
-    /// The first `keep` tokens of the context stand; forget anything past them.
-    fn rollback(&mut self, keep: usize) -> Result<(), DraftError>;
+    /// The first `len` tokens of the context stand; forget anything past them (a round's
+    /// rejected drafts leave the drafter here).
+    fn keep(&mut self, len: usize) -> Result<(), DraftError>;
 }

@@ -14,7 +14,7 @@ use super::siblings::Siblings;
 use super::{DraftError, Proposal, Proposer};
 use crate::constraint::SequenceConstraint;
 use crate::model::cache::prefix_index::PrefixIndex;
-use crate::model::{BatchLogits, KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{BatchLogits, Kept, KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::{DraftGate, GateRound, SamplingParams, SeededRng};
 
 /// `M` is how the model is held: `&Llama` for one generation, `Arc<Llama>` in the engine.
@@ -311,7 +311,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         let slot = self.slot_for(job.seq, job.context)?;
         if self.cache.len(slot)? >= job.context.len() {
             // Out of step with the caller (it should have rolled us back): start over.
-            self.cache.truncate_to(slot, 0)?;
+            self.cache.keep(slot, Kept::First(0))?;
         }
         let cached = self.cache.len(slot)?;
         // Room for the context and γ-1 fed drafts.
@@ -366,7 +366,7 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
 
     fn prefill(&mut self, prompt: &[u32]) -> Result<(), DraftError> {
         let slot = self.slot_for(SOLO, &[])?;
-        self.cache.truncate_to(slot, 0)?;
+        self.cache.keep(slot, Kept::First(0))?;
         let tokens = &prompt[..prompt.len().min(self.cache.max_len())];
         if !tokens.is_empty() {
             self.model.forward(
@@ -384,7 +384,7 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
         Ok(())
     }
 
-    fn rollback(&mut self, keep: usize) -> Result<(), DraftError> {
-        self.rollback_seq(SOLO, keep)
+    fn keep(&mut self, len: usize) -> Result<(), DraftError> {
+        self.keep_seq(SOLO, len)
     }
 }

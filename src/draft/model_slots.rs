@@ -1,5 +1,5 @@
 //! A draft model's cache slots: which slot each sequence drafts in, rolling a slot back to
-//! what the target kept, and the prefix cache's retained slots (kept, taken over, evicted,
+//! what the target kept (`keep_standing`), and the prefix cache's retained slots (kept, taken over, evicted,
 //! dropped).
 //!
 //! Why it exists: the drafting loop (`model.rs`) reads a slot per sequence; where that slot
@@ -11,7 +11,7 @@ use std::ops::Deref;
 use super::model::ModelDrafter;
 use super::DraftError;
 use crate::model::cache::prefix_index::{PrefixMatch, PrefixSource};
-use crate::model::Llama;
+use crate::model::{Kept, Llama};
 use crate::telemetry;
 
 impl<M: Deref<Target = Llama>> ModelDrafter<M> {
@@ -39,8 +39,8 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
     /// the longest prefix of what the cache holds that agrees with it. After a tree round the
     /// accepted path may leave the drafted chain, so the cache's drafts are compared token by
     /// token, not just counted. A cache whose contents are not known starts over.
-    pub fn rollback_to_context(&mut self, seq: u64, standing: &[u32]) -> Result<(), DraftError> {
-        let keep = match self.held.get(&seq) {
+    pub fn keep_standing(&mut self, seq: u64, standing: &[u32]) -> Result<(), DraftError> {
+        let len = match self.held.get(&seq) {
             Some(held) => held
                 .iter()
                 .zip(standing)
@@ -48,17 +48,17 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                 .count(),
             None => 0,
         };
-        self.rollback_seq(seq, keep)
+        self.keep_seq(seq, len)
     }
 
-    /// The first `keep` tokens of `seq`'s context stand; forget anything past them.
-    pub fn rollback_seq(&mut self, seq: u64, keep: usize) -> Result<(), DraftError> {
+    /// The first `len` tokens of `seq`'s context stand; forget anything past them.
+    pub fn keep_seq(&mut self, seq: u64, len: usize) -> Result<(), DraftError> {
         if let Some(&slot) = self.slots.get(&seq) {
-            if self.cache.len(slot)? > keep {
-                self.cache.truncate_to(slot, keep)?;
+            if self.cache.len(slot)? > len {
+                self.cache.keep(slot, Kept::First(len))?;
             }
             if let Some(h) = self.held.get_mut(&seq) {
-                h.truncate(keep);
+                h.truncate(len);
             }
         }
         Ok(())
@@ -137,7 +137,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                     }
                     None => {
                         self.retained.take(slot);
-                        self.cache.truncate_to(slot, len)?;
+                        self.cache.keep(slot, Kept::First(len))?;
                         (slot, len)
                     }
                 }

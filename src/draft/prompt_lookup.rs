@@ -299,7 +299,7 @@ impl Proposer for PromptLookup {
         Ok(())
     }
 
-    fn rollback(&mut self, _keep: usize) -> Result<(), DraftError> {
+    fn keep(&mut self, _len: usize) -> Result<(), DraftError> {
         Ok(())
     }
 }

@@ -138,7 +138,7 @@ fn draft_with_model(
         .map(|it| {
             let standing = &it.context[..it.context.len().saturating_sub(1)];
             drafter
-                .rollback_to_context(it.seq, standing)
+                .keep_standing(it.seq, standing)
                 .err()
                 .map(|e| e.to_string())
         })
@@ -359,7 +359,7 @@ fn measure_draft_costs(
             let mut d = ModelDrafter::new(drafter.model(), "calibration");
             for _ in 0..tries {
                 for keep in [0, context.len() - 1] {
-                    d.rollback_seq(0, keep).map_err(|e| e.to_string())?;
+                    d.keep_seq(0, keep).map_err(|e| e.to_string())?;
                     let mut out = Proposal::default();
                     let mut jobs = [calibration_job(&context, &params, &mut rng, &mut out)];
                     let t = d.propose_batch(&mut jobs);

@@ -283,9 +283,8 @@ pub struct CopyPrefix {
     pub len: usize,
 }
 
-/// Verifier: cut a slot's cache to its first `len` tokens (a new sequence takes over a
-/// retained slot).
-pub struct TruncateSlot {
+/// Verifier: keep a slot's first `len` tokens (a new sequence takes over a retained slot).
+pub struct KeepSlot {
     pub slot: usize,
     pub len: usize,
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::engine::{Engine, EngineConfig, EngineRequest, GenerationRequest, RequestSpeculation};
 use crate::model::cache::prefix_index::common_prefix;
-use crate::model::{FeatureTaps, KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{FeatureTaps, Kept, KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::SamplingParams;
 
 /// One prompt and the target's answer to it, as one token sequence.
@@ -155,7 +155,7 @@ impl<'a> FeatureRunner<'a> {
         // At least the last token is run again, so that a text that is a prefix of the last
         // one still comes out of one forward of its own.
         let shared = common_prefix(&self.last, tokens).min(tokens.len().saturating_sub(1));
-        self.cache.truncate_to(0, shared)?;
+        self.cache.keep(0, Kept::First(shared))?;
         let (_, f) = self.target.forward_with_features(
             &mut self.cache,
             &[SeqInput {

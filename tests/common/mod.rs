@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 use tandem::model::load::loader::LoadOptions;
 use tandem::model::{
-    BackendChoice, DeviceSpec, KvCache, Llama, LoadedModel, LogitsRows, ModelSource, SeqInput,
+    BackendChoice, DeviceSpec, Kept, KvCache, Llama, LoadedModel, LogitsRows, ModelSource, SeqInput,
     WeightsDtype,
 };
 use tandem::sampling::SeededRng;
@@ -443,7 +443,7 @@ pub fn tree_path(parents: &[u32], k: usize) -> Vec<usize> {
 }
 
 /// A tree forward after `prefix` gives each node the bits of the linear forward of its path,
-/// also beside another sequence in the same forward; keeping a path (`keep_path`) leaves the
+/// also beside another sequence in the same forward; keeping a path (`KvCache::keep`) leaves the
 /// cache as feeding that path alone would (the next tokens' logits are the same bits).
 /// `same` compares two rows (bitwise for the own kernels).
 pub fn tree_equals_its_paths(
@@ -506,7 +506,7 @@ pub fn tree_equals_its_paths(
     // Keep the deepest path of the last branch, then feed three more tokens.
     let path = tree_path(parents, tokens.len() - 1);
     let path_tokens: Vec<u32> = path.iter().map(|&i| tokens[i]).collect();
-    cache.keep_path(t, prefix.len(), &path).unwrap();
+    cache.keep(t, Kept::Path { start: prefix.len(), rows: &path }).unwrap();
     assert_eq!(cache.len(t).unwrap(), prefix.len() + path.len());
     let next = [tokens[0], tokens[1], tokens[0]];
     let after_tree = forward_rows(model, &mut cache, t, &next, LogitsRows::All);

@@ -16,7 +16,7 @@ use crate::engine::gamma::{gamma_cap, Gamma};
 use crate::engine::request::{
     FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput, SpeculationStats,
 };
-use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{Kept, KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::{Lenience, Sampler, SeededRng};
 
 /// The speculation of one reference run: a fixed γ and lenience for every round.
@@ -151,8 +151,8 @@ fn run(
             &mut Vec::new(),
         )?;
         let keep = n + 1 + outcome.accepted;
-        cache.truncate_to(slot, keep)?;
-        drafter.rollback(keep)?;
+        cache.keep(slot, Kept::First(keep))?;
+        drafter.keep(keep)?;
         spec_stats.rounds += 1;
         spec_stats.draft_tokens += proposal.tokens.len();
         spec_stats.accepted_tokens += outcome.accepted;

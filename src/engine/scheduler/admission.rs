@@ -12,7 +12,7 @@ use crate::engine::error::EngineError;
 use crate::engine::governor::Governor;
 use crate::engine::messages::{
     Admit, CopyPrefix, DropRetained, EndSequence, FreeSlot, PrefixStart, Release, Retain, Submit,
-    TruncateSlot,
+    KeepSlot,
 };
 use crate::engine::request::SpeculationStats;
 use crate::model::cache::prefix_index::common_prefix;
@@ -171,7 +171,7 @@ impl Scheduler {
                     let prepared = match start {
                         PrefixStart::TakeOver => self
                             .verifier
-                            .ask(TruncateSlot {
+                            .ask(KeepSlot {
                                 slot: slots[0],
                                 len,
                             })

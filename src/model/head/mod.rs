@@ -297,7 +297,7 @@ impl DraftHead {
             Ok((x, _)) => x,
             Err(e) => {
                 for s in batch {
-                    cache.rollback_uncommitted(s.slot)?;
+                    cache.undo_partial_append(s.slot)?;
                 }
                 return Err(e);
             }

@@ -31,7 +31,7 @@ pub struct SeqInput<'a> {
     /// is [`TREE_ROOT`] (the first token follows the cache) and `parents[k]` is the index of an
     /// earlier token. Token `k` then sits at position `start_pos + depth(k)` and attends to the
     /// cache and to its own ancestors only; its keys and values are appended in input order,
-    /// and [`crate::model::KvCache::keep_path`] moves an accepted path into place afterwards.
+    /// and [`crate::model::KvCache::keep`] moves an accepted path into place afterwards.
     pub parents: &'a [u32],
 }
 

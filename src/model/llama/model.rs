@@ -266,7 +266,7 @@ impl Llama {
             let held = cache.len(s.slot)?;
             if s.start_pos != held {
                 return Err(ModelError::BadInput(format!(
-                    "slot {} holds {held} tokens but the input starts at {}; truncate_to first",
+                    "slot {} holds {held} tokens but the input starts at {}: keep only that many first (`KvCache::keep`)",
                     s.slot, s.start_pos
                 )));
             }
@@ -366,7 +366,7 @@ impl Llama {
             }
             Err(e) => {
                 for s in batch {
-                    cache.rollback_uncommitted(s.slot)?;
+                    cache.undo_partial_append(s.slot)?;
                 }
                 Err(e)
             }

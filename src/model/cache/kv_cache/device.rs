@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::Result;
+use crate::model::Result;
 
 pub(crate) struct DeviceSlot {
     keys: Vec<Tensor>,
