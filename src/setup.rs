@@ -8,11 +8,11 @@
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::draft::{check_same_vocabulary, DraftSpec, PromptLookup};
+use crate::draft::{check_same_vocabulary, reduced_vocab, DraftSpec, PromptLookup};
 use crate::engine::{DraftSource, EngineConfig};
 use crate::model::head::DraftHead;
 use crate::model::load::loader::LoadOptions;
-use crate::model::{Llama, LoadedModel, ModelError, ModelSource, WeightsDtype};
+use crate::model::{DraftVocab, Llama, LoadedModel, ModelError, ModelSource, WeightsDtype};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
@@ -69,6 +69,8 @@ pub enum LoadedDrafter {
     /// such as `model.gguf (Q8_0)`.
     Model {
         model: Box<LoadedModel>,
+        /// The reduced vocabulary it drafts over (`speculation.draft_model_vocab`).
+        vocab: Option<Arc<DraftVocab>>,
         name: String,
     },
     /// A draft head for the target, its display name (`head:FOLDER (vocab K)`) and the prompt
@@ -122,7 +124,7 @@ pub fn load_drafter(
         device: config.draft_device(),
         ..target_options(config)
     };
-    let mut draft = LoadedModel::load(&source, &opts)?;
+    let draft = LoadedModel::load(&source, &opts)?;
     check_same_vocabulary(
         &draft.tokenizer,
         &source.display_name(),
@@ -130,7 +132,7 @@ pub fn load_drafter(
         &target.source.display_name(),
     )
     .map_err(|e| SetupError::Draft(e.to_string()))?;
-    let vocab_note = reduce_draft_vocab(&mut draft.model, config)?;
+    let (vocab, vocab_note) = reduce_draft_vocab(&draft.model, config)?;
     let layers_note = match layers {
         Some(k) => format!(
             ", first {k} of {} layers",
@@ -146,6 +148,7 @@ pub fn load_drafter(
     tracing::info!(draft_model = %name, device = %draft.model.placement(), "loaded the draft model");
     Ok(LoadedDrafter::Model {
         model: Box::new(draft),
+        vocab,
         name,
     })
 }
@@ -153,15 +156,19 @@ pub fn load_drafter(
 /// Loads a draft head for `target` from `path` (`None`: the default model's shipped head), its
 /// matmuls at `dtype` (as-is: 8-bit, a head's file being f32) and its vocabulary reduced to
 /// `speculation.draft_vocab` tokens.
-/// Gives a draft model (or `self:K`) of the default target the reduced draft vocabulary
-/// (`speculation.draft_model_vocab`) of the shipped head's ranking, counted from the default
-/// model's own answers; returns the note for the drafter's name. Another target's ranking
+/// The reduced draft vocabulary (`speculation.draft_model_vocab`) a draft model (or `self:K`)
+/// of the default target drafts over: the shipped head's ranking, counted from the default
+/// model's own answers, through the draft model's own output rows; with the note for the
+/// drafter's name. Another target's ranking
 /// ships only inside its head, and the reduced projection runs on the CPU, so asking for it
 /// elsewhere is refused with the key named.
-fn reduce_draft_vocab(model: &mut Llama, config: &Config) -> Result<String, SetupError> {
+fn reduce_draft_vocab(
+    model: &Llama,
+    config: &Config,
+) -> Result<(Option<Arc<DraftVocab>>, String), SetupError> {
     let k = config.speculation.draft_model_vocab;
     if k == 0 {
-        return Ok(String::new());
+        return Ok((None, String::new()));
     }
     let refuse = |why: String| {
         SetupError::Draft(format!(
@@ -180,13 +187,12 @@ fn reduce_draft_vocab(model: &mut Llama, config: &Config) -> Result<String, Setu
     let ranking = crate::model::head::load_head(&dir)
         .map_err(|e| refuse(format!("the ranking in {}: {e}", dir.display())))?
         .token_rank;
-    model
-        .set_draft_vocab(&ranking, k)
-        .map_err(|e| refuse(e.to_string()))?;
-    Ok(model
-        .draft_vocab()
+    let vocab = reduced_vocab(model, &ranking, k).map_err(|e| refuse(e.to_string()))?;
+    let note = vocab
+        .as_ref()
         .map(|v| format!(", vocab {}", v.ids().len()))
-        .unwrap_or_default())
+        .unwrap_or_default();
+    Ok((vocab.map(Arc::new), note))
 }
 
 fn load_head(
@@ -241,8 +247,9 @@ pub fn load_models(
     let draft = match drafter {
         LoadedDrafter::None => None,
         LoadedDrafter::PromptLookup(p) => Some(DraftSource::PromptLookup(p)),
-        LoadedDrafter::Model { model, name } => Some(DraftSource::Model {
+        LoadedDrafter::Model { model, vocab, name } => Some(DraftSource::Model {
             model: Arc::new(model.model),
+            vocab,
             name,
         }),
         LoadedDrafter::Head { head, name, lookup } => {

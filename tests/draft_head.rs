@@ -497,16 +497,17 @@ fn a_head_after_lookup_drafts_the_match_unless_told_not_to_look() {
 
 #[test]
 fn a_draft_model_drafts_over_its_reduced_vocabulary() {
-    use tandem::draft::{ModelDrafter, Proposal};
+    use tandem::draft::{reduced_vocab, ModelDrafter, Proposal};
     use tandem::sampling::SeededRng;
     let _serial = one_at_a_time();
     let (dir, _) = target();
-    let mut draft = common::load_tiny(dir.path(), WeightsDtype::F32).model;
+    let draft = common::load_tiny(dir.path(), WeightsDtype::F32).model;
     let ranking: Vec<u32> = (0..64).map(|i| 2 * i).collect();
-    draft.set_draft_vocab(&ranking, 32).unwrap();
+    let vocab = Arc::new(reduced_vocab(&draft, &ranking, 32).unwrap().unwrap());
     let kept = &ranking[..32];
-    assert_eq!(draft.draft_vocab().unwrap().ids(), kept);
-    let mut drafter = ModelDrafter::new(&draft, "tiny, reduced");
+    assert_eq!(vocab.ids(), kept);
+    let mut drafter =
+        ModelDrafter::new(&draft, "tiny, reduced").with_draft_vocab(Some(Arc::clone(&vocab)));
     for params in [
         SamplingParams::greedy(),
         SamplingParams {
@@ -544,6 +545,7 @@ fn a_draft_model_drafts_over_its_reduced_vocabulary() {
     let want: Vec<Vec<u32>> = all.iter().map(|p| plain(&greedy(p.clone(), 24))).collect();
     let source = DraftSource::Model {
         model: Arc::new(draft),
+        vocab: Some(vocab),
         name: "tiny, reduced".into(),
     };
     let engine = engine_with(source, false);

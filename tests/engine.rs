@@ -154,6 +154,7 @@ fn concurrent_greedy_outputs_equal_plain(backend: BackendChoice) {
         Some(DraftSource::PromptLookup(PromptLookup::default())),
         Some(DraftSource::Model {
             model: other,
+            vocab: None,
             name: "tiny-other".into(),
         }),
     ];
@@ -223,6 +224,7 @@ fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
             target,
             Some(DraftSource::Model {
                 model: other,
+                vocab: None,
                 name: "tiny-other".into(),
             }),
             EngineConfig::default(),
@@ -501,6 +503,7 @@ fn governor_speculates_only_where_its_prices_say_it_pays() {
         let (m, name) = (Arc::clone(m), name.to_string());
         move || DraftSource::Model {
             model: Arc::clone(&m),
+            vocab: None,
             name: name.clone(),
         }
     };
@@ -544,6 +547,7 @@ fn start_pipelined(
 ) -> Engine {
     let source = DraftSource::Model {
         model: draft,
+        vocab: None,
         name: name.into(),
     };
     let cfg = EngineConfig {
@@ -628,6 +632,7 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
         let cfg = four_seqs(pipeline);
         let source = DraftSource::Model {
             model: Arc::clone(&other),
+            vocab: None,
             name: "tiny-other".into(),
         };
         let engine = rt
@@ -751,6 +756,7 @@ fn token_trees_keep_greedy_output_identical() {
         DraftSource::PromptLookup(PromptLookup::default()),
         DraftSource::Model {
             model: blend,
+            vocab: None,
             name: "tiny-blend".into(),
         },
     ];
@@ -848,6 +854,7 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
     let sources = [
         DraftSource::Model {
             model: blend,
+            vocab: None,
             name: "tiny-blend".into(),
         },
         DraftSource::PromptLookup(PromptLookup::default()),

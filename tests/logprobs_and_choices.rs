@@ -183,6 +183,7 @@ fn drafters(f16: &Arc<Llama>) -> [(&'static str, DraftSource); 2] {
             "f16 copy",
             DraftSource::Model {
                 model: Arc::clone(f16),
+                vocab: None,
                 name: "f16 copy".into(),
             },
         ),

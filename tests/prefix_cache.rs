@@ -182,6 +182,7 @@ fn output_is_the_same_bits_with_the_prefix_cache_on_and_off() {
             "draft model",
             Some(DraftSource::Model {
                 model: Arc::clone(&f16),
+                vocab: None,
                 name: "f16 copy".into(),
             }),
             fixed,

@@ -380,6 +380,7 @@ fn start_engine(
 ) -> Engine {
     let source = tandem::engine::DraftSource::Model {
         model: Arc::clone(draft),
+        vocab: None,
         name: "tiny-other".into(),
     };
     let cfg = EngineConfig {

@@ -168,6 +168,7 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
             "model",
             DraftSource::Model {
                 model: blend,
+                vocab: None,
                 name: "tiny-blend".into(),
             },
         ),

@@ -314,10 +314,10 @@ fn proposer(drafter: &LoadedDrafter) -> Option<Box<dyn Proposer + '_>> {
     match drafter {
         LoadedDrafter::None => None,
         LoadedDrafter::PromptLookup(p) => Some(Box::new(*p)),
-        LoadedDrafter::Model { model, .. } => Some(Box::new(ModelDrafter::new(
-            &model.model,
-            model.source.display_name(),
-        ))),
+        LoadedDrafter::Model { model, vocab, .. } => Some(Box::new(
+            ModelDrafter::new(&model.model, model.source.display_name())
+                .with_draft_vocab(vocab.clone()),
+        )),
         // Refused before loading (see `run`).
         LoadedDrafter::Head { .. } => None,
     }

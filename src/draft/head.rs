@@ -12,14 +12,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::draw::{draw_draft, DrawLane, DrawScratch};
-use super::siblings::Siblings;
+use super::stepping::{draft_in_steps, Lane, Stepper};
 use super::{DraftError, DraftJob, DraftTiming, PromptLookup};
-use crate::model::head::DraftHead;
+use crate::model::head::{DraftHead, HeadStep};
 use crate::model::{Kept, KvCache, Llama, LogitsRows, SeqInput};
-use crate::sampling::GateRound;
 
 /// One sequence's head state.
 struct HeadSeq {
@@ -41,16 +39,18 @@ pub struct HeadDrafter {
     lookup: Option<PromptLookup>,
 }
 
-/// Per-job state while a batch drafts.
-struct Lane {
-    slot: usize,
-    gamma: usize,
-    /// The next head forward's tokens and features.
+/// What a lane feeds the head's next forward: tokens and, per token, the feature it is
+/// computed from.
+pub(super) struct HeadFeed {
     tokens: Vec<u32>,
     features: Vec<f32>,
-    history: Vec<u32>,
-    gate: GateRound,
-    siblings: Siblings,
+}
+
+/// A head's draft step: its output, and where each lane's input rows end (its last row's
+/// output state is the lane's next feature).
+pub(super) struct HeadStepRows {
+    step: HeadStep,
+    ends: Vec<usize>,
 }
 
 impl HeadDrafter {
@@ -138,164 +138,41 @@ impl HeadDrafter {
 
     /// Drafts for every job at once; each job's outcome lands in its `result`.
     pub fn propose_batch(&mut self, jobs: &mut [DraftJob]) -> DraftTiming {
-        let mut timing = DraftTiming::default();
-        let vocab = self.target.hparams().vocab_size;
-        let mut lanes: Vec<Option<Lane>> = Vec::with_capacity(jobs.len());
-        for job in jobs.iter_mut() {
-            job.out.clear();
-            job.out.vocab = vocab;
-            job.result = Ok(());
-            if let Some(p) = self.lookup.as_ref().filter(|_| job.lookup) {
+        draft_in_steps(self, jobs)
+    }
+
+    /// The head's cache of `seq` keeps its first `len` positions (those that stand).
+    fn keep_standing(&mut self, slot: usize, len: usize) -> Result<(), DraftError> {
+        if self.cache.len(slot)? > len {
+            self.cache.keep(slot, Kept::First(len))?;
+        }
+        Ok(())
+    }
+}
+
+/// A head steps over tokens with features (the target's, then its own output states); its
+/// rows come from its own output head.
+impl Stepper for HeadDrafter {
+    type Feed = HeadFeed;
+    type Step = HeadStepRows;
+
+    fn vocab(&self) -> usize {
+        self.target.hparams().vocab_size
+    }
+
+    fn drafted_without_steps(&mut self, job: &mut DraftJob) -> bool {
+        match self.lookup.as_ref().filter(|_| job.lookup) {
+            Some(p) => {
                 p.lookup_tree(job.context, job.gamma, job.tree_nodes, job.out);
-                if !job.out.tokens.is_empty() {
-                    lanes.push(None);
-                    continue;
-                }
+                !job.out.tokens.is_empty()
             }
-            match self.lane(job) {
-                Ok(l) => lanes.push(Some(l)),
-                Err(e) => {
-                    job.result = Err(e);
-                    lanes.push(None);
-                }
-            }
+            None => false,
         }
-        let h = self.head.hidden_size();
-        // Catch-up: all but the last standing position a lane lacks, no logits, so the steps
-        // below are uniform and the cost model sees catch-ups apart.
-        let catch_up: Vec<usize> = (0..lanes.len())
-            .filter(|&i| lanes[i].as_ref().is_some_and(|l| l.tokens.len() > 2))
-            .collect();
-        if !catch_up.is_empty() {
-            let start = Instant::now();
-            let mut inputs = Vec::with_capacity(catch_up.len());
-            let mut features = Vec::new();
-            for &i in &catch_up {
-                let l = lanes[i].as_ref().expect("filtered");
-                let n = l.tokens.len() - 1;
-                timing.catch_up_tokens += n;
-                features.extend_from_slice(&l.features[..n * h]);
-                inputs.push(SeqInput {
-                    slot: l.slot,
-                    start_pos: self.cache.len(l.slot).unwrap_or(0),
-                    tokens: &l.tokens[..n],
-                    logits: LogitsRows::None,
-                    parents: &[],
-                });
-            }
-            let done = self
-                .head
-                .forward(&self.target, &mut self.cache, &inputs, &features);
-            drop(inputs);
-            for &i in &catch_up {
-                match &done {
-                    Ok(_) => {
-                        let l = lanes[i].as_mut().expect("filtered");
-                        let n = l.tokens.len() - 1;
-                        l.tokens.drain(..n);
-                        l.features.drain(..n * h);
-                    }
-                    Err(e) => {
-                        jobs[i].result = Err(DraftError::Forward(e.to_string()));
-                        lanes[i] = None;
-                    }
-                }
-            }
-            timing.catch_up_seconds = start.elapsed().as_secs_f64();
-        }
-        let start = Instant::now();
-        let steps = lanes.iter().flatten().map(|l| l.gamma).max().unwrap_or(0);
-        for j in 0..steps {
-            let order: Vec<usize> = (0..jobs.len())
-                .filter(|&i| lanes[i].as_ref().is_some_and(|l| j < l.gamma))
-                .collect();
-            if order.is_empty() {
-                break;
-            }
-            let mut features = Vec::new();
-            let inputs: Vec<SeqInput> = order
-                .iter()
-                .map(|&i| {
-                    let l = lanes[i].as_ref().expect("filtered");
-                    features.extend_from_slice(&l.features);
-                    SeqInput {
-                        slot: l.slot,
-                        start_pos: self.cache.len(l.slot).unwrap_or(0),
-                        tokens: &l.tokens,
-                        logits: LogitsRows::Last,
-                        parents: &[],
-                    }
-                })
-                .collect();
-            let rows_of: Vec<usize> = inputs.iter().map(|s| s.tokens.len()).collect();
-            let step = self
-                .head
-                .forward(&self.target, &mut self.cache, &inputs, &features);
-            drop(inputs);
-            timing.steps += 1;
-            if j == 0 {
-                timing.first_step_seconds = start.elapsed().as_secs_f64();
-                // What was fed at the first step stood: the target's features.
-                for &i in &order {
-                    let (slot, job) = (lanes[i].as_ref().expect("filtered").slot, &jobs[i]);
-                    if let Some(s) = self.seqs.get_mut(&job.seq) {
-                        s.standing = self.cache.len(slot).unwrap_or(0);
-                    }
-                }
-            }
-            let step = match step {
-                Ok(s) => s,
-                Err(e) => {
-                    for &i in &order {
-                        jobs[i].result = Err(DraftError::Forward(e.to_string()));
-                        lanes[i] = None;
-                    }
-                    break;
-                }
-            };
-            let mut row_end = 0;
-            for (k, &i) in order.iter().enumerate() {
-                row_end += rows_of[k];
-                let lane = lanes[i].as_mut().expect("filtered");
-                let job = &mut jobs[i];
-                let draw = DrawLane {
-                    step: j,
-                    gate: &mut lane.gate,
-                    siblings: &mut lane.siblings,
-                    history: &lane.history,
-                };
-                let row = step.row(step.ranges[k].start);
-                match draw_draft(row, self.head.vocab_ids(), job, draw, &mut self.scratch) {
-                    Ok(Some(t)) => {
-                        job.out.tokens.push(t);
-                        lane.history.push(t);
-                        lane.tokens.clear();
-                        lane.tokens.push(t);
-                        lane.features.clear();
-                        lane.features
-                            .extend_from_slice(&step.hidden[(row_end - 1) * h..row_end * h]);
-                    }
-                    // The gate stopped: no later step drafts for this lane.
-                    Ok(None) => lane.gamma = j,
-                    Err(e) => {
-                        job.result = Err(e);
-                        lanes[i] = None;
-                    }
-                }
-            }
-        }
-        timing.step_seconds = start.elapsed().as_secs_f64();
-        for (job, lane) in jobs.iter_mut().zip(lanes.iter_mut()) {
-            if let (Some(l), Ok(())) = (lane, &job.result) {
-                l.siblings.attach(job.tree_nodes, job.out);
-            }
-        }
-        timing
     }
 
     /// Rolls the sequence's head cache back to what stands and lays out the first step: every
     /// standing position the cache lacks, with the target's features (zeros where it has none).
-    fn lane(&mut self, job: &DraftJob) -> Result<Lane, DraftError> {
+    fn lane(&mut self, job: &DraftJob) -> Result<Lane<HeadFeed>, DraftError> {
         let h = self.head.hidden_size();
         let max_len = self.cache.max_len();
         let ctx = job.context;
@@ -324,19 +201,105 @@ impl HeadDrafter {
             s.from += drop;
         }
         s.standing = first;
-        if self.cache.len(slot)? > first {
-            self.cache.keep(slot, Kept::First(first))?;
-        }
+        self.keep_standing(slot, first)?;
         // Room for the standing positions and γ-1 fed drafts.
         let gamma = job.gamma.min((max_len + 1).saturating_sub(ctx.len()));
-        Ok(Lane {
-            slot,
-            gamma,
+        let feed = HeadFeed {
             tokens: ctx[first + 1..].to_vec(),
             features,
-            history: ctx.to_vec(),
-            gate: GateRound::default(),
-            siblings: Siblings::new(),
-        })
+        };
+        Ok(Lane::new(slot, gamma, feed, ctx.to_vec()))
+    }
+
+    fn fed_tokens(feed: &HeadFeed) -> usize {
+        feed.tokens.len()
+    }
+
+    fn catch_up(&mut self, lanes: &[&Lane<HeadFeed>]) -> Result<(), String> {
+        let h = self.head.hidden_size();
+        let mut features = Vec::new();
+        let inputs: Vec<SeqInput> = lanes
+            .iter()
+            .map(|l| {
+                let n = l.feed.tokens.len() - 1;
+                features.extend_from_slice(&l.feed.features[..n * h]);
+                SeqInput {
+                    slot: l.slot,
+                    start_pos: self.cache.len(l.slot).unwrap_or(0),
+                    tokens: &l.feed.tokens[..n],
+                    logits: LogitsRows::None,
+                    parents: &[],
+                }
+            })
+            .collect();
+        self.head
+            .forward(&self.target, &mut self.cache, &inputs, &features)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn caught_up(&self, feed: &mut HeadFeed) {
+        let h = self.head.hidden_size();
+        let n = feed.tokens.len() - 1;
+        feed.tokens.drain(..n);
+        feed.features.drain(..n * h);
+    }
+
+    fn step(&mut self, lanes: &[&Lane<HeadFeed>]) -> Result<HeadStepRows, String> {
+        let mut features = Vec::new();
+        let inputs: Vec<SeqInput> = lanes
+            .iter()
+            .map(|l| {
+                features.extend_from_slice(&l.feed.features);
+                SeqInput {
+                    slot: l.slot,
+                    start_pos: self.cache.len(l.slot).unwrap_or(0),
+                    tokens: &l.feed.tokens,
+                    logits: LogitsRows::Last,
+                    parents: &[],
+                }
+            })
+            .collect();
+        let ends = inputs
+            .iter()
+            .scan(0, |end, s| {
+                *end += s.tokens.len();
+                Some(*end)
+            })
+            .collect();
+        self.head
+            .forward(&self.target, &mut self.cache, &inputs, &features)
+            .map(|step| HeadStepRows { step, ends })
+            .map_err(|e| e.to_string())
+    }
+
+    /// What was fed at the first step stood: the target's features.
+    fn first_step_taken(&mut self, lanes: &[(u64, usize)]) {
+        for &(seq, slot) in lanes {
+            if let Some(s) = self.seqs.get_mut(&seq) {
+                s.standing = self.cache.len(slot).unwrap_or(0);
+            }
+        }
+    }
+
+    fn draw(
+        &mut self,
+        step: &HeadStepRows,
+        k: usize,
+        job: &mut DraftJob,
+        draw: DrawLane,
+    ) -> Result<Option<u32>, DraftError> {
+        let row = step.step.row(step.step.ranges[k].start);
+        draw_draft(row, self.head.vocab_ids(), job, draw, &mut self.scratch)
+    }
+
+    fn feed_drawn(&self, step: &HeadStepRows, k: usize, feed: &mut HeadFeed, token: u32) {
+        let h = self.head.hidden_size();
+        let end = step.ends[k];
+        feed.tokens.clear();
+        feed.tokens.push(token);
+        feed.features.clear();
+        feed.features
+            .extend_from_slice(&step.step.hidden[(end - 1) * h..end * h]);
     }
 }

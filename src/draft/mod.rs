@@ -15,13 +15,14 @@ mod model_slots;
 mod prompt_lookup;
 mod proposal;
 mod siblings;
+mod stepping;
 mod vocabulary;
 
 pub use drafter_spec::{DraftSpec, InvalidDraftSpec};
 pub use error::DraftError;
 pub use head::HeadDrafter;
 pub use history::{RequestHistory, HISTORY_TOKENS};
-pub use model::{DraftJob, DraftTiming, ModelDrafter};
+pub use model::{reduced_vocab, DraftJob, DraftTiming, ModelDrafter};
 pub use prompt_lookup::PromptLookup;
 pub use proposal::Proposal;
 pub use vocabulary::check_same_vocabulary;

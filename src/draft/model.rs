@@ -7,15 +7,18 @@
 
 use std::collections::HashMap;
 use std::ops::Deref;
-use std::time::Instant;
+use std::sync::Arc;
 
 use super::draw::{draw_draft, DrawLane, DrawScratch};
-use super::siblings::Siblings;
+use super::stepping::{draft_in_steps, Lane, Stepper};
 use super::{DraftError, Proposal, Proposer};
 use crate::constraint::SequenceConstraint;
 use crate::model::cache::prefix_index::PrefixIndex;
-use crate::model::{BatchLogits, Kept, KvCache, Llama, LogitsRows, SeqInput};
-use crate::sampling::{DraftGate, GateRound, SamplingParams, SeededRng};
+use crate::model::{
+    BatchLogits, DraftVocab, FeatureTaps, Kept, KvCache, Llama, LogitsRows, ModelError, SeqInput,
+    WeightsDtype,
+};
+use crate::sampling::{DraftGate, SamplingParams, SeededRng};
 
 /// `M` is how the model is held: `&Llama` for one generation, `Arc<Llama>` in the engine.
 pub struct ModelDrafter<M: Deref<Target = Llama>> {
@@ -30,6 +33,8 @@ pub struct ModelDrafter<M: Deref<Target = Llama>> {
     pub(super) retained: PrefixIndex,
     pub(super) prefix_cache: bool,
     pub(super) scratch: DrawScratch,
+    /// The reduced vocabulary it drafts over (`None`: the model's whole vocabulary).
+    vocab: Option<Arc<DraftVocab>>,
 }
 
 /// One sequence's share of a batched draft: its context (last token not yet verified), where
@@ -79,24 +84,32 @@ pub struct DraftTiming {
     pub catch_up_seconds: f64,
 }
 
+/// The reduced vocabulary a draft model drafts over: the `k` tokens `ranking` puts first (all
+/// it holds when fewer), projected through `model`'s own output-head rows; `None` for the
+/// whole vocabulary (`k` = 0, no ranking, or one covering every token).
+pub fn reduced_vocab(
+    model: &Llama,
+    ranking: &[u32],
+    k: usize,
+) -> Result<Option<DraftVocab>, DraftError> {
+    let Some(ids) = DraftVocab::ids_of(ranking, k, model.hparams().vocab_size) else {
+        return Ok(None);
+    };
+    let rows = model
+        .output_rows(&ids)?
+        .to_device(&candle_core::Device::Cpu)
+        .map_err(ModelError::from)?;
+    Ok(Some(DraftVocab::new(ids, rows, WeightsDtype::Auto)?))
+}
+
 /// The sequence id the single-sequence [`Proposer`] interface drafts under.
 const SOLO: u64 = u64::MAX;
 
 /// A draft step's logits: every sequence's last row over the whole vocabulary, or over the
 /// model's reduced draft vocabulary (rows of `width` values, in batch order).
-enum StepLogits {
+pub(super) enum StepLogits {
     Full(BatchLogits),
     Reduced((Vec<f32>, usize)),
-}
-
-/// Per-job state while a batch drafts.
-struct Lane {
-    slot: usize,
-    gamma: usize,
-    feed: Vec<u32>,
-    history: Vec<u32>,
-    gate: GateRound,
-    siblings: Siblings,
 }
 
 impl<M: Deref<Target = Llama>> ModelDrafter<M> {
@@ -117,7 +130,20 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             retained: PrefixIndex::default(),
             prefix_cache: false,
             scratch: DrawScratch::default(),
+            vocab: None,
         }
+    }
+
+    /// Drafts over `vocab`'s tokens alone, projected through its own rows of the model's
+    /// output head (`None`: the whole vocabulary).
+    pub fn with_draft_vocab(mut self, vocab: Option<Arc<DraftVocab>>) -> Self {
+        self.vocab = vocab;
+        self
+    }
+
+    /// The reduced vocabulary it drafts over, if any.
+    pub fn draft_vocab(&self) -> Option<Arc<DraftVocab>> {
+        self.vocab.clone()
     }
 
     /// Keeps ended sequences' caches and starts new ones from the longest prefix a kept or
@@ -138,176 +164,21 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
     /// Drafts for every job at once; each job's outcome lands in its `result`. A failure of a
     /// shared forward fails every job still drafting; a sampling failure fails only its job.
     pub fn propose_batch(&mut self, jobs: &mut [DraftJob]) -> DraftTiming {
-        let mut timing = DraftTiming::default();
-        let vocab = self.model.hparams().vocab_size;
-        // Set up lanes; a job that cannot draft (no slot) fails here and gets no lane.
-        let mut lanes: Vec<Option<Lane>> = Vec::with_capacity(jobs.len());
-        for job in jobs.iter_mut() {
-            job.out.clear();
-            job.out.vocab = vocab;
-            job.result = Ok(());
-            let lane = self.lane(job);
-            match lane {
-                Ok(l) => lanes.push(Some(l)),
-                Err(e) => {
-                    job.result = Err(e);
-                    lanes.push(None);
-                }
-            }
-        }
-        // Catch-up: context the cache has not seen (a prompt, plain-decoded output) goes in
-        // first, all but its last token, so the draft steps below are uniform and cheap.
-        let catch_up: Vec<(usize, usize)> = lanes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.as_ref().filter(|l| l.feed.len() > 2).map(|_| (i, 0)))
-            .collect();
-        if !catch_up.is_empty() {
-            let start = Instant::now();
-            let mut inputs = Vec::with_capacity(catch_up.len());
-            for &(i, _) in &catch_up {
-                let l = lanes[i].as_ref().expect("filtered");
-                let n = l.feed.len() - 1;
-                timing.catch_up_tokens += n;
-                inputs.push(SeqInput {
-                    slot: l.slot,
-                    start_pos: self.cache.len(l.slot).unwrap_or(0),
-                    tokens: &l.feed[..n],
-                    logits: LogitsRows::None,
-                    parents: &[],
-                });
-            }
-            let done = self.model.forward(&mut self.cache, &inputs);
-            drop(inputs);
-            for &(i, _) in &catch_up {
-                match &done {
-                    Ok(_) => {
-                        let l = lanes[i].as_mut().expect("filtered");
-                        l.feed.drain(..l.feed.len() - 1);
-                    }
-                    Err(e) => {
-                        jobs[i].result = Err(DraftError::Forward(e.to_string()));
-                        lanes[i] = None;
-                    }
-                }
-            }
-            timing.catch_up_seconds = start.elapsed().as_secs_f64();
-        }
-        let start = Instant::now();
-        let steps = lanes.iter().flatten().map(|l| l.gamma).max().unwrap_or(0);
-        let vocab = self.model.draft_vocab();
-        for j in 0..steps {
-            let order: Vec<usize> = (0..jobs.len())
-                .filter(|&i| lanes[i].as_ref().is_some_and(|l| j < l.gamma))
-                .collect();
-            if order.is_empty() {
-                break;
-            }
-            let inputs: Vec<SeqInput> = order
-                .iter()
-                .map(|&i| {
-                    let l = lanes[i].as_ref().expect("filtered");
-                    SeqInput {
-                        slot: l.slot,
-                        start_pos: self.cache.len(l.slot).unwrap_or(0),
-                        tokens: &l.feed,
-                        // A reduced vocabulary projects the output states itself.
-                        logits: if vocab.is_some() {
-                            LogitsRows::None
-                        } else {
-                            LogitsRows::Last
-                        },
-                        parents: &[],
-                    }
-                })
-                .collect();
-            let logits = match vocab {
-                Some(v) => v
-                    .forward_last(&self.model, &mut self.cache, &inputs)
-                    .map(StepLogits::Reduced),
-                None => self
-                    .model
-                    .forward(&mut self.cache, &inputs)
-                    .map(StepLogits::Full),
-            };
-            drop(inputs);
-            timing.steps += 1;
-            if j == 0 {
-                timing.first_step_seconds = start.elapsed().as_secs_f64();
-            }
-            let logits = match logits {
-                Ok(l) => l,
-                Err(e) => {
-                    for &i in &order {
-                        jobs[i].result = Err(DraftError::Forward(e.to_string()));
-                        lanes[i] = None;
-                    }
-                    break;
-                }
-            };
-            for (row_idx, &i) in order.iter().enumerate() {
-                let lane = lanes[i].as_mut().expect("filtered");
-                let job = &mut jobs[i];
-                let draw = DrawLane {
-                    step: j,
-                    gate: &mut lane.gate,
-                    siblings: &mut lane.siblings,
-                    history: &lane.history,
-                };
-                let picked = match &logits {
-                    StepLogits::Full(l) => {
-                        l.seq_rows(row_idx)
-                            .map_err(DraftError::Model)
-                            .and_then(|mut rows| {
-                                let row = rows.pop().expect("asked for the last row");
-                                draw_draft(&row, None, job, draw, &mut self.scratch)
-                            })
-                    }
-                    StepLogits::Reduced((rows, width)) => {
-                        let row = &rows[row_idx * width..(row_idx + 1) * width];
-                        let ids = vocab.map(|v| v.ids());
-                        draw_draft(row, ids, job, draw, &mut self.scratch)
-                    }
-                };
-                match picked {
-                    Ok(Some(t)) => {
-                        job.out.tokens.push(t);
-                        lane.history.push(t);
-                        lane.feed.clear();
-                        lane.feed.push(t);
-                    }
-                    // The gate stopped: no later step drafts for this lane.
-                    Ok(None) => lane.gamma = j,
-                    Err(e) => {
-                        job.result = Err(e);
-                        lanes[i] = None;
-                    }
-                }
-            }
-        }
-        timing.step_seconds = start.elapsed().as_secs_f64();
-        for (job, lane) in jobs.iter_mut().zip(lanes.iter_mut()) {
-            if let (Some(l), Ok(())) = (lane, &job.result) {
-                l.siblings.attach(job.tree_nodes, job.out);
-            }
-        }
-        // What each cache now holds: its context and the drafts fed back. A lane that failed
-        // left its cache unknown, so its slot is not kept for a prefix.
-        for (job, lane) in jobs.iter().zip(&lanes) {
-            match lane {
-                Some(l) => {
-                    let len = self.cache.len(l.slot).unwrap_or(0).min(l.history.len());
-                    self.held.insert(job.seq, l.history[..len].to_vec());
-                }
-                None => {
-                    self.held.remove(&job.seq);
-                }
-            }
-        }
-        timing
+        draft_in_steps(self, jobs)
+    }
+}
+
+/// A draft model steps over token feeds; its rows are the whole vocabulary's or, with a
+/// reduced draft vocabulary, projected onto it from the last normed states.
+impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
+    type Feed = Vec<u32>;
+    type Step = StepLogits;
+
+    fn vocab(&self) -> usize {
+        self.model.hparams().vocab_size
     }
 
-    fn lane(&mut self, job: &DraftJob) -> Result<Lane, DraftError> {
+    fn lane(&mut self, job: &DraftJob) -> Result<Lane<Vec<u32>>, DraftError> {
         let slot = self.slot_for(job.seq, job.context)?;
         if self.cache.len(slot)? >= job.context.len() {
             // Out of step with the caller (it should have rolled us back): start over.
@@ -318,14 +189,112 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         let gamma = job
             .gamma
             .min((self.cache.max_len() + 1).saturating_sub(job.context.len()));
-        Ok(Lane {
+        Ok(Lane::new(
             slot,
             gamma,
-            feed: job.context[cached..].to_vec(),
-            history: job.context.to_vec(),
-            gate: GateRound::default(),
-            siblings: Siblings::new(),
-        })
+            job.context[cached..].to_vec(),
+            job.context.to_vec(),
+        ))
+    }
+
+    fn fed_tokens(feed: &Vec<u32>) -> usize {
+        feed.len()
+    }
+
+    fn catch_up(&mut self, lanes: &[&Lane<Vec<u32>>]) -> Result<(), String> {
+        let inputs: Vec<SeqInput> = lanes
+            .iter()
+            .map(|l| SeqInput {
+                slot: l.slot,
+                start_pos: self.cache.len(l.slot).unwrap_or(0),
+                tokens: &l.feed[..l.feed.len() - 1],
+                logits: LogitsRows::None,
+                parents: &[],
+            })
+            .collect();
+        self.model
+            .forward(&mut self.cache, &inputs)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn caught_up(&self, feed: &mut Vec<u32>) {
+        feed.drain(..feed.len() - 1);
+    }
+
+    fn step(&mut self, lanes: &[&Lane<Vec<u32>>]) -> Result<StepLogits, String> {
+        let inputs: Vec<SeqInput> = lanes
+            .iter()
+            .map(|l| SeqInput {
+                slot: l.slot,
+                start_pos: self.cache.len(l.slot).unwrap_or(0),
+                tokens: &l.feed,
+                // A reduced vocabulary projects the output states itself.
+                logits: if self.vocab.is_some() {
+                    LogitsRows::None
+                } else {
+                    LogitsRows::Last
+                },
+                parents: &[],
+            })
+            .collect();
+        let logits = match &self.vocab {
+            Some(v) => self
+                .model
+                .forward_with_features(&mut self.cache, &inputs, &FeatureTaps::LastNormed)
+                .and_then(|(_, features)| v.logits_of_last(&features, inputs.len()))
+                .map(StepLogits::Reduced),
+            None => self
+                .model
+                .forward(&mut self.cache, &inputs)
+                .map(StepLogits::Full),
+        };
+        logits.map_err(|e| e.to_string())
+    }
+
+    fn draw(
+        &mut self,
+        step: &StepLogits,
+        k: usize,
+        job: &mut DraftJob,
+        draw: DrawLane,
+    ) -> Result<Option<u32>, DraftError> {
+        match step {
+            StepLogits::Full(l) => {
+                l.seq_rows(k)
+                    .map_err(DraftError::Model)
+                    .and_then(|mut rows| {
+                        let row = rows.pop().expect("asked for the last row");
+                        draw_draft(&row, None, job, draw, &mut self.scratch)
+                    })
+            }
+            StepLogits::Reduced((rows, width)) => {
+                let row = &rows[k * width..(k + 1) * width];
+                let ids = self.vocab.as_deref().map(DraftVocab::ids);
+                draw_draft(row, ids, job, draw, &mut self.scratch)
+            }
+        }
+    }
+
+    fn feed_drawn(&self, _step: &StepLogits, _k: usize, feed: &mut Vec<u32>, token: u32) {
+        feed.clear();
+        feed.push(token);
+    }
+
+    /// What each cache now holds: its context and the drafts fed back. A lane that failed
+    /// left its cache unknown, so its slot is not kept for a prefix.
+    fn finish(&mut self, jobs: &[DraftJob], lanes: &[Option<Lane<Vec<u32>>>]) {
+        for (job, lane) in jobs.iter().zip(lanes) {
+            match lane {
+                Some(l) => {
+                    let len = self.cache.len(l.slot).unwrap_or(0).min(l.history.len());
+                    self.held.insert(job.seq, l.history[..len].to_vec());
+                }
+                None => {
+                    self.held.remove(&job.seq);
+                }
+            }
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use crate::draft::{
     RequestHistory, HISTORY_TOKENS,
 };
 use crate::model::head::DraftHead;
-use crate::model::Llama;
+use crate::model::{DraftVocab, Llama};
 use crate::sampling::{DraftGate, SamplingParams, SeededRng};
 
 /// Where the engine's drafts come from: a loaded drafter (`setup::LoadedDrafter`) as the
@@ -31,6 +31,8 @@ pub enum DraftSource {
     PromptLookup(PromptLookup),
     Model {
         model: Arc<Llama>,
+        /// The reduced vocabulary it drafts over (`None`: its whole vocabulary).
+        vocab: Option<Arc<DraftVocab>>,
         name: String,
     },
     /// A draft head on the target's own features; with `lookup`, prompt lookup drafts first
@@ -73,8 +75,10 @@ impl Drafter {
         prefix_cache: bool,
     ) -> Result<Self, EngineError> {
         let state = match source {
-            DraftSource::Model { model, name } => DraftWorkerState::Model(
-                ModelDrafter::with_slots(model, name, max_seqs).with_prefix_cache(prefix_cache),
+            DraftSource::Model { model, vocab, name } => DraftWorkerState::Model(
+                ModelDrafter::with_slots(model, name, max_seqs)
+                    .with_prefix_cache(prefix_cache)
+                    .with_draft_vocab(vocab),
             ),
             DraftSource::Head { head, lookup, .. } => {
                 DraftWorkerState::Head(HeadDrafter::new(head, target, max_seqs).with_lookup(lookup))
@@ -356,7 +360,8 @@ fn measure_draft_costs(
     };
     match s {
         DraftWorkerState::Model(drafter) => {
-            let mut d = ModelDrafter::new(drafter.model(), "calibration");
+            let mut d = ModelDrafter::new(drafter.model(), "calibration")
+                .with_draft_vocab(drafter.draft_vocab());
             for _ in 0..tries {
                 for keep in [0, context.len() - 1] {
                     d.keep_seq(0, keep).map_err(|e| e.to_string())?;

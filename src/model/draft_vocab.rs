@@ -6,13 +6,15 @@
 //! frequent tokens. Projecting onto the K most frequent rows cuts that share by the vocabulary's
 //! ratio; the draft distribution is then over those K tokens (0 elsewhere), which the
 //! acceptance rule handles like any other, so output stays exact. A draft head and a draft
-//! model (or `self:K`) build one the same way, each from its own output head's rows.
+//! model (or `self:K`) build one the same way, each from its own output head's rows, and hold
+//! it themselves: the model that drafts never knows it drafts.
 
 use candle_core::{Device, Tensor};
 
+use super::llama::batch::BatchFeatures;
 use super::llama::device::ForwardKind;
 use super::llama::linear::{Linear, RawWeight, WeightsDtype};
-use super::{KvCache, Llama, ModelError, Result, SeqInput};
+use super::{ModelError, Result};
 
 /// The target ids of a reduced draft vocabulary (in rank order) and the output head's rows for
 /// them.
@@ -46,20 +48,17 @@ impl DraftVocab {
         &self.ids
     }
 
-    /// Runs `model` over `batch` (asking it for no logits) and gives each sequence's last
-    /// row's logits over the draft vocabulary: rows of `ids().len()` values in batch order,
-    /// and that width.
-    pub fn forward_last(
+    /// Each of a batch's `seqs` sequences' last row of `features` (the final normed states,
+    /// [`FeatureTaps::LastNormed`](crate::model::FeatureTaps::LastNormed)) projected onto the draft vocabulary: rows of `ids().len()`
+    /// values in batch order, and that width.
+    pub fn logits_of_last(
         &self,
-        model: &Llama,
-        cache: &mut KvCache,
-        batch: &[SeqInput],
+        features: &BatchFeatures,
+        seqs: usize,
     ) -> Result<(Vec<f32>, usize)> {
-        let (_, features) =
-            model.forward_with_features(cache, batch, &crate::model::FeatureTaps::LastNormed)?;
         let h = features.hidden();
-        let mut last = Vec::with_capacity(batch.len() * h);
-        for i in 0..batch.len() {
+        let mut last = Vec::with_capacity(seqs * h);
+        for i in 0..seqs {
             let rows = features.seq(i);
             let Some(from) = rows.len().checked_sub(h) else {
                 return Err(ModelError::BadInput(format!(
@@ -68,7 +67,7 @@ impl DraftVocab {
             };
             last.extend_from_slice(&rows[from..]);
         }
-        let x = Tensor::from_vec(last, (batch.len(), h), &Device::Cpu)?;
+        let x = Tensor::from_vec(last, (seqs, h), &Device::Cpu)?;
         let logits = self.project(&x)?;
         let width = logits.dim(1)?;
         Ok((logits.flatten_all()?.to_vec1::<f32>()?, width))

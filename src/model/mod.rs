@@ -35,6 +35,7 @@
 
 pub mod cache;
 pub mod draft_vocab;
+pub use draft_vocab::DraftVocab;
 mod error;
 pub mod head;
 pub mod kernels;

@@ -7,7 +7,6 @@
 //! inputs, fill the same [`KvCache`] type and give logits on the host, so the engine, drafters
 //! and governor do not know which one runs.
 
-use crate::model::draft_vocab::DraftVocab;
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 
@@ -37,8 +36,6 @@ pub struct Llama {
     context_len: usize,
     weights_dtype: WeightsDtype,
     kv_dtype: KvDtype,
-    /// When this model drafts: the reduced vocabulary its drafts are drawn from.
-    draft_vocab: Option<DraftVocab>,
 }
 
 impl Llama {
@@ -109,7 +106,6 @@ impl Llama {
             context_len,
             weights_dtype,
             kv_dtype: KvDtype::F32,
-            draft_vocab: None,
         })
     }
 
@@ -117,25 +113,6 @@ impl Llama {
     pub fn with_kv_dtype(mut self, kv_dtype: KvDtype) -> Self {
         self.kv_dtype = kv_dtype;
         self
-    }
-
-    /// Drafting with this model projects onto the `k` tokens `ranking` puts first (all it
-    /// holds when fewer; `k` = 0 or no ranking: the whole vocabulary) through its own output
-    /// head's rows, so its drafts are drawn over them alone.
-    pub fn set_draft_vocab(&mut self, ranking: &[u32], k: usize) -> Result<()> {
-        self.draft_vocab = match DraftVocab::ids_of(ranking, k, self.hp.vocab_size) {
-            Some(ids) => {
-                let rows = self.output_rows(&ids)?.to_device(&Device::Cpu)?;
-                Some(DraftVocab::new(ids, rows, WeightsDtype::Auto)?)
-            }
-            None => None,
-        };
-        Ok(())
-    }
-
-    /// The reduced vocabulary this model drafts over (`None`: the whole vocabulary).
-    pub fn draft_vocab(&self) -> Option<&DraftVocab> {
-        self.draft_vocab.as_ref()
     }
 
     pub fn kv_dtype(&self) -> KvDtype {
