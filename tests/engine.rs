@@ -474,7 +474,7 @@ fn governed(
 fn governor_speculates_only_where_its_prices_say_it_pays() {
     let _serial = one_at_a_time();
     let rt = common::runtime();
-    let max_width = EngineConfig::default().max_seqs * (EngineConfig::default().max_gamma + 1);
+    let max_width = EngineConfig::default().max_seqs * (EngineConfig::default().gamma_limit + 1);
     let (_dirs, target, other) = target_and_other();
     let twice = |source: &dyn Fn() -> DraftSource,
                  target: &Arc<Llama>,
@@ -828,7 +828,7 @@ fn token_trees_keep_greedy_output_identical() {
 fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
     let _serial = one_at_a_time();
     let rt = common::runtime();
-    let max_width = EngineConfig::default().max_seqs * (EngineConfig::default().max_gamma + 1);
+    let max_width = EngineConfig::default().max_seqs * (EngineConfig::default().gamma_limit + 1);
     let (dirs, target, _) = target_and_other();
     let blend_dir = tempfile::tempdir().unwrap();
     common::write_tiny_blend(dirs[0].path(), &untied(99), 0.1, blend_dir.path());

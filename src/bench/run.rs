@@ -128,7 +128,7 @@ async fn start_engines(
             pipeline: mode.pipeline,
             target_threads,
             draft_threads,
-            max_gamma: opts.max_gamma,
+            gamma_limit: opts.max_gamma,
             prefix_cache: mode.prefix_cache,
             speculation: SpeculationSettings {
                 gamma: bench_gamma(4.min(opts.max_gamma))?,

@@ -135,7 +135,7 @@ impl ServeArgs {
         }
         sp.settings = self
             .settings_update()
-            .apply(&sp.settings, config.engine.max_gamma)
+            .apply(&sp.settings, config.engine.gamma_limit)
             .map_err(flag_error)?;
         config.validate()?;
         Ok(())

@@ -29,7 +29,7 @@ impl Config {
             .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         // γ is checked against engine.max_gamma, so that must be valid first.
         validate_engine(&s.engine)?;
-        let speculation = SpeculationSection::from_table(speculation, s.engine.max_gamma)?;
+        let speculation = SpeculationSection::from_table(speculation, s.engine.gamma_limit)?;
         let cfg = Config {
             model: s.model,
             runtime: s.runtime,
@@ -161,7 +161,7 @@ impl Config {
         validate_engine(&self.engine)?;
         self.speculation
             .settings
-            .validate(self.engine.max_gamma)
+            .validate(self.engine.gamma_limit)
             .map_err(settings_error)?;
         Ok(())
     }
@@ -223,14 +223,14 @@ fn validate_engine(e: &EngineConfig) -> Result<(), ConfigError> {
         ("engine.max_seqs", e.max_seqs),
         ("engine.max_queue", e.max_queue),
         ("engine.prefill_chunk", e.prefill_chunk),
-        ("engine.max_gamma", e.max_gamma),
+        ("engine.max_gamma", e.gamma_limit),
     ] {
         if v == 0 {
             return Err(ConfigError::invalid(key, "must be >= 1"));
         }
     }
     // The largest γ is a γ: the same rule as every other.
-    Gamma::try_from(e.max_gamma).map_err(|err| ConfigError::invalid("engine.max_gamma", err))?;
+    Gamma::try_from(e.gamma_limit).map_err(|err| ConfigError::invalid("engine.max_gamma", err))?;
     Ok(())
 }
 

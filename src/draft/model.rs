@@ -260,14 +260,13 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
         draw: DrawLane,
     ) -> Result<Option<u32>, DraftError> {
         match step {
-            StepLogits::Full(l) => {
-                l.seq_rows(k)
-                    .map_err(DraftError::Model)
-                    .and_then(|mut rows| {
-                        let row = rows.pop().expect("asked for the last row");
-                        draw_draft(&row, None, job, draw, &mut self.scratch)
-                    })
-            }
+            StepLogits::Full(l) => l
+                .seq_rows(k)
+                .map_err(DraftError::Model)
+                .and_then(|mut rows| {
+                    let row = rows.pop().expect("asked for the last row");
+                    draw_draft(&row, None, job, draw, &mut self.scratch)
+                }),
             StepLogits::Reduced((rows, width)) => {
                 let row = &rows[k * width..(k + 1) * width];
                 let ids = self.vocab.as_deref().map(DraftVocab::ids);

@@ -148,7 +148,11 @@ fn catch_up<S: Stepper>(
     timing: &mut DraftTiming,
 ) {
     let behind: Vec<usize> = (0..lanes.len())
-        .filter(|&i| lanes[i].as_ref().is_some_and(|l| S::fed_tokens(&l.feed) > 2))
+        .filter(|&i| {
+            lanes[i]
+                .as_ref()
+                .is_some_and(|l| S::fed_tokens(&l.feed) > 2)
+        })
         .collect();
     if behind.is_empty() {
         return;

@@ -21,9 +21,9 @@ const REPEATS: usize = 2;
 
 /// The widths timed at start-up: every width a lone request can verify, then a few points up
 /// to a whole batch of full verifications (interpolated between).
-fn verify_widths(max_seqs: usize, max_gamma: usize) -> Vec<usize> {
-    let max_width = max_seqs * (max_gamma + 1);
-    let mut widths: Vec<usize> = (1..=(max_gamma + 1).min(max_width)).collect();
+fn verify_widths(max_seqs: usize, gamma_limit: usize) -> Vec<usize> {
+    let max_width = max_seqs * (gamma_limit + 1);
+    let mut widths: Vec<usize> = (1..=(gamma_limit + 1).min(max_width)).collect();
     let mut w = widths.last().copied().unwrap_or(1);
     while w < max_width.min(MAX_WIDTH) {
         w = (w * 2).min(max_width.min(MAX_WIDTH));
@@ -37,10 +37,10 @@ fn verify_widths(max_seqs: usize, max_gamma: usize) -> Vec<usize> {
 pub(super) async fn calibrate_target(
     verifier: &Verifier,
     max_seqs: usize,
-    max_gamma: usize,
+    gamma_limit: usize,
 ) -> Result<CostModel, EngineError> {
-    let mut costs = CostModel::new(max_seqs * (max_gamma + 1));
-    let widths = verify_widths(max_seqs, max_gamma);
+    let mut costs = CostModel::new(max_seqs * (gamma_limit + 1));
+    let widths = verify_widths(max_seqs, gamma_limit);
     for (w, secs) in verifier.calibrate(0, widths, REPEATS).await? {
         costs.record_verify(secs, w);
     }
@@ -50,13 +50,13 @@ pub(super) async fn calibrate_target(
 /// Times the drafter's steps and catch-ups at a short and a long context into `costs`.
 pub(super) async fn calibrate_drafter(
     drafter: &ActorRef<Drafter>,
-    max_gamma: usize,
+    gamma_limit: usize,
     context_len: usize,
     costs: &mut CostModel,
 ) -> Result<(), EngineError> {
     let contexts: Vec<usize> = CATCH_UP_CONTEXTS
         .into_iter()
-        .filter(|&n| n + max_gamma + 1 < context_len)
+        .filter(|&n| n + gamma_limit + 1 < context_len)
         .collect();
     let timings = drafter
         .ask(MeasureDraftCosts { contexts })

@@ -44,9 +44,11 @@ pub struct EngineConfig {
     /// KV capacity in tokens over all sequences (default: every slot full).
     #[serde(skip)]
     pub kv_capacity_tokens: Option<usize>,
-    /// The largest γ any round may draft: verification costs are measured up to it at start
-    /// and KV headroom is reserved for it. Live settings cannot go above it.
-    pub max_gamma: usize,
+    /// The largest γ any round may draft (`engine.max_gamma` in the config file): verification
+    /// costs are measured up to it at start and KV headroom is reserved for it. The live
+    /// settings' range (`gamma_min..=gamma_max`) stays within it.
+    #[serde(rename = "max_gamma")]
+    pub gamma_limit: usize,
     /// Keep finished sequences' caches and start new prompts from the longest cached prefix
     /// (target and draft model).
     pub prefix_cache: bool,
@@ -83,7 +85,7 @@ impl Default for EngineConfig {
             target_threads: 2,
             draft_threads: 2,
             kv_capacity_tokens: None,
-            max_gamma: 8,
+            gamma_limit: 8,
             prefix_cache: true,
             prefix_cache_slots: 8,
             stall_timeout_seconds: 60,
@@ -119,12 +121,12 @@ impl Engine {
         draft: Option<DraftSource>,
         cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
-        if cfg.max_seqs == 0 || cfg.max_gamma == 0 {
+        if cfg.max_seqs == 0 || cfg.gamma_limit == 0 {
             return Err(EngineError::InvalidRequest(
                 "engine.max_seqs and engine.max_gamma must be at least 1".into(),
             ));
         }
-        let settings = LiveSettings::new(cfg.speculation, cfg.max_gamma)
+        let settings = LiveSettings::new(cfg.speculation, cfg.gamma_limit)
             .map_err(|e| EngineError::InvalidRequest(format!("speculation.{e}")))?;
         let context_len = target.context_len();
         // Running sequences take at most `max_seqs` slots; kept caches may use the rest.
@@ -170,9 +172,9 @@ impl Engine {
         let costs = match cfg.costs {
             Some(table) => table.freeze(),
             None => {
-                let mut costs = calibrate_target(&verifier, cfg.max_seqs, cfg.max_gamma).await?;
+                let mut costs = calibrate_target(&verifier, cfg.max_seqs, cfg.gamma_limit).await?;
                 if let Some(d) = &drafter {
-                    calibrate_drafter(d, cfg.max_gamma, context_len, &mut costs).await?;
+                    calibrate_drafter(d, cfg.gamma_limit, context_len, &mut costs).await?;
                 }
                 costs.mark_provisional();
                 costs
@@ -196,7 +198,7 @@ impl Engine {
                     prefill_chunk: cfg.prefill_chunk,
                     pipeline: cfg.pipeline && !head,
                     context_len,
-                    max_gamma: cfg.max_gamma,
+                    gamma_limit: cfg.gamma_limit,
                     prefix_cache: cfg.prefix_cache,
                     governor: cfg.governor,
                     foresight,

@@ -12,8 +12,8 @@ use kameo::Actor;
 use super::acceptance::{verify, verify_tree, Scratch, VerifyInput};
 use super::error::EngineError;
 use super::messages::{
-    CopyPrefix, Failure, FreeSlot, KeepSlot, TargetBatch, TargetBatchResult, TargetItem, TargetOutcome,
-    TargetWork, TreeWalk,
+    CopyPrefix, Failure, FreeSlot, KeepSlot, TargetBatch, TargetBatchResult, TargetItem,
+    TargetOutcome, TargetWork, TreeWalk,
 };
 use super::worker::ComputeWorker;
 use crate::draft::Proposal;
@@ -412,7 +412,12 @@ fn accept_tree(
     rng: &mut SeededRng,
     out: &mut TargetOutcome,
 ) -> Result<Standing, EngineError> {
-    let walk = verify_tree(verify_input(it, rows), &mut s.scratch, rng, &mut out.logprobs)?;
+    let walk = verify_tree(
+        verify_input(it, rows),
+        &mut s.scratch,
+        rng,
+        &mut out.logprobs,
+    )?;
     let kept: Vec<usize> = std::iter::once(0)
         .chain(walk.path.iter().map(|&n| n + 1))
         .collect();

@@ -43,7 +43,7 @@ pub mod llama;
 pub mod load;
 pub mod text;
 
-pub use cache::kv_cache::{KvCache, KvDtype, Kept};
+pub use cache::kv_cache::{Kept, KvCache, KvDtype};
 pub use error::{ModelError, Result};
 pub use llama::batch::{BatchFeatures, BatchLogits, FeatureTaps, LogitsRows, SeqInput, TREE_ROOT};
 pub use llama::device::{BackendChoice, DeviceSpec, ForwardKind};

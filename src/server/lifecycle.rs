@@ -21,7 +21,7 @@ pub async fn run(
     config_path: Option<std::path::PathBuf>,
 ) -> Result<(), ServerError> {
     let metrics = crate::telemetry::install().map_err(|e| ServerError::Metrics(e.to_string()))?;
-    crate::telemetry::register_positions(config.engine.max_gamma);
+    crate::telemetry::register_positions(config.engine.gamma_limit);
     crate::telemetry::register_config_reloads();
     crate::telemetry::register_draft_gate();
     crate::telemetry::register_trees();

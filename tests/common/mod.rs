@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 use tandem::model::load::loader::LoadOptions;
 use tandem::model::{
-    BackendChoice, DeviceSpec, Kept, KvCache, Llama, LoadedModel, LogitsRows, ModelSource, SeqInput,
-    WeightsDtype,
+    BackendChoice, DeviceSpec, Kept, KvCache, Llama, LoadedModel, LogitsRows, ModelSource,
+    SeqInput, WeightsDtype,
 };
 use tandem::sampling::SeededRng;
 
@@ -506,7 +506,15 @@ pub fn tree_equals_its_paths(
     // Keep the deepest path of the last branch, then feed three more tokens.
     let path = tree_path(parents, tokens.len() - 1);
     let path_tokens: Vec<u32> = path.iter().map(|&i| tokens[i]).collect();
-    cache.keep(t, Kept::Path { start: prefix.len(), rows: &path }).unwrap();
+    cache
+        .keep(
+            t,
+            Kept::Path {
+                start: prefix.len(),
+                rows: &path,
+            },
+        )
+        .unwrap();
     assert_eq!(cache.len(t).unwrap(), prefix.len() + path.len());
     let next = [tokens[0], tokens[1], tokens[0]];
     let after_tree = forward_rows(model, &mut cache, t, &next, LogitsRows::All);

@@ -187,14 +187,14 @@ fn could_save(
 }
 
 /// The best tokens per plain step's time a lone sequence could expect from drafts that stand
-/// at rate `alpha`, over γ in `1..=max_gamma`: the drafts' own steps priced when `drafted`
+/// at rate `alpha`, over γ in `1..=gamma_max`: the drafts' own steps priced when `drafted`
 /// (a model's or a head's), free when not (prompt lookup's scan). `None` until the costs are
 /// measured. It compares kinds of draft a round could make: a head's guesses against a short
 /// match's copy, which costs no draft step.
-pub fn solo_rate(alpha: f64, max_gamma: usize, drafted: bool, costs: &CostModel) -> Option<f64> {
+pub fn solo_rate(alpha: f64, gamma_max: usize, drafted: bool, costs: &CostModel) -> Option<f64> {
     let plain = costs.verify_seconds(1)?;
     let mut best = None::<f64>;
-    for g in 1..=max_gamma.max(1) {
+    for g in 1..=gamma_max.max(1) {
         let draft = if drafted {
             costs.draft_seconds(g, 1)?
         } else {

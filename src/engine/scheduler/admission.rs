@@ -11,8 +11,8 @@ use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
 use crate::engine::governor::Governor;
 use crate::engine::messages::{
-    Admit, CopyPrefix, DropRetained, EndSequence, FreeSlot, PrefixStart, Release, Retain, Submit,
-    KeepSlot,
+    Admission, Admit, CopyPrefix, DropRetained, EndSequence, FreeSlot, KeepSlot, PrefixStart,
+    Release, Retain, Submit,
 };
 use crate::engine::request::SpeculationStats;
 use crate::model::cache::prefix_index::common_prefix;
@@ -124,130 +124,142 @@ impl Scheduler {
                 break;
             }
             let g = &q.request.generation;
-            let prompt = g.prompt.clone();
             let tokens = (g.prompt.len())
                 .saturating_add(g.max_tokens)
-                .saturating_add(self.cfg.max_gamma + 1)
+                .saturating_add(self.cfg.gamma_limit + 1)
                 .min(self.cfg.context_len);
-            // Prompt logprobs need every prompt row computed, so such a prompt starts afresh.
-            let prefix_cache = self.cfg.prefix_cache && q.request.prompt_logprobs.is_none();
-            let running = prefix_cache
-                .then(|| {
-                    self.active
-                        .iter()
-                        .map(|s| (s.slot, common_prefix(s.cached_tokens(), &prompt)))
-                        .max_by_key(|&(_, len)| len)
-                        .filter(|&(_, len)| len > 0)
-                })
-                .flatten();
-            let admission = match self
-                .cache
-                .ask(Admit {
-                    prompt,
-                    tokens,
-                    choices,
-                    prefix_cache,
-                    running,
+            let Some(admission) = self.reserve(tokens, choices).await else {
+                break;
+            };
+            let cached = self
+                .prepare_prefix(admission.prefix, admission.slots[0])
+                .await;
+            let q = self.queue.pop_front().expect("peeked");
+            self.start_choices(q, admission.slots, cached, tokens);
+        }
+    }
+
+    /// Asks the CacheManager for a slot per choice of the queue's first request, `tokens`
+    /// reserved for each, and the best prefix to start from; frees the caches it evicted.
+    /// `None`: not admitted now.
+    async fn reserve(&mut self, tokens: usize, choices: usize) -> Option<Admission> {
+        let q = self.queue.front()?;
+        let prompt = q.request.generation.prompt.clone();
+        // Prompt logprobs need every prompt row computed, so such a prompt starts afresh.
+        let prefix_cache = self.cfg.prefix_cache && q.request.prompt_logprobs.is_none();
+        let running = prefix_cache
+            .then(|| {
+                self.active
+                    .iter()
+                    .map(|s| (s.slot, common_prefix(s.cached_tokens(), &prompt)))
+                    .max_by_key(|&(_, len)| len)
+                    .filter(|&(_, len)| len > 0)
+            })
+            .flatten();
+        let mut admission = match self
+            .cache
+            .ask(Admit {
+                prompt,
+                tokens,
+                choices,
+                prefix_cache,
+                running,
+            })
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                self.report_peer_error("cache manager", &e);
+                return None;
+            }
+        };
+        self.free_slots(std::mem::take(&mut admission.evicted))
+            .await;
+        (!admission.slots.is_empty()).then_some(admission)
+    }
+
+    /// The first choice's cache starts as the prefix: a retained slot cut to it, or a copy of
+    /// a running sequence's. Returns the tokens it holds (0: it starts afresh).
+    async fn prepare_prefix(&mut self, prefix: Option<(PrefixStart, usize)>, slot: usize) -> usize {
+        let Some((start, len)) = prefix else {
+            return 0;
+        };
+        let prepared = match start {
+            PrefixStart::TakeOver => self.verifier.ask(KeepSlot { slot, len }).await.is_ok(),
+            PrefixStart::CopyFrom(from) => self
+                .verifier
+                .ask(CopyPrefix {
+                    from,
+                    to: slot,
+                    len,
                 })
                 .await
-            {
-                Ok(a) => a,
-                Err(e) => {
-                    self.report_peer_error("cache manager", &e);
-                    break;
-                }
-            };
-            self.free_slots(admission.evicted).await;
-            if admission.slots.is_empty() {
-                break;
-            }
-            let slots = admission.slots;
-            // The first choice's cache starts as the prefix: a retained slot cut to it, or a
-            // copy of a running sequence's.
-            let cached = match admission.prefix {
-                None => 0,
-                Some(m) => {
-                    let (start, len) = m;
-                    let prepared = match start {
-                        PrefixStart::TakeOver => self
-                            .verifier
-                            .ask(KeepSlot {
-                                slot: slots[0],
-                                len,
-                            })
-                            .await
-                            .is_ok(),
-                        PrefixStart::CopyFrom(from) => self
-                            .verifier
-                            .ask(CopyPrefix {
-                                from,
-                                to: slots[0],
-                                len,
-                            })
-                            .await
-                            .is_ok(),
-                    };
-                    if prepared {
-                        len
-                    } else {
-                        // Start afresh: an empty cache is always right.
-                        if let Err(e) = self.verifier.ask(FreeSlot { slot: slots[0] }).await {
-                            self.report_peer_error("verifier", &e);
-                        }
-                        0
-                    }
-                }
-            };
-            let mut q = self.queue.pop_front().expect("peeked");
-            telemetry::record_admitted(q.request.generation.prompt.len());
-            let seed = q
-                .request
-                .generation
-                .sampling
-                .seed
-                .unwrap_or_else(|| SeededRng::from_entropy().next_u64());
-            for (i, (events, slot)) in std::mem::take(&mut q.events)
-                .into_iter()
-                .zip(slots)
-                .enumerate()
-            {
-                let permit = q.permits.split(1).expect("one permit per choice");
-                let mut request = q.request.clone();
-                // Choice i samples as a lone request seeded `seed + i` would.
-                let seed = seed.wrapping_add(i as u64);
-                request.generation.sampling.seed = Some(seed);
-                let group =
-                    self.active.iter().filter(|s| s.group == 0).count() > self.active.len() / 2;
-                self.active.push(Sequence {
-                    id: q.id + i as u64,
-                    slot,
-                    reserved: tokens,
-                    events,
-                    context: request.generation.prompt.clone(),
-                    prefilled: if i == 0 { cached } else { 0 },
-                    emitter: Emitter::new(&request.generation),
-                    draft_rng: SeededRng::new(seed ^ 0x9E37_79B9_7F4A_7C15),
-                    accept_rng: SeededRng::new(seed),
-                    governor: Governor::starting_from(self.cfg.governor, &self.acceptance),
-                    spec: SpeculationStats::default(),
-                    group: usize::from(group),
-                    max_context: self.cfg.context_len,
-                    pending: None,
-                    drafter_seen: 0,
-                    arrived: q.arrived,
-                    admitted: Instant::now(),
-                    last_output: None,
-                    prompt_logprobs: Vec::new(),
-                    waits_for: (i > 0).then_some(q.id),
-                    leads: i == 0 && choices > 1,
-                    cached: if i == 0 { cached } else { 0 },
-                    _permit: permit,
-                    constraint: request.constraint.as_ref().map(|c| c.start()),
-                    round_forced: 0,
-                    features: Vec::new(),
-                    request,
-                });
-            }
+                .is_ok(),
+        };
+        if prepared {
+            return len;
+        }
+        // Start afresh: an empty cache is always right.
+        if let Err(e) = self.verifier.ask(FreeSlot { slot }).await {
+            self.report_peer_error("verifier", &e);
+        }
+        0
+    }
+
+    /// A running sequence per choice of `q`, in `slots`, the first holding `cached` prompt
+    /// tokens; each reserves `tokens`.
+    fn start_choices(&mut self, mut q: Queued, slots: Vec<usize>, cached: usize, tokens: usize) {
+        telemetry::record_admitted(q.request.generation.prompt.len());
+        let choices = q.events.len();
+        let live = self.settings.get();
+        let seed = q
+            .request
+            .generation
+            .sampling
+            .seed
+            .unwrap_or_else(|| SeededRng::from_entropy().next_u64());
+        for (i, (events, slot)) in std::mem::take(&mut q.events)
+            .into_iter()
+            .zip(slots)
+            .enumerate()
+        {
+            let permit = q.permits.split(1).expect("one permit per choice");
+            let mut request = q.request.clone();
+            // Choice i samples as a lone request seeded `seed + i` would.
+            let seed = seed.wrapping_add(i as u64);
+            request.generation.sampling.seed = Some(seed);
+            let group = self.active.iter().filter(|s| s.group == 0).count() > self.active.len() / 2;
+            let round = live.for_request(&request.speculation, self.queue.len());
+            self.active.push(Sequence {
+                id: q.id + i as u64,
+                slot,
+                reserved: tokens,
+                events,
+                context: request.generation.prompt.clone(),
+                prefilled: if i == 0 { cached } else { 0 },
+                emitter: Emitter::new(&request.generation),
+                draft_rng: SeededRng::new(seed ^ 0x9E37_79B9_7F4A_7C15),
+                accept_rng: SeededRng::new(seed),
+                governor: Governor::starting_from(self.cfg.governor, &self.acceptance),
+                spec: SpeculationStats::default(),
+                group: usize::from(group),
+                max_context: self.cfg.context_len,
+                pending: None,
+                drafter_seen: 0,
+                arrived: q.arrived,
+                admitted: Instant::now(),
+                last_output: None,
+                prompt_logprobs: Vec::new(),
+                waits_for: (i > 0).then_some(q.id),
+                leads: i == 0 && choices > 1,
+                cached: if i == 0 { cached } else { 0 },
+                _permit: permit,
+                constraint: request.constraint.as_ref().map(|c| c.start()),
+                round_forced: 0,
+                features: Vec::new(),
+                round,
+                request,
+            });
         }
     }
 

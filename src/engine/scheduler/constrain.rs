@@ -19,7 +19,6 @@ use crate::engine::acceptance::RowGrammar;
 use crate::engine::error::EngineError;
 use crate::engine::gamma::{gamma_cap, RoundGamma};
 use crate::engine::messages::{Failure, TargetItem, TargetWork};
-use crate::engine::settings::SpeculationSettings;
 use crate::telemetry;
 
 impl Scheduler {
@@ -29,12 +28,10 @@ impl Scheduler {
     pub(super) fn constrain_items(
         &mut self,
         items: &mut Vec<TargetItem>,
-        live: &SpeculationSettings,
     ) -> (Vec<(u64, Failure)>, f64) {
         let mut failed = Vec::new();
         let mut seconds = 0.0;
-        let queued = self.queue.len();
-        let (context_len, max_gamma) = (self.cfg.context_len, self.cfg.max_gamma);
+        let (context_len, gamma_limit) = (self.cfg.context_len, self.cfg.gamma_limit);
         for it in items.iter_mut() {
             let Some(s) = self.active.iter_mut().find(|s| s.id == it.seq) else {
                 continue;
@@ -46,9 +43,9 @@ impl Scheduler {
             let forcing = match it.work {
                 TargetWork::Verify => {
                     let cap = gamma_cap(s.context.len() - 1, context_len, s.remaining());
-                    match s.settings(live, queued).gamma.capped(cap) {
+                    match s.round.gamma.capped(cap) {
                         RoundGamma::Plain => 0,
-                        _ => cap.min(max_gamma),
+                        _ => cap.min(gamma_limit),
                     }
                 }
                 _ => 0,

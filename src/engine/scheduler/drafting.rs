@@ -65,7 +65,7 @@ impl Scheduler {
     /// What each sequence in `which` (indices into `active`) would draft now, where the
     /// scheduler can tell (a drafter drafting prompt lookup's match first).
     pub(super) fn foresee(&self, which: &[usize], live: &SpeculationSettings) -> Vec<NextDraft> {
-        let max_gamma = live.gamma_max.get().min(self.cfg.max_gamma);
+        let gamma_max = live.gamma_max.get().min(self.cfg.gamma_limit);
         which
             .iter()
             .map(|&i| match &self.cfg.foresight {
@@ -75,7 +75,7 @@ impl Scheduler {
                     // copy does not), or its acceptance until the costs are measured.
                     f.next(&s.context, |k| {
                         let alpha = s.governor.alpha_of(Some(k));
-                        solo_rate(alpha, max_gamma, k == 0, &self.costs).unwrap_or(alpha)
+                        solo_rate(alpha, gamma_max, k == 0, &self.costs).unwrap_or(alpha)
                     })
                 }
                 None => NextDraft::Unknown,
@@ -91,20 +91,12 @@ impl Scheduler {
         &self,
         (which, next): (&[usize], &[NextDraft]),
         base_width: usize,
-        live: &SpeculationSettings,
     ) -> (Vec<usize>, Option<RoundForecast>) {
         let has_drafter = self.drafter.is_some();
         let candidates: Vec<Candidate> = which
             .iter()
             .zip(next)
-            .map(|(&i, &next)| {
-                self.active[i].candidate(
-                    has_drafter,
-                    self.cfg.context_len,
-                    (live, self.queue.len()),
-                    next,
-                )
-            })
+            .map(|(&i, &next)| self.active[i].candidate(has_drafter, self.cfg.context_len, next))
             .collect();
         let mut plan = plan_round(
             &candidates,
@@ -141,9 +133,8 @@ impl Scheduler {
             .map(|((&i, &next), &gamma)| {
                 let mut item = self.active[i].draft_item(
                     gamma,
-                    (self.cfg.context_len, self.cfg.max_gamma),
+                    (self.cfg.context_len, self.cfg.gamma_limit),
                     live,
-                    self.queue.len(),
                 );
                 // Planned as the model's draft: the drafter does not look for a match first.
                 item.lookup = next != NextDraft::Kind(0);

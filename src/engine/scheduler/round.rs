@@ -1,5 +1,6 @@
-//! One round: the plan, drafting, one batched target forward (with drafting ahead beside it),
-//! then the outcomes.
+//! One round, as phases each a method here: settle who runs and under what settings, plan and
+//! draft, build the target batch, verify it (with drafting ahead beside it), record what it
+//! cost, then take the outcomes.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -7,11 +8,39 @@ use std::time::Instant;
 use super::foresight::NextDraft;
 use super::round_clock::{log_forecast, RoundTimes};
 use super::round_plan::{RoundPlan, SeqState, TargetPart};
-use super::state::Scheduler;
+use super::state::{Ending, Scheduler};
 use crate::draft::DraftTiming;
 use crate::engine::error::EngineError;
-use crate::engine::messages::{TargetBatch, TargetWork};
+use crate::engine::governor::RoundForecast;
+use crate::engine::messages::{
+    DraftBatchResult, DraftItem, TargetBatch, TargetBatchResult, TargetItem, TargetWork,
+};
+use crate::engine::settings::SpeculationSettings;
 use crate::telemetry;
+
+/// The drafts a round asks for, planned.
+struct Drafting {
+    /// Drafted before the target forward and verified in it.
+    now: Vec<DraftItem>,
+    /// Drafted during the target forward, for a later round.
+    ahead: Vec<DraftItem>,
+    forecast: Option<RoundForecast>,
+}
+
+/// The round's target batch and what the round keeps of it to read the outcomes.
+struct TargetRound {
+    items: Vec<TargetItem>,
+    /// Sequences whose next round is drafted during this forward, with its γ.
+    guesses: Vec<(u64, usize)>,
+    /// Sequences that ended before the forward (their grammar failed).
+    ended: Vec<Ending>,
+    mask_seconds: f64,
+    /// Every item verifies drafts (no prompt chunk): the forward prices verification.
+    decode_only: bool,
+    width: usize,
+    /// What each sequence sent: its chunk length, or its drafts.
+    sent: HashMap<u64, (usize, Vec<u32>)>,
+}
 
 impl Scheduler {
     /// One round: prefill chunks, drafting and one batched target forward.
@@ -21,10 +50,64 @@ impl Scheduler {
         if self.active.is_empty() {
             return Ok(());
         }
+        let live = self.resolve_round_settings();
+        let pipelined = self.cfg.pipeline && self.drafter.is_some();
+        let shape = self.shape_round(pipelined);
+        let drafting = self.plan_drafts(&shape, &live);
+        let round_start = Instant::now();
+        let (mut draft_secs, mut draft_timing) = (0.0, DraftTiming::default());
+        if !drafting.now.is_empty() {
+            let drafts = self.draft(drafting.now).await?;
+            draft_timing = drafts.timing;
+            draft_secs = self.take_drafts(drafts, &[]).0;
+        }
+        let mut ahead = drafting.ahead;
+        let mut batch = self.target_round(&shape, &live, &mut ahead);
+        let (target, ahead, wall) = self.verify(std::mem::take(&mut batch.items), ahead).await;
+        // Drafts of a next round made during this one wait for its outcome.
+        let (ahead_secs, mut guessed) = self.take_drafts(ahead?, &batch.guesses);
+        self.rounds += 1;
+        let Some(result) = target? else {
+            for ending in batch.ended {
+                self.end_sequence(ending).await;
+            }
+            return Ok(());
+        };
+        self.overlap.record(wall, result.seconds, ahead_secs);
+        let times = RoundTimes {
+            draft: draft_timing,
+            verify_seconds: result.seconds,
+            mask_seconds: batch.mask_seconds,
+            round_seconds: round_start.elapsed().as_secs_f64(),
+        };
+        self.record_round(
+            &times,
+            drafting.forecast.filter(|_| !pipelined),
+            draft_secs + ahead_secs,
+            (batch.decode_only, batch.width),
+        );
+        let mut ended = batch.ended;
+        for outcome in result.outcomes {
+            ended.extend(self.take_outcome(outcome, &batch.sent, &mut guessed));
+        }
+        self.finish_round(ended).await
+    }
+
+    /// Resolves what every active sequence speculates under this round (its request's
+    /// settings over the live ones, with the queue's depth), once, and returns the live
+    /// settings the round reads.
+    fn resolve_round_settings(&mut self) -> SpeculationSettings {
         let live = self.settings.get();
         let queued = self.queue.len();
         telemetry::set_speculation(live.lenience_for_queue(queued).get(), live.gamma_gauge());
-        let pipelined = self.cfg.pipeline && self.drafter.is_some();
+        for s in &mut self.active {
+            s.round = live.for_request(&s.request.speculation, queued);
+        }
+        live
+    }
+
+    /// Who drafts, who is verified and which prompts take a chunk this round.
+    fn shape_round(&self, pipelined: bool) -> RoundPlan {
         let states: Vec<SeqState> = self
             .active
             .iter()
@@ -36,20 +119,24 @@ impl Scheduler {
                 waiting: s.waits_for.is_some(),
             })
             .collect();
-        let shape = RoundPlan::build(&states, pipelined, self.cfg.prefill_chunk, self.rounds);
+        RoundPlan::build(&states, pipelined, self.cfg.prefill_chunk, self.rounds)
+    }
+
+    /// γ for every sequence that drafts this round, now or ahead, and the drafts asked for.
+    fn plan_drafts(&mut self, shape: &RoundPlan, live: &SpeculationSettings) -> Drafting {
         let now = (
             &shape.draft_now[..],
-            &self.foresee(&shape.draft_now, &live)[..],
+            &self.foresee(&shape.draft_now, live)[..],
         );
-        let (plan_now, forecast) = self.plan(now, shape.prefill_width, &live);
-        let to_draft_now = self.draft_items(now, &plan_now, &live);
+        let (plan_now, forecast) = self.plan(now, shape.prefill_width);
+        let to_draft_now = self.draft_items(now, &plan_now, live);
         // Drafts made ahead come from a context not known yet.
         let ahead = (
             &shape.draft_ahead[..],
             &vec![NextDraft::Unknown; shape.draft_ahead.len()][..],
         );
-        let plan_ahead = self.plan(ahead, 0, &live).0;
-        let mut to_draft_ahead = self.draft_items(ahead, &plan_ahead, &live);
+        let plan_ahead = self.plan(ahead, 0).0;
+        let to_draft_ahead = self.draft_items(ahead, &plan_ahead, live);
         if !shape.draft_now.is_empty() || !shape.draft_ahead.is_empty() {
             self.rounds_without_drafts = if to_draft_now.is_empty() && to_draft_ahead.is_empty() {
                 self.rounds_without_drafts + 1
@@ -57,74 +144,100 @@ impl Scheduler {
                 0
             };
         }
-
-        let round_start = Instant::now();
-        let mut draft_secs = 0.0;
-        let mut draft_timing = DraftTiming::default();
-        if !to_draft_now.is_empty() {
-            let drafts = self.draft(to_draft_now).await?;
-            draft_timing = drafts.timing;
-            draft_secs = self.take_drafts(drafts, &[]).0;
+        Drafting {
+            now: to_draft_now,
+            ahead: to_draft_ahead,
+            forecast,
         }
+    }
 
-        // The target batch; sequences verified within their request draft their next round
-        // during it (their γ: as many as this round drafted).
+    /// The target batch: each verified sequence's drafts, each prompt's chunk, shaped into
+    /// trees and constrained. Sequences verified within their request draft their next round
+    /// during it (their γ: as many as this round drafted), added to `ahead`.
+    fn target_round(
+        &mut self,
+        shape: &RoundPlan,
+        live: &SpeculationSettings,
+        ahead: &mut Vec<DraftItem>,
+    ) -> TargetRound {
         let mut items = Vec::with_capacity(shape.target.len());
         let mut guesses: Vec<(u64, usize)> = Vec::new();
         for &(i, part) in &shape.target {
             let s = &mut self.active[i];
             items.push(match part {
                 TargetPart::Verify => {
-                    let item = s.verify_item(s.settings(&live, queued).lenience);
+                    let item = s.verify_item(s.round.lenience);
                     let gamma = item.tokens.len() - 1;
                     if shape.within && gamma > 0 {
                         guesses.push((s.id, gamma));
                     }
                     item
                 }
-                TargetPart::Prefill { len } => {
-                    s.prefill_item(len, s.settings(&live, queued).lenience)
-                }
+                TargetPart::Prefill { len } => s.prefill_item(len, s.round.lenience),
             });
         }
-        self.shape_proposals(&mut items, &live);
-        let (failed, mask_seconds) = self.constrain_items(&mut items, &live);
-        let mut ended: Vec<_> = failed
-            .into_iter()
-            .map(|(seq, failure)| (seq, Err(failure)))
-            .collect();
+        self.shape_proposals(&mut items, live);
+        let (failed, mask_seconds) = self.constrain_items(&mut items);
         // A tree is verified as one walk: no next round is guessed beside it.
         guesses.retain(|&(seq, _)| items.iter().any(|i| i.seq == seq && i.parents.is_empty()));
         for &(seq, gamma) in &guesses {
-            let item = items
-                .iter()
-                .find(|i| i.seq == seq)
-                .map(|i| i.tokens[1..].to_vec())
-                .and_then(|drafts| {
-                    let s = self.active.iter().find(|s| s.id == seq)?;
-                    s.draft_ahead_item(&drafts, gamma, self.cfg.context_len, &live, queued)
-                });
-            to_draft_ahead.extend(item);
+            ahead.extend(self.guess_item(&items, seq, gamma, live));
         }
-        let decode_only = items.iter().all(|i| i.work == TargetWork::Verify);
         self.prefilled_tokens += items
             .iter()
             .filter(|i| i.work != TargetWork::Verify)
             .map(|i| i.tokens.len() as u64)
             .sum::<u64>();
-        let width: usize = items.iter().map(|i| i.tokens.len()).sum();
-        // What each sequence sent: its chunk length, or its drafts.
-        let sent: HashMap<u64, (usize, Vec<u32>)> = items
-            .iter()
-            .map(|i| {
-                let drafts = match i.work {
-                    TargetWork::Verify => i.tokens[1..].to_vec(),
-                    _ => Vec::new(),
-                };
-                (i.seq, (i.tokens.len(), drafts))
-            })
-            .collect();
+        TargetRound {
+            guesses,
+            ended: failed
+                .into_iter()
+                .map(|(seq, failure)| (seq, Err(failure)))
+                .collect(),
+            mask_seconds,
+            decode_only: items.iter().all(|i| i.work == TargetWork::Verify),
+            width: items.iter().map(|i| i.tokens.len()).sum(),
+            sent: items
+                .iter()
+                .map(|i| {
+                    let drafts = match i.work {
+                        TargetWork::Verify => i.tokens[1..].to_vec(),
+                        _ => Vec::new(),
+                    };
+                    (i.seq, (i.tokens.len(), drafts))
+                })
+                .collect(),
+            items,
+        }
+    }
 
+    /// The draft of `seq`'s next round made while its drafts in `items` are verified.
+    fn guess_item(
+        &self,
+        items: &[TargetItem],
+        seq: u64,
+        gamma: usize,
+        live: &SpeculationSettings,
+    ) -> Option<DraftItem> {
+        let drafts = items
+            .iter()
+            .find(|i| i.seq == seq)
+            .map(|i| i.tokens[1..].to_vec())?;
+        let s = self.active.iter().find(|s| s.id == seq)?;
+        s.draft_ahead_item(&drafts, gamma, self.cfg.context_len, live)
+    }
+
+    /// The target forward (`None` when the batch is empty) and the drafts made ahead beside
+    /// it, with the seconds both took.
+    async fn verify(
+        &self,
+        items: Vec<TargetItem>,
+        ahead: Vec<DraftItem>,
+    ) -> (
+        Result<Option<TargetBatchResult>, EngineError>,
+        Result<DraftBatchResult, EngineError>,
+        f64,
+    ) {
         let wall = Instant::now();
         let verifier = self.verifier.clone();
         let target = async move {
@@ -137,49 +250,43 @@ impl Scheduler {
                 .map(Some)
                 .map_err(|e| EngineError::Worker(format!("verifier: {e}")))
         };
-        let (target, ahead) = tokio::join!(target, self.draft(to_draft_ahead));
-        let wall = wall.elapsed().as_secs_f64();
-        // Drafts of a next round made during this one wait for its outcome.
-        let (ahead_secs, mut guessed) = self.take_drafts(ahead?, &guesses);
-        self.rounds += 1;
-        let Some(result) = target? else {
-            for ending in ended {
-                self.end_sequence(ending).await;
-            }
-            return Ok(());
-        };
-        self.overlap.record(wall, result.seconds, ahead_secs);
-        draft_secs += ahead_secs;
-        let times = RoundTimes {
-            draft: draft_timing,
-            verify_seconds: result.seconds,
-            mask_seconds,
-            round_seconds: round_start.elapsed().as_secs_f64(),
-        };
-        if let (Some(f), false) = (forecast, pipelined) {
+        let (target, ahead) = tokio::join!(target, self.draft(ahead));
+        (target, ahead, wall.elapsed().as_secs_f64())
+    }
+
+    /// What the round cost, into the cost model and the metrics. `forecast`: the plan's, for
+    /// a round that was not pipelined.
+    fn record_round(
+        &mut self,
+        times: &RoundTimes,
+        forecast: Option<RoundForecast>,
+        draft_secs: f64,
+        (decode_only, width): (bool, usize),
+    ) {
+        if let Some(f) = forecast {
             // Only rounds whose drafter stepped: a round drafted by prompt lookup's scan alone
             // (`head+lookup`) would teach the model's forecasts that a step costs nothing.
-            if f.drafting > 0 && draft_timing.steps > 0 {
+            if f.drafting > 0 && times.draft.steps > 0 {
                 self.costs
-                    .record_draft_forecast(f.draft, draft_timing.step_seconds);
+                    .record_draft_forecast(f.draft, times.draft.step_seconds);
             }
-            log_forecast(&f, &times);
+            log_forecast(&f, times);
         }
         telemetry::record_step(
             times.round_seconds,
-            result.seconds,
+            times.verify_seconds,
             (draft_secs > 0.0).then_some(draft_secs),
         );
         telemetry::set_overlap(self.overlap.ratio());
         // Decode-only forwards keep the verification costs current at today's context depths
         // and batch widths.
         if decode_only {
-            self.costs.record_verify(result.seconds, width);
+            self.costs.record_verify(times.verify_seconds, width);
         }
+    }
 
-        for outcome in result.outcomes {
-            ended.extend(self.take_outcome(outcome, &sent, &mut guessed));
-        }
+    /// After the outcomes: the speed-up estimate, waiting choices started, sequences ended.
+    async fn finish_round(&mut self, ended: Vec<Ending>) -> Result<(), EngineError> {
         if let Some(x) = self.speedup.get() {
             telemetry::set_speedup_estimate(x);
         }

@@ -66,6 +66,9 @@ pub(super) struct Sequence {
     pub cached: usize,
     /// Its share of the engine's capacity, given back when the sequence is dropped.
     pub _permit: OwnedSemaphorePermit,
+    /// What it speculates under this round (its request's settings over the live ones),
+    /// resolved once at the round's start (`Scheduler::resolve_round_settings`).
+    pub round: RoundSettings,
     /// Its grammar state, when the request constrains its output (`constrain.rs`).
     pub constraint: Option<SequenceConstraint>,
     /// How many of the drafts sent this round the grammar forced (they come first).
@@ -113,13 +116,7 @@ impl Sequence {
     /// How γ is set for the next round: the request's policy under the live settings, capped so
     /// the verification fits the context and does not draft past `max_tokens`.
     /// `next`: what the drafter will draft, where the scheduler can tell beforehand.
-    pub fn candidate(
-        &self,
-        has_drafter: bool,
-        context_len: usize,
-        (live, queued): (&SpeculationSettings, usize),
-        next: NextDraft,
-    ) -> Candidate {
+    pub fn candidate(&self, has_drafter: bool, context_len: usize, next: NextDraft) -> Candidate {
         let n = self.context.len() - 1;
         let remaining = self.remaining();
         let cap = gamma_cap(n, context_len, remaining);
@@ -137,7 +134,7 @@ impl Sequence {
         if !has_drafter || next == NextDraft::Nothing {
             return fixed(0);
         }
-        match self.settings(live, queued).gamma.capped(cap) {
+        match self.round.gamma.capped(cap) {
             RoundGamma::Plain => fixed(0),
             RoundGamma::Fixed(g) => fixed(g),
             RoundGamma::Adaptive { min, max } => Candidate {
@@ -158,22 +155,21 @@ impl Sequence {
     /// What the drafter needs to draft `gamma` tokens; the confidence gate is the request's
     /// settings over the live ones, and never stops before `gamma_min` tokens. A tree's
     /// alternatives are asked for only under exact acceptance, and only as many as fit beside
-    /// the chain: the tree's nodes within `max_gamma` (the KV headroom and the widths the costs
+    /// the chain: the tree's nodes within `gamma_limit` (the KV headroom and the widths the costs
     /// were measured for) and the room left in the context. (They add no depth: a round still
     /// yields at most γ + 1 tokens.)
     pub fn draft_item(
         &self,
         gamma: usize,
-        (context_len, max_gamma): (usize, usize),
+        (context_len, gamma_limit): (usize, usize),
         live: &SpeculationSettings,
-        queued: usize,
     ) -> DraftItem {
-        let settings = self.settings(live, queued);
+        let settings = self.round;
         let room = context_len.saturating_sub(self.context.len());
         DraftItem {
             tree_nodes: settings
                 .tree_nodes
-                .min(max_gamma.min(room).saturating_sub(gamma)),
+                .min(gamma_limit.min(room).saturating_sub(gamma)),
             seq: self.id,
             context: self.context.clone(),
             prompt_len: self.prompt_len(),
@@ -189,11 +185,6 @@ impl Sequence {
         }
     }
 
-    /// What this request speculates under this round (its settings over the live ones).
-    pub fn settings(&self, live: &SpeculationSettings, queued: usize) -> RoundSettings {
-        live.for_request(&self.request.speculation, queued)
-    }
-
     /// A draft of the next round made while `drafts` are verified: from the context with every
     /// draft standing, `gamma + 1` tokens, the first a guess of the token the target adds, so
     /// that a right guess leaves `gamma` drafts (fewer near the token or context limit). `None`
@@ -204,7 +195,6 @@ impl Sequence {
         gamma: usize,
         context_len: usize,
         live: &SpeculationSettings,
-        queued: usize,
     ) -> Option<DraftItem> {
         // The next round's context: this one's, the drafts and the guess.
         let cached = self.context.len() + drafts.len();
@@ -214,7 +204,7 @@ impl Sequence {
             return None;
         }
         // The guess is drafted on top of at least gamma_min real drafts.
-        let mut item = self.draft_item(next + 1, (context_len, next + 1), live, queued);
+        let mut item = self.draft_item(next + 1, (context_len, next + 1), live);
         // A guess is checked against one chain: no tree.
         item.tree_nodes = 0;
         item.gate_min = (live.gamma_min.get() + 1).min(next + 1);

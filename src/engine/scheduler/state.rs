@@ -33,7 +33,7 @@ pub struct SchedulerConfig {
     pub pipeline: bool,
     pub context_len: usize,
     /// The largest γ any round may draft (KV headroom is reserved for it).
-    pub max_gamma: usize,
+    pub gamma_limit: usize,
     /// Retain finished sequences' slots and start prompts from cached prefixes.
     pub prefix_cache: bool,
     pub governor: GovernorConfig,

@@ -25,7 +25,7 @@ impl Scheduler {
             let adaptive = !matches!(s.request.speculation.gamma, GammaPolicy::Fixed(_));
             let pricing = adaptive
                 && it.lenience.is_exact()
-                && s.settings(live, self.queue.len()).confidence_pricing
+                && s.round.confidence_pricing
                 && it.proposal.confidence.len() >= it.proposal.chain_len();
             Some((adaptive, pricing))
         };

@@ -10,7 +10,6 @@ use super::host::LayerBuf;
 use super::KvDtype;
 use crate::model::{ModelError, Result};
 
-
 pub(super) struct Slot {
     pub(super) len: usize,
     pub(super) store: SlotStore,
@@ -147,7 +146,6 @@ impl KvCache {
         Ok(self.slot(slot)?.len)
     }
 
-
     /// Makes room for `len` tokens in a slot up front, so decoding does not reallocate.
     pub fn reserve(&mut self, slot: usize, len: usize) -> Result<()> {
         let (kv_dim, max_len, layers) = (self.kv_dim, self.max_len, self.num_layers);
@@ -211,5 +209,4 @@ impl KvCache {
             .and_then(Option::as_mut)
             .ok_or_else(|| ModelError::Cache(format!("slot {slot} is not allocated")))
     }
-
 }
