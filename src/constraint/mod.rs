@@ -11,6 +11,7 @@
 //! bounds of `limits`, so a bad, unsatisfiable or hostile grammar is a 400 before any token is
 //! generated and never reaches the async runtime's stack.
 
+mod compiled;
 mod compiler;
 mod error;
 mod json_layout;
@@ -22,10 +23,11 @@ mod spec;
 pub mod tools;
 mod vocabulary;
 
+pub use compiled::CompiledConstraint;
 pub use compiler::{CompilePool, CompilePoolError, CompileResult};
 pub use error::ConstraintError;
 pub use json_layout::{with_json_layout, JsonWhitespace, FLEXIBLE_WHITESPACE};
 pub use mask::TokenMask;
 pub use sequence::SequenceConstraint;
-pub use spec::{lark_string, CompiledConstraint, ConstraintSpec};
+pub use spec::{lark_string, ConstraintSpec};
 pub use vocabulary::ConstraintVocabulary;

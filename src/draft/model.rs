@@ -11,8 +11,7 @@ use std::sync::Arc;
 
 use super::draw::{draw_draft, DrawLane, DrawScratch};
 use super::stepping::{draft_in_steps, Lane, Stepper};
-use super::{DraftError, Proposal, Proposer};
-use crate::constraint::SequenceConstraint;
+use super::{DraftError, DraftJob, DraftTiming, Proposal, Proposer};
 use crate::model::cache::prefix_index::PrefixIndex;
 use crate::model::{
     BatchLogits, DraftVocab, FeatureTaps, Kept, KvCache, Llama, LogitsRows, ModelError, SeqInput,
@@ -35,53 +34,6 @@ pub struct ModelDrafter<M: Deref<Target = Llama>> {
     pub(super) scratch: DrawScratch,
     /// The reduced vocabulary it drafts over (`None`: the model's whole vocabulary).
     vocab: Option<Arc<DraftVocab>>,
-}
-
-/// One sequence's share of a batched draft: its context (last token not yet verified), where
-/// its output starts (for penalties), how many tokens to draft, and where they go.
-pub struct DraftJob<'a> {
-    pub seq: u64,
-    pub context: &'a [u32],
-    pub generated_from: usize,
-    pub gamma: usize,
-    pub params: &'a SamplingParams,
-    pub rng: &'a mut SeededRng,
-    pub out: &'a mut Proposal,
-    /// When to stop drafting early ([`DraftGate`]; `DraftGate::OFF` never does), after at
-    /// least `min_tokens` tokens.
-    pub gate: DraftGate,
-    pub min_tokens: usize,
-    /// Report the confidence in each drafted token (the governor prices chains by it).
-    pub confidence: bool,
-    /// Up to this many alternatives beside the chain, making the proposal a token tree: the
-    /// drafter's runners-up where it was least sure (see [`Siblings`]).
-    pub tree_nodes: usize,
-    /// A constrained request's grammar state (a fork of it): each draft is taken from the
-    /// draft model's distribution masked by the grammar, which is then the `q` the drafts are
-    /// verified against, and the state follows the drafts.
-    pub grammar: Option<&'a mut SequenceConstraint>,
-    /// A drafter that drafts prompt lookup's match first may do so this round; `false`: the
-    /// scheduler judged its model likelier to be right here than this match.
-    pub lookup: bool,
-    pub result: Result<(), DraftError>,
-}
-
-/// What a batched draft cost.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct DraftTiming {
-    /// Forwards of the draft steps (one per step, all sequences together).
-    pub steps: usize,
-    /// All the steps together.
-    pub step_seconds: f64,
-    /// The first step alone (0 = not timed apart: steps cost alike). After a round whose
-    /// drafts all stood it also takes in the last draft and the target's bonus token, so it
-    /// costs ~1.3x a later step, and pricing every step at the average made long drafts look
-    /// dearer than they are to a request drafting 1 token a round.
-    pub first_step_seconds: f64,
-    /// Context tokens the cache had to take in before drafting (a prompt, or output decoded
-    /// while speculation was off), beyond the one or two every round feeds.
-    pub catch_up_tokens: usize,
-    pub catch_up_seconds: f64,
 }
 
 /// The reduced vocabulary a draft model drafts over: the `k` tokens `ranking` puts first (all

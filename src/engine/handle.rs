@@ -119,7 +119,7 @@ impl Engine {
     pub async fn start(
         target: Arc<Llama>,
         draft: Option<DraftSource>,
-        cfg: EngineConfig,
+        mut cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
         if cfg.max_seqs == 0 || cfg.gamma_limit == 0 {
             return Err(EngineError::InvalidRequest(
@@ -143,22 +143,11 @@ impl Engine {
             _ => None,
         };
         let head = features.is_some();
-        let foresight = match &draft {
-            Some(DraftSource::PromptLookup(p)) => DraftForesight::new(*p, false),
-            Some(DraftSource::Head {
-                lookup: Some(p), ..
-            }) => DraftForesight::new(*p, true),
-            _ => None,
-        };
+        let foresight = foresight_for(draft.as_ref());
         let verifier = Verifier::new(Arc::clone(&target), slots, cfg.target_threads, features)?;
         let has_drafter = draft.is_some();
         let draft_cache = matches!(draft, Some(DraftSource::Model { .. }));
-        if cfg.prefix_cache {
-            crate::telemetry::register_prefix_cache("target");
-            if draft_cache {
-                crate::telemetry::register_prefix_cache("draft");
-            }
-        }
+        register_prefix_caches(cfg.prefix_cache, draft_cache);
         let drafter = match draft {
             Some(source) => Some(Drafter::spawn(Drafter::new(
                 source,
@@ -169,17 +158,14 @@ impl Engine {
             )?)),
             None => None,
         };
-        let costs = match cfg.costs {
-            Some(table) => table.freeze(),
-            None => {
-                let mut costs = calibrate_target(&verifier, cfg.max_seqs, cfg.gamma_limit).await?;
-                if let Some(d) = &drafter {
-                    calibrate_drafter(d, cfg.gamma_limit, context_len, &mut costs).await?;
-                }
-                costs.mark_provisional();
-                costs
-            }
-        };
+        let costs = measure_costs(
+            cfg.costs.take(),
+            &cfg,
+            &verifier,
+            drafter.as_ref(),
+            context_len,
+        )
+        .await?;
         let cache = CacheManager::spawn(CacheManager::new(
             slots,
             cfg.kv_capacity_tokens.unwrap_or(cfg.max_seqs * context_len),
@@ -189,21 +175,22 @@ impl Engine {
             (cfg.stall_timeout_seconds > 0)
                 .then(|| std::time::Duration::from_secs(cfg.stall_timeout_seconds)),
         );
+        let scheduler_cfg = SchedulerConfig {
+            max_seqs: cfg.max_seqs,
+            prefill_chunk: cfg.prefill_chunk,
+            pipeline: cfg.pipeline && !head,
+            context_len,
+            gamma_limit: cfg.gamma_limit,
+            prefix_cache: cfg.prefix_cache,
+            governor: cfg.governor,
+            foresight,
+            stall_after_rounds: cfg.stall_after_rounds,
+        };
         // Unbounded: the scheduler's own wake-up (`Step`) must never be refused for room.
         // What clients can put in it is bounded by `capacity` below.
         let scheduler = Scheduler::spawn_with_mailbox(
             Scheduler::new(
-                SchedulerConfig {
-                    max_seqs: cfg.max_seqs,
-                    prefill_chunk: cfg.prefill_chunk,
-                    pipeline: cfg.pipeline && !head,
-                    context_len,
-                    gamma_limit: cfg.gamma_limit,
-                    prefix_cache: cfg.prefix_cache,
-                    governor: cfg.governor,
-                    foresight,
-                    stall_after_rounds: cfg.stall_after_rounds,
-                },
+                scheduler_cfg,
                 Verifier::spawn(verifier),
                 drafter,
                 cache.clone(),
@@ -457,5 +444,47 @@ impl EventStream {
             }
         }
         Err(EngineError::Failed("the engine stopped".into()))
+    }
+}
+
+/// The scheduler foresees each round's kind of draft where the drafter drafts prompt
+/// lookup's match first (alone, or before a head).
+fn foresight_for(draft: Option<&DraftSource>) -> Option<DraftForesight> {
+    match draft {
+        Some(DraftSource::PromptLookup(p)) => DraftForesight::new(*p, false),
+        Some(DraftSource::Head {
+            lookup: Some(p), ..
+        }) => DraftForesight::new(*p, true),
+        _ => None,
+    }
+}
+
+/// The governor's costs: the configured `table`, or target forwards of 1..=γmax+1 tokens and
+/// one draft step measured now (provisional until rounds refine them).
+async fn measure_costs(
+    table: Option<CostModel>,
+    cfg: &EngineConfig,
+    verifier: &Verifier,
+    drafter: Option<&ActorRef<Drafter>>,
+    context_len: usize,
+) -> Result<CostModel, EngineError> {
+    if let Some(table) = table {
+        return Ok(table.freeze());
+    }
+    let mut costs = calibrate_target(verifier, cfg.max_seqs, cfg.gamma_limit).await?;
+    if let Some(d) = drafter {
+        calibrate_drafter(d, cfg.gamma_limit, context_len, &mut costs).await?;
+    }
+    costs.mark_provisional();
+    Ok(costs)
+}
+
+/// The prefix caches' series exist from start-up: the target's, and a draft model's.
+fn register_prefix_caches(on: bool, draft_cache: bool) {
+    if on {
+        crate::telemetry::register_prefix_cache("target");
+        if draft_cache {
+            crate::telemetry::register_prefix_cache("draft");
+        }
     }
 }

@@ -27,6 +27,7 @@ pub mod scheduler;
 pub mod settings;
 pub mod speculation_override;
 pub mod stop;
+mod target_round;
 pub mod tree_nodes;
 pub mod verifier;
 mod watchdog;
@@ -43,6 +44,8 @@ pub use request::{
     EngineRequest, FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput,
     OutputPiece, SpeculationStats, Usage,
 };
-pub use settings::{LiveSettings, RoundSettings, SettingsError, SpeculationSettings};
-pub use speculation_override::{RequestSpeculation, SpeculationOverride};
+pub use settings::{
+    LiveSettings, RequestSpeculation, RoundSettings, SettingsError, SpeculationSettings,
+};
+pub use speculation_override::SpeculationOverride;
 pub use tree_nodes::TreeNodes;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::EngineError;
-use super::speculation_override::RequestSpeculation;
+use super::settings::RequestSpeculation;
 use crate::constraint::CompiledConstraint;
 use crate::model::TextTokenizer;
 use crate::sampling::SamplingParams;

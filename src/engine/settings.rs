@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::gamma::{Gamma, GammaPolicy, RoundGamma};
 use super::tree_nodes::TreeNodes;
-use crate::sampling::{DraftGate, Lenience};
+use crate::sampling::{DraftGate, GateOverride, Lenience};
 
 /// The server-wide speculation policy.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -225,6 +225,40 @@ impl LiveSettings {
         let next = change(&guard, self.gamma_limit)?;
         *guard = next;
         Ok(next)
+    }
+}
+
+/// A request's own speculation settings, checked: what its `speculative` object set.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RequestSpeculation {
+    pub gamma: GammaPolicy,
+    /// 1 is exact; `None` follows the server's live setting, round by round.
+    pub lenience: Option<Lenience>,
+    pub gate: GateOverride,
+    pub confidence_pricing: Option<bool>,
+    pub tree_nodes: Option<TreeNodes>,
+}
+
+impl SpeculationSettings {
+    /// The settings a request with these overrides speculates under in a round while `queued`
+    /// requests wait (see [`RoundSettings`]).
+    pub fn for_request(&self, request: &RequestSpeculation, queued: usize) -> RoundSettings {
+        let lenience = request
+            .lenience
+            .unwrap_or_else(|| self.lenience_for_queue(queued));
+        RoundSettings {
+            gamma: self.round_gamma(request.gamma),
+            lenience,
+            gate: request.gate.over(self.gate),
+            confidence_pricing: request
+                .confidence_pricing
+                .unwrap_or(self.confidence_pricing),
+            tree_nodes: if lenience.is_exact() {
+                request.tree_nodes.unwrap_or(self.tree_nodes).get()
+            } else {
+                0
+            },
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 use super::*;
-use crate::engine::speculation_override::{RequestSpeculation, SpeculationOverride};
+use crate::engine::settings::RequestSpeculation;
+use crate::engine::speculation_override::SpeculationOverride;
 
 #[test]
 fn one_resolution_for_drafting_verifying_and_trees() {

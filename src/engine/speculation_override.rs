@@ -10,7 +10,7 @@ use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use super::gamma::{Gamma, GammaPolicy};
-use super::settings::{LiveSettings, RoundSettings, SettingsError, SpeculationSettings};
+use super::settings::{LiveSettings, RequestSpeculation, SettingsError, SpeculationSettings};
 use super::tree_nodes::TreeNodes;
 use crate::sampling::{DraftGate, FloatRule, GateOverride, Lenience};
 
@@ -65,17 +65,6 @@ impl<'de> Deserialize<'de> for SpeculationOverride {
 
         deserializer.deserialize_map(ObjectOnly)
     }
-}
-
-/// A request's own speculation settings, checked: what its `speculative` object set.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct RequestSpeculation {
-    pub gamma: GammaPolicy,
-    /// 1 is exact; `None` follows the server's live setting, round by round.
-    pub lenience: Option<Lenience>,
-    pub gate: GateOverride,
-    pub confidence_pricing: Option<bool>,
-    pub tree_nodes: Option<TreeNodes>,
 }
 
 impl SpeculationOverride {
@@ -207,29 +196,6 @@ impl SpeculationOverride {
             )?,
             draft_p_min: narrow("draft_p_min", DraftGate::P_MIN_RULE, self.draft_p_min)?,
         })
-    }
-}
-
-impl SpeculationSettings {
-    /// The settings a request with these overrides speculates under in a round while `queued`
-    /// requests wait (see [`RoundSettings`]).
-    pub fn for_request(&self, request: &RequestSpeculation, queued: usize) -> RoundSettings {
-        let lenience = request
-            .lenience
-            .unwrap_or_else(|| self.lenience_for_queue(queued));
-        RoundSettings {
-            gamma: self.round_gamma(request.gamma),
-            lenience,
-            gate: request.gate.over(self.gate),
-            confidence_pricing: request
-                .confidence_pricing
-                .unwrap_or(self.confidence_pricing),
-            tree_nodes: if lenience.is_exact() {
-                request.tree_nodes.unwrap_or(self.tree_nodes).get()
-            } else {
-                0
-            },
-        }
     }
 }
 

@@ -55,53 +55,34 @@ fn run(
         slot,
         req.prompt.len() + req.max_tokens + spec.gamma.get() + 1,
     )?;
-    let params = &req.sampling;
-    let mut rng = params
+    let mut rng = req
+        .sampling
         .seed
         .map(SeededRng::new)
         .unwrap_or_else(SeededRng::from_entropy);
-    let prompt_len = req.prompt.len();
-    let mut context = req.prompt.clone();
     let mut stats = GenerationStats {
-        prompt_tokens: prompt_len,
+        prompt_tokens: req.prompt.len(),
         ..Default::default()
     };
     let mut spec_stats = SpeculationStats::default();
     let start = Instant::now();
     if req.max_tokens == 0 {
-        return Ok((
-            GenerationOutput {
-                tokens: Vec::new(),
-                text: req.detokenizer.as_ref().map(|_| String::new()),
-                finish: FinishReason::Length,
-                stats,
-            },
-            spec_stats,
-        ));
+        let output = GenerationOutput {
+            tokens: Vec::new(),
+            text: req.detokenizer.as_ref().map(|_| String::new()),
+            finish: FinishReason::Length,
+            stats,
+        };
+        return Ok((output, spec_stats));
     }
-
-    // Prefill and the first token exactly as plain decoding does.
-    let logits = target.forward(
-        cache,
-        &[SeqInput {
-            slot,
-            start_pos: 0,
-            tokens: &req.prompt,
-            logits: LogitsRows::Last,
-            parents: &[],
-        }],
-    )?;
-    let row = logits.seq_rows(0)?.pop().expect("asked for the last row");
-    let first = Sampler::default().pick(&row, params, &context, &[], &mut rng)?;
+    let first = first_token(target, cache, slot, req, &mut rng)?;
     drafter.prefill(&req.prompt)?;
     stats.prefill = start.elapsed();
     let mut emitter = Emitter::new(req);
+    let mut context = req.prompt.clone();
     context.push(first);
     let mut finish = emit_token(&mut emitter, first, on_output)?;
-
-    let mut s = Scratch::default();
-    let mut verify_input: Vec<u32> = Vec::new();
-    let mut proposal = Proposal::default();
+    let mut buffers = RoundBuffers::default();
     while finish.is_none() {
         let n = cache.len(slot)?; // the context minus its last token `g`
         if n + 1 > cache.max_len() {
@@ -114,52 +95,21 @@ fn run(
             .gamma
             .get()
             .min(gamma_cap(n, cache.max_len(), remaining));
-        if gamma > 0 {
-            drafter.propose(&context, prompt_len, gamma, params, &mut rng, &mut proposal)?;
-            proposal.tokens.truncate(gamma);
-        } else {
-            proposal.clear();
-        }
-        let drafts = &proposal.tokens;
-        verify_input.clear();
-        verify_input.push(*context.last().expect("context holds the prompt"));
-        verify_input.extend_from_slice(drafts);
-        let logits = target.forward(
-            cache,
-            &[SeqInput {
-                slot,
-                start_pos: n,
-                tokens: &verify_input,
-                logits: LogitsRows::All,
-                parents: &[],
-            }],
-        )?;
-        let rows = logits.seq_rows(0)?;
-        let outcome = verify(
-            VerifyInput {
-                params,
-                context: &context,
-                prompt_len,
-                proposal: &proposal,
-                rows,
-                logprobs: None,
-                grammar: &mut RowGrammar::Free,
-            },
-            spec.lenience,
-            &mut s,
-            &mut rng,
-            &mut Vec::new(),
-        )?;
-        let keep = n + 1 + outcome.accepted;
-        cache.keep(slot, Kept::First(keep))?;
-        drafter.keep(keep)?;
+        let mut round = Round {
+            target,
+            cache: &mut *cache,
+            slot,
+            drafter: &mut *drafter,
+            req,
+            rng: &mut rng,
+        };
+        let (accepted, next) = round.run(&context, gamma, spec.lenience, &mut buffers)?;
         spec_stats.rounds += 1;
-        spec_stats.draft_tokens += proposal.tokens.len();
-        spec_stats.accepted_tokens += outcome.accepted;
-        let accepted: Vec<u32> = proposal.tokens[..outcome.accepted].to_vec();
-        for t in accepted
-            .into_iter()
-            .chain(std::iter::once(outcome.next_token))
+        spec_stats.draft_tokens += buffers.proposal.tokens.len();
+        spec_stats.accepted_tokens += accepted;
+        for &t in buffers.proposal.tokens[..accepted]
+            .iter()
+            .chain(std::iter::once(&next))
         {
             context.push(t);
             finish = emit_token(&mut emitter, t, on_output)?;
@@ -171,13 +121,115 @@ fn run(
     stats.generated_tokens = emitter.generated();
     stats.decode = start.elapsed().saturating_sub(stats.prefill);
     let (tokens, text) = emitter.into_parts();
-    Ok((
-        GenerationOutput {
-            tokens,
-            text,
-            finish: finish.unwrap_or(FinishReason::Length),
-            stats,
-        },
-        spec_stats,
-    ))
+    let output = GenerationOutput {
+        tokens,
+        text,
+        finish: finish.unwrap_or(FinishReason::Length),
+        stats,
+    };
+    Ok((output, spec_stats))
+}
+
+/// Prefill and the first token, exactly as plain decoding does.
+fn first_token(
+    target: &Llama,
+    cache: &mut KvCache,
+    slot: usize,
+    req: &GenerationRequest,
+    rng: &mut SeededRng,
+) -> Result<u32, EngineError> {
+    let logits = target.forward(
+        cache,
+        &[SeqInput {
+            slot,
+            start_pos: 0,
+            tokens: &req.prompt,
+            logits: LogitsRows::Last,
+            parents: &[],
+        }],
+    )?;
+    let row = logits.seq_rows(0)?.pop().expect("asked for the last row");
+    Ok(Sampler::default().pick(&row, &req.sampling, &req.prompt, &[], rng)?)
+}
+
+/// Buffers reused from round to round; `proposal` holds the last round's drafts.
+#[derive(Default)]
+struct RoundBuffers {
+    scratch: Scratch,
+    verify_input: Vec<u32>,
+    proposal: Proposal,
+}
+
+/// What one round works on.
+struct Round<'a> {
+    target: &'a Llama,
+    cache: &'a mut KvCache,
+    slot: usize,
+    drafter: &'a mut dyn Proposer,
+    req: &'a GenerationRequest,
+    rng: &'a mut SeededRng,
+}
+
+impl Round<'_> {
+    /// Up to `gamma` drafts after `context`, one verification forward, the acceptance rule,
+    /// and both caches keep what stands. Returns how many drafts stood and the token after
+    /// them.
+    fn run(
+        &mut self,
+        context: &[u32],
+        gamma: usize,
+        lenience: Lenience,
+        b: &mut RoundBuffers,
+    ) -> Result<(usize, u32), EngineError> {
+        let (cache, slot, params) = (&mut *self.cache, self.slot, &self.req.sampling);
+        let n = cache.len(slot)?; // the context minus its last token `g`
+        let prompt_len = self.req.prompt.len();
+        if gamma > 0 {
+            self.drafter.propose(
+                context,
+                prompt_len,
+                gamma,
+                params,
+                self.rng,
+                &mut b.proposal,
+            )?;
+            b.proposal.tokens.truncate(gamma);
+        } else {
+            b.proposal.clear();
+        }
+        b.verify_input.clear();
+        b.verify_input
+            .push(*context.last().expect("context holds the prompt"));
+        b.verify_input.extend_from_slice(&b.proposal.tokens);
+        let logits = self.target.forward(
+            cache,
+            &[SeqInput {
+                slot,
+                start_pos: n,
+                tokens: &b.verify_input,
+                logits: LogitsRows::All,
+                parents: &[],
+            }],
+        )?;
+        let rows = logits.seq_rows(0)?;
+        let outcome = verify(
+            VerifyInput {
+                params,
+                context,
+                prompt_len,
+                proposal: &b.proposal,
+                rows,
+                logprobs: None,
+                grammar: &mut RowGrammar::Free,
+            },
+            lenience,
+            &mut b.scratch,
+            self.rng,
+            &mut Vec::new(),
+        )?;
+        let keep = n + 1 + outcome.accepted;
+        cache.keep(slot, Kept::First(keep))?;
+        self.drafter.keep(keep)?;
+        Ok((outcome.accepted, outcome.next_token))
+    }
 }

@@ -80,9 +80,7 @@ pub(crate) fn run_layers(
         num_kv_heads: hp.num_kv_heads,
         head_dim: hp.head_dim,
     };
-    let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-    let row = q_dim + 2 * kv_dim;
-    let hd = hp.head_dim;
+    let q_dim = shape.q_dim();
     let eps = hp.rms_norm_eps as f32;
     let (total, hidden) = x.dims2()?;
     // The residual stream as host rows; each layer's work reads and writes them in place.
@@ -94,6 +92,11 @@ pub(crate) fn run_layers(
     let (mut qkv, mut q, mut mlp) = (Vec::new(), Vec::new(), MlpBuffers::default());
     // Tree inputs: each token's depth (its position past start_pos) and its path.
     let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
+    let rows = QkvRows {
+        batch,
+        trees: &trees,
+        shape,
+    };
 
     let mut tapped: Vec<Option<Tensor>> = vec![None; io.taps.len()];
     for (l, layer) in layers.iter().enumerate() {
@@ -124,69 +127,10 @@ pub(crate) fn run_layers(
         timed(Op::QkvMatmul, || {
             layer.qkv.forward_rows_into(attn_in, total, &mut qkv)
         })?;
-        timed(Op::Rope, || {
-            let mut offset = 0;
-            for (s, tree) in batch.iter().zip(&trees) {
-                let n = s.tokens.len();
-                for (i, r) in qkv[offset * row..(offset + n) * row]
-                    .chunks_exact_mut(row)
-                    .enumerate()
-                {
-                    let pos = s.start_pos + tree.as_ref().map_or(i, |(d, _)| d[i]);
-                    let (q, kv) = r.split_at_mut(q_dim);
-                    rope.apply(q, pos, hd);
-                    rope.apply(&mut kv[..kv_dim], pos, hd);
-                }
-                offset += n;
-            }
-        });
-        timed(Op::CacheWrite, || -> Result<()> {
-            let mut offset = 0;
-            for s in batch {
-                let n = s.tokens.len();
-                for r in qkv[offset * row..(offset + n) * row].chunks_exact(row) {
-                    cache.append_layer(
-                        s.slot,
-                        l,
-                        &r[q_dim..q_dim + kv_dim],
-                        &r[q_dim + kv_dim..],
-                    )?;
-                }
-                offset += n;
-            }
-            Ok(())
-        })?;
-        timed(Op::Attention, || -> Result<()> {
-            // Queries are strided inside the fused rows; pack them once per layer.
-            q.clear();
-            for r in qkv.chunks_exact(row) {
-                q.extend_from_slice(&r[..q_dim]);
-            }
-            let mut offset = 0;
-            for (s, tree) in batch.iter().zip(&trees) {
-                let n = s.tokens.len();
-                let (q, out) = (
-                    &q[offset * q_dim..(offset + n) * q_dim],
-                    &mut attn_out[offset * q_dim..(offset + n) * q_dim],
-                );
-                let start = s.start_pos;
-                match (cache.layer(s.slot, l)?, tree) {
-                    (LayerKv::F32 { keys, values }, None) => {
-                        causal_attention(shape, q, keys, values, start, out)
-                    }
-                    (LayerKv::F16 { keys, values }, None) => {
-                        causal_attention(shape, q, keys, values, start, out)
-                    }
-                    (LayerKv::F32 { keys, values }, Some((_, paths))) => {
-                        tree_attention(shape, q, keys, values, start, paths, out)
-                    }
-                    (LayerKv::F16 { keys, values }, Some((_, paths))) => {
-                        tree_attention(shape, q, keys, values, start, paths, out)
-                    }
-                }
-                offset += n;
-            }
-            Ok(())
+        timed(Op::Rope, || rows.rotate(&mut qkv, rope));
+        timed(Op::CacheWrite, || rows.append(&qkv, cache, l))?;
+        timed(Op::Attention, || {
+            rows.attend(&qkv, &mut q, cache, l, &mut attn_out)
         })?;
         layer.after_attention_rows(&mut xs, &attn_out, eps, &mut h, &mut mlp)?;
     }
@@ -198,17 +142,110 @@ pub(crate) fn run_layers(
     {
         tapped[i] = Some(row_tensor(&xs)?);
     }
-    let tapped = tapped
+    let tapped = every_tap(tapped, io.taps, layers.len())?;
+    Ok((Tensor::from_vec(xs, (total, hidden), &Device::Cpu)?, tapped))
+}
+
+/// The taps taken, or which one names a layer past the last.
+fn every_tap(tapped: Vec<Option<Tensor>>, taps: &[usize], layers: usize) -> Result<Vec<Tensor>> {
+    tapped
         .into_iter()
-        .zip(io.taps)
+        .zip(taps)
         .map(|(t, l)| {
             t.ok_or_else(|| {
                 crate::model::ModelError::BadInput(format!(
-                    "layer {l} is tapped, but the model has {} layers",
-                    layers.len()
+                    "layer {l} is tapped, but the model has {layers} layers"
                 ))
             })
         })
-        .collect::<Result<_>>()?;
-    Ok((Tensor::from_vec(xs, (total, hidden), &Device::Cpu)?, tapped))
+        .collect()
+}
+
+/// A layer's fused q|k|v rows, one per token of `batch` in order, and what they go through
+/// between the projection and the output projection: rope at each token's position, its keys
+/// and values into the cache, attention per sequence (causal, or over a tree's paths).
+struct QkvRows<'a, 'b> {
+    batch: &'a [SeqInput<'b>],
+    trees: &'a [Option<TreeLayout>],
+    shape: AttnShape,
+}
+
+impl QkvRows<'_, '_> {
+    fn row(&self) -> usize {
+        self.shape.q_dim() + 2 * self.shape.kv_dim()
+    }
+
+    fn rotate(&self, qkv: &mut [f32], rope: &RopeTable) {
+        let (q_dim, kv_dim, hd) = (self.shape.q_dim(), self.shape.kv_dim(), self.shape.head_dim);
+        let row = self.row();
+        let mut offset = 0;
+        for (s, tree) in self.batch.iter().zip(self.trees) {
+            let n = s.tokens.len();
+            for (i, r) in qkv[offset * row..(offset + n) * row]
+                .chunks_exact_mut(row)
+                .enumerate()
+            {
+                let pos = s.start_pos + tree.as_ref().map_or(i, |(d, _)| d[i]);
+                let (q, kv) = r.split_at_mut(q_dim);
+                rope.apply(q, pos, hd);
+                rope.apply(&mut kv[..kv_dim], pos, hd);
+            }
+            offset += n;
+        }
+    }
+
+    fn append(&self, qkv: &[f32], cache: &mut KvCache, l: usize) -> Result<()> {
+        let (q_dim, kv_dim) = (self.shape.q_dim(), self.shape.kv_dim());
+        let row = self.row();
+        let mut offset = 0;
+        for s in self.batch {
+            let n = s.tokens.len();
+            for r in qkv[offset * row..(offset + n) * row].chunks_exact(row) {
+                cache.append_layer(s.slot, l, &r[q_dim..q_dim + kv_dim], &r[q_dim + kv_dim..])?;
+            }
+            offset += n;
+        }
+        Ok(())
+    }
+
+    fn attend(
+        &self,
+        qkv: &[f32],
+        q: &mut Vec<f32>,
+        cache: &KvCache,
+        l: usize,
+        attn_out: &mut [f32],
+    ) -> Result<()> {
+        let (shape, q_dim) = (self.shape, self.shape.q_dim());
+        // Queries are strided inside the fused rows; pack them once per layer.
+        q.clear();
+        for r in qkv.chunks_exact(self.row()) {
+            q.extend_from_slice(&r[..q_dim]);
+        }
+        let mut offset = 0;
+        for (s, tree) in self.batch.iter().zip(self.trees) {
+            let n = s.tokens.len();
+            let (q, out) = (
+                &q[offset * q_dim..(offset + n) * q_dim],
+                &mut attn_out[offset * q_dim..(offset + n) * q_dim],
+            );
+            let start = s.start_pos;
+            match (cache.layer(s.slot, l)?, tree) {
+                (LayerKv::F32 { keys, values }, None) => {
+                    causal_attention(shape, q, keys, values, start, out)
+                }
+                (LayerKv::F16 { keys, values }, None) => {
+                    causal_attention(shape, q, keys, values, start, out)
+                }
+                (LayerKv::F32 { keys, values }, Some((_, paths))) => {
+                    tree_attention(shape, q, keys, values, start, paths, out)
+                }
+                (LayerKv::F16 { keys, values }, Some((_, paths))) => {
+                    tree_attention(shape, q, keys, values, start, paths, out)
+                }
+            }
+            offset += n;
+        }
+        Ok(())
+    }
 }
