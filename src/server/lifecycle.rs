@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
 use super::{listen, reload, router, startup, AppState, ServerError};
@@ -20,14 +21,7 @@ pub async fn run(
     threads: usize,
     config_path: Option<std::path::PathBuf>,
 ) -> Result<(), ServerError> {
-    let metrics = crate::telemetry::install().map_err(|e| ServerError::Metrics(e.to_string()))?;
-    crate::telemetry::register_positions(config.engine.gamma_limit);
-    crate::telemetry::register_config_reloads();
-    crate::telemetry::register_draft_gate();
-    crate::telemetry::register_trees();
-    crate::telemetry::register_constraints();
-    crate::telemetry::register_speculation();
-    crate::telemetry::register_engine_health();
+    let metrics = install_metrics(&config)?;
     let admin_token = admin_token(&config)?;
     let addr = format!("{}:{}", config.server.host, config.server.port);
     let listener = TcpListener::bind(&addr)
@@ -37,7 +31,56 @@ pub async fn run(
             reason: e.to_string(),
         })?;
     let local: SocketAddr = listener.local_addr()?;
-    let state = Arc::new(AppState {
+    let state = Arc::new(new_state(&config, metrics, admin_token, local));
+    tracing::info!(%local, "listening on http://{local} (loading models; /health is 503 until ready)");
+    reload::spawn(config_path, {
+        let state = Arc::clone(&state);
+        move || state.loaded.get().map(|l| l.engine.settings().clone())
+    });
+    if state.admin_token.is_none() {
+        tracing::info!("admin API off (set server.admin_token or TANDEM_ADMIN_TOKEN)");
+    }
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let app = router(Arc::clone(&state));
+    let header_timeout = Duration::from_secs(config.server.header_timeout_seconds);
+    let server = tokio::spawn(listen::serve(listener, app, header_timeout, stop_rx));
+
+    tokio::select! {
+        r = load_models(Arc::clone(&state), config.clone(), threads) => r?,
+        _ = shutdown_signal() => {
+            tracing::info!("shutting down before the models finished loading");
+            return Ok(());
+        }
+    }
+
+    shutdown_signal().await;
+    drain(&state, &config).await;
+    stop(&state, &config, stop_tx, server).await
+}
+
+/// Installs the Prometheus recorder and exports the series that must read zero, not "no
+/// data", before their first sample.
+fn install_metrics(config: &Config) -> Result<PrometheusHandle, ServerError> {
+    let metrics = crate::telemetry::install().map_err(|e| ServerError::Metrics(e.to_string()))?;
+    crate::telemetry::register_positions(config.engine.gamma_limit);
+    crate::telemetry::register_config_reloads();
+    crate::telemetry::register_draft_gate();
+    crate::telemetry::register_trees();
+    crate::telemetry::register_constraints();
+    crate::telemetry::register_speculation();
+    crate::telemetry::register_engine_health();
+    Ok(metrics)
+}
+
+/// The handlers' shared state, before the models load; `local` is the bound address.
+fn new_state(
+    config: &Config,
+    metrics: PrometheusHandle,
+    admin_token: Option<String>,
+    local: SocketAddr,
+) -> AppState {
+    AppState {
         loaded: OnceLock::new(),
         metrics: Some(metrics),
         admin_token,
@@ -52,59 +95,53 @@ pub async fn run(
             Duration::from_secs(config.server.responses_ttl_seconds),
         ),
         cutoff: tokio::sync::watch::channel(false).0,
-    });
-    tracing::info!(%local, "listening on http://{local} (loading models; /health is 503 until ready)");
-    reload::spawn(config_path, {
-        let state = Arc::clone(&state);
-        move || state.loaded.get().map(|l| l.engine.settings().clone())
-    });
-    if state.admin_token.is_none() {
-        tracing::info!("admin API off (set server.admin_token or TANDEM_ADMIN_TOKEN)");
     }
+}
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let app = router(Arc::clone(&state));
-    let header_timeout = Duration::from_secs(config.server.header_timeout_seconds);
-    let mut server = tokio::spawn(listen::serve(listener, app, header_timeout, stop_rx));
+/// Loads the models and starts the engine; from then on the handlers answer.
+async fn load_models(
+    state: Arc<AppState>,
+    config: Config,
+    threads: usize,
+) -> Result<(), ServerError> {
+    let loaded = startup::start(config, threads).await?;
+    tracing::info!(
+        model = %loaded.model_name,
+        drafter = %loaded.drafter,
+        "ready"
+    );
+    let live = loaded.engine.settings().get();
+    crate::telemetry::set_speculation(live.lenience.get(), live.gamma_gauge());
+    let _ = state.loaded.set(loaded);
+    Ok(())
+}
 
-    let load = {
-        let state = Arc::clone(&state);
-        let config = config.clone();
-        async move {
-            let loaded = startup::start(config, threads).await?;
-            tracing::info!(
-                model = %loaded.model_name,
-                drafter = %loaded.drafter,
-                "ready"
-            );
-            let live = loaded.engine.settings().get();
-            crate::telemetry::set_speculation(live.lenience.get(), live.gamma_gauge());
-            let _ = state.loaded.set(loaded);
-            Ok::<(), ServerError>(())
-        }
-    };
-    tokio::select! {
-        r = load => r?,
-        _ = shutdown_signal() => {
-            tracing::info!("shutting down before the models finished loading");
-            return Ok(());
-        }
-    }
-
-    shutdown_signal().await;
+/// Turns `/health` to 503 and keeps serving for `server.drain_seconds`, so balancers move new
+/// work elsewhere before connections are refused.
+async fn drain(state: &AppState, config: &Config) {
     state.draining.store(true, Ordering::Relaxed);
-    let drain = Duration::from_secs(config.server.drain_seconds);
-    if !drain.is_zero() {
+    let period = Duration::from_secs(config.server.drain_seconds);
+    if !period.is_zero() {
         tracing::info!(
             drain_seconds = config.server.drain_seconds,
             "draining: /health is 503, requests are still served until the drain ends"
         );
         // A second signal ends the drain early.
         tokio::select! {
-            _ = tokio::time::sleep(drain) => {},
+            _ = tokio::time::sleep(period) => {},
             _ = shutdown_signal() => {},
         }
     }
+}
+
+/// Stops accepting connections, gives in-flight requests the grace period, then ends what
+/// still runs in words.
+async fn stop(
+    state: &AppState,
+    config: &Config,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    mut server: tokio::task::JoinHandle<()>,
+) -> Result<(), ServerError> {
     tracing::info!(
         grace_seconds = config.server.shutdown_grace_seconds,
         "shutting down: no new connections; in-flight requests may finish"

@@ -26,6 +26,7 @@ use super::validation::{chat_prompt, chat_turns, check_token_ids, engine_request
 use super::{read_body, AppState};
 use crate::constraint::tools::Tools;
 use crate::constraint::{CompiledConstraint, ConstraintSpec};
+use crate::engine::{EngineRequest, EventStream};
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let loaded = state.ready()?;
@@ -210,27 +211,17 @@ async fn respond(
     rid: &str,
 ) -> Result<Response, ApiError> {
     let n = params.choices(loaded.engine.max_seqs())?;
-    let capacity = loaded.engine.capacity();
-    if prompts.len() * n > capacity {
-        return Err(ApiError::invalid_param(
-            "prompt",
-            format!(
-                "A request may hold at most {capacity} sequences (prompts times n); this one \
-                 holds {} prompts of {n} choices.",
-                prompts.len()
-            ),
-        ));
-    }
+    check_capacity(loaded, prompts.len(), n)?;
     let constraint = request_constraint(loaded, &params, reporting.tools.as_ref()).await?;
     let constraint_field = constraint.as_ref().map(|c| c.field);
-    let mut requests = Vec::with_capacity(prompts.len());
-    for prompt in prompts {
-        let mut request = engine_request(state, loaded, prompt, &params)?;
-        request.logprobs = reporting.logprobs;
-        request.prompt_logprobs = reporting.logprobs.filter(|_| !reporting.echo.is_empty());
-        request.constraint = constraint.as_ref().map(|c| c.compiled.clone());
-        requests.push(request);
-    }
+    let requests = engine_requests(
+        state,
+        loaded,
+        prompts,
+        &params,
+        &reporting,
+        constraint.as_ref(),
+    )?;
     if let Some(c) = &constraint {
         for _ in 0..requests.len() * n {
             crate::telemetry::record_constrained_request(c.kind);
@@ -271,6 +262,54 @@ async fn respond(
             .unwrap_or(false);
         return Ok(stream_response(meta, events, include_usage, state.cutoff()));
     }
+    answer_in_full(state, meta, events, constraint_field).await
+}
+
+/// A request may hold no more sequences (its prompts times `n`) than the engine has room for.
+fn check_capacity(loaded: &Loaded, prompts: usize, n: usize) -> Result<(), ApiError> {
+    let capacity = loaded.engine.capacity();
+    if prompts * n > capacity {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!(
+                "A request may hold at most {capacity} sequences (prompts times n); this one \
+                 holds {} prompts of {n} choices.",
+                prompts
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// One engine request per prompt, each checked, with what the request asked to see and its
+/// constraint.
+fn engine_requests(
+    state: &AppState,
+    loaded: &Loaded,
+    prompts: Vec<Vec<u32>>,
+    params: &CommonParams,
+    reporting: &Reporting,
+    constraint: Option<&RequestConstraint>,
+) -> Result<Vec<EngineRequest>, ApiError> {
+    let mut requests = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        let mut request = engine_request(state, loaded, prompt, params)?;
+        request.logprobs = reporting.logprobs;
+        request.prompt_logprobs = reporting.logprobs.filter(|_| !reporting.echo.is_empty());
+        request.constraint = constraint.map(|c| c.compiled.clone());
+        requests.push(request);
+    }
+    Ok(requests)
+}
+
+/// The whole answer in one JSON body, once every choice has finished (or a 503 if the
+/// shutdown grace period ends first).
+async fn answer_in_full(
+    state: &AppState,
+    meta: ResponseMeta,
+    events: Vec<EventStream>,
+    constraint_field: Option<&'static str>,
+) -> Result<Response, ApiError> {
     let started = Instant::now();
     // The choices run together in the engine; their events wait in their streams.
     let collect = async {

@@ -13,6 +13,7 @@ use serde_json::Value;
 use super::schema::{ChatMessageIn, CommonParams, StopInput, ToolCallIn};
 use super::startup::Loaded;
 use super::AppState;
+use crate::config::GenerationDefaults;
 use crate::constraint::tools::{call_text, response_text, Tools};
 use crate::engine::{EngineRequest, GenerationRequest};
 use crate::model::{literal_marker, ChatMessage};
@@ -235,103 +236,9 @@ pub(super) fn engine_request(
 ) -> Result<EngineRequest, ApiError> {
     check_model(p.model.as_deref(), loaded)?;
     let d = &state.defaults;
-    let context = loaded.engine.context_len();
-    if prompt.len() >= context {
-        return Err(ApiError::invalid_param(
-            "prompt",
-            format!(
-                "This model's maximum context length is {context} tokens; the prompt has {} tokens.",
-                prompt.len()
-            ),
-        ));
-    }
-    let room = context - prompt.len();
-    // The newer name wins where both are given, as OpenAI's own API does.
-    let (limit_name, limit) = match (p.max_completion_tokens, p.max_tokens) {
-        (Some(n), _) => ("max_completion_tokens", Some(n)),
-        (None, n) => ("max_tokens", n),
-    };
-    let max_tokens = match limit {
-        Some(0) => {
-            return Err(ApiError::invalid_param(
-                limit_name,
-                format!("{limit_name} must be at least 1."),
-            ))
-        }
-        Some(n) if n > room => {
-            return Err(ApiError::invalid_param(
-                limit_name,
-                format!(
-                    "This model's maximum context length is {context} tokens; you asked for {} \
-                     ({} in the prompt, {n} to generate).",
-                    prompt.len().saturating_add(n),
-                    prompt.len()
-                ),
-            ))
-        }
-        Some(n) => n,
-        None => d.max_tokens.min(room),
-    };
-    let temperature = p.temperature.unwrap_or(d.temperature);
-    if !(temperature >= 0.0 && temperature.is_finite()) {
-        return Err(ApiError::invalid_param(
-            "temperature",
-            format!("temperature must be >= 0, got {temperature}."),
-        ));
-    }
-    let top_p = p.top_p.unwrap_or(d.top_p);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid_param(
-            "top_p",
-            format!("top_p must be in (0, 1], got {top_p}."),
-        ));
-    }
-    let vocab = loaded.tokenizer.vocab_size();
-    let mut logit_bias = Vec::new();
-    for (k, &v) in p.logit_bias.iter().flatten() {
-        let id: u32 = k
-            .parse()
-            .ok()
-            .filter(|&id: &u32| (id as usize) < vocab)
-            .ok_or_else(|| {
-                ApiError::invalid_param(
-                    "logit_bias",
-                    format!("`{k}` is not a token id of this model's vocabulary."),
-                )
-            })?;
-        if !crate::sampling::LOGIT_BIAS_RANGE.contains(&v) {
-            return Err(ApiError::invalid_param(
-                "logit_bias",
-                format!("Bias values must be in [-100, 100], got {v}."),
-            ));
-        }
-        logit_bias.push((id, v));
-    }
-    logit_bias.sort_by_key(|&(id, _)| id);
-    let sampling = SamplingParams {
-        temperature,
-        top_k: p.top_k.unwrap_or(d.top_k),
-        top_p,
-        min_p: p.min_p.unwrap_or(d.min_p),
-        repetition_penalty: p.repetition_penalty.unwrap_or(d.repetition_penalty),
-        presence_penalty: p.presence_penalty.unwrap_or(0.0),
-        frequency_penalty: p.frequency_penalty.unwrap_or(0.0),
-        logit_bias,
-        seed: p.seed,
-    };
-    sampling.validate().map_err(|e| match e {
-        crate::sampling::SamplingError::InvalidParam { name, .. } => {
-            ApiError::invalid_param(name, e.to_string())
-        }
-        other => ApiError::invalid(other.to_string()),
-    })?;
-    let stop_strings = p.stop.as_ref().map(StopInput::to_vec).unwrap_or_default();
-    if stop_strings.len() > 16 || stop_strings.iter().any(String::is_empty) {
-        return Err(ApiError::invalid_param(
-            "stop",
-            "Give at most 16 stop strings, none of them empty.",
-        ));
-    }
+    let max_tokens = max_tokens(loaded.engine.context_len(), prompt.len(), p, d)?;
+    let sampling = sampling_params(p, d, loaded.tokenizer.vocab_size())?;
+    let stop_strings = stop_strings(p)?;
     // Every speculation knob a request may set, checked once with its key named.
     let spec = p
         .speculative
@@ -362,4 +269,123 @@ pub(super) fn engine_request(
         prompt_logprobs: None,
         constraint: None,
     })
+}
+
+/// How many tokens to generate: the request's limit, which must fit beside the prompt in the
+/// context, or the server's default, cut to the room left.
+fn max_tokens(
+    context: usize,
+    prompt_len: usize,
+    p: &CommonParams,
+    d: &GenerationDefaults,
+) -> Result<usize, ApiError> {
+    if prompt_len >= context {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!(
+                "This model's maximum context length is {context} tokens; the prompt has {} tokens.",
+                prompt_len
+            ),
+        ));
+    }
+    let room = context - prompt_len;
+    // The newer name wins where both are given, as OpenAI's own API does.
+    let (limit_name, limit) = match (p.max_completion_tokens, p.max_tokens) {
+        (Some(n), _) => ("max_completion_tokens", Some(n)),
+        (None, n) => ("max_tokens", n),
+    };
+    match limit {
+        Some(0) => Err(ApiError::invalid_param(
+            limit_name,
+            format!("{limit_name} must be at least 1."),
+        )),
+        Some(n) if n > room => Err(ApiError::invalid_param(
+            limit_name,
+            format!(
+                "This model's maximum context length is {context} tokens; you asked for {} \
+                 ({} in the prompt, {n} to generate).",
+                prompt_len.saturating_add(n),
+                prompt_len
+            ),
+        )),
+        Some(n) => Ok(n),
+        None => Ok(d.max_tokens.min(room)),
+    }
+}
+
+/// The sampling settings: the request's, else the server's defaults, each checked.
+fn sampling_params(
+    p: &CommonParams,
+    d: &GenerationDefaults,
+    vocab: usize,
+) -> Result<SamplingParams, ApiError> {
+    let temperature = p.temperature.unwrap_or(d.temperature);
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        return Err(ApiError::invalid_param(
+            "temperature",
+            format!("temperature must be >= 0, got {temperature}."),
+        ));
+    }
+    let top_p = p.top_p.unwrap_or(d.top_p);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid_param(
+            "top_p",
+            format!("top_p must be in (0, 1], got {top_p}."),
+        ));
+    }
+    let sampling = SamplingParams {
+        temperature,
+        top_k: p.top_k.unwrap_or(d.top_k),
+        top_p,
+        min_p: p.min_p.unwrap_or(d.min_p),
+        repetition_penalty: p.repetition_penalty.unwrap_or(d.repetition_penalty),
+        presence_penalty: p.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: p.frequency_penalty.unwrap_or(0.0),
+        logit_bias: logit_bias(p, vocab)?,
+        seed: p.seed,
+    };
+    sampling.validate().map_err(|e| match e {
+        crate::sampling::SamplingError::InvalidParam { name, .. } => {
+            ApiError::invalid_param(name, e.to_string())
+        }
+        other => ApiError::invalid(other.to_string()),
+    })?;
+    Ok(sampling)
+}
+
+/// `logit_bias` as (token id, bias) pairs sorted by id; keys must be ids of the vocabulary.
+fn logit_bias(p: &CommonParams, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let mut logit_bias = Vec::new();
+    for (k, &v) in p.logit_bias.iter().flatten() {
+        let id: u32 = k
+            .parse()
+            .ok()
+            .filter(|&id: &u32| (id as usize) < vocab)
+            .ok_or_else(|| {
+                ApiError::invalid_param(
+                    "logit_bias",
+                    format!("`{k}` is not a token id of this model's vocabulary."),
+                )
+            })?;
+        if !crate::sampling::LOGIT_BIAS_RANGE.contains(&v) {
+            return Err(ApiError::invalid_param(
+                "logit_bias",
+                format!("Bias values must be in [-100, 100], got {v}."),
+            ));
+        }
+        logit_bias.push((id, v));
+    }
+    logit_bias.sort_by_key(|&(id, _)| id);
+    Ok(logit_bias)
+}
+
+fn stop_strings(p: &CommonParams) -> Result<Vec<String>, ApiError> {
+    let stop_strings = p.stop.as_ref().map(StopInput::to_vec).unwrap_or_default();
+    if stop_strings.len() > 16 || stop_strings.iter().any(String::is_empty) {
+        return Err(ApiError::invalid_param(
+            "stop",
+            "Give at most 16 stop strings, none of them empty.",
+        ));
+    }
+    Ok(stop_strings)
 }

@@ -40,112 +40,15 @@ impl TextTokenizer {
         let pre = pre_tokenizer_for(pre_name)?;
 
         let tokens = meta.str_array("tokenizer.ggml.tokens")?;
-        let merges_key = "tokenizer.ggml.merges";
-        let merges = meta
-            .str_array(merges_key)?
-            .into_iter()
-            .map(|m| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
-                    .ok_or_else(|| TokenizerError::BadMetadata {
-                        key: merges_key.into(),
-                        reason: format!("merge `{m}` is not two space-separated tokens"),
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let merges = meta.merges()?;
         let vocab_size = tokens.len();
-        let id_of = |key: &str| -> Result<Option<u32>, TokenizerError> {
-            match meta.u32(key)? {
-                Some(id) if (id as usize) < vocab_size => Ok(Some(id)),
-                Some(id) => Err(TokenizerError::BadMetadata {
-                    key: key.into(),
-                    reason: format!("token id {id} is outside the vocabulary of {vocab_size}"),
-                }),
-                None => Ok(None),
-            }
-        };
-        let token_types: Vec<u32> = match content.metadata.get("tokenizer.ggml.token_type") {
-            Some(v) => {
-                let key = "tokenizer.ggml.token_type";
-                let types = v
-                    .to_vec()
-                    .map_err(|e| bad(key, e))?
-                    .iter()
-                    .map(|t| value_u32(t).ok_or_else(|| bad(key, "not an integer")))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if types.len() != vocab_size {
-                    return Err(bad(
-                        key,
-                        format!("{} entries for {vocab_size} tokens", types.len()),
-                    ));
-                }
-                types
-            }
-            None => Vec::new(),
-        };
+        let token_types = token_types(content, vocab_size)?;
+        let mut inner = bpe_tokenizer(&meta, &tokens, merges, pre)?;
+        let special_ids = add_typed_tokens(&mut inner, &tokens, &token_types)?;
+        let eos = end_of_generation_ids(&meta, &tokens, &special_ids)?;
 
-        let vocab: Vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(id, t)| ((*t).to_owned(), id as u32))
-            .collect();
-        let ignore_merges =
-            pre.ignore_merges || meta.bool("tokenizer.ggml.ignore_merges")?.unwrap_or(false);
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .ignore_merges(ignore_merges)
-            .build()
-            .map_err(|e| TokenizerError::Build(e.to_string()))?;
-        let mut inner = Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre.pre_tokenizer));
-        inner.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(
-            false, true, true,
-        ))));
-
-        // Control and user-defined tokens are written literally in prompts (chat markup), so
-        // they must be matched as whole tokens before BPE sees the text. Only control tokens
-        // count as special; user-defined ones are ordinary text that merely has its own id.
-        let mut special_ids = HashSet::new();
-        let mut control = Vec::new();
-        let mut user_defined = Vec::new();
-        for (id, ty) in token_types.iter().enumerate() {
-            let text = tokens[id];
-            match *ty {
-                TOKEN_TYPE_CONTROL => {
-                    special_ids.insert(id as u32);
-                    control.push(AddedToken::from(text, true));
-                }
-                TOKEN_TYPE_USER_DEFINED => {
-                    user_defined.push(AddedToken::from(text, false).normalized(false));
-                }
-                _ => {}
-            }
-        }
-        inner
-            .add_special_tokens(control)
-            .map_err(|e| TokenizerError::Build(e.to_string()))?;
-        inner
-            .add_tokens(user_defined)
-            .map_err(|e| TokenizerError::Build(e.to_string()))?;
-
-        let mut eos = BTreeSet::new();
-        for key in [
-            "tokenizer.ggml.eos_token_id",
-            "tokenizer.ggml.eot_token_id",
-            "tokenizer.ggml.eom_token_id",
-        ] {
-            if let Some(id) = id_of(key)? {
-                eos.insert(id);
-            }
-        }
-        for (id, text) in tokens.iter().enumerate() {
-            if special_ids.contains(&(id as u32)) && END_OF_GENERATION_TEXTS.contains(text) {
-                eos.insert(id as u32);
-            }
-        }
-
-        let bos_id = id_of("tokenizer.ggml.bos_token_id")?;
-        let eos_id = id_of("tokenizer.ggml.eos_token_id")?;
+        let bos_id = meta.token_id("tokenizer.ggml.bos_token_id", vocab_size)?;
+        let eos_id = meta.token_id("tokenizer.ggml.eos_token_id", vocab_size)?;
         // llama.cpp's default for byte-level BPE vocabularies when the flag is absent.
         let add_bos = meta.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
 
@@ -172,6 +75,118 @@ impl TextTokenizer {
             literal: OnceLock::new(),
         })
     }
+}
+
+/// `tokenizer.ggml.token_type`: one type per token, or none when the key is absent.
+fn token_types(
+    content: &gguf_file::Content,
+    vocab_size: usize,
+) -> Result<Vec<u32>, TokenizerError> {
+    let Some(v) = content.metadata.get("tokenizer.ggml.token_type") else {
+        return Ok(Vec::new());
+    };
+    let key = "tokenizer.ggml.token_type";
+    let types = v
+        .to_vec()
+        .map_err(|e| bad(key, e))?
+        .iter()
+        .map(|t| value_u32(t).ok_or_else(|| bad(key, "not an integer")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if types.len() != vocab_size {
+        return Err(bad(
+            key,
+            format!("{} entries for {vocab_size} tokens", types.len()),
+        ));
+    }
+    Ok(types)
+}
+
+/// The byte-level BPE model over the vocabulary and merges, with the pre-tokenizer and the
+/// byte-level decoder.
+fn bpe_tokenizer(
+    meta: &Metadata,
+    tokens: &[&str],
+    merges: Vec<(String, String)>,
+    pre: PreTokenizerSpec,
+) -> Result<Tokenizer, TokenizerError> {
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| ((*t).to_owned(), id as u32))
+        .collect();
+    let ignore_merges =
+        pre.ignore_merges || meta.bool("tokenizer.ggml.ignore_merges")?.unwrap_or(false);
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(ignore_merges)
+        .build()
+        .map_err(|e| TokenizerError::Build(e.to_string()))?;
+    let mut inner = Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(pre.pre_tokenizer));
+    inner.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(
+        false, true, true,
+    ))));
+    Ok(inner)
+}
+
+/// Adds the control and user-defined tokens and returns the special (control) ids.
+///
+/// Control and user-defined tokens are written literally in prompts (chat markup), so they
+/// must be matched as whole tokens before BPE sees the text. Only control tokens count as
+/// special; user-defined ones are ordinary text that merely has its own id.
+fn add_typed_tokens(
+    inner: &mut Tokenizer,
+    tokens: &[&str],
+    token_types: &[u32],
+) -> Result<HashSet<u32>, TokenizerError> {
+    let mut special_ids = HashSet::new();
+    let mut control = Vec::new();
+    let mut user_defined = Vec::new();
+    for (id, ty) in token_types.iter().enumerate() {
+        let text = tokens[id];
+        match *ty {
+            TOKEN_TYPE_CONTROL => {
+                special_ids.insert(id as u32);
+                control.push(AddedToken::from(text, true));
+            }
+            TOKEN_TYPE_USER_DEFINED => {
+                user_defined.push(AddedToken::from(text, false).normalized(false));
+            }
+            _ => {}
+        }
+    }
+    inner
+        .add_special_tokens(control)
+        .map_err(|e| TokenizerError::Build(e.to_string()))?;
+    inner
+        .add_tokens(user_defined)
+        .map_err(|e| TokenizerError::Build(e.to_string()))?;
+    Ok(special_ids)
+}
+
+/// Every id that ends generation: the ones the metadata names, and the control tokens whose
+/// text is a known end of generation.
+fn end_of_generation_ids(
+    meta: &Metadata,
+    tokens: &[&str],
+    special_ids: &HashSet<u32>,
+) -> Result<BTreeSet<u32>, TokenizerError> {
+    let mut eos = BTreeSet::new();
+    for key in [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ] {
+        if let Some(id) = meta.token_id(key, tokens.len())? {
+            eos.insert(id);
+        }
+    }
+    for (id, text) in tokens.iter().enumerate() {
+        if special_ids.contains(&(id as u32)) && END_OF_GENERATION_TEXTS.contains(text) {
+            eos.insert(id as u32);
+        }
+    }
+    Ok(eos)
 }
 
 /// Pre-tokenizer settings for one `tokenizer.ggml.pre` value.
@@ -287,6 +302,34 @@ impl<'a> Metadata<'a> {
             .iter()
             .map(|s| s.to_string().map(String::as_str).map_err(|e| bad(key, e)))
             .collect()
+    }
+
+    /// `tokenizer.ggml.merges`: each merge two space-separated tokens.
+    fn merges(&self) -> Result<Vec<(String, String)>, TokenizerError> {
+        let key = "tokenizer.ggml.merges";
+        self.str_array(key)?
+            .into_iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                    .ok_or_else(|| TokenizerError::BadMetadata {
+                        key: key.into(),
+                        reason: format!("merge `{m}` is not two space-separated tokens"),
+                    })
+            })
+            .collect()
+    }
+
+    /// A token id the metadata names, which must be inside the vocabulary.
+    fn token_id(&self, key: &str, vocab_size: usize) -> Result<Option<u32>, TokenizerError> {
+        match self.u32(key)? {
+            Some(id) if (id as usize) < vocab_size => Ok(Some(id)),
+            Some(id) => Err(TokenizerError::BadMetadata {
+                key: key.into(),
+                reason: format!("token id {id} is outside the vocabulary of {vocab_size}"),
+            }),
+            None => Ok(None),
+        }
     }
 }
 

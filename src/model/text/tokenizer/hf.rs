@@ -16,30 +16,14 @@ impl TextTokenizer {
     /// an int or a list) when present. A `chat_template.jinja` file is used when the config
     /// carries no template, as newer `transformers` versions save it separately.
     pub fn from_hf_dir(dir: &Path) -> Result<Self, TokenizerError> {
-        let tokenizer_path = dir.join("tokenizer.json");
-        let bytes = std::fs::read(&tokenizer_path).map_err(|e| TokenizerError::Io {
-            path: tokenizer_path.clone(),
-            reason: e.to_string(),
-        })?;
-        let inner = Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::BadFile {
-            path: tokenizer_path.clone(),
-            reason: e.to_string(),
-        })?;
-
+        let inner = read_tokenizer_json(&dir.join("tokenizer.json"))?;
         let config_path = dir.join("tokenizer_config.json");
         let config = read_optional_json(&config_path)?;
         let generation_path = dir.join("generation_config.json");
         let generation = read_optional_json(&generation_path)?;
 
-        let token_string = |key: &str| -> Option<String> {
-            // Either a plain string or an AddedToken object `{"content": ...}`.
-            let v = config.as_ref()?.get(key)?;
-            v.as_str()
-                .or_else(|| v.get("content").and_then(|c| c.as_str()))
-                .map(str::to_owned)
-        };
-        let bos_token = token_string("bos_token");
-        let eos_token = token_string("eos_token");
+        let bos_token = config_token(config.as_ref(), "bos_token");
+        let eos_token = config_token(config.as_ref(), "eos_token");
 
         let special_ids: HashSet<u32> = inner
             .get_added_tokens_decoder()
@@ -82,46 +66,8 @@ impl TextTokenizer {
                 let v = generation.as_ref()?.get("bos_token_id")?;
                 u32::try_from(v.as_u64()?).ok()
             });
-
-        let add_bos = match config
-            .as_ref()
-            .and_then(|c| c.get("add_bos_token"))
-            .and_then(|v| v.as_bool())
-        {
-            Some(flag) => flag,
-            // Llama 3's config has no `add_bos_token`; its post-processor adds BOS instead.
-            // Encoding the empty string through it reveals which behaviour the model has.
-            None => match bos_id {
-                Some(bos) => inner
-                    .encode("", true)
-                    .map(|e| e.get_ids().first() == Some(&bos))
-                    .unwrap_or(false),
-                None => false,
-            },
-        };
-
-        let template_source = match config.as_ref().and_then(|c| c.get("chat_template")) {
-            Some(v) => Some(
-                template_from_config(v).ok_or_else(|| TokenizerError::BadFile {
-                    path: config_path.clone(),
-                    reason: "`chat_template` must be a string or a list of {name, template}".into(),
-                })?,
-            ),
-            None => {
-                let jinja_path = dir.join("chat_template.jinja");
-                match std::fs::read_to_string(&jinja_path) {
-                    Ok(s) => Some(s),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                    Err(e) => {
-                        return Err(TokenizerError::Io {
-                            path: jinja_path,
-                            reason: e.to_string(),
-                        })
-                    }
-                }
-            }
-        };
-        let chat_template = template_source
+        let add_bos = adds_bos(config.as_ref(), &inner, bos_id);
+        let chat_template = template_source(dir, config.as_ref(), &config_path)?
             .map(|src| ChatTemplate::new(&src, bos_token.clone(), eos_token.clone()))
             .transpose()?;
 
@@ -136,6 +82,74 @@ impl TextTokenizer {
             control_texts: OnceLock::new(),
             literal: OnceLock::new(),
         })
+    }
+}
+
+fn read_tokenizer_json(path: &Path) -> Result<Tokenizer, TokenizerError> {
+    let bytes = std::fs::read(path).map_err(|e| TokenizerError::Io {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::BadFile {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// A special token's text in `tokenizer_config.json`: either a plain string or an AddedToken
+/// object `{"content": ...}`.
+fn config_token(config: Option<&serde_json::Value>, key: &str) -> Option<String> {
+    let v = config?.get(key)?;
+    v.as_str()
+        .or_else(|| v.get("content").and_then(|c| c.as_str()))
+        .map(str::to_owned)
+}
+
+/// Whether the model was trained with BOS first: the config's `add_bos_token`, else what the
+/// tokenizer's post-processor does.
+fn adds_bos(config: Option<&serde_json::Value>, inner: &Tokenizer, bos_id: Option<u32>) -> bool {
+    match config
+        .and_then(|c| c.get("add_bos_token"))
+        .and_then(|v| v.as_bool())
+    {
+        Some(flag) => flag,
+        // Llama 3's config has no `add_bos_token`; its post-processor adds BOS instead.
+        // Encoding the empty string through it reveals which behaviour the model has.
+        None => match bos_id {
+            Some(bos) => inner
+                .encode("", true)
+                .map(|e| e.get_ids().first() == Some(&bos))
+                .unwrap_or(false),
+            None => false,
+        },
+    }
+}
+
+/// The chat template's source: the config's `chat_template`, else `chat_template.jinja` in
+/// the folder, else none.
+fn template_source(
+    dir: &Path,
+    config: Option<&serde_json::Value>,
+    config_path: &Path,
+) -> Result<Option<String>, TokenizerError> {
+    match config.and_then(|c| c.get("chat_template")) {
+        Some(v) => Ok(Some(template_from_config(v).ok_or_else(|| {
+            TokenizerError::BadFile {
+                path: config_path.to_owned(),
+                reason: "`chat_template` must be a string or a list of {name, template}".into(),
+            }
+        })?)),
+        None => {
+            let jinja_path = dir.join("chat_template.jinja");
+            match std::fs::read_to_string(&jinja_path) {
+                Ok(s) => Ok(Some(s)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(TokenizerError::Io {
+                    path: jinja_path,
+                    reason: e.to_string(),
+                }),
+            }
+        }
     }
 }
 

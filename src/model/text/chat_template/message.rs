@@ -1,0 +1,26 @@
+//! One turn of a conversation, as a chat template reads it.
+//!
+//! Why it exists: the server builds messages and the template renders them; the type sits
+//! apart from both.
+
+use serde::{Deserialize, Serialize};
+
+/// One turn of a conversation.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+    /// The speaker's name (OpenAI's `name`), for templates that write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            name: None,
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! A chat template compiled once, with the helpers `transformers` gives templates, and rendered
+//! per conversation.
+//!
+//! Why it exists: compiling at load time reports a broken template once, and the environment
+//! set up here is what makes a template written for Python's Jinja2 render the same text.
+
+use std::fmt;
+
+use minijinja::value::Value;
+use minijinja::{Environment, Error, ErrorKind};
+
+use super::message::ChatMessage;
+use super::python_methods::python_method;
+use super::strftime::strftime_now;
+use super::tojson::tojson;
+
+/// Name under which the single template lives in its private environment.
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// Errors of compiling or rendering a chat template.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatTemplateError {
+    /// The template source is not valid Jinja; reported once, when the model is loaded.
+    #[error("chat template does not compile: {0}")]
+    Syntax(String),
+    /// Rendering failed, including a template calling `raise_exception` (for example because
+    /// the roles do not alternate as the model requires).
+    #[error("chat template failed to render: {0}")]
+    Render(String),
+}
+
+/// A compiled chat template plus the special-token strings it may reference.
+#[derive(Clone)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source` once, so a broken template is reported at load time rather than on
+    /// the first request.
+    pub fn new(
+        source: &str,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self, ChatTemplateError> {
+        let mut env = Environment::new();
+        // `transformers` renders chat templates with these two settings; without them the
+        // block tags of most templates leave stray newlines and indentation in the prompt.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        env.set_unknown_method_callback(python_method);
+        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+            .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
+        Ok(Self {
+            env,
+            bos_token,
+            eos_token,
+        })
+    }
+
+    /// Renders the conversation; with `add_generation_prompt` the text ends with the header
+    /// that makes the model answer as the assistant.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| ChatTemplateError::Render(describe(&e)))?;
+        // An absent token stays undefined (renders as "") rather than becoming the string
+        // "none", matching `transformers`, which only passes the tokens a model has.
+        let token = |t: &Option<String>| t.as_deref().map_or(Value::UNDEFINED, Value::from);
+        let ctx = minijinja::context! {
+            messages => Value::from_serialize(messages),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => token(&self.bos_token),
+            eos_token => token(&self.eos_token),
+        };
+        template
+            .render(ctx)
+            .map_err(|e| ChatTemplateError::Render(describe(&e)))
+    }
+
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+}
+
+/// minijinja's `Display` omits the chained cause; templates raising errors and nested
+/// failures are much easier to diagnose with it.
+fn describe(err: &Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Templates call this to reject conversations they cannot format.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}

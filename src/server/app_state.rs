@@ -1,0 +1,59 @@
+//! The state every handler shares: the loaded models once ready, the server's limits and
+//! settings, and the signals of its shutdown.
+//!
+//! Why it exists: it is built once when the server starts (`lifecycle`) and read by every
+//! handler, so it lives apart from both.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use super::error::ApiError;
+use super::responses_store::ResponseStore;
+use super::startup::Loaded;
+
+/// Shared by every handler.
+pub struct AppState {
+    /// Set once the models are loaded and the engine runs.
+    pub(super) loaded: OnceLock<Loaded>,
+    pub(super) metrics: Option<PrometheusHandle>,
+    pub(super) admin_token: Option<String>,
+    pub(super) max_body_bytes: usize,
+    pub(super) defaults: crate::config::GenerationDefaults,
+    /// Nonce making response ids unique across restarts.
+    pub(super) id_prefix: String,
+    pub(super) next_request: AtomicU64,
+    /// Set on SIGTERM: `/health` answers 503 so balancers route new work elsewhere.
+    pub(super) draining: AtomicBool,
+    /// Longest a client may take to send a request body.
+    pub(super) body_timeout: Duration,
+    /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
+    pub(super) responses: ResponseStore,
+    /// Turns true when the shutdown grace period ends: requests still running end in words
+    /// (a stream's last events are a finish reason, an error and `[DONE]`; a waiting
+    /// response becomes a 503) instead of a cut connection.
+    pub(super) cutoff: tokio::sync::watch::Sender<bool>,
+}
+
+impl AppState {
+    /// A new request id such as `chatcmpl-5f3a0c1e2a`: unique within the process and, through
+    /// the prefix, across restarts.
+    pub(super) fn new_request_id(&self, kind: &str) -> String {
+        let n = self.next_request.fetch_add(1, Ordering::Relaxed);
+        format!("{kind}-{}{n:x}", self.id_prefix)
+    }
+
+    pub(super) fn ready(&self) -> Result<&Loaded, ApiError> {
+        self.loaded.get().ok_or_else(ApiError::loading)
+    }
+
+    /// Resolves when the shutdown grace period is over.
+    pub(crate) fn cutoff(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.cutoff.subscribe();
+        async move {
+            let _ = rx.wait_for(|c| *c).await;
+        }
+    }
+}

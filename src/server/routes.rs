@@ -1,0 +1,96 @@
+//! The HTTP routes, and the endpoints small enough to answer in place: `/health`, `/metrics`
+//! and the answers for an unknown route or method.
+//!
+//! Why it exists: the whole API's surface reads in one table, apart from the handlers behind it.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+
+use super::error::ApiError;
+use super::{admin, openai, responses, tokenize, AppState};
+use crate::engine::EngineHealth;
+
+/// The routes, on a given state.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*id}", get(openai::model))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route(
+            "/admin/speculation",
+            get(admin::get_speculation).put(admin::put_speculation),
+        )
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let unavailable = |status: &str| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": status })),
+        )
+            .into_response()
+    };
+    if state.draining.load(Ordering::Relaxed) {
+        return unavailable("draining");
+    }
+    let Some(loaded) = state.loaded.get() else {
+        return unavailable("loading");
+    };
+    match loaded.engine.health() {
+        EngineHealth::Ok => Json(serde_json::json!({"status": "ok"})).into_response(),
+        EngineHealth::Stalled { since, waiting } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "status": "stalled",
+                "seconds_without_round": since.as_secs_f64(),
+                "waiting": waiting,
+            })),
+        )
+            .into_response(),
+        EngineHealth::Dead => unavailable("stopped"),
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    match &state.metrics {
+        Some(h) => {
+            h.run_upkeep();
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                h.render(),
+            )
+                .into_response()
+        }
+        None => ApiError::not_found("metrics are not enabled in this process").into_response(),
+    }
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("No route for {}", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
+}
