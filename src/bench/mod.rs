@@ -9,8 +9,10 @@
 pub mod chart;
 mod error;
 pub mod mode;
+mod options;
 pub mod progress;
 pub mod prompts;
+mod question;
 pub mod report;
 pub mod run;
 mod structured;
@@ -20,9 +22,10 @@ use serde_json::{json, Value};
 
 pub use error::BenchError;
 pub use mode::{parse_modes, DrafterKind, Mode, Structured};
+pub use options::BenchOptions;
 pub use prompts::{every_nth, load_prompts, parse_prompts, select, BenchPrompt};
 pub use report::{summarize, BatchRecord, RunRecord, Spread, SummaryRow};
-pub use run::{run_bench, BenchModels, BenchOptions, BenchRun, EngineReport, Progress};
+pub use run::{run_bench, BenchModels, BenchRun, EngineReport, Progress};
 pub use tables::{render_cache_notes, render_drafters, render_tables};
 
 /// What the machine is, for the record.

@@ -128,26 +128,27 @@ impl Mode {
         let bad = |reason: String| BenchError::Options(format!("mode `{spec}`: {reason}"));
         let mut parts = spec.trim().split(':');
         let name = parts.next().unwrap_or("");
-        let drafter = match name {
-            // `forced`: no drafter, speculating: only a constraint's forced tokens are drafted.
-            "plain" | "forced" => DrafterKind::None,
-            "prompt-lookup" | "pld" => DrafterKind::PromptLookup(PromptLookup::default()),
-            "suffix" => DrafterKind::PromptLookup(PromptLookup::default().across_requests()),
-            "draft" | "draft-model" => DrafterKind::Model,
-            "head" => DrafterKind::Head { lookup: None },
-            "head+pld" | "head+lookup" => DrafterKind::Head {
-                lookup: Some(PromptLookup::default()),
-            },
-            other => {
-                return Err(bad(format!(
-                    "unknown mode `{other}` (plain, prompt-lookup, suffix, draft, head, head+pld, \
-                     forced)"
-                )))
-            }
-        };
-        let forced = name == "forced";
-        let mut mode = Mode {
-            label: spec.trim().to_string(),
+        let drafter = drafter_named(name).ok_or_else(|| {
+            bad(format!(
+                "unknown mode `{name}` (plain, prompt-lookup, suffix, draft, head, head+pld, \
+                 forced)"
+            ))
+        })?;
+        let mut mode = Mode::with_defaults(spec.trim(), drafter, name == "forced");
+        for kv in parts {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{kv}` is not key=value")))?;
+            mode.set(k, v, max_gamma, &bad)?;
+        }
+        Ok(mode)
+    }
+
+    /// A mode before its settings: speculative ones (and `forced`) under the governor, exact,
+    /// not pipelined; every one with the prefix cache and free answers.
+    fn with_defaults(label: &str, drafter: DrafterKind, forced: bool) -> Mode {
+        Mode {
+            label: label.to_string(),
             drafter,
             gamma: if drafter == DrafterKind::None && !forced {
                 GammaPolicy::Off
@@ -161,94 +162,131 @@ impl Mode {
             confidence_pricing: None,
             tree_nodes: None,
             structured: Structured::Free,
-        };
-        for kv in parts {
-            let (k, v) = kv
-                .split_once('=')
-                .ok_or_else(|| bad(format!("`{kv}` is not key=value")))?;
-            if k == "prefix_cache" {
-                mode.prefix_cache = v.parse().map_err(|_| bad(format!("prefix_cache `{v}`")))?;
-                continue;
+        }
+    }
+
+    /// Applies one `key=value` setting; `bad` words a refusal as this mode's.
+    fn set(
+        &mut self,
+        k: &str,
+        v: &str,
+        max_gamma: usize,
+        bad: &dyn Fn(String) -> BenchError,
+    ) -> Result<(), BenchError> {
+        if k == "prefix_cache" {
+            self.prefix_cache = v.parse().map_err(|_| bad(format!("prefix_cache `{v}`")))?;
+            return Ok(());
+        }
+        if k == "structured" {
+            self.structured = Structured::parse(v).ok_or_else(|| {
+                bad(format!(
+                    "structured `{v}` (none, json, tools, tools_prompt)"
+                ))
+            })?;
+            return Ok(());
+        }
+        if self.drafter == DrafterKind::None {
+            return Err(bad(
+                "plain and forced decoding take no settings but prefix_cache and structured".into(),
+            ));
+        }
+        match k {
+            "gamma" | "spec_length" if v == "adaptive" => self.gamma = GammaPolicy::Adaptive,
+            "gamma" | "spec_length" => {
+                let g: usize = v.parse().map_err(|_| bad(format!("gamma `{v}`")))?;
+                let g = Gamma::within(g, max_gamma).map_err(|e| bad(format!("gamma {e}")))?;
+                self.gamma = GammaPolicy::Fixed(g);
             }
-            if k == "structured" {
-                mode.structured = Structured::parse(v).ok_or_else(|| {
-                    bad(format!(
-                        "structured `{v}` (none, json, tools, tools_prompt)"
-                    ))
-                })?;
-                continue;
+            "lenience" => {
+                let l: f64 = v.parse().map_err(|_| bad(format!("lenience `{v}`")))?;
+                let l = Lenience::try_from(l).map_err(|e| bad(format!("lenience {e}")))?;
+                self.lenience = Some(l);
             }
-            if mode.drafter == DrafterKind::None {
-                return Err(bad(
-                    "plain and forced decoding take no settings but prefix_cache and structured"
-                        .into(),
-                ));
+            "pipeline" => {
+                self.pipeline = v.parse().map_err(|_| bad(format!("pipeline `{v}`")))?;
             }
-            match k {
-                "gamma" | "spec_length" if v == "adaptive" => mode.gamma = GammaPolicy::Adaptive,
-                "gamma" | "spec_length" => {
-                    let g: usize = v.parse().map_err(|_| bad(format!("gamma `{v}`")))?;
-                    let g = Gamma::within(g, max_gamma).map_err(|e| bad(format!("gamma {e}")))?;
-                    mode.gamma = GammaPolicy::Fixed(g);
-                }
-                "lenience" => {
-                    let l: f64 = v.parse().map_err(|_| bad(format!("lenience `{v}`")))?;
-                    let l = Lenience::try_from(l).map_err(|e| bad(format!("lenience {e}")))?;
-                    mode.lenience = Some(l);
-                }
-                "pipeline" => {
-                    mode.pipeline = v.parse().map_err(|_| bad(format!("pipeline `{v}`")))?;
-                }
-                "confidence" => {
-                    let on = v.parse().map_err(|_| bad(format!("confidence `{v}`")))?;
-                    mode.confidence_pricing = Some(on);
-                }
-                "tree" => {
-                    let n: usize = v.parse().map_err(|_| bad(format!("tree `{v}`")))?;
-                    let n =
-                        TreeNodes::within(n, max_gamma).map_err(|e| bad(format!("tree {e}")))?;
-                    mode.tree_nodes = Some(n);
-                }
-                "ngram" => match mode.drafter {
-                    DrafterKind::PromptLookup(p) => {
-                        let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
-                        mode.drafter = DrafterKind::PromptLookup(p.with_ngrams_of(sizes));
-                    }
-                    DrafterKind::Head { lookup: Some(p) } => {
-                        let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
-                        mode.drafter = DrafterKind::Head {
-                            lookup: Some(p.with_ngrams_of(sizes)),
-                        };
-                    }
-                    _ => return Err(bad("ngram is a prompt-lookup setting".into())),
-                },
-                "egag" | "egag_beta" | "p_min" => {
-                    if mode.drafter != DrafterKind::Model {
-                        return Err(bad(format!("{k} is a draft-model setting")));
-                    }
-                    let x: f32 = v.parse().map_err(|_| bad(format!("{k} `{v}`")))?;
-                    match k {
-                        "egag" => {
-                            mode.gate.use_egag = Some(true);
-                            mode.gate.egag_threshold = Some(x);
-                        }
-                        "egag_beta" => mode.gate.egag_ema_beta = Some(x),
-                        _ => mode.gate.draft_p_min = Some(x),
-                    }
-                    mode.gate
-                        .check()
-                        .map_err(|(key, rule)| bad(format!("{key} {rule}")))?;
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown setting `{other}` (gamma, lenience, pipeline, tree, confidence, \
-                         ngram, egag, egag_beta, p_min, prefix_cache, structured)"
-                    )))
-                }
+            "confidence" => {
+                let on = v.parse().map_err(|_| bad(format!("confidence `{v}`")))?;
+                self.confidence_pricing = Some(on);
+            }
+            "tree" => {
+                let n: usize = v.parse().map_err(|_| bad(format!("tree `{v}`")))?;
+                let n = TreeNodes::within(n, max_gamma).map_err(|e| bad(format!("tree {e}")))?;
+                self.tree_nodes = Some(n);
+            }
+            "ngram" => self.set_ngrams(v, bad)?,
+            "egag" | "egag_beta" | "p_min" => self.set_gate(k, v, bad)?,
+            other => {
+                return Err(bad(format!(
+                    "unknown setting `{other}` (gamma, lenience, pipeline, tree, confidence, \
+                     ngram, egag, egag_beta, p_min, prefix_cache, structured)"
+                )))
             }
         }
-        Ok(mode)
+        Ok(())
     }
+
+    /// `ngram=MIN-MAX`: the n-gram sizes of a mode's prompt lookup.
+    fn set_ngrams(
+        &mut self,
+        v: &str,
+        bad: &dyn Fn(String) -> BenchError,
+    ) -> Result<(), BenchError> {
+        match self.drafter {
+            DrafterKind::PromptLookup(p) => {
+                let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
+                self.drafter = DrafterKind::PromptLookup(p.with_ngrams_of(sizes));
+            }
+            DrafterKind::Head { lookup: Some(p) } => {
+                let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
+                self.drafter = DrafterKind::Head {
+                    lookup: Some(p.with_ngrams_of(sizes)),
+                };
+            }
+            _ => return Err(bad("ngram is a prompt-lookup setting".into())),
+        }
+        Ok(())
+    }
+
+    /// `egag`, `egag_beta` and `p_min`: a draft model's confidence gate, checked as a whole.
+    fn set_gate(
+        &mut self,
+        k: &str,
+        v: &str,
+        bad: &dyn Fn(String) -> BenchError,
+    ) -> Result<(), BenchError> {
+        if self.drafter != DrafterKind::Model {
+            return Err(bad(format!("{k} is a draft-model setting")));
+        }
+        let x: f32 = v.parse().map_err(|_| bad(format!("{k} `{v}`")))?;
+        match k {
+            "egag" => {
+                self.gate.use_egag = Some(true);
+                self.gate.egag_threshold = Some(x);
+            }
+            "egag_beta" => self.gate.egag_ema_beta = Some(x),
+            _ => self.gate.draft_p_min = Some(x),
+        }
+        self.gate
+            .check()
+            .map_err(|(key, rule)| bad(format!("{key} {rule}")))
+    }
+}
+
+/// The drafter a mode's name asks for (`None`: no such mode).
+fn drafter_named(name: &str) -> Option<DrafterKind> {
+    Some(match name {
+        // `forced`: no drafter, speculating: only a constraint's forced tokens are drafted.
+        "plain" | "forced" => DrafterKind::None,
+        "prompt-lookup" | "pld" => DrafterKind::PromptLookup(PromptLookup::default()),
+        "suffix" => DrafterKind::PromptLookup(PromptLookup::default().across_requests()),
+        "draft" | "draft-model" => DrafterKind::Model,
+        "head" => DrafterKind::Head { lookup: None },
+        "head+pld" | "head+lookup" => DrafterKind::Head {
+            lookup: Some(PromptLookup::default()),
+        },
+        _ => return None,
+    })
 }
 
 /// Parses a comma-separated mode list; `plain` is added first when missing, since every

@@ -164,97 +164,150 @@ pub fn summarize(
         .map(String::as_str)
         .chain([OVERALL])
         .collect::<Vec<_>>();
-    for scope in scopes {
-        let in_scope = |c: &str| scope == OVERALL || c == scope;
-        for mode in modes {
-            let plain = mode.baseline(modes).map(|m| m.label.clone());
-            let rates = per_repeat_rate(batches, repeats, |b| {
-                b.mode == mode.label && in_scope(&b.category)
-            });
-            let Some(tokens_per_s) = Spread::of(&rates) else {
-                continue;
-            };
-            let speedup = match &plain {
-                Some(p) if &mode.label != p => {
-                    let base = per_repeat_rate(batches, repeats, |b| {
-                        &b.mode == p && in_scope(&b.category)
-                    });
-                    let ratios: Vec<f64> = rates
-                        .iter()
-                        .zip(&base)
-                        .filter(|(_, b)| **b > 0.0)
-                        .map(|(r, b)| r / b)
-                        .collect();
-                    Spread::of(&ratios)
-                }
-                _ => None,
-            };
-            let mine: Vec<&RunRecord> = runs
-                .iter()
-                .filter(|r| r.mode == mode.label && in_scope(&r.category))
-                .collect();
-            let decode_rate = |label: &str| {
-                let (t, secs) = runs
-                    .iter()
-                    .filter(|r| r.mode == label && in_scope(&r.category))
-                    .fold((0usize, 0.0f64), |(t, s), r| {
-                        (
-                            t + r.completion_tokens.saturating_sub(1),
-                            s + (r.seconds - r.ttft_s),
-                        )
-                    });
-                (secs > 0.0).then(|| t as f64 / secs)
-            };
-            let decode_tokens_per_s = decode_rate(&mode.label);
-            let decode_speedup = match (&plain, decode_tokens_per_s) {
-                (Some(p), Some(d)) if &mode.label != p => decode_rate(p).map(|b| d / b),
-                _ => None,
-            };
-            let drafted: usize = mine.iter().map(|r| r.draft_tokens).sum();
-            let accepted: usize = mine.iter().map(|r| r.accepted_tokens).sum();
-            let rounds: usize = mine.iter().map(|r| r.rounds).sum();
-            let tree_rounds: usize = mine.iter().map(|r| r.tree_rounds).sum();
-            let tree_nodes: usize = mine.iter().map(|r| r.tree_nodes).sum();
-            let branched: usize = mine.iter().map(|r| r.tree_branch_accepts).sum();
-            let forced: usize = mine.iter().map(|r| r.forced_tokens).sum();
-            let per_tree = |x: usize| (tree_rounds > 0).then(|| x as f64 / tree_rounds as f64);
-            let median_ttft = |first: bool| {
-                let mut t: Vec<f64> = mine
-                    .iter()
-                    .filter(|r| (r.turn == 0) == first)
-                    .map(|r| r.ttft_s)
-                    .collect();
-                t.sort_by(f64::total_cmp);
-                Spread::of(&t).map(|s| s.median)
-            };
-            let prompt_tokens: usize = mine.iter().map(|r| r.prompt_tokens).sum();
-            let cached_tokens: usize = mine.iter().map(|r| r.cached_tokens).sum();
-            let matches: Vec<bool> = mine.iter().filter_map(|r| r.outputs_match).collect();
-            rows.push(SummaryRow {
-                mode: mode.label.clone(),
-                category: scope.to_string(),
-                requests: mine.len(),
-                tokens: mine.iter().map(|r| r.completion_tokens).sum(),
-                tokens_per_s,
-                speedup,
-                decode_tokens_per_s,
-                decode_speedup,
-                acceptance_rate: (drafted > 0).then(|| accepted as f64 / drafted as f64),
-                mean_accepted_length: (rounds > 0).then(|| 1.0 + accepted as f64 / rounds as f64),
-                tree_share: (rounds > 0).then(|| tree_rounds as f64 / rounds as f64),
-                tree_nodes_per_round: per_tree(tree_nodes),
-                tree_branch_share: per_tree(branched),
-                forced_share: (drafted > 0 && mode.structured.is_constrained())
-                    .then(|| forced as f64 / drafted as f64),
-                ttft_median_s: median_ttft(true),
-                ttft_later_turns_median_s: median_ttft(false),
-                cached_share: (prompt_tokens > 0)
-                    .then(|| cached_tokens as f64 / prompt_tokens as f64),
-                outputs_match: (!matches.is_empty()).then(|| matches.iter().all(|&m| m)),
-            });
-        }
+    for name in scopes {
+        let scope = Scope {
+            name,
+            runs,
+            batches,
+            repeats,
+        };
+        rows.extend(modes.iter().filter_map(|mode| scope.row(mode, modes)));
     }
     rows
+}
+
+/// The figures of one category (or `overall`) that its rows are drawn from.
+struct Scope<'a> {
+    name: &'a str,
+    runs: &'a [RunRecord],
+    batches: &'a [BatchRecord],
+    repeats: usize,
+}
+
+impl Scope<'_> {
+    fn includes(&self, category: &str) -> bool {
+        self.name == OVERALL || category == self.name
+    }
+
+    /// Tokens per second of each repeat of the mode labelled `label`.
+    fn rates(&self, label: &str) -> Vec<f64> {
+        per_repeat_rate(self.batches, self.repeats, |b| {
+            b.mode == label && self.includes(&b.category)
+        })
+    }
+
+    /// After the first token: (tokens − 1) over (time − TTFT), pooled over the mode's requests.
+    fn decode_rate(&self, label: &str) -> Option<f64> {
+        let (t, secs) = self
+            .runs
+            .iter()
+            .filter(|r| r.mode == label && self.includes(&r.category))
+            .fold((0usize, 0.0f64), |(t, s), r| {
+                (
+                    t + r.completion_tokens.saturating_sub(1),
+                    s + (r.seconds - r.ttft_s),
+                )
+            });
+        (secs > 0.0).then(|| t as f64 / secs)
+    }
+
+    /// The mode's row (`None`: it ran no batch here), measured against its baseline.
+    fn row(&self, mode: &Mode, modes: &[Mode]) -> Option<SummaryRow> {
+        let plain = mode.baseline(modes).map(|m| m.label.clone());
+        let rates = self.rates(&mode.label);
+        let tokens_per_s = Spread::of(&rates)?;
+        let speedup = match &plain {
+            Some(p) if &mode.label != p => {
+                let base = self.rates(p);
+                let ratios: Vec<f64> = rates
+                    .iter()
+                    .zip(&base)
+                    .filter(|(_, b)| **b > 0.0)
+                    .map(|(r, b)| r / b)
+                    .collect();
+                Spread::of(&ratios)
+            }
+            _ => None,
+        };
+        let mine: Vec<&RunRecord> = self
+            .runs
+            .iter()
+            .filter(|r| r.mode == mode.label && self.includes(&r.category))
+            .collect();
+        let decode_tokens_per_s = self.decode_rate(&mode.label);
+        let decode_speedup = match (&plain, decode_tokens_per_s) {
+            (Some(p), Some(d)) if &mode.label != p => self.decode_rate(p).map(|b| d / b),
+            _ => None,
+        };
+        let t = Totals::of(&mine);
+        let per_tree = |x: usize| (t.tree_rounds > 0).then(|| x as f64 / t.tree_rounds as f64);
+        let matches: Vec<bool> = mine.iter().filter_map(|r| r.outputs_match).collect();
+        Some(SummaryRow {
+            mode: mode.label.clone(),
+            category: self.name.to_string(),
+            requests: mine.len(),
+            tokens: t.completion_tokens,
+            tokens_per_s,
+            speedup,
+            decode_tokens_per_s,
+            decode_speedup,
+            acceptance_rate: (t.drafted > 0).then(|| t.accepted as f64 / t.drafted as f64),
+            mean_accepted_length: (t.rounds > 0).then(|| 1.0 + t.accepted as f64 / t.rounds as f64),
+            tree_share: (t.rounds > 0).then(|| t.tree_rounds as f64 / t.rounds as f64),
+            tree_nodes_per_round: per_tree(t.tree_nodes),
+            tree_branch_share: per_tree(t.branched),
+            forced_share: (t.drafted > 0 && mode.structured.is_constrained())
+                .then(|| t.forced as f64 / t.drafted as f64),
+            ttft_median_s: median_ttft(&mine, true),
+            ttft_later_turns_median_s: median_ttft(&mine, false),
+            cached_share: (t.prompt_tokens > 0)
+                .then(|| t.cached_tokens as f64 / t.prompt_tokens as f64),
+            outputs_match: (!matches.is_empty()).then(|| matches.iter().all(|&m| m)),
+        })
+    }
+}
+
+/// A mode's requests in one scope, added up.
+struct Totals {
+    completion_tokens: usize,
+    drafted: usize,
+    accepted: usize,
+    rounds: usize,
+    tree_rounds: usize,
+    tree_nodes: usize,
+    branched: usize,
+    forced: usize,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+}
+
+impl Totals {
+    fn of(mine: &[&RunRecord]) -> Totals {
+        let sum = |field: fn(&RunRecord) -> usize| mine.iter().map(|r| field(r)).sum();
+        Totals {
+            completion_tokens: sum(|r| r.completion_tokens),
+            drafted: sum(|r| r.draft_tokens),
+            accepted: sum(|r| r.accepted_tokens),
+            rounds: sum(|r| r.rounds),
+            tree_rounds: sum(|r| r.tree_rounds),
+            tree_nodes: sum(|r| r.tree_nodes),
+            branched: sum(|r| r.tree_branch_accepts),
+            forced: sum(|r| r.forced_tokens),
+            prompt_tokens: sum(|r| r.prompt_tokens),
+            cached_tokens: sum(|r| r.cached_tokens),
+        }
+    }
+}
+
+/// The median time to first token of first turns (`first`) or of later ones.
+fn median_ttft(mine: &[&RunRecord], first: bool) -> Option<f64> {
+    let mut t: Vec<f64> = mine
+        .iter()
+        .filter(|r| (r.turn == 0) == first)
+        .map(|r| r.ttft_s)
+        .collect();
+    t.sort_by(f64::total_cmp);
+    Spread::of(&t).map(|s| s.median)
 }
 
 #[cfg(test)]

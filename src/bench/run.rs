@@ -10,19 +10,17 @@ use std::time::Instant;
 
 use tokio::task::JoinSet;
 
-use crate::engine::{
-    DraftSource, Engine, EngineConfig, EngineEvent, EngineRequest, Gamma, GenerationRequest,
-    RequestSpeculation, SpeculationSettings,
-};
-use crate::model::{ChatMessage, Llama, TextTokenizer};
-use crate::sampling::SamplingParams;
+use crate::constraint::ConstraintVocabulary;
+use crate::engine::{DraftSource, Engine, EngineConfig, Gamma, SpeculationSettings};
+use crate::model::{Llama, TextTokenizer};
 
-use super::mode::{DrafterKind, Mode, Structured};
+use super::mode::{DrafterKind, Mode};
+use super::options::BenchOptions;
 use super::prompts::BenchPrompt;
+use super::question::{run_question, Job};
 use super::report::{BatchRecord, RunRecord};
-use super::structured::{Structures, JSON_INSTRUCTION};
+use super::structured::Structures;
 use super::BenchError;
-use crate::constraint::{ConstraintVocabulary, JsonWhitespace};
 
 /// The models a benchmark runs on.
 pub struct BenchModels {
@@ -34,30 +32,6 @@ pub struct BenchModels {
     pub head: Option<DraftSource>,
     /// What structured modes compile their constraints against.
     pub constraints: Option<Arc<ConstraintVocabulary>>,
-}
-
-#[derive(Clone, Debug)]
-pub struct BenchOptions {
-    pub modes: Vec<Mode>,
-    /// How structured modes lay out JSON (`structured.json_whitespace`).
-    pub json_whitespace: JsonWhitespace,
-    pub max_tokens: usize,
-    /// Temperature 0 = greedy (outputs are then compared with plain decoding's).
-    pub sampling: SamplingParams,
-    /// Base seed; each question, turn and repeat derives its own from it (the same in every
-    /// mode).
-    pub seed: u64,
-    pub ignore_eos: bool,
-    pub concurrency: usize,
-    pub repeat: usize,
-    pub warmup: usize,
-    /// Compute threads in all.
-    pub threads: usize,
-    pub max_gamma: usize,
-    pub prefill_chunk: usize,
-    /// A system message before every question (a templated workload: every prompt opens the
-    /// same way).
-    pub system_prompt: Option<String>,
 }
 
 /// Progress as the loop reports it: `done` of `total` requests, and what just finished.
@@ -87,10 +61,10 @@ pub struct EngineReport {
     pub ahead_used: u64,
 }
 
-async fn start_engines(
-    models: &BenchModels,
-    opts: &BenchOptions,
-) -> Result<BTreeMap<(DrafterKind, bool, bool), Arc<Engine>>, BenchError> {
+/// The run's engines, one per drafter and pipelining combination (a mode's `engine_key`).
+type Engines = BTreeMap<(DrafterKind, bool, bool), Arc<Engine>>;
+
+async fn start_engines(models: &BenchModels, opts: &BenchOptions) -> Result<Engines, BenchError> {
     let mut engines = BTreeMap::new();
     for mode in &opts.modes {
         let key = mode.engine_key();
@@ -143,137 +117,6 @@ async fn start_engines(
     Ok(engines)
 }
 
-/// What one request of a question needs besides its messages.
-#[derive(Clone)]
-struct Job {
-    mode: Mode,
-    prompt: BenchPrompt,
-    repeat: usize,
-}
-
-/// Runs all turns of one question under one mode.
-async fn run_question(
-    engine: Arc<Engine>,
-    tokenizer: Arc<TextTokenizer>,
-    (opts, structures): (Arc<BenchOptions>, Arc<Structures>),
-    job: Job,
-) -> Result<Vec<RunRecord>, BenchError> {
-    let template = tokenizer
-        .chat_template()
-        .ok_or_else(|| BenchError::Options("the model has no chat template".into()))?;
-    let (constraint, tools_prompt) = structures.of(job.mode.structured);
-    let system: Vec<&str> = opts
-        .system_prompt
-        .iter()
-        .map(String::as_str)
-        .chain(tools_prompt)
-        .collect();
-    let mut messages: Vec<ChatMessage> = if system.is_empty() {
-        Vec::new()
-    } else {
-        vec![ChatMessage::new("system", system.join("\n\n"))]
-    };
-    let mut records = Vec::new();
-    for (turn, text) in job.prompt.turns.iter().enumerate() {
-        let text = match job.mode.structured {
-            Structured::Json => format!("{text}\n\n{JSON_INSTRUCTION}"),
-            _ => text.clone(),
-        };
-        messages.push(ChatMessage::new("user", text));
-        let rendered = template
-            .render(&messages, true)
-            .map_err(|e| BenchError::Options(format!("chat template: {e}")))?;
-        let prompt = tokenizer
-            .encode(&rendered, true)
-            .map_err(|e| BenchError::Options(format!("tokenizer: {e}")))?;
-        let prompt_tokens = prompt.len();
-        let seed = opts
-            .seed
-            .wrapping_add(job.prompt.question_id as u64 * 1_000_003)
-            .wrapping_add(turn as u64 * 7919)
-            .wrapping_add(job.repeat as u64 * 104_729);
-        let request = EngineRequest {
-            generation: GenerationRequest {
-                prompt,
-                max_tokens: opts.max_tokens,
-                sampling: SamplingParams {
-                    seed: Some(seed),
-                    ..opts.sampling.clone()
-                },
-                eos_ids: if opts.ignore_eos {
-                    Vec::new()
-                } else {
-                    tokenizer.eos_ids().to_vec()
-                },
-                stop_strings: Vec::new(),
-                detokenizer: None,
-            },
-            speculation: RequestSpeculation {
-                gamma: job.mode.gamma,
-                lenience: job.mode.lenience,
-                gate: job.mode.gate,
-                confidence_pricing: job.mode.confidence_pricing,
-                tree_nodes: job.mode.tree_nodes,
-            },
-            logprobs: None,
-            prompt_logprobs: None,
-            constraint: constraint.clone(),
-        };
-        let started = Instant::now();
-        let mut events = engine.submit(request).await.map_err(|e| {
-            BenchError::Options(format!(
-                "question {} turn {}: {e}",
-                job.prompt.question_id,
-                turn + 1
-            ))
-        })?;
-        let (mut tokens, mut ttft) = (Vec::new(), None);
-        let (finish, usage) = loop {
-            match events.next().await {
-                Some(EngineEvent::Output { tokens: t, .. }) => {
-                    if ttft.is_none() && !t.is_empty() {
-                        ttft = Some(started.elapsed().as_secs_f64());
-                    }
-                    tokens.extend(t);
-                }
-                Some(EngineEvent::Done { finish, usage }) => break (finish, usage),
-                Some(EngineEvent::Failed(f)) => return Err(BenchError::Generation(f.message)),
-                None => return Err(BenchError::Generation("the engine stopped".into())),
-            }
-        };
-        let seconds = started.elapsed().as_secs_f64();
-        let answer = tokenizer
-            .decode(&tokens)
-            .map_err(|e| BenchError::Options(format!("tokenizer: {e}")))?;
-        messages.push(ChatMessage::new("assistant", answer));
-        records.push(RunRecord {
-            mode: job.mode.label.clone(),
-            question_id: job.prompt.question_id,
-            category: job.prompt.category.clone(),
-            repeat: job.repeat,
-            turn,
-            prompt_tokens,
-            cached_tokens: usage.cached_tokens,
-            completion_tokens: usage.completion_tokens,
-            seconds,
-            ttft_s: ttft.unwrap_or(seconds),
-            draft_tokens: usage.speculative.draft_tokens,
-            accepted_tokens: usage.speculative.accepted_tokens,
-            rounds: usage.speculative.rounds,
-            tree_rounds: usage.speculative.tree_rounds,
-            tree_nodes: usage.speculative.tree_nodes,
-            tree_branch_accepts: usage.speculative.tree_branch_accepts,
-            forced_tokens: usage.speculative.forced_tokens,
-            forced_accepted: usage.speculative.forced_accepted,
-            finish: finish.as_openai().to_string(),
-            outputs_match: None,
-            output_digest: super::report::token_digest(&tokens),
-            tokens,
-        });
-    }
-    Ok(records)
-}
-
 /// Runs one batch (up to `concurrency` questions) under one mode; returns its records and the
 /// wall time.
 async fn run_batch(
@@ -310,6 +153,41 @@ pub async fn run_bench(
     opts: BenchOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<BenchRun, BenchError> {
+    check_options(&opts)?;
+    let structures = Arc::new(Structures::compile(
+        models.constraints.as_deref(),
+        &opts.modes,
+        &opts.json_whitespace,
+    )?);
+    let engines = start_engines(models, &opts).await?;
+    let opts = Arc::new(opts);
+    let categories = categories_of(prompts);
+    let batches_of_prompts = batches_by_category(prompts, &categories, opts.concurrency);
+    let bench = BenchLoop {
+        engines: &engines,
+        tokenizer: &models.tokenizer,
+        opts: &opts,
+        structures: &structures,
+    };
+    bench.warm_up(prompts).await?;
+    let total = opts.repeat * opts.modes.len() * prompts.len();
+    let (mut runs, batches) = bench
+        .run_timed(&batches_of_prompts, total, progress)
+        .await?;
+    if opts.sampling.temperature == 0.0 {
+        mark_matches(&mut runs, &opts.modes);
+    }
+    let engines = engine_reports(&engines, &opts.modes).await?;
+    Ok(BenchRun {
+        runs,
+        batches,
+        categories,
+        engines,
+    })
+}
+
+/// Refuses options no run can honour, before any engine starts.
+fn check_options(opts: &BenchOptions) -> Result<(), BenchError> {
     if opts.concurrency == 0 || opts.repeat == 0 || opts.max_tokens == 0 {
         return Err(BenchError::Options(
             "--concurrency, --repeat and --max-tokens must be at least 1".into(),
@@ -322,107 +200,157 @@ pub async fn run_bench(
                 .into(),
         ));
     }
-    let structures = Arc::new(Structures::compile(
-        models.constraints.as_deref(),
-        &opts.modes,
-        &opts.json_whitespace,
-    )?);
-    let engines = start_engines(models, &opts).await?;
-    let opts = Arc::new(opts);
+    Ok(())
+}
+
+/// The prompts' categories, in the order they first appear.
+fn categories_of(prompts: &[BenchPrompt]) -> Vec<String> {
     let mut categories: Vec<String> = Vec::new();
     for p in prompts {
         if !categories.contains(&p.category) {
             categories.push(p.category.clone());
         }
     }
+    categories
+}
+
+/// The prompts in batches of up to `concurrency`, category by category.
+fn batches_by_category(
+    prompts: &[BenchPrompt],
+    categories: &[String],
+    concurrency: usize,
+) -> Vec<Vec<BenchPrompt>> {
     // Batches never mix categories, so each batch's wall time belongs to one category.
     let mut batches_of_prompts: Vec<Vec<BenchPrompt>> = Vec::new();
-    for c in &categories {
+    for c in categories {
         let of_c: Vec<BenchPrompt> = prompts
             .iter()
             .filter(|p| &p.category == c)
             .cloned()
             .collect();
-        for chunk in of_c.chunks(opts.concurrency) {
+        for chunk in of_c.chunks(concurrency) {
             batches_of_prompts.push(chunk.to_vec());
         }
     }
-    let modes = opts.modes.clone();
-    let engine_of = |m: &Mode| Arc::clone(&engines[&m.engine_key()]);
+    batches_of_prompts
+}
 
-    for (w, p) in prompts.iter().take(opts.warmup).enumerate() {
-        for m in &modes {
-            let job = Job {
-                mode: m.clone(),
-                prompt: p.clone(),
-                repeat: w,
-            };
-            run_batch(
-                &engine_of(m),
-                &models.tokenizer,
-                (&opts, &structures),
-                vec![job],
-            )
-            .await?;
-        }
+/// What every batch of a run shares: the engines, the tokenizer, the options and the compiled
+/// structures.
+struct BenchLoop<'a> {
+    engines: &'a Engines,
+    tokenizer: &'a Arc<TextTokenizer>,
+    opts: &'a Arc<BenchOptions>,
+    structures: &'a Arc<Structures>,
+}
+
+impl BenchLoop<'_> {
+    fn engine_of(&self, m: &Mode) -> Arc<Engine> {
+        Arc::clone(&self.engines[&m.engine_key()])
     }
 
-    let total = opts.repeat * modes.len() * prompts.len();
-    let mut done = 0;
-    let (mut runs, mut batches) = (Vec::new(), Vec::new());
-    for repeat in 0..opts.repeat {
-        for (bi, batch) in batches_of_prompts.iter().enumerate() {
-            // Rotate the order of modes from batch to batch so none always runs first.
-            for k in 0..modes.len() {
-                let mode = &modes[(bi + repeat + k) % modes.len()];
-                let jobs: Vec<Job> = batch
-                    .iter()
-                    .map(|p| Job {
-                        mode: mode.clone(),
-                        prompt: p.clone(),
-                        repeat,
-                    })
-                    .collect();
-                // Every mode's batch starts from the same cold cache (its conversations' later
-                // turns still reuse their own earlier turns); a shared system prompt is a
-                // workload meant to stay cached, so it keeps what earlier batches left.
-                if opts.system_prompt.is_none() {
-                    engine_of(mode).clear_prefix_cache().await?;
-                }
-                let (records, wall) = run_batch(
-                    &engine_of(mode),
-                    &models.tokenizer,
-                    (&opts, &structures),
-                    jobs,
+    /// The first `warmup` questions under every mode, one at a time, their records dropped.
+    async fn warm_up(&self, prompts: &[BenchPrompt]) -> Result<(), BenchError> {
+        for (w, p) in prompts.iter().take(self.opts.warmup).enumerate() {
+            for m in &self.opts.modes {
+                let job = Job {
+                    mode: m.clone(),
+                    prompt: p.clone(),
+                    repeat: w,
+                };
+                run_batch(
+                    &self.engine_of(m),
+                    self.tokenizer,
+                    (self.opts, self.structures),
+                    vec![job],
                 )
                 .await?;
-                batches.push(BatchRecord {
-                    mode: mode.label.clone(),
-                    category: batch[0].category.clone(),
-                    repeat,
-                    requests: batch.len(),
-                    tokens: records.iter().map(|r| r.completion_tokens).sum(),
-                    seconds: wall,
-                });
-                runs.extend(records);
-                done += batch.len();
-                let what = format!(
-                    "{} #{} {}",
-                    batch[0].category, batch[0].question_id, mode.label
-                );
-                progress(Progress {
-                    done,
-                    total,
-                    what: &what,
-                });
             }
         }
+        Ok(())
     }
-    if opts.sampling.temperature == 0.0 {
-        mark_matches(&mut runs, &modes);
+
+    /// Every batch under every mode, `repeat` times; `total` requests in all, for progress.
+    async fn run_timed(
+        &self,
+        batches_of_prompts: &[Vec<BenchPrompt>],
+        total: usize,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<(Vec<RunRecord>, Vec<BatchRecord>), BenchError> {
+        let modes = &self.opts.modes;
+        let mut done = 0;
+        let (mut runs, mut batches) = (Vec::new(), Vec::new());
+        for repeat in 0..self.opts.repeat {
+            for (bi, batch) in batches_of_prompts.iter().enumerate() {
+                // Rotate the order of modes from batch to batch so none always runs first.
+                for k in 0..modes.len() {
+                    let mode = &modes[(bi + repeat + k) % modes.len()];
+                    let (records, record) = self.run_timed_batch(mode, batch, repeat).await?;
+                    batches.push(record);
+                    runs.extend(records);
+                    done += batch.len();
+                    let what = format!(
+                        "{} #{} {}",
+                        batch[0].category, batch[0].question_id, mode.label
+                    );
+                    progress(Progress {
+                        done,
+                        total,
+                        what: &what,
+                    });
+                }
+            }
+        }
+        Ok((runs, batches))
     }
+
+    /// One batch under one mode: its questions' records and the batch's own.
+    async fn run_timed_batch(
+        &self,
+        mode: &Mode,
+        batch: &[BenchPrompt],
+        repeat: usize,
+    ) -> Result<(Vec<RunRecord>, BatchRecord), BenchError> {
+        let jobs: Vec<Job> = batch
+            .iter()
+            .map(|p| Job {
+                mode: mode.clone(),
+                prompt: p.clone(),
+                repeat,
+            })
+            .collect();
+        // Every mode's batch starts from the same cold cache (its conversations' later
+        // turns still reuse their own earlier turns); a shared system prompt is a
+        // workload meant to stay cached, so it keeps what earlier batches left.
+        if self.opts.system_prompt.is_none() {
+            self.engine_of(mode).clear_prefix_cache().await?;
+        }
+        let (records, wall) = run_batch(
+            &self.engine_of(mode),
+            self.tokenizer,
+            (self.opts, self.structures),
+            jobs,
+        )
+        .await?;
+        let record = BatchRecord {
+            mode: mode.label.clone(),
+            category: batch[0].category.clone(),
+            repeat,
+            requests: batch.len(),
+            tokens: records.iter().map(|r| r.completion_tokens).sum(),
+            seconds: wall,
+        };
+        Ok((records, record))
+    }
+}
+
+/// Each engine's modes and its pipelining figures.
+async fn engine_reports(
+    engines: &Engines,
+    modes: &[Mode],
+) -> Result<Vec<EngineReport>, BenchError> {
     let mut reports = Vec::new();
-    for (key, engine) in &engines {
+    for (key, engine) in engines {
         let stats = engine.stats().await?;
         reports.push(EngineReport {
             modes: modes
@@ -437,12 +365,7 @@ pub async fn run_bench(
             ahead_used: stats.ahead_used,
         });
     }
-    Ok(BenchRun {
-        runs,
-        batches,
-        categories,
-        engines: reports,
-    })
+    Ok(reports)
 }
 
 /// Greedy runs: each speculative mode's tokens against its baseline's (plain decoding under

@@ -4,15 +4,17 @@
 //! reads the user's choices (prompts, modes, sampling, the draft model of `draft` modes), loads
 //! the models once for every mode, and writes what the user asked for.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
 
 use tandem::bench;
 use tandem::config::Config;
+use tandem::constraint::ConstraintVocabulary;
 use tandem::draft::DraftSpec;
-use tandem::model::WeightsDtype;
+use tandem::engine::DraftSource;
+use tandem::model::{LoadedModel, WeightsDtype};
 use tandem::sampling::SamplingParams;
 
 use super::model_args::ModelArgs;
@@ -116,62 +118,13 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         &args.categories,
         args.limit_per_category,
     )?;
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p.unwrap_or(1.0),
-        top_k: args.top_k.unwrap_or(0),
-        ..Default::default()
-    };
-    sampling.validate()?;
+    let sampling = sampling_params(&args)?;
     let threads = tandem::runtime::init_threads(config.runtime.threads);
-    // Prompt-lookup modes carry their own n-gram sizes; only `draft` modes need a model loaded.
-    let needs_draft_model = modes.iter().any(|m| m.drafter == bench::DrafterKind::Model);
-    config.speculation.draft_model = if needs_draft_model {
-        args.draft_model.clone()
-    } else {
-        DraftSpec::None
-    };
-    config.speculation.draft_weights_dtype = args.draft_weights_dtype;
-    config.speculation.draft_vocab = args.draft_vocab;
-    config.speculation.draft_model_vocab = args.draft_model_vocab;
+    set_draft_config(&mut config, &modes, &args);
     let (target, draft, draft_name) = tandem::setup::load_models(&config)?;
-    let head = if modes
-        .iter()
-        .any(|m| matches!(m.drafter, bench::DrafterKind::Head { .. }))
-    {
-        let spec = DraftSpec::Head {
-            path: args.head.clone(),
-            lookup: false,
-        };
-        match tandem::setup::load_drafter(&spec, WeightsDtype::AsIs, &config, &target)? {
-            tandem::setup::LoadedDrafter::Head { head, name, lookup } => {
-                eprintln!("bench: draft head {name}");
-                Some(tandem::engine::DraftSource::Head { head, name, lookup })
-            }
-            _ => None,
-        }
-    } else {
-        None
-    };
-    let model_json = serde_json::json!({
-        "target": target.source.display_name(),
-        "target_weights": target.model.linear_dtypes().join("/"),
-        "target_device": target.model.placement(),
-        "draft": draft_name,
-        "draft_device": config.draft_device().to_string(),
-        "context_length": target.model.context_len(),
-        "kv_cache_dtype": target.model.kv_dtype().to_string(),
-        "json_whitespace": config.structured.json_whitespace,
-    });
-    let constraints = if modes.iter().any(|m| m.structured.is_constrained()) {
-        let vocab = target.model.hparams().vocab_size;
-        let built =
-            tandem::constraint::ConstraintVocabulary::new(Arc::clone(&target.tokenizer), vocab)
-                .map_err(|e| bench::BenchError::Options(format!("structured modes: {e}")))?;
-        Some(Arc::new(built))
-    } else {
-        None
-    };
+    let head = load_head(&modes, &args, &config, &target)?;
+    let model_json = model_json(&config, &target, &draft_name);
+    let constraints = constraint_vocabulary(&modes, &target)?;
     let models = bench::BenchModels {
         target: Arc::new(target.model),
         tokenizer: Arc::clone(&target.tokenizer),
@@ -179,36 +132,8 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         head,
         constraints,
     };
-    let opts = bench::BenchOptions {
-        modes: modes.clone(),
-        max_tokens: args.max_tokens,
-        sampling,
-        seed: args.seed,
-        ignore_eos: args.ignore_eos,
-        concurrency: args.concurrency,
-        repeat: args.repeat,
-        warmup: args.warmup,
-        threads,
-        max_gamma: args.max_gamma,
-        prefill_chunk: config.engine.prefill_chunk,
-        system_prompt: args.system_prompt.clone(),
-        json_whitespace: config.json_whitespace(),
-    };
-    eprintln!(
-        "bench: {} prompts in {} categories, modes {}, {} tokens, temperature {}, concurrency {}, {} repeat(s), {} thread(s)",
-        prompts.len(),
-        {
-            let mut c: Vec<&str> = prompts.iter().map(|p| p.category.as_str()).collect();
-            c.dedup();
-            c.len()
-        },
-        modes.iter().map(|m| m.label.as_str()).collect::<Vec<_>>().join(", "),
-        args.max_tokens,
-        args.temperature,
-        args.concurrency,
-        args.repeat,
-        threads
-    );
+    let opts = bench_options(&config, &args, &modes, sampling, threads);
+    announce(&prompts, &modes, &args, threads);
     let rt = super::async_runtime()?;
     let mut bar = bench::progress::ProgressBar::default();
     let quiet = args.quiet;
@@ -224,14 +149,163 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         &run.batches,
         args.repeat,
     );
-    println!("{}", bench::render_tables(&rows, args.repeat));
-    let cache_notes = bench::render_cache_notes(&modes, &run.runs);
+    print_report(&modes, &rows, &run, &args, &draft_name);
+    if let Some(path) = &args.out {
+        write_results(path, &args, &model_json, threads, &modes, &rows, &run)?;
+    }
+    if let Some(path) = &args.chart {
+        write_chart(path, &args, &model_json, &rows)?;
+    }
+    Ok(())
+}
+
+/// The sampling every mode decodes with, checked.
+fn sampling_params(args: &BenchArgs) -> Result<SamplingParams, CliError> {
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p.unwrap_or(1.0),
+        top_k: args.top_k.unwrap_or(0),
+        ..Default::default()
+    };
+    sampling.validate()?;
+    Ok(sampling)
+}
+
+/// Points the config's drafter at what the modes need, so `load_models` loads only that.
+fn set_draft_config(config: &mut Config, modes: &[bench::Mode], args: &BenchArgs) {
+    // Prompt-lookup modes carry their own n-gram sizes; only `draft` modes need a model loaded.
+    let needs_draft_model = modes.iter().any(|m| m.drafter == bench::DrafterKind::Model);
+    config.speculation.draft_model = if needs_draft_model {
+        args.draft_model.clone()
+    } else {
+        DraftSpec::None
+    };
+    config.speculation.draft_weights_dtype = args.draft_weights_dtype;
+    config.speculation.draft_vocab = args.draft_vocab;
+    config.speculation.draft_model_vocab = args.draft_model_vocab;
+}
+
+/// The draft head of `head` modes, loaded only when a mode drafts with one.
+fn load_head(
+    modes: &[bench::Mode],
+    args: &BenchArgs,
+    config: &Config,
+    target: &LoadedModel,
+) -> Result<Option<DraftSource>, CliError> {
+    if !modes
+        .iter()
+        .any(|m| matches!(m.drafter, bench::DrafterKind::Head { .. }))
+    {
+        return Ok(None);
+    }
+    let spec = DraftSpec::Head {
+        path: args.head.clone(),
+        lookup: false,
+    };
+    Ok(
+        match tandem::setup::load_drafter(&spec, WeightsDtype::AsIs, config, target)? {
+            tandem::setup::LoadedDrafter::Head { head, name, lookup } => {
+                eprintln!("bench: draft head {name}");
+                Some(DraftSource::Head { head, name, lookup })
+            }
+            _ => None,
+        },
+    )
+}
+
+/// The models and their settings, as the results file records them.
+fn model_json(config: &Config, target: &LoadedModel, draft_name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "target": target.source.display_name(),
+        "target_weights": target.model.linear_dtypes().join("/"),
+        "target_device": target.model.placement(),
+        "draft": draft_name,
+        "draft_device": config.draft_device().to_string(),
+        "context_length": target.model.context_len(),
+        "kv_cache_dtype": target.model.kv_dtype().to_string(),
+        "json_whitespace": config.structured.json_whitespace,
+    })
+}
+
+/// What structured modes compile their constraints against, built only when a mode needs it.
+fn constraint_vocabulary(
+    modes: &[bench::Mode],
+    target: &LoadedModel,
+) -> Result<Option<Arc<ConstraintVocabulary>>, CliError> {
+    if !modes.iter().any(|m| m.structured.is_constrained()) {
+        return Ok(None);
+    }
+    let vocab = target.model.hparams().vocab_size;
+    let built = ConstraintVocabulary::new(Arc::clone(&target.tokenizer), vocab)
+        .map_err(|e| bench::BenchError::Options(format!("structured modes: {e}")))?;
+    Ok(Some(Arc::new(built)))
+}
+
+fn bench_options(
+    config: &Config,
+    args: &BenchArgs,
+    modes: &[bench::Mode],
+    sampling: SamplingParams,
+    threads: usize,
+) -> bench::BenchOptions {
+    bench::BenchOptions {
+        modes: modes.to_vec(),
+        max_tokens: args.max_tokens,
+        sampling,
+        seed: args.seed,
+        ignore_eos: args.ignore_eos,
+        concurrency: args.concurrency,
+        repeat: args.repeat,
+        warmup: args.warmup,
+        threads,
+        max_gamma: args.max_gamma,
+        prefill_chunk: config.engine.prefill_chunk,
+        system_prompt: args.system_prompt.clone(),
+        json_whitespace: config.json_whitespace(),
+    }
+}
+
+/// The run's shape on stderr before it starts, so a long run says what it is doing.
+fn announce(
+    prompts: &[bench::BenchPrompt],
+    modes: &[bench::Mode],
+    args: &BenchArgs,
+    threads: usize,
+) {
+    eprintln!(
+        "bench: {} prompts in {} categories, modes {}, {} tokens, temperature {}, concurrency {}, {} repeat(s), {} thread(s)",
+        prompts.len(),
+        {
+            let mut c: Vec<&str> = prompts.iter().map(|p| p.category.as_str()).collect();
+            c.dedup();
+            c.len()
+        },
+        modes.iter().map(|m| m.label.as_str()).collect::<Vec<_>>().join(", "),
+        args.max_tokens,
+        args.temperature,
+        args.concurrency,
+        args.repeat,
+        threads
+    );
+}
+
+/// The tables, cache and drafter notes and pipeline figures on stdout; a greedy mismatch
+/// against plain decoding as a warning on stderr.
+fn print_report(
+    modes: &[bench::Mode],
+    rows: &[bench::SummaryRow],
+    run: &bench::BenchRun,
+    args: &BenchArgs,
+    draft_name: &str,
+) {
+    println!("{}", bench::render_tables(rows, args.repeat));
+    let cache_notes = bench::render_cache_notes(modes, &run.runs);
     if !cache_notes.is_empty() {
         println!("{cache_notes}");
     }
     println!(
         "{}",
-        bench::render_drafters(&modes, &run.runs, &draft_description(&draft_name, &args))
+        bench::render_drafters(modes, &run.runs, &draft_description(draft_name, args))
     );
     for e in run.engines.iter().filter(|e| e.pipeline) {
         println!(
@@ -245,51 +319,74 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         );
     }
     if args.temperature == 0.0 {
-        let mismatched: Vec<&str> = rows
-            .iter()
-            .filter(|r| r.category == bench::report::OVERALL && r.outputs_match == Some(false))
-            .map(|r| r.mode.as_str())
-            .collect();
-        if !mismatched.is_empty() {
-            eprintln!(
-                "bench: WARNING: greedy outputs differ from plain decoding for {}",
-                mismatched.join(", ")
-            );
-        }
+        warn_mismatches(rows);
     }
-    if let Some(path) = &args.out {
-        let settings = serde_json::json!({
-            "prompts": args.prompts.display().to_string(),
-            "categories": args.categories,
-            "limit_per_category": args.limit_per_category,
-            "max_tokens": args.max_tokens,
-            // f32 flags, recorded as the decimal the user typed (0.7, not 0.699999988).
-            "temperature": args.temperature.to_string().parse::<f64>().unwrap_or_default(),
-            "top_p": args.top_p.map(|p| p.to_string().parse::<f64>().unwrap_or_default()),
-            "top_k": args.top_k,
-            "seed": args.seed,
-            "concurrency": args.concurrency,
-            "repeat": args.repeat,
-            "warmup": args.warmup,
-            "ignore_eos": args.ignore_eos,
-            "system_prompt": args.system_prompt,
-            "max_gamma": args.max_gamma,
-            "model": model_json,
-        });
-        let doc = bench::results_json(settings, bench::machine_json(threads), &modes, &rows, &run);
-        write_file(path, serde_json::to_string_pretty(&doc)?)?;
-        eprintln!("bench: results in {}", path.display());
-    }
-    if let Some(path) = &args.chart {
-        let title = format!(
-            "tandem speedup over plain decoding ({}, T={}, concurrency {})",
-            model_json["target"].as_str().unwrap_or(""),
-            args.temperature,
-            args.concurrency
+}
+
+/// Greedy speculation must reproduce plain decoding; a mode that did not is named.
+fn warn_mismatches(rows: &[bench::SummaryRow]) {
+    let mismatched: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.category == bench::report::OVERALL && r.outputs_match == Some(false))
+        .map(|r| r.mode.as_str())
+        .collect();
+    if !mismatched.is_empty() {
+        eprintln!(
+            "bench: WARNING: greedy outputs differ from plain decoding for {}",
+            mismatched.join(", ")
         );
-        write_file(path, bench::chart::speedup_svg(&rows, &title))?;
-        eprintln!("bench: chart in {}", path.display());
     }
+}
+
+/// The `--out` document: the settings as given, the machine, and every figure.
+fn write_results(
+    path: &Path,
+    args: &BenchArgs,
+    model_json: &serde_json::Value,
+    threads: usize,
+    modes: &[bench::Mode],
+    rows: &[bench::SummaryRow],
+    run: &bench::BenchRun,
+) -> Result<(), CliError> {
+    let settings = serde_json::json!({
+        "prompts": args.prompts.display().to_string(),
+        "categories": args.categories,
+        "limit_per_category": args.limit_per_category,
+        "max_tokens": args.max_tokens,
+        // f32 flags, recorded as the decimal the user typed (0.7, not 0.699999988).
+        "temperature": args.temperature.to_string().parse::<f64>().unwrap_or_default(),
+        "top_p": args.top_p.map(|p| p.to_string().parse::<f64>().unwrap_or_default()),
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "concurrency": args.concurrency,
+        "repeat": args.repeat,
+        "warmup": args.warmup,
+        "ignore_eos": args.ignore_eos,
+        "system_prompt": args.system_prompt,
+        "max_gamma": args.max_gamma,
+        "model": model_json,
+    });
+    let doc = bench::results_json(settings, bench::machine_json(threads), modes, rows, run);
+    write_file(path, serde_json::to_string_pretty(&doc)?)?;
+    eprintln!("bench: results in {}", path.display());
+    Ok(())
+}
+
+/// The `--chart` SVG, titled with the target and the settings that shape the speedup.
+fn write_chart(
+    path: &Path,
+    args: &BenchArgs,
+    model_json: &serde_json::Value,
+    rows: &[bench::SummaryRow],
+) -> Result<(), CliError> {
+    let title = format!(
+        "tandem speedup over plain decoding ({}, T={}, concurrency {})",
+        model_json["target"].as_str().unwrap_or(""),
+        args.temperature,
+        args.concurrency
+    );
+    write_file(path, bench::chart::speedup_svg(rows, &title))?;
+    eprintln!("bench: chart in {}", path.display());
     Ok(())
 }
 
@@ -305,7 +402,7 @@ fn draft_description(loaded: &str, args: &BenchArgs) -> String {
 }
 
 /// Writes an output file, making its folder first (`target/bench/results.json`).
-fn write_file(path: &std::path::Path, contents: String) -> Result<(), CliError> {
+fn write_file(path: &Path, contents: String) -> Result<(), CliError> {
     let write = || {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;

@@ -50,60 +50,144 @@ pub struct ForwardBenchArgs {
 pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
     let loaded = load_model(config)?;
     let model = &loaded.model;
-    let vocab = model.hparams().vocab_size as u32;
-    let mut cache = model.new_cache(1);
-    let slot = cache.allocate().ok_or(CliError::NoCacheSlot)?;
-    // Arbitrary but fixed token ids: the cost does not depend on which tokens they are.
-    let ids = |n: usize, salt: usize| -> Vec<u32> {
-        (0..n)
-            .map(|i| ((i * 7919 + salt * 104_729) as u32) % vocab)
-            .collect()
-    };
-    let max_k = args.tokens.iter().copied().max().unwrap_or(1);
-    if args.depth + max_k > model.context_len() {
-        return Err(CliError::DepthPastContext(model.context_len()));
-    }
-    model.forward(
-        &mut cache,
-        &[SeqInput {
-            slot,
-            start_pos: 0,
-            tokens: &ids(args.depth.max(1), 0),
-            logits: LogitsRows::None,
-            parents: &[],
-        }],
-    )?;
-    let depth = cache.len(slot)?;
+    let mut timer = ForwardTimer::fill(model, &args)?;
+    let depth = timer.depth;
     println!(
         "| new tokens | ms per forward | ms per token | cost vs 1 token | ms per extra token |"
     );
     println!("|---|---|---|---|---|");
-    // Widths take turns, one forward each per round, so a machine whose speed drifts during
-    // the run (a shared VM) moves every width alike and their ratios stay fair.
-    let mut times = vec![Vec::with_capacity(args.repeats); args.tokens.len()];
-    for r in 0..args.repeats + 1 {
-        for (&k, times) in args.tokens.iter().zip(&mut times) {
-            let toks = ids(k, r + 1);
-            let t = std::time::Instant::now();
-            model.forward(
-                &mut cache,
-                &[SeqInput {
-                    slot,
-                    start_pos: depth,
-                    tokens: &toks,
-                    logits: LogitsRows::All,
-                    parents: &[],
-                }],
-            )?;
-            let dt = t.elapsed().as_secs_f64() * 1e3;
-            cache.keep(slot, Kept::First(depth))?;
-            if r > 0 {
-                times.push(dt); // the first round warms caches
+    let mut times = timer.time_widths(&args.tokens)?;
+    let base = print_widths(&args.tokens, &mut times);
+    if args.ops > 1 {
+        print_breakdown(&mut timer, args.ops)?;
+    }
+    if let (Some(dir), Some((_, one))) = (&args.head, base) {
+        let step = time_head_step(model, dir, args.draft_vocab, depth, args.repeats)?;
+        println!();
+        println!(
+            "draft head step (1 token, depth {depth}): {step:.3} ms, {:.0}% of a 1-token target \
+             forward",
+            step / one * 100.0
+        );
+    }
+    if let Some(first) = base {
+        print_memory_bound(config, &timer, first);
+    }
+    Ok(())
+}
+
+/// A cache filled to `depth` in one slot: every timed forward runs against it and is rolled
+/// back to it.
+struct ForwardTimer<'a> {
+    model: &'a Llama,
+    cache: KvCache,
+    slot: usize,
+    depth: usize,
+    /// Timed repetitions of each measurement (after one that warms caches).
+    repeats: usize,
+}
+
+impl<'a> ForwardTimer<'a> {
+    /// A cache with `--depth` tokens in it, once the widest forward is known to fit after them.
+    fn fill(model: &'a Llama, args: &ForwardBenchArgs) -> Result<Self, CliError> {
+        let mut cache = model.new_cache(1);
+        let slot = cache.allocate().ok_or(CliError::NoCacheSlot)?;
+        let max_k = args.tokens.iter().copied().max().unwrap_or(1);
+        if args.depth + max_k > model.context_len() {
+            return Err(CliError::DepthPastContext(model.context_len()));
+        }
+        let mut timer = ForwardTimer {
+            model,
+            cache,
+            slot,
+            depth: 0,
+            repeats: args.repeats,
+        };
+        let toks = timer.ids(args.depth.max(1), 0);
+        timer.forward(0, &toks, LogitsRows::None)?;
+        timer.depth = timer.cache.len(slot)?;
+        Ok(timer)
+    }
+
+    /// Arbitrary but fixed token ids: the cost does not depend on which tokens they are.
+    fn ids(&self, n: usize, salt: usize) -> Vec<u32> {
+        let vocab = self.model.hparams().vocab_size as u32;
+        (0..n)
+            .map(|i| ((i * 7919 + salt * 104_729) as u32) % vocab)
+            .collect()
+    }
+
+    fn forward(
+        &mut self,
+        start_pos: usize,
+        tokens: &[u32],
+        logits: LogitsRows,
+    ) -> Result<(), CliError> {
+        self.model.forward(
+            &mut self.cache,
+            &[SeqInput {
+                slot: self.slot,
+                start_pos,
+                tokens,
+                logits,
+                parents: &[],
+            }],
+        )?;
+        Ok(())
+    }
+
+    /// Each width's forward times in ms, `repeats` of them.
+    fn time_widths(&mut self, widths: &[usize]) -> Result<Vec<Vec<f64>>, CliError> {
+        // Widths take turns, one forward each per round, so a machine whose speed drifts during
+        // the run (a shared VM) moves every width alike and their ratios stay fair.
+        let mut times = vec![Vec::with_capacity(self.repeats); widths.len()];
+        for r in 0..self.repeats + 1 {
+            for (&k, times) in widths.iter().zip(&mut times) {
+                let toks = self.ids(k, r + 1);
+                let t = std::time::Instant::now();
+                self.forward(self.depth, &toks, LogitsRows::All)?;
+                let dt = t.elapsed().as_secs_f64() * 1e3;
+                self.cache.keep(self.slot, Kept::First(self.depth))?;
+                if r > 0 {
+                    times.push(dt); // the first round warms caches
+                }
             }
         }
+        Ok(times)
     }
+
+    /// Per operation, its median time in seconds over `repeats` forwards of `k` new tokens.
+    fn time_ops(&mut self, k: usize) -> Result<Vec<(Op, f64)>, CliError> {
+        let mut runs: Vec<Vec<(Op, f64)>> = Vec::with_capacity(self.repeats);
+        for r in 0..self.repeats + 1 {
+            let toks = self.ids(k, r + 1);
+            op_profile::enable(true);
+            let done = self.forward(self.depth, &toks, LogitsRows::All);
+            let t = op_profile::take();
+            op_profile::enable(false);
+            done?;
+            self.cache.keep(self.slot, Kept::First(self.depth))?;
+            if r > 0 {
+                runs.push(t);
+            }
+        }
+        Ok(Op::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, &op)| {
+                let mut v: Vec<f64> = runs.iter().map(|r| r[i].1).collect();
+                v.sort_by(f64::total_cmp);
+                (op, v[v.len() / 2])
+            })
+            .collect())
+    }
+}
+
+/// The widths' table rows from their times (sorted here); returns the first width and its
+/// median ms, the base every other width is compared with.
+fn print_widths(widths: &[usize], times: &mut [Vec<f64>]) -> Option<(usize, f64)> {
     let mut base: Option<(usize, f64)> = None;
-    for (&k, times) in args.tokens.iter().zip(&mut times) {
+    for (&k, times) in widths.iter().zip(times) {
         times.sort_by(f64::total_cmp);
         let ms = times[times.len() / 2];
         let (k0, one) = *base.get_or_insert((k, ms));
@@ -119,87 +203,36 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
             ms / one
         );
     }
-    if args.ops > 1 {
-        print_breakdown(model, &mut cache, slot, depth, args.ops, args.repeats, &ids)?;
-    }
-    if let (Some(dir), Some((_, one))) = (&args.head, base) {
-        let step = time_head_step(model, dir, args.draft_vocab, depth, args.repeats)?;
-        println!();
-        println!(
-            "draft head step (1 token, depth {depth}): {step:.3} ms, {:.0}% of a 1-token target \
-             forward",
-            step / one * 100.0
-        );
-    }
-    if let Some((k0, ms)) = base {
-        // Every forward streams the weights once and the cache once.
-        let bytes = model.weight_bytes() + (depth + k0) * cache.bytes_per_token();
-        let threads = tandem::runtime::thread_count(config.runtime.threads);
-        let bandwidth = stream_bandwidth::measure(threads, 3);
-        let floor_ms = bytes as f64 / bandwidth * 1e3;
-        println!();
-        println!(
-            "memory bound: a {k0}-token forward reads {:.1} MB (weights {:.1} MB, KV cache at depth \
-             {depth}); {threads} thread(s) stream {:.1} GB/s, so it takes at least {floor_ms:.2} ms; \
-             the measured {ms:.2} ms runs at {:.0}% of that bound",
-            bytes as f64 / 1e6,
-            model.weight_bytes() as f64 / 1e6,
-            bandwidth / 1e9,
-            floor_ms / ms * 100.0
-        );
-    }
-    Ok(())
+    base
+}
+
+/// The first width's forward against the least time the machine's memory bandwidth allows it.
+fn print_memory_bound(config: &Config, timer: &ForwardTimer<'_>, (k0, ms): (usize, f64)) {
+    let (model, depth) = (timer.model, timer.depth);
+    // Every forward streams the weights once and the cache once.
+    let bytes = model.weight_bytes() + (depth + k0) * timer.cache.bytes_per_token();
+    let threads = tandem::runtime::thread_count(config.runtime.threads);
+    let bandwidth = stream_bandwidth::measure(threads, 3);
+    let floor_ms = bytes as f64 / bandwidth * 1e3;
+    println!();
+    println!(
+        "memory bound: a {k0}-token forward reads {:.1} MB (weights {:.1} MB, KV cache at depth \
+         {depth}); {threads} thread(s) stream {:.1} GB/s, so it takes at least {floor_ms:.2} ms; \
+         the measured {ms:.2} ms runs at {:.0}% of that bound",
+        bytes as f64 / 1e6,
+        model.weight_bytes() as f64 / 1e6,
+        bandwidth / 1e9,
+        floor_ms / ms * 100.0
+    );
 }
 
 /// Per operation: its time in a forward of 1 and of `wide` new tokens (medians of `repeats`),
 /// what one more token adds to it, and for the matmuls that against the multiply-add rate of
 /// the kernel's own inner loop; then sampling and the acceptance rule over `wide` rows.
-#[allow(clippy::too_many_arguments)]
-fn print_breakdown(
-    model: &Llama,
-    cache: &mut KvCache,
-    slot: usize,
-    depth: usize,
-    wide: usize,
-    repeats: usize,
-    ids: &dyn Fn(usize, usize) -> Vec<u32>,
-) -> Result<(), CliError> {
-    let mut per_op = |k: usize| -> Result<Vec<(Op, f64)>, CliError> {
-        let mut runs: Vec<Vec<(Op, f64)>> = Vec::with_capacity(repeats);
-        for r in 0..repeats + 1 {
-            let toks = ids(k, r + 1);
-            op_profile::enable(true);
-            let done = model.forward(
-                cache,
-                &[SeqInput {
-                    slot,
-                    start_pos: depth,
-                    tokens: &toks,
-                    logits: LogitsRows::All,
-                    parents: &[],
-                }],
-            );
-            let t = op_profile::take();
-            op_profile::enable(false);
-            done?;
-            cache.keep(slot, Kept::First(depth))?;
-            if r > 0 {
-                runs.push(t);
-            }
-        }
-        Ok(Op::ALL
-            .iter()
-            .enumerate()
-            .map(|(i, &op)| {
-                let mut v: Vec<f64> = runs.iter().map(|r| r[i].1).collect();
-                v.sort_by(f64::total_cmp);
-                (op, v[v.len() / 2])
-            })
-            .collect())
-    };
-    let (one, many) = (per_op(1)?, per_op(wide)?);
+fn print_breakdown(timer: &mut ForwardTimer<'_>, wide: usize) -> Result<(), CliError> {
+    let (one, many) = (timer.time_ops(1)?, timer.time_ops(wide)?);
+    let (model, depth) = (timer.model, timer.depth);
     let peak = model.matmul_peak_macs_per_s(50)?;
-    let macs = model.macs_per_token();
     println!();
     println!(
         "per operation, 1 vs {wide} new tokens at depth {depth} (matmul kernel: {:.1} G \
@@ -212,13 +245,27 @@ fn print_breakdown(
          at the kernel's rate | measured / that |"
     );
     println!("|---|---|---|---|---|---|---|");
+    print_op_rows(model, &one, &many, wide, peak);
+    let best = time_sampling(model, wide, timer.repeats)?;
+    println!(
+        "| sampling and acceptance ({wide} rows) | – | {:.3} | {:.3} | – | – | – |",
+        best * 1e3,
+        best * 1e3 / wide as f64
+    );
+    Ok(())
+}
+
+/// One row per operation: its times at 1 and `wide` tokens, a token's marginal cost and its
+/// share, and a matmul's against the kernel's `peak` multiply-add rate.
+fn print_op_rows(model: &Llama, one: &[(Op, f64)], many: &[(Op, f64)], wide: usize, peak: f64) {
+    let macs = model.macs_per_token();
     let extra_total: f64 = one
         .iter()
-        .zip(&many)
+        .zip(many)
         .map(|((_, a), (_, b))| (b - a).max(0.0))
         .sum::<f64>()
         / (wide - 1) as f64;
-    for ((op, a), (_, b)) in one.iter().zip(&many) {
+    for ((op, a), (_, b)) in one.iter().zip(many) {
         let extra = (b - a) / (wide - 1) as f64;
         let (floor, ratio) = match macs.iter().find(|(o, _)| o == op) {
             Some(&(_, m)) => {
@@ -239,8 +286,12 @@ fn print_breakdown(
             extra.max(0.0) / extra_total.max(1e-12) * 100.0
         );
     }
-    // Sampling (softmax at temperature 1 over each row) and the acceptance rule, on rows of
-    // the vocabulary's size: what the verifier adds after the forward.
+}
+
+/// The best time in seconds of sampling (softmax at temperature 1 over each row) and the
+/// acceptance rule, on `wide` rows of the vocabulary's size: what the verifier adds after the
+/// forward.
+fn time_sampling(model: &Llama, wide: usize, repeats: usize) -> Result<f64, CliError> {
     let vocab = model.hparams().vocab_size;
     let rows: Vec<Vec<f32>> = (0..wide)
         .map(|r| {
@@ -269,12 +320,7 @@ fn print_breakdown(
             .map_err(tandem::engine::EngineError::from)?;
         best = best.min(t.elapsed().as_secs_f64());
     }
-    println!(
-        "| sampling and acceptance ({wide} rows) | – | {:.3} | {:.3} | – | – | – |",
-        best * 1e3,
-        best * 1e3 / wide as f64
-    );
-    Ok(())
+    Ok(best)
 }
 
 /// The median time of one draft step of the head in `dir` (`default`: the default model's)

@@ -99,81 +99,12 @@ pub struct GenerateArgs {
 }
 
 pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
-    let prompt_text = match (&args.prompt, &args.prompt_file) {
-        (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).map_err(|source| CliError::ReadPrompt {
-            path: f.clone(),
-            source,
-        })?,
-        (None, None) => return Err(CliError::NoPrompt),
-    };
-    let g = &config.generation;
-    let sampling = SamplingParams {
-        temperature: args.temperature.unwrap_or(g.temperature),
-        top_k: args.top_k.unwrap_or(g.top_k),
-        top_p: args.top_p.unwrap_or(g.top_p),
-        min_p: args.min_p.unwrap_or(g.min_p),
-        repetition_penalty: args.repetition_penalty.unwrap_or(g.repetition_penalty),
-        seed: args.seed,
-        ..Default::default()
-    };
-    sampling.validate()?;
-    let spec = FixedSpeculation {
-        gamma: Gamma::try_from(args.gamma).map_err(|e| CliError::Flag {
-            flag: "--gamma",
-            reason: e.to_string(),
-        })?,
-        lenience: Lenience::try_from(args.lenience).map_err(|e| CliError::Flag {
-            flag: "--lenience",
-            reason: e.to_string(),
-        })?,
-    };
+    let prompt_text = read_prompt(&args)?;
+    let sampling = sampling_params(config, &args)?;
+    let spec = fixed_speculation(&args)?;
     let loaded = load_model(config)?;
-    let tok = &loaded.tokenizer;
-    let text = if args.raw {
-        prompt_text
-    } else {
-        let template = tok.chat_template().ok_or(CliError::NoChatTemplate)?;
-        let mut messages = Vec::new();
-        if let Some(s) = &args.system {
-            messages.push(ChatMessage::new("system", s.clone()));
-        }
-        messages.push(ChatMessage::new("user", prompt_text));
-        template.render(&messages, true)?
-    };
-    let prompt = tok.encode(&text, true)?;
-    let req = GenerationRequest {
-        prompt,
-        max_tokens: args.max_tokens.unwrap_or(g.max_tokens),
-        sampling,
-        eos_ids: if args.ignore_eos {
-            Vec::new()
-        } else {
-            tok.eos_ids().to_vec()
-        },
-        stop_strings: args.stop.clone(),
-        detokenizer: Some(std::sync::Arc::clone(tok)),
-    };
-    if matches!(args.draft_model, DraftSpec::Head { .. }) {
-        return Err(CliError::Flag {
-            flag: "--draft-model",
-            reason: "head: a draft head drafts from the engine's verifications; use \
-                     `tandem serve` or `tandem bench` (generate's loop has no hidden states)"
-                .into(),
-        });
-    }
-    let drafter =
-        tandem::setup::load_drafter(&args.draft_model, args.draft_weights_dtype, config, &loaded)
-            .map_err(|source| CliError::LoadDraft {
-            spec: args.draft_model.to_string(),
-            source,
-        })?;
-    if let LoadedDrafter::Model { name, .. } = &drafter {
-        eprintln!(
-            "draft model {name} (--draft-weights-dtype {})",
-            args.draft_weights_dtype
-        );
-    }
+    let req = generation_request(config, &args, &loaded, prompt_text, sampling)?;
+    let drafter = load_drafter(config, &args, &loaded)?;
     let speculative = !matches!(drafter, LoadedDrafter::None);
     let stream = !args.quiet && !args.json;
     // The run whose output is shown (streamed, its stats printed): the speculative one when
@@ -190,40 +121,184 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
     } else {
         None
     };
-    let s = &out.stats;
     let decode_rate = compare
         .as_ref()
-        .map_or(s.decode_tokens_per_s(), |c| c.speculative_rate);
+        .map_or(out.stats.decode_tokens_per_s(), |c| c.speculative_rate);
     if args.json {
-        let text = out.text.clone().unwrap_or_default();
-        let mut v = serde_json::json!({
-            "text": text,
-            "tokens": out.tokens,
-            "prompt_token_ids": req.prompt,
-            "finish_reason": out.finish.as_openai(),
-            "prompt_tokens": s.prompt_tokens,
-            "generated_tokens": s.generated_tokens,
-            "prefill_tokens_per_s": s.prefill_tokens_per_s(),
-            "decode_tokens_per_s": decode_rate,
-        });
-        if let Some(st) = &spec_stats {
-            v["speculative"] = serde_json::json!({
-                "draft_tokens": st.draft_tokens,
-                "accepted_tokens": st.accepted_tokens,
-                "acceptance_rate": st.acceptance_rate(),
-                "mean_accepted_length": st.mean_accepted_length(),
-                "rounds": st.rounds,
-            });
-        }
-        if let Some(c) = &compare {
-            v["plain_decode_tokens_per_s"] = c.plain_rate.into();
-            v["speedup"] = (c.speculative_rate / c.plain_rate).into();
-            v["speedup_spread"] = serde_json::json!([c.spread.0, c.spread.1]);
-            v["compare_runs"] = args.compare_runs.into();
-            v["outputs_match"] = (c.plain_tokens == out.tokens).into();
-        }
-        println!("{v}");
+        print_json(
+            &args,
+            &req,
+            &out,
+            decode_rate,
+            spec_stats.as_ref(),
+            compare.as_ref(),
+        );
     }
+    print_stats(
+        &args,
+        &out,
+        decode_rate,
+        spec_stats.as_ref(),
+        compare.as_ref(),
+    );
+    Ok(())
+}
+
+/// The prompt's text, from the flag or its file.
+fn read_prompt(args: &GenerateArgs) -> Result<String, CliError> {
+    match (&args.prompt, &args.prompt_file) {
+        (Some(p), _) => Ok(p.clone()),
+        (None, Some(f)) => std::fs::read_to_string(f).map_err(|source| CliError::ReadPrompt {
+            path: f.clone(),
+            source,
+        }),
+        (None, None) => Err(CliError::NoPrompt),
+    }
+}
+
+/// The flags' sampling over the config's `[generation]`, checked.
+fn sampling_params(config: &Config, args: &GenerateArgs) -> Result<SamplingParams, CliError> {
+    let g = &config.generation;
+    let sampling = SamplingParams {
+        temperature: args.temperature.unwrap_or(g.temperature),
+        top_k: args.top_k.unwrap_or(g.top_k),
+        top_p: args.top_p.unwrap_or(g.top_p),
+        min_p: args.min_p.unwrap_or(g.min_p),
+        repetition_penalty: args.repetition_penalty.unwrap_or(g.repetition_penalty),
+        seed: args.seed,
+        ..Default::default()
+    };
+    sampling.validate()?;
+    Ok(sampling)
+}
+
+fn fixed_speculation(args: &GenerateArgs) -> Result<FixedSpeculation, CliError> {
+    Ok(FixedSpeculation {
+        gamma: Gamma::try_from(args.gamma).map_err(|e| CliError::Flag {
+            flag: "--gamma",
+            reason: e.to_string(),
+        })?,
+        lenience: Lenience::try_from(args.lenience).map_err(|e| CliError::Flag {
+            flag: "--lenience",
+            reason: e.to_string(),
+        })?,
+    })
+}
+
+/// The request: the prompt through the chat template (unless `--raw`), tokenized, with the
+/// flags' limits and stops.
+fn generation_request(
+    config: &Config,
+    args: &GenerateArgs,
+    loaded: &LoadedModel,
+    prompt_text: String,
+    sampling: SamplingParams,
+) -> Result<GenerationRequest, CliError> {
+    let tok = &loaded.tokenizer;
+    let text = if args.raw {
+        prompt_text
+    } else {
+        let template = tok.chat_template().ok_or(CliError::NoChatTemplate)?;
+        let mut messages = Vec::new();
+        if let Some(s) = &args.system {
+            messages.push(ChatMessage::new("system", s.clone()));
+        }
+        messages.push(ChatMessage::new("user", prompt_text));
+        template.render(&messages, true)?
+    };
+    let prompt = tok.encode(&text, true)?;
+    Ok(GenerationRequest {
+        prompt,
+        max_tokens: args.max_tokens.unwrap_or(config.generation.max_tokens),
+        sampling,
+        eos_ids: if args.ignore_eos {
+            Vec::new()
+        } else {
+            tok.eos_ids().to_vec()
+        },
+        stop_strings: args.stop.clone(),
+        detokenizer: Some(std::sync::Arc::clone(tok)),
+    })
+}
+
+/// The drafter `--draft-model` names; a head is refused, as this loop has no hidden states.
+fn load_drafter(
+    config: &Config,
+    args: &GenerateArgs,
+    loaded: &LoadedModel,
+) -> Result<LoadedDrafter, CliError> {
+    if matches!(args.draft_model, DraftSpec::Head { .. }) {
+        return Err(CliError::Flag {
+            flag: "--draft-model",
+            reason: "head: a draft head drafts from the engine's verifications; use \
+                     `tandem serve` or `tandem bench` (generate's loop has no hidden states)"
+                .into(),
+        });
+    }
+    let drafter =
+        tandem::setup::load_drafter(&args.draft_model, args.draft_weights_dtype, config, loaded)
+            .map_err(|source| CliError::LoadDraft {
+                spec: args.draft_model.to_string(),
+                source,
+            })?;
+    if let LoadedDrafter::Model { name, .. } = &drafter {
+        eprintln!(
+            "draft model {name} (--draft-weights-dtype {})",
+            args.draft_weights_dtype
+        );
+    }
+    Ok(drafter)
+}
+
+/// `--json`: the result as one object on stdout.
+fn print_json(
+    args: &GenerateArgs,
+    req: &GenerationRequest,
+    out: &GenerationOutput,
+    decode_rate: f64,
+    spec_stats: Option<&SpeculationStats>,
+    compare: Option<&Comparison>,
+) {
+    let s = &out.stats;
+    let text = out.text.clone().unwrap_or_default();
+    let mut v = serde_json::json!({
+        "text": text,
+        "tokens": out.tokens,
+        "prompt_token_ids": req.prompt,
+        "finish_reason": out.finish.as_openai(),
+        "prompt_tokens": s.prompt_tokens,
+        "generated_tokens": s.generated_tokens,
+        "prefill_tokens_per_s": s.prefill_tokens_per_s(),
+        "decode_tokens_per_s": decode_rate,
+    });
+    if let Some(st) = spec_stats {
+        v["speculative"] = serde_json::json!({
+            "draft_tokens": st.draft_tokens,
+            "accepted_tokens": st.accepted_tokens,
+            "acceptance_rate": st.acceptance_rate(),
+            "mean_accepted_length": st.mean_accepted_length(),
+            "rounds": st.rounds,
+        });
+    }
+    if let Some(c) = compare {
+        v["plain_decode_tokens_per_s"] = c.plain_rate.into();
+        v["speedup"] = (c.speculative_rate / c.plain_rate).into();
+        v["speedup_spread"] = serde_json::json!([c.spread.0, c.spread.1]);
+        v["compare_runs"] = args.compare_runs.into();
+        v["outputs_match"] = (c.plain_tokens == out.tokens).into();
+    }
+    println!("{v}");
+}
+
+/// The stats lines on stderr: the run's, speculation's and the comparison's.
+fn print_stats(
+    args: &GenerateArgs,
+    out: &GenerationOutput,
+    decode_rate: f64,
+    spec_stats: Option<&SpeculationStats>,
+    compare: Option<&Comparison>,
+) {
+    let s = &out.stats;
     eprintln!(
         "prompt tokens: {} | generated tokens: {} | prefill: {:.1} tok/s | decode: {:.1} tok/s | finish: {:?}",
         s.prompt_tokens,
@@ -232,7 +307,7 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
         decode_rate,
         out.finish
     );
-    if let Some(st) = &spec_stats {
+    if let Some(st) = spec_stats {
         eprintln!(
             "speculative: draft tokens: {} | accepted tokens: {} | acceptance rate: {:.1}% | mean tokens per round: {:.2} | rounds: {}",
             st.draft_tokens,
@@ -242,7 +317,7 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
             st.rounds
         );
     }
-    if let Some(c) = &compare {
+    if let Some(c) = compare {
         eprintln!(
             "compare ({} timed runs each, after a warm-up, alternating; medians): plain decode {:.1} tok/s | speculative {:.1} tok/s | speedup {:.2}x (runs {:.2}x to {:.2}x) | outputs {}",
             args.compare_runs,
@@ -254,7 +329,6 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
             if c.plain_tokens == out.tokens { "identical" } else { "differ" }
         );
     }
-    Ok(())
 }
 
 /// Plain against speculative decoding of one request, each measured `runs` times.

@@ -11,12 +11,13 @@ use std::sync::Arc;
 use clap::Args;
 
 use tandem::bench::progress::ProgressBar;
+use tandem::bench::BenchPrompt;
 use tandem::config::Config;
 use tandem::model::head::train::TrainSettings;
-use tandem::model::ChatMessage;
+use tandem::model::{ChatMessage, ChatTemplate, Llama, TextTokenizer};
 use tandem::train::{
     answer_jobs, answer_prompts, finished_turn, train_head, user_turn_opening, Answer, AnswerJob,
-    TrainOptions,
+    TrainOptions, TrainReport,
 };
 
 use super::model_args::{load_model, ModelArgs};
@@ -125,71 +126,19 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
     let tok = &loaded.tokenizer;
     let template = tok.chat_template().ok_or(CliError::NoChatTemplate)?;
     let target = Arc::new(loaded.model);
-    let flag = |flag: &'static str, reason: String| CliError::Flag { flag, reason };
     let threads = tandem::runtime::init_threads(config.runtime.threads);
-    let rt = super::async_runtime()?;
-    let ask = |jobs: &[AnswerJob], (max_tokens, temperature): (usize, f32), what: &str| {
-        let mut bar = ProgressBar::default();
-        rt.block_on(answer_prompts(
-            Arc::clone(&target),
-            jobs,
-            (max_tokens, tok.eos_ids()),
-            temperature,
-            (8, threads),
-            &mut |done, total| bar.update(done, total, what),
-        ))
-        .map_err(|e| flag("--prompts", e.to_string()))
+    let answerer = Answerer {
+        rt: super::async_runtime()?,
+        target: &target,
+        tok,
+        template,
+        threads,
     };
-    let answering = (args.max_tokens, args.temperature);
     let dev_path = args.out.join("answers.json");
     let mut answers = match read_answers(&dev_path)? {
         Some(answers) => answers,
         None => {
-            let all = tandem::bench::load_prompts(&args.prompts)?;
-            let mut prompts = tandem::bench::every_nth(all, args.leave_out, false);
-            if args.limit > 0 {
-                prompts.truncate(args.limit);
-            }
-            let mut firsts = Vec::with_capacity(prompts.len());
-            for p in &prompts {
-                let Some(first) = p.turns.first() else {
-                    continue;
-                };
-                let conversation = vec![ChatMessage::new("user", first.clone())];
-                let rendered = template.render(&conversation, true)?;
-                firsts.push((
-                    conversation,
-                    p.turns.get(1).cloned(),
-                    tok.encode(&rendered, true)?,
-                ));
-            }
-            let prompt_tokens: Vec<Vec<u32>> = firsts.iter().map(|f| f.2.clone()).collect();
-            let jobs = answer_jobs(&prompt_tokens, args.sampled, args.seed);
-            let mut answers = ask(&jobs, answering, "target answers")?;
-            if args.turns == 2 {
-                // Each first answer, in its conversation, before the question's second turn.
-                let per = 1 + args.sampled;
-                let mut seconds = Vec::new();
-                for (n, (job, answer)) in jobs.iter().zip(&answers).enumerate() {
-                    let (conversation, Some(second), _) = &firsts[n / per] else {
-                        continue;
-                    };
-                    let written: Vec<u32> = answer.tokens[answer.answer_from..]
-                        .iter()
-                        .copied()
-                        .filter(|t| !tok.eos_ids().contains(t))
-                        .collect();
-                    let mut turns = conversation.clone();
-                    turns.push(ChatMessage::new("assistant", tok.decode(&written)?));
-                    turns.push(ChatMessage::new("user", second.clone()));
-                    let rendered = template.render(&turns, true)?;
-                    seconds.push(AnswerJob {
-                        prompt: tok.encode(&rendered, true)?,
-                        seed: job.seed.map(|s| s ^ 0x5eed_0002),
-                    });
-                }
-                answers.extend(ask(&seconds, answering, "second turns")?);
-            }
+            let answers = answerer.answer_prompt_file(&args)?;
             write_answers(&args.out, &dev_path, &answers)?;
             answers
         }
@@ -199,47 +148,7 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
         let written = match read_answers(&self_path)? {
             Some(answers) => answers,
             None => {
-                // The target writes user turns from the template's opening of one, sampled
-                // (seeded); each finished one, asked afresh, gets one answer, greedy and
-                // sampled in turn.
-                let opening =
-                    user_turn_opening(template).map_err(|e| flag("--model", e.to_string()))?;
-                let opening = tok.encode(&opening, true)?;
-                let jobs: Vec<AnswerJob> = (0..args.self_prompts)
-                    .map(|i| AnswerJob {
-                        prompt: opening.clone(),
-                        seed: Some(args.seed ^ (0x5e1f_0000_0000 + i as u64)),
-                    })
-                    .collect();
-                let turns = ask(
-                    &jobs,
-                    (args.self_prompt_tokens, args.self_prompt_temperature),
-                    "prompts the target writes",
-                )?;
-                let mut seen = std::collections::HashSet::new();
-                let mut questions = Vec::new();
-                for turn in &turns {
-                    let Some(words) =
-                        finished_turn(&turn.tokens[turn.answer_from..], tok.eos_ids())
-                    else {
-                        continue;
-                    };
-                    let text = tok.decode(words)?;
-                    if text.trim().is_empty() || !seen.insert(text.clone()) {
-                        continue;
-                    }
-                    let rendered = template.render(&[ChatMessage::new("user", text)], true)?;
-                    questions.push(tok.encode(&rendered, true)?);
-                }
-                let jobs: Vec<AnswerJob> = questions
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, prompt)| AnswerJob {
-                        prompt,
-                        seed: (i % 2 == 1).then(|| args.seed ^ (0x5e1f_0001_0000 + i as u64)),
-                    })
-                    .collect();
-                let answers = ask(&jobs, answering, "answers to them")?;
+                let answers = answerer.answer_self_prompts(&args)?;
                 write_answers(&args.out, &self_path, &answers)?;
                 answers
             }
@@ -250,7 +159,192 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
         );
         answers.extend(written);
     }
-    let opts = TrainOptions {
+    let opts = train_options(&args);
+    let mut bar = ProgressBar::default();
+    let mut stage = String::new();
+    let report = train_head(&target, &answers, &opts, &mut |done, total, what| {
+        // A new stage starts a new bar.
+        let name = what.split(" loss").next().unwrap_or(what);
+        if name != stage {
+            stage = name.to_string();
+            bar = ProgressBar::default();
+        }
+        bar.update(done, total, what)
+    })
+    .map_err(|e| flag("--out", e.to_string()))?;
+    print_curve(&report);
+    println!("head written to {}", args.out.display());
+    Ok(())
+}
+
+fn flag(flag: &'static str, reason: String) -> CliError {
+    CliError::Flag { flag, reason }
+}
+
+/// The target answering prompts on this machine: what every stage of generating the training
+/// data shares.
+struct Answerer<'a> {
+    rt: tokio::runtime::Runtime,
+    target: &'a Arc<Llama>,
+    tok: &'a TextTokenizer,
+    template: &'a ChatTemplate,
+    threads: usize,
+}
+
+impl Answerer<'_> {
+    /// The target's answers to `jobs`, `max_tokens` each at `temperature`, with a bar named
+    /// `what`.
+    fn ask(
+        &self,
+        jobs: &[AnswerJob],
+        (max_tokens, temperature): (usize, f32),
+        what: &str,
+    ) -> Result<Vec<Answer>, CliError> {
+        let mut bar = ProgressBar::default();
+        self.rt
+            .block_on(answer_prompts(
+                Arc::clone(self.target),
+                jobs,
+                (max_tokens, self.tok.eos_ids()),
+                temperature,
+                (8, self.threads),
+                &mut |done, total| bar.update(done, total, what),
+            ))
+            .map_err(|e| flag("--prompts", e.to_string()))
+    }
+
+    /// The answers to the prompt file's questions: each first turn, greedy and sampled, and
+    /// with `--turns 2` each second turn after each first answer.
+    fn answer_prompt_file(&self, args: &TrainHeadArgs) -> Result<Vec<Answer>, CliError> {
+        let all = tandem::bench::load_prompts(&args.prompts)?;
+        let mut prompts = tandem::bench::every_nth(all, args.leave_out, false);
+        if args.limit > 0 {
+            prompts.truncate(args.limit);
+        }
+        let firsts = self.first_turns(&prompts)?;
+        let prompt_tokens: Vec<Vec<u32>> = firsts.iter().map(|f| f.2.clone()).collect();
+        let jobs = answer_jobs(&prompt_tokens, args.sampled, args.seed);
+        let answering = (args.max_tokens, args.temperature);
+        let mut answers = self.ask(&jobs, answering, "target answers")?;
+        if args.turns == 2 {
+            let seconds = self.second_turns(&firsts, &jobs, &answers, 1 + args.sampled)?;
+            answers.extend(self.ask(&seconds, answering, "second turns")?);
+        }
+        Ok(answers)
+    }
+
+    /// Each question's first turn as a conversation, its second turn if any, and the rendered
+    /// first turn's tokens.
+    fn first_turns(&self, prompts: &[BenchPrompt]) -> Result<Vec<FirstTurn>, CliError> {
+        let mut firsts = Vec::with_capacity(prompts.len());
+        for p in prompts {
+            let Some(first) = p.turns.first() else {
+                continue;
+            };
+            let conversation = vec![ChatMessage::new("user", first.clone())];
+            let rendered = self.template.render(&conversation, true)?;
+            firsts.push((
+                conversation,
+                p.turns.get(1).cloned(),
+                self.tok.encode(&rendered, true)?,
+            ));
+        }
+        Ok(firsts)
+    }
+
+    /// Each first answer, in its conversation, before the question's second turn; `per` jobs
+    /// answered each question.
+    fn second_turns(
+        &self,
+        firsts: &[FirstTurn],
+        jobs: &[AnswerJob],
+        answers: &[Answer],
+        per: usize,
+    ) -> Result<Vec<AnswerJob>, CliError> {
+        let tok = self.tok;
+        let mut seconds = Vec::new();
+        for (n, (job, answer)) in jobs.iter().zip(answers).enumerate() {
+            let (conversation, Some(second), _) = &firsts[n / per] else {
+                continue;
+            };
+            let written: Vec<u32> = answer.tokens[answer.answer_from..]
+                .iter()
+                .copied()
+                .filter(|t| !tok.eos_ids().contains(t))
+                .collect();
+            let mut turns = conversation.clone();
+            turns.push(ChatMessage::new("assistant", tok.decode(&written)?));
+            turns.push(ChatMessage::new("user", second.clone()));
+            let rendered = self.template.render(&turns, true)?;
+            seconds.push(AnswerJob {
+                prompt: tok.encode(&rendered, true)?,
+                seed: job.seed.map(|s| s ^ 0x5eed_0002),
+            });
+        }
+        Ok(seconds)
+    }
+
+    /// The target writes user turns from the template's opening of one, sampled (seeded); each
+    /// finished one, asked afresh, gets one answer, greedy and sampled in turn.
+    fn answer_self_prompts(&self, args: &TrainHeadArgs) -> Result<Vec<Answer>, CliError> {
+        let opening =
+            user_turn_opening(self.template).map_err(|e| flag("--model", e.to_string()))?;
+        let opening = self.tok.encode(&opening, true)?;
+        let jobs: Vec<AnswerJob> = (0..args.self_prompts)
+            .map(|i| AnswerJob {
+                prompt: opening.clone(),
+                seed: Some(args.seed ^ (0x5e1f_0000_0000 + i as u64)),
+            })
+            .collect();
+        let turns = self.ask(
+            &jobs,
+            (args.self_prompt_tokens, args.self_prompt_temperature),
+            "prompts the target writes",
+        )?;
+        let questions = self.written_questions(&turns)?;
+        let jobs: Vec<AnswerJob> = questions
+            .into_iter()
+            .enumerate()
+            .map(|(i, prompt)| AnswerJob {
+                prompt,
+                seed: (i % 2 == 1).then(|| args.seed ^ (0x5e1f_0001_0000 + i as u64)),
+            })
+            .collect();
+        self.ask(
+            &jobs,
+            (args.max_tokens, args.temperature),
+            "answers to them",
+        )
+    }
+
+    /// The user turns the target finished, each once, rendered as a fresh question.
+    fn written_questions(&self, turns: &[Answer]) -> Result<Vec<Vec<u32>>, CliError> {
+        let mut seen = std::collections::HashSet::new();
+        let mut questions = Vec::new();
+        for turn in turns {
+            let Some(words) = finished_turn(&turn.tokens[turn.answer_from..], self.tok.eos_ids())
+            else {
+                continue;
+            };
+            let text = self.tok.decode(words)?;
+            if text.trim().is_empty() || !seen.insert(text.clone()) {
+                continue;
+            }
+            let rendered = self
+                .template
+                .render(&[ChatMessage::new("user", text)], true)?;
+            questions.push(self.tok.encode(&rendered, true)?);
+        }
+        Ok(questions)
+    }
+}
+
+/// A question's first turn as a conversation, its second turn if any, and the rendered first
+/// turn's tokens.
+type FirstTurn = (Vec<ChatMessage>, Option<String>, Vec<u32>);
+
+fn train_options(args: &TrainHeadArgs) -> TrainOptions {
+    TrainOptions {
         out: args.out.clone(),
         epochs: args.epochs,
         draft_vocab: args.draft_vocab,
@@ -268,19 +362,11 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
             seed: args.seed,
             ..TrainSettings::default()
         },
-    };
-    let mut bar = ProgressBar::default();
-    let mut stage = String::new();
-    let report = train_head(&target, &answers, &opts, &mut |done, total, what| {
-        // A new stage starts a new bar.
-        let name = what.split(" loss").next().unwrap_or(what);
-        if name != stage {
-            stage = name.to_string();
-            bar = ProgressBar::default();
-        }
-        bar.update(done, total, what)
-    })
-    .map_err(|e| flag("--out", e.to_string()))?;
+    }
+}
+
+/// The training curve as a Markdown table on stdout.
+fn print_curve(report: &TrainReport) {
     println!(
         "| epoch | train loss | held-out loss | feature | token | top-1 agrees | second step | seconds |"
     );
@@ -298,8 +384,6 @@ pub fn run(config: &Config, args: TrainHeadArgs) -> Result<(), CliError> {
             p.seconds
         );
     }
-    println!("head written to {}", args.out.display());
-    Ok(())
 }
 
 /// Answers a run wrote before (`None`: none yet).

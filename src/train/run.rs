@@ -15,7 +15,7 @@ use crate::model::head::train::{
     random_eagle3_head, random_head, HeadTrainer, Losses, TrainSample, TrainSettings,
 };
 use crate::model::head::{load_head, save_head, HeadTensors};
-use crate::model::{FeatureTaps, Llama};
+use crate::model::{FeatureTaps, Llama, LlamaHparams};
 
 fn layout_name(eagle3: bool) -> &'static str {
     if eagle3 {
@@ -91,44 +91,7 @@ pub fn train_head(
     let hp = target.hparams();
     let state_path = opts.out.join(STATE_FILE);
     let mut state: TrainState = read_state(&state_path)?.unwrap_or_default();
-    let init = if state.epochs_done > 0 {
-        if state.seed != opts.settings.seed {
-            return Err(TrainError::Options(format!(
-                "{} was trained with seed {}; resume it with that seed or use another folder",
-                opts.out.display(),
-                state.seed
-            )));
-        }
-        load_head(&opts.out)?
-    } else if let Some(from) = &opts.init {
-        let mut head = load_head(from)?;
-        if head.eagle3.is_none() {
-            head.token_rank = token_rank(answers, hp.vocab_size);
-        }
-        head
-    } else {
-        let inter = if opts.intermediate == 0 {
-            hp.intermediate_size
-        } else {
-            opts.intermediate
-        };
-        let rank = token_rank(answers, hp.vocab_size);
-        if opts.eagle3 {
-            // Its own vocabulary, in ascending ids as published heads order it.
-            let k = if opts.draft_vocab == 0 {
-                rank.len()
-            } else {
-                opts.draft_vocab.min(rank.len())
-            };
-            let mut ids = rank[..k].to_vec();
-            ids.sort_unstable();
-            random_eagle3_head(target, inter, opts.settings.seed, ids)?
-        } else {
-            let mut head = random_head(hp, inter, opts.settings.seed)?;
-            head.token_rank = rank;
-            head
-        }
-    };
+    let init = starting_head(target, answers, opts, &state)?;
     if init.eagle3.is_some() != opts.eagle3 {
         return Err(TrainError::Options(format!(
             "the head to continue is {}, the run asks for {}",
@@ -137,12 +100,97 @@ pub fn train_head(
         )));
     }
     state.seed = opts.settings.seed;
-    // Texts in sorted order, so that those sharing a prompt (or a first turn) come together
-    // and the shared part's features are computed once.
-    let mut by_text: Vec<usize> = (0..answers.len()).collect();
-    by_text.sort_by(|&a, &b| answers[a].tokens.cmp(&answers[b].tokens));
+    let taps = feature_taps(&init, hp);
+    let samples = training_samples(target, answers, taps, opts, progress)?;
+    let held = |i: usize| opts.holdout > 0 && i % opts.holdout == opts.holdout - 1;
+    let train: Vec<usize> = (0..samples.len()).filter(|&i| !held(i)).collect();
+    let eval: Vec<usize> = (0..samples.len()).filter(|&i| held(i)).collect();
+    let trainer = HeadTrainer::new(init, target, opts.draft_vocab, opts.settings.clone())?;
+    let mut epochs = Epochs {
+        target,
+        opts,
+        trainer,
+        samples,
+        train,
+        eval,
+        run_steps: 0,
+    };
+    for epoch in state.epochs_done..opts.epochs {
+        let point = epochs.run(epoch, progress)?;
+        state.curve.push(point);
+        state.epochs_done = epoch + 1;
+        save_head(&opts.out, &epochs.trainer.tensors(), hp)?;
+        write_state(&opts.out, &state)?;
+    }
+    Ok(TrainReport {
+        curve: state.curve,
+        head: epochs.trainer.tensors(),
+    })
+}
+
+/// The head training starts from: the folder's own checkpoint when resuming (with the seed it
+/// was trained with), `--init`'s head, or random weights.
+fn starting_head(
+    target: &Llama,
+    answers: &[Answer],
+    opts: &TrainOptions,
+    state: &TrainState,
+) -> Result<HeadTensors, TrainError> {
+    if state.epochs_done > 0 {
+        if state.seed != opts.settings.seed {
+            return Err(TrainError::Options(format!(
+                "{} was trained with seed {}; resume it with that seed or use another folder",
+                opts.out.display(),
+                state.seed
+            )));
+        }
+        Ok(load_head(&opts.out)?)
+    } else if let Some(from) = &opts.init {
+        let mut head = load_head(from)?;
+        if head.eagle3.is_none() {
+            head.token_rank = token_rank(answers, target.hparams().vocab_size);
+        }
+        Ok(head)
+    } else {
+        random_start(target, answers, opts)
+    }
+}
+
+/// A head of random weights in the run's layout, its draft vocabulary the answers' most
+/// frequent tokens.
+fn random_start(
+    target: &Llama,
+    answers: &[Answer],
+    opts: &TrainOptions,
+) -> Result<HeadTensors, TrainError> {
+    let hp = target.hparams();
+    let inter = if opts.intermediate == 0 {
+        hp.intermediate_size
+    } else {
+        opts.intermediate
+    };
+    let rank = token_rank(answers, hp.vocab_size);
+    if opts.eagle3 {
+        // Its own vocabulary, in ascending ids as published heads order it.
+        let k = if opts.draft_vocab == 0 {
+            rank.len()
+        } else {
+            opts.draft_vocab.min(rank.len())
+        };
+        let mut ids = rank[..k].to_vec();
+        ids.sort_unstable();
+        Ok(random_eagle3_head(target, inter, opts.settings.seed, ids)?)
+    } else {
+        let mut head = random_head(hp, inter, opts.settings.seed)?;
+        head.token_rank = rank;
+        Ok(head)
+    }
+}
+
+/// The target's states the head trains on.
+fn feature_taps(init: &HeadTensors, hp: &LlamaHparams) -> FeatureTaps {
     // EAGLE-3 trains on its taps and the target's last state (for the target's distribution).
-    let taps = match &init.eagle3 {
+    match &init.eagle3 {
         Some(p) => {
             let mut layers = p.taps.clone();
             if layers.is_empty() {
@@ -152,7 +200,22 @@ pub fn train_head(
             FeatureTaps::LayerInputs(layers)
         }
         None => FeatureTaps::LastNormed,
-    };
+    }
+}
+
+/// Every answer's tokens and the target's features over them, in the answers' order.
+fn training_samples(
+    target: &Llama,
+    answers: &[Answer],
+    taps: FeatureTaps,
+    opts: &TrainOptions,
+    progress: &mut dyn FnMut(usize, usize, &str),
+) -> Result<Vec<TrainSample>, TrainError> {
+    let hp = target.hparams();
+    // Texts in sorted order, so that those sharing a prompt (or a first turn) come together
+    // and the shared part's features are computed once.
+    let mut by_text: Vec<usize> = (0..answers.len()).collect();
+    by_text.sort_by(|&a, &b| answers[a].tokens.cmp(&answers[b].tokens));
     let h = match &taps {
         FeatureTaps::LastNormed => hp.hidden_size,
         FeatureTaps::LayerInputs(layers) => layers.len() * hp.hidden_size,
@@ -173,26 +236,43 @@ pub fn train_head(
         progress(done + 1, answers.len(), "target features");
     }
     drop(runner);
-    let samples: Vec<TrainSample> = samples.into_iter().flatten().collect();
-    let held = |i: usize| opts.holdout > 0 && i % opts.holdout == opts.holdout - 1;
-    let train: Vec<usize> = (0..samples.len()).filter(|&i| !held(i)).collect();
-    let eval: Vec<usize> = (0..samples.len()).filter(|&i| held(i)).collect();
-    let mut trainer = HeadTrainer::new(init, target, opts.draft_vocab, opts.settings.clone())?;
-    let total_steps = opts.epochs * train.len();
-    let mut run_steps = 0;
-    for epoch in state.epochs_done..opts.epochs {
+    Ok(samples.into_iter().flatten().collect())
+}
+
+/// The training loop's state from epoch to epoch: the trainer, the samples split into
+/// training and held-out ones, and the steps this run has taken (the warm-up's clock).
+struct Epochs<'a> {
+    target: &'a Llama,
+    opts: &'a TrainOptions,
+    trainer: HeadTrainer,
+    samples: Vec<TrainSample>,
+    train: Vec<usize>,
+    eval: Vec<usize>,
+    run_steps: usize,
+}
+
+impl Epochs<'_> {
+    /// One pass over the training samples in the epoch's seeded order, then the held-out
+    /// evaluation: the epoch's line of the curve.
+    fn run(
+        &mut self,
+        epoch: usize,
+        progress: &mut dyn FnMut(usize, usize, &str),
+    ) -> Result<EpochPoint, TrainError> {
+        let opts = self.opts;
         let start = Instant::now();
-        let order = shuffled(&train, opts.settings.seed.wrapping_add(epoch as u64));
+        let total_steps = opts.epochs * self.train.len();
+        let order = shuffled(&self.train, opts.settings.seed.wrapping_add(epoch as u64));
         let mut sum = 0.0f64;
         for (n, &i) in order.iter().enumerate() {
             let lr = learning_rate_at(
                 &opts.settings,
-                epoch * train.len() + n,
+                epoch * self.train.len() + n,
                 total_steps,
-                run_steps,
+                self.run_steps,
             );
-            run_steps += 1;
-            let l = trainer.step(target, &samples[i], lr)?;
+            self.run_steps += 1;
+            let l = self.trainer.step(self.target, &self.samples[i], lr)?;
             sum += f64::from(l.total);
             let what = format!(
                 "epoch {}/{} loss {:.4}",
@@ -202,8 +282,8 @@ pub fn train_head(
             );
             progress(n + 1, order.len(), &what);
         }
-        let eval_losses = mean_losses(&mut trainer, target, &samples, &eval)?;
-        let point = EpochPoint {
+        let eval_losses = mean_losses(&mut self.trainer, self.target, &self.samples, &self.eval)?;
+        Ok(EpochPoint {
             epoch: epoch + 1,
             train_loss: (sum / order.len().max(1) as f64) as f32,
             eval_loss: eval_losses.total,
@@ -212,16 +292,8 @@ pub fn train_head(
             eval_top1: eval_losses.top1,
             eval_top1_second: eval_losses.top1_second,
             seconds: start.elapsed().as_secs_f64(),
-        };
-        state.curve.push(point);
-        state.epochs_done = epoch + 1;
-        save_head(&opts.out, &trainer.tensors(), hp)?;
-        write_state(&opts.out, &state)?;
+        })
     }
-    Ok(TrainReport {
-        curve: state.curve,
-        head: trainer.tensors(),
-    })
 }
 
 /// The learning rate of global step `step` of `total`, `run_step` steps after this run
