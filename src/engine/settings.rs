@@ -229,5 +229,4 @@ impl LiveSettings {
 }
 
 #[cfg(test)]
-#[path = "settings_tests.rs"]
 mod tests;
