@@ -1,7 +1,7 @@
 //! Prompts for the tests: reproducible random token ids, and real questions in the model's
 //! chat template.
 
-use tandem::model::LoadedModel;
+use tandem::model::{ChatMessage, LoadedModel};
 use tandem::sampling::SeededRng;
 
 /// Deterministic pseudo-random token ids below `vocab`.
@@ -42,4 +42,15 @@ pub fn spec_bench_prompts(model: &LoadedModel, n: usize) -> Vec<Vec<u32>> {
         .collect();
     assert_eq!(prompts.len(), n);
     prompts
+}
+
+/// `question` as the user's turn in the default model's chat template, ready for its answer.
+pub fn chat_prompt(loaded: &LoadedModel, question: &str) -> Vec<u32> {
+    let text = loaded
+        .tokenizer
+        .chat_template()
+        .expect("SmolLM2 ships a chat template")
+        .render(&[ChatMessage::new("user", question)], true)
+        .unwrap();
+    loaded.tokenizer.encode(&text, true).unwrap()
 }

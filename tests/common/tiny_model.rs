@@ -37,6 +37,17 @@ impl Default for TinySpec {
     }
 }
 
+impl TinySpec {
+    /// The default shape with an output head of its own, its weights from `seed`.
+    pub fn untied(seed: u64) -> Self {
+        Self {
+            tied: false,
+            seed,
+            ..Default::default()
+        }
+    }
+}
+
 /// A random EAGLE-3 head for `target` (MLP of `intermediate`): its draft vocabulary `ids`
 /// (columns of its own output head, which start as the target's rows of those tokens where it
 /// ties them to its embedding, so that some drafts stand), tapping the inputs of layers `taps`
