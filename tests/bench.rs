@@ -13,12 +13,6 @@ use std::process::Command;
 
 use serde_json::Value;
 
-fn tandem() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tandem"));
-    c.env_remove("TANDEM_MODEL").env("TANDEM_THREADS", "2");
-    c
-}
-
 fn spec_bench_dev() -> std::path::PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/spec_bench_dev.jsonl");
     assert!(
@@ -33,7 +27,7 @@ fn spec_bench_dev() -> std::path::PathBuf {
 /// a folder for its results.
 fn bench_on_dev() -> (tempfile::TempDir, Command) {
     common::default_model();
-    let mut c = tandem();
+    let mut c = common::tandem_command();
     c.arg("bench").arg("--prompts").arg(spec_bench_dev());
     (tempfile::tempdir().unwrap(), c)
 }
@@ -43,7 +37,7 @@ fn short_bench_run_writes_json_and_svg_and_greedy_outputs_match() {
     common::default_model();
     let dir = tempfile::tempdir().unwrap();
     let (out, chart) = (dir.path().join("r.json"), dir.path().join("s.svg"));
-    let run = tandem()
+    let run = common::tandem_command()
         .arg("bench")
         .arg("--prompts")
         .arg(spec_bench_dev())
@@ -328,7 +322,7 @@ fn malformed_prompt_files_name_the_line() {
     for (name, text, needle) in cases {
         let path = dir.path().join(name);
         std::fs::write(&path, text).unwrap();
-        let out = tandem()
+        let out = common::tandem_command()
             .arg("bench")
             .arg("--prompts")
             .arg(&path)
@@ -338,7 +332,7 @@ fn malformed_prompt_files_name_the_line() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{name}: {stderr}");
     }
-    let out = tandem()
+    let out = common::tandem_command()
         .arg("bench")
         .arg("--prompts")
         .arg(spec_bench_dev())
@@ -355,7 +349,7 @@ fn malformed_prompt_files_name_the_line() {
 #[test]
 fn forward_bench_prints_costs_marginal_tokens_and_the_memory_bound() {
     common::default_model();
-    let out = tandem()
+    let out = common::tandem_command()
         .args([
             "forward-bench",
             "--tokens",
@@ -407,7 +401,7 @@ fn forward_bench_prints_costs_marginal_tokens_and_the_memory_bound() {
 #[test]
 fn forward_bench_breaks_the_forward_down_by_operation() {
     common::default_model();
-    let out = tandem()
+    let out = common::tandem_command()
         .args([
             "forward-bench",
             "--tokens",
@@ -478,7 +472,7 @@ fn forward_bench_breaks_the_forward_down_by_operation() {
 #[test]
 fn a_mode_that_never_drafts_says_why() {
     common::default_model();
-    let run = tandem()
+    let run = common::tandem_command()
         .arg("bench")
         .arg("--prompts")
         .arg(spec_bench_dev())

@@ -12,10 +12,13 @@ mod common;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device, Tensor};
+use common::{
+    complete_together, engine_request, fixed_gamma, greedy_request, one_at_a_time, plain_output,
+};
 use tandem::draft::PromptLookup;
 use tandem::engine::{
-    generate_plain, Completion, DraftSource, Engine, EngineConfig, EngineRequest, Gamma,
-    GammaPolicy, GenerationRequest, RequestSpeculation, SpeculationStats, TreeNodes,
+    Completion, DraftSource, Engine, EngineConfig, EngineRequest, GammaPolicy, RequestSpeculation,
+    SpeculationStats, TreeNodes,
 };
 use tandem::model::head::train::{random_head, TrainSettings};
 use tandem::model::head::{load_head, save_head, DraftHead, HeadTensors};
@@ -39,12 +42,6 @@ fn target() -> &'static (tempfile::TempDir, Arc<Llama>) {
 fn rt() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(common::runtime)
-}
-
-/// Tests here run one at a time: each runs engines with two compute threads.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Prompts with repeats (the tiny model's answers to them are what the head learns).
@@ -133,23 +130,6 @@ fn with_lookup(mut source: DraftSource) -> DraftSource {
     source
 }
 
-fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest {
-        prompt,
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        ..Default::default()
-    }
-}
-
-fn plain(req: &GenerationRequest) -> Vec<u32> {
-    let (_, target) = target();
-    let mut cache = target.new_cache(1);
-    generate_plain(target, &mut cache, req, &mut |_| true)
-        .unwrap()
-        .tokens
-}
-
 /// Every prompt through `engine`, `at_once` at a time, under `speculation`.
 fn run_all(
     engine: &Engine,
@@ -157,27 +137,18 @@ fn run_all(
     at_once: usize,
     speculation: RequestSpeculation,
 ) -> Vec<Completion> {
-    rt().block_on(async {
-        let mut out = Vec::new();
-        for chunk in all.chunks(at_once) {
-            let mut handles = Vec::new();
-            for p in chunk {
-                let req = EngineRequest {
-                    generation: greedy(p.clone(), 24),
+    all.chunks(at_once)
+        .flat_map(|chunk| {
+            let reqs = chunk
+                .iter()
+                .map(|p| EngineRequest {
                     speculation,
-                    logprobs: None,
-                    prompt_logprobs: None,
-                    constraint: None,
-                };
-                let stream = engine.submit(req).await.unwrap();
-                handles.push(tokio::spawn(stream.collect()));
-            }
-            for h in handles {
-                out.push(h.await.unwrap().unwrap());
-            }
-        }
-        out
-    })
+                    ..engine_request(greedy_request(p.clone(), 24, &[]), speculation.gamma)
+                })
+                .collect();
+            complete_together(rt(), engine, reqs)
+        })
+        .collect()
 }
 
 fn engine_with(source: DraftSource, pipeline: bool) -> Engine {
@@ -200,10 +171,6 @@ fn speculation(gamma: GammaPolicy, tree_nodes: usize) -> RequestSpeculation {
         tree_nodes: Some(TreeNodes::within(tree_nodes, 8).unwrap()),
         ..Default::default()
     }
-}
-
-fn fixed(g: usize) -> GammaPolicy {
-    GammaPolicy::Fixed(Gamma::try_from(g).unwrap())
 }
 
 fn totals(done: &[Completion]) -> SpeculationStats {
@@ -349,7 +316,10 @@ fn malformed_heads_are_refused_naming_the_key() {
 fn greedy_output_with_a_head_equals_plain_decoding() {
     let _serial = one_at_a_time();
     let all = prompts(8, 77);
-    let want: Vec<Vec<u32>> = all.iter().map(|p| plain(&greedy(p.clone(), 24))).collect();
+    let want: Vec<Vec<u32>> = all
+        .iter()
+        .map(|p| plain_output(&target().1, &greedy_request(p.clone(), 24, &[])).tokens)
+        .collect();
     let trained = &trained().head;
     // Half the tokens the tiny target wrote.
     let small = trained.token_rank.len() / 2;
@@ -409,7 +379,11 @@ fn greedy_output_with_a_head_equals_plain_decoding() {
         let source = if lookup { with_lookup(source) } else { source };
         let engine = engine_with(source, pipeline);
         for at_once in [1, 4] {
-            for (gamma, trees) in [(fixed(3), 0), (GammaPolicy::Adaptive, 0), (fixed(3), 4)] {
+            for (gamma, trees) in [
+                (fixed_gamma(3), 0),
+                (GammaPolicy::Adaptive, 0),
+                (fixed_gamma(3), 4),
+            ] {
                 let done = run_all(&engine, &all, at_once, speculation(gamma, trees));
                 for (i, c) in done.iter().enumerate() {
                     assert_eq!(
@@ -542,14 +516,17 @@ fn a_draft_model_drafts_over_its_reduced_vocabulary() {
     // In the engine: output is plain decoding's; the target's own tokens outside the
     // vocabulary are never drafted, so some drafts fall.
     let all = prompts(6, 4321);
-    let want: Vec<Vec<u32>> = all.iter().map(|p| plain(&greedy(p.clone(), 24))).collect();
+    let want: Vec<Vec<u32>> = all
+        .iter()
+        .map(|p| plain_output(&target().1, &greedy_request(p.clone(), 24, &[])).tokens)
+        .collect();
     let source = DraftSource::Model {
         model: Arc::new(draft),
         vocab: Some(vocab),
         name: "tiny, reduced".into(),
     };
     let engine = engine_with(source, false);
-    let done = run_all(&engine, &all, 3, speculation(fixed(3), 0));
+    let done = run_all(&engine, &all, 3, speculation(fixed_gamma(3), 0));
     for (i, c) in done.iter().enumerate() {
         assert_eq!(c.tokens, want[i], "prompt {i}");
     }
@@ -589,7 +566,7 @@ fn training_lowers_the_loss_and_raises_acceptance() {
     let all = prompts(8, 5000);
     let rate = |t: &HeadTensors| {
         let engine = engine_with(head_source(t, 0), false);
-        totals(&run_all(&engine, &all, 4, speculation(fixed(3), 0))).acceptance_rate()
+        totals(&run_all(&engine, &all, 4, speculation(fixed_gamma(3), 0))).acceptance_rate()
     };
     let (before, after) = (rate(&untrained()), rate(head));
     eprintln!("acceptance: untrained {before:.3}, trained {after:.3}");
@@ -641,7 +618,7 @@ fn an_eagle3_head_trains_and_saves_in_its_layout() {
     let seen = prompts(8, 1000);
     let rate = |t: &HeadTensors| {
         let engine = engine_with(head_source(t, 0), false);
-        totals(&run_all(&engine, &seen, 4, speculation(fixed(3), 0))).acceptance_rate()
+        totals(&run_all(&engine, &seen, 4, speculation(fixed_gamma(3), 0))).acceptance_rate()
     };
     let (before, after) = (rate(&untrained), rate(&saved));
     eprintln!("EAGLE-3 acceptance on its prompts: untrained {before:.3}, trained {after:.3}");

@@ -8,27 +8,21 @@
 
 mod common;
 
-use tandem::engine::RequestSpeculation;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{
+    complete_together, engine_request, fixed_gamma, generation_request, greedy_request,
+    one_at_a_time, plain_output,
+};
 use tandem::draft::PromptLookup;
 use tandem::engine::governor::CostModel;
 use tandem::engine::{
-    generate_plain, Completion, DraftSource, Engine, EngineConfig, EngineError, EngineEvent,
-    EngineRequest, FinishReason, GammaPolicy, GenerationRequest, SpeculationOverride, TreeNodes,
+    Completion, DraftSource, Engine, EngineConfig, EngineError, EngineEvent, FinishReason,
+    GammaPolicy, SpeculationOverride, TreeNodes,
 };
 use tandem::model::{BackendChoice, ForwardKind, Llama, LoadedModel, WeightsDtype};
 use tandem::sampling::{GateOverride, SamplingParams};
-
-fn untied(seed: u64) -> common::TinySpec {
-    common::TinySpec {
-        tied: false,
-        seed,
-        ..Default::default()
-    }
-}
 
 fn load(spec: &common::TinySpec, dtype: WeightsDtype) -> (tempfile::TempDir, LoadedModel) {
     load_on(spec, dtype, BackendChoice::Auto)
@@ -52,43 +46,9 @@ fn target_and_other() -> ([tempfile::TempDir; 2], Arc<Llama>, Arc<Llama>) {
 }
 
 fn target_and_other_on(backend: BackendChoice) -> ([tempfile::TempDir; 2], Arc<Llama>, Arc<Llama>) {
-    let (d1, target) = load_on(&untied(7), WeightsDtype::F32, backend);
-    let (d2, other) = load_on(&untied(99), WeightsDtype::F32, backend);
+    let (d1, target) = load_on(&common::TinySpec::untied(7), WeightsDtype::F32, backend);
+    let (d2, other) = load_on(&common::TinySpec::untied(99), WeightsDtype::F32, backend);
     ([d1, d2], Arc::new(target.model), Arc::new(other.model))
-}
-
-fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest {
-        prompt,
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        ..Default::default()
-    }
-}
-
-fn plain(model: &Llama, req: &GenerationRequest) -> Vec<u32> {
-    let mut cache = model.new_cache(1);
-    generate_plain(model, &mut cache, req, &mut |_| true)
-        .unwrap()
-        .tokens
-}
-
-/// A fixed γ of `g` drafts a round.
-fn fixed(g: usize) -> GammaPolicy {
-    GammaPolicy::Fixed(tandem::engine::Gamma::try_from(g).unwrap())
-}
-
-fn request(generation: GenerationRequest, gamma: GammaPolicy) -> EngineRequest {
-    EngineRequest {
-        generation,
-        speculation: RequestSpeculation {
-            gamma,
-            ..Default::default()
-        },
-        logprobs: None,
-        prompt_logprobs: None,
-        constraint: None,
-    }
 }
 
 /// Prompts of mixed lengths with repeats, so prompt lookup finds matches.
@@ -111,13 +71,6 @@ fn four_seqs(pipeline: bool) -> EngineConfig {
         draft_threads: if pipeline { 1 } else { 2 },
         ..Default::default()
     }
-}
-
-/// Tests in this file run one at a time: each starts engines with two compute threads, and
-/// two at once on a 2-core machine would only slow each other down.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[test]
@@ -147,7 +100,9 @@ fn concurrent_greedy_outputs_equal_plain(backend: BackendChoice) {
     let want: Vec<Vec<u32>> = all
         .iter()
         .enumerate()
-        .map(|(i, p)| plain(&target_model, &greedy(p.clone(), 20 + 3 * i)))
+        .map(|(i, p)| {
+            plain_output(&target_model, &greedy_request(p.clone(), 20 + 3 * i, &[])).tokens
+        })
         .collect();
     let sources = [
         None,
@@ -173,12 +128,15 @@ fn concurrent_greedy_outputs_equal_plain(backend: BackendChoice) {
                     let mut handles = Vec::new();
                     for (i, p) in all.iter().take(n).enumerate() {
                         let gamma = match i % 3 {
-                            0 => fixed(3),
+                            0 => fixed_gamma(3),
                             1 => GammaPolicy::Adaptive,
-                            _ => fixed(1 + i % 8),
+                            _ => fixed_gamma(1 + i % 8),
                         };
                         let stream = engine
-                            .submit(request(greedy(p.clone(), 20 + 3 * i), gamma))
+                            .submit(engine_request(
+                                greedy_request(p.clone(), 20 + 3 * i, &[]),
+                                gamma,
+                            ))
                             .await
                             .unwrap();
                         handles.push(tokio::spawn(stream.collect()));
@@ -231,18 +189,14 @@ fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
         ))
         .unwrap();
     let sampled = |prompt: Vec<u32>, seed| {
-        request(
-            GenerationRequest {
-                prompt,
-                max_tokens: 24,
-                sampling: SamplingParams {
-                    temperature: 0.9,
-                    seed: Some(seed),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-            fixed(3),
+        let sampling = SamplingParams {
+            temperature: 0.9,
+            seed: Some(seed),
+            ..Default::default()
+        };
+        engine_request(
+            generation_request(prompt, 24, sampling, &[]),
+            fixed_gamma(3),
         )
     };
     let p = prompts(5);
@@ -285,7 +239,7 @@ fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
 #[test]
 fn cancelling_frees_slots_and_leaves_others_alone() {
     let _serial = one_at_a_time();
-    let (_d1, target) = load(&untied(7), WeightsDtype::F32);
+    let (_d1, target) = load(&common::TinySpec::untied(7), WeightsDtype::F32);
     let model = Arc::new(target.model);
     let rt = common::runtime();
     let engine = rt
@@ -299,14 +253,20 @@ fn cancelling_frees_slots_and_leaves_others_alone() {
         ))
         .unwrap();
     let p = prompts(2);
-    let keep_req = greedy(p[1].clone(), 40);
-    let want = plain(&model, &keep_req);
+    let keep_req = greedy_request(p[1].clone(), 40, &[]);
+    let want = plain_output(&model, &keep_req).tokens;
     rt.block_on(async {
         let mut doomed = engine
-            .submit(request(greedy(p[0].clone(), 200), fixed(2)))
+            .submit(engine_request(
+                greedy_request(p[0].clone(), 200, &[]),
+                fixed_gamma(2),
+            ))
             .await
             .unwrap();
-        let keep = engine.submit(request(keep_req, fixed(2))).await.unwrap();
+        let keep = engine
+            .submit(engine_request(keep_req, fixed_gamma(2)))
+            .await
+            .unwrap();
         // Some output first, then hang up.
         assert!(matches!(
             doomed.next().await,
@@ -332,7 +292,7 @@ fn cancelling_frees_slots_and_leaves_others_alone() {
 #[test]
 fn overload_and_oversized_prompts_are_refused_before_any_work() {
     let _serial = one_at_a_time();
-    let (_d1, target) = load(&untied(7), WeightsDtype::F32);
+    let (_d1, target) = load(&common::TinySpec::untied(7), WeightsDtype::F32);
     let context = target.model.context_len();
     let rt = common::runtime();
     let engine = rt
@@ -348,12 +308,18 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
         .unwrap();
     rt.block_on(async {
         let too_long = engine
-            .submit(request(greedy(vec![1; context], 4), GammaPolicy::Off))
+            .submit(engine_request(
+                greedy_request(vec![1; context], 4, &[]),
+                GammaPolicy::Off,
+            ))
             .await;
         assert!(matches!(too_long, Err(EngineError::PromptTooLong { .. })));
         // A γ past the engine's limit (8) is refused by name before it is queued.
         let over = engine
-            .submit(request(greedy(vec![1, 2, 3], 4), fixed(9)))
+            .submit(engine_request(
+                greedy_request(vec![1, 2, 3], 4, &[]),
+                fixed_gamma(9),
+            ))
             .await
             .err()
             .map(|e| e.to_string());
@@ -366,7 +332,10 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
         let mut overloaded = false;
         for _ in 0..4 {
             match engine
-                .submit(request(greedy(vec![1, 2, 3], 150), GammaPolicy::Off))
+                .submit(engine_request(
+                    greedy_request(vec![1, 2, 3], 150, &[]),
+                    GammaPolicy::Off,
+                ))
                 .await
             {
                 Ok(s) => streams.push(s),
@@ -383,7 +352,10 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
         // With the queue full, a bad request still gets its own error: it is checked before
         // it reaches the queue.
         let too_long = engine
-            .submit(request(greedy(vec![1; context], 4), GammaPolicy::Off))
+            .submit(engine_request(
+                greedy_request(vec![1; context], 4, &[]),
+                GammaPolicy::Off,
+            ))
             .await;
         assert!(matches!(too_long, Err(EngineError::PromptTooLong { .. })));
         for s in streams {
@@ -391,17 +363,13 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
             assert_eq!(c.tokens.len(), 150);
         }
         // Finished sequences give their room back: two at once fit again, a third does not.
+        let short = engine_request(greedy_request(vec![1, 2, 3], 4, &[]), GammaPolicy::Off);
         let again = engine
-            .submit_batch(
-                vec![request(greedy(vec![1, 2, 3], 4), GammaPolicy::Off); 2],
-                1,
-            )
+            .submit_batch(vec![short.clone(); 2], 1)
             .await
             .unwrap();
         assert!(matches!(
-            engine
-                .submit(request(greedy(vec![1, 2, 3], 4), GammaPolicy::Off))
-                .await,
+            engine.submit(short.clone()).await,
             Err(EngineError::Overloaded { .. })
         ));
         for s in again {
@@ -409,12 +377,7 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
         }
         // A batch larger than the whole engine is refused as invalid, not as overloaded.
         assert!(matches!(
-            engine
-                .submit_batch(
-                    vec![request(greedy(vec![1, 2, 3], 4), GammaPolicy::Off); 3],
-                    1
-                )
-                .await,
+            engine.submit_batch(vec![short; 3], 1).await,
             Err(EngineError::InvalidRequest(_))
         ));
         assert_eq!(engine.health(), tandem::engine::EngineHealth::Ok);
@@ -453,7 +416,10 @@ fn governed(
     let done = rt
         .block_on(async {
             engine
-                .submit(request(greedy(prompt, 120), GammaPolicy::Adaptive))
+                .submit(engine_request(
+                    greedy_request(prompt, 120, &[]),
+                    GammaPolicy::Adaptive,
+                ))
                 .await?
                 .collect()
                 .await
@@ -575,11 +541,11 @@ fn drafting_ahead_within_a_request_keeps_greedy_output_identical() {
     ] {
         let engine = start_pipelined(&rt, &target, draft, name);
         for (i, p) in all.iter().enumerate() {
-            let req = greedy(p.clone(), 30 + 5 * i);
+            let req = greedy_request(p.clone(), 30 + 5 * i, &[]);
             let got = rt
                 .block_on(async {
                     engine
-                        .submit(request(req.clone(), fixed(1 + i)))
+                        .submit(engine_request(req.clone(), fixed_gamma(1 + i)))
                         .await?
                         .collect()
                         .await
@@ -587,7 +553,7 @@ fn drafting_ahead_within_a_request_keeps_greedy_output_identical() {
                 .unwrap();
             assert_eq!(
                 got.tokens,
-                plain(&target, &req),
+                plain_output(&target, &req).tokens,
                 "drafter {name}, prompt {i}"
             );
         }
@@ -616,7 +582,7 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
     let all = prompts(4);
     let want: Vec<Vec<u32>> = all
         .iter()
-        .map(|p| plain(&target_model, &greedy(p.clone(), 24)))
+        .map(|p| plain_output(&target_model, &greedy_request(p.clone(), 24, &[])).tokens)
         .collect();
     let strict = GateOverride {
         use_egag: Some(true),
@@ -640,20 +606,17 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
             .unwrap();
         // Every request drafts 4 a round unless its gate stops it; returns the tokens drafted.
         let run = |gate: GateOverride, n: usize| -> usize {
-            let got: Vec<Completion> = rt.block_on(async {
-                let mut handles = Vec::new();
-                for p in all.iter().take(n) {
-                    let mut req = request(greedy(p.clone(), 24), fixed(4));
+            let reqs = all
+                .iter()
+                .take(n)
+                .map(|p| {
+                    let mut req =
+                        engine_request(greedy_request(p.clone(), 24, &[]), fixed_gamma(4));
                     req.speculation.gate = gate;
-                    let stream = engine.submit(req).await.unwrap();
-                    handles.push(tokio::spawn(stream.collect()));
-                }
-                let mut out = Vec::new();
-                for h in handles {
-                    out.push(h.await.unwrap().unwrap());
-                }
-                out
-            });
+                    req
+                })
+                .collect();
+            let got = complete_together(&rt, &engine, reqs);
             for (i, c) in got.iter().enumerate() {
                 assert_eq!(
                     c.tokens, want[i],
@@ -718,7 +681,7 @@ fn forked_prompts(target: &Llama, n: usize) -> Vec<Vec<u32>> {
                 .map(|k| common::random_tokens(300 + 10 * i as u64 + k, len, 256))
                 .collect();
             for _ in 0..6 {
-                let said = plain(target, &greedy(build(&runs), len));
+                let said = plain_output(target, &greedy_request(build(&runs), len, &[])).tokens;
                 if said == runs[0] {
                     break;
                 }
@@ -741,7 +704,12 @@ fn token_trees_keep_greedy_output_identical() {
     // A drafter whose weights are partly another model's: it often disagrees with the target,
     // and then its runner-up is often right.
     let blend_dir = tempfile::tempdir().unwrap();
-    common::write_tiny_blend(dirs[0].path(), &untied(99), 0.4, blend_dir.path());
+    common::write_tiny_blend(
+        dirs[0].path(),
+        &common::TinySpec::untied(99),
+        0.4,
+        blend_dir.path(),
+    );
     let blend = Arc::new(common::load_tiny(blend_dir.path(), WeightsDtype::F32).model);
     let rt = common::runtime();
     let all: Vec<Vec<u32>> = forked_prompts(&target_model, 4)
@@ -750,7 +718,7 @@ fn token_trees_keep_greedy_output_identical() {
         .collect();
     let want: Vec<Vec<u32>> = all
         .iter()
-        .map(|p| plain(&target_model, &greedy(p.clone(), 24)))
+        .map(|p| plain_output(&target_model, &greedy_request(p.clone(), 24, &[])).tokens)
         .collect();
     let sources = [
         DraftSource::PromptLookup(PromptLookup::default()),
@@ -776,24 +744,21 @@ fn token_trees_keep_greedy_output_identical() {
                 ))
                 .unwrap();
             for n in [1usize, 4] {
-                for gamma in [fixed(3), GammaPolicy::Adaptive] {
+                for gamma in [fixed_gamma(3), GammaPolicy::Adaptive] {
                     for (ci, chunk) in all.chunks(n).enumerate() {
-                        let got: Vec<Completion> = rt.block_on(async {
-                            let mut handles = Vec::new();
-                            for (j, p) in chunk.iter().enumerate() {
-                                let mut req = request(greedy(p.clone(), 24), gamma);
+                        let reqs = chunk
+                            .iter()
+                            .enumerate()
+                            .map(|(j, p)| {
+                                let mut req =
+                                    engine_request(greedy_request(p.clone(), 24, &[]), gamma);
                                 req.speculation.tree_nodes = Some(TreeNodes::within(4, 8).unwrap());
                                 // Half of them with their chains cut by confidence too.
                                 req.speculation.confidence_pricing = Some(j % 2 == 0);
-                                let stream = engine.submit(req).await.unwrap();
-                                handles.push(tokio::spawn(stream.collect()));
-                            }
-                            let mut out = Vec::new();
-                            for h in handles {
-                                out.push(h.await.unwrap().unwrap());
-                            }
-                            out
-                        });
+                                req
+                            })
+                            .collect();
+                        let got = complete_together(&rt, &engine, reqs);
                         for (j, c) in got.iter().enumerate() {
                             let i = ci * n + j;
                             assert_eq!(
@@ -831,10 +796,15 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
     let max_width = EngineConfig::default().max_seqs * (EngineConfig::default().gamma_limit + 1);
     let (dirs, target, _) = target_and_other();
     let blend_dir = tempfile::tempdir().unwrap();
-    common::write_tiny_blend(dirs[0].path(), &untied(99), 0.1, blend_dir.path());
+    common::write_tiny_blend(
+        dirs[0].path(),
+        &common::TinySpec::untied(99),
+        0.1,
+        blend_dir.path(),
+    );
     let blend = Arc::new(common::load_tiny(blend_dir.path(), WeightsDtype::F32).model);
     let prompt = prompts(2)[1].clone();
-    let want = plain(&target, &greedy(prompt.clone(), 96));
+    let want = plain_output(&target, &greedy_request(prompt.clone(), 96, &[])).tokens;
     let run = |source: DraftSource, pricing: bool| {
         let cfg = EngineConfig {
             costs: Some(price_table(0.15, 0.05, max_width)),
@@ -843,7 +813,10 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
         let engine = rt
             .block_on(Engine::start(Arc::clone(&target), Some(source), cfg))
             .unwrap();
-        let mut req = request(greedy(prompt.clone(), 96), GammaPolicy::Adaptive);
+        let mut req = engine_request(
+            greedy_request(prompt.clone(), 96, &[]),
+            GammaPolicy::Adaptive,
+        );
         req.speculation.confidence_pricing = Some(pricing);
         let done = rt
             .block_on(async { engine.submit(req).await?.collect().await })

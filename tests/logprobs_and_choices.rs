@@ -6,29 +6,15 @@
 
 mod common;
 
-use tandem::engine::RequestSpeculation;
-
 use std::sync::Arc;
 
+use common::{chat_prompt, engine_request, fixed_gamma, generation_request, greedy_request};
 use tandem::draft::PromptLookup;
-use tandem::engine::{
-    Completion, DraftSource, Engine, EngineConfig, EngineRequest, Gamma, GammaPolicy,
-    GenerationRequest,
-};
-use tandem::model::{ChatMessage, Llama, LoadedModel, WeightsDtype};
+use tandem::engine::{Completion, DraftSource, Engine, EngineConfig, EngineRequest, GammaPolicy};
+use tandem::model::{Llama, WeightsDtype};
 use tandem::sampling::{SamplingParams, TokenLogprob};
 
 const TOP: usize = 5;
-
-fn chat_prompt(loaded: &LoadedModel, question: &str) -> Vec<u32> {
-    let text = loaded
-        .tokenizer
-        .chat_template()
-        .expect("SmolLM2 ships a chat template")
-        .render(&[ChatMessage::new("user", question)], true)
-        .unwrap();
-    loaded.tokenizer.encode(&text, true).unwrap()
-}
 
 fn start(rt: &tokio::runtime::Runtime, target: &Arc<Llama>, draft: Option<DraftSource>) -> Engine {
     rt.block_on(Engine::start(
@@ -41,29 +27,6 @@ fn start(rt: &tokio::runtime::Runtime, target: &Arc<Llama>, draft: Option<DraftS
         },
     ))
     .unwrap()
-}
-
-fn request(
-    prompt: Vec<u32>,
-    max_tokens: usize,
-    sampling: SamplingParams,
-    gamma: GammaPolicy,
-) -> EngineRequest {
-    EngineRequest {
-        generation: GenerationRequest {
-            prompt,
-            max_tokens,
-            sampling,
-            ..Default::default()
-        },
-        speculation: RequestSpeculation {
-            gamma,
-            ..Default::default()
-        },
-        logprobs: Some(TOP),
-        prompt_logprobs: None,
-        constraint: None,
-    }
 }
 
 fn run(rt: &tokio::runtime::Runtime, engine: &Engine, req: EngineRequest) -> Completion {
@@ -86,10 +49,6 @@ fn assert_same_logprobs(got: &[TokenLogprob], want: &[TokenLogprob], what: &str)
         };
         assert_eq!(bits(g), bits(w), "{what}: alternatives of token {i}");
     }
-}
-
-fn fixed(g: usize) -> GammaPolicy {
-    GammaPolicy::Fixed(Gamma::try_from(g).unwrap())
 }
 
 /// Greedy with every processor that changes logits (penalties, a logit bias), every drafter and
@@ -116,7 +75,13 @@ fn greedy_logprobs_are_the_same_bits_with_speculation_on_and_off() {
     let want = run(
         &rt,
         &plain_engine,
-        request(prompt.clone(), 48, greedy.clone(), GammaPolicy::Off),
+        EngineRequest {
+            logprobs: Some(TOP),
+            ..engine_request(
+                generation_request(prompt.clone(), 48, greedy.clone(), &[]),
+                GammaPolicy::Off,
+            )
+        },
     );
     assert_eq!(want.logprobs.len(), want.tokens.len());
     for (t, lp) in want.tokens.iter().zip(&want.logprobs) {
@@ -131,13 +96,14 @@ fn greedy_logprobs_are_the_same_bits_with_speculation_on_and_off() {
         assert!(lp.logprob <= 0.0);
     }
     // The processors are in the numbers: the raw model scores the same text otherwise.
-    let mut raw = request(
-        [prompt.as_slice(), &want.tokens].concat(),
-        1,
-        SamplingParams::greedy(),
-        GammaPolicy::Off,
-    );
-    raw.prompt_logprobs = Some(TOP);
+    let raw = EngineRequest {
+        logprobs: Some(TOP),
+        prompt_logprobs: Some(TOP),
+        ..engine_request(
+            greedy_request([prompt.as_slice(), &want.tokens].concat(), 1, &[]),
+            GammaPolicy::Off,
+        )
+    };
     let raw = run(&rt, &plain_engine, raw);
     let differ = want
         .logprobs
@@ -156,7 +122,13 @@ fn greedy_logprobs_are_the_same_bits_with_speculation_on_and_off() {
             let got = run(
                 &rt,
                 &engine,
-                request(prompt.clone(), 48, greedy.clone(), fixed(g)),
+                EngineRequest {
+                    logprobs: Some(TOP),
+                    ..engine_request(
+                        generation_request(prompt.clone(), 48, greedy.clone(), &[]),
+                        fixed_gamma(g),
+                    )
+                },
             );
             let what = format!("{name}, γ {g}");
             drafted += got.usage.speculative.draft_tokens;
@@ -210,13 +182,14 @@ fn sampled_logprobs_equal_scoring_the_output_as_a_prompt() {
     };
     let plain_engine = start(&rt, &target, None);
     let score = |tokens: &[u32]| -> Vec<TokenLogprob> {
-        let mut req = request(
-            [prompt.as_slice(), tokens].concat(),
-            1,
-            SamplingParams::greedy(),
-            GammaPolicy::Off,
-        );
-        req.prompt_logprobs = Some(TOP);
+        let req = EngineRequest {
+            logprobs: Some(TOP),
+            prompt_logprobs: Some(TOP),
+            ..engine_request(
+                greedy_request([prompt.as_slice(), tokens].concat(), 1, &[]),
+                GammaPolicy::Off,
+            )
+        };
         let scored = run(&rt, &plain_engine, req);
         assert_eq!(
             scored.prompt_logprobs.len(),
@@ -227,7 +200,13 @@ fn sampled_logprobs_equal_scoring_the_output_as_a_prompt() {
     let plain = run(
         &rt,
         &plain_engine,
-        request(prompt.clone(), 40, sampled.clone(), GammaPolicy::Off),
+        EngineRequest {
+            logprobs: Some(TOP),
+            ..engine_request(
+                generation_request(prompt.clone(), 40, sampled.clone(), &[]),
+                GammaPolicy::Off,
+            )
+        },
     );
     assert_same_logprobs(&plain.logprobs, &score(&plain.tokens), "plain");
     for (name, source) in drafters(&f16) {
@@ -236,7 +215,13 @@ fn sampled_logprobs_equal_scoring_the_output_as_a_prompt() {
             let got = run(
                 &rt,
                 &engine,
-                request(prompt.clone(), 40, sampled.clone(), fixed(g)),
+                EngineRequest {
+                    logprobs: Some(TOP),
+                    ..engine_request(
+                        generation_request(prompt.clone(), 40, sampled.clone(), &[]),
+                        fixed_gamma(g),
+                    )
+                },
             );
             assert!(got.usage.speculative.draft_tokens > 0);
             let what = format!("{name}, γ {g}");
@@ -266,12 +251,18 @@ fn choices_share_the_prefill_and_equal_lone_requests() {
         ..Default::default()
     };
     for (sampling, gamma) in [
-        (SamplingParams::greedy(), fixed(2)),
-        (sampled.clone(), fixed(2)),
+        (SamplingParams::greedy(), fixed_gamma(2)),
+        (sampled.clone(), fixed_gamma(2)),
         (sampled.clone(), GammaPolicy::Off),
     ] {
-        let mut req = request(prompt.clone(), 32, sampling.clone(), gamma);
-        req.prompt_logprobs = Some(TOP);
+        let req = EngineRequest {
+            logprobs: Some(TOP),
+            prompt_logprobs: Some(TOP),
+            ..engine_request(
+                generation_request(prompt.clone(), 32, sampling.clone(), &[]),
+                gamma,
+            )
+        };
         let before = rt.block_on(engine.stats()).unwrap().prefilled_tokens;
         let choices: Vec<Completion> = rt.block_on(async {
             let streams = engine.submit_choices(req.clone(), 3).await.unwrap();
@@ -312,7 +303,13 @@ fn choices_share_the_prefill_and_equal_lone_requests() {
     assert!(stats.idle(), "every slot returned: {stats:?}");
     // More choices than the engine decodes together is refused before any work.
     let err = rt
-        .block_on(engine.submit_choices(request(prompt, 4, SamplingParams::greedy(), fixed(1)), 5))
+        .block_on(engine.submit_choices(
+            EngineRequest {
+                logprobs: Some(TOP),
+                ..engine_request(greedy_request(prompt, 4, &[]), fixed_gamma(1))
+            },
+            5,
+        ))
         .err()
         .expect("5 choices on 4 slots");
     assert!(err.to_string().contains("choices"), "{err}");

@@ -6,18 +6,14 @@
 
 mod common;
 
-use tandem::engine::RequestSpeculation;
-
 use std::sync::Arc;
 
+use common::{engine_request, fixed_gamma, greedy_request};
 use tandem::draft::PromptLookup;
-use tandem::engine::{
-    Completion, DraftSource, Engine, EngineConfig, EngineRequest, Gamma, GammaPolicy,
-    GenerationRequest,
-};
+use tandem::engine::{Completion, DraftSource, Engine, EngineConfig, EngineRequest, GammaPolicy};
 use tandem::model::cache::prefix_index::common_prefix;
 use tandem::model::{ChatMessage, Llama, TextTokenizer, WeightsDtype};
-use tandem::sampling::{SamplingParams, TokenLogprob};
+use tandem::sampling::TokenLogprob;
 
 fn render(tok: &TextTokenizer, turns: &[ChatMessage]) -> Vec<u32> {
     let text = tok.chat_template().unwrap().render(turns, true).unwrap();
@@ -42,25 +38,6 @@ fn start(
         },
     ))
     .unwrap()
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize, gamma: GammaPolicy, eos: &[u32]) -> EngineRequest {
-    EngineRequest {
-        generation: GenerationRequest {
-            prompt,
-            max_tokens,
-            sampling: SamplingParams::greedy(),
-            eos_ids: eos.to_vec(),
-            ..Default::default()
-        },
-        speculation: RequestSpeculation {
-            gamma,
-            ..Default::default()
-        },
-        logprobs: Some(2),
-        prompt_logprobs: None,
-        constraint: None,
-    }
 }
 
 /// A token's logprob entry as bits: the token, its logprob, the alternatives and theirs.
@@ -114,7 +91,10 @@ fn workload(
         let c = rt
             .block_on(async {
                 engine
-                    .submit(request(render(tok, &turns), 40, gamma, eos))
+                    .submit(EngineRequest {
+                        logprobs: Some(2),
+                        ..engine_request(greedy_request(render(tok, &turns), 40, eos), gamma)
+                    })
                     .await?
                     .collect()
                     .await
@@ -146,7 +126,10 @@ fn workload(
                 );
                 streams.push(
                     engine
-                        .submit(request(prompt, 24, gamma, eos))
+                        .submit(EngineRequest {
+                            logprobs: Some(2),
+                            ..engine_request(greedy_request(prompt, 24, eos), gamma)
+                        })
                         .await
                         .unwrap(),
                 );
@@ -170,7 +153,7 @@ fn output_is_the_same_bits_with_the_prefix_cache_on_and_off() {
     let target = Arc::new(loaded.model);
     let f16 = Arc::new(common::load_default(WeightsDtype::F16).model);
     let rt = common::runtime();
-    let fixed = GammaPolicy::Fixed(Gamma::try_from(3).unwrap());
+    let fixed = fixed_gamma(3);
     let cases: [(&str, Option<DraftSource>, GammaPolicy); 3] = [
         ("plain", None, GammaPolicy::Off),
         (
@@ -245,14 +228,12 @@ fn retained_caches_give_way_to_new_requests() {
         })
         .collect();
     let run = |engine: &Engine, p: &[u32]| -> Completion {
-        rt.block_on(async {
-            engine
-                .submit(request(p.to_vec(), 12, GammaPolicy::Off, &[]))
-                .await?
-                .collect()
-                .await
-        })
-        .unwrap()
+        let req = EngineRequest {
+            logprobs: Some(2),
+            ..engine_request(greedy_request(p.to_vec(), 12, &[]), GammaPolicy::Off)
+        };
+        rt.block_on(async { engine.submit(req).await?.collect().await })
+            .unwrap()
     };
     let off = start(&rt, &target, None, false, 2);
     let want: Vec<Vec<u32>> = prompts.iter().map(|p| run(&off, p).tokens).collect();
@@ -346,17 +327,15 @@ fn a_repeated_request_drafts_the_earlier_answer() {
     );
     let plain = start(&rt, &target, None, true, 2);
     let run = |engine: &Engine, gamma: GammaPolicy| -> Completion {
-        rt.block_on(async {
-            engine
-                .submit(request(prompt.clone(), 64, gamma, &[]))
-                .await?
-                .collect()
-                .await
-        })
-        .unwrap()
+        let req = EngineRequest {
+            logprobs: Some(2),
+            ..engine_request(greedy_request(prompt.clone(), 64, &[]), gamma)
+        };
+        rt.block_on(async { engine.submit(req).await?.collect().await })
+            .unwrap()
     };
     let want = run(&plain, GammaPolicy::Off).tokens;
-    let fixed = GammaPolicy::Fixed(Gamma::try_from(4).unwrap());
+    let fixed = fixed_gamma(4);
     let mut accepted = Vec::new();
     for lookup in [
         PromptLookup::default(),

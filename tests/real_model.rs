@@ -3,23 +3,11 @@
 
 mod common;
 
-use std::process::Command;
-
 use candle_core::quantized::gguf_file;
-use tandem::engine::{generate_plain, FinishReason, GenerationRequest};
+use tandem::engine::{generate_plain, FinishReason};
 use tandem::model::load::loader::LoadOptions;
-use tandem::model::{ChatMessage, LoadedModel, ModelError, ModelSource, WeightsDtype};
+use tandem::model::{LoadedModel, ModelError, ModelSource, WeightsDtype};
 use tandem::sampling::SamplingParams;
-
-fn chat_prompt(loaded: &LoadedModel, question: &str) -> Vec<u32> {
-    let text = loaded
-        .tokenizer
-        .chat_template()
-        .expect("SmolLM2 ships a chat template")
-        .render(&[ChatMessage::new("user", question)], true)
-        .unwrap();
-    loaded.tokenizer.encode(&text, true).unwrap()
-}
 
 fn run(
     loaded: &LoadedModel,
@@ -28,13 +16,7 @@ fn run(
     sampling: SamplingParams,
 ) -> tandem::engine::GenerationOutput {
     let mut cache = loaded.model.new_cache(1);
-    let req = GenerationRequest {
-        prompt,
-        max_tokens,
-        sampling,
-        eos_ids: loaded.tokenizer.eos_ids().to_vec(),
-        ..Default::default()
-    };
+    let req = common::generation_request(prompt, max_tokens, sampling, loaded.tokenizer.eos_ids());
     let out = generate_plain(&loaded.model, &mut cache, &req, &mut |_| true).unwrap();
     assert_eq!(cache.free_slots(), 1, "the slot is freed after generation");
     out
@@ -46,7 +28,7 @@ fn run(
 #[test]
 fn greedy_chat_answer_is_sensible_and_sampling_is_seeded() {
     let loaded = common::load_default(WeightsDtype::F16);
-    let prompt = chat_prompt(&loaded, "What is the capital of France?");
+    let prompt = common::chat_prompt(&loaded, "What is the capital of France?");
     let out = run(&loaded, prompt.clone(), 24, SamplingParams::greedy());
     let text = loaded.tokenizer.decode(&out.tokens).unwrap();
     assert!(text.contains("Paris"), "answer: {text:?}");
@@ -80,16 +62,10 @@ fn greedy_chat_answer_is_sensible_and_sampling_is_seeded() {
     assert_eq!(capped.finish, FinishReason::Length);
 }
 
-fn tandem_cmd() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tandem"));
-    c.env_remove("TANDEM_MODEL").env("TANDEM_THREADS", "2");
-    c
-}
-
 #[test]
 fn cli_generate_prints_json_and_stats() {
     common::default_model();
-    let out = tandem_cmd()
+    let out = common::tandem_command()
         .args([
             "generate",
             "--prompt",
@@ -114,7 +90,7 @@ fn cli_generate_prints_json_and_stats() {
     );
 
     // streamed text on stdout, stats line last on stderr
-    let out = tandem_cmd()
+    let out = common::tandem_command()
         .args([
             "generate",
             "--raw",
@@ -137,7 +113,7 @@ fn cli_generate_prints_json_and_stats() {
 #[test]
 fn cli_errors_are_clear() {
     let empty = tempfile::tempdir().unwrap();
-    let out = tandem_cmd()
+    let out = common::tandem_command()
         .env("TANDEM_CACHE", empty.path())
         .args(["generate", "--prompt", "hi"])
         .output()
@@ -145,7 +121,7 @@ fn cli_errors_are_clear() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("scripts/fetch-default-model"));
 
-    let out = tandem_cmd()
+    let out = common::tandem_command()
         .args(["generate", "--prompt", "hi", "--weights-dtype", "q3"])
         .output()
         .unwrap();
@@ -227,7 +203,7 @@ fn hub_ids_resolve_in_the_local_cache_only() {
     std::fs::create_dir_all(repo.join("refs")).unwrap();
     std::fs::write(repo.join("refs/main"), "0123abcd\n").unwrap();
 
-    let out = tandem_cmd()
+    let out = common::tandem_command()
         .env("HF_HUB_CACHE", hub.path())
         .args([
             "generate",
@@ -245,7 +221,7 @@ fn hub_ids_resolve_in_the_local_cache_only() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["generated_tokens"].as_u64().unwrap() >= 1, "{v}");
 
-    let out = tandem_cmd()
+    let out = common::tandem_command()
         .env("HF_HUB_CACHE", hub.path())
         .args(["generate", "--model", "acme/absent", "--prompt", "hi"])
         .output()

@@ -39,11 +39,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::stats::{goodness_of_fit, Fit};
+use common::{engine_request, fixed_gamma, generation_request, plain_output};
 use tandem::constraint::{CompiledConstraint, ConstraintSpec, ConstraintVocabulary};
 use tandem::draft::ModelDrafter;
 use tandem::engine::{
-    generate_plain, generate_speculative, Engine, EngineConfig, EngineRequest, FixedSpeculation,
-    Gamma, GammaPolicy, GenerationRequest, SpeculationStats,
+    generate_speculative, Engine, EngineConfig, EngineRequest, FixedSpeculation, Gamma,
+    GammaPolicy, SpeculationStats,
 };
 use tandem::model::head::train::random_head;
 use tandem::model::head::DraftHead;
@@ -64,10 +65,6 @@ const COMPARISONS: usize = 56;
 const FALSE_ALARM: f64 = 1e-3;
 
 type Triple = [u32; 3];
-
-fn fixed_gamma(g: usize) -> GammaPolicy {
-    GammaPolicy::Fixed(Gamma::try_from(g).unwrap())
-}
 
 fn seed_base() -> u64 {
     std::env::var("TANDEM_TEST_SEED")
@@ -115,18 +112,6 @@ fn processors() -> [(&'static str, SamplingParams); 2] {
             },
         ),
     ]
-}
-
-fn request(params: &SamplingParams, seed: u64) -> GenerationRequest {
-    GenerationRequest {
-        prompt: PROMPT.to_vec(),
-        max_tokens: MAX_TOKENS,
-        sampling: SamplingParams {
-            seed: Some(seed),
-            ..params.clone()
-        },
-        ..Default::default()
-    }
 }
 
 /// The target's processed distribution after `generated`, exactly as plain sampling sees it
@@ -242,11 +227,14 @@ impl Arm {
 fn plain_arm(target: &Llama, params: &SamplingParams, seeds: u64) -> Arm {
     let mut arm = Arm::default();
     for i in 0..N {
-        let mut cache = target.new_cache(1);
-        let out = generate_plain(target, &mut cache, &request(params, seeds + i), &mut |_| {
-            true
-        })
-        .unwrap();
+        let sampling = SamplingParams {
+            seed: Some(seeds + i),
+            ..params.clone()
+        };
+        let out = plain_output(
+            target,
+            &generation_request(PROMPT.to_vec(), MAX_TOKENS, sampling, &[]),
+        );
         arm.add(&out.tokens, &SpeculationStats::default(), 0);
     }
     arm
@@ -268,7 +256,11 @@ fn loop_arm(
     let mut cache = target.new_cache(1);
     for i in 0..N {
         let mut drafter = ModelDrafter::new(draft, "tiny-other");
-        let req = request(params, seeds + i);
+        let sampling = SamplingParams {
+            seed: Some(seeds + i),
+            ..params.clone()
+        };
+        let req = generation_request(PROMPT.to_vec(), MAX_TOKENS, sampling, &[]);
         let (out, stats) =
             generate_speculative(target, &mut cache, &mut drafter, &req, spec, &mut |_| true)
                 .unwrap();
@@ -338,12 +330,15 @@ fn requests_arm(
         for batch in 0..N / at_once {
             let mut streams = Vec::new();
             for j in 0..at_once {
+                let sampling = SamplingParams {
+                    seed: Some(seeds + batch * at_once + j),
+                    ..params.clone()
+                };
+                let generation = generation_request(PROMPT.to_vec(), MAX_TOKENS, sampling, &[]);
                 let req = EngineRequest {
-                    generation: request(params, seeds + batch * at_once + j),
                     speculation,
-                    logprobs: None,
-                    prompt_logprobs: None,
                     constraint: grammar.cloned(),
+                    ..engine_request(generation, speculation.gamma)
                 };
                 streams.push(engine.submit(req).await.unwrap());
             }

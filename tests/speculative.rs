@@ -4,32 +4,18 @@
 
 mod common;
 
+use common::{greedy_request, plain_output};
 use tandem::draft::{ModelDrafter, PromptLookup, Proposer};
 use tandem::engine::{
-    generate_plain, generate_speculative, FinishReason, FixedSpeculation, Gamma, GenerationOutput,
+    generate_speculative, FinishReason, FixedSpeculation, Gamma, GenerationOutput,
     GenerationRequest,
 };
 use tandem::model::{Llama, WeightsDtype};
-use tandem::sampling::{Lenience, SamplingParams};
-
-fn greedy(prompt: Vec<u32>, max_tokens: usize, eos_ids: Vec<u32>) -> GenerationRequest {
-    GenerationRequest {
-        prompt,
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        eos_ids,
-        ..Default::default()
-    }
-}
+use tandem::sampling::Lenience;
 
 fn plain(target: &Llama, req: &GenerationRequest) -> (Vec<u32>, FinishReason) {
     let out = plain_output(target, req);
     (out.tokens, out.finish)
-}
-
-fn plain_output(target: &Llama, req: &GenerationRequest) -> GenerationOutput {
-    let mut cache = target.new_cache(1);
-    generate_plain(target, &mut cache, req, &mut |_| true).unwrap()
 }
 
 fn speculative(
@@ -104,7 +90,7 @@ fn tiny_models_every_gamma_both_drafters() {
     // Per drafter: drafts accepted, drafts rejected.
     let mut seen: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
     for seed in 0..3u64 {
-        let req = greedy(repetitive_prompt(seed * 10, 256), 40, vec![]);
+        let req = greedy_request(repetitive_prompt(seed * 10, 256), 40, &[]);
         let (want, _) = plain(&target.model, &req);
         for gamma in 1..=8 {
             let drafters: Vec<Box<dyn Proposer + '_>> = vec![
@@ -138,12 +124,12 @@ fn stops_inside_rounds_and_respects_limits() {
     let target = common::load_tiny(dir.path(), WeightsDtype::F32);
     let self_draft = common::load_tiny(dir.path(), WeightsDtype::F32);
     let prompt = repetitive_prompt(5, 256);
-    let (free_run, _) = plain(&target.model, &greedy(prompt.clone(), 30, vec![]));
+    let (free_run, _) = plain(&target.model, &greedy_request(prompt.clone(), 30, &[]));
     // An EOS in the middle of the output: everything after it is never emitted, even though an
     // identical self-drafter gets whole rounds accepted.
     let eos = free_run[9];
     let first = free_run.iter().position(|&t| t == eos).unwrap();
-    let req = greedy(prompt.clone(), 30, vec![eos]);
+    let req = greedy_request(prompt.clone(), 30, &[eos]);
     for gamma in [1, 4, 8] {
         let mut d = ModelDrafter::new(&self_draft.model, "self");
         let (got, finish, stats) = speculative(&target.model, &mut d, &req, gamma);
@@ -160,7 +146,7 @@ fn stops_inside_rounds_and_respects_limits() {
         let (got, finish, _) = speculative(
             &target.model,
             &mut d,
-            &greedy(prompt.clone(), max, vec![]),
+            &greedy_request(prompt.clone(), max, &[]),
             gamma,
         );
         assert_eq!(got, free_run[..max].to_vec());
@@ -168,7 +154,7 @@ fn stops_inside_rounds_and_respects_limits() {
     }
     // Near the context limit γ shrinks instead of overflowing (tiny context: 256).
     let long = common::random_tokens(8, 240, 256);
-    let req = greedy(long, 100, vec![]);
+    let req = greedy_request(long, 100, &[]);
     let (want, want_finish) = plain(&target.model, &req);
     let mut d = ModelDrafter::new(&self_draft.model, "self");
     let (got, finish, _) = speculative(&target.model, &mut d, &req, 8);
@@ -188,7 +174,7 @@ fn real_model_greedy_parity_on_spec_bench() {
         .into_iter()
         .enumerate()
     {
-        let req = greedy(prompt, 64, target.tokenizer.eos_ids().to_vec());
+        let req = greedy_request(prompt, 64, target.tokenizer.eos_ids());
         let (want, _) = plain(&target.model, &req);
         // Every γ from 1 to 8 on five prompts each: the odd ones on even prompts, the even
         // ones on odd prompts.
@@ -221,7 +207,7 @@ fn real_model_stop_strings_end_speculative_output_like_plain() {
             &target.model,
             &GenerationRequest {
                 detokenizer: detok.clone(),
-                ..greedy(prompt.clone(), 48, vec![])
+                ..greedy_request(prompt.clone(), 48, &[])
             },
         );
         let text = free.text.unwrap();
@@ -235,7 +221,7 @@ fn real_model_stop_strings_end_speculative_output_like_plain() {
         let req = GenerationRequest {
             stop_strings: vec!["\u{0}never".into(), stop.clone()],
             detokenizer: detok.clone(),
-            ..greedy(prompt, 48, vec![])
+            ..greedy_request(prompt, 48, &[])
         };
         let want = plain_output(&target.model, &req);
         assert_eq!(want.finish, FinishReason::Stop);
@@ -258,19 +244,13 @@ fn real_model_stop_strings_end_speculative_output_like_plain() {
     }
 }
 
-fn tandem_cmd() -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"));
-    c.env_remove("TANDEM_MODEL").env("TANDEM_THREADS", "2");
-    c
-}
-
 #[test]
 fn cli_compare_reports_identical_greedy_outputs_for_both_drafters() {
     common::default_model();
     // Prompt lookup (default and other n-gram sizes), the quantized self-drafter, and the
     // target's own first 8 layers.
     for draft in ["prompt-lookup", "prompt-lookup:2-4", "default", "self:8"] {
-        let out = tandem_cmd()
+        let out = common::tandem_command()
             .args([
                 "generate",
                 "--prompt",
@@ -334,7 +314,7 @@ fn cli_compare_reports_identical_greedy_outputs_for_both_drafters() {
 #[test]
 fn a_self_drafter_must_have_fewer_layers_than_the_target() {
     common::default_model();
-    let out = tandem_cmd()
+    let out = common::tandem_command()
         .args(["generate", "--prompt", "Hi", "--max-tokens", "4"])
         .args(["--draft-model", "self:30"])
         .output()
@@ -352,7 +332,7 @@ fn a_draft_model_with_another_vocabulary_is_refused() {
     common::default_model();
     let dir = tempfile::tempdir().unwrap();
     common::write_tiny_llama(dir.path(), &spec(1));
-    let out = tandem_cmd()
+    let out = common::tandem_command()
         .args([
             "generate",
             "--prompt",

@@ -9,71 +9,11 @@ mod common;
 
 use std::sync::Arc;
 
-use tandem::constraint::{CompiledConstraint, ConstraintSpec, ConstraintVocabulary};
+use common::{complete_together, engine_request, fixed_gamma, greedy_request, TinySpec};
+use tandem::constraint::{ConstraintSpec, ConstraintVocabulary};
 use tandem::draft::PromptLookup;
-use tandem::engine::{
-    Completion, DraftSource, Engine, EngineConfig, EngineRequest, Gamma, GammaPolicy,
-    GenerationRequest, RequestSpeculation, TreeNodes,
-};
+use tandem::engine::{DraftSource, Engine, EngineConfig, EngineRequest, GammaPolicy, TreeNodes};
 use tandem::model::{Llama, TextTokenizer, WeightsDtype};
-use tandem::sampling::SamplingParams;
-
-fn untied(seed: u64) -> common::TinySpec {
-    common::TinySpec {
-        tied: false,
-        seed,
-        ..Default::default()
-    }
-}
-
-fn fixed(g: usize) -> GammaPolicy {
-    GammaPolicy::Fixed(Gamma::try_from(g).unwrap())
-}
-
-fn request(
-    prompt: Vec<u32>,
-    max_tokens: usize,
-    eos: &[u32],
-    gamma: GammaPolicy,
-    constraint: &CompiledConstraint,
-) -> EngineRequest {
-    EngineRequest {
-        generation: GenerationRequest {
-            prompt,
-            max_tokens,
-            sampling: SamplingParams::greedy(),
-            eos_ids: eos.to_vec(),
-            ..Default::default()
-        },
-        speculation: RequestSpeculation {
-            gamma,
-            ..Default::default()
-        },
-        logprobs: None,
-        prompt_logprobs: None,
-        constraint: Some(constraint.clone()),
-    }
-}
-
-/// Runs `reqs` at once and collects them.
-fn run_all(
-    rt: &tokio::runtime::Runtime,
-    engine: &Engine,
-    reqs: Vec<EngineRequest>,
-) -> Vec<Completion> {
-    rt.block_on(async {
-        let mut handles = Vec::new();
-        for r in reqs {
-            let stream = engine.submit(r).await.unwrap();
-            handles.push(tokio::spawn(stream.collect()));
-        }
-        let mut out = Vec::new();
-        for h in handles {
-            out.push(h.await.unwrap().unwrap());
-        }
-        out
-    })
-}
 
 fn text(tok: &TextTokenizer, tokens: &[u32], eos: &[u32]) -> String {
     let body: Vec<u32> = tokens
@@ -99,11 +39,11 @@ fn matches_record(s: &str) -> bool {
 
 #[test]
 fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_stand() {
-    let (d1, target) = (tempfile::tempdir().unwrap(), untied(7));
+    let (d1, target) = (tempfile::tempdir().unwrap(), TinySpec::untied(7));
     common::write_tiny_llama(d1.path(), &target);
     let loaded = common::load_tiny(d1.path(), WeightsDtype::F32);
     let blend_dir = tempfile::tempdir().unwrap();
-    common::write_tiny_blend(d1.path(), &untied(99), 0.4, blend_dir.path());
+    common::write_tiny_blend(d1.path(), &TinySpec::untied(99), 0.4, blend_dir.path());
     let blend = Arc::new(common::load_tiny(blend_dir.path(), WeightsDtype::F32).model);
     let tok = Arc::clone(&loaded.tokenizer);
     let eos = tok.eos_ids().to_vec();
@@ -135,9 +75,12 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
         .unwrap();
     let reqs = prompts
         .iter()
-        .map(|p| request(p.clone(), 48, &eos, GammaPolicy::Off, &constraint))
+        .map(|p| EngineRequest {
+            constraint: Some(constraint.clone()),
+            ..engine_request(greedy_request(p.clone(), 48, &eos), GammaPolicy::Off)
+        })
         .collect();
-    let want = run_all(&rt, &plain_engine, reqs);
+    let want = complete_together(&rt, &plain_engine, reqs);
     for c in &want {
         let s = text(&tok, &c.tokens, &eos);
         assert!(matches_record(&s), "plain constrained output {s:?}");
@@ -148,13 +91,16 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
     // most rows): the same tokens.
     let reqs = prompts
         .iter()
-        .map(|p| {
-            let mut r = request(p.clone(), 48, &eos, GammaPolicy::Off, &constraint);
-            r.logprobs = Some(1);
-            r
+        .map(|p| EngineRequest {
+            logprobs: Some(1),
+            constraint: Some(constraint.clone()),
+            ..engine_request(greedy_request(p.clone(), 48, &eos), GammaPolicy::Off)
         })
         .collect();
-    for (c, w) in run_all(&rt, &plain_engine, reqs).iter().zip(&want) {
+    for (c, w) in complete_together(&rt, &plain_engine, reqs)
+        .iter()
+        .zip(&want)
+    {
         assert_eq!(c.tokens, w.tokens, "masked rows against checked argmaxes");
     }
     drop(plain_engine);
@@ -183,14 +129,17 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
                 ))
                 .unwrap();
             for n in [1usize, 4] {
-                for gamma in [fixed(3), GammaPolicy::Adaptive] {
+                for gamma in [fixed_gamma(3), GammaPolicy::Adaptive] {
                     let (mut forced, mut forced_accepted) = (0, 0);
                     for (ci, chunk) in prompts.chunks(n).enumerate() {
                         let reqs = chunk
                             .iter()
                             .enumerate()
                             .map(|(j, p)| {
-                                let mut r = request(p.clone(), 48, &eos, gamma, &constraint);
+                                let mut r = EngineRequest {
+                                    constraint: Some(constraint.clone()),
+                                    ..engine_request(greedy_request(p.clone(), 48, &eos), gamma)
+                                };
                                 // Half the requests' rows are masked before the forward
                                 // (logprobs), half have their argmaxes checked after it.
                                 if (ci + j) % 2 == 0 {
@@ -203,7 +152,7 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
                                 r
                             })
                             .collect();
-                        for (j, c) in run_all(&rt, &engine, reqs).iter().enumerate() {
+                        for (j, c) in complete_together(&rt, &engine, reqs).iter().enumerate() {
                             let i = ci * n + j;
                             assert_eq!(
                                 c.tokens, want[i].tokens,
@@ -274,19 +223,22 @@ fn real_model_json_schema_output_is_identical_with_speculation() {
     let plain = engine(None);
     let reqs = prompts
         .iter()
-        .map(|p| request(p.clone(), 80, &eos, GammaPolicy::Off, &constraint))
+        .map(|p| EngineRequest {
+            constraint: Some(constraint.clone()),
+            ..engine_request(greedy_request(p.clone(), 80, &eos), GammaPolicy::Off)
+        })
         .collect();
-    let want = run_all(&rt, &plain, reqs);
+    let want = complete_together(&rt, &plain, reqs);
     // Masked rows (logprobs asked for) and checked argmaxes give the same output.
     let reqs = prompts
         .iter()
-        .map(|p| {
-            let mut r = request(p.clone(), 80, &eos, GammaPolicy::Off, &constraint);
-            r.logprobs = Some(0);
-            r
+        .map(|p| EngineRequest {
+            logprobs: Some(0),
+            constraint: Some(constraint.clone()),
+            ..engine_request(greedy_request(p.clone(), 80, &eos), GammaPolicy::Off)
         })
         .collect();
-    for (c, w) in run_all(&rt, &plain, reqs).iter().zip(&want) {
+    for (c, w) in complete_together(&rt, &plain, reqs).iter().zip(&want) {
         assert_eq!(c.tokens, w.tokens, "masked rows against checked argmaxes");
     }
     drop(plain);
@@ -300,9 +252,12 @@ fn real_model_json_schema_output_is_identical_with_speculation() {
     let spec = engine(Some(DraftSource::PromptLookup(PromptLookup::default())));
     let reqs = prompts
         .iter()
-        .map(|p| request(p.clone(), 80, &eos, fixed(3), &constraint))
+        .map(|p| EngineRequest {
+            constraint: Some(constraint.clone()),
+            ..engine_request(greedy_request(p.clone(), 80, &eos), fixed_gamma(3))
+        })
         .collect();
-    let got = run_all(&rt, &spec, reqs);
+    let got = complete_together(&rt, &spec, reqs);
     for (g, w) in got.iter().zip(&want) {
         assert_eq!(g.tokens, w.tokens);
         let s = &g.usage.speculative;

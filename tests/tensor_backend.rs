@@ -17,15 +17,14 @@
 
 mod common;
 
+use common::{greedy_request, plain_output};
 use tandem::draft::{ModelDrafter, PromptLookup, Proposer};
-use tandem::engine::{
-    generate_plain, generate_speculative, FixedSpeculation, Gamma, GenerationRequest,
-};
+use tandem::engine::{generate_speculative, FixedSpeculation, Gamma, GenerationRequest};
 use tandem::model::{
     BackendChoice, DeviceSpec, ForwardKind, Kept, KvDtype, Llama, LoadedModel, LogitsRows,
     WeightsDtype,
 };
-use tandem::sampling::{Lenience, SamplingParams};
+use tandem::sampling::Lenience;
 
 /// Largest |Δ logit|, relative to the row's largest |logit|, between one forward of a
 /// sequence and another that batched its tokens differently (same weights, same backend).
@@ -294,16 +293,6 @@ fn cache_algebra_holds_on_the_tensor_backend() {
     assert_eq!(cache.slot_memory_bytes(1), 0);
 }
 
-fn greedy(prompt: Vec<u32>, max_tokens: usize, eos_ids: Vec<u32>) -> GenerationRequest {
-    GenerationRequest {
-        prompt,
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        eos_ids,
-        ..Default::default()
-    }
-}
-
 fn speculative(
     target: &Llama,
     drafter: &mut dyn Proposer,
@@ -335,11 +324,8 @@ fn greedy_speculative_equals_plain_on_ten_dev_prompts() {
         .into_iter()
         .enumerate()
     {
-        let req = greedy(prompt, 24, target.tokenizer.eos_ids().to_vec());
-        let mut cache = target.model.new_cache(1);
-        let want = generate_plain(&target.model, &mut cache, &req, &mut |_| true)
-            .unwrap()
-            .tokens;
+        let req = greedy_request(prompt, 24, target.tokenizer.eos_ids());
+        let want = plain_output(&target.model, &req).tokens;
         let gamma = 2 + i % 4;
         let mut drafter = ModelDrafter::new(&draft.model, "self:20");
         let (got, d, a) = speculative(&target.model, &mut drafter, &req, gamma);

@@ -12,7 +12,7 @@ use clap::Args;
 use tandem::config::Config;
 use tandem::model::llama::op_profile::{self, Op};
 use tandem::model::{Kept, KvCache, Llama, LogitsRows, SeqInput};
-use tandem::sampling::speculative::{accept_sampled, DraftDist};
+use tandem::sampling::rejection::{accept_sampled, DraftDist};
 use tandem::sampling::{probabilities, Lenience, SamplingParams, SeededRng};
 
 use super::model_args::{load_model, ModelArgs};

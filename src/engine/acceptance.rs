@@ -8,7 +8,7 @@
 use super::error::EngineError;
 use crate::constraint::{SequenceConstraint, TokenMask};
 use crate::draft::Proposal;
-use crate::sampling::speculative::{accept_greedy, accept_sampled, DraftDist, RoundOutcome};
+use crate::sampling::rejection::{accept_greedy, accept_sampled, DraftDist, RoundOutcome};
 use crate::sampling::tree::{accept_tree_greedy, accept_tree_sampled, DraftTree, TreeOutcome};
 use crate::sampling::{
     apply_penalties, argmax, probabilities, token_logprob, Lenience, SamplingParams, SeededRng,

@@ -4,7 +4,7 @@
 use crate::constraint::ConstraintError;
 use crate::draft::DraftError;
 use crate::model::ModelError;
-use crate::sampling::speculative::SpecError;
+use crate::sampling::rejection::SpecError;
 use crate::sampling::SamplingError;
 
 #[derive(Debug, thiserror::Error)]

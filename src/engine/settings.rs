@@ -263,5 +263,4 @@ impl SpeculationSettings {
 }
 
 #[cfg(test)]
-#[path = "settings_tests.rs"]
 mod tests;

@@ -3,7 +3,7 @@
 //! context-dependent distributions and plain-sampling reference the proofs compare against.
 //! Shared by the chain rule's and the tree rule's tests, so both are proven by one method.
 
-use super::speculative::RoundChoices;
+use super::rejection::RoundChoices;
 use super::SeededRng;
 
 /// Follows every branch of the round's random choices: each run of the round takes the choices

@@ -13,9 +13,9 @@ mod error;
 mod lenience;
 mod logits;
 mod logprobs;
+pub mod rejection;
 mod rng;
 mod row_scan;
-pub mod speculative;
 pub mod tree;
 
 pub use decimal::{serialize_widened, widen, FloatRule, OutOfRange};

@@ -25,7 +25,7 @@
 //! Trees are verified at lenience 1 only: lenience is a chain-only relaxation.
 
 use super::argmax;
-use super::speculative::{
+use super::rejection::{
     acceptance_probability, check_distribution, check_target_shape, check_vocab, residual,
     DraftDist, RoundChoices, SpecError,
 };
@@ -252,5 +252,4 @@ pub fn accept_tree_sampled(
 }
 
 #[cfg(test)]
-#[path = "tree_tests.rs"]
 mod tests;

@@ -438,5 +438,4 @@ pub fn responses_param(chat_param: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "responses_input_tests.rs"]
 mod tests;

@@ -420,5 +420,4 @@ impl EventTranslator {
 const RESPONSE_ERROR_CODES: &[&str] = &["server_error", "rate_limit_exceeded", "invalid_prompt"];
 
 #[cfg(test)]
-#[path = "responses_output_tests.rs"]
 mod tests;

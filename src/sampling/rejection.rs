@@ -425,20 +425,15 @@ pub(super) fn check_distribution(
 }
 
 #[cfg(test)]
-#[path = "speculative_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "speculative_error_tests.rs"]
 mod error_tests;
 
 #[cfg(test)]
-#[path = "speculative_round_tests.rs"]
 mod round_tests;
 
 #[cfg(test)]
-#[path = "speculative_masked_round_tests.rs"]
 mod masked_round_tests;
 #[cfg(test)]
-#[path = "speculative_monte_carlo_tests.rs"]
 mod monte_carlo_tests;

@@ -1,0 +1,11 @@
+//! The `tandem` binary as the command-line tests run it.
+
+use std::process::Command;
+
+/// `tandem` with no `TANDEM_MODEL` from the caller's environment (the tests name the model, or
+/// mean the default) and 2 compute threads, like the machine's cores.
+pub fn tandem_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tandem"));
+    c.env_remove("TANDEM_MODEL").env("TANDEM_THREADS", "2");
+    c
+}

@@ -1,0 +1,57 @@
+//! The real default model the real-model tests load, on the device they run on. Its absence
+//! fails the test: real-model tests never skip.
+
+use std::path::PathBuf;
+
+use tandem::model::load::loader::LoadOptions;
+use tandem::model::{BackendChoice, DeviceSpec, LoadedModel, ModelSource, WeightsDtype};
+
+pub fn default_model() -> PathBuf {
+    let p = tandem::model::default_model_path();
+    assert!(
+        p.is_file(),
+        "the default model is missing at {}: run scripts/fetch-default-model",
+        p.display()
+    );
+    p
+}
+
+pub fn load_default(dtype: WeightsDtype) -> LoadedModel {
+    load_default_on(dtype, BackendChoice::Auto)
+}
+
+/// The default model with the forward `backend` chooses: the tensor backend on
+/// `TANDEM_TEST_DEVICE` (`cpu` unless set: scripts/gpu-check sets `cuda`), the own kernels on
+/// the CPU.
+pub fn load_default_on(dtype: WeightsDtype, backend: BackendChoice) -> LoadedModel {
+    load_default_with(&LoadOptions {
+        weights_dtype: dtype,
+        backend,
+        ..Default::default()
+    })
+}
+
+/// The default model with these options (context 1024), on the test device when the options
+/// ask for the tensor backend.
+pub fn load_default_with(opts: &LoadOptions) -> LoadedModel {
+    let device = match opts.backend {
+        BackendChoice::Candle => test_device(),
+        _ => DeviceSpec::Cpu,
+    };
+    LoadedModel::load(
+        &ModelSource::Gguf(default_model()),
+        &LoadOptions {
+            context_len: 1024,
+            device,
+            ..opts.clone()
+        },
+    )
+    .expect("default model loads")
+}
+
+/// Where tests run the tensor backend: `TANDEM_TEST_DEVICE`, else the CPU.
+pub fn test_device() -> DeviceSpec {
+    std::env::var("TANDEM_TEST_DEVICE")
+        .map(|d| d.parse().expect("TANDEM_TEST_DEVICE names a device"))
+        .unwrap_or(DeviceSpec::Cpu)
+}

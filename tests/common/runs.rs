@@ -1,0 +1,53 @@
+//! Running requests from tests: plain decoding (the reference every speculative output is
+//! compared with), requests through the engine together, the tokio runtime the engine is
+//! driven from, and the lock that keeps engine tests from sharing the machine's cores.
+
+use std::sync::{Mutex, MutexGuard};
+
+use tandem::engine::{
+    generate_plain, Completion, Engine, EngineRequest, GenerationOutput, GenerationRequest,
+};
+use tandem::model::Llama;
+
+/// The tokio runtime engine tests drive the engine from: two workers, like the machine's cores.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Holds the test binary's tests to one at a time: each starts engines with two compute
+/// threads, and two at once on a 2-core machine would only slow each other down.
+pub fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `req` decoded plainly by `model` alone, in a cache of its own.
+pub fn plain_output(model: &Llama, req: &GenerationRequest) -> GenerationOutput {
+    let mut cache = model.new_cache(1);
+    generate_plain(model, &mut cache, req, &mut |_| true).unwrap()
+}
+
+/// Submits `reqs` to `engine` one after another, all in flight together, and collects each
+/// (in the order given).
+pub fn complete_together(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    reqs: Vec<EngineRequest>,
+) -> Vec<Completion> {
+    rt.block_on(async {
+        let mut handles = Vec::new();
+        for r in reqs {
+            let stream = engine.submit(r).await.unwrap();
+            handles.push(tokio::spawn(stream.collect()));
+        }
+        let mut out = Vec::new();
+        for h in handles {
+            out.push(h.await.unwrap().unwrap());
+        }
+        out
+    })
+}
