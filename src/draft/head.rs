@@ -141,7 +141,8 @@ impl HeadDrafter {
         draft_in_steps(self, jobs)
     }
 
-    /// The head's cache of `seq` keeps its first `len` positions (those that stand).
+    /// The head's cache slot `slot` keeps its first `len` positions (those that stand) and drops
+    /// the drafted ones after them.
     fn keep_standing(&mut self, slot: usize, len: usize) -> Result<(), DraftError> {
         if self.cache.len(slot)? > len {
             self.cache.keep(slot, Kept::First(len))?;
