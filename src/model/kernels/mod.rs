@@ -3,6 +3,8 @@ pub mod cpu_kernels;
 pub mod elementwise;
 pub mod f16_gemm;
 pub mod fast_exp;
+pub mod k_rows;
+pub mod kquant_gemm;
 pub mod packed_gemm;
 pub mod parallel;
 pub mod q4_gemm;

@@ -326,21 +326,26 @@ pub(crate) use run_tile_kernels;
 /// Calls `$kernel::<R>($args)` with the const `R` equal to the runtime `$rows` (1 to
 /// [`MAX_ROWS`]), so each row count gets a kernel whose loops over rows are fully unrolled and
 /// whose accumulators stay in registers.
+/// A kernel with generic parameters of its own names them first: `$kernel::<H>(args)` calls
+/// `$kernel::<H, R>`.
 macro_rules! with_const_rows {
     ($rows:expr, $kernel:ident($($arg:expr),*)) => {
+        $crate::model::kernels::tile_driver::with_const_rows!($rows, $kernel::<>($($arg),*))
+    };
+    ($rows:expr, $kernel:ident::<$($g:ident),*>($($arg:expr),*)) => {
         match $rows {
-            1 => $kernel::<1>($($arg),*),
-            2 => $kernel::<2>($($arg),*),
-            3 => $kernel::<3>($($arg),*),
-            4 => $kernel::<4>($($arg),*),
-            5 => $kernel::<5>($($arg),*),
-            6 => $kernel::<6>($($arg),*),
-            7 => $kernel::<7>($($arg),*),
-            8 => $kernel::<8>($($arg),*),
-            9 => $kernel::<9>($($arg),*),
-            10 => $kernel::<10>($($arg),*),
-            11 => $kernel::<11>($($arg),*),
-            12 => $kernel::<12>($($arg),*),
+            1 => $kernel::<$($g,)* 1>($($arg),*),
+            2 => $kernel::<$($g,)* 2>($($arg),*),
+            3 => $kernel::<$($g,)* 3>($($arg),*),
+            4 => $kernel::<$($g,)* 4>($($arg),*),
+            5 => $kernel::<$($g,)* 5>($($arg),*),
+            6 => $kernel::<$($g,)* 6>($($arg),*),
+            7 => $kernel::<$($g,)* 7>($($arg),*),
+            8 => $kernel::<$($g,)* 8>($($arg),*),
+            9 => $kernel::<$($g,)* 9>($($arg),*),
+            10 => $kernel::<$($g,)* 10>($($arg),*),
+            11 => $kernel::<$($g,)* 11>($($arg),*),
+            12 => $kernel::<$($g,)* 12>($($arg),*),
             r => unreachable!("a row chunk of {r} rows"),
         }
     };

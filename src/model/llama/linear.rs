@@ -12,116 +12,19 @@
 //! quantized types through candle's quantized matmul; on a GPU, float types become dense
 //! tensors multiplied by its BLAS.
 
-use std::str::FromStr;
 use std::sync::Arc;
 
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use crate::model::kernels::f16_gemm::{self, PackedF16};
+use crate::model::kernels::kquant_gemm::{self, KFormat, PackedK};
 use crate::model::kernels::packed_gemm::{PackedLinear, PackedWeight};
 use crate::model::kernels::q4_gemm::{self, PackedQ4, Q4Format};
 use crate::model::kernels::q8_gemm::{self, PackedQ8};
 use crate::model::llama::device::ForwardKind;
+pub use crate::model::llama::weights_dtype::WeightsDtype;
 use crate::model::{ModelError, Result};
-
-/// The type linear weights are converted to when a model is loaded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum WeightsDtype {
-    /// Keep the file's own type (a Q4_1 GGUF stays Q4_1; safetensors keep F32/F16/BF16).
-    #[default]
-    AsIs,
-    /// Keep weights the file already quantized (a Q4_1 GGUF stays Q4_1, on our 4-bit kernel)
-    /// and convert float ones (F32, F16, BF16) to Q8_0: the file's own numbers where its
-    /// publisher chose a quantization, the fast 8-bit kernel where it did not. The default
-    /// model steps 1.6–1.8x faster as-is than converted to Q8_0, on exactly its weights.
-    /// On a GPU, f16 (`Llama::load_on`: candle's quantized kernels there are not
-    /// batch-invariant).
-    Auto,
-    F32,
-    F16,
-    BF16,
-    Q8_0,
-    Q4_0,
-    /// Q4_1 (the default model's own type: loaded as it is, no weight is re-rounded).
-    Q4_1,
-    /// Q4_K; rows whose length is not a multiple of 256 fall back to Q4_0.
-    Q4K,
-}
-
-impl WeightsDtype {
-    pub const NAMES: &'static [&'static str] = &[
-        "as-is", "auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4k",
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::AsIs => "as-is",
-            Self::Auto => "auto",
-            Self::F32 => "f32",
-            Self::F16 => "f16",
-            Self::BF16 => "bf16",
-            Self::Q8_0 => "q8_0",
-            Self::Q4_0 => "q4_0",
-            Self::Q4_1 => "q4_1",
-            Self::Q4K => "q4k",
-        }
-    }
-
-    /// The ggml type a weight of type `src` with rows of `k` values ends up as.
-    pub fn target(self, src: GgmlDType, k: usize) -> GgmlDType {
-        let want = match self {
-            Self::AsIs => src,
-            Self::Auto => match src {
-                GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => GgmlDType::Q8_0,
-                quantized => quantized,
-            },
-            Self::F32 => GgmlDType::F32,
-            Self::F16 => GgmlDType::F16,
-            Self::BF16 => GgmlDType::BF16,
-            Self::Q8_0 => GgmlDType::Q8_0,
-            Self::Q4_0 => GgmlDType::Q4_0,
-            Self::Q4_1 => GgmlDType::Q4_1,
-            Self::Q4K => GgmlDType::Q4K,
-        };
-        if k.is_multiple_of(want.block_size()) {
-            want
-        } else if want == GgmlDType::Q4K && k.is_multiple_of(GgmlDType::Q4_0.block_size()) {
-            GgmlDType::Q4_0
-        } else {
-            GgmlDType::F32
-        }
-    }
-}
-
-impl std::fmt::Display for WeightsDtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for WeightsDtype {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        Ok(match s.to_ascii_lowercase().as_str() {
-            "as-is" | "asis" | "as_is" | "native" => Self::AsIs,
-            "auto" => Self::Auto,
-            "f32" => Self::F32,
-            "f16" => Self::F16,
-            "bf16" => Self::BF16,
-            "q8_0" | "q8" => Self::Q8_0,
-            "q4_0" => Self::Q4_0,
-            "q4_1" => Self::Q4_1,
-            "q4k" | "q4_k" => Self::Q4K,
-            other => {
-                return Err(format!(
-                    "unknown weights dtype '{other}' (expected one of {})",
-                    Self::NAMES.join(", ")
-                ))
-            }
-        })
-    }
-}
 
 /// A weight as it comes out of a file, before conversion.
 pub enum RawWeight {
@@ -171,6 +74,9 @@ enum Kernel {
     Candle(QMatMul),
     /// One of our batch-invariant AVX2 kernels (`q8_gemm`, `q4_gemm`, `f16_gemm`).
     Packed(PackedLinear),
+    /// The runs of a fused projection whose parts differ in type, each on its own kernel,
+    /// their outputs side by side in this order.
+    Split(Vec<Linear>),
 }
 
 /// `y = x Wᵀ` for `x` of shape `(rows, in_features)`.
@@ -202,7 +108,6 @@ impl Linear {
         device: &Device,
         kind: ForwardKind,
     ) -> Result<Self> {
-        let host = Device::Cpu;
         let mut in_features = None;
         let mut out_features = 0;
         for p in &parts {
@@ -221,19 +126,56 @@ impl Linear {
             .iter()
             .map(|p| want.target(p.src_dtype(), in_features))
             .collect();
-        let target = targets[0];
-        if targets.iter().any(|&t| t != target) {
-            return Err(ModelError::Unsupported(format!(
-                "fused weights have different types {targets:?}; convert them with --weights-dtype"
-            )));
+        if targets.iter().any(|&t| t != targets[0]) {
+            return Self::split(parts, &targets, want, device, kind, in_features);
         }
+        let qtensor = Self::stacked(&parts, targets[0], out_features, in_features)?;
+        Self::packed(qtensor, targets[0], device, kind, out_features, in_features)
+    }
+
+    /// A fused projection whose parts end up as different types (a llama.cpp `Q4_K_M` file
+    /// keeps v and down at higher precision than q, k, gate and up): each run of neighbouring
+    /// parts of one type is fused on its own kernel, and their outputs sit side by side, so no
+    /// weight is re-rounded to make the types agree.
+    fn split(
+        parts: Vec<RawWeight>,
+        targets: &[GgmlDType],
+        want: WeightsDtype,
+        device: &Device,
+        kind: ForwardKind,
+        in_features: usize,
+    ) -> Result<Self> {
+        let mut runs: Vec<Linear> = Vec::new();
+        let mut run: Vec<RawWeight> = Vec::new();
+        for (i, part) in parts.into_iter().enumerate() {
+            run.push(part);
+            if targets.get(i + 1) != Some(&targets[i]) {
+                runs.push(Self::fuse(std::mem::take(&mut run), want, device, kind)?);
+            }
+        }
+        Ok(Self {
+            out_features: runs.iter().map(|r| r.out_features).sum(),
+            dtype: targets[0],
+            kernel: Kernel::Split(runs),
+            in_features,
+        })
+    }
+
+    /// The parts (all converting to `target`) stacked into one `(out, in)` quantized tensor.
+    fn stacked(
+        parts: &[RawWeight],
+        target: GgmlDType,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<QTensor> {
+        let host = Device::Cpu;
         let all_quantized_as_is = parts
             .iter()
             .all(|p| matches!(p, RawWeight::Quantized(q) if q.dtype() == target));
-        let qtensor = if all_quantized_as_is {
+        Ok(if all_quantized_as_is {
             // Same type as stored: concatenate the blocks so no requantization loses anything.
             let mut bytes = Vec::new();
-            for p in &parts {
+            for p in parts {
                 bytes.extend_from_slice(&p.raw_bytes()?);
             }
             qtensor_from_ggml(target, &bytes, vec![out_features, in_features], &host)?
@@ -248,7 +190,19 @@ impl Linear {
                 Tensor::cat(&dense, 0)?
             };
             QTensor::quantize(&stacked, target)?
-        };
+        })
+    }
+
+    /// A uniform weight on the kernel that runs it best: one of ours where the CPU and the
+    /// type allow, else candle's.
+    fn packed(
+        qtensor: QTensor,
+        target: GgmlDType,
+        device: &Device,
+        kind: ForwardKind,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Self> {
         if kind == ForwardKind::Tensor {
             return Self::on_device(qtensor, target, device, out_features, in_features);
         }
@@ -264,6 +218,15 @@ impl Linear {
                     Q4Format::Q4_1
                 };
                 PackedQ4::from_gguf_bytes(format, &qtensor.data()?, out_features, in_features)
+                    .map(|p| Arc::new(p) as _)
+            }
+            GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K if kquant_gemm::available() => {
+                let format = match target {
+                    GgmlDType::Q4K => KFormat::Q4K,
+                    GgmlDType::Q5K => KFormat::Q5K,
+                    _ => KFormat::Q6K,
+                };
+                PackedK::from_gguf_bytes(format, &qtensor.data()?, out_features, in_features)
                     .map(|p| Arc::new(p) as _)
             }
             GgmlDType::F16 if f16_gemm::available() => {
@@ -319,6 +282,10 @@ impl Linear {
         Ok(match &self.kernel {
             Kernel::Candle(q) => q.forward(x)?,
             Kernel::Packed(p) => x.apply_op1_no_bwd(p)?,
+            Kernel::Split(runs) => {
+                let outs: Vec<Tensor> = runs.iter().map(|r| r.forward(x)).collect::<Result<_>>()?;
+                Tensor::cat(&outs, x.rank() - 1)?
+            }
         })
     }
 
@@ -338,25 +305,63 @@ impl Linear {
                 let t = Tensor::from_slice(x, (m, self.in_features), &Device::Cpu)?;
                 dst.copy_from_slice(&self.forward(&t)?.flatten_all()?.to_vec1::<f32>()?);
             }
+            Kernel::Split(runs) => self.split_rows_into(runs, x, m, dst)?,
         }
         Ok(())
     }
 
-    /// Which kernel runs this layer, for reporting.
-    pub fn kernel_name(&self) -> &'static str {
+    /// Each run's output for the `m` rows, placed at its columns of `dst`; the runs' outputs
+    /// pass through memory the calling thread keeps across calls.
+    fn split_rows_into(&self, runs: &[Linear], x: &[f32], m: usize, dst: &mut [f32]) -> Result<()> {
+        thread_local! {
+            static PART: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        PART.with(|part| {
+            let mut fresh = Vec::new();
+            // A run is never itself split, so the thread's buffer is free; fresh memory else.
+            let mut held = part.try_borrow_mut();
+            let part = match held.as_deref_mut() {
+                Ok(p) => p,
+                Err(_) => &mut fresh,
+            };
+            let mut col = 0;
+            for run in runs {
+                run.forward_rows_into(x, m, part)?;
+                let n = run.out_features;
+                for (r, row) in part.chunks_exact(n).enumerate() {
+                    dst[r * self.out_features + col..][..n].copy_from_slice(row);
+                }
+                col += n;
+            }
+            Ok(())
+        })
+    }
+
+    /// Each uniform part of this layer (the layer itself unless a fused projection's parts
+    /// differ in type): its ggml type and the kernel that runs it (`"candle"` for candle's
+    /// generic quantized matmul), for reports and the start-up warning.
+    pub fn parts(&self) -> Vec<(GgmlDType, &'static str)> {
         match &self.kernel {
-            Kernel::Candle(_) => "candle",
-            Kernel::Packed(p) => p.0.kernel_name(),
+            Kernel::Candle(_) => vec![(self.dtype, "candle")],
+            Kernel::Packed(p) => vec![(self.dtype, p.0.kernel_name())],
+            Kernel::Split(runs) => runs.iter().flat_map(|r| r.parts()).collect(),
         }
     }
 
-    pub fn dtype(&self) -> GgmlDType {
-        self.dtype
+    /// The ggml types of the layer's weights, in their order.
+    pub fn dtypes(&self) -> Vec<GgmlDType> {
+        self.parts().into_iter().map(|(t, _)| t).collect()
     }
 
-    /// Bytes of the weight in its ggml type: what a forward must at least stream from memory.
+    /// Bytes of the weight in its ggml types: what a forward must at least stream from memory.
     pub fn weight_bytes(&self) -> usize {
-        self.out_features * self.in_features / self.dtype.block_size() * self.dtype.type_size()
+        match &self.kernel {
+            Kernel::Split(runs) => runs.iter().map(|r| r.weight_bytes()).sum(),
+            _ => {
+                self.out_features * self.in_features / self.dtype.block_size()
+                    * self.dtype.type_size()
+            }
+        }
     }
 
     pub fn out_features(&self) -> usize {
@@ -365,28 +370,5 @@ impl Linear {
 
     pub fn in_features(&self) -> usize {
         self.in_features
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{GgmlDType, WeightsDtype};
-
-    #[test]
-    fn auto_keeps_quantized_weights_and_converts_float_ones_to_q8_0() {
-        let auto: WeightsDtype = "auto".parse().unwrap();
-        assert_eq!(auto, WeightsDtype::Auto);
-        for q in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::Q4K] {
-            assert_eq!(auto.target(q, 768), q);
-        }
-        for f in [GgmlDType::F32, GgmlDType::F16, GgmlDType::BF16] {
-            assert_eq!(auto.target(f, 768), GgmlDType::Q8_0);
-        }
-        // Rows that no 32-value block fits stay f32, as for an explicit q8_0.
-        assert_eq!(auto.target(GgmlDType::F16, 40), GgmlDType::F32);
-        assert_eq!(
-            WeightsDtype::AsIs.target(GgmlDType::F16, 576),
-            GgmlDType::F16
-        );
     }
 }

@@ -7,3 +7,4 @@ pub mod own_forward;
 pub mod rope;
 pub mod tensor_forward;
 pub mod weights;
+pub mod weights_dtype;

@@ -82,10 +82,12 @@ impl Llama {
             dtype => dtype,
         };
         let weights = LlamaWeights::load(reader, &hp, weights_dtype, device, kind)?;
-        let quantized = !matches!(
-            weights.layers.first().map(|l| l.qkv.dtype()),
-            None | Some(GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
-        );
+        let quantized = weights.layers.first().is_some_and(|l| {
+            l.qkv
+                .dtypes()
+                .iter()
+                .any(|t| !matches!(t, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16))
+        });
         if !device.is_cpu() && quantized {
             tracing::warn!(
                 "quantized weights ({weights_dtype}) on a GPU: candle's quantized kernels there \

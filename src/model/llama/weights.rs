@@ -183,13 +183,22 @@ impl LlamaWeights {
         };
         let lm_head = Linear::convert(reader.raw(head_src)?, weights_dtype, device, kind)?;
         let norm = dense(reader, WeightName::OutputNorm)?;
-        Ok(Self {
+        let weights = Self {
             embed: embed.to_device(device)?,
             layers,
             norm,
             lm_head,
             output_tied: matches!(head_src, WeightName::Embed),
-        })
+        };
+        let slow = weights.types_without_own_kernel();
+        if kind == ForwardKind::Own && !slow.is_empty() {
+            tracing::warn!(
+                types = %slow.join(", "),
+                "some weights have no own kernel on this CPU: candle's generic quantized matmul \
+                 runs them (correct and batch-invariant, slower)"
+            );
+        }
+        Ok(weights)
     }
 
     /// The output head over the given rows of the last hidden states `x`: final norm, then
@@ -245,18 +254,31 @@ impl LlamaWeights {
     /// The ggml types the linear weights ended up as (after any fallback), for reporting.
     pub fn linear_dtypes(&self) -> Vec<String> {
         let mut v: Vec<String> = self
-            .layers
-            .iter()
-            .flat_map(|l| {
-                [
-                    l.qkv.dtype(),
-                    l.o.dtype(),
-                    l.gate_up.dtype(),
-                    l.down.dtype(),
-                ]
-            })
-            .chain(std::iter::once(self.lm_head.dtype()))
+            .linears()
+            .flat_map(|l| l.dtypes())
             .map(|d| format!("{d:?}"))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Every linear layer, the output head last.
+    fn linears(&self) -> impl Iterator<Item = &Linear> {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+            .chain(std::iter::once(&self.lm_head))
+    }
+
+    /// The types among the linear weights that no own kernel runs on this CPU (candle's
+    /// generic quantized matmul multiplies them: correct, not as fast), sorted.
+    pub fn types_without_own_kernel(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .linears()
+            .flat_map(|l| l.parts())
+            .filter(|(_, kernel)| *kernel == "candle")
+            .map(|(t, _)| format!("{t:?}"))
             .collect();
         v.sort();
         v.dedup();
