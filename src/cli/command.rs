@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use super::{bench, forward_bench, generate, health, serve, train_head};
+use super::{bench, forward_bench, generate, health, make_model, serve, train_head};
 
 /// The environment variables no flag shows (each flag's own `TANDEM_*` variable is listed
 /// beside it).
@@ -54,6 +54,9 @@ pub(super) enum Command {
     TrainHead(Box<train_head::TrainHeadArgs>),
     /// Ask a running server's /health; exit 0 only on 200 (a container health check).
     Health(health::HealthArgs),
+    /// Write a Llama GGUF: random weights at a named shape (for timing only), or a model
+    /// re-quantized, in any of llama.cpp's weight types or its Q4_K_M/Q5_K_M mixes.
+    MakeModel(Box<make_model::MakeModelArgs>),
 }
 
 #[cfg(test)]

@@ -50,6 +50,12 @@ pub enum CliError {
     },
     #[error(transparent)]
     Setup(#[from] SetupError),
+    #[error("making model {path}")]
+    MakeModel {
+        path: String,
+        #[source]
+        source: ModelError,
+    },
     #[error("give a prompt with --prompt TEXT or --prompt-file FILE")]
     NoPrompt,
     #[error("the model has no chat template; pass --raw to feed the prompt as-is")]

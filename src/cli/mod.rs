@@ -10,6 +10,7 @@ mod error;
 mod forward_bench;
 mod generate;
 mod health;
+mod make_model;
 mod model_args;
 mod serve;
 mod stream_bandwidth;
@@ -50,6 +51,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             train_head::run(&config, *args)
         }
         Command::Health(args) => health::run(config.server.port, args),
+        Command::MakeModel(args) => make_model::run(*args),
     }
 }
 

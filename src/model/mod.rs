@@ -41,6 +41,7 @@ pub mod head;
 pub mod kernels;
 pub mod llama;
 pub mod load;
+pub mod synthetic;
 pub mod text;
 
 pub use cache::kv_cache::{Kept, KvCache, KvDtype};

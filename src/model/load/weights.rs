@@ -30,7 +30,8 @@ pub enum WeightName {
 }
 
 impl WeightName {
-    fn gguf(self) -> String {
+    /// The tensor's name in a GGUF file.
+    pub fn gguf(self) -> String {
         match self {
             Self::Embed => "token_embd.weight".into(),
             Self::OutputNorm => "output_norm.weight".into(),
