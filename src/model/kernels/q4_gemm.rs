@@ -1,5 +1,6 @@
-//! A batch-invariant matrix multiply for 4-bit weights (Q4_1 and Q4_0) on x86 CPUs with AVX2,
-//! FMA and F16C: the default model's kernel, as target and as drafter.
+//! A batch-invariant matrix multiply for 32-value blocks of 4-bit and 5-bit weights (Q4_1 and
+//! Q4_0, Q5_1 and Q5_0) on x86 CPUs with AVX2, FMA and F16C: the default model's kernel, as
+//! target and as drafter, and that of the rows a `Q4_K_M` file cannot give 256-value blocks.
 //!
 //! Why it exists: a draft model's step is bound by streaming its weights (a Q8_0 step of
 //! SmolLM2-135M reads ~143 MB at ~18 GB/s on our 2-core machines), so a drafter whose weights
@@ -11,7 +12,10 @@
 //! scales and minimums kept as they are: a 4-bit step is bound by streaming them), and multiply
 //! the same 8-bit activations.
 //!
-//! A 4-bit weight is `d · q + m` with `q` in 0..15 (Q4_0 is the case `m = -8 · d`). The nibbles
+//! A 4-bit weight is `d · q + m` with `q` in 0..15 (Q4_0 is the case `m = -8 · d`); a 5-bit one
+//! the same with `q` in 0..31, its fifth bits in a plane of their own (Q5_0: `m = -16 · d`;
+//! llama.cpp's `Q4_K_M` stores rows whose length is no multiple of 256, such as the default
+//! model's 576, as Q5_0). The values
 //! stay unsigned so one `vpdpbusd` (or `maddubs` + `madd` on plain AVX2, which cannot saturate:
 //! 15 · 127 · 2 < 32768) multiplies them straight into the signed activations; per 32-value
 //! block the integer sum is exact, then two f32 fused multiply-adds add `d · da · Σ q·a` and
@@ -24,48 +28,76 @@ use std::sync::OnceLock;
 use half::f16;
 
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
-use crate::model::kernels::tile_driver::{
-    self, run_tile_kernels, with_quantized, DotIsa, QK, TILE_N,
-};
+use crate::model::kernels::tile_driver::{self, with_quantized, DotIsa, QuantRows, QK, TILE_N};
 
 /// How many tiles ahead the kernel prefetches (the reason is `q8_gemm`'s: streaming and
 /// arithmetic overlap only with it): about 3 KB.
 const PREFETCH_TILES: usize = 10;
-const TILE_BYTES: usize = std::mem::size_of::<Tile>();
-/// One 32-value block of 16 output columns, as many bytes as the file's 16 blocks: per-column
-/// scales and minimums (f16 bits, as in the file), then four 64-byte vectors. Vector `p` holds
-/// value group `2p` (values `8p..8p + 4` of the block) in its low nibbles and group `2p + 1` in
-/// its high ones, each laid out `[column (16)][4 values]`; its two 32-byte halves are the
-/// tiles of columns 0-7 and 8-15 that a 256-bit kernel takes one at a time.
+/// One 32-value block of 16 output columns: per-column scales and minimums (f16 bits, as in
+/// the file), then four 64-byte vectors. Vector `p` holds value group `2p` (values `4 · 2p..`
+/// of the block) in its low nibbles and group `2p + 1` in its high ones, each laid out
+/// `[column (16)][4 values]`; its two 32-byte halves are the tiles of columns 0-7 and 8-15 that
+/// a 256-bit kernel takes one at a time. `H` is the bytes of fifth bits (0 for 4-bit formats,
+/// 64 for 5-bit ones: byte `[column][value]` holds group `g`'s fifth bit in bit `g`).
 #[repr(C, align(64))]
 #[derive(Clone)]
-struct Tile {
+struct Tile<const H: usize> {
     scales: [u16; TILE_N],
     mins: [u16; TILE_N],
     qs: [u8; QK * TILE_N / 2],
+    qh: [u8; H],
 }
 
-/// The GGUF 4-bit block types this kernel packs.
+
+/// The GGUF 32-value block types this kernel packs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Q4Format {
     /// f16 scale, 16 bytes of nibbles; value `d · (q - 8)`.
     Q4_0,
     /// f16 scale, f16 minimum, 16 bytes of nibbles; value `d · q + m`.
     Q4_1,
+    /// f16 scale, 4 bytes of fifth bits, 16 bytes of nibbles; value `d · (q - 16)`.
+    Q5_0,
+    /// f16 scale, f16 minimum, 4 bytes of fifth bits, 16 bytes of nibbles; `d · q + m`.
+    Q5_1,
 }
 
 impl Q4Format {
+    /// Bytes before the nibbles: the scale, the minimum (Q4_1, Q5_1), the fifth bits.
     fn header_bytes(self) -> usize {
         match self {
             Self::Q4_0 => 2,
             Self::Q4_1 => 4,
+            Self::Q5_0 => 6,
+            Self::Q5_1 => 8,
         }
+    }
+
+    /// The minimum as a multiple of the scale for formats that store none (`-8`, `-16`).
+    fn implied_min(self) -> Option<f32> {
+        match self {
+            Self::Q4_0 => Some(-8.0),
+            Self::Q5_0 => Some(-16.0),
+            Self::Q4_1 | Self::Q5_1 => None,
+        }
+    }
+
+    fn five_bits(self) -> bool {
+        matches!(self, Self::Q5_0 | Self::Q5_1)
     }
 }
 
-/// 4-bit weights `(n, k)` packed for [`matmul`].
+/// One format's tiles: column tile `t`'s block `b` at `t · (k / 32) + b`.
+struct Tiles<const H: usize> {
+    tiles: Vec<Tile<H>>,
+    n: usize,
+    k: usize,
+}
+
+/// 4-bit or 5-bit weights `(n, k)` packed for [`matmul`].
 pub struct PackedQ4 {
-    tiles: Vec<Tile>,
+    four: Option<Tiles<0>>,
+    five: Option<Tiles<64>>,
     n: usize,
     k: usize,
 }
@@ -78,72 +110,103 @@ pub fn available() -> bool {
 }
 
 impl PackedQ4 {
-    /// Packs raw GGUF Q4_0 or Q4_1 bytes of an `(n, k)` weight; `None` if the shape does not
-    /// fit (k not a multiple of 32), or a Q4_0 scale is so large that its minimum `-8 · d`
-    /// leaves f16's range.
+    /// Packs raw GGUF Q4_0, Q4_1, Q5_0 or Q5_1 bytes of an `(n, k)` weight; `None` if the
+    /// shape does not fit (k not a multiple of 32), or a Q4_0/Q5_0 scale is so large that its
+    /// minimum `-8 · d` (`-16 · d`) leaves f16's range.
     pub fn from_gguf_bytes(format: Q4Format, bytes: &[u8], n: usize, k: usize) -> Option<Self> {
-        let header = format.header_bytes();
-        let block_bytes = header + QK / 2;
+        let block_bytes = format.header_bytes() + QK / 2;
         if k == 0 || !k.is_multiple_of(QK) || bytes.len() != n * (k / QK) * block_bytes {
             return None;
         }
-        let kb = k / QK;
-        let zero = Tile {
-            scales: [0; TILE_N],
-            mins: [0; TILE_N],
-            qs: [0; QK * TILE_N / 2],
-        };
-        let mut tiles = vec![zero; n.div_ceil(TILE_N) * kb];
-        for col in 0..n {
-            let (t, c) = (col / TILE_N, col % TILE_N);
-            for b in 0..kb {
-                let blk = &bytes[(col * kb + b) * block_bytes..(col * kb + b + 1) * block_bytes];
-                let tile = &mut tiles[t * kb + b];
-                tile.scales[c] = u16::from_le_bytes([blk[0], blk[1]]);
-                tile.mins[c] = match format {
-                    Q4Format::Q4_0 => {
-                        // Exact in f16 (a power-of-two multiple) unless it overflows.
-                        let d = f16::from_bits(tile.scales[c]).to_f32();
-                        let m = f16::from_f32(-8.0 * d);
-                        if m.to_f32() != -8.0 * d {
-                            return None;
-                        }
-                        m.to_bits()
+        let (mut four, mut five) = (None, None);
+        if format.five_bits() {
+            five = Some(pack::<64>(format, bytes, n, k)?);
+        } else {
+            four = Some(pack::<0>(format, bytes, n, k)?);
+        }
+        Some(Self { four, five, n, k })
+    }
+}
+
+/// Every column's blocks of `bytes` in tiles.
+fn pack<const H: usize>(format: Q4Format, bytes: &[u8], n: usize, k: usize) -> Option<Tiles<H>> {
+    let (kb, header) = (k / QK, format.header_bytes());
+    let block_bytes = header + QK / 2;
+    let zero = Tile::<H> {
+        scales: [0; TILE_N],
+        mins: [0; TILE_N],
+        qs: [0; QK * TILE_N / 2],
+        qh: [0; H],
+    };
+    let mut tiles = vec![zero; n.div_ceil(TILE_N) * kb];
+    for col in 0..n {
+        let (t, c) = (col / TILE_N, col % TILE_N);
+        for b in 0..kb {
+            let blk = &bytes[(col * kb + b) * block_bytes..(col * kb + b + 1) * block_bytes];
+            let tile = &mut tiles[t * kb + b];
+            tile.scales[c] = u16::from_le_bytes([blk[0], blk[1]]);
+            tile.mins[c] = match format.implied_min() {
+                Some(factor) => {
+                    // Exact in f16 (a power-of-two multiple) unless it overflows.
+                    let d = f16::from_bits(tile.scales[c]).to_f32();
+                    let m = f16::from_f32(factor * d);
+                    if m.to_f32() != factor * d {
+                        return None;
                     }
-                    Q4Format::Q4_1 => u16::from_le_bytes([blk[2], blk[3]]),
-                };
-                // GGUF keeps value i in the low nibble of byte i and value i + 16 in the high
-                // nibble of byte i.
-                let nibble = |i: usize| {
-                    let byte = blk[header + i % 16];
-                    if i < 16 {
-                        byte & 0x0f
-                    } else {
-                        byte >> 4
-                    }
-                };
-                for i in 0..QK {
-                    let (g, j) = (i / 4, i % 4);
-                    let at = (g / 2) * 64 + c * 4 + j;
-                    tile.qs[at] |= nibble(i) << (4 * (g % 2));
+                    m.to_bits()
+                }
+                None => u16::from_le_bytes([blk[2], blk[3]]),
+            };
+            // GGUF keeps value i in the low nibble of byte i and value i + 16 in the high
+            // nibble of byte i; a 5-bit format's fifth bit of value i is bit i of the 32-bit
+            // word before the nibbles.
+            let nibble = |i: usize| {
+                let byte = blk[header + i % 16];
+                if i < 16 {
+                    byte & 0x0f
+                } else {
+                    byte >> 4
+                }
+            };
+            let high = if H > 0 {
+                u32::from_le_bytes(blk[header - 4..header].try_into().expect("4 bytes"))
+            } else {
+                0
+            };
+            for i in 0..QK {
+                let (g, j) = (i / 4, i % 4);
+                tile.qs[(g / 2) * 64 + c * 4 + j] |= nibble(i) << (4 * (g % 2));
+                if H > 0 {
+                    tile.qh[c * 4 + j] |= (((high >> i) & 1) as u8) << g;
                 }
             }
         }
-        Some(Self { tiles, n, k })
     }
+    Some(Tiles { tiles, n, k })
 }
 
 #[cfg(test)]
 impl PackedQ4 {
     /// The weights back out of the tiles, `(n, k)` row-major: `d · q + m` per value.
     fn unpack(&self) -> Vec<f32> {
-        tile_driver::unpack_with(self.n, self.k, |block, c, i| {
-            let tile = &self.tiles[block];
+        fn value<const H: usize>(tile: &Tile<H>, c: usize, i: usize) -> f32 {
             let (g, j) = (i / 4, i % 4);
-            let q = (tile.qs[(g / 2) * 64 + c * 4 + j] >> (4 * (g % 2))) & 0x0f;
+            let mut q = (tile.qs[(g / 2) * 64 + c * 4 + j] >> (4 * (g % 2))) & 0x0f;
+            if H > 0 {
+                q |= ((tile.qh[c * 4 + j] >> g) & 1) << 4;
+            }
             let m = f16::from_bits(tile.mins[c]).to_f32();
             f16::from_bits(tile.scales[c]).to_f32() * q as f32 + m
-        })
+        }
+        match (&self.four, &self.five) {
+            (Some(w), _) => {
+                tile_driver::unpack_with(self.n, self.k, |b, c, i| value(&w.tiles[b], c, i))
+            }
+            (_, Some(w)) => {
+                tile_driver::unpack_with(self.n, self.k, |b, c, i| value(&w.tiles[b], c, i))
+            }
+            _ => unreachable!("packed weights hold one kind of tile"),
+        }
     }
 }
 
@@ -183,16 +246,45 @@ fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
             .zip(&q.scales)
             .map(|(&sum, &da)| da * sum as f32)
             .collect();
-        run_tile_kernels!(isa, m, w, q, &row_sums[..], dst);
-        // Elsewhere `available()` is false and the assertion above has stopped the call.
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (q, isa, row_sums);
+        match (&w.four, &w.five) {
+            (Some(t), _) => run(t, q, &row_sums, m, dst, isa),
+            (_, Some(t)) => run(t, q, &row_sums, m, dst, isa),
+            _ => unreachable!("packed weights hold one kind of tile"),
+        }
     })
+}
+
+/// Runs `isa`'s tile kernel over every (column tile, row chunk) of the output, in parallel.
+fn run<const H: usize>(
+    w: &Tiles<H>,
+    q: &QuantRows,
+    row_sums: &[f32],
+    m: usize,
+    dst: &mut [f32],
+    isa: DotIsa,
+) {
+    #[cfg(target_arch = "x86_64")]
+    tile_driver::for_each_tile(m, w.n, isa.rows_per_load(), dst, |t, r0, rows, dst| {
+        use tile_driver::with_const_rows;
+        let args = (w, q, row_sums, t, r0, dst);
+        // SAFETY: `available()` checked the CPU features of every `isa` it lists; the driver
+        // hands each tile its own (rows, 16-column) block of `dst`, with at most
+        // `rows_per_load` rows.
+        unsafe {
+            match isa {
+                DotIsa::Avx2 => with_const_rows!(rows, tile_kernel_avx2::<H>(args)),
+                DotIsa::AvxVnni => with_const_rows!(rows, tile_kernel_vnni::<H>(args)),
+                DotIsa::Avx512Vnni => with_const_rows!(rows, tile_kernel_vnni512::<H>(args)),
+            }
+        }
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (w, q, row_sums, m, dst, isa);
 }
 
 /// What every tile kernel is given: the weights, the quantized rows, `da · Σa` per (row,
 /// block), the column tile, the first row and the output's start.
-type TileArgs<'a> = tile_driver::TileArgs<'a, PackedQ4, f32>;
+type TileArgs<'a, const H: usize> = tile_driver::TileArgs<'a, Tiles<H>, f32>;
 
 /// The 256-bit tile kernel, written once for AVX2 and AVX-VNNI: `R` rows (at most 4), the
 /// tile's two 8-column halves one after the other. `$dot4(acc, w, a)` adds the products of
@@ -205,29 +297,45 @@ macro_rules! tile_kernel_256 {
     ($name:ident, $features:literal, $dot4:expr, $widen:expr) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        unsafe fn $name<const R: usize>((w, q, row_sums, t, r0, dst): TileArgs) {
+        unsafe fn $name<const H: usize, const R: usize>(
+            (w, q, row_sums, t, r0, dst): TileArgs<H>,
+        ) {
             use std::arch::x86_64::*;
+            use $crate::model::kernels::tile_driver::bit_to_4_256;
             let kb = w.k / QK;
-            let low = _mm256_set1_epi8(0x0f);
+            let (low, bit4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
             let cols = (w.n - t * TILE_N).min(TILE_N);
             for h in 0..cols.div_ceil(8) {
                 let mut acc = [_mm256_setzero_ps(); R];
                 for b in 0..kb {
                     let tile = &w.tiles[t * kb + b];
                     if h == 0 {
-                        let ahead = (tile as *const Tile as *const i8)
-                            .wrapping_add(PREFETCH_TILES * TILE_BYTES);
-                        for line in 0..TILE_BYTES / 64 {
+                        let bytes = std::mem::size_of::<Tile<H>>();
+                        let ahead = (tile as *const Tile<H> as *const i8)
+                            .wrapping_add(PREFETCH_TILES * bytes);
+                        for line in 0..bytes / 64 {
                             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
                         }
                     }
-                    let mut iacc = [_mm256_setzero_si256(); R];
+                    // Two running sums a block where the values have 5 bits (see the AVX2 note).
+                    let mut iacc = [[_mm256_setzero_si256(); R]; 2];
+                    let high = if H > 0 {
+                        _mm256_loadu_si256(tile.qh.as_ptr().add(h * 32) as *const __m256i)
+                    } else {
+                        _mm256_setzero_si256()
+                    };
                     for p in 0..QK / 8 {
                         let at = tile.qs.as_ptr().add(p * 64 + h * 32);
                         let v = _mm256_load_si256(at as *const __m256i);
-                        let lo = _mm256_and_si256(v, low);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                        for (r, ia) in iacc.iter_mut().enumerate() {
+                        let mut lo = _mm256_and_si256(v, low);
+                        let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                        if H > 0 {
+                            let fifth = |g| _mm256_and_si256(bit_to_4_256(high, g), bit4);
+                            lo = _mm256_or_si256(lo, fifth(2 * p));
+                            hi = _mm256_or_si256(hi, fifth(2 * p + 1));
+                        }
+                        let sums = &mut iacc[if H > 0 { p / 2 } else { 0 }];
+                        for (r, ia) in sums.iter_mut().enumerate() {
                             let a = q.group(r0 + r, b, 2 * p);
                             *ia = $dot4(*ia, lo, _mm256_set1_epi32(a.read_unaligned()));
                             *ia = $dot4(*ia, hi, _mm256_set1_epi32(a.add(1).read_unaligned()));
@@ -237,10 +345,14 @@ macro_rules! tile_kernel_256 {
                         _mm256_cvtph_ps(_mm_load_si128(v.as_ptr().add(8 * h) as *const __m128i))
                     };
                     let (sc, mins) = (half(&tile.scales), half(&tile.mins));
-                    for (r, (a, ia)) in acc.iter_mut().zip(&iacc).enumerate() {
+                    for (r, a) in acc.iter_mut().enumerate() {
                         let row_block = q.at(r0 + r, b);
                         let scale = _mm256_mul_ps(sc, _mm256_set1_ps(q.scales[row_block]));
-                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps($widen(*ia)), scale, *a);
+                        let mut sum = $widen(iacc[0][r]);
+                        if H > 0 {
+                            sum = _mm256_add_epi32(sum, $widen(iacc[1][r]));
+                        }
+                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *a);
                         *a = _mm256_fmadd_ps(mins, _mm256_set1_ps(row_sums[row_block]), *a);
                     }
                 }
@@ -257,7 +369,8 @@ macro_rules! tile_kernel_256 {
 // widens it once a block: a `maddubs` pair sum is at most 2 · 15 · 127 = 3810 in magnitude
 // (activations round to -127..127), and a lane takes 8 of them a block (4 vectors, low and
 // high nibbles), at most 30,480 < 32,768, so the 16-bit adds are exact and one `madd` a block
-// replaces a `madd` and an add per product.
+// replaces a `madd` and an add per product. With 5-bit values a pair sum reaches
+// 2 · 31 · 127 = 7874, so a block's sum is two halves of at most 31,496, widened apart.
 tile_kernel_256!(
     tile_kernel_avx2,
     "avx2,fma,f16c",
@@ -284,18 +397,21 @@ tile_kernel_256!(
 /// bounds check per row.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn tile_kernel_vnni512<const R: usize>((w, q, row_sums, t, r0, dst): TileArgs) {
+unsafe fn tile_kernel_vnni512<const H: usize, const R: usize>(
+    (w, q, row_sums, t, r0, dst): TileArgs<H>,
+) {
     use std::arch::x86_64::*;
     let split = R <= 2;
     let kb = w.k / QK;
     debug_assert!(r0 + R <= q.m && w.tiles.len() >= (t + 1) * kb);
-    let low = _mm512_set1_epi8(0x0f);
+    let (low, bit4) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x10));
+    let bytes = std::mem::size_of::<Tile<H>>();
     let tiles = w.tiles.as_ptr().add(t * kb);
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..kb {
         let tile = &*tiles.add(b);
-        let ahead = (tile as *const Tile as *const i8).wrapping_add(PREFETCH_TILES * TILE_BYTES);
-        for line in 0..TILE_BYTES / 64 {
+        let ahead = (tile as *const Tile<H> as *const i8).wrapping_add(PREFETCH_TILES * bytes);
+        for line in 0..bytes / 64 {
             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
         }
         // Row r0 + r of block b: values at acts + 32 r, scale at scales + r, sum at sums + r.
@@ -304,10 +420,20 @@ unsafe fn tile_kernel_vnni512<const R: usize>((w, q, row_sums, t, r0, dst): Tile
         let (scales, sums) = (q.scales.as_ptr().add(first), row_sums.as_ptr().add(first));
         let mut ia = [_mm512_setzero_si512(); R];
         let mut ib = [_mm512_setzero_si512(); R];
+        let high = if H > 0 {
+            _mm512_loadu_si512(tile.qh.as_ptr() as *const __m512i)
+        } else {
+            _mm512_setzero_si512()
+        };
         for p in 0..QK / 8 {
             let v = _mm512_load_si512(tile.qs.as_ptr().add(p * 64) as *const __m512i);
-            let lo = _mm512_and_si512(v, low);
-            let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            let mut lo = _mm512_and_si512(v, low);
+            let mut hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            if H > 0 {
+                let fifth = |g| _mm512_and_si512(tile_driver::bit_to_4_512(high, g), bit4);
+                lo = _mm512_or_si512(lo, fifth(2 * p));
+                hi = _mm512_or_si512(hi, fifth(2 * p + 1));
+            }
             for r in 0..R {
                 let a = acts.add(r * QK + p * 8) as *const i32;
                 ia[r] = _mm512_dpbusd_epi32(ia[r], lo, _mm512_set1_epi32(a.read_unaligned()));
@@ -348,15 +474,19 @@ mod tests {
     use candle_core::quantized::GgmlDType;
     use candle_core::{Device, Tensor};
 
+    const FORMATS: [(Q4Format, GgmlDType); 4] = [
+        (Q4Format::Q4_0, GgmlDType::Q4_0),
+        (Q4Format::Q4_1, GgmlDType::Q4_1),
+        (Q4Format::Q5_0, GgmlDType::Q5_0),
+        (Q4Format::Q5_1, GgmlDType::Q5_1),
+    ];
+
     #[test]
     fn matches_candle_and_is_row_invariant() {
         if !available() {
             panic!("these tests need an x86-64 CPU with AVX2, FMA and F16C (every CI machine)");
         }
-        for (format, dtype) in [
-            (Q4Format::Q4_0, GgmlDType::Q4_0),
-            (Q4Format::Q4_1, GgmlDType::Q4_1),
-        ] {
+        for (format, dtype) in FORMATS {
             // n = 44 ends in a 12-column tile (a 256-bit kernel's second half holds 4), 37 in
             // a 5-column one; k is a multiple of 64 because candle's Q4_1 kernel takes blocks
             // in pairs.
@@ -385,10 +515,7 @@ mod tests {
 
     #[test]
     fn the_tiles_unpack_to_the_files_exact_weights() {
-        for (format, dtype) in [
-            (Q4Format::Q4_0, GgmlDType::Q4_0),
-            (Q4Format::Q4_1, GgmlDType::Q4_1),
-        ] {
+        for (format, dtype) in FORMATS {
             let (n, k) = (37usize, 128usize);
             let w = Tensor::from_vec(random(5, n * k), (n, k), &Device::Cpu).unwrap();
             let (bytes, values) = quantized(&w, dtype);
@@ -405,32 +532,38 @@ mod tests {
 
     #[test]
     fn extreme_nibbles_and_activations_do_not_saturate() {
-        // Every nibble 15 against activations at -127 and 127: the largest products the AVX2
-        // path's 16-bit pair sums must hold. Q4_1 blocks with d = 1, m = 0.5: each weight 15.5.
+        // Every value at its largest (15; 31 with the fifth bits) against activations at -127
+        // and 127: the largest products the AVX2 path's 16-bit pair sums must hold. Blocks
+        // with d = 1, m = 0.5: each weight 15.5 (Q4_1) or 31.5 (Q5_1).
         let (n, k) = (8usize, 64usize);
-        let mut bytes = Vec::new();
-        for _ in 0..n * (k / QK) {
-            bytes.extend_from_slice(&f16::from_f32(1.0).to_le_bytes());
-            bytes.extend_from_slice(&f16::from_f32(0.5).to_le_bytes());
-            bytes.extend_from_slice(&[0xffu8; QK / 2]);
-        }
-        let packed = PackedQ4::from_gguf_bytes(Q4Format::Q4_1, &bytes, n, k).unwrap();
-        // Mixed signs, then every activation at 127 and at -127: the largest block sums the
-        // AVX2 path's 16-bit lanes hold (8 pair sums of 2 · 15 · 127 each).
-        let rows: [Vec<f32>; 3] = [
-            (0..k)
-                .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
-                .collect(),
-            vec![1.0; k],
-            vec![-1.0; k],
-        ];
-        for x in &rows {
-            let want: f32 = x.iter().map(|v| 15.5 * v).sum();
-            for isa in DotIsa::available() {
-                let mut out = vec![0f32; n];
-                matmul_on(&packed, x, 1, &mut out, isa);
-                for &o in &out {
-                    assert!((o - want).abs() < 1e-3, "{isa:?}: {o} vs {want}");
+        for (format, weight) in [(Q4Format::Q4_1, 15.5f32), (Q4Format::Q5_1, 31.5)] {
+            let mut bytes = Vec::new();
+            for _ in 0..n * (k / QK) {
+                bytes.extend_from_slice(&f16::from_f32(1.0).to_le_bytes());
+                bytes.extend_from_slice(&f16::from_f32(0.5).to_le_bytes());
+                if format == Q4Format::Q5_1 {
+                    bytes.extend_from_slice(&[0xffu8; 4]);
+                }
+                bytes.extend_from_slice(&[0xffu8; QK / 2]);
+            }
+            let packed = PackedQ4::from_gguf_bytes(format, &bytes, n, k).unwrap();
+            // Mixed signs, then every activation at 127 and at -127: the largest block sums
+            // the AVX2 path's 16-bit lanes hold.
+            let rows: [Vec<f32>; 3] = [
+                (0..k)
+                    .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+                    .collect(),
+                vec![1.0; k],
+                vec![-1.0; k],
+            ];
+            for x in &rows {
+                let want: f32 = x.iter().map(|v| weight * v).sum();
+                for isa in DotIsa::available() {
+                    let mut out = vec![0f32; n];
+                    matmul_on(&packed, x, 1, &mut out, isa);
+                    for &o in &out {
+                        assert!((o - want).abs() < 1e-3, "{format:?} {isa:?}: {o} vs {want}");
+                    }
                 }
             }
         }
@@ -445,5 +578,8 @@ mod tests {
         assert!(PackedQ4::from_gguf_bytes(Q4Format::Q4_0, &[0; 18], 1, 33).is_none());
         assert!(PackedQ4::from_gguf_bytes(Q4Format::Q4_0, &[0; 17], 1, 32).is_none());
         assert!(PackedQ4::from_gguf_bytes(Q4Format::Q4_1, &[0; 18], 1, 32).is_none());
+        assert!(PackedQ4::from_gguf_bytes(Q4Format::Q5_0, &[0; 18], 1, 32).is_none());
+        assert!(PackedQ4::from_gguf_bytes(Q4Format::Q5_0, &[0; 22], 1, 32).is_some());
+        assert!(PackedQ4::from_gguf_bytes(Q4Format::Q5_1, &[0; 24], 1, 32).is_some());
     }
 }

@@ -290,6 +290,47 @@ pub(crate) unsafe fn store_cols_256(v: std::arch::x86_64::__m256, dst: *mut f32,
     std::ptr::copy_nonoverlapping(out.as_ptr(), dst, cols.min(8));
 }
 
+/// Moves bit `k` of every byte of `h` to bit 4, where a 5-bit value's fifth bit goes (the
+/// caller masks the other bits off: the 16-bit shifts carry bits between bytes).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn bit_to_4_512(
+    h: std::arch::x86_64::__m512i,
+    k: usize,
+) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    match k {
+        0 => _mm512_slli_epi16::<4>(h),
+        1 => _mm512_slli_epi16::<3>(h),
+        2 => _mm512_slli_epi16::<2>(h),
+        3 => _mm512_slli_epi16::<1>(h),
+        4 => h,
+        5 => _mm512_srli_epi16::<1>(h),
+        6 => _mm512_srli_epi16::<2>(h),
+        _ => _mm512_srli_epi16::<3>(h),
+    }
+}
+
+/// [`bit_to_4_512`] on 256 bits.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn bit_to_4_256(
+    h: std::arch::x86_64::__m256i,
+    k: usize,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    match k {
+        0 => _mm256_slli_epi16::<4>(h),
+        1 => _mm256_slli_epi16::<3>(h),
+        2 => _mm256_slli_epi16::<2>(h),
+        3 => _mm256_slli_epi16::<1>(h),
+        4 => h,
+        5 => _mm256_srli_epi16::<1>(h),
+        6 => _mm256_srli_epi16::<2>(h),
+        _ => _mm256_srli_epi16::<3>(h),
+    }
+}
+
 /// What every tile kernel is given: the weights `W`, the quantized rows, a per-(row, block)
 /// figure of the kernel's own (`S`), the column tile, the first row and the output's start.
 pub(crate) type TileArgs<'a, W, S> = (&'a W, &'a QuantRows, &'a [S], usize, usize, *mut f32);

@@ -211,11 +211,14 @@ impl Linear {
                 PackedQ8::from_q8_0_bytes(&qtensor.data()?, out_features, in_features)
                     .map(|p| Arc::new(p) as _)
             }
-            GgmlDType::Q4_0 | GgmlDType::Q4_1 if q4_gemm::available() => {
-                let format = if target == GgmlDType::Q4_0 {
-                    Q4Format::Q4_0
-                } else {
-                    Q4Format::Q4_1
+            GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1
+                if q4_gemm::available() =>
+            {
+                let format = match target {
+                    GgmlDType::Q4_0 => Q4Format::Q4_0,
+                    GgmlDType::Q4_1 => Q4Format::Q4_1,
+                    GgmlDType::Q5_0 => Q4Format::Q5_0,
+                    _ => Q4Format::Q5_1,
                 };
                 PackedQ4::from_gguf_bytes(format, &qtensor.data()?, out_features, in_features)
                     .map(|p| Arc::new(p) as _)

@@ -110,23 +110,6 @@ pub(crate) fn run<const H: usize>(
     let _ = (w, q, m, dst, isa);
 }
 
-/// Moves bit `k` of every byte of `h` to bit 4 (other bits are masked off by the caller).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn bit_to_4_512(h: std::arch::x86_64::__m512i, k: usize) -> std::arch::x86_64::__m512i {
-    use std::arch::x86_64::*;
-    match k {
-        0 => _mm512_slli_epi16::<4>(h),
-        1 => _mm512_slli_epi16::<3>(h),
-        2 => _mm512_slli_epi16::<2>(h),
-        3 => _mm512_slli_epi16::<1>(h),
-        4 => h,
-        5 => _mm512_srli_epi16::<1>(h),
-        6 => _mm512_srli_epi16::<2>(h),
-        _ => _mm512_srli_epi16::<3>(h),
-    }
-}
-
 /// The AVX-512 VNNI kernel: all 16 columns in one vector, `R` rows (at most 12) a weight load.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
@@ -169,9 +152,9 @@ unsafe fn kernel_vnni512<const H: usize, const R: usize>((w, q, t, r0, dst): Arg
                     let mut lo = _mm512_and_si512(v, low);
                     let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
                     if H > 0 {
-                        lo = _mm512_or_si512(lo, _mm512_and_si512(bit_to_4_512(h, 2 * p), bit4));
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(tile_driver::bit_to_4_512(h, 2 * p), bit4));
                         hi =
-                            _mm512_or_si512(hi, _mm512_and_si512(bit_to_4_512(h, 2 * p + 1), bit4));
+                            _mm512_or_si512(hi, _mm512_and_si512(tile_driver::bit_to_4_512(h, 2 * p + 1), bit4));
                     }
                     for (r, a) in ia.iter_mut().enumerate() {
                         let x = acts.add(r * QK_K + j * 32 + p * 8) as *const i32;
@@ -219,16 +202,6 @@ macro_rules! kernel_256 {
             let (low, bit4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
             let lo16 = _mm256_set1_epi32(0xffff);
             let cols = (w.n - t * TILE_N).min(TILE_N);
-            let bit_to_4 = |h: __m256i, k: usize| match k {
-                0 => _mm256_slli_epi16::<4>(h),
-                1 => _mm256_slli_epi16::<3>(h),
-                2 => _mm256_slli_epi16::<2>(h),
-                3 => _mm256_slli_epi16::<1>(h),
-                4 => h,
-                5 => _mm256_srli_epi16::<1>(h),
-                6 => _mm256_srli_epi16::<2>(h),
-                _ => _mm256_srli_epi16::<3>(h),
-            };
             for half in 0..cols.div_ceil(8) {
                 let mut acc = [_mm256_setzero_ps(); R];
                 for b in 0..kb {
@@ -260,8 +233,8 @@ macro_rules! kernel_256 {
                                 let mut lo = _mm256_and_si256(v, low);
                                 let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
                                 if H > 0 {
-                                    let b0 = _mm256_and_si256(bit_to_4(h, 2 * p), bit4);
-                                    let b1 = _mm256_and_si256(bit_to_4(h, 2 * p + 1), bit4);
+                                    let b0 = _mm256_and_si256(tile_driver::bit_to_4_256(h, 2 * p), bit4);
+                                    let b1 = _mm256_and_si256(tile_driver::bit_to_4_256(h, 2 * p + 1), bit4);
                                     lo = _mm256_or_si256(lo, b0);
                                     hi = _mm256_or_si256(hi, b1);
                                 }
