@@ -10,8 +10,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use tandem::model::synthetic::{make_model, Recipe, Shape, WeightSource};
 use tandem::model::default_model_path;
+use tandem::model::synthetic::{make_model, Recipe, Shape, WeightSource};
 
 use super::CliError;
 
@@ -32,6 +32,11 @@ pub struct MakeModelArgs {
     /// The file to write.
     #[arg(long)]
     out: PathBuf,
+    /// With --shape: this many layers instead of the shape's own (every matrix keeps the
+    /// shape's widths; a quick file for a check, not for timing a whole model) [default: the
+    /// shape's].
+    #[arg(long)]
+    layers: Option<usize>,
     /// Seed of the random weights.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -46,10 +51,19 @@ pub fn run(args: MakeModelArgs) -> Result<(), CliError> {
     let recipe: Recipe = args.recipe.parse().map_err(flag("--type"))?;
     let tokenizer = args.tokenizer_from.unwrap_or_else(default_model_path);
     let source = match (&args.shape, &args.from) {
-        (Some(s), None) => WeightSource::Random {
-            shape: Shape::named(s).map_err(flag("--shape"))?,
-            seed: args.seed,
-        },
+        (Some(s), None) => {
+            let mut shape = Shape::named(s).map_err(flag("--shape"))?;
+            if let Some(layers) = args.layers {
+                if layers == 0 {
+                    return Err(flag("--layers")("must be at least 1".into()));
+                }
+                shape.layers = layers;
+            }
+            WeightSource::Random {
+                shape,
+                seed: args.seed,
+            }
+        }
         (None, Some(p)) => WeightSource::Model(p),
         _ => return Err(flag("--shape")("or --from is needed (one of them)".into())),
     };

@@ -48,7 +48,6 @@ struct Tile<const H: usize> {
     qh: [u8; H],
 }
 
-
 /// The GGUF 32-value block types this kernel packs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Q4Format {
@@ -297,9 +296,7 @@ macro_rules! tile_kernel_256 {
     ($name:ident, $features:literal, $dot4:expr, $widen:expr) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        unsafe fn $name<const H: usize, const R: usize>(
-            (w, q, row_sums, t, r0, dst): TileArgs<H>,
-        ) {
+        unsafe fn $name<const H: usize, const R: usize>((w, q, row_sums, t, r0, dst): TileArgs<H>) {
             use std::arch::x86_64::*;
             use $crate::model::kernels::tile_driver::bit_to_4_256;
             let kb = w.k / QK;

@@ -199,6 +199,12 @@ impl Llama {
         self.weights.linear_dtypes()
     }
 
+    /// The linear weights' types that no own kernel runs on this CPU (candle's generic
+    /// quantized matmul multiplies them), sorted; empty when every matmul is ours.
+    pub fn types_without_own_kernel(&self) -> Vec<String> {
+        self.weights.types_without_own_kernel()
+    }
+
     /// A cache with `num_slots` sequence slots of up to `context_len` tokens each, where this
     /// model's forward keeps it (host buffers or device tensors).
     pub fn new_cache(&self, num_slots: usize) -> KvCache {

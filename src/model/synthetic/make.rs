@@ -7,9 +7,9 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
+use crate::model::llama::linear::RawWeight;
 use crate::model::load::hparams::LlamaHparams;
 use crate::model::load::weights::{WeightName, WeightReader};
-use crate::model::llama::linear::RawWeight;
 use crate::model::synthetic::{Recipe, Shape};
 use crate::model::{ModelError, Result};
 use crate::sampling::SeededRng;
@@ -45,7 +45,14 @@ pub fn make_model(
             let md = read_metadata(tokenizer_from)?;
             let vocab = vocab_size(&md, tokenizer_from)?;
             let md = random_metadata(md, &shape, vocab, recipe);
-            (md, Weights::Random { shape, vocab, rng: SeededRng::new(seed) })
+            (
+                md,
+                Weights::Random {
+                    shape,
+                    vocab,
+                    rng: SeededRng::new(seed),
+                },
+            )
         }
         WeightSource::Model(path) => {
             let content = read_content(path)?;
@@ -70,7 +77,8 @@ pub fn make_model(
         reason: e.to_string(),
     };
     let mut file = std::io::BufWriter::new(std::fs::File::create(out).map_err(|e| unreadable(&e))?);
-    let md: Vec<(&str, &gguf_file::Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let md: Vec<(&str, &gguf_file::Value)> =
+        metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     gguf_file::write(&mut file, &md, &ts)?;
     drop(file);
@@ -104,8 +112,15 @@ fn roles(layers: usize, tied: bool) -> Vec<WeightName> {
 }
 
 enum Weights {
-    Random { shape: Shape, vocab: usize, rng: SeededRng },
-    Model { hp: LlamaHparams, reader: WeightReader },
+    Random {
+        shape: Shape,
+        vocab: usize,
+        rng: SeededRng,
+    },
+    Model {
+        hp: LlamaHparams,
+        reader: WeightReader,
+    },
 }
 
 impl Weights {
@@ -117,7 +132,13 @@ impl Weights {
     }
 
     /// Weight `name` in the recipe's type.
-    fn quantized(&mut self, name: WeightName, recipe: Recipe, layers: usize, tied: bool) -> Result<QTensor> {
+    fn quantized(
+        &mut self,
+        name: WeightName,
+        recipe: Recipe,
+        layers: usize,
+        tied: bool,
+    ) -> Result<QTensor> {
         let values = match self {
             Self::Random { shape, vocab, rng } => {
                 let (rows, cols) = random_dims(shape, *vocab, name);
@@ -146,7 +167,10 @@ impl Weights {
             },
         };
         let cols = *values.dims().last().unwrap_or(&1);
-        Ok(QTensor::quantize(&values, recipe.weight_type(name, layers, cols, tied))?)
+        Ok(QTensor::quantize(
+            &values,
+            recipe.weight_type(name, layers, cols, tied),
+        )?)
     }
 }
 
@@ -164,7 +188,10 @@ fn random_dims(shape: &Shape, vocab: usize, name: WeightName) -> (usize, usize) 
 }
 
 fn read_content(path: &Path) -> Result<gguf_file::Content> {
-    let unreadable = |reason: String| ModelError::Unreadable { path: path.to_owned(), reason };
+    let unreadable = |reason: String| ModelError::Unreadable {
+        path: path.to_owned(),
+        reason,
+    };
     let mut f = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
     gguf_file::Content::read(&mut f).map_err(|e| unreadable(e.to_string()))
 }
@@ -187,9 +214,11 @@ fn random_metadata(
     vocab: usize,
     recipe: Recipe,
 ) -> HashMap<String, gguf_file::Value> {
-    use gguf_file::Value::{F32, String as S, U32};
-    let mut out: HashMap<String, gguf_file::Value> =
-        md.into_iter().filter(|(k, _)| k.starts_with("tokenizer.")).collect();
+    use gguf_file::Value::{String as S, F32, U32};
+    let mut out: HashMap<String, gguf_file::Value> = md
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .collect();
     let name = format!(
         "tandem synthetic {} {recipe:?} (random weights: for timing only)",
         shape.name

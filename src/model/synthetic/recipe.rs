@@ -29,11 +29,19 @@ impl Recipe {
     /// a quantized recipe's output head (or the tied embedding) is Q6_K unless the recipe is
     /// Q8_0; a type whose block does not divide the rows falls back (Q4_K to Q5_0, Q5_K to
     /// Q5_1, Q6_K to Q8_0, a 32-value type to f16).
-    pub fn weight_type(self, name: WeightName, layers: usize, ncols: usize, tied: bool) -> GgmlDType {
+    pub fn weight_type(
+        self,
+        name: WeightName,
+        layers: usize,
+        ncols: usize,
+        tied: bool,
+    ) -> GgmlDType {
         let base = match self {
             Self::Uniform(t) | Self::KMix { base: t } => t,
         };
-        let more_bits = |l: usize| l < layers / 8 || l >= 7 * layers / 8 || (l >= layers / 8 && (l - layers / 8) % 3 == 2);
+        let more_bits = |l: usize| {
+            l < layers / 8 || l >= 7 * layers / 8 || (l >= layers / 8 && (l - layers / 8) % 3 == 2)
+        };
         let float = matches!(base, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
         let want = match name {
             WeightName::AttnNorm(_) | WeightName::FfnNorm(_) | WeightName::OutputNorm => {
@@ -119,21 +127,57 @@ mod tests {
             .filter(|&l| r.weight_type(WeightName::V(l), 16, 2048, true) == GgmlDType::Q6K)
             .collect();
         assert_eq!(six, vec![0, 1, 4, 7, 10, 13, 14, 15]);
-        assert_eq!(r.weight_type(WeightName::Down(4), 16, 8192, true), GgmlDType::Q6K);
-        assert_eq!(r.weight_type(WeightName::Down(5), 16, 8192, true), GgmlDType::Q4K);
-        assert_eq!(r.weight_type(WeightName::Q(4), 16, 2048, true), GgmlDType::Q4K);
-        assert_eq!(r.weight_type(WeightName::Embed, 16, 2048, true), GgmlDType::Q6K);
-        assert_eq!(r.weight_type(WeightName::Embed, 16, 2048, false), GgmlDType::Q4K);
-        assert_eq!(r.weight_type(WeightName::AttnNorm(0), 16, 2048, true), GgmlDType::F32);
+        assert_eq!(
+            r.weight_type(WeightName::Down(4), 16, 8192, true),
+            GgmlDType::Q6K
+        );
+        assert_eq!(
+            r.weight_type(WeightName::Down(5), 16, 8192, true),
+            GgmlDType::Q4K
+        );
+        assert_eq!(
+            r.weight_type(WeightName::Q(4), 16, 2048, true),
+            GgmlDType::Q4K
+        );
+        assert_eq!(
+            r.weight_type(WeightName::Embed, 16, 2048, true),
+            GgmlDType::Q6K
+        );
+        assert_eq!(
+            r.weight_type(WeightName::Embed, 16, 2048, false),
+            GgmlDType::Q4K
+        );
+        assert_eq!(
+            r.weight_type(WeightName::AttnNorm(0), 16, 2048, true),
+            GgmlDType::F32
+        );
         // Rows of 576 (the default model): Q4_K falls back to Q5_0, Q6_K to Q8_0.
-        assert_eq!(r.weight_type(WeightName::Q(3), 30, 576, true), GgmlDType::Q5_0);
-        assert_eq!(r.weight_type(WeightName::V(0), 30, 576, true), GgmlDType::Q8_0);
-        assert_eq!(r.weight_type(WeightName::Down(0), 30, 1536, true), GgmlDType::Q6K);
-        assert_eq!(r.weight_type(WeightName::Embed, 30, 576, true), GgmlDType::Q8_0);
+        assert_eq!(
+            r.weight_type(WeightName::Q(3), 30, 576, true),
+            GgmlDType::Q5_0
+        );
+        assert_eq!(
+            r.weight_type(WeightName::V(0), 30, 576, true),
+            GgmlDType::Q8_0
+        );
+        assert_eq!(
+            r.weight_type(WeightName::Down(0), 30, 1536, true),
+            GgmlDType::Q6K
+        );
+        assert_eq!(
+            r.weight_type(WeightName::Embed, 30, 576, true),
+            GgmlDType::Q8_0
+        );
         let q8: Recipe = "q8_0".parse().unwrap();
-        assert_eq!(q8.weight_type(WeightName::Output, 16, 2048, false), GgmlDType::Q8_0);
+        assert_eq!(
+            q8.weight_type(WeightName::Output, 16, 2048, false),
+            GgmlDType::Q8_0
+        );
         let q41: Recipe = "q4_1".parse().unwrap();
-        assert_eq!(q41.weight_type(WeightName::Output, 16, 2048, false), GgmlDType::Q6K);
+        assert_eq!(
+            q41.weight_type(WeightName::Output, 16, 2048, false),
+            GgmlDType::Q6K
+        );
         assert!("q3_k".parse::<Recipe>().is_err());
     }
 }

@@ -15,10 +15,42 @@ pub struct Shape {
 }
 
 pub const SHAPES: [Shape; 4] = [
-    Shape { name: "135m", hidden: 576, layers: 30, ffn: 1536, heads: 9, kv_heads: 3, tied: true },
-    Shape { name: "1b", hidden: 2048, layers: 16, ffn: 8192, heads: 32, kv_heads: 8, tied: true },
-    Shape { name: "3b", hidden: 3072, layers: 28, ffn: 8192, heads: 24, kv_heads: 8, tied: true },
-    Shape { name: "8b", hidden: 4096, layers: 32, ffn: 14336, heads: 32, kv_heads: 8, tied: false },
+    Shape {
+        name: "135m",
+        hidden: 576,
+        layers: 30,
+        ffn: 1536,
+        heads: 9,
+        kv_heads: 3,
+        tied: true,
+    },
+    Shape {
+        name: "1b",
+        hidden: 2048,
+        layers: 16,
+        ffn: 8192,
+        heads: 32,
+        kv_heads: 8,
+        tied: true,
+    },
+    Shape {
+        name: "3b",
+        hidden: 3072,
+        layers: 28,
+        ffn: 8192,
+        heads: 24,
+        kv_heads: 8,
+        tied: true,
+    },
+    Shape {
+        name: "8b",
+        hidden: 4096,
+        layers: 32,
+        ffn: 14336,
+        heads: 32,
+        kv_heads: 8,
+        tied: false,
+    },
 ];
 
 impl Shape {
@@ -30,7 +62,10 @@ impl Shape {
             .copied()
             .ok_or_else(|| {
                 let names: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
-                format!("unknown shape '{name}' (expected one of {})", names.join(", "))
+                format!(
+                    "unknown shape '{name}' (expected one of {})",
+                    names.join(", ")
+                )
             })
     }
 

@@ -152,9 +152,14 @@ unsafe fn kernel_vnni512<const H: usize, const R: usize>((w, q, t, r0, dst): Arg
                     let mut lo = _mm512_and_si512(v, low);
                     let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
                     if H > 0 {
-                        lo = _mm512_or_si512(lo, _mm512_and_si512(tile_driver::bit_to_4_512(h, 2 * p), bit4));
-                        hi =
-                            _mm512_or_si512(hi, _mm512_and_si512(tile_driver::bit_to_4_512(h, 2 * p + 1), bit4));
+                        lo = _mm512_or_si512(
+                            lo,
+                            _mm512_and_si512(tile_driver::bit_to_4_512(h, 2 * p), bit4),
+                        );
+                        hi = _mm512_or_si512(
+                            hi,
+                            _mm512_and_si512(tile_driver::bit_to_4_512(h, 2 * p + 1), bit4),
+                        );
                     }
                     for (r, a) in ia.iter_mut().enumerate() {
                         let x = acts.add(r * QK_K + j * 32 + p * 8) as *const i32;
@@ -233,8 +238,12 @@ macro_rules! kernel_256 {
                                 let mut lo = _mm256_and_si256(v, low);
                                 let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
                                 if H > 0 {
-                                    let b0 = _mm256_and_si256(tile_driver::bit_to_4_256(h, 2 * p), bit4);
-                                    let b1 = _mm256_and_si256(tile_driver::bit_to_4_256(h, 2 * p + 1), bit4);
+                                    let b0 =
+                                        _mm256_and_si256(tile_driver::bit_to_4_256(h, 2 * p), bit4);
+                                    let b1 = _mm256_and_si256(
+                                        tile_driver::bit_to_4_256(h, 2 * p + 1),
+                                        bit4,
+                                    );
                                     lo = _mm256_or_si256(lo, b0);
                                     hi = _mm256_or_si256(hi, b1);
                                 }
