@@ -79,6 +79,7 @@ fn quantize_into(x: &[f32], m: usize, out: &mut KRows) {
         out.sums16.as_mut_ptr() as usize,
         out.sums32.as_mut_ptr() as usize,
     );
+    let vector = crate::model::kernels::packed_gemm::has_avx2_fma();
     let rows = |rows: std::ops::Range<usize>| {
         for r in rows {
             for b in 0..k / QK_K {
@@ -86,13 +87,19 @@ fn quantize_into(x: &[f32], m: usize, out: &mut KRows) {
                 // SAFETY: the buffers were just sized for `m` rows of `k` values; super-block
                 // `b` of row `r` is written by this call alone (rows are split between calls).
                 unsafe {
-                    quantize_block(
-                        &x[r * k + b * QK_K..][..QK_K],
+                    let block = (
                         &mut *((at.0 as *mut [i8; QK_K]).add(i)),
                         &mut *(at.1 as *mut f32).add(i),
                         &mut *((at.2 as *mut [i16; 16]).add(i)),
                         &mut *((at.3 as *mut [i16; 8]).add(i)),
-                    )
+                    );
+                    let x = &x[r * k + b * QK_K..][..QK_K];
+                    #[cfg(target_arch = "x86_64")]
+                    if vector {
+                        quantize_block_avx2(x, block);
+                        continue;
+                    }
+                    quantize_block(x, block)
                 }
             }
         }
@@ -107,15 +114,19 @@ fn quantize_into(x: &[f32], m: usize, out: &mut KRows) {
 /// One super-block: the scale `amax / 127`, each value its quotient rounded to the nearest
 /// integer (ties to even, by adding and subtracting 1.5 · 2²³, which every SIMD width does the
 /// same way), and the sums.
+type Block<'a> = (
+    &'a mut [i8; QK_K],
+    &'a mut f32,
+    &'a mut [i16; 16],
+    &'a mut [i16; 8],
+);
+
+/// 1.5 · 2²³: added to and subtracted from a value of magnitude below 2²², it rounds the value
+/// to the nearest integer, ties to even.
+const MAGIC: f32 = 12_582_912.0;
+
 #[inline(always)]
-fn quantize_block(
-    x: &[f32],
-    qs: &mut [i8; QK_K],
-    scale: &mut f32,
-    sums16: &mut [i16; 16],
-    sums32: &mut [i16; 8],
-) {
-    const MAGIC: f32 = 12_582_912.0;
+fn quantize_block(x: &[f32], (qs, scale, sums16, sums32): Block) {
     let mut lanes = [0f32; 16];
     for sixteen in x.chunks_exact(16) {
         for (l, v) in lanes.iter_mut().zip(sixteen) {
@@ -135,6 +146,61 @@ fn quantize_block(
     }
     for (j, s) in sums32.iter_mut().enumerate() {
         *s = sums16[2 * j] + sums16[2 * j + 1];
+    }
+    *scale = d;
+}
+
+/// [`quantize_block`] eight values at a time: the same maximum, quotient and IEEE operations
+/// (a multiply, then the magic add and subtract, never fused), so the same bits for finite
+/// inputs. The scalar loop did not vectorize, and quantizing on the calling thread alone was
+/// a third of a cache-resident 8-row matmul.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_block_avx2(x: &[f32], (qs, scale, sums16, sums32): Block) {
+    use std::arch::x86_64::*;
+    let sign = _mm256_set1_ps(-0.0);
+    let mut m8 = _mm256_setzero_ps();
+    for i in 0..QK_K / 8 {
+        m8 = _mm256_max_ps(
+            m8,
+            _mm256_andnot_ps(sign, _mm256_loadu_ps(x.as_ptr().add(8 * i))),
+        );
+    }
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps::<1>(m8));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let (idv, magic) = (_mm256_set1_ps(id), _mm256_set1_ps(MAGIC));
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let (ones8, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
+    for c in 0..QK_K / 32 {
+        let src = x.as_ptr().add(32 * c);
+        let q: [__m256i; 4] = std::array::from_fn(|i| {
+            let y = _mm256_mul_ps(_mm256_loadu_ps(src.add(8 * i)), idv);
+            _mm256_cvtps_epi32(_mm256_sub_ps(_mm256_add_ps(y, magic), magic))
+        });
+        let words = _mm256_packs_epi16(
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        let bytes = _mm256_permutevar8x32_epi32(words, order);
+        _mm256_storeu_si256(qs.as_mut_ptr().add(32 * c) as *mut __m256i, bytes);
+        // Lane i: the sum of values 4i..4i + 4; lanes 0-3 and 4-7 are the two sixteens.
+        let s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, bytes), ones16);
+        let (lo, hi) = (
+            _mm256_castsi256_si128(s8),
+            _mm256_extracti128_si256::<1>(s8),
+        );
+        let pairs = _mm_hadd_epi32(lo, hi);
+        let two = _mm_hadd_epi32(pairs, pairs);
+        let (a, b) = (
+            _mm_cvtsi128_si32(two) as i16,
+            _mm_extract_epi32::<1>(two) as i16,
+        );
+        sums16[2 * c] = a;
+        sums16[2 * c + 1] = b;
+        sums32[c] = a + b;
     }
     *scale = d;
 }
@@ -191,6 +257,29 @@ mod tests {
                         "{v} vs {q} · {d}"
                     );
                 }
+            }
+        }
+        // The vector quantizer gives the scalar loop's bits.
+        if crate::model::kernels::packed_gemm::has_avx2_fma() {
+            for b in 0..m * k / QK_K {
+                let (mut qs, mut d, mut s16, mut s32) = ([0i8; QK_K], 0f32, [0i16; 16], [0i16; 8]);
+                quantize_block(
+                    &x[b * QK_K..][..QK_K],
+                    (&mut qs, &mut d, &mut s16, &mut s32),
+                );
+                let (mut vq, mut vd, mut v16, mut v32) = ([0i8; QK_K], 0f32, [0i16; 16], [0i16; 8]);
+                // SAFETY: the CPU has AVX2 and FMA.
+                unsafe {
+                    quantize_block_avx2(
+                        &x[b * QK_K..][..QK_K],
+                        (&mut vq, &mut vd, &mut v16, &mut v32),
+                    )
+                };
+                assert_eq!(
+                    (qs, d.to_bits(), s16, s32),
+                    (vq, vd.to_bits(), v16, v32),
+                    "block {b}"
+                );
             }
         }
         let tied = all.at(1, 0) * QK_K;

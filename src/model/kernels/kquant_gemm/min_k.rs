@@ -79,6 +79,18 @@ impl<const H: usize> MinTile<H> {
     }
 }
 
+/// Activation rows the AVX-512 kernels serve a weight load: a sub-block's unpacked weights
+/// (8 registers) and a running sum per row stay in registers.
+pub(crate) const ROWS_512: usize = 8;
+
+/// Rows a weight load serves on `isa`.
+pub(crate) fn rows_per_load(isa: DotIsa) -> usize {
+    match isa {
+        DotIsa::Avx512Vnni => ROWS_512,
+        other => other.rows_per_load(),
+    }
+}
+
 /// How many tiles ahead the kernels prefetch: about 5 KB (`q8_gemm` says why).
 const PREFETCH_BYTES: usize = 2 * 2368;
 
@@ -93,7 +105,7 @@ pub(crate) fn run<const H: usize>(
     isa: DotIsa,
 ) {
     #[cfg(target_arch = "x86_64")]
-    tile_driver::for_each_tile(m, w.n, isa.rows_per_load(), dst, |t, r0, rows, dst| {
+    tile_driver::for_each_tile(m, w.n, rows_per_load(isa), dst, |t, r0, rows, dst| {
         use tile_driver::with_const_rows;
         let args = (w, q, t, r0, dst);
         // SAFETY: the caller checked the CPU features of `isa`; the driver hands each tile its
@@ -110,7 +122,12 @@ pub(crate) fn run<const H: usize>(
     let _ = (w, q, m, dst, isa);
 }
 
-/// The AVX-512 VNNI kernel: all 16 columns in one vector, `R` rows (at most 12) a weight load.
+/// The AVX-512 VNNI kernel: all 16 columns in one vector, `R` rows (at most [`ROWS_512`]) a
+/// weight load. A sub-block's eight value groups are unpacked once into registers, then each
+/// row takes them in turn (its eight products, times the sub-block scale, into its running
+/// sum): what lives across the rows is the unpacked weights and a sum per row, which fits the
+/// 32 registers, where running sums per row for the products, the scaled sums and the
+/// minimums did not.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn kernel_vnni512<const H: usize, const R: usize>((w, q, t, r0, dst): Args<H>) {
@@ -131,58 +148,60 @@ unsafe fn kernel_vnni512<const H: usize, const R: usize>((w, q, t, r0, dst): Arg
         let first = q.at(r0, b);
         let acts = q.qs.as_ptr().add(first * QK_K);
         let sums = q.sums32.as_ptr().add(first * 8);
-        let mut isum = [_mm512_setzero_si512(); R];
-        let mut msum = [_mm512_setzero_si512(); R];
-        for i in 0..4 {
-            let widen = |v: &[u8]| {
-                _mm512_cvtepu8_epi16(_mm256_loadu_si256(v.as_ptr().add(i * 32) as *const __m256i))
+        let widen = |v: &[u8], i: usize| {
+            _mm512_cvtepu8_epi16(_mm256_loadu_si256(v.as_ptr().add(i * 32) as *const __m256i))
+        };
+        let mut fsum = [_mm512_setzero_ps(); R];
+        for j in 0..8 {
+            let scp = widen(&tile.sc, j / 2);
+            let sc = _mm512_cvtepi32_ps(if j % 2 == 0 {
+                _mm512_and_si512(scp, lo16)
+            } else {
+                _mm512_srli_epi32::<16>(scp)
+            });
+            let h = if H > 0 {
+                _mm512_loadu_si512(tile.qh.as_ptr().add(j * 64) as *const __m512i)
+            } else {
+                _mm512_setzero_si512()
             };
-            let (scp, mp) = (widen(&tile.sc), widen(&tile.m));
-            let scs = [_mm512_and_si512(scp, lo16), _mm512_srli_epi32::<16>(scp)];
-            for (s, sc) in scs.iter().enumerate() {
-                let j = 2 * i + s;
-                let h = if H > 0 {
-                    _mm512_loadu_si512(tile.qh.as_ptr().add(j * 64) as *const __m512i)
-                } else {
-                    _mm512_setzero_si512()
-                };
-                let mut ia = [_mm512_setzero_si512(); R];
-                for p in 0..4 {
-                    let v = _mm512_load_si512(tile.qs.as_ptr().add((4 * j + p) * 64) as *const _);
-                    let mut lo = _mm512_and_si512(v, low);
-                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-                    if H > 0 {
-                        lo = _mm512_or_si512(
-                            lo,
-                            _mm512_and_si512(tile_driver::bit_to_4_512(h, 2 * p), bit4),
-                        );
-                        hi = _mm512_or_si512(
-                            hi,
-                            _mm512_and_si512(tile_driver::bit_to_4_512(h, 2 * p + 1), bit4),
-                        );
+            let mut g = [_mm512_setzero_si512(); 8];
+            for p in 0..4 {
+                let v = _mm512_load_si512(tile.qs.as_ptr().add((4 * j + p) * 64) as *const _);
+                g[2 * p] = _mm512_and_si512(v, low);
+                g[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                if H > 0 {
+                    for k in [2 * p, 2 * p + 1] {
+                        let fifth = _mm512_and_si512(tile_driver::bit_to_4_512(h, k), bit4);
+                        g[k] = _mm512_or_si512(g[k], fifth);
                     }
-                    for (r, a) in ia.iter_mut().enumerate() {
-                        let x = acts.add(r * QK_K + j * 32 + p * 8) as *const i32;
-                        *a = _mm512_dpbusd_epi32(*a, lo, _mm512_set1_epi32(x.read_unaligned()));
-                        let x1 = _mm512_set1_epi32(x.add(1).read_unaligned());
-                        *a = _mm512_dpbusd_epi32(*a, hi, x1);
-                    }
-                }
-                for r in 0..R {
-                    isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(ia[r], *sc));
                 }
             }
-            for (r, ms) in msum.iter_mut().enumerate() {
-                let pair = (sums.add(r * 8 + 2 * i) as *const i32).read_unaligned();
-                *ms = _mm512_dpwssd_epi32(*ms, mp, _mm512_set1_epi32(pair));
+            for (r, s) in fsum.iter_mut().enumerate() {
+                let x = acts.add(r * QK_K + j * 32) as *const i32;
+                // Two chains of four, added: the same integer sum as one chain of eight.
+                let mut ia = _mm512_setzero_si512();
+                let mut ib = _mm512_setzero_si512();
+                for k in 0..4 {
+                    let a = _mm512_set1_epi32(x.add(2 * k).read_unaligned());
+                    ia = _mm512_dpbusd_epi32(ia, g[2 * k], a);
+                    let a = _mm512_set1_epi32(x.add(2 * k + 1).read_unaligned());
+                    ib = _mm512_dpbusd_epi32(ib, g[2 * k + 1], a);
+                }
+                *s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia, ib)), sc, *s);
             }
         }
         let d = _mm512_cvtph_ps(_mm256_load_si256(tile.d.as_ptr() as *const __m256i));
         let dmin = _mm512_cvtph_ps(_mm256_load_si256(tile.dmin.as_ptr() as *const __m256i));
+        let mp = [0, 1, 2, 3].map(|i| widen(&tile.m, i));
         for r in 0..R {
+            let mut msum = _mm512_setzero_si512();
+            for (i, m) in mp.iter().enumerate() {
+                let pair = (sums.add(r * 8 + 2 * i) as *const i32).read_unaligned();
+                msum = _mm512_dpwssd_epi32(msum, *m, _mm512_set1_epi32(pair));
+            }
             let da = _mm512_set1_ps(*q.scales.get_unchecked(first + r));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, da), acc[r]);
-            let mins = _mm512_cvtepi32_ps(msum[r]);
+            acc[r] = _mm512_fmadd_ps(fsum[r], _mm512_mul_ps(d, da), acc[r]);
+            let mins = _mm512_cvtepi32_ps(msum);
             acc[r] = _mm512_fnmadd_ps(mins, _mm512_mul_ps(dmin, da), acc[r]);
         }
     }
@@ -214,7 +233,7 @@ macro_rules! kernel_256 {
                     let first = q.at(r0, b);
                     let acts = q.qs.as_ptr().add(first * QK_K);
                     let sums = q.sums32.as_ptr().add(first * 8);
-                    let mut isum = [_mm256_setzero_si256(); R];
+                    let mut fsum = [_mm256_setzero_ps(); R];
                     let mut msum = [_mm256_setzero_si256(); R];
                     for i in 0..4 {
                         let widen = |v: &[u8]| {
@@ -222,7 +241,8 @@ macro_rules! kernel_256 {
                             _mm256_cvtepu8_epi16(_mm_loadu_si128(at))
                         };
                         let (scp, mp) = (widen(&tile.sc), widen(&tile.m));
-                        let scs = [_mm256_and_si256(scp, lo16), _mm256_srli_epi32::<16>(scp)];
+                        let scs = [_mm256_and_si256(scp, lo16), _mm256_srli_epi32::<16>(scp)]
+                            .map(|v| _mm256_cvtepi32_ps(v));
                         for (s, sc) in scs.iter().enumerate() {
                             let j = 2 * i + s;
                             let h = if H > 0 {
@@ -256,8 +276,8 @@ macro_rules! kernel_256 {
                                 }
                             }
                             for r in 0..R {
-                                let scaled = _mm256_mullo_epi32(ia[r], *sc);
-                                isum[r] = _mm256_add_epi32(isum[r], scaled);
+                                let sum = _mm256_cvtepi32_ps(ia[r]);
+                                fsum[r] = _mm256_fmadd_ps(sum, *sc, fsum[r]);
                             }
                         }
                         for (r, ms) in msum.iter_mut().enumerate() {
@@ -271,7 +291,7 @@ macro_rules! kernel_256 {
                     let (d, dmin) = (f16s(&tile.d), f16s(&tile.dmin));
                     for r in 0..R {
                         let da = _mm256_set1_ps(q.scales[first + r]);
-                        let sum = _mm256_cvtepi32_ps(isum[r]);
+                        let sum = fsum[r];
                         acc[r] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, da), acc[r]);
                         let mins = _mm256_cvtepi32_ps(msum[r]);
                         acc[r] = _mm256_fnmadd_ps(mins, _mm256_mul_ps(dmin, da), acc[r]);

@@ -11,7 +11,7 @@
 
 use crate::model::kernels::k_rows::{KRows, QK_K};
 use crate::model::kernels::kquant_gemm::decode::Decoded;
-use crate::model::kernels::kquant_gemm::Grid;
+use crate::model::kernels::kquant_gemm::{min_k, Grid};
 use crate::model::kernels::tile_driver::{self, DotIsa, TILE_N};
 
 /// One super-block of 16 columns.
@@ -66,23 +66,31 @@ type Args<'a> = (&'a Grid<Q6KTile>, &'a KRows, usize, usize, *mut f32);
 /// `dst (m, n) = x · Wᵀ` over the quantized rows `q`, on `isa`'s kernel (which the CPU has).
 pub(crate) fn run(w: &Grid<Q6KTile>, q: &KRows, m: usize, dst: &mut [f32], isa: DotIsa) {
     #[cfg(target_arch = "x86_64")]
-    tile_driver::for_each_tile(m, w.n, isa.rows_per_load(), dst, |t, r0, rows, dst| {
-        use tile_driver::with_const_rows;
-        let args = (w, q, t, r0, dst);
-        // SAFETY: as `min_k::run`.
-        unsafe {
-            match isa {
-                DotIsa::Avx2 => with_const_rows!(rows, kernel_avx2(args)),
-                DotIsa::AvxVnni => with_const_rows!(rows, kernel_vnni(args)),
-                DotIsa::Avx512Vnni => with_const_rows!(rows, kernel_vnni512(args)),
+    tile_driver::for_each_tile(
+        m,
+        w.n,
+        min_k::rows_per_load(isa),
+        dst,
+        |t, r0, rows, dst| {
+            use tile_driver::with_const_rows;
+            let args = (w, q, t, r0, dst);
+            // SAFETY: as `min_k::run`.
+            unsafe {
+                match isa {
+                    DotIsa::Avx2 => with_const_rows!(rows, kernel_avx2(args)),
+                    DotIsa::AvxVnni => with_const_rows!(rows, kernel_vnni(args)),
+                    DotIsa::Avx512Vnni => with_const_rows!(rows, kernel_vnni512(args)),
+                }
             }
-        }
-    });
+        },
+    );
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (w, q, m, dst, isa);
 }
 
-/// The AVX-512 VNNI kernel: all 16 columns in one vector, `R` rows (at most 12) a weight load.
+/// The AVX-512 VNNI kernel: all 16 columns in one vector, `R` rows (at most
+/// [`min_k::ROWS_512`]) a weight load; as `min_k`'s, a sub-block's four value groups are
+/// unpacked once and each row takes them in turn.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn kernel_vnni512<const R: usize>((w, q, t, r0, dst): Args) {
@@ -92,7 +100,7 @@ unsafe fn kernel_vnni512<const R: usize>((w, q, t, r0, dst): Args) {
     let (low, top) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
     let tiles = w.tiles.as_ptr().add(t * kb);
     let mut acc = [_mm512_setzero_ps(); R];
-    // (low nibbles & 0x0f) | (high bits already masked to bits 4-5)
+    // (low nibbles & 0x0f) | (high bits masked to bits 4-5)
     let join = |nib: __m512i, high: __m512i| {
         _mm512_ternarylogic_epi32::<0xEC>(nib, _mm512_and_si512(high, top), low)
     };
@@ -105,51 +113,53 @@ unsafe fn kernel_vnni512<const R: usize>((w, q, t, r0, dst): Args) {
         let first = q.at(r0, b);
         let acts = q.qs.as_ptr().add(first * QK_K);
         let sums = q.sums16.as_ptr().add(first * 16);
-        let mut isum = [_mm512_setzero_si512(); R];
-        let mut msum = [_mm512_setzero_si512(); R];
-        for i in 0..8 {
+        let pairs = |i: usize| {
             let at = tile.sc.as_ptr().add(i * 32) as *const __m256i;
-            let scp = _mm512_cvtepi8_epi16(_mm256_loadu_si256(at));
-            let scs = [
-                _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(scp)),
-                _mm512_srai_epi32::<16>(scp),
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(at))
+        };
+        let mut fsum = [_mm512_setzero_ps(); R];
+        for j in 0..16 {
+            let scp = pairs(j / 2);
+            let sc = _mm512_cvtepi32_ps(if j % 2 == 0 {
+                _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(scp))
+            } else {
+                _mm512_srai_epi32::<16>(scp)
+            });
+            let vec = |k: usize| {
+                _mm512_loadu_si512(tile.qs.as_ptr().add((2 * j + k) * 64) as *const __m512i)
+            };
+            let (v0, v1) = (vec(0), vec(1));
+            let h = _mm512_loadu_si512(tile.qh.as_ptr().add(j * 64) as *const __m512i);
+            let g = [
+                join(v0, _mm512_slli_epi16::<4>(h)),
+                join(_mm512_srli_epi16::<4>(v0), _mm512_slli_epi16::<2>(h)),
+                join(v1, h),
+                join(_mm512_srli_epi16::<4>(v1), _mm512_srli_epi16::<2>(h)),
             ];
-            for (s, sc) in scs.iter().enumerate() {
-                let j = 2 * i + s;
-                let vec = |k: usize| {
-                    _mm512_loadu_si512(tile.qs.as_ptr().add((2 * j + k) * 64) as *const __m512i)
-                };
-                let (v0, v1) = (vec(0), vec(1));
-                let h = _mm512_loadu_si512(tile.qh.as_ptr().add(j * 64) as *const __m512i);
-                let groups = [
-                    join(v0, _mm512_slli_epi16::<4>(h)),
-                    join(_mm512_srli_epi16::<4>(v0), _mm512_slli_epi16::<2>(h)),
-                    join(v1, h),
-                    join(_mm512_srli_epi16::<4>(v1), _mm512_srli_epi16::<2>(h)),
-                ];
-                let mut ia = [_mm512_setzero_si512(); R];
-                for (k, g) in groups.iter().enumerate() {
-                    for (r, a) in ia.iter_mut().enumerate() {
-                        let x =
-                            (acts.add(r * QK_K + j * 16 + k * 4) as *const i32).read_unaligned();
-                        *a = _mm512_dpbusd_epi32(*a, *g, _mm512_set1_epi32(x));
-                    }
+            for (r, s) in fsum.iter_mut().enumerate() {
+                let x = acts.add(r * QK_K + j * 16) as *const i32;
+                let mut ia = _mm512_setzero_si512();
+                let mut ib = _mm512_setzero_si512();
+                for k in 0..2 {
+                    let a = _mm512_set1_epi32(x.add(2 * k).read_unaligned());
+                    ia = _mm512_dpbusd_epi32(ia, g[2 * k], a);
+                    let a = _mm512_set1_epi32(x.add(2 * k + 1).read_unaligned());
+                    ib = _mm512_dpbusd_epi32(ib, g[2 * k + 1], a);
                 }
-                for r in 0..R {
-                    isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(ia[r], *sc));
-                }
-            }
-            for (r, ms) in msum.iter_mut().enumerate() {
-                let pair = (sums.add(r * 16 + 2 * i) as *const i32).read_unaligned();
-                *ms = _mm512_dpwssd_epi32(*ms, scp, _mm512_set1_epi32(pair));
+                *s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia, ib)), sc, *s);
             }
         }
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(tile.d.as_ptr() as *const __m256i));
         for r in 0..R {
+            let mut msum = _mm512_setzero_si512();
+            for i in 0..8 {
+                let pair = (sums.add(r * 16 + 2 * i) as *const i32).read_unaligned();
+                msum = _mm512_dpwssd_epi32(msum, pairs(i), _mm512_set1_epi32(pair));
+            }
             let dd = _mm512_mul_ps(d, _mm512_set1_ps(*q.scales.get_unchecked(first + r)));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), dd, acc[r]);
+            acc[r] = _mm512_fmadd_ps(fsum[r], dd, acc[r]);
             let offset = _mm512_mul_ps(dd, _mm512_set1_ps(32.0));
-            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[r]), offset, acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), offset, acc[r]);
         }
     }
     let cols = (w.n - t * TILE_N).min(TILE_N);
@@ -180,7 +190,7 @@ macro_rules! kernel_256 {
                     let first = q.at(r0, b);
                     let acts = q.qs.as_ptr().add(first * QK_K);
                     let sums = q.sums16.as_ptr().add(first * 16);
-                    let mut isum = [_mm256_setzero_si256(); R];
+                    let mut fsum = [_mm256_setzero_ps(); R];
                     let mut msum = [_mm256_setzero_si256(); R];
                     for i in 0..8 {
                         let at = tile.sc.as_ptr().add(i * 32 + half * 16) as *const __m128i;
@@ -188,7 +198,8 @@ macro_rules! kernel_256 {
                         let scs = [
                             _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(scp)),
                             _mm256_srai_epi32::<16>(scp),
-                        ];
+                        ]
+                        .map(|v| _mm256_cvtepi32_ps(v));
                         for (s, sc) in scs.iter().enumerate() {
                             let j = 2 * i + s;
                             let load = |p: *const u8| _mm256_loadu_si256(p as *const __m256i);
@@ -209,8 +220,8 @@ macro_rules! kernel_256 {
                                 }
                             }
                             for r in 0..R {
-                                let scaled = _mm256_mullo_epi32(ia[r], *sc);
-                                isum[r] = _mm256_add_epi32(isum[r], scaled);
+                                let sum = _mm256_cvtepi32_ps(ia[r]);
+                                fsum[r] = _mm256_fmadd_ps(sum, *sc, fsum[r]);
                             }
                         }
                         for (r, ms) in msum.iter_mut().enumerate() {
@@ -222,7 +233,7 @@ macro_rules! kernel_256 {
                     let d = _mm256_cvtph_ps(_mm_loadu_si128(at));
                     for r in 0..R {
                         let dd = _mm256_mul_ps(d, _mm256_set1_ps(q.scales[first + r]));
-                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dd, acc[r]);
+                        acc[r] = _mm256_fmadd_ps(fsum[r], dd, acc[r]);
                         let offset = _mm256_mul_ps(dd, _mm256_set1_ps(32.0));
                         acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[r]), offset, acc[r]);
                     }

@@ -22,8 +22,10 @@ fn decode_block(format: KFormat, b: &[u8]) -> decode::Decoded {
 }
 
 /// The kernels' arithmetic one output element at a time, from the file's blocks: per
-/// super-block the integer sums, then `acc += Σ · (d · da)` and `acc -= Σm · (dmin · da)` as
-/// fused multiply-adds (Q6_K: `dmin · da` is `d · da · 32`).
+/// sub-block the exact integer sum, scaled by the sub-block scale into an f32 sum (a fused
+/// multiply-add a sub-block, in order); per super-block `acc += Σ · (d · da)` and
+/// `acc -= Σm · (dmin · da)` as fused multiply-adds, the minimums' sum `Σm` exact
+/// (Q6_K: `dmin · da` is `d · da · 32`).
 fn reference(format: KFormat, bytes: &[u8], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
     let q = quantize_k_rows(x, m);
     let (kb, bb) = (k / QK_K, format.block_bytes());
@@ -36,12 +38,12 @@ fn reference(format: KFormat, bytes: &[u8], n: usize, k: usize, x: &[f32], m: us
                 let at = q.at(r, b);
                 let a = &q.qs[at * QK_K..][..QK_K];
                 let sub = if format == KFormat::Q6K { 16 } else { 32 };
-                let (mut isum, mut msum) = (0i32, 0i32);
+                let (mut fsum, mut msum) = (0f32, 0i32);
                 for j in 0..QK_K / sub {
                     let dot: i32 = (j * sub..(j + 1) * sub)
                         .map(|i| blk.q[i] as i32 * a[i] as i32)
                         .sum();
-                    isum += blk.sc[j] as i32 * dot;
+                    fsum = (dot as f32).mul_add(blk.sc[j] as f32, fsum);
                     msum += if format == KFormat::Q6K {
                         blk.sc[j] as i32 * q.sums16[at * 16 + j] as i32
                     } else {
@@ -55,7 +57,7 @@ fn reference(format: KFormat, bytes: &[u8], n: usize, k: usize, x: &[f32], m: us
                 } else {
                     f16::from_bits(blk.dmin).to_f32() * da
                 };
-                acc = (isum as f32).mul_add(dd, acc);
+                acc = fsum.mul_add(dd, acc);
                 acc = (-(msum as f32)).mul_add(dm, acc);
             }
             out[r * n + c] = acc;
@@ -207,4 +209,46 @@ fn refuses_shapes_it_cannot_pack() {
     assert!(PackedK::from_gguf_bytes(KFormat::Q4K, &[0; 143], 1, 256).is_none());
     assert!(PackedK::from_gguf_bytes(KFormat::Q6K, &[0; 210], 2, 256).is_none());
     assert!(PackedK::from_gguf_bytes(KFormat::Q6K, &[0; 210], 1, 256).is_some());
+}
+
+#[test]
+#[ignore]
+fn timing_probe() {
+    use crate::model::kernels::q4_gemm::{PackedQ4, Q4Format};
+    let (n, k) = (256usize, 2048usize);
+    let w = Tensor::from_vec(random(3, n * k), (n, k), &Device::Cpu).unwrap();
+    crate::model::kernels::parallel::set_inline(true);
+    for (name, dtype) in [
+        ("q4k", GgmlDType::Q4K),
+        ("q6k", GgmlDType::Q6K),
+        ("q4_1", GgmlDType::Q4_1),
+    ] {
+        let (bytes, _) = quantized(&w, dtype);
+        let packed: Box<dyn PackedWeight> = match dtype {
+            GgmlDType::Q4K => {
+                Box::new(PackedK::from_gguf_bytes(KFormat::Q4K, &bytes, n, k).unwrap())
+            }
+            GgmlDType::Q6K => {
+                Box::new(PackedK::from_gguf_bytes(KFormat::Q6K, &bytes, n, k).unwrap())
+            }
+            _ => Box::new(PackedQ4::from_gguf_bytes(Q4Format::Q4_1, &bytes, n, k).unwrap()),
+        };
+        for m in [1usize, 4, 8, 12] {
+            let x = random(4, m * k);
+            let mut out = vec![0f32; m * n];
+            packed.matmul(&x, m, &mut out);
+            let t = std::time::Instant::now();
+            let reps = 2000;
+            for _ in 0..reps {
+                packed.matmul(&x, m, &mut out);
+            }
+            let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
+            let tq = std::time::Instant::now();
+            for _ in 0..reps {
+                crate::model::kernels::k_rows::with_k_quantized(&x, m, |q| q.m);
+            }
+            let qms = tq.elapsed().as_secs_f64() * 1e3 / reps as f64;
+            eprintln!("{name} m={m}: {ms:.3} ms (quantize {qms:.3} ms)");
+        }
+    }
 }
