@@ -140,10 +140,10 @@ unsafe fn kernel_vnni512<const H: usize, const R: usize>((w, q, t, r0, dst): Arg
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..kb {
         let tile = &*tiles.add(b);
+        // The tile ahead is prefetched a few lines a sub-block: all of it at once filled the
+        // line-fill buffers and stalled this tile's own loads.
         let ahead = (tile as *const MinTile<H> as *const i8).wrapping_add(PREFETCH_BYTES);
-        for line in 0..std::mem::size_of::<MinTile<H>>() / 64 {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
-        }
+        let lines = std::mem::size_of::<MinTile<H>>() / 64;
         // Row r0 + r: values at acts + 256 r, scale at scales + r, 32-value sums at sums + 8 r.
         let first = q.at(r0, b);
         let acts = q.qs.as_ptr().add(first * QK_K);
@@ -153,6 +153,9 @@ unsafe fn kernel_vnni512<const H: usize, const R: usize>((w, q, t, r0, dst): Arg
         };
         let mut fsum = [_mm512_setzero_ps(); R];
         for j in 0..8 {
+            for line in j * lines / 8..(j + 1) * lines / 8 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
+            }
             let scp = widen(&tile.sc, j / 2);
             let sc = _mm512_cvtepi32_ps(if j % 2 == 0 {
                 _mm512_and_si512(scp, lo16)

@@ -106,10 +106,10 @@ unsafe fn kernel_vnni512<const R: usize>((w, q, t, r0, dst): Args) {
     };
     for b in 0..kb {
         let tile = &*tiles.add(b);
+        // The tile ahead is prefetched a few lines a sub-block: all of it at once filled the
+        // line-fill buffers and stalled this tile's own loads.
         let ahead = (tile as *const Q6KTile as *const i8).wrapping_add(PREFETCH_BYTES);
-        for line in 0..std::mem::size_of::<Q6KTile>() / 64 {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
-        }
+        let lines = std::mem::size_of::<Q6KTile>() / 64;
         let first = q.at(r0, b);
         let acts = q.qs.as_ptr().add(first * QK_K);
         let sums = q.sums16.as_ptr().add(first * 16);
@@ -119,6 +119,9 @@ unsafe fn kernel_vnni512<const R: usize>((w, q, t, r0, dst): Args) {
         };
         let mut fsum = [_mm512_setzero_ps(); R];
         for j in 0..16 {
+            for line in j * lines / 16..(j + 1) * lines / 16 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
+            }
             let scp = pairs(j / 2);
             let sc = _mm512_cvtepi32_ps(if j % 2 == 0 {
                 _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(scp))

@@ -215,9 +215,14 @@ fn refuses_shapes_it_cannot_pack() {
 #[ignore]
 fn timing_probe() {
     use crate::model::kernels::q4_gemm::{PackedQ4, Q4Format};
-    let (n, k) = (256usize, 2048usize);
+    let dims: Vec<usize> = std::env::var("PROBE")
+        .unwrap_or("256,2048,1,2000".into())
+        .split(',')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let (n, k, inline, reps) = (dims[0], dims[1], dims[2] == 1, dims[3]);
     let w = Tensor::from_vec(random(3, n * k), (n, k), &Device::Cpu).unwrap();
-    crate::model::kernels::parallel::set_inline(true);
+    crate::model::kernels::parallel::set_inline(inline);
     for (name, dtype) in [
         ("q4k", GgmlDType::Q4K),
         ("q6k", GgmlDType::Q6K),
@@ -238,7 +243,6 @@ fn timing_probe() {
             let mut out = vec![0f32; m * n];
             packed.matmul(&x, m, &mut out);
             let t = std::time::Instant::now();
-            let reps = 2000;
             for _ in 0..reps {
                 packed.matmul(&x, m, &mut out);
             }
@@ -249,6 +253,46 @@ fn timing_probe() {
             }
             let qms = tq.elapsed().as_secs_f64() * 1e3 / reps as f64;
             eprintln!("{name} m={m}: {ms:.3} ms (quantize {qms:.3} ms)");
+        }
+    }
+}
+
+#[test]
+#[ignore]
+fn streaming_probe() {
+    use crate::model::kernels::q4_gemm::{PackedQ4, Q4Format};
+    let (n, k, layers) = (16384usize, 2048usize, 16usize);
+    let w = Tensor::from_vec(random(3, n * k), (n, k), &Device::Cpu).unwrap();
+    let mut sets: Vec<(&str, Vec<Box<dyn PackedWeight>>)> = Vec::new();
+    for (name, dtype) in [("q4k", GgmlDType::Q4K), ("q4_1", GgmlDType::Q4_1)] {
+        let (bytes, _) = quantized(&w, dtype);
+        let v: Vec<Box<dyn PackedWeight>> = (0..layers)
+            .map(|_| -> Box<dyn PackedWeight> {
+                match dtype {
+                    GgmlDType::Q4K => {
+                        Box::new(PackedK::from_gguf_bytes(KFormat::Q4K, &bytes, n, k).unwrap())
+                    }
+                    _ => Box::new(PackedQ4::from_gguf_bytes(Q4Format::Q4_1, &bytes, n, k).unwrap()),
+                }
+            })
+            .collect();
+        sets.push((name, v));
+    }
+    for round in 0..3 {
+        for (name, set) in &sets {
+            for m in [1usize, 4, 8] {
+                let x = random(4, m * k);
+                let mut out = vec![0f32; m * n];
+                let mut best = f64::MAX;
+                for _ in 0..3 {
+                    let t = std::time::Instant::now();
+                    for p in set {
+                        p.matmul(&x, m, &mut out);
+                    }
+                    best = best.min(t.elapsed().as_secs_f64() * 1e3);
+                }
+                eprintln!("round {round} {name} m={m}: {best:.2} ms");
+            }
         }
     }
 }
