@@ -478,6 +478,75 @@ mod tests {
         (Q4Format::Q5_1, GgmlDType::Q5_1),
     ];
 
+    /// The kernels' arithmetic one output element at a time, from the tiles' values: per block
+    /// the exact integer sum `Σ q·a`, then `acc += Σ · (d · da)` and `acc += m · (da · Σa)` as
+    /// fused multiply-adds, blocks in order.
+    fn reference(w: &PackedQ4, x: &[f32], m: usize) -> Vec<f32> {
+        fn parts<const H: usize>(t: &Tiles<H>, block: usize, c: usize, i: usize) -> (u8, u16, u16) {
+            let tile = &t.tiles[block];
+            let (g, j) = (i / 4, i % 4);
+            let mut q = (tile.qs[(g / 2) * 64 + c * 4 + j] >> (4 * (g % 2))) & 0x0f;
+            if H > 0 {
+                q |= ((tile.qh[c * 4 + j] >> g) & 1) << 4;
+            }
+            (q, tile.scales[c], tile.mins[c])
+        }
+        let q = crate::model::kernels::tile_driver::quantize_rows(x, m);
+        let (n, kb) = (w.n, w.k / QK);
+        let mut out = vec![0f32; m * n];
+        for r in 0..m {
+            for col in 0..n {
+                let (t, c) = (col / TILE_N, col % TILE_N);
+                let mut acc = 0f32;
+                for b in 0..kb {
+                    let at = q.at(r, b);
+                    let (mut sum, mut d, mut mn) = (0i32, 0u16, 0u16);
+                    for i in 0..QK {
+                        let (v, dd, mm) = match (&w.four, &w.five) {
+                            (Some(t4), _) => parts(t4, t * kb + b, c, i),
+                            (_, Some(t5)) => parts(t5, t * kb + b, c, i),
+                            _ => unreachable!(),
+                        };
+                        sum += v as i32 * q.qs[at * QK + i] as i32;
+                        (d, mn) = (dd, mm);
+                    }
+                    let da = q.scales[at];
+                    let f = |h: u16| f16::from_bits(h).to_f32();
+                    acc = (sum as f32).mul_add(f(d) * da, acc);
+                    acc = f(mn).mul_add(da * q.sums[at] as f32, acc);
+                }
+                out[r * n + col] = acc;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_instruction_set_gives_the_scalar_references_bits() {
+        if !available() {
+            panic!("these tests need an x86-64 CPU with AVX2, FMA and F16C (every CI machine)");
+        }
+        for (format, dtype) in FORMATS {
+            let (n, k) = (37usize, 96usize);
+            let w = Tensor::from_vec(random(13, n * k), (n, k), &Device::Cpu).unwrap();
+            let (bytes, _) = quantized(&w, dtype);
+            let packed = PackedQ4::from_gguf_bytes(format, &bytes, n, k).unwrap();
+            let m = 13;
+            let x = random(14, m * k);
+            let want = reference(&packed, &x, m);
+            for isa in DotIsa::available() {
+                let mut ours = vec![0f32; m * n];
+                matmul_on(&packed, &x, m, &mut ours, isa);
+                for (i, (a, b)) in ours.iter().zip(&want).enumerate() {
+                    assert!(
+                        a.to_bits() == b.to_bits(),
+                        "{format:?} {isa:?}: element {i}: {a} vs reference {b}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn matches_candle_and_is_row_invariant() {
         if !available() {

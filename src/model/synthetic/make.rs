@@ -12,7 +12,6 @@ use crate::model::load::hparams::LlamaHparams;
 use crate::model::load::weights::{WeightName, WeightReader};
 use crate::model::synthetic::{Recipe, Shape};
 use crate::model::{ModelError, Result};
-use crate::sampling::SeededRng;
 
 /// Where a made file's weights come from.
 pub enum WeightSource<'a> {
@@ -50,7 +49,7 @@ pub fn make_model(
                 Weights::Random {
                     shape,
                     vocab,
-                    rng: SeededRng::new(seed),
+                    rng: Uniform(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
                 },
             )
         }
@@ -59,7 +58,13 @@ pub fn make_model(
             let hp = LlamaHparams::from_gguf(&content)?;
             let md = content.metadata.clone();
             let reader = WeightReader::gguf(content, path, &Device::Cpu)?;
-            (md, Weights::Model { hp, reader })
+            (
+                md,
+                Weights::Model {
+                    hp,
+                    reader: Box::new(reader),
+                },
+            )
         }
     };
     let (layers, tied) = weights.layers_and_tied();
@@ -115,11 +120,11 @@ enum Weights {
     Random {
         shape: Shape,
         vocab: usize,
-        rng: SeededRng,
+        rng: Uniform,
     },
     Model {
         hp: LlamaHparams,
-        reader: WeightReader,
+        reader: Box<WeightReader>,
     },
 }
 
@@ -150,9 +155,7 @@ impl Weights {
                     WeightName::Embed => 0.05,
                     _ => (3.0 / cols as f32).sqrt(),
                 };
-                let v: Vec<f32> = (0..rows * cols)
-                    .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale)
-                    .collect();
+                let v: Vec<f32> = (0..rows * cols).map(|_| rng.next() * scale).collect();
                 Tensor::from_vec(v, (rows, cols), &Device::Cpu)?
             }
             Self::Model { reader, .. } => match reader.raw(name)? {
@@ -241,4 +244,19 @@ fn random_metadata(
         out.insert(k.to_string(), v);
     }
     out
+}
+
+/// Values uniform in [-1, 1) from a seed (xorshift64*): the weights' values only need to be
+/// spread like a model's and the same for a seed, and the model layer sits below `sampling`'s
+/// generator.
+struct Uniform(u64);
+
+impl Uniform {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let bits = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
+        bits as f32 / (1u64 << 23) as f32 - 1.0
+    }
 }

@@ -39,9 +39,9 @@ impl Recipe {
         let base = match self {
             Self::Uniform(t) | Self::KMix { base: t } => t,
         };
-        let more_bits = |l: usize| {
-            l < layers / 8 || l >= 7 * layers / 8 || (l >= layers / 8 && (l - layers / 8) % 3 == 2)
-        };
+        // llama.cpp's `use_more_bits`: the first and last eighth, and every third layer between.
+        let more_bits =
+            |l: usize| l < layers / 8 || l >= 7 * layers / 8 || (l - layers / 8) % 3 == 2;
         let float = matches!(base, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
         let want = match name {
             WeightName::AttnNorm(_) | WeightName::FfnNorm(_) | WeightName::OutputNorm => {

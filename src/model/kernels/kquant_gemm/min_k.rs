@@ -15,7 +15,7 @@
 
 use crate::model::kernels::k_rows::{KRows, QK_K};
 use crate::model::kernels::kquant_gemm::decode::Decoded;
-use crate::model::kernels::kquant_gemm::Grid;
+use crate::model::kernels::kquant_gemm::grid::Grid;
 use crate::model::kernels::tile_driver::{self, DotIsa, TILE_N};
 
 /// One super-block of 16 columns; `H` is the bytes of fifth bits (0 for Q4_K, 512 for Q5_K).

@@ -13,6 +13,7 @@
 //! invariance), and the AVX2, AVX-VNNI and AVX-512 VNNI kernels give the same bits.
 
 pub(crate) mod decode;
+pub(crate) mod grid;
 pub(crate) mod min_k;
 pub(crate) mod q6_k;
 
@@ -21,6 +22,7 @@ use std::sync::OnceLock;
 use crate::model::kernels::k_rows::{with_k_quantized, QK_K};
 use crate::model::kernels::packed_gemm::{self, PackedWeight};
 use crate::model::kernels::tile_driver::{DotIsa, TILE_N};
+use grid::Grid;
 use min_k::{Q4KTile, Q5KTile};
 use q6_k::Q6KTile;
 
@@ -41,13 +43,6 @@ impl KFormat {
             Self::Q6K => 210,
         }
     }
-}
-
-/// One format's tiles: column tile `t`'s super-block `b` at `t · (k / 256) + b`.
-pub(crate) struct Grid<T> {
-    pub(crate) tiles: Vec<T>,
-    pub(crate) n: usize,
-    pub(crate) k: usize,
 }
 
 enum Tiles {

@@ -11,7 +11,8 @@
 
 use crate::model::kernels::k_rows::{KRows, QK_K};
 use crate::model::kernels::kquant_gemm::decode::Decoded;
-use crate::model::kernels::kquant_gemm::{min_k, Grid};
+use crate::model::kernels::kquant_gemm::grid::Grid;
+use crate::model::kernels::kquant_gemm::min_k;
 use crate::model::kernels::tile_driver::{self, DotIsa, TILE_N};
 
 /// One super-block of 16 columns.
