@@ -18,19 +18,20 @@ use super::CliError;
 #[derive(Args)]
 pub struct MakeModelArgs {
     /// Random weights at this shape: 135m (the default model's), 1b, 3b or 8b (Llama 3.2 1B
-    /// and 3B, Llama 3.1 8B), all with the default model's vocabulary. One of --shape and
-    /// --from is needed.
+    /// and 3B, Llama 3.1 8B), all with the default model's vocabulary [default: none; one of
+    /// --shape and --from is required].
     #[arg(long, conflicts_with = "from")]
     shape: Option<String>,
-    /// Re-quantize this Llama GGUF's weights instead (its tokenizer and settings kept).
+    /// Re-quantize this Llama GGUF's weights instead, its tokenizer and settings kept
+    /// [default: none; one of --shape and --from is required].
     #[arg(long)]
     from: Option<PathBuf>,
     /// Weight types, as llama-quantize names them: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
-    /// q5_1, q4_k, q5_k, q6_k, or the mixes q4_k_m and q5_k_m (llama.cpp's rules).
-    #[arg(long = "type")]
+    /// q5_1, q4_k, q5_k, q6_k, or the mixes q4_k_m and q5_k_m (llama.cpp's rules); required.
+    #[arg(long = "type", required = true)]
     recipe: String,
-    /// The file to write.
-    #[arg(long)]
+    /// The file to write (required).
+    #[arg(long, required = true)]
     out: PathBuf,
     /// With --shape: this many layers instead of the shape's own (every matrix keeps the
     /// shape's widths; a quick file for a check, not for timing a whole model) [default: the

@@ -252,18 +252,4 @@ macro_rules! kernel_256 {
 }
 
 // A `maddubs` pair sum is at most 2 · 63 · 127 = 16,002 in magnitude, so it never saturates.
-kernel_256!(
-    kernel_avx2,
-    "avx2,fma,f16c",
-    |acc, w, a| _mm256_add_epi32(
-        acc,
-        _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1))
-    ),
-    |acc, w, a| _mm256_add_epi32(acc, _mm256_madd_epi16(w, a))
-);
-kernel_256!(
-    kernel_vnni,
-    "avx2,fma,f16c,avxvnni",
-    |acc, w, a| _mm256_dpbusd_avx_epi32(acc, w, a),
-    |acc, w, a| _mm256_dpwssd_avx_epi32(acc, w, a)
-);
+crate::model::kernels::kquant_gemm::grid::kernels_256!(kernel_256);
