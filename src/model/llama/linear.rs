@@ -375,3 +375,100 @@ impl Linear {
         self.in_features
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quantized(seed: u64, rows: usize, cols: usize, dtype: GgmlDType) -> RawWeight {
+        let mut state = seed;
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        let t = Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap();
+        RawWeight::Quantized(QTensor::quantize(&t, dtype).unwrap())
+    }
+
+    fn own(w: RawWeight) -> Linear {
+        Linear::convert(w, WeightsDtype::AsIs, &Device::Cpu, ForwardKind::Own).unwrap()
+    }
+
+    /// A fused projection whose parts differ in type (a `Q4_K_M` file's q, k and v) keeps each
+    /// part's type, and each of its output columns has the bits that part gives alone, on the
+    /// host rows and through tensors.
+    #[test]
+    fn parts_of_different_types_run_side_by_side_with_their_own_bits() {
+        let (k, m) = (512usize, 5usize);
+        let parts = || {
+            vec![
+                quantized(1, 48, k, GgmlDType::Q4K),
+                quantized(2, 16, k, GgmlDType::Q4K),
+                quantized(3, 16, k, GgmlDType::Q6K),
+            ]
+        };
+        let fused =
+            Linear::fuse(parts(), WeightsDtype::AsIs, &Device::Cpu, ForwardKind::Own).unwrap();
+        assert_eq!(fused.out_features(), 80);
+        assert_eq!(fused.dtypes(), vec![GgmlDType::Q4K, GgmlDType::Q6K]);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let mut out = Vec::new();
+        fused.forward_rows_into(&x, m, &mut out).unwrap();
+        let tensor = fused
+            .forward(&Tensor::from_slice(&x, (m, k), &Device::Cpu).unwrap())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert_eq!(out, tensor);
+        let mut col = 0;
+        for part in parts() {
+            let alone = own(part);
+            let mut want = Vec::new();
+            alone.forward_rows_into(&x, m, &mut want).unwrap();
+            let n = alone.out_features();
+            for r in 0..m {
+                assert_eq!(out[r * 80 + col..][..n], want[r * n..][..n], "row {r}");
+            }
+            col += n;
+        }
+        assert_eq!(
+            fused.weight_bytes(),
+            64 * 2 * GgmlDType::Q4K.type_size() + 16 * 2 * GgmlDType::Q6K.type_size()
+        );
+    }
+
+    /// A type no own kernel runs (Q3_K) loads on candle's quantized matmul and says so
+    /// through `parts`, with the product of its exact weights.
+    #[test]
+    fn a_type_without_an_own_kernel_runs_on_candles_matmul() {
+        let (n, k) = (8usize, 256usize);
+        let w = quantized(4, n, k, GgmlDType::Q3K);
+        let values: Vec<f32> = match &w {
+            RawWeight::Quantized(q) => q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap(),
+            RawWeight::Dense(_) => unreachable!(),
+        };
+        let lin = own(w);
+        assert_eq!(lin.parts(), vec![(GgmlDType::Q3K, "candle")]);
+        let x: Vec<f32> = (0..k).map(|i| (i % 7) as f32 / 7.0 - 0.5).collect();
+        let mut out = Vec::new();
+        lin.forward_rows_into(&x, 1, &mut out).unwrap();
+        for (c, o) in out.iter().enumerate() {
+            let exact: f32 = (0..k).map(|i| x[i] * values[c * k + i]).sum();
+            assert!((o - exact).abs() < 0.1, "column {c}: {o} vs {exact}");
+        }
+    }
+}
