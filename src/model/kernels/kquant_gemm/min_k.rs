@@ -217,10 +217,10 @@ unsafe fn kernel_vnni512<const H: usize, const R: usize>((w, q, t, r0, dst): Arg
 
 /// The 256-bit kernel, written once for AVX2 and AVX-VNNI: `R` rows (at most 4), the tile's
 /// two 8-column halves one after the other, the same operations per output element as the
-/// AVX-512 one. `$dot4(acc, w, a)` adds unsigned-by-signed byte products in groups of four
-/// into 32-bit lanes, `$dot2(acc, w, a)` signed 16-bit products in pairs; both exact.
+/// AVX-512 one (`grid::kernels_256` says what `$dot4`, `$widen` and `$dot2` do). A running
+/// sum of `$dot4` is widened after 8 groups of 4-bit values, 4 of 5-bit ones.
 macro_rules! kernel_256 {
-    ($name:ident, $features:literal, $dot4:expr, $dot2:expr) => {
+    ($name:ident, $features:literal, $dot4:expr, $widen:expr, $dot2:expr) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         unsafe fn $name<const H: usize, const R: usize>((w, q, t, r0, dst): Args<H>) {
@@ -229,10 +229,15 @@ macro_rules! kernel_256 {
             let (low, bit4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
             let lo16 = _mm256_set1_epi32(0xffff);
             let cols = (w.n - t * TILE_N).min(TILE_N);
+            let lines = std::mem::size_of::<MinTile<H>>() / 64;
+            // p-steps (two groups each) between widenings.
+            let flush = if H > 0 { 2 } else { 4 };
             for half in 0..cols.div_ceil(8) {
                 let mut acc = [_mm256_setzero_ps(); R];
                 for b in 0..kb {
                     let tile = &w.tiles[t * kb + b];
+                    let ahead =
+                        (tile as *const MinTile<H> as *const i8).wrapping_add(PREFETCH_BYTES);
                     let first = q.at(r0, b);
                     let acts = q.qs.as_ptr().add(first * QK_K);
                     let sums = q.sums32.as_ptr().add(first * 8);
@@ -248,6 +253,11 @@ macro_rules! kernel_256 {
                             .map(|v| _mm256_cvtepi32_ps(v));
                         for (s, sc) in scs.iter().enumerate() {
                             let j = 2 * i + s;
+                            if half == 0 {
+                                for line in j * lines / 8..(j + 1) * lines / 8 {
+                                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
+                                }
+                            }
                             let h = if H > 0 {
                                 let at = tile.qh.as_ptr().add(j * 64 + half * 32);
                                 _mm256_loadu_si256(at as *const __m256i)
@@ -255,6 +265,7 @@ macro_rules! kernel_256 {
                                 _mm256_setzero_si256()
                             };
                             let mut ia = [_mm256_setzero_si256(); R];
+                            let mut part = [_mm256_setzero_si256(); R];
                             for p in 0..4 {
                                 let at = tile.qs.as_ptr().add((4 * j + p) * 64 + half * 32);
                                 let v = _mm256_loadu_si256(at as *const __m256i);
@@ -270,12 +281,18 @@ macro_rules! kernel_256 {
                                     lo = _mm256_or_si256(lo, b0);
                                     hi = _mm256_or_si256(hi, b1);
                                 }
-                                for (r, a) in ia.iter_mut().enumerate() {
+                                for (r, a) in part.iter_mut().enumerate() {
                                     let x = acts.add(r * QK_K + j * 32 + p * 8) as *const i32;
                                     let x0 = _mm256_set1_epi32(x.read_unaligned());
                                     let x1 = _mm256_set1_epi32(x.add(1).read_unaligned());
                                     *a = $dot4(*a, lo, x0);
                                     *a = $dot4(*a, hi, x1);
+                                }
+                                if (p + 1) % flush == 0 {
+                                    for r in 0..R {
+                                        ia[r] = _mm256_add_epi32(ia[r], $widen(part[r]));
+                                        part[r] = _mm256_setzero_si256();
+                                    }
                                 }
                             }
                             for r in 0..R {

@@ -174,9 +174,10 @@ unsafe fn kernel_vnni512<const R: usize>((w, q, t, r0, dst): Args) {
 }
 
 /// The 256-bit kernel for AVX2 and AVX-VNNI (as `min_k`'s): `R` rows (at most 4), the tile's
-/// two 8-column halves one after the other.
+/// two 8-column halves one after the other; a running sum of `$dot4` is widened after every
+/// two groups (6-bit values).
 macro_rules! kernel_256 {
-    ($name:ident, $features:literal, $dot4:expr, $dot2:expr) => {
+    ($name:ident, $features:literal, $dot4:expr, $widen:expr, $dot2:expr) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         unsafe fn $name<const R: usize>((w, q, t, r0, dst): Args) {
@@ -187,10 +188,12 @@ macro_rules! kernel_256 {
                 _mm256_or_si256(_mm256_and_si256(nib, low), _mm256_and_si256(high, top))
             };
             let cols = (w.n - t * TILE_N).min(TILE_N);
+            let lines = std::mem::size_of::<Q6KTile>() / 64;
             for half in 0..cols.div_ceil(8) {
                 let mut acc = [_mm256_setzero_ps(); R];
                 for b in 0..kb {
                     let tile = &w.tiles[t * kb + b];
+                    let ahead = (tile as *const Q6KTile as *const i8).wrapping_add(PREFETCH_BYTES);
                     let first = q.at(r0, b);
                     let acts = q.qs.as_ptr().add(first * QK_K);
                     let sums = q.sums16.as_ptr().add(first * 16);
@@ -206,6 +209,11 @@ macro_rules! kernel_256 {
                         .map(|v| _mm256_cvtepi32_ps(v));
                         for (s, sc) in scs.iter().enumerate() {
                             let j = 2 * i + s;
+                            if half == 0 {
+                                for line in j * lines / 16..(j + 1) * lines / 16 {
+                                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
+                                }
+                            }
                             let load = |p: *const u8| _mm256_loadu_si256(p as *const __m256i);
                             let v0 = load(tile.qs.as_ptr().add(2 * j * 64 + half * 32));
                             let v1 = load(tile.qs.as_ptr().add((2 * j + 1) * 64 + half * 32));
@@ -217,10 +225,15 @@ macro_rules! kernel_256 {
                                 join(_mm256_srli_epi16::<4>(v1), _mm256_srli_epi16::<2>(h)),
                             ];
                             let mut ia = [_mm256_setzero_si256(); R];
-                            for (k, g) in groups.iter().enumerate() {
+                            for k in [0, 2] {
                                 for (r, a) in ia.iter_mut().enumerate() {
                                     let x = acts.add(r * QK_K + j * 16 + k * 4) as *const i32;
-                                    *a = $dot4(*a, *g, _mm256_set1_epi32(x.read_unaligned()));
+                                    let mut part = _mm256_setzero_si256();
+                                    for (g, at) in groups[k..k + 2].iter().zip([0, 1]) {
+                                        let xa = _mm256_set1_epi32(x.add(at).read_unaligned());
+                                        part = $dot4(part, *g, xa);
+                                    }
+                                    *a = _mm256_add_epi32(*a, $widen(part));
                                 }
                             }
                             for r in 0..R {
