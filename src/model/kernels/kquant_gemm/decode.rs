@@ -50,35 +50,27 @@ fn f16_bits(b: &[u8]) -> u16 {
 /// A Q4_K block (144 bytes: d, dmin, 12 bytes of scales, 128 of nibbles): each 64 values
 /// are 32 bytes, the first 32 values in their low nibbles, the next 32 in the high ones.
 pub(crate) fn q4_k(b: &[u8]) -> Decoded {
-    let mut out = Decoded::new(f16_bits(&b[0..]), f16_bits(&b[2..]));
-    let (scales, qs) = (&b[4..16], &b[16..144]);
-    for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, scales);
-        (out.sc[j], out.m[j]) = (sc as i8, m);
-    }
-    for chunk in 0..4 {
-        for l in 0..32 {
-            let byte = qs[chunk * 32 + l];
-            out.q[chunk * 64 + l] = byte & 0xf;
-            out.q[chunk * 64 + 32 + l] = byte >> 4;
-        }
-    }
-    out
+    with_minimums(b, &b[16..144], None)
 }
 
 /// A Q5_K block (176 bytes: d, dmin, 12 bytes of scales, 32 of high bits, 128 of nibbles):
 /// Q4_K's layout, value `l` of the `i`-th 32 adding bit `i` of high byte `l` as 16.
 pub(crate) fn q5_k(b: &[u8]) -> Decoded {
+    with_minimums(b, &b[48..176], Some(&b[16..48]))
+}
+
+/// Q4_K's and Q5_K's shared layout: the scales and minimums after `d` and `dmin`, then the
+/// nibbles `qs` and, for Q5_K, the fifth bits `qh`.
+fn with_minimums(b: &[u8], qs: &[u8], qh: Option<&[u8]>) -> Decoded {
     let mut out = Decoded::new(f16_bits(&b[0..]), f16_bits(&b[2..]));
-    let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
     for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, scales);
+        let (sc, m) = scale_min_k4(j, &b[4..16]);
         (out.sc[j], out.m[j]) = (sc as i8, m);
     }
     for chunk in 0..4 {
         for l in 0..32 {
             let byte = qs[chunk * 32 + l];
-            let high = |bit: usize| ((qh[l] >> bit) & 1) << 4;
+            let high = |bit: usize| qh.map_or(0, |qh| ((qh[l] >> bit) & 1) << 4);
             out.q[chunk * 64 + l] = (byte & 0xf) | high(2 * chunk);
             out.q[chunk * 64 + 32 + l] = (byte >> 4) | high(2 * chunk + 1);
         }

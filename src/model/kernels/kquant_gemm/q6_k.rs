@@ -154,11 +154,12 @@ unsafe fn kernel_vnni512<const R: usize>((w, q, t, r0, dst): Args) {
             }
         }
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(tile.d.as_ptr() as *const __m256i));
+        let scps: [__m512i; 8] = std::array::from_fn(pairs);
         for r in 0..R {
             let mut msum = _mm512_setzero_si512();
-            for i in 0..8 {
+            for (i, scp) in scps.iter().enumerate() {
                 let pair = (sums.add(r * 16 + 2 * i) as *const i32).read_unaligned();
-                msum = _mm512_dpwssd_epi32(msum, pairs(i), _mm512_set1_epi32(pair));
+                msum = _mm512_dpwssd_epi32(msum, *scp, _mm512_set1_epi32(pair));
             }
             let dd = _mm512_mul_ps(d, _mm512_set1_ps(*q.scales.get_unchecked(first + r)));
             acc[r] = _mm512_fmadd_ps(fsum[r], dd, acc[r]);
