@@ -256,4 +256,21 @@ fn make_model_writes_files_forward_bench_loads_at_every_shape() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--shape"));
+    // A flag of random weights given with --from would be ignored: refused, named.
+    let out = common::tandem_command()
+        .args([
+            "make-model",
+            "--from",
+            "x.gguf",
+            "--layers",
+            "2",
+            "--type",
+            "q8_0",
+            "--out",
+        ])
+        .arg(dir.path().join("y.gguf"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--layers"));
 }

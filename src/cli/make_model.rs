@@ -33,17 +33,17 @@ pub struct MakeModelArgs {
     /// The file to write (required).
     #[arg(long, required = true)]
     out: PathBuf,
-    /// With --shape: this many layers instead of the shape's own (every matrix keeps the
+    /// With --shape only: this many layers instead of the shape's own (every matrix keeps the
     /// shape's widths; a quick file for a check, not for timing a whole model) [default: the
     /// shape's].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "from")]
     layers: Option<usize>,
-    /// Seed of the random weights.
-    #[arg(long, default_value_t = 1)]
+    /// Seed of the random weights (with --shape only).
+    #[arg(long, default_value_t = 1, conflicts_with = "from")]
     seed: u64,
-    /// The GGUF whose tokenizer a random-weight model takes [default: the default model,
-    /// which must have been fetched].
-    #[arg(long)]
+    /// The GGUF whose tokenizer a random-weight model takes, with --shape only [default: the
+    /// default model, which must have been fetched].
+    #[arg(long, conflicts_with = "from")]
     tokenizer_from: Option<PathBuf>,
 }
 
