@@ -15,7 +15,9 @@
 //!   bit (`attention`); RMS norms fused with the residual add (`rms_norm`); elementwise work
 //!   over one vectorized exponential (`elementwise`, `fast_exp`); which vector level the CPU gets (`cpu_kernels`) and the row-parallel loop
 //!   (`parallel`).
-//! * `llama/`: the model. Its weights (`weights`), the per-layer weight type (`linear`),
+//! * `arch/`: the families (Llama and Mistral, Qwen 2, Qwen 3, Gemma 3, Phi-3), one file
+//!   each: the block each declares and the keys only its files carry.
+//! * `llama/`: the model (every family's forward, named for the block the others vary). Its weights (`weights`), the per-layer weight type (`linear`),
 //!   rotary embeddings (`rope`), the batched forward's inputs and outputs (`batch`), the
 //!   forward itself (`model`, the `Llama` type) on tandem's own kernels (`own_forward`) or on
 //!   candle's tensors for GPUs (`tensor_forward`), the device choice (`device`) and
@@ -33,6 +35,7 @@
 //! * `error`: the layer's error type, apart from the module root so its children import no
 //!   parent.
 
+pub mod arch;
 pub mod cache;
 pub mod draft_vocab;
 pub use draft_vocab::DraftVocab;

@@ -35,5 +35,6 @@ pub use requests::{engine_request, fixed_gamma, generation_request, greedy_reque
 pub use runs::{complete_together, one_at_a_time, plain_output, runtime};
 #[allow(unused_imports)]
 pub use tiny_model::{
-    load_tiny, load_tiny_on, random_eagle3_head, write_tiny_blend, write_tiny_llama, TinySpec,
+    load_tiny, load_tiny_on, random_eagle3_head, write_tiny_blend, write_tiny_llama,
+    write_tiny_tokenizer, TinySpec,
 };

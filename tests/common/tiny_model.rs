@@ -138,6 +138,11 @@ fn tiny_tokenizer_json(vocab: usize) -> String {
     .to_string()
 }
 
+/// Writes the tiny byte-level tokenizer (`vocab` ids) into a model folder.
+pub fn write_tiny_tokenizer(dir: &Path, vocab: usize) {
+    std::fs::write(dir.join("tokenizer.json"), tiny_tokenizer_json(vocab)).unwrap();
+}
+
 /// Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json to `dir`.
 pub fn write_tiny_llama(dir: &Path, spec: &TinySpec) {
     std::fs::create_dir_all(dir).unwrap();

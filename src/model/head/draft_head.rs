@@ -13,8 +13,8 @@ use crate::model::llama::batch::{logits_rows, FeatureTaps, SeqInput};
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
 use crate::model::llama::own_forward::{run_layers, LayerIo};
-use crate::model::llama::rope::RopeTable;
-use crate::model::llama::weights::Layer;
+use crate::model::llama::rope::Ropes;
+use crate::model::llama::weights::{Layer, LayerExtras};
 use crate::model::load::hparams::LlamaHparams;
 use crate::model::{Llama, ModelError, Result};
 
@@ -24,7 +24,7 @@ pub struct DraftHead {
     tensors: HeadTensors,
     fc: Linear,
     layers: Vec<Layer>,
-    rope: RopeTable,
+    rope: Ropes,
     context_len: usize,
     vocab: Option<DraftVocab>,
 }
@@ -90,6 +90,7 @@ impl DraftHead {
             ffn_norm: tensors.ffn_norm.clone(),
             gate_up: linear(vec![&tensors.gate, &tensors.up])?,
             down: linear(vec![&tensors.down])?,
+            extras: LayerExtras::default(),
         };
         // An EAGLE-3 head drafts over its own vocabulary with its own output head.
         let ranked = DraftVocab::ids_of(&tensors.token_rank, draft_vocab, hp.vocab_size);
@@ -109,7 +110,7 @@ impl DraftHead {
         Ok(Self {
             fc: linear(vec![&tensors.fc])?,
             layers: vec![layer],
-            rope: RopeTable::new(&hp, context_len),
+            rope: Ropes::new(&hp, context_len),
             hp,
             tensors,
             context_len,

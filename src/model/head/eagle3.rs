@@ -220,6 +220,9 @@ pub(super) fn describe(p: &Eagle3Parts, config: &mut serde_json::Value) -> Resul
     config["rope_theta"] = serde_json::json!(p.rope_theta);
     config["rope_scaling"] = match &p.rope_scaling {
         RopeScaling::None => serde_json::Value::Null,
+        RopeScaling::Linear { factor } => {
+            serde_json::json!({ "rope_type": "linear", "factor": factor })
+        }
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,

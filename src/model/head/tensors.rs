@@ -49,9 +49,13 @@ pub const DEFAULT_HEAD: &str = "SmolLM2-135M-Instruct";
 
 /// The head's shape: its layer's sizes (those of a target layer) and the target's vocabulary.
 pub fn head_hparams(target: &LlamaHparams) -> LlamaHparams {
+    // The head's layer is a Llama block whatever the target's family.
     LlamaHparams {
         num_layers: 1,
         rope_layout: crate::model::load::hparams::RopeLayout::HalfSplit,
+        block: crate::model::arch::block::Block::LLAMA,
+        windows: crate::model::load::hparams::LayerWindows::none(),
+        attn_scale: None,
         ..target.clone()
     }
 }

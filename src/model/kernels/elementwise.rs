@@ -20,6 +20,18 @@ pub fn silu_times(g: f32, u: f32) -> f32 {
     s * u
 }
 
+/// `gelu_tanh(g) · u`: `0.5 · g · (1 + tanh(y))` with `y = √(2/π) · (g + 0.044715 · g³)`,
+/// computed as `g · σ(2y)` (the same function) with `σ` as in [`silu_times`].
+#[inline]
+pub fn gelu_tanh_times(g: f32, u: f32) -> f32 {
+    const TWO_SQRT_2_OVER_PI: f32 = 2.0 * 0.797_884_6;
+    let z = TWO_SQRT_2_OVER_PI * (g + 0.044715 * g * g * g);
+    let e = softmax_exp(-z.abs());
+    let d = 1.0 + e;
+    let s = if z >= 0.0 { g / d } else { (g * e) / d };
+    s * u
+}
+
 /// `out[i] = silu(gate[i]) · up[i]` ([`silu_times`]) for every element.
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     assert!(gate.len() == up.len() && up.len() == out.len());
@@ -117,6 +129,17 @@ pub(crate) fn silu_gate_rows(gu: &[f32], inter: usize, out: &mut [f32]) {
         (0..rows).for_each(row);
     } else {
         crate::model::kernels::parallel::for_each_unit(rows, row);
+    }
+}
+
+/// [`silu_gate_rows`] with the GELU-tanh gate ([`gelu_tanh_times`]): Gemma's MLP.
+pub(crate) fn gelu_gate_rows(gu: &[f32], inter: usize, out: &mut [f32]) {
+    assert!(inter > 0 && gu.len() == 2 * out.len() && out.len().is_multiple_of(inter));
+    for (src, dst) in gu.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
+        let (gate, up) = src.split_at(inter);
+        for ((o, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
+            *o = gelu_tanh_times(g, u);
+        }
     }
 }
 

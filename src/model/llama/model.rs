@@ -11,11 +11,12 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 
 use super::{own_forward, tensor_forward};
+use crate::model::arch::block::Block;
 use crate::model::cache::kv_cache::{KvCache, KvDtype};
 use crate::model::llama::batch::{BatchFeatures, BatchLogits, FeatureTaps, SeqInput};
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::linear::WeightsDtype;
-use crate::model::llama::rope::RopeTable;
+use crate::model::llama::rope::Ropes;
 use crate::model::llama::tensor_forward::TensorRope;
 use crate::model::llama::weights::LlamaWeights;
 use crate::model::load::hparams::LlamaHparams;
@@ -24,7 +25,7 @@ use crate::model::{ModelError, Result};
 
 /// The per-backend state beside the weights.
 enum Backend {
-    Own(RopeTable),
+    Own(Ropes),
     Tensor(TensorRope),
 }
 
@@ -72,6 +73,13 @@ impl Llama {
                 "the own kernels run on the CPU only; use the candle backend on a GPU".into(),
             ));
         }
+        if kind == ForwardKind::Tensor && (hp.block != Block::LLAMA || hp.windows.size.is_some()) {
+            return Err(ModelError::Unsupported(format!(
+                "the '{}' family on candle's tensor backend (it runs Llama's block only); \
+                 run it on the own CPU kernels (backend = own)",
+                hp.family
+            )));
+        }
         let context_len = context_len.min(hp.max_position_embeddings).max(1);
         // On a GPU candle's quantized matmuls are not batch-invariant: measured on an H200, a
         // 5-token forward's rows differ from single steps, and greedy speculative output left
@@ -97,7 +105,7 @@ impl Llama {
             );
         }
         let backend = match kind {
-            ForwardKind::Own => Backend::Own(RopeTable::new(&hp, context_len)),
+            ForwardKind::Own => Backend::Own(Ropes::new(&hp, context_len)),
             ForwardKind::Tensor => Backend::Tensor(TensorRope::new(&hp, context_len, device)?),
         };
         Ok(Self {
@@ -358,8 +366,18 @@ impl Llama {
         }
     }
 
-    /// The input embeddings of `ids` in f32 (a draft head's token input).
+    /// The input embeddings of `ids` in f32 as the first layer gets them (a draft head's token
+    /// input): scaled where the family scales them.
     pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        let rows = self.embedding_rows(ids)?;
+        Ok(match self.hp.block.embed_scale {
+            true => rows.affine((self.hp.hidden_size as f32).sqrt() as f64, 0.0)?,
+            false => rows,
+        })
+    }
+
+    /// Rows `ids` of the embedding matrix in f32, as stored.
+    fn embedding_rows(&self, ids: &[u32]) -> Result<Tensor> {
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.hp.vocab_size) {
             return Err(ModelError::BadInput(format!(
                 "token id {bad} is outside the vocabulary ({})",
@@ -397,6 +415,6 @@ impl Llama {
                     .into(),
             ));
         }
-        self.embed(ids)
+        self.embedding_rows(ids)
     }
 }

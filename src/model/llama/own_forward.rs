@@ -8,12 +8,14 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::model::cache::kv_cache::{KvCache, LayerKv};
+use crate::model::kernels::attention::KvElement;
 use crate::model::kernels::attention::{
     causal_attention, prefetch_cache, tree_attention, AttnShape,
 };
+use crate::model::kernels::rms_norm::norm_rows;
 use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use crate::model::llama::op_profile::{timed, Op};
-use crate::model::llama::rope::RopeTable;
+use crate::model::llama::rope::{RopeTable, Ropes};
 use crate::model::llama::weights::{Layer, LlamaWeights, MlpBuffers};
 use crate::model::load::hparams::LlamaHparams;
 use crate::model::Result;
@@ -24,7 +26,7 @@ use crate::model::Result;
 pub(crate) fn forward(
     w: &LlamaWeights,
     hp: &LlamaHparams,
-    rope: &RopeTable,
+    rope: &Ropes,
     cache: &mut KvCache,
     batch: &[SeqInput],
     taps: &[usize],
@@ -36,7 +38,11 @@ pub(crate) fn forward(
     let total = ids.len();
     let ids_t = Tensor::from_vec(ids, total, &Device::Cpu)?;
     let x = timed(Op::Embed, || {
-        w.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)
+        let x = w.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)?;
+        match hp.block.embed_scale {
+            true => x.affine((hp.hidden_size as f32).sqrt() as f64, 0.0),
+            false => Ok(x),
+        }
     })?;
     let (x, tapped) = run_layers(
         &w.layers,
@@ -69,7 +75,7 @@ pub(crate) struct LayerIo<'a> {
 pub(crate) fn run_layers(
     layers: &[Layer],
     hp: &LlamaHparams,
-    rope: &RopeTable,
+    ropes: &Ropes,
     cache: &mut KvCache,
     batch: &[SeqInput],
     x: Tensor,
@@ -92,10 +98,16 @@ pub(crate) fn run_layers(
     let (mut qkv, mut q, mut mlp) = (Vec::new(), Vec::new(), MlpBuffers::default());
     // Tree inputs: each token's depth (its position past start_pos) and its path.
     let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
+    // The kernels scale scores by 1/√head_dim; another scale is folded into the queries.
+    let q_scale = hp
+        .attn_scale
+        .map(|s| s * (hp.head_dim as f32).sqrt())
+        .filter(|&s| s != 1.0);
     let rows = QkvRows {
         batch,
         trees: &trees,
         shape,
+        q_scale,
     };
 
     let mut tapped: Vec<Option<Tensor>> = vec![None; io.taps.len()];
@@ -127,10 +139,11 @@ pub(crate) fn run_layers(
         timed(Op::QkvMatmul, || {
             layer.qkv.forward_rows_into(attn_in, total, &mut qkv)
         })?;
-        timed(Op::Rope, || rows.rotate(&mut qkv, rope));
+        timed(Op::Norm, || rows.bias_and_norm(&mut qkv, layer, eps));
+        timed(Op::Rope, || rows.rotate(&mut qkv, ropes.for_layer(hp, l)));
         timed(Op::CacheWrite, || rows.append(&qkv, cache, l))?;
         timed(Op::Attention, || {
-            rows.attend(&qkv, &mut q, cache, l, &mut attn_out)
+            rows.attend(&qkv, &mut q, cache, (l, hp.window(l)), &mut attn_out)
         })?;
         layer.after_attention_rows(&mut xs, &attn_out, eps, &mut h, &mut mlp)?;
     }
@@ -168,11 +181,36 @@ struct QkvRows<'a, 'b> {
     batch: &'a [SeqInput<'b>],
     trees: &'a [Option<TreeLayout>],
     shape: AttnShape,
+    /// Queries are multiplied by this before attention (a family's own score scale).
+    q_scale: Option<f32>,
 }
 
 impl QkvRows<'_, '_> {
     fn row(&self) -> usize {
         self.shape.q_dim() + 2 * self.shape.kv_dim()
+    }
+
+    /// The projection's biases added, and each query and key head RMS-normed, where the
+    /// layer's block has them.
+    fn bias_and_norm(&self, qkv: &mut [f32], layer: &Layer, eps: f32) {
+        let (q_dim, kv_dim, hd) = (self.shape.q_dim(), self.shape.kv_dim(), self.shape.head_dim);
+        if let Some(bias) = &layer.extras.qkv_bias {
+            for r in qkv.chunks_exact_mut(self.row()) {
+                r.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+            }
+        }
+        if let Some((qn, kn)) = &layer.extras.qk_norm {
+            let mut normed = vec![0f32; q_dim.max(kv_dim)];
+            for r in qkv.chunks_exact_mut(self.row()) {
+                let (q, kv) = r.split_at_mut(q_dim);
+                for (part, w) in [(q, qn), (&mut kv[..kv_dim], kn)] {
+                    let out = &mut normed[..part.len()];
+                    norm_rows(part, w, eps, out);
+                    debug_assert_eq!(w.len(), hd);
+                    part.copy_from_slice(out);
+                }
+            }
+        }
     }
 
     fn rotate(&self, qkv: &mut [f32], rope: &RopeTable) {
@@ -213,14 +251,17 @@ impl QkvRows<'_, '_> {
         qkv: &[f32],
         q: &mut Vec<f32>,
         cache: &KvCache,
-        l: usize,
+        (l, window): (usize, Option<usize>),
         attn_out: &mut [f32],
     ) -> Result<()> {
         let (shape, q_dim) = (self.shape, self.shape.q_dim());
         // Queries are strided inside the fused rows; pack them once per layer.
         q.clear();
         for r in qkv.chunks_exact(self.row()) {
-            q.extend_from_slice(&r[..q_dim]);
+            match self.q_scale {
+                Some(s) => q.extend(r[..q_dim].iter().map(|v| v * s)),
+                None => q.extend_from_slice(&r[..q_dim]),
+            }
         }
         let mut offset = 0;
         for (s, tree) in self.batch.iter().zip(self.trees) {
@@ -229,23 +270,97 @@ impl QkvRows<'_, '_> {
                 &q[offset * q_dim..(offset + n) * q_dim],
                 &mut attn_out[offset * q_dim..(offset + n) * q_dim],
             );
-            let start = s.start_pos;
-            match (cache.layer(s.slot, l)?, tree) {
-                (LayerKv::F32 { keys, values }, None) => {
-                    causal_attention(shape, q, keys, values, start, out)
-                }
-                (LayerKv::F16 { keys, values }, None) => {
-                    causal_attention(shape, q, keys, values, start, out)
-                }
-                (LayerKv::F32 { keys, values }, Some((_, paths))) => {
-                    tree_attention(shape, q, keys, values, start, paths, out)
-                }
-                (LayerKv::F16 { keys, values }, Some((_, paths))) => {
-                    tree_attention(shape, q, keys, values, start, paths, out)
-                }
+            let at = Span {
+                shape,
+                start: s.start_pos,
+                tree: tree.as_ref(),
+                window,
+            };
+            match cache.layer(s.slot, l)? {
+                LayerKv::F32 { keys, values } => at.attend(q, keys, values, out),
+                LayerKv::F16 { keys, values } => at.attend(q, keys, values, out),
             }
             offset += n;
         }
         Ok(())
+    }
+}
+
+/// One sequence's new tokens in one layer's attention: where they start, whether they form a
+/// tree, and the window the layer attends within.
+struct Span<'a> {
+    shape: AttnShape,
+    start: usize,
+    tree: Option<&'a TreeLayout>,
+    window: Option<usize>,
+}
+
+impl Span<'_> {
+    fn attend<T: KvElement>(&self, q: &[f32], keys: &[T], values: &[T], out: &mut [f32]) {
+        let (shape, start) = (self.shape, self.start);
+        let deepest = match self.tree {
+            Some((depths, _)) => depths.iter().copied().max().unwrap_or(0),
+            None => q.len() / shape.q_dim() - 1,
+        };
+        match (self.window, self.tree) {
+            (Some(w), tree) if start + deepest + 1 > w => {
+                self.attend_windowed(w, tree, q, keys, values, out)
+            }
+            (_, None) => causal_attention(shape, q, keys, values, start, out),
+            (_, Some((_, paths))) => tree_attention(shape, q, keys, values, start, paths, out),
+        }
+    }
+
+    /// Each token alone over the keys of its window: positions `p + 1 - w ..= p`, presented
+    /// from the window's first key, as a token decoded alone at `p` sees them (so the same
+    /// bits however tokens are batched). A tree node sees the window's cache rows, then the
+    /// part of its path inside the window.
+    fn attend_windowed<T: KvElement>(
+        &self,
+        w: usize,
+        tree: Option<&TreeLayout>,
+        q: &[f32],
+        keys: &[T],
+        values: &[T],
+        out: &mut [f32],
+    ) {
+        let (shape, start) = (self.shape, self.start);
+        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+        for (i, (qi, oi)) in q
+            .chunks_exact(q_dim)
+            .zip(out.chunks_exact_mut(q_dim))
+            .enumerate()
+        {
+            let depth = tree.map_or(i, |(d, _)| d[i]);
+            let lo = (start + depth + 1).saturating_sub(w);
+            match tree {
+                None => causal_attention(
+                    shape,
+                    qi,
+                    &keys[lo * kv_dim..],
+                    &values[lo * kv_dim..],
+                    start + i - lo,
+                    oi,
+                ),
+                Some((_, paths)) => {
+                    let first = lo.min(start);
+                    let path: Vec<usize> = paths[i]
+                        .iter()
+                        .enumerate()
+                        .filter(|&(d, _)| start + d >= lo)
+                        .map(|(_, &r)| r)
+                        .collect();
+                    tree_attention(
+                        shape,
+                        qi,
+                        &keys[first * kv_dim..],
+                        &values[first * kv_dim..],
+                        start - first,
+                        &[path],
+                        oi,
+                    )
+                }
+            }
+        }
     }
 }

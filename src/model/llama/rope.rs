@@ -4,7 +4,31 @@
 //! forward has its own position (sequences of different lengths share one pass), and a per-token
 //! scalar loop keeps the result bitwise identical however tokens are batched.
 
-use crate::model::load::hparams::{LlamaHparams, RopeLayout, RopeScaling};
+use crate::model::load::hparams::{LayerRope, LlamaHparams, RopeLayout, RopeScaling};
+
+/// A model's rope tables: the global one, and the windowed layers' where they rotate at their
+/// own base (Gemma 3's local layers).
+pub struct Ropes {
+    global: RopeTable,
+    local: Option<RopeTable>,
+}
+
+impl Ropes {
+    pub fn new(hp: &LlamaHparams, max_positions: usize) -> Self {
+        Self {
+            global: RopeTable::new(hp, max_positions),
+            local: hp.local_rope().map(|l| RopeTable::new(&l, max_positions)),
+        }
+    }
+
+    /// The table layer `l` rotates with.
+    pub fn for_layer(&self, hp: &LlamaHparams, l: usize) -> &RopeTable {
+        match (hp.layer_rope(l), &self.local) {
+            (LayerRope::Local, Some(local)) => local,
+            _ => &self.global,
+        }
+    }
+}
 
 pub struct RopeTable {
     half: usize,
@@ -23,6 +47,7 @@ pub fn inv_freqs(hp: &LlamaHparams) -> Vec<f32> {
         .collect();
     match hp.rope_scaling {
         RopeScaling::None => base,
+        RopeScaling::Linear { factor } => base.into_iter().map(|f| f / factor).collect(),
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,

@@ -6,10 +6,11 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::kernels::elementwise::silu_gate_rows;
+use crate::model::arch::block::Activation;
+use crate::model::kernels::elementwise::{gelu_gate_rows, silu_gate_rows};
 use crate::model::kernels::rms_norm::{add_norm_rows, norm_rows, rms_norm, with_host};
 use crate::model::llama::device::ForwardKind;
-use crate::model::llama::linear::{Linear, WeightsDtype};
+use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::load::hparams::LlamaHparams;
 use crate::model::load::weights::{WeightName, WeightReader};
@@ -24,6 +25,20 @@ pub(crate) struct Layer {
     pub ffn_norm: Tensor,
     pub gate_up: Linear,
     pub down: Linear,
+    /// What the family's block adds to Llama's (none for Llama).
+    pub extras: LayerExtras,
+}
+
+/// A layer's weights beyond Llama's block, each present where the family's block has it.
+#[derive(Default)]
+pub(crate) struct LayerExtras {
+    /// q|k|v biases side by side (Qwen 2).
+    pub qkv_bias: Option<Vec<f32>>,
+    /// Per-head RMS norm weights of queries and of keys (`head_dim` each).
+    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// The norms of attention's and the MLP's outputs before their residual adds.
+    pub post_norms: Option<(Tensor, Tensor)>,
+    pub gelu: bool,
 }
 
 impl Layer {
@@ -58,6 +73,9 @@ impl Layer {
         let rows = attn.len() / self.o.in_features();
         let MlpBuffers { o, gu, act, down } = bufs;
         timed(Op::OutMatmul, || self.o.forward_rows_into(attn, rows, o))?;
+        if let Some((after_attn, _)) = &self.extras.post_norms {
+            timed(Op::Norm, || norm_in_place(after_attn, o, eps, scratch))?;
+        }
         timed(Op::Norm, || {
             with_host(&self.ffn_norm, |w| add_norm_rows(x, o, w, eps, scratch))
         })?;
@@ -67,11 +85,19 @@ impl Layer {
         let inter = self.down.in_features();
         timed(Op::Elementwise, || {
             act.resize(rows * inter, 0.0);
-            silu_gate_rows(gu, inter, act)
+            if self.extras.gelu {
+                gelu_gate_rows(gu, inter, act)
+            } else {
+                silu_gate_rows(gu, inter, act)
+            }
         });
         timed(Op::DownMatmul, || {
             self.down.forward_rows_into(act, rows, down)
         })?;
+        if let Some((_, after_mlp)) = &self.extras.post_norms {
+            // The output projection's rows are spent: scratch for the in-place norm.
+            timed(Op::Norm, || norm_in_place(after_mlp, down, eps, o))?;
+        }
         timed(Op::Elementwise, || {
             for (v, d) in x.iter_mut().zip(down.iter()) {
                 *v += d;
@@ -92,6 +118,121 @@ impl Layer {
         })?;
         let down = timed(Op::DownMatmul, || self.down.forward(&act))?;
         Ok(timed(Op::Elementwise, || x + down)?)
+    }
+}
+
+/// `rows ← rms_norm(rows) · w`, through `scratch` (at least as long).
+fn norm_in_place(w: &Tensor, rows: &mut [f32], eps: f32, scratch: &mut [f32]) -> Result<()> {
+    let scratch = &mut scratch[..rows.len()];
+    with_host(w, |w| norm_rows(rows, w, eps, scratch))?;
+    rows.copy_from_slice(scratch);
+    Ok(())
+}
+
+/// What loading a layer needs besides the file.
+struct LayerParts<'a> {
+    hp: &'a LlamaHparams,
+    weights_dtype: WeightsDtype,
+    device: &'a Device,
+    kind: ForwardKind,
+}
+
+impl LayerParts<'_> {
+    fn linear(&self, raw: Vec<RawWeight>) -> Result<Linear> {
+        Linear::fuse(raw, self.weights_dtype, self.device, self.kind)
+    }
+
+    /// An RMS norm's weight as the forward multiplies by it: `1 + w` where the family's
+    /// Hugging Face checkpoints store `w`.
+    fn norm(&self, reader: &mut WeightReader, name: WeightName) -> Result<Tensor> {
+        let w = reader.dense_f32(name)?;
+        let w = if self.hp.block.hf_norm_plus_one && reader.is_safetensors() {
+            (w + 1.0)?
+        } else {
+            w
+        };
+        Ok(w.to_device(self.device)?)
+    }
+
+    fn host(&self, reader: &mut WeightReader, name: WeightName) -> Result<Vec<f32>> {
+        Ok(reader.dense_f32(name)?.flatten_all()?.to_vec1()?)
+    }
+
+    fn load(&self, reader: &mut WeightReader, l: usize) -> Result<Layer> {
+        let (hp, block) = (self.hp, self.hp.block);
+        let (qkv, gate_up) = if block.fused_projections {
+            (
+                vec![reader.raw(WeightName::Qkv(l))?],
+                vec![reader.raw(WeightName::GateUp(l))?],
+            )
+        } else {
+            let names = [WeightName::Q(l), WeightName::K(l), WeightName::V(l)];
+            let qkv = names
+                .map(|n| reader.raw(n))
+                .into_iter()
+                .collect::<Result<_>>()?;
+            let gu = [WeightName::Gate(l), WeightName::Up(l)];
+            (
+                qkv,
+                gu.map(|n| reader.raw(n))
+                    .into_iter()
+                    .collect::<Result<_>>()?,
+            )
+        };
+        let mut extras = LayerExtras {
+            gelu: block.activation == Activation::GeluTanh,
+            ..LayerExtras::default()
+        };
+        if block.qkv_bias {
+            let mut b = self.host(reader, WeightName::QBias(l))?;
+            b.extend(self.host(reader, WeightName::KBias(l))?);
+            b.extend(self.host(reader, WeightName::VBias(l))?);
+            extras.qkv_bias = Some(b);
+        }
+        if block.qk_norm {
+            let host_norm = |reader: &mut WeightReader, name| -> Result<Vec<f32>> {
+                Ok(self.norm(reader, name)?.flatten_all()?.to_vec1()?)
+            };
+            extras.qk_norm = Some((
+                host_norm(reader, WeightName::QNorm(l))?,
+                host_norm(reader, WeightName::KNorm(l))?,
+            ));
+        }
+        if block.sandwich_norms {
+            extras.post_norms = Some((
+                self.norm(reader, WeightName::AttnPostNorm(l))?,
+                self.norm(reader, WeightName::FfnPostNorm(l))?,
+            ));
+        }
+        let layer = Layer {
+            attn_norm: Some(self.norm(reader, WeightName::AttnNorm(l))?),
+            qkv: self.linear(qkv)?,
+            o: self.linear(vec![reader.raw(WeightName::O(l))?])?,
+            ffn_norm: self.norm(reader, WeightName::FfnNorm(l))?,
+            gate_up: self.linear(gate_up)?,
+            down: self.linear(vec![reader.raw(WeightName::Down(l))?])?,
+            extras,
+        };
+        let qkv_out = hp.num_heads * hp.head_dim + 2 * hp.num_kv_heads * hp.head_dim;
+        let sizes_fit = layer.qkv.out_features() == qkv_out
+            && layer.gate_up.out_features() == 2 * hp.intermediate_size
+            && layer.o.in_features() == hp.num_heads * hp.head_dim
+            && layer
+                .extras
+                .qkv_bias
+                .as_ref()
+                .is_none_or(|b| b.len() == qkv_out)
+            && layer
+                .extras
+                .qk_norm
+                .as_ref()
+                .is_none_or(|(q, k)| q.len() == hp.head_dim && k.len() == hp.head_dim);
+        if !sizes_fit {
+            return Err(ModelError::BadConfig(format!(
+                "layer {l} projection sizes do not match the config"
+            )));
+        }
+        Ok(layer)
     }
 }
 
@@ -139,50 +280,23 @@ impl LlamaWeights {
         } else {
             embed
         };
-        let dense = |reader: &mut WeightReader, name| -> Result<Tensor> {
-            Ok(reader.dense_f32(name)?.to_device(device)?)
+        reader.set_sandwich_names(hp.block.sandwich_norms);
+        let parts = LayerParts {
+            hp,
+            weights_dtype,
+            device,
+            kind,
         };
-        let mut layers = Vec::with_capacity(hp.num_layers);
-        for l in 0..hp.num_layers {
-            let qkv = vec![
-                reader.raw(WeightName::Q(l))?,
-                reader.raw(WeightName::K(l))?,
-                reader.raw(WeightName::V(l))?,
-            ];
-            let gate_up = vec![
-                reader.raw(WeightName::Gate(l))?,
-                reader.raw(WeightName::Up(l))?,
-            ];
-            let layer = Layer {
-                attn_norm: Some(dense(reader, WeightName::AttnNorm(l))?),
-                qkv: Linear::fuse(qkv, weights_dtype, device, kind)?,
-                o: Linear::convert(reader.raw(WeightName::O(l))?, weights_dtype, device, kind)?,
-                ffn_norm: dense(reader, WeightName::FfnNorm(l))?,
-                gate_up: Linear::fuse(gate_up, weights_dtype, device, kind)?,
-                down: Linear::convert(
-                    reader.raw(WeightName::Down(l))?,
-                    weights_dtype,
-                    device,
-                    kind,
-                )?,
-            };
-            let q_out = hp.num_heads * hp.head_dim + 2 * hp.num_kv_heads * hp.head_dim;
-            if layer.qkv.out_features() != q_out
-                || layer.gate_up.out_features() != 2 * hp.intermediate_size
-            {
-                return Err(ModelError::BadConfig(format!(
-                    "layer {l} projection sizes do not match the config"
-                )));
-            }
-            layers.push(layer);
-        }
+        let layers = (0..hp.num_layers)
+            .map(|l| parts.load(reader, l))
+            .collect::<Result<Vec<_>>>()?;
         let head_src = if reader.has(WeightName::Output) {
             WeightName::Output
         } else {
             WeightName::Embed
         };
         let lm_head = Linear::convert(reader.raw(head_src)?, weights_dtype, device, kind)?;
-        let norm = dense(reader, WeightName::OutputNorm)?;
+        let norm = parts.norm(reader, WeightName::OutputNorm)?;
         let weights = Self {
             embed: embed.to_device(device)?,
             layers,

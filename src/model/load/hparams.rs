@@ -1,15 +1,21 @@
-//! Llama hyperparameters, normalised from either GGUF metadata or a Hugging Face config.json,
-//! so the forward pass never cares where a model came from.
+//! A decoder model's hyperparameters, normalised from either GGUF metadata or a Hugging Face
+//! config.json, so the forward pass never cares where a model came from. The keys every family
+//! states alike are read here; each family's file (`model::arch`) reads its own extras.
 
 use candle_core::quantized::gguf_file;
 use serde::Deserialize;
 
+use crate::model::arch::block::Block;
 use crate::model::{ModelError, Result};
 
 /// Frequency scaling applied to RoPE (Llama 3.1/3.2 use `llama3`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     None,
+    /// Positions divided by `factor` (Gemma 3's global layers at 4B and up).
+    Linear {
+        factor: f32,
+    },
     Llama3 {
         factor: f32,
         low_freq_factor: f32,
@@ -28,6 +34,10 @@ pub enum RopeLayout {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaHparams {
+    /// The family, as its files name it (GGUF `general.architecture`, or `model_type`).
+    pub family: String,
+    /// What the family's decoder block does beyond Llama's.
+    pub block: Block,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -41,6 +51,11 @@ pub struct LlamaHparams {
     pub rope_layout: RopeLayout,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
+    /// Sliding-window attention, where the family has it.
+    pub windows: LayerWindows,
+    /// The attention score scale where it is not `1/√head_dim` (Gemma 3's
+    /// `query_pre_attn_scalar`).
+    pub attn_scale: Option<f32>,
 }
 
 impl LlamaHparams {
@@ -67,103 +82,59 @@ impl LlamaHparams {
         Ok(())
     }
 
-    pub fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
-        let md = &content.metadata;
-        let arch = md
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok())
-            .cloned()
-            .unwrap_or_default();
-        if arch != "llama" {
-            return Err(ModelError::Unsupported(format!(
-                "GGUF architecture '{arch}' (only 'llama' is supported)"
-            )));
-        }
-        let get_u = |key: &str| -> Result<usize> {
-            md.get(key)
-                .ok_or_else(|| ModelError::BadConfig(format!("GGUF metadata lacks {key}")))?
-                .to_u32()
-                .map(|v| v as usize)
-                .map_err(|e| ModelError::BadConfig(format!("GGUF {key}: {e}")))
-        };
-        let get_f = |key: &str| -> Option<f32> { md.get(key).and_then(|v| v.to_f32().ok()) };
-        let hidden_size = get_u("llama.embedding_length")?;
-        let num_heads = get_u("llama.attention.head_count")?;
-        let num_kv_heads = get_u("llama.attention.head_count_kv").unwrap_or(num_heads);
-        let head_dim =
-            get_u("llama.rope.dimension_count").unwrap_or(hidden_size / num_heads.max(1));
-        let vocab_size = match get_u("llama.vocab_size") {
-            Ok(v) => v,
-            Err(_) => md
+    /// The hyperparameters every family's GGUF states under `{arch}.*`, for a family whose
+    /// block is `block` and whose converter pairs rope dimensions as `rope_layout`: what is
+    /// left to a family's own file is its extras (windows, per-layer rope).
+    pub fn from_gguf_keys(keys: &GgufKeys, block: Block, rope_layout: RopeLayout) -> Result<Self> {
+        let hidden_size = keys.u("embedding_length")?;
+        let num_heads = keys.u("attention.head_count")?;
+        let num_kv_heads = keys.opt_u("attention.head_count_kv").unwrap_or(num_heads);
+        let head_dim = keys
+            .opt_u("attention.key_length")
+            .or_else(|| keys.opt_u("rope.dimension_count"))
+            .unwrap_or(hidden_size / num_heads.max(1));
+        let vocab_size = match keys.opt_u("vocab_size") {
+            Some(v) => v,
+            None => keys
+                .content
+                .metadata
                 .get("tokenizer.ggml.tokens")
                 .and_then(|v| v.to_vec().ok())
                 .map(|v| v.len())
                 .ok_or_else(|| ModelError::BadConfig("GGUF metadata lacks a vocab size".into()))?,
         };
-        let rope_scaling = match md
-            .get("llama.rope.scaling.type")
-            .and_then(|v| v.to_string().ok())
-            .map(String::as_str)
-        {
-            Some("llama3") => RopeScaling::Llama3 {
-                factor: get_f("llama.rope.scaling.factor").unwrap_or(1.0),
-                low_freq_factor: get_f("llama.rope.scaling.low_freq_factor").unwrap_or(1.0),
-                high_freq_factor: get_f("llama.rope.scaling.high_freq_factor").unwrap_or(4.0),
-                original_max_position_embeddings: get_u(
-                    "llama.rope.scaling.original_context_length",
-                )
-                .unwrap_or(8192),
-            },
-            Some("none") | None => RopeScaling::None,
-            Some(other) => {
-                return Err(ModelError::Unsupported(format!(
-                    "rope scaling type '{other}'"
-                )))
-            }
-        };
-        let hp = Self {
+        let rope_scaling = keys.rope_scaling()?;
+        Ok(Self {
+            family: keys.arch.clone(),
+            block,
             vocab_size,
             hidden_size,
-            intermediate_size: get_u("llama.feed_forward_length")?,
-            num_layers: get_u("llama.block_count")?,
+            intermediate_size: keys.u("feed_forward_length")?,
+            num_layers: keys.u("block_count")?,
             num_heads,
             num_kv_heads,
             head_dim,
-            rms_norm_eps: get_f("llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64,
-            rope_theta: get_f("llama.rope.freq_base").unwrap_or(10_000.0),
+            rms_norm_eps: keys.f("attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64,
+            rope_theta: keys.f("rope.freq_base").unwrap_or(10_000.0),
             rope_scaling,
-            rope_layout: RopeLayout::Interleaved,
-            max_position_embeddings: get_u("llama.context_length").unwrap_or(4096),
-            tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
-        };
-        hp.validate()?;
-        Ok(hp)
+            rope_layout,
+            max_position_embeddings: keys.opt_u("context_length").unwrap_or(4096),
+            tie_word_embeddings: !keys.content.tensor_infos.contains_key("output.weight"),
+            windows: LayerWindows::none(),
+            attn_scale: None,
+        })
     }
 
-    /// Parses a Hugging Face `config.json`.
-    pub fn from_hf_config(json: &str) -> Result<Self> {
-        let c: HfConfig = serde_json::from_str(json)
-            .map_err(|e| ModelError::BadConfig(format!("config.json: {e}")))?;
-        if let Some(arch) = c.architectures.as_ref().and_then(|a| a.first()) {
-            if arch != "LlamaForCausalLM" {
-                return Err(ModelError::Unsupported(format!(
-                    "architecture '{arch}' (only LlamaForCausalLM is supported)"
-                )));
-            }
-        }
-        if let Some(mt) = &c.model_type {
-            if mt != "llama" {
-                return Err(ModelError::Unsupported(format!(
-                    "model_type '{mt}' (only 'llama' is supported)"
-                )));
-            }
-        }
-        let rope_scaling = match c.rope_scaling {
+    /// The hyperparameters every family's `config.json` states the same way.
+    pub fn from_hf(c: &HfConfig, block: Block) -> Result<Self> {
+        let rope_scaling = match c.rope_scaling_value() {
             None => RopeScaling::None,
-            Some(rs) => rs.scaling()?,
+            Some(v) => rope_scaling_from_hf(&v)?,
         };
         let num_kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
-        let hp = Self {
+        Ok(Self {
+            family: c.model_type.clone().unwrap_or_default(),
+            block,
             vocab_size: c.vocab_size,
             hidden_size: c.hidden_size,
             intermediate_size: c.intermediate_size,
@@ -174,14 +145,167 @@ impl LlamaHparams {
                 .head_dim
                 .unwrap_or(c.hidden_size / c.num_attention_heads.max(1)),
             rms_norm_eps: c.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta: c.rope_theta.unwrap_or(10_000.0),
+            rope_theta: c.rope_theta().unwrap_or(10_000.0),
             rope_scaling,
             rope_layout: RopeLayout::HalfSplit,
             max_position_embeddings: c.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
-        };
-        hp.validate()?;
-        Ok(hp)
+            windows: LayerWindows::none(),
+            attn_scale: None,
+        })
+    }
+
+    /// The window layer `l` attends within (`None`: every earlier token).
+    pub fn window(&self, l: usize) -> Option<usize> {
+        self.windows.of(l)
+    }
+
+    /// The rope base layer `l` rotates with: a windowed layer's own base where the family
+    /// gives one (Gemma 3's local layers), else the model's.
+    pub fn layer_rope(&self, l: usize) -> LayerRope {
+        match (self.windows.local_rope_theta, self.window(l)) {
+            (Some(_), Some(_)) => LayerRope::Local,
+            _ => LayerRope::Global,
+        }
+    }
+
+    /// These hyperparameters as a windowed layer with its own rope base rotates: that base,
+    /// unscaled.
+    pub fn local_rope(&self) -> Option<Self> {
+        self.windows.local_rope_theta.map(|theta| Self {
+            rope_theta: theta,
+            rope_scaling: RopeScaling::None,
+            ..self.clone()
+        })
+    }
+}
+
+/// Which of a model's rope tables a layer rotates with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerRope {
+    Global,
+    Local,
+}
+
+/// Sliding-window attention: the window, which layers use it, and their rope base.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct LayerWindows {
+    /// Keys a windowed layer's query sees: itself and the `size - 1` before it.
+    pub size: Option<usize>,
+    /// `windowed[l]`: layer `l` attends within the window (empty with a window: all layers).
+    pub windowed: Vec<bool>,
+    /// The rope base of windowed layers, where it differs from the model's.
+    pub local_rope_theta: Option<f32>,
+}
+
+impl LayerWindows {
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Every layer within `size`.
+    pub fn all(size: usize) -> Self {
+        Self {
+            size: Some(size),
+            ..Self::default()
+        }
+    }
+
+    /// Layers `l` with `l % period < period - 1` windowed, every `period`-th global (Gemma's
+    /// pattern; llama.cpp's `set_swa_pattern`).
+    pub fn pattern(size: usize, period: usize, layers: usize) -> Self {
+        Self {
+            size: Some(size),
+            windowed: (0..layers)
+                .map(|l| period == 0 || l % period < period.saturating_sub(1))
+                .collect(),
+            local_rope_theta: None,
+        }
+    }
+
+    fn of(&self, l: usize) -> Option<usize> {
+        let size = self.size?;
+        (self.windowed.is_empty() || self.windowed.get(l).copied().unwrap_or(false)).then_some(size)
+    }
+}
+
+/// A GGUF's metadata under one architecture's prefix (`gemma3.block_count`).
+pub struct GgufKeys<'a> {
+    pub content: &'a gguf_file::Content,
+    pub arch: String,
+}
+
+impl<'a> GgufKeys<'a> {
+    /// The file's architecture and its keys.
+    pub fn new(content: &'a gguf_file::Content) -> Self {
+        let arch = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_default();
+        Self { content, arch }
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}.{key}", self.arch)
+    }
+
+    /// A required count.
+    pub fn u(&self, key: &str) -> Result<usize> {
+        let full = self.key(key);
+        self.content
+            .metadata
+            .get(&full)
+            .ok_or_else(|| ModelError::BadConfig(format!("GGUF metadata lacks {full}")))?
+            .to_u32()
+            .map(|v| v as usize)
+            .map_err(|e| ModelError::BadConfig(format!("GGUF {full}: {e}")))
+    }
+
+    pub fn opt_u(&self, key: &str) -> Option<usize> {
+        self.u(key).ok()
+    }
+
+    pub fn f(&self, key: &str) -> Option<f32> {
+        self.content
+            .metadata
+            .get(&self.key(key))
+            .and_then(|v| v.to_f32().ok())
+    }
+
+    pub fn str(&self, key: &str) -> Option<&str> {
+        self.content
+            .metadata
+            .get(&self.key(key))
+            .and_then(|v| v.to_string().ok())
+            .map(String::as_str)
+    }
+
+    /// A per-layer array of booleans (`attention.sliding_window_pattern` as an array).
+    pub fn bools(&self, key: &str) -> Option<Vec<bool>> {
+        let v = self.content.metadata.get(&self.key(key))?.to_vec().ok()?;
+        v.iter().map(|b| b.to_bool().ok()).collect()
+    }
+
+    fn rope_scaling(&self) -> Result<RopeScaling> {
+        let factor = self.f("rope.scaling.factor").unwrap_or(1.0);
+        match self.str("rope.scaling.type") {
+            Some("llama3") => Ok(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: self.f("rope.scaling.low_freq_factor").unwrap_or(1.0),
+                high_freq_factor: self.f("rope.scaling.high_freq_factor").unwrap_or(4.0),
+                original_max_position_embeddings: self
+                    .opt_u("rope.scaling.original_context_length")
+                    .unwrap_or(8192),
+            }),
+            Some("linear") if factor != 1.0 => Ok(RopeScaling::Linear { factor }),
+            Some("none") | Some("linear") | None => Ok(RopeScaling::None),
+            Some(other) => Err(ModelError::Unsupported(format!(
+                "rope scaling type '{other}' ({} GGUF)",
+                self.arch
+            ))),
+        }
     }
 }
 
@@ -204,6 +328,9 @@ impl HfRopeScaling {
                     .original_max_position_embeddings
                     .unwrap_or(8192),
             }),
+            "linear" => Ok(RopeScaling::Linear {
+                factor: self.factor.unwrap_or(1.0),
+            }),
             "default" | "" => Ok(RopeScaling::None),
             other => Err(ModelError::Unsupported(format!(
                 "rope_scaling.rope_type '{other}'"
@@ -222,20 +349,85 @@ struct HfRopeScaling {
     original_max_position_embeddings: Option<usize>,
 }
 
+/// A `config.json`: the keys every family shares, and the ones some read.
 #[derive(Deserialize)]
-struct HfConfig {
-    architectures: Option<Vec<String>>,
-    model_type: Option<String>,
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    num_key_value_heads: Option<usize>,
-    head_dim: Option<usize>,
-    rms_norm_eps: Option<f64>,
+pub struct HfConfig {
+    pub architectures: Option<Vec<String>>,
+    pub model_type: Option<String>,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub rms_norm_eps: Option<f64>,
     rope_theta: Option<f32>,
-    rope_scaling: Option<HfRopeScaling>,
-    max_position_embeddings: Option<usize>,
-    tie_word_embeddings: Option<bool>,
+    rope_scaling: Option<serde_json::Value>,
+    /// transformers 5's form of the rope settings: flat, or one object per layer type.
+    rope_parameters: Option<serde_json::Value>,
+    pub max_position_embeddings: Option<usize>,
+    pub tie_word_embeddings: Option<bool>,
+    pub sliding_window: Option<usize>,
+    pub use_sliding_window: Option<bool>,
+    pub layer_types: Option<Vec<String>>,
+    pub sliding_window_pattern: Option<usize>,
+    #[serde(rename = "_sliding_window_pattern")]
+    pub sliding_window_pattern_private: Option<usize>,
+    rope_local_base_freq: Option<f32>,
+    pub query_pre_attn_scalar: Option<f32>,
+    pub attention_bias: Option<bool>,
+    pub mlp_bias: Option<bool>,
+    pub partial_rotary_factor: Option<f32>,
+    pub hidden_act: Option<String>,
+    pub hidden_activation: Option<String>,
+    pub final_logit_softcapping: Option<f32>,
+    pub attn_logit_softcapping: Option<f32>,
+}
+
+impl HfConfig {
+    pub fn parse(json: &str) -> Result<Self> {
+        serde_json::from_str(json).map_err(|e| ModelError::BadConfig(format!("config.json: {e}")))
+    }
+
+    /// The rope settings of the global (full-attention) layers, from either form.
+    fn rope_params(&self) -> Option<&serde_json::Value> {
+        let p = self.rope_parameters.as_ref()?;
+        Some(p.get("full_attention").unwrap_or(p))
+    }
+
+    fn rope_theta(&self) -> Option<f32> {
+        self.rope_theta.or_else(|| {
+            self.rope_params()?
+                .get("rope_theta")?
+                .as_f64()
+                .map(|v| v as f32)
+        })
+    }
+
+    fn rope_scaling_value(&self) -> Option<serde_json::Value> {
+        self.rope_scaling
+            .clone()
+            .filter(|v| !v.is_null())
+            .or_else(|| self.rope_params().cloned())
+    }
+
+    /// The rope base of sliding-window layers where they have their own (Gemma 3).
+    pub fn local_rope_theta(&self) -> Option<f32> {
+        self.rope_local_base_freq.or_else(|| {
+            self.rope_parameters
+                .as_ref()?
+                .get("sliding_attention")?
+                .get("rope_theta")?
+                .as_f64()
+                .map(|v| v as f32)
+        })
+    }
+
+    /// Layer `l`'s attention is windowed, by `layer_types` when the config lists them.
+    pub fn windowed_by_type(&self) -> Option<Vec<bool>> {
+        self.layer_types
+            .as_ref()
+            .map(|t| t.iter().map(|k| k == "sliding_attention").collect())
+    }
 }

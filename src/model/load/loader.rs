@@ -214,7 +214,7 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> 
     let content = gguf_file::Content::read(&mut file)
         .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
     check_gguf_complete(path, &content)?;
-    let hp = first_layers(LlamaHparams::from_gguf(&content)?, opts);
+    let hp = first_layers(crate::model::arch::hparams_from_gguf(&content)?, opts);
     let tokenizer =
         TextTokenizer::from_gguf(&content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let mut reader = WeightReader::gguf(content, path, &Device::Cpu)?;
@@ -268,7 +268,7 @@ fn check_gguf_complete(path: &Path, content: &gguf_file::Content) -> Result<()> 
 fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> {
     let config_path = dir.join("config.json");
     let json = std::fs::read_to_string(&config_path).map_err(|e| unreadable(&config_path, e))?;
-    let hp = first_layers(LlamaHparams::from_hf_config(&json)?, opts);
+    let hp = first_layers(crate::model::arch::hparams_from_hf(&json)?, opts);
     let tokenizer =
         TextTokenizer::from_hf_dir(dir).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let mut reader = WeightReader::safetensors_dir(dir, &Device::Cpu)?;

@@ -12,9 +12,22 @@ use candle_core::{DType, Device, Tensor};
 use crate::model::llama::linear::RawWeight;
 use crate::model::{ModelError, Result};
 
-/// A weight's role in a Llama model.
+/// A weight's role in a decoder model of any family.
 #[derive(Clone, Copy, Debug)]
 pub enum WeightName {
+    /// q|k|v in one tensor (Phi-3).
+    Qkv(usize),
+    /// gate|up in one tensor (Phi-3).
+    GateUp(usize),
+    QBias(usize),
+    KBias(usize),
+    VBias(usize),
+    /// Per-head RMS norms of queries and keys (Qwen 3, Gemma 3).
+    QNorm(usize),
+    KNorm(usize),
+    /// The norms after attention and after the MLP (Gemma 3).
+    AttnPostNorm(usize),
+    FfnPostNorm(usize),
     Embed,
     OutputNorm,
     Output,
@@ -45,10 +58,24 @@ impl WeightName {
             Self::Gate(l) => format!("blk.{l}.ffn_gate.weight"),
             Self::Up(l) => format!("blk.{l}.ffn_up.weight"),
             Self::Down(l) => format!("blk.{l}.ffn_down.weight"),
+            Self::Qkv(l) => format!("blk.{l}.attn_qkv.weight"),
+            // llama.cpp keeps Phi-3's fused gate|up under the up projection's name.
+            Self::GateUp(l) => format!("blk.{l}.ffn_up.weight"),
+            Self::QBias(l) => format!("blk.{l}.attn_q.bias"),
+            Self::KBias(l) => format!("blk.{l}.attn_k.bias"),
+            Self::VBias(l) => format!("blk.{l}.attn_v.bias"),
+            Self::QNorm(l) => format!("blk.{l}.attn_q_norm.weight"),
+            Self::KNorm(l) => format!("blk.{l}.attn_k_norm.weight"),
+            Self::AttnPostNorm(l) => format!("blk.{l}.post_attention_norm.weight"),
+            Self::FfnPostNorm(l) => format!("blk.{l}.post_ffw_norm.weight"),
         }
     }
 
-    fn hf(self) -> String {
+    /// The tensor's name in a Hugging Face checkpoint. With sandwich norms (Gemma) the norm
+    /// before the MLP is `pre_feedforward_layernorm` and `post_attention_layernorm` is the
+    /// one after attention; in Llama's naming `post_attention_layernorm` is the one before
+    /// the MLP.
+    fn hf(self, sandwich: bool) -> String {
         match self {
             Self::Embed => "model.embed_tokens.weight".into(),
             Self::OutputNorm => "model.norm.weight".into(),
@@ -58,10 +85,22 @@ impl WeightName {
             Self::K(l) => format!("model.layers.{l}.self_attn.k_proj.weight"),
             Self::V(l) => format!("model.layers.{l}.self_attn.v_proj.weight"),
             Self::O(l) => format!("model.layers.{l}.self_attn.o_proj.weight"),
+            Self::FfnNorm(l) if sandwich => {
+                format!("model.layers.{l}.pre_feedforward_layernorm.weight")
+            }
             Self::FfnNorm(l) => format!("model.layers.{l}.post_attention_layernorm.weight"),
             Self::Gate(l) => format!("model.layers.{l}.mlp.gate_proj.weight"),
             Self::Up(l) => format!("model.layers.{l}.mlp.up_proj.weight"),
             Self::Down(l) => format!("model.layers.{l}.mlp.down_proj.weight"),
+            Self::Qkv(l) => format!("model.layers.{l}.self_attn.qkv_proj.weight"),
+            Self::GateUp(l) => format!("model.layers.{l}.mlp.gate_up_proj.weight"),
+            Self::QBias(l) => format!("model.layers.{l}.self_attn.q_proj.bias"),
+            Self::KBias(l) => format!("model.layers.{l}.self_attn.k_proj.bias"),
+            Self::VBias(l) => format!("model.layers.{l}.self_attn.v_proj.bias"),
+            Self::QNorm(l) => format!("model.layers.{l}.self_attn.q_norm.weight"),
+            Self::KNorm(l) => format!("model.layers.{l}.self_attn.k_norm.weight"),
+            Self::AttnPostNorm(l) => format!("model.layers.{l}.post_attention_layernorm.weight"),
+            Self::FfnPostNorm(l) => format!("model.layers.{l}.post_feedforward_layernorm.weight"),
         }
     }
 }
@@ -78,6 +117,8 @@ enum Store {
 pub struct WeightReader {
     store: Store,
     device: Device,
+    /// Hugging Face names follow the sandwich-norm naming (see [`WeightName`]).
+    hf_sandwich: bool,
 }
 
 /// The `*.safetensors` files of a folder, sorted; none is an error naming the folder.
@@ -113,6 +154,7 @@ impl WeightReader {
                 path: path.to_owned(),
             },
             device: device.clone(),
+            hf_sandwich: false,
         })
     }
 
@@ -128,7 +170,18 @@ impl WeightReader {
         Ok(Self {
             store: Store::Safetensors(st),
             device: device.clone(),
+            hf_sandwich: false,
         })
+    }
+
+    /// Names Hugging Face tensors as a block with sandwich norms does.
+    pub fn set_sandwich_names(&mut self, sandwich: bool) {
+        self.hf_sandwich = sandwich;
+    }
+
+    /// Whether the weights come from a Hugging Face folder (not a GGUF file).
+    pub fn is_safetensors(&self) -> bool {
+        matches!(self.store, Store::Safetensors(_))
     }
 
     pub fn device(&self) -> &Device {
@@ -138,7 +191,7 @@ impl WeightReader {
     pub fn has(&self, name: WeightName) -> bool {
         match &self.store {
             Store::Gguf { content, .. } => content.tensor_infos.contains_key(&name.gguf()),
-            Store::Safetensors(st) => st.get(&name.hf()).is_ok(),
+            Store::Safetensors(st) => st.get(&name.hf(self.hf_sandwich)).is_ok(),
         }
     }
 
@@ -166,7 +219,7 @@ impl WeightReader {
                 Ok(RawWeight::Quantized(q))
             }
             Store::Safetensors(st) => {
-                let key = name.hf();
+                let key = name.hf(self.hf_sandwich);
                 let t = st
                     .load(&key, &self.device)
                     .map_err(|_| ModelError::MissingTensor(key.clone()))?;

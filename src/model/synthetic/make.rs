@@ -55,7 +55,7 @@ pub fn make_model(
         }
         WeightSource::Model(path) => {
             let content = read_content(path)?;
-            let hp = LlamaHparams::from_gguf(&content)?;
+            let hp = crate::model::arch::hparams_from_gguf(&content)?;
             let md = content.metadata.clone();
             let reader = WeightReader::gguf(content, path, &Device::Cpu)?;
             (
@@ -187,6 +187,8 @@ fn random_dims(shape: &Shape, vocab: usize, name: WeightName) -> (usize, usize) 
         WeightName::K(_) | WeightName::V(_) => (kv, h),
         WeightName::Gate(_) | WeightName::Up(_) => (shape.ffn, h),
         WeightName::Down(_) => (h, shape.ffn),
+        // make-model writes Llama files only (`roles` never names another family's weights).
+        other => unreachable!("make-model writes no {other:?}"),
     }
 }
 

@@ -16,6 +16,8 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
+use super::spm::{sentencepiece_tokenizer, Pieces};
+use super::text_tokenizer::PieceKind;
 use super::{TextTokenizer, TokenizerError, END_OF_GENERATION_TEXTS};
 use crate::model::text::chat_template::ChatTemplate;
 
@@ -27,30 +29,52 @@ const TOKEN_TYPE_CONTROL: u32 = 3;
 const TOKEN_TYPE_USER_DEFINED: u32 = 4;
 
 impl TextTokenizer {
-    /// Built from GGUF `tokenizer.ggml.*` metadata. Only byte-level BPE (`gpt2`) with a known
-    /// pre-tokenizer is accepted.
+    /// Built from GGUF `tokenizer.ggml.*` metadata: byte-level BPE (`gpt2`) with a known
+    /// pre-tokenizer, or a SentencePiece vocabulary (`llama`).
     pub fn from_gguf(content: &gguf_file::Content) -> Result<Self, TokenizerError> {
         let meta = Metadata(content);
         let model = meta.required_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model.to_owned()));
-        }
-        // Absent in GGUFs converted before llama.cpp recorded it; those were GPT-2 style.
-        let pre_name = meta.str("tokenizer.ggml.pre")?.unwrap_or("gpt2");
-        let pre = pre_tokenizer_for(pre_name)?;
-
         let tokens = meta.str_array("tokenizer.ggml.tokens")?;
-        let merges = meta.merges()?;
         let vocab_size = tokens.len();
         let token_types = token_types(content, vocab_size)?;
-        let mut inner = bpe_tokenizer(&meta, &tokens, merges, pre)?;
+        let (mut inner, pieces) = match model {
+            "gpt2" => {
+                // Absent in GGUFs converted before llama.cpp recorded it; those were GPT-2 style.
+                let pre_name = meta.str("tokenizer.ggml.pre")?.unwrap_or("gpt2");
+                let pre = pre_tokenizer_for(pre_name)?;
+                let merges = meta.merges()?;
+                (
+                    bpe_tokenizer(&meta, &tokens, merges, pre)?,
+                    PieceKind::ByteLevel,
+                )
+            }
+            "llama" => {
+                let scores = meta.f32_array("tokenizer.ggml.scores")?;
+                let unknown = meta.token_id("tokenizer.ggml.unknown_token_id", vocab_size)?;
+                let pieces = Pieces {
+                    tokens: &tokens,
+                    scores: &scores,
+                    types: &token_types,
+                    // llama.cpp's default for SentencePiece vocabularies.
+                    add_space_prefix: meta
+                        .bool("tokenizer.ggml.add_space_prefix")?
+                        .unwrap_or(true),
+                    unknown: unknown.map(|id| tokens[id as usize]),
+                };
+                (sentencepiece_tokenizer(&pieces)?, PieceKind::SentencePiece)
+            }
+            other => return Err(TokenizerError::UnsupportedModel(other.to_owned())),
+        };
         let special_ids = add_typed_tokens(&mut inner, &tokens, &token_types)?;
         let eos = end_of_generation_ids(&meta, &tokens, &special_ids)?;
 
         let bos_id = meta.token_id("tokenizer.ggml.bos_token_id", vocab_size)?;
         let eos_id = meta.token_id("tokenizer.ggml.eos_token_id", vocab_size)?;
-        // llama.cpp's default for byte-level BPE vocabularies when the flag is absent.
-        let add_bos = meta.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+        // llama.cpp's defaults when the flag is absent: off for byte-level BPE, on for
+        // SentencePiece.
+        let add_bos = meta
+            .bool("tokenizer.ggml.add_bos_token")?
+            .unwrap_or(pieces == PieceKind::SentencePiece);
 
         let chat_template = meta
             .str("tokenizer.chat_template")?
@@ -71,6 +95,7 @@ impl TextTokenizer {
             special_ids,
             vocab_size,
             chat_template,
+            pieces,
             control_texts: OnceLock::new(),
             literal: OnceLock::new(),
         })
@@ -301,6 +326,19 @@ impl<'a> Metadata<'a> {
             .map_err(|e| bad(key, e))?
             .iter()
             .map(|s| s.to_string().map(String::as_str).map_err(|e| bad(key, e)))
+            .collect()
+    }
+
+    fn f32_array(&self, key: &str) -> Result<Vec<f32>, TokenizerError> {
+        let v = self
+            .0
+            .metadata
+            .get(key)
+            .ok_or_else(|| TokenizerError::MissingMetadata(key.to_owned()))?;
+        v.to_vec()
+            .map_err(|e| bad(key, e))?
+            .iter()
+            .map(|s| s.to_f32().map_err(|e| bad(key, e)))
             .collect()
     }
 

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 use tokenizers::Tokenizer;
 
+use super::text_tokenizer::PieceKind;
 use super::{TextTokenizer, TokenizerError, END_OF_GENERATION_TEXTS};
 use crate::model::text::chat_template::ChatTemplate;
 
@@ -72,6 +73,7 @@ impl TextTokenizer {
             .transpose()?;
 
         Ok(Self {
+            pieces: piece_kind(&inner),
             inner,
             eos_ids: eos.into_iter().collect(),
             bos_id,
@@ -194,5 +196,14 @@ fn template_from_config(v: &serde_json::Value) -> Option<String> {
             .and_then(|t| t.as_str())
             .map(str::to_owned),
         _ => None,
+    }
+}
+
+/// A `tokenizer.json` whose decoder maps bytes back through GPT-2's table is byte-level; any
+/// other (SentencePiece's `▁` replacement and byte fallback) spells pieces as text.
+fn piece_kind(inner: &Tokenizer) -> PieceKind {
+    match inner.get_decoder() {
+        Some(tokenizers::decoders::DecoderWrapper::ByteLevel(_)) | None => PieceKind::ByteLevel,
+        Some(_) => PieceKind::SentencePiece,
     }
 }

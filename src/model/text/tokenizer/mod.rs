@@ -24,6 +24,7 @@ mod gguf;
 mod hf;
 mod incremental;
 mod literal;
+mod spm;
 mod text_tokenizer;
 mod token_bytes;
 

@@ -13,6 +13,15 @@ use tokenizers::Tokenizer;
 use super::TokenizerError;
 use crate::model::text::chat_template::ChatTemplate;
 
+/// How a vocabulary's pieces spell bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PieceKind {
+    /// GPT-2's printable stand-in characters, one a byte ("Ġ" a space).
+    ByteLevel,
+    /// SentencePiece: text with `▁` for a space, and `<0xXX>` byte tokens.
+    SentencePiece,
+}
+
 /// A loaded tokenizer together with the model facts that go with it.
 #[derive(Clone)]
 pub struct TextTokenizer {
@@ -25,6 +34,8 @@ pub struct TextTokenizer {
     pub(super) special_ids: HashSet<u32>,
     pub(super) vocab_size: usize,
     pub(super) chat_template: Option<ChatTemplate>,
+    /// How the vocabulary spells bytes.
+    pub(super) pieces: PieceKind,
     /// The control tokens' texts and ids, longest first (`literal`).
     pub(super) control_texts: OnceLock<Vec<(String, u32)>>,
     /// `inner` with control-token parsing off, made when a literal first spells a token.

@@ -8,6 +8,8 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
+use super::spm::piece_bytes;
+use super::text_tokenizer::PieceKind;
 use super::{TextTokenizer, TokenizerError};
 
 /// GPT-2's byte ↔ printable character table, inverted: each stand-in character to its byte.
@@ -38,6 +40,9 @@ impl TextTokenizer {
         })?;
         if self.is_special(id) {
             return Ok(piece.into_bytes());
+        }
+        if self.pieces == PieceKind::SentencePiece {
+            return Ok(piece_bytes(&piece));
         }
         if let Some(bytes) = piece
             .chars()

@@ -1,0 +1,47 @@
+//! What a decoder block does, as data: the ways the families tandem runs differ from Llama's
+//! block (norm placement, activation, biases, q/k norms, embedding scale), declared once per
+//! family and read by the shared forward. A leaf, so the hyperparameters can carry it without
+//! importing the families.
+
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) · up` (Llama, Qwen, Mistral, Phi-3).
+    Silu,
+    /// `gelu_tanh(gate) · up` (Gemma).
+    GeluTanh,
+}
+
+/// A family's block, as far as it differs from Llama's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// q, k and v projections add a bias (Qwen 2).
+    pub qkv_bias: bool,
+    /// Each query and key head is RMS-normed over its own values before rotation (Qwen 3,
+    /// Gemma 3).
+    pub qk_norm: bool,
+    /// The attention output and the MLP output are RMS-normed before their residual adds,
+    /// besides the norms before them (Gemma 2 and 3).
+    pub sandwich_norms: bool,
+    pub activation: Activation,
+    /// Embeddings are multiplied by √hidden before the first layer (Gemma).
+    pub embed_scale: bool,
+    /// Hugging Face checkpoints store RMS norm weights as `w` and apply `1 + w` (Gemma);
+    /// llama.cpp's converter writes `1 + w` into the GGUF, so only safetensors add it.
+    pub hf_norm_plus_one: bool,
+    /// The file holds q|k|v as one tensor and gate|up as one (Phi-3).
+    pub fused_projections: bool,
+}
+
+impl Block {
+    /// Llama's block: pre-norms, SiLU-gated MLP, nothing else.
+    pub const LLAMA: Block = Block {
+        qkv_bias: false,
+        qk_norm: false,
+        sandwich_norms: false,
+        activation: Activation::Silu,
+        embed_scale: false,
+        hf_norm_plus_one: false,
+        fused_projections: false,
+    };
+}

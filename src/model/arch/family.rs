@@ -1,0 +1,69 @@
+//! One model family as the loader sees it: the names its files go by, its block, and how it
+//! reads the hyperparameters only it has. Each family's file declares one of these.
+
+use candle_core::quantized::gguf_file;
+
+use crate::model::arch::block::{Activation, Block};
+use crate::model::load::hparams::{GgufKeys, HfConfig, LlamaHparams, RopeLayout};
+use crate::model::{ModelError, Result};
+
+pub struct Family {
+    /// GGUF `general.architecture`.
+    pub gguf: &'static str,
+    /// `config.json` `architectures` entries and `model_type`s.
+    pub hf_architectures: &'static [&'static str],
+    pub hf_model_types: &'static [&'static str],
+    pub block: Block,
+    /// How llama.cpp's converter lays out rope pairs in this family's q/k weights (it permutes
+    /// Llama's to interleaved pairs and leaves the others' halves split).
+    pub gguf_rope: RopeLayout,
+    /// Sets what only this family's GGUF states (windows, per-layer rope), or refuses it.
+    pub gguf_extras: fn(&GgufKeys, &mut LlamaHparams) -> Result<()>,
+    /// Sets what only this family's `config.json` states, or refuses it.
+    pub hf_extras: fn(&HfConfig, &mut LlamaHparams) -> Result<()>,
+}
+
+impl Family {
+    pub fn hparams_from_gguf(&self, content: &gguf_file::Content) -> Result<LlamaHparams> {
+        let keys = GgufKeys::new(content);
+        let mut hp = LlamaHparams::from_gguf_keys(&keys, self.block, self.gguf_rope)?;
+        (self.gguf_extras)(&keys, &mut hp)?;
+        hp.validate()?;
+        Ok(hp)
+    }
+
+    pub fn hparams_from_hf(&self, config: &HfConfig) -> Result<LlamaHparams> {
+        refuse_unread_hf_keys(config, self.block)?;
+        let mut hp = LlamaHparams::from_hf(config, self.block)?;
+        (self.hf_extras)(config, &mut hp)?;
+        hp.validate()?;
+        Ok(hp)
+    }
+}
+
+/// The `config.json` settings no family here runs, refused by name rather than ignored.
+fn refuse_unread_hf_keys(c: &HfConfig, block: Block) -> Result<()> {
+    let refuse = |what: String| Err(ModelError::Unsupported(format!("config.json {what}")));
+    if c.attention_bias == Some(true) && !block.qkv_bias {
+        return refuse("attention_bias = true".into());
+    }
+    if c.mlp_bias == Some(true) {
+        return refuse("mlp_bias = true".into());
+    }
+    if let Some(f) = c.partial_rotary_factor.filter(|&f| f != 1.0) {
+        return refuse(format!("partial_rotary_factor = {f} (only full rotation)"));
+    }
+    if let Some(cap) = c.final_logit_softcapping.or(c.attn_logit_softcapping) {
+        return refuse(format!("logit soft-capping ({cap})"));
+    }
+    let act = c.hidden_activation.as_deref().or(c.hidden_act.as_deref());
+    let ok = match (block.activation, act) {
+        (_, None) => true,
+        (Activation::Silu, Some(a)) => a == "silu" || a == "swish",
+        (Activation::GeluTanh, Some(a)) => a == "gelu_pytorch_tanh" || a == "gelu_tanh",
+    };
+    if !ok {
+        return refuse(format!("activation '{}'", act.unwrap_or_default()));
+    }
+    Ok(())
+}

@@ -1,0 +1,32 @@
+//! Llama 2 and 3.x, SmolLM, and Mistral (a Llama block with every layer's attention in a
+//! sliding window, where its config sets one): the block every other family is told apart
+//! from.
+
+use crate::model::arch::block::Block;
+use crate::model::arch::family::Family;
+use crate::model::load::hparams::{GgufKeys, HfConfig, LayerWindows, LlamaHparams, RopeLayout};
+use crate::model::Result;
+
+pub const FAMILY: Family = Family {
+    gguf: "llama",
+    hf_architectures: &["LlamaForCausalLM", "MistralForCausalLM"],
+    hf_model_types: &["llama", "mistral"],
+    block: Block::LLAMA,
+    gguf_rope: RopeLayout::Interleaved,
+    gguf_extras,
+    hf_extras,
+};
+
+fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
+    if let Some(w) = keys.opt_u("attention.sliding_window").filter(|&w| w > 0) {
+        hp.windows = LayerWindows::all(w);
+    }
+    Ok(())
+}
+
+fn hf_extras(c: &HfConfig, hp: &mut LlamaHparams) -> Result<()> {
+    if let Some(w) = c.sliding_window.filter(|&w| w > 0) {
+        hp.windows = LayerWindows::all(w);
+    }
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! The model families tandem runs, one file each (`llama`, `qwen2`, `qwen3`, `gemma3`,
+//! `phi3`), over the shared forward, kernels, attention, KV cache and rope.
+//!
+//! A family is mostly a declared [`block::Block`] (norm placement, activation, biases, q/k
+//! norms, embedding scale) and the keys only its files carry (windows, per-layer rope); code
+//! is written for it only where a description cannot say it. Adding the next family is a file
+//! here, its entry in [`FAMILIES`] and a test against an independent implementation.
+
+pub mod block;
+pub mod family;
+pub mod gemma3;
+pub mod llama;
+pub mod phi3;
+pub mod qwen2;
+pub mod qwen3;
+
+use candle_core::quantized::gguf_file;
+
+use crate::model::load::hparams::{GgufKeys, HfConfig, LlamaHparams};
+use crate::model::{ModelError, Result};
+use family::Family;
+
+/// Every family, in the order errors list them.
+pub const FAMILIES: &[&Family] = &[
+    &llama::FAMILY,
+    &qwen2::FAMILY,
+    &qwen3::FAMILY,
+    &gemma3::FAMILY,
+    &phi3::FAMILY,
+];
+
+fn names(f: impl Fn(&Family) -> Vec<&'static str>) -> String {
+    FAMILIES
+        .iter()
+        .flat_map(|fam| f(fam))
+        .map(|n| format!("'{n}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The hyperparameters of a GGUF file of any family here.
+pub fn hparams_from_gguf(content: &gguf_file::Content) -> Result<LlamaHparams> {
+    let arch = GgufKeys::new(content).arch;
+    let family = FAMILIES.iter().find(|f| f.gguf == arch).ok_or_else(|| {
+        ModelError::Unsupported(format!(
+            "GGUF architecture '{arch}' (tandem runs {})",
+            names(|f| vec![f.gguf])
+        ))
+    })?;
+    family.hparams_from_gguf(content)
+}
+
+/// The hyperparameters of a Hugging Face `config.json` of any family here, found by its
+/// `architectures`, else its `model_type`.
+pub fn hparams_from_hf(json: &str) -> Result<LlamaHparams> {
+    let config = HfConfig::parse(json)?;
+    let by_arch = config.architectures.as_ref().and_then(|a| a.first());
+    let family = match (by_arch, &config.model_type) {
+        (Some(arch), _) => FAMILIES
+            .iter()
+            .find(|f| f.hf_architectures.contains(&arch.as_str()))
+            .ok_or_else(|| {
+                ModelError::Unsupported(format!(
+                    "architecture '{arch}' (tandem runs {})",
+                    names(|f| f.hf_architectures.to_vec())
+                ))
+            })?,
+        (None, Some(mt)) => FAMILIES
+            .iter()
+            .find(|f| f.hf_model_types.contains(&mt.as_str()))
+            .ok_or_else(|| {
+                ModelError::Unsupported(format!(
+                    "model_type '{mt}' (tandem runs {})",
+                    names(|f| f.hf_model_types.to_vec())
+                ))
+            })?,
+        (None, None) => {
+            return Err(ModelError::BadConfig(
+                "config.json names neither architectures nor model_type".into(),
+            ))
+        }
+    };
+    family.hparams_from_hf(&config)
+}
