@@ -55,14 +55,30 @@ fn spec_bench_turns() -> Vec<String> {
     turns
 }
 
-/// Texts and the ids llama.cpp's `llama-tokenize` gives them on the default model
-/// (tests/fixtures/README.md says how they were made and which texts they are).
-fn llama_cpp_tokens() -> Vec<(String, Vec<u32>)> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/llama_cpp_tokens.jsonl"
-    );
-    let text = std::fs::read_to_string(path).expect("read llama_cpp_tokens.jsonl");
+fn gemma_content() -> &'static gguf_file::Content {
+    static CONTENT: OnceLock<gguf_file::Content> = OnceLock::new();
+    CONTENT.get_or_init(|| {
+        let path = tandem::model::load::loader::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
+        assert!(
+            path.is_file(),
+            "Gemma-3-270M missing at {}: run scripts/fetch-gemma",
+            path.display()
+        );
+        let mut file = std::fs::File::open(&path).expect("open Gemma");
+        gguf_file::Content::read(&mut file).expect("read GGUF metadata")
+    })
+}
+
+fn gemma() -> &'static TextTokenizer {
+    static TOK: OnceLock<TextTokenizer> = OnceLock::new();
+    TOK.get_or_init(|| TextTokenizer::from_gguf(gemma_content()).expect("Gemma 3 tokenizer"))
+}
+
+/// Texts and the ids llama.cpp's `llama-tokenize` gives them on a model, from `fixture` in
+/// tests/fixtures (its README says how they were made and which texts they are).
+fn llama_cpp_tokens(fixture: &str) -> Vec<(String, Vec<u32>)> {
+    let path = format!("{}/tests/fixtures/{fixture}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("read the llama.cpp tokens fixture");
     let cases: Vec<(String, Vec<u32>)> = text
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -89,8 +105,8 @@ fn llama_cpp_tokens() -> Vec<(String, Vec<u32>)> {
 /// Encodes every fixture text (BOS as the model wants it, special tokens matched in the
 /// text, as llama-tokenize ran) and fails on the first text whose ids differ from llama.cpp's,
 /// naming the text, the position and the tokens around it.
-fn assert_llama_cpp_ids(tok: &TextTokenizer, what: &str) {
-    let cases = llama_cpp_tokens();
+fn assert_llama_cpp_ids(tok: &TextTokenizer, what: &str, fixture: &str) {
+    let cases = llama_cpp_tokens(fixture);
     let mut tokens = 0;
     let mut differing = Vec::new();
     for (i, (text, want)) in cases.iter().enumerate() {
@@ -165,7 +181,29 @@ fn special_tokens_have_their_ids_and_are_found_inside_text() {
 /// with a "Ġ" token, or digits not split one by one).
 #[test]
 fn gguf_tokenizer_gives_llama_cpps_ids() {
-    assert_llama_cpp_ids(smollm(), "tandem (GGUF)");
+    assert_llama_cpp_ids(smollm(), "tandem (GGUF)", "llama_cpp_tokens.jsonl");
+}
+
+/// The same texts on Gemma 3's SentencePiece vocabulary (262,144 pieces with scores, byte
+/// fallback, user-defined whitespace pieces, BOS added): ids equal to llama.cpp's, and each
+/// text decodes back to itself.
+#[test]
+fn sentencepiece_gguf_tokenizer_gives_llama_cpps_ids() {
+    let tok = gemma();
+    assert!(tok.adds_bos());
+    assert_llama_cpp_ids(
+        tok,
+        "tandem (Gemma 3 GGUF)",
+        "llama_cpp_tokens_gemma3.jsonl",
+    );
+    for (text, ids) in llama_cpp_tokens("llama_cpp_tokens_gemma3.jsonl") {
+        assert_eq!(tok.decode(&ids[1..]).unwrap(), text);
+    }
+    // Byte tokens stand for their byte; a piece's `▁` for a space.
+    let nl = tok.token_to_id("<0x0A>").expect("byte token");
+    assert_eq!(tok.token_bytes(nl).unwrap(), b"\n");
+    let word = tok.encode(" hello", false).unwrap();
+    assert_eq!(tok.token_bytes(word[0]).unwrap(), b" hello");
 }
 
 #[test]
@@ -374,14 +412,21 @@ fn unknown_pre_tokenizer_is_refused_by_name() {
 }
 
 #[test]
-fn non_byte_level_model_is_refused_by_name() {
-    let md = synthetic_metadata("llama", Some("default"));
+fn an_unknown_tokenizer_model_is_refused_by_name() {
+    let md = synthetic_metadata("rwkv", Some("default"));
     let err = TextTokenizer::from_gguf(&content(md)).unwrap_err();
     assert!(
         matches!(err, TokenizerError::UnsupportedModel(_)),
         "{err:?}"
     );
-    assert!(err.to_string().contains("`llama`"), "{err}");
+    assert!(err.to_string().contains("`rwkv`"), "{err}");
+}
+
+#[test]
+fn a_sentencepiece_vocabulary_without_scores_is_refused_naming_the_key() {
+    let md = synthetic_metadata("llama", Some("default"));
+    let err = TextTokenizer::from_gguf(&content(md)).unwrap_err();
+    assert!(err.to_string().contains("tokenizer.ggml.scores"), "{err}");
 }
 
 #[test]
@@ -559,7 +604,11 @@ fn hf_dir_gives_llama_cpps_ids_and_its_configs_facts() {
     assert!(!hf.adds_bos());
     assert!(hf.is_special(2));
     // The ids come from llama.cpp, not from the GGUF loader this folder was written from.
-    assert_llama_cpp_ids(&hf, "tandem (Hugging Face folder)");
+    assert_llama_cpp_ids(
+        &hf,
+        "tandem (Hugging Face folder)",
+        "llama_cpp_tokens.jsonl",
+    );
     let messages = [ChatMessage::new("user", "hi")];
     assert_eq!(
         hf.chat_template().unwrap().render(&messages, true).unwrap(),

@@ -19,7 +19,7 @@ pub enum TokenizerError {
     #[error("GGUF metadata `{key}` is invalid: {reason}")]
     BadMetadata { key: String, reason: String },
     #[error(
-        "unsupported GGUF tokenizer model `{0}`: only byte-level BPE (`gpt2`) tokenizers are supported"
+        "unsupported GGUF tokenizer model `{0}`: only byte-level BPE (`gpt2`) and SentencePiece (`llama`) tokenizers are supported"
     )]
     UnsupportedModel(String),
     #[error(

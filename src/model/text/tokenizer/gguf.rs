@@ -408,8 +408,8 @@ mod tests {
     #[test]
     fn unknown_pre_tokenizer_is_refused() {
         assert!(matches!(
-            pre_tokenizer_for("qwen2"),
-            Err(TokenizerError::UnsupportedPreTokenizer(name)) if name == "qwen2"
+            pre_tokenizer_for("tekken-9000"),
+            Err(TokenizerError::UnsupportedPreTokenizer(name)) if name == "tekken-9000"
         ));
     }
 }
