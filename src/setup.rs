@@ -27,7 +27,16 @@ pub fn load_target(config: &Config) -> Result<LoadedModel, SetupError> {
     log_vector_level();
     let source = ModelSource::resolve(&config.model.path)?;
     let t = std::time::Instant::now();
-    let target = LoadedModel::load(&source, &target_options(config))?;
+    let mut target = LoadedModel::load(&source, &target_options(config))?;
+    if !config.model.chat_template.is_empty() {
+        let path = &config.model.chat_template;
+        let src = std::fs::read_to_string(path)
+            .map_err(|e| ModelError::BadConfig(format!("model.chat_template {path}: {e}")))?;
+        std::sync::Arc::get_mut(&mut target.tokenizer)
+            .expect("the tokenizer was just loaded")
+            .set_chat_template(&src)
+            .map_err(|e| ModelError::BadConfig(format!("model.chat_template {path}: {e}")))?;
+    }
     tracing::info!(
         model = %source.display_name(),
         device = %target.model.placement(),

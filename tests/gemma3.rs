@@ -195,3 +195,36 @@ fn greedy_speculation_equals_plain_decoding_on_gemma() {
         "{accepted} accepted, {rejected} rejected"
     );
 }
+
+/// A base model's file has no chat template: chat prompts say so and name `--chat-template`,
+/// which takes a template file (one ships for Gemma 3); a bad file is a start-up error naming
+/// the config key.
+#[test]
+fn a_base_model_takes_its_chat_template_from_a_file() {
+    let model = gemma_path();
+    let run = |extra: &[&str]| {
+        let mut cmd = common::tandem_command();
+        cmd.args(["generate", "--model"])
+            .arg(&model)
+            .args(["--prompt", "Name three colors.", "--max-tokens", "4"])
+            .args(extra);
+        cmd.output().unwrap()
+    };
+    let bare = run(&[]);
+    assert!(!bare.status.success());
+    assert!(String::from_utf8_lossy(&bare.stderr).contains("--chat-template"));
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/chat-templates/gemma3.jinja"
+    );
+    let with = run(&["--chat-template", template]);
+    let stderr = String::from_utf8_lossy(&with.stderr);
+    assert!(with.status.success(), "{stderr}");
+    // BOS, <start_of_turn>user\n, the question, <end_of_turn>\n, <start_of_turn>model\n.
+    assert!(stderr.contains("prompt tokens: 14"), "{stderr}");
+    let broken = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(broken.path(), "{% for %}").unwrap();
+    let bad = run(&["--chat-template", broken.path().to_str().unwrap()]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("model.chat_template"));
+}

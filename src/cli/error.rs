@@ -58,7 +58,10 @@ pub enum CliError {
     },
     #[error("give a prompt with --prompt TEXT or --prompt-file FILE")]
     NoPrompt,
-    #[error("the model has no chat template; pass --raw to feed the prompt as-is")]
+    #[error(
+        "the model has no chat template; pass --raw to feed the prompt as-is, or a template file \
+         with --chat-template"
+    )]
     NoChatTemplate,
     #[error(transparent)]
     ChatTemplate(#[from] ChatTemplateError),

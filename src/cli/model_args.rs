@@ -3,7 +3,7 @@
 //!
 //! Why it exists: `serve`, `generate`, `bench` and `forward-bench` take the same `--model`,
 //! `--weights-dtype`, `--threads`, `--context-length`, `--kv-cache-dtype`, `--device`,
-//! `--backend` and `--draft-device` flags. They
+//! `--backend`, `--chat-template` and `--draft-device` flags. They
 //! override the config's `[model]` and `[runtime]` keys and are then checked as the config file
 //! is, so a bad value names its config key whichever way it came in.
 
@@ -42,6 +42,10 @@ pub struct ModelArgs {
     /// candle [default: model.backend, auto].
     #[arg(long, env = "TANDEM_BACKEND")]
     backend: Option<String>,
+    /// A Jinja chat template file used instead of the model's own (a base model's file has
+    /// none) [default: model.chat_template, "": the model's].
+    #[arg(long, env = "TANDEM_CHAT_TEMPLATE")]
+    chat_template: Option<String>,
     /// Where a draft model runs [default: speculation.draft_device, "": the target's device].
     #[arg(long, env = "TANDEM_DRAFT_DEVICE")]
     draft_device: Option<String>,
@@ -70,6 +74,9 @@ impl ModelArgs {
         }
         if let Some(b) = &self.backend {
             config.model.backend = b.clone();
+        }
+        if let Some(t) = &self.chat_template {
+            config.model.chat_template = t.clone();
         }
         if let Some(d) = &self.draft_device {
             config.speculation.draft_device = match d.trim() {

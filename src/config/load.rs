@@ -119,6 +119,14 @@ impl Config {
         if self.model.path.trim().is_empty() {
             return invalid("model.path", "must not be empty".into());
         }
+        if !self.model.chat_template.is_empty() {
+            let path = &self.model.chat_template;
+            let src = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::invalid("model.chat_template", format!("{path}: {e}")))?;
+            if let Err(e) = crate::model::ChatTemplate::new(&src, None, None) {
+                return invalid("model.chat_template", format!("{path}: {e}"));
+            }
+        }
         if self.model.context_length < 2 {
             return invalid("model.context_length", "must be >= 2".into());
         }

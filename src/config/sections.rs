@@ -79,6 +79,8 @@ pub struct ModelConfig {
     pub kv_cache_dtype: String,
     pub device: String,
     pub backend: String,
+    /// A Jinja chat template file used instead of the model's own ("": the model's).
+    pub chat_template: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -185,7 +185,8 @@ pub(super) fn chat_prompt(
     let template = tok.chat_template().ok_or_else(|| {
         ApiError::invalid_param(
             "messages",
-            "This model has no chat template; use /v1/completions.",
+            "This model has no chat template; use /v1/completions (or start the server with \
+             --chat-template FILE).",
         )
     })?;
     let literals = turns

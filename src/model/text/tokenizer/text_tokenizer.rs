@@ -55,6 +55,19 @@ impl fmt::Debug for TextTokenizer {
 }
 
 impl TextTokenizer {
+    /// Uses the Jinja template `source` as the chat template (a base model's file has none;
+    /// `model.chat_template`), with the model's BOS and first end token as its
+    /// `bos_token`/`eos_token`.
+    pub fn set_chat_template(
+        &mut self,
+        source: &str,
+    ) -> Result<(), crate::model::text::chat_template::ChatTemplateError> {
+        let text = |id: Option<u32>| id.and_then(|id| self.id_to_token(id));
+        let (bos, eos) = (text(self.bos_id), text(self.eos_ids.first().copied()));
+        self.chat_template = Some(ChatTemplate::new(source, bos, eos)?);
+        Ok(())
+    }
+
     /// Special tokens written in `text` (e.g. `<|im_start|>`) map to their ids. BOS is
     /// prepended only when `add_bos` is set *and* the model was trained with it, so callers
     /// can always pass `true` for the start of a prompt.
