@@ -1,9 +1,11 @@
-//! Every model family tandem runs, against an independent implementation: a tiny random
+//! Every model family tandem runs, against independent implementations: a tiny random
 //! checkpoint per family made by Hugging Face transformers (`tests/fixtures/families/`, with
 //! transformers' logits at every position), loaded from its safetensors folder and run on the
-//! own kernels. Logits match transformers' within f32 rounding; the forward stays
-//! batch-invariant through each family's block (sliding windows past their width included:
-//! token by token, batched, token trees); greedy speculative output equals plain decoding.
+//! own kernels, and the same checkpoint converted to GGUF by llama.cpp's converter, against
+//! llama.cpp's logits on that file. Logits match transformers' within f32 rounding and
+//! llama.cpp's within its f16 arithmetic; the forward stays batch-invariant through each
+//! family's block (sliding windows past their width included: token by token, batched, token
+//! trees); greedy speculative output equals plain decoding.
 
 mod common;
 
@@ -108,6 +110,93 @@ fn logits_match_transformers_at_every_position() {
             );
         }
     }
+}
+
+/// llama.cpp's 16 largest logits at each position on a family's GGUF (fixture README).
+fn llama_cpp_top(family: &str) -> Option<(Vec<u32>, Vec<Vec<(u32, f32)>>)> {
+    let path = fixture("llama_cpp_gguf.jsonl");
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines().find_map(|line| {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        (v["family"] == family).then(|| {
+            let ids = v["ids"].as_array().unwrap().iter();
+            let top = v["top"].as_array().unwrap().iter().map(|pos| {
+                pos.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32))
+                    .collect()
+            });
+            (
+                ids.map(|x| x.as_u64().unwrap() as u32).collect(),
+                top.collect(),
+            )
+        })
+    })
+}
+
+/// Each family's GGUF, written by llama.cpp's converter: against llama.cpp's logits on the same
+/// file, or (Phi-3, which llama.cpp runs without its sliding window and cannot load with the
+/// stand-in vocabulary) against transformers'.
+#[test]
+fn gguf_files_written_by_llama_cpp_match_llama_cpp_and_transformers() {
+    for family in FAMILIES {
+        let path = fixture(family).join("model.gguf");
+        let opts = LoadOptions {
+            weights_dtype: WeightsDtype::F32,
+            context_len: 256,
+            ..Default::default()
+        };
+        let loaded = LoadedModel::load(&ModelSource::Gguf(path), &opts)
+            .unwrap_or_else(|e| panic!("{family} GGUF loads: {e}"));
+        let model = &loaded.model;
+        assert_eq!(model.hparams().family, *family_in_gguf(family));
+        let ids = reference(family).ids;
+        let mut cache = model.new_cache(1);
+        let slot = cache.allocate().unwrap();
+        let got = forward_rows(model, &mut cache, slot, &ids, LogitsRows::All);
+        match llama_cpp_top(family) {
+            Some((their_ids, top)) => {
+                assert_eq!(their_ids, ids);
+                for (pos, (row, top)) in got.iter().zip(&top).enumerate() {
+                    let scale = top.iter().fold(1f32, |m, p| m.max(p.1.abs()));
+                    let diff = top
+                        .iter()
+                        .fold(0f32, |m, &(id, v)| m.max((row[id as usize] - v).abs()));
+                    // llama.cpp multiplies f16 weights by f16-rounded activations.
+                    assert!(
+                        diff <= 3e-3 * scale,
+                        "{family} position {pos}: {diff} from llama.cpp"
+                    );
+                    assert_eq!(argmax(row), top[0].0, "{family} position {pos}: top token");
+                }
+            }
+            None => {
+                for (pos, (g, w)) in got.iter().zip(&reference(family).logits).enumerate() {
+                    let scale = w.iter().fold(1f32, |m, x| m.max(x.abs()));
+                    let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(
+                        diff <= 2e-5 * scale,
+                        "{family} position {pos}: {diff} from transformers"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// GGUF files of Mistral are Llama files.
+fn family_in_gguf(family: &str) -> &str {
+    match family {
+        "mistral" => "llama",
+        f => f,
+    }
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    (0..row.len())
+        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+        .unwrap() as u32
 }
 
 #[test]

@@ -24,6 +24,9 @@ use crate::model::text::chat_template::ChatTemplate;
 /// Llama 3's split regex, as in its `tokenizer.json`.
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Qwen 2's (and 2.5's, 3's): Llama 3's with every digit on its own.
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 // GGUF token types (llama.cpp's `llama_token_type`).
 const TOKEN_TYPE_CONTROL: u32 = 3;
 const TOKEN_TYPE_USER_DEFINED: u32 = 4;
@@ -227,7 +230,7 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerSpec, TokenizerError> {
     // GPT-2's regex inside ByteLevel; no prefix space, or "hello" would become "Ġhello".
     let gpt2 = || ByteLevel::new(false, true, true);
     let spec = match pre {
-        "gpt2" | "mpt" | "olmo" => PreTokenizerSpec {
+        "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" => PreTokenizerSpec {
             pre_tokenizer: gpt2().into(),
             ignore_merges: false,
         },
@@ -237,25 +240,29 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerSpec, TokenizerError> {
             pre_tokenizer: Sequence::new(vec![Digits::new(true).into(), gpt2().into()]).into(),
             ignore_merges: false,
         },
-        "llama-bpe" | "llama3" | "llama-v3" | "smaug-bpe" => {
-            let split = Split::new(
-                SplitPattern::Regex(LLAMA3_REGEX.to_owned()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| TokenizerError::Build(e.to_string()))?;
-            PreTokenizerSpec {
-                pre_tokenizer: Sequence::new(vec![
-                    split.into(),
-                    ByteLevel::new(false, true, false).into(),
-                ])
-                .into(),
-                ignore_merges: true,
-            }
-        }
+        "llama-bpe" | "llama3" | "llama-v3" | "smaug-bpe" => regex_then_bytes(LLAMA3_REGEX, true)?,
+        "qwen2" | "deepseek-r1-qwen" => regex_then_bytes(QWEN2_REGEX, false)?,
         other => return Err(TokenizerError::UnsupportedPreTokenizer(other.to_owned())),
     };
     Ok(spec)
+}
+
+/// Split by `regex` (matches kept as pieces), then byte-level BPE without GPT-2's own regex.
+fn regex_then_bytes(regex: &str, ignore_merges: bool) -> Result<PreTokenizerSpec, TokenizerError> {
+    let split = Split::new(
+        SplitPattern::Regex(regex.to_owned()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| TokenizerError::Build(e.to_string()))?;
+    Ok(PreTokenizerSpec {
+        pre_tokenizer: Sequence::new(vec![
+            split.into(),
+            ByteLevel::new(false, true, false).into(),
+        ])
+        .into(),
+        ignore_merges,
+    })
 }
 
 fn bad(key: &str, reason: impl fmt::Display) -> TokenizerError {
@@ -394,6 +401,14 @@ mod tests {
         assert_eq!(
             splits("llama-bpe", "Hello'VE world 12345\n\n  foo"),
             ["Hello", "'VE", "Ġworld", "Ġ", "123", "45", "ĊĊ", "Ġ", "Ġfoo"]
+        );
+    }
+
+    #[test]
+    fn qwen2_splits_every_digit_and_keeps_llama3s_other_rules() {
+        assert_eq!(
+            splits("qwen2", "Hello'VE world 12345\n\n  foo"),
+            ["Hello", "'VE", "Ġworld", "Ġ", "1", "2", "3", "4", "5", "ĊĊ", "Ġ", "Ġfoo"]
         );
     }
 
