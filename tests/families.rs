@@ -112,8 +112,11 @@ fn logits_match_transformers_at_every_position() {
     }
 }
 
-/// llama.cpp's 16 largest logits at each position on a family's GGUF (fixture README).
-fn llama_cpp_top(family: &str) -> Option<(Vec<u32>, Vec<Vec<(u32, f32)>>)> {
+/// The 16 largest logits at each position: `(id, logit)`, largest first.
+type TopLogits = Vec<Vec<(u32, f32)>>;
+
+/// llama.cpp's ids and top logits on a family's GGUF (fixture README).
+fn llama_cpp_top(family: &str) -> Option<(Vec<u32>, TopLogits)> {
     let path = fixture("llama_cpp_gguf.jsonl");
     let text = std::fs::read_to_string(path).unwrap();
     text.lines().find_map(|line| {

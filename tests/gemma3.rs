@@ -162,7 +162,7 @@ fn greedy_speculation_equals_plain_decoding_on_gemma() {
     let target = load(None);
     let draft = load(Some(6));
     let case = &cases()[4];
-    let req = greedy_request(case.ids.clone(), 48, &target.tokenizer.eos_ids().to_vec());
+    let req = greedy_request(case.ids.clone(), 48, target.tokenizer.eos_ids());
     let want = plain_output(&target.model, &req).tokens;
     let (mut accepted, mut rejected) = (0, 0);
     for gamma in [1, 3, 5] {
