@@ -5,7 +5,8 @@
 //! llama.cpp's logits on that file. Logits match transformers' within f32 rounding and
 //! llama.cpp's within its f16 arithmetic; the forward stays batch-invariant through each
 //! family's block (sliding windows past their width included: token by token, batched, token
-//! trees); greedy speculative output equals plain decoding.
+//! trees); greedy speculative output equals plain decoding, and sampled speculative output is
+//! distributed as plain sampling (chi-square against the exact distribution).
 
 mod common;
 
@@ -18,8 +19,9 @@ use common::{
 use tandem::draft::{ModelDrafter, PromptLookup, Proposer};
 use tandem::engine::{generate_speculative, FixedSpeculation, Gamma};
 use tandem::model::load::loader::LoadOptions;
-use tandem::model::{LoadedModel, LogitsRows, ModelSource, WeightsDtype};
-use tandem::sampling::Lenience;
+use tandem::model::{BackendChoice, LoadedModel, LogitsRows, ModelSource, WeightsDtype};
+use tandem::model::{Llama, SeqInput};
+use tandem::sampling::{probabilities, Lenience, SamplingParams};
 
 const FAMILIES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"];
 
@@ -62,6 +64,15 @@ fn load(
     dtype: WeightsDtype,
     max_layers: Option<usize>,
 ) -> (LoadedModel, tempfile::TempDir) {
+    load_on(family, dtype, max_layers, BackendChoice::Auto)
+}
+
+fn load_on(
+    family: &str,
+    dtype: WeightsDtype,
+    max_layers: Option<usize>,
+    backend: BackendChoice,
+) -> (LoadedModel, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(fixture(family).join(f), dir.path().join(f)).unwrap();
@@ -71,6 +82,7 @@ fn load(
         weights_dtype: dtype,
         context_len: 256,
         max_layers,
+        backend,
         ..Default::default()
     };
     let loaded = LoadedModel::load(&ModelSource::HfDir(dir.path().to_owned()), &opts)
@@ -202,6 +214,48 @@ fn argmax(row: &[f32]) -> u32 {
         .unwrap() as u32
 }
 
+/// candle's tensor backend (the GPU path, here on candle's CPU device) runs every family's
+/// block: logits within f32 rounding of transformers' (a 30-token prefill attends under a
+/// mask, the window's included), and greedy speculative output equal to plain decoding
+/// (verification widths attend row by row, the bits of single steps).
+#[test]
+fn the_tensor_backend_runs_every_family() {
+    for family in FAMILIES {
+        let (loaded, _dir) = load_on(family, WeightsDtype::F32, None, BackendChoice::Candle);
+        let model = &loaded.model;
+        let want = reference(family);
+        let mut cache = model.new_cache(1);
+        let slot = cache.allocate().unwrap();
+        let got = forward_rows(model, &mut cache, slot, &want.ids, LogitsRows::All);
+        for (pos, (g, w)) in got.iter().zip(&want.logits).enumerate() {
+            let scale = w.iter().fold(1f32, |m, x| m.max(x.abs()));
+            let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                diff <= 2e-5 * scale,
+                "{family} position {pos}: {diff} from transformers"
+            );
+        }
+        let prompt = [&want.ids[..12], &want.ids[4..12], &want.ids[..6]].concat();
+        let req = greedy_request(prompt, 24, &[]);
+        let plain = plain_output(model, &req).tokens;
+        for gamma in [2, 4] {
+            let mut cache = model.new_cache(1);
+            let spec = FixedSpeculation {
+                gamma: Gamma::try_from(gamma).unwrap(),
+                lenience: Lenience::EXACT,
+            };
+            let mut lookup = PromptLookup::default();
+            let (out, _) =
+                generate_speculative(model, &mut cache, &mut lookup, &req, spec, &mut |_| true)
+                    .unwrap();
+            assert_eq!(
+                out.tokens, plain,
+                "{family} γ={gamma} on the tensor backend"
+            );
+        }
+    }
+}
+
 #[test]
 fn each_family_stays_batch_invariant_past_its_window() {
     for family in FAMILIES {
@@ -261,6 +315,115 @@ fn greedy_speculation_equals_plain_decoding_in_every_family() {
         assert!(
             accepted > 0 && rejected > 0,
             "{family}: {accepted} drafts accepted, {rejected} rejected"
+        );
+    }
+}
+
+/// The exact distribution of plain sampling's next token after `context`.
+fn next_distribution(model: &Llama, params: &SamplingParams, context: &[u32]) -> Vec<f32> {
+    let mut cache = model.new_cache(1);
+    let slot = cache.allocate().unwrap();
+    let input = SeqInput {
+        slot,
+        start_pos: 0,
+        tokens: context,
+        logits: LogitsRows::Last,
+        parents: &[],
+    };
+    let row = model
+        .forward(&mut cache, &[input])
+        .unwrap()
+        .seq_rows(0)
+        .unwrap()
+        .pop()
+        .unwrap();
+    let mut probs = Vec::new();
+    probabilities(&row, params, &mut probs).unwrap();
+    probs
+}
+
+/// Sampled speculation with the family's own first layer drafting (γ = 3, top-3 sampling so
+/// the first three tokens have 27 outcomes) against the exact distribution of plain sampling:
+/// 2,000 seeded requests a family, p ≥ 1e-3 / 6 each (a false alarm at most once in a
+/// thousand runs of the whole test).
+#[test]
+fn sampled_speculation_is_plain_sampling_in_every_family() {
+    const N: u64 = 2000;
+    let threshold = 1e-3 / FAMILIES.len() as f64;
+    for family in FAMILIES {
+        let (target, _dir) = load(family, WeightsDtype::F32, None);
+        let (draft, _draft_dir) = load(family, WeightsDtype::F32, Some(1));
+        let (target, draft) = (&target.model, &draft.model);
+        // Tied heads of random weights give logits tens apart: a warmer temperature keeps
+        // more than one outcome likely.
+        let temperature = if matches!(*family, "gemma3" | "qwen3") {
+            6.0
+        } else {
+            1.0
+        };
+        let params = SamplingParams {
+            temperature,
+            top_k: 3,
+            ..Default::default()
+        };
+        let prompt = reference(family).ids[..8].to_vec();
+        let mut exact = std::collections::BTreeMap::new();
+        let p1 = next_distribution(target, &params, &prompt);
+        for (a, &pa) in p1.iter().enumerate().filter(|(_, &p)| p > 0.0) {
+            let ctx = [&prompt[..], &[a as u32]].concat();
+            let p2 = next_distribution(target, &params, &ctx);
+            for (b, &pb) in p2.iter().enumerate().filter(|(_, &p)| p > 0.0) {
+                let ctx = [&ctx[..], &[b as u32]].concat();
+                let p3 = next_distribution(target, &params, &ctx);
+                for (c, &pc) in p3.iter().enumerate().filter(|(_, &p)| p > 0.0) {
+                    exact.insert([a as u32, b as u32, c as u32], f64::from(pa * pb * pc));
+                }
+            }
+        }
+        let mut counts = std::collections::BTreeMap::new();
+        let (mut accepted, mut drafted) = (0, 0);
+        let mut cache = target.new_cache(1);
+        let spec = FixedSpeculation {
+            gamma: Gamma::try_from(3).unwrap(),
+            lenience: Lenience::EXACT,
+        };
+        for seed in 0..N {
+            let sampling = SamplingParams {
+                seed: Some(seed),
+                ..params.clone()
+            };
+            let req = common::generation_request(prompt.clone(), 5, sampling, &[]);
+            let mut drafter = ModelDrafter::new(draft, "self:1");
+            let (out, stats) =
+                generate_speculative(target, &mut cache, &mut drafter, &req, spec, &mut |_| true)
+                    .unwrap();
+            *counts
+                .entry([out.tokens[0], out.tokens[1], out.tokens[2]])
+                .or_insert(0u64) += 1;
+            accepted += stats.accepted_tokens;
+            drafted += stats.draft_tokens;
+        }
+        let fit = common::stats::goodness_of_fit(&counts, &exact);
+        eprintln!(
+            "{family}: {} outcomes, chi-square {:.1}, df {}, p {:.2e}; {accepted}/{drafted} drafts accepted",
+            exact.len(),
+            fit.statistic,
+            fit.df,
+            fit.p_value
+        );
+        assert!(
+            fit.impossible.is_empty(),
+            "{family}: impossible outcomes {:?}",
+            fit.impossible
+        );
+        assert!(fit.p_value >= threshold, "{family}: {fit:?}");
+        assert!(
+            fit.df >= 3,
+            "{family}: too few likely outcomes to test ({fit:?})"
+        );
+        assert!(
+            accepted > 0 && accepted < drafted,
+            "{family}: {accepted}/{drafted} accepted"
         );
     }
 }

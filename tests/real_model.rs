@@ -162,18 +162,32 @@ fn bad_models_give_clear_errors() {
     let e = ModelSource::resolve(hf.to_str().unwrap()).unwrap_err();
     assert!(e.to_string().contains("config.json"), "{e}");
 
-    // unsupported architectures, both formats
-    let mistral = dir.path().join("mistral");
-    common::write_tiny_llama(&mistral, &common::TinySpec::default());
-    let cfg = std::fs::read_to_string(mistral.join("config.json")).unwrap();
+    // unsupported architectures, both formats, named with the ones tandem runs
+    let mamba = dir.path().join("mamba");
+    common::write_tiny_llama(&mamba, &common::TinySpec::default());
+    let cfg = std::fs::read_to_string(mamba.join("config.json")).unwrap();
     std::fs::write(
-        mistral.join("config.json"),
+        mamba.join("config.json"),
+        cfg.replace("LlamaForCausalLM", "MambaForCausalLM"),
+    )
+    .unwrap();
+    let e = load_err(ModelSource::HfDir(mamba.clone()));
+    assert!(
+        matches!(e, ModelError::Unsupported(_))
+            && e.to_string().contains("MambaForCausalLM")
+            && e.to_string().contains("Gemma3ForCausalLM"),
+        "{e}"
+    );
+    // A family tandem runs, whose file lacks a weight its block needs: the tensor is named.
+    std::fs::write(
+        mamba.join("config.json"),
         cfg.replace("LlamaForCausalLM", "Qwen2ForCausalLM"),
     )
     .unwrap();
-    let e = load_err(ModelSource::HfDir(mistral));
+    let e = load_err(ModelSource::HfDir(mamba));
     assert!(
-        matches!(e, ModelError::Unsupported(_)) && e.to_string().contains("Qwen2ForCausalLM"),
+        e.to_string()
+            .contains("model.layers.0.self_attn.q_proj.bias"),
         "{e}"
     );
 

@@ -184,6 +184,24 @@ fn gguf_tokenizer_gives_llama_cpps_ids() {
     assert_llama_cpp_ids(smollm(), "tandem (GGUF)", "llama_cpp_tokens.jsonl");
 }
 
+/// Qwen 2's pre-tokenizer (`qwen2`: Llama 3's splits with every digit alone) over the default
+/// model's vocabulary and merges: the ids llama.cpp gives a vocabulary-only GGUF that is the
+/// default model's with `tokenizer.ggml.pre = "qwen2"` (tests/fixtures/README.md).
+#[test]
+fn qwen2_pre_tokenizer_gives_llama_cpps_ids() {
+    let mut file = std::fs::File::open(model_path()).expect("open default model");
+    let mut content = gguf_file::Content::read(&mut file).expect("read GGUF metadata");
+    content
+        .metadata
+        .insert("tokenizer.ggml.pre".into(), Value::String("qwen2".into()));
+    let tok = TextTokenizer::from_gguf(&content).expect("tokenizer with the qwen2 pre-tokenizer");
+    assert_llama_cpp_ids(
+        &tok,
+        "tandem (qwen2 pre-tokenizer)",
+        "llama_cpp_tokens_qwen2pre.jsonl",
+    );
+}
+
 /// The same texts on Gemma 3's SentencePiece vocabulary (262,144 pieces with scores, byte
 /// fallback, user-defined whitespace pieces, BOS added): ids equal to llama.cpp's, and each
 /// text decodes back to itself.

@@ -11,13 +11,12 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 
 use super::{own_forward, tensor_forward};
-use crate::model::arch::block::Block;
 use crate::model::cache::kv_cache::{KvCache, KvDtype};
 use crate::model::llama::batch::{BatchFeatures, BatchLogits, FeatureTaps, SeqInput};
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::linear::WeightsDtype;
 use crate::model::llama::rope::Ropes;
-use crate::model::llama::tensor_forward::TensorRope;
+use crate::model::llama::tensor_forward::TensorRopes;
 use crate::model::llama::weights::LlamaWeights;
 use crate::model::load::hparams::LlamaHparams;
 use crate::model::load::weights::WeightReader;
@@ -26,7 +25,7 @@ use crate::model::{ModelError, Result};
 /// The per-backend state beside the weights.
 enum Backend {
     Own(Ropes),
-    Tensor(TensorRope),
+    Tensor(TensorRopes),
 }
 
 pub struct Llama {
@@ -73,13 +72,6 @@ impl Llama {
                 "the own kernels run on the CPU only; use the candle backend on a GPU".into(),
             ));
         }
-        if kind == ForwardKind::Tensor && (hp.block != Block::LLAMA || hp.windows.size.is_some()) {
-            return Err(ModelError::Unsupported(format!(
-                "the '{}' family on candle's tensor backend (it runs Llama's block only); \
-                 run it on the own CPU kernels (backend = own)",
-                hp.family
-            )));
-        }
         let context_len = context_len.min(hp.max_position_embeddings).max(1);
         // On a GPU candle's quantized matmuls are not batch-invariant: measured on an H200, a
         // 5-token forward's rows differ from single steps, and greedy speculative output left
@@ -106,7 +98,7 @@ impl Llama {
         }
         let backend = match kind {
             ForwardKind::Own => Backend::Own(Ropes::new(&hp, context_len)),
-            ForwardKind::Tensor => Backend::Tensor(TensorRope::new(&hp, context_len, device)?),
+            ForwardKind::Tensor => Backend::Tensor(TensorRopes::new(&hp, context_len, device)?),
         };
         Ok(Self {
             hp,

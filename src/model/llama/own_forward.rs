@@ -12,7 +12,7 @@ use crate::model::kernels::attention::KvElement;
 use crate::model::kernels::attention::{
     causal_attention, prefetch_cache, tree_attention, AttnShape,
 };
-use crate::model::kernels::rms_norm::norm_rows;
+use crate::model::kernels::rms_norm::{norm_rows, with_host};
 use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::llama::rope::{RopeTable, Ropes};
@@ -139,7 +139,7 @@ pub(crate) fn run_layers(
         timed(Op::QkvMatmul, || {
             layer.qkv.forward_rows_into(attn_in, total, &mut qkv)
         })?;
-        timed(Op::Norm, || rows.bias_and_norm(&mut qkv, layer, eps));
+        timed(Op::Norm, || rows.bias_and_norm(&mut qkv, layer, eps))?;
         timed(Op::Rope, || rows.rotate(&mut qkv, ropes.for_layer(hp, l)));
         timed(Op::CacheWrite, || rows.append(&qkv, cache, l))?;
         timed(Op::Attention, || {
@@ -192,25 +192,32 @@ impl QkvRows<'_, '_> {
 
     /// The projection's biases added, and each query and key head RMS-normed, where the
     /// layer's block has them.
-    fn bias_and_norm(&self, qkv: &mut [f32], layer: &Layer, eps: f32) {
-        let (q_dim, kv_dim, hd) = (self.shape.q_dim(), self.shape.kv_dim(), self.shape.head_dim);
+    fn bias_and_norm(&self, qkv: &mut [f32], layer: &Layer, eps: f32) -> Result<()> {
+        let (q_dim, kv_dim) = (self.shape.q_dim(), self.shape.kv_dim());
+        let row = self.row();
         if let Some(bias) = &layer.extras.qkv_bias {
-            for r in qkv.chunks_exact_mut(self.row()) {
-                r.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
-            }
+            with_host(bias, |bias| {
+                for r in qkv.chunks_exact_mut(row) {
+                    r.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+                }
+            })?;
         }
         if let Some((qn, kn)) = &layer.extras.qk_norm {
             let mut normed = vec![0f32; q_dim.max(kv_dim)];
-            for r in qkv.chunks_exact_mut(self.row()) {
-                let (q, kv) = r.split_at_mut(q_dim);
-                for (part, w) in [(q, qn), (&mut kv[..kv_dim], kn)] {
-                    let out = &mut normed[..part.len()];
-                    norm_rows(part, w, eps, out);
-                    debug_assert_eq!(w.len(), hd);
-                    part.copy_from_slice(out);
-                }
-            }
+            with_host(qn, |qn| {
+                with_host(kn, |kn| {
+                    for r in qkv.chunks_exact_mut(row) {
+                        let (q, kv) = r.split_at_mut(q_dim);
+                        for (part, w) in [(q, qn), (&mut kv[..kv_dim], kn)] {
+                            let out = &mut normed[..part.len()];
+                            norm_rows(part, w, eps, out);
+                            part.copy_from_slice(out);
+                        }
+                    }
+                })
+            })??;
         }
+        Ok(())
     }
 
     fn rotate(&self, qkv: &mut [f32], rope: &RopeTable) {

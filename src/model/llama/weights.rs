@@ -33,9 +33,9 @@ pub(crate) struct Layer {
 #[derive(Default)]
 pub(crate) struct LayerExtras {
     /// q|k|v biases side by side (Qwen 2).
-    pub qkv_bias: Option<Vec<f32>>,
+    pub qkv_bias: Option<Tensor>,
     /// Per-head RMS norm weights of queries and of keys (`head_dim` each).
-    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    pub qk_norm: Option<(Tensor, Tensor)>,
     /// The norms of attention's and the MLP's outputs before their residual adds.
     pub post_norms: Option<(Tensor, Tensor)>,
     pub gelu: bool,
@@ -109,14 +109,26 @@ impl Layer {
     /// The rest of a layer once attention has run: the output projection and residual, then
     /// the SiLU-gated MLP and its residual. Row-wise, on whatever device `x` is.
     pub fn after_attention(&self, x: &Tensor, attn: &Tensor, eps: f32) -> Result<Tensor> {
-        let o = timed(Op::OutMatmul, || self.o.forward(attn))?;
+        let post = self.extras.post_norms.as_ref();
+        let mut o = timed(Op::OutMatmul, || self.o.forward(attn))?;
+        if let Some((after_attn, _)) = post {
+            o = timed(Op::Norm, || rms_norm(&o, after_attn, eps))?;
+        }
         let x = timed(Op::Elementwise, || x + o)?;
         let h = timed(Op::Norm, || rms_norm(&x, &self.ffn_norm, eps))?;
         let gu = timed(Op::GateUpMatmul, || self.gate_up.forward(&h))?;
         let act = timed(Op::Elementwise, || {
-            crate::model::kernels::elementwise::silu_gate(&gu)
+            if self.extras.gelu {
+                let inter = gu.dim(1)? / 2;
+                gu.narrow(1, 0, inter)?.gelu()? * gu.narrow(1, inter, inter)?
+            } else {
+                crate::model::kernels::elementwise::silu_gate(&gu)
+            }
         })?;
-        let down = timed(Op::DownMatmul, || self.down.forward(&act))?;
+        let mut down = timed(Op::DownMatmul, || self.down.forward(&act))?;
+        if let Some((_, after_mlp)) = post {
+            down = timed(Op::Norm, || rms_norm(&down, after_mlp, eps))?;
+        }
         Ok(timed(Op::Elementwise, || x + down)?)
     }
 }
@@ -154,10 +166,6 @@ impl LayerParts<'_> {
         Ok(w.to_device(self.device)?)
     }
 
-    fn host(&self, reader: &mut WeightReader, name: WeightName) -> Result<Vec<f32>> {
-        Ok(reader.dense_f32(name)?.flatten_all()?.to_vec1()?)
-    }
-
     fn load(&self, reader: &mut WeightReader, l: usize) -> Result<Layer> {
         let (hp, block) = (self.hp, self.hp.block);
         let (qkv, gate_up) = if block.fused_projections {
@@ -184,18 +192,21 @@ impl LayerParts<'_> {
             ..LayerExtras::default()
         };
         if block.qkv_bias {
-            let mut b = self.host(reader, WeightName::QBias(l))?;
-            b.extend(self.host(reader, WeightName::KBias(l))?);
-            b.extend(self.host(reader, WeightName::VBias(l))?);
-            extras.qkv_bias = Some(b);
+            let names = [
+                WeightName::QBias(l),
+                WeightName::KBias(l),
+                WeightName::VBias(l),
+            ];
+            let parts = names
+                .map(|n| reader.dense_f32(n))
+                .into_iter()
+                .collect::<Result<Vec<_>>>()?;
+            extras.qkv_bias = Some(Tensor::cat(&parts, 0)?.to_device(self.device)?);
         }
         if block.qk_norm {
-            let host_norm = |reader: &mut WeightReader, name| -> Result<Vec<f32>> {
-                Ok(self.norm(reader, name)?.flatten_all()?.to_vec1()?)
-            };
             extras.qk_norm = Some((
-                host_norm(reader, WeightName::QNorm(l))?,
-                host_norm(reader, WeightName::KNorm(l))?,
+                self.norm(reader, WeightName::QNorm(l))?,
+                self.norm(reader, WeightName::KNorm(l))?,
             ));
         }
         if block.sandwich_norms {
@@ -221,12 +232,10 @@ impl LayerParts<'_> {
                 .extras
                 .qkv_bias
                 .as_ref()
-                .is_none_or(|b| b.len() == qkv_out)
-            && layer
-                .extras
-                .qk_norm
-                .as_ref()
-                .is_none_or(|(q, k)| q.len() == hp.head_dim && k.len() == hp.head_dim);
+                .is_none_or(|b| b.elem_count() == qkv_out)
+            && layer.extras.qk_norm.as_ref().is_none_or(|(q, k)| {
+                q.elem_count() == hp.head_dim && k.elem_count() == hp.head_dim
+            });
         if !sizes_fit {
             return Err(ModelError::BadConfig(format!(
                 "layer {l} projection sizes do not match the config"

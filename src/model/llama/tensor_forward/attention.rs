@@ -13,12 +13,16 @@ use crate::model::Result;
 /// The widest input attended row by row.
 pub(crate) const ROW_WISE_MAX: usize = 16;
 
-/// Head counts of one attention.
+/// Head counts of one attention, its score scale, and the window its layer attends within.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Heads {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Scores are multiplied by this (`1/√head_dim` unless the family says otherwise).
+    pub scale: f64,
+    /// A query sees itself and the `window - 1` positions before it.
+    pub window: Option<usize>,
 }
 
 impl Heads {
@@ -27,7 +31,12 @@ impl Heads {
     }
 
     fn scale(&self) -> f64 {
-        1.0 / (self.head_dim as f64).sqrt()
+        self.scale
+    }
+
+    /// The first position a query that sees `visible` positions attends to.
+    fn first_visible(&self, visible: usize) -> usize {
+        self.window.map_or(0, |w| visible.saturating_sub(w))
     }
 }
 
@@ -107,8 +116,9 @@ fn attend_one(
 ) -> Result<Tensor> {
     let g = heads.groups();
     let q = q.reshape((heads.num_kv_heads, g, heads.head_dim))?;
-    let k = keys.narrow(1, 0, visible)?;
-    let v = values.narrow(1, 0, visible)?;
+    let lo = heads.first_visible(visible);
+    let k = keys.narrow(1, lo, visible - lo)?;
+    let v = values.narrow(1, lo, visible - lo)?;
     let scores = (q.matmul(&k.t()?)? * heads.scale())?;
     let probs = candle_nn::ops::softmax_last_dim(&scores)?;
     let out = probs.matmul(&v)?;
@@ -141,6 +151,7 @@ fn attend_masked(
         for gi in 0..g {
             let row = &mut mask[(t * g + gi) * len..(t * g + gi + 1) * len];
             row[start + t + 1..].fill(f32::NEG_INFINITY);
+            row[..heads.first_visible(start + t + 1)].fill(f32::NEG_INFINITY);
         }
     }
     let mask = Tensor::from_vec(mask, (n * g, len), q.device())?;

@@ -12,4 +12,4 @@ mod pass;
 mod rope;
 
 pub(crate) use pass::forward;
-pub(crate) use rope::TensorRope;
+pub(crate) use rope::TensorRopes;

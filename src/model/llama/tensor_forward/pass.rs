@@ -4,7 +4,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::attention::{attend, attend_tree, Heads};
-use super::rope::TensorRope;
+use super::rope::{TensorRope, TensorRopes};
 use crate::model::cache::kv_cache::KvCache;
 use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use crate::model::llama::weights::LlamaWeights;
@@ -16,7 +16,7 @@ use crate::model::Result;
 pub(crate) fn forward(
     w: &LlamaWeights,
     hp: &LlamaHparams,
-    rope: &TensorRope,
+    ropes: &TensorRopes,
     cache: &mut KvCache,
     batch: &[SeqInput],
     taps: &[usize],
@@ -33,9 +33,16 @@ pub(crate) fn forward(
     // Tree inputs: each token's depth (its position past start_pos) and its path.
     let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
     let total = ids.len();
-    let angles = rope_rows(rope, hp, batch, &trees, &device)?;
+    let angles = rope_rows(&ropes.global, hp, batch, &trees, &device)?;
+    let local_angles = match &ropes.local {
+        Some(local) => Some(rope_rows(local, hp, batch, &trees, &device)?),
+        None => None,
+    };
     let ids = Tensor::from_vec(ids, total, &device)?;
     let mut x = w.embed.index_select(&ids, 0)?.to_dtype(DType::F32)?;
+    if hp.block.embed_scale {
+        x = x.affine((hp.hidden_size as f32).sqrt() as f64, 0.0)?;
+    }
     for &t in taps {
         if t > w.layers.len() {
             return Err(crate::model::ModelError::BadInput(format!(
@@ -46,8 +53,8 @@ pub(crate) fn forward(
     }
     let pass = LayerPass {
         hp,
-        rope,
-        angles: &angles,
+        ropes,
+        angles: (&angles, local_angles.as_ref()),
         batch,
         trees: &trees,
     };
@@ -57,7 +64,11 @@ pub(crate) fn forward(
             layer_inputs[i] = Some(x.clone());
         }
         let h = layer.attn_input(&x, eps)?;
-        let attn = pass.attention(&layer.qkv.forward(&h)?, cache, l)?;
+        let mut qkv = layer.qkv.forward(&h)?;
+        if let Some(bias) = &layer.extras.qkv_bias {
+            qkv = qkv.broadcast_add(bias)?;
+        }
+        let attn = pass.attention(&qkv, layer.extras.qk_norm.as_ref(), cache, l)?;
         x = layer.after_attention(&x, &attn, eps)?;
     }
     let (rows, ranges) = logits_rows(batch);
@@ -107,8 +118,9 @@ fn rope_rows(
 /// What every layer's attention reads: the batch, its trees and its tokens' rotary rows.
 struct LayerPass<'a, 'b> {
     hp: &'a LlamaHparams,
-    rope: &'a TensorRope,
-    angles: &'a (Tensor, Tensor),
+    ropes: &'a TensorRopes,
+    /// The global table's rows, and the local one's where the model has it.
+    angles: (&'a (Tensor, Tensor), Option<&'a (Tensor, Tensor)>),
     batch: &'a [SeqInput<'b>],
     trees: &'a [Option<TreeLayout>],
 }
@@ -116,7 +128,13 @@ struct LayerPass<'a, 'b> {
 impl LayerPass<'_, '_> {
     /// Layer `l`'s attention from its fused q|k|v rows: rope, the new keys and values into the
     /// cache, then each sequence's queries over its cache (causal, or over a tree's paths).
-    fn attention(&self, qkv: &Tensor, cache: &mut KvCache, l: usize) -> Result<Tensor> {
+    fn attention(
+        &self,
+        qkv: &Tensor,
+        qk_norm: Option<&(Tensor, Tensor)>,
+        cache: &mut KvCache,
+        l: usize,
+    ) -> Result<Tensor> {
         let hp = self.hp;
         let hd = hp.head_dim;
         let (q_dim, kv_dim) = (hp.num_heads * hd, hp.num_kv_heads * hd);
@@ -125,26 +143,46 @@ impl LayerPass<'_, '_> {
             num_heads: hp.num_heads,
             num_kv_heads: hp.num_kv_heads,
             head_dim: hd,
+            scale: hp.attn_scale.map_or(1.0 / (hd as f64).sqrt(), f64::from),
+            window: hp.window(l),
         };
-        let (cos, sin) = self.angles;
-        let q = qkv
-            .narrow(1, 0, q_dim)?
-            .contiguous()?
-            .reshape((total, hp.num_heads, 1, hd))?;
-        let k =
-            qkv.narrow(1, q_dim, kv_dim)?
-                .contiguous()?
-                .reshape((total, hp.num_kv_heads, 1, hd))?;
+        let (rope, (cos, sin)): (&TensorRope, _) = match self.angles {
+            (_, Some(local)) if self.ropes.is_local(hp, l) => {
+                (self.ropes.local.as_ref().expect("a local table"), local)
+            }
+            (global, _) => (&self.ropes.global, global),
+        };
+        // Per-head RMS norms of queries and keys, before rotation.
+        let eps = hp.rms_norm_eps as f32;
+        let norm_heads = |t: Tensor, w: Option<&Tensor>, n: usize| -> Result<Tensor> {
+            Ok(match w {
+                Some(w) => {
+                    crate::model::kernels::rms_norm::rms_norm(&t.reshape((total * n, hd))?, w, eps)?
+                        .reshape((total, n * hd))?
+                }
+                None => t,
+            })
+        };
+        let q_part = norm_heads(
+            qkv.narrow(1, 0, q_dim)?.contiguous()?,
+            qk_norm.map(|n| &n.0),
+            hp.num_heads,
+        )?;
+        let k_part = norm_heads(
+            qkv.narrow(1, q_dim, kv_dim)?.contiguous()?,
+            qk_norm.map(|n| &n.1),
+            hp.num_kv_heads,
+        )?;
+        let q = q_part.reshape((total, hp.num_heads, 1, hd))?;
+        let k = k_part.reshape((total, hp.num_kv_heads, 1, hd))?;
         let v = qkv
             .narrow(1, q_dim + kv_dim, kv_dim)?
             .contiguous()?
             .reshape((total, hp.num_kv_heads, hd))?;
-        let q = self
-            .rope
+        let q = rope
             .apply(&q, cos, sin)?
             .reshape((total, hp.num_heads, hd))?;
-        let k = self
-            .rope
+        let k = rope
             .apply(&k, cos, sin)?
             .reshape((total, hp.num_kv_heads, hd))?;
         let mut outs = Vec::with_capacity(self.batch.len());

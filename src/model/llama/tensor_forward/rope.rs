@@ -4,7 +4,7 @@
 use candle_core::{Device, Tensor};
 
 use crate::model::llama::rope::angle_tables;
-use crate::model::load::hparams::{LlamaHparams, RopeLayout};
+use crate::model::load::hparams::{LayerRope, LlamaHparams, RopeLayout};
 use crate::model::Result;
 
 /// Rotary tables on the device: `cos[pos][i]`, `sin[pos][i]` for frequency pair `i`.
@@ -30,5 +30,29 @@ impl TensorRope {
             RopeLayout::Interleaved => candle_nn::rotary_emb::rope_i(x, cos, sin)?,
             RopeLayout::HalfSplit => candle_nn::rotary_emb::rope(x, cos, sin)?,
         })
+    }
+}
+
+/// A model's rotary tables on the device: the global one, and the windowed layers' where they
+/// rotate at their own base (Gemma 3's local layers).
+pub(crate) struct TensorRopes {
+    pub(super) global: TensorRope,
+    pub(super) local: Option<TensorRope>,
+}
+
+impl TensorRopes {
+    pub fn new(hp: &LlamaHparams, max_positions: usize, device: &Device) -> Result<Self> {
+        Ok(Self {
+            global: TensorRope::new(hp, max_positions, device)?,
+            local: hp
+                .local_rope()
+                .map(|l| TensorRope::new(&l, max_positions, device))
+                .transpose()?,
+        })
+    }
+
+    /// Whether layer `l` rotates with the local table.
+    pub(super) fn is_local(&self, hp: &LlamaHparams, l: usize) -> bool {
+        self.local.is_some() && hp.layer_rope(l) == LayerRope::Local
     }
 }
