@@ -427,3 +427,70 @@ fn sampled_speculation_is_plain_sampling_in_every_family() {
         );
     }
 }
+
+/// The engine with each family as the target: a draft head (EAGLE, a Llama layer over the
+/// target's own features and embeddings, Gemma's scaled ones included) and the family's own
+/// first layer as a draft model, 4 requests at once, greedy output equal to plain decoding.
+#[test]
+fn the_engine_drafts_for_every_family_with_a_head_and_a_draft_model() {
+    use std::sync::Arc;
+    use tandem::engine::{DraftSource, Engine, EngineConfig};
+    use tandem::model::head::train::random_head;
+    use tandem::model::head::DraftHead;
+    let rt = common::runtime();
+    for family in FAMILIES {
+        let (target, _dir) = load(family, WeightsDtype::F32, None);
+        let (draft, _draft_dir) = load(family, WeightsDtype::F32, Some(1));
+        let target = Arc::new(target.model);
+        let ids = reference(family).ids;
+        let prompts: Vec<Vec<u32>> = (0..4).map(|i| ids[i..i + 10].to_vec()).collect();
+        let want: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| plain_output(&target, &greedy_request(p.clone(), 16, &[])).tokens)
+            .collect();
+        let head = DraftHead::new(
+            random_head(target.hparams(), 64, 5).unwrap(),
+            &target,
+            WeightsDtype::F32,
+            0,
+        )
+        .unwrap();
+        let sources = [
+            DraftSource::Head {
+                head: Arc::new(head),
+                name: "head".into(),
+                lookup: None,
+            },
+            DraftSource::Model {
+                model: Arc::new(draft.model),
+                vocab: None,
+                name: "self:1".into(),
+            },
+        ];
+        for source in sources {
+            let cfg = EngineConfig {
+                max_seqs: 4,
+                target_threads: 1,
+                draft_threads: 1,
+                ..Default::default()
+            };
+            let engine = rt
+                .block_on(Engine::start(Arc::clone(&target), Some(source), cfg))
+                .unwrap();
+            let reqs = prompts
+                .iter()
+                .map(|p| {
+                    common::engine_request(
+                        greedy_request(p.clone(), 16, &[]),
+                        common::fixed_gamma(3),
+                    )
+                })
+                .collect();
+            let done = common::complete_together(&rt, &engine, reqs);
+            let drafted: usize = done.iter().map(|c| c.usage.speculative.draft_tokens).sum();
+            assert!(drafted > 0, "{family}: nothing drafted");
+            let got: Vec<Vec<u32>> = done.into_iter().map(|c| c.tokens).collect();
+            assert_eq!(got, want, "{family}");
+        }
+    }
+}
