@@ -202,6 +202,27 @@ fn qwen2_pre_tokenizer_gives_llama_cpps_ids() {
     );
 }
 
+/// SentencePiece with a space put before the text (`tokenizer.ggml.add_space_prefix`, as
+/// Llama 2, Mistral and Phi-3 files set it): Gemma 3's vocabulary with the flag on, against the
+/// ids llama.cpp gives a vocabulary-only GGUF that is Gemma's with the flag on; decoding drops
+/// the space added before the text (not the one llama.cpp adds after a user-defined piece
+/// such as Gemma's `\n`: neither tokenizer takes that one back).
+#[test]
+fn sentencepiece_with_a_space_prefix_gives_llama_cpps_ids() {
+    let path = tandem::model::load::loader::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
+    let mut file = std::fs::File::open(&path).expect("open Gemma (scripts/fetch-gemma)");
+    let mut content = gguf_file::Content::read(&mut file).expect("read GGUF metadata");
+    content
+        .metadata
+        .insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(true));
+    let tok = TextTokenizer::from_gguf(&content).expect("tokenizer with a space prefix");
+    let fixture = "llama_cpp_tokens_spm_space_prefix.jsonl";
+    assert_llama_cpp_ids(&tok, "tandem (SentencePiece, space prefix)", fixture);
+    let ids = tok.encode("Hello world", false).unwrap();
+    assert_eq!(tok.id_to_token(ids[0]).as_deref(), Some("\u{2581}Hello"));
+    assert_eq!(tok.decode(&ids).unwrap(), "Hello world");
+}
+
 /// The same texts on Gemma 3's SentencePiece vocabulary (262,144 pieces with scores, byte
 /// fallback, user-defined whitespace pieces, BOS added): ids equal to llama.cpp's, and each
 /// text decodes back to itself.
