@@ -1,5 +1,6 @@
 pub mod batch;
 pub mod device;
+pub mod embedding;
 pub mod linear;
 pub mod model;
 pub mod op_profile;

@@ -376,13 +376,7 @@ impl Llama {
                 self.hp.vocab_size
             )));
         }
-        let idx = Tensor::from_slice(ids, ids.len(), self.weights.embed.device())?;
-        Ok(self
-            .weights
-            .embed
-            .index_select(&idx, 0)?
-            .to_dtype(DType::F32)?
-            .to_device(&Device::Cpu)?)
+        self.weights.embed.rows(ids, &Device::Cpu)
     }
 
     /// The output head over rows of normed hidden states `(rows, hidden)` on the host: full

@@ -5,7 +5,7 @@
 //! embedding and the output head the residual stream stays host rows that each layer updates
 //! in place: a tensor per operation cost more than the operation at a decode step's one row.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use crate::model::cache::kv_cache::{KvCache, LayerKv};
 use crate::model::kernels::attention::KvElement;
@@ -35,14 +35,12 @@ pub(crate) fn forward(
         .iter()
         .flat_map(|s| s.tokens.iter().copied())
         .collect();
-    let total = ids.len();
-    let ids_t = Tensor::from_vec(ids, total, &Device::Cpu)?;
-    let x = timed(Op::Embed, || {
-        let x = w.embed.index_select(&ids_t, 0)?.to_dtype(DType::F32)?;
-        match hp.block.embed_scale {
-            true => x.affine((hp.hidden_size as f32).sqrt() as f64, 0.0),
-            false => Ok(x),
-        }
+    let x = timed(Op::Embed, || -> Result<Tensor> {
+        let x = w.embed.rows(&ids, &Device::Cpu)?;
+        Ok(match hp.block.embed_scale {
+            true => x.affine((hp.hidden_size as f32).sqrt() as f64, 0.0)?,
+            false => x,
+        })
     })?;
     let (x, tapped) = run_layers(
         &w.layers,

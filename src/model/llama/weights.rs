@@ -10,6 +10,7 @@ use crate::model::arch::block::Activation;
 use crate::model::kernels::elementwise::{gelu_gate_rows, silu_gate_rows};
 use crate::model::kernels::rms_norm::{add_norm_rows, norm_rows, rms_norm, with_host};
 use crate::model::llama::device::ForwardKind;
+use crate::model::llama::embedding::Embedding;
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::load::hparams::LlamaHparams;
@@ -257,7 +258,7 @@ pub(crate) struct MlpBuffers {
 }
 
 pub(crate) struct LlamaWeights {
-    pub embed: Tensor,
+    pub embed: Embedding,
     pub layers: Vec<Layer>,
     pub norm: Tensor,
     pub lm_head: Linear,
@@ -275,20 +276,18 @@ impl LlamaWeights {
         device: &Device,
         kind: ForwardKind,
     ) -> Result<Self> {
-        let embed = reader.dense_f32(WeightName::Embed)?;
-        let (vocab, hidden) = embed.dims2()?;
+        let embed = Embedding::from_raw(
+            reader.raw(WeightName::Embed)?,
+            device,
+            kind == ForwardKind::Own && device.is_cpu(),
+        )?;
+        let (vocab, hidden) = embed.dims()?;
         if vocab != hp.vocab_size || hidden != hp.hidden_size {
             return Err(ModelError::BadConfig(format!(
                 "embedding is {vocab}x{hidden}, config says {}x{}",
                 hp.vocab_size, hp.hidden_size
             )));
         }
-        // Large vocabularies (Llama 3: 128k x 3072) would take GiBs in f32.
-        let embed = if vocab * hidden > (1 << 28) {
-            embed.to_dtype(DType::F16)?
-        } else {
-            embed
-        };
         reader.set_sandwich_names(hp.block.sandwich_norms);
         let parts = LayerParts {
             hp,
@@ -307,7 +306,7 @@ impl LlamaWeights {
         let lm_head = Linear::convert(reader.raw(head_src)?, weights_dtype, device, kind)?;
         let norm = parts.norm(reader, WeightName::OutputNorm)?;
         let weights = Self {
-            embed: embed.to_device(device)?,
+            embed,
             layers,
             norm,
             lm_head,

@@ -1,7 +1,7 @@
 //! One forward pass on candle tensors: embeddings, every layer (its attention per sequence
 //! over the device cache), the logits rows asked for, and the tapped layer inputs.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use super::attention::{attend, attend_tree, Heads};
 use super::rope::{TensorRope, TensorRopes};
@@ -21,7 +21,7 @@ pub(crate) fn forward(
     batch: &[SeqInput],
     taps: &[usize],
 ) -> Result<(BatchLogits, Tensor, Vec<Tensor>)> {
-    let device = w.embed.device().clone();
+    let device = w.norm.device().clone();
     let eps = hp.rms_norm_eps as f32;
     for s in batch {
         cache.ensure_device_capacity(s.slot, s.start_pos + s.tokens.len())?;
@@ -32,14 +32,12 @@ pub(crate) fn forward(
         .collect();
     // Tree inputs: each token's depth (its position past start_pos) and its path.
     let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
-    let total = ids.len();
     let angles = rope_rows(&ropes.global, hp, batch, &trees, &device)?;
     let local_angles = match &ropes.local {
         Some(local) => Some(rope_rows(local, hp, batch, &trees, &device)?),
         None => None,
     };
-    let ids = Tensor::from_vec(ids, total, &device)?;
-    let mut x = w.embed.index_select(&ids, 0)?.to_dtype(DType::F32)?;
+    let mut x = w.embed.rows(&ids, &device)?;
     if hp.block.embed_scale {
         x = x.affine((hp.hidden_size as f32).sqrt() as f64, 0.0)?;
     }
