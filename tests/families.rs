@@ -285,33 +285,17 @@ fn greedy_speculation_equals_plain_decoding_in_every_family() {
         let ids = reference(family).ids;
         let prompt = [&ids[..12], &ids[4..12], &ids[..6]].concat();
         let req = greedy_request(prompt, 40, &[]);
-        let want = plain_output(&target.model, &req).tokens;
-        let (mut accepted, mut rejected) = (0, 0);
-        for gamma in 1..=4 {
-            let drafters: Vec<Box<dyn Proposer + '_>> = vec![
-                Box::new(ModelDrafter::new(&draft.model, "self:1")),
-                Box::new(PromptLookup::default()),
-            ];
-            for mut d in drafters {
-                let mut cache = target.model.new_cache(1);
-                let spec = FixedSpeculation {
-                    gamma: Gamma::try_from(gamma).unwrap(),
-                    lenience: Lenience::EXACT,
-                };
-                let (out, stats) = generate_speculative(
-                    &target.model,
-                    &mut cache,
-                    d.as_mut(),
-                    &req,
-                    spec,
-                    &mut |_| true,
-                )
-                .unwrap();
-                assert_eq!(out.tokens, want, "{family}: {} γ={gamma}", d.name());
-                accepted += stats.accepted_tokens;
-                rejected += stats.draft_tokens - stats.accepted_tokens;
-            }
-        }
+        let (accepted, rejected) = common::speculation_equals_plain(
+            &target.model,
+            &mut || {
+                vec![
+                    Box::new(ModelDrafter::new(&draft.model, "self:1")) as Box<dyn Proposer + '_>,
+                    Box::new(PromptLookup::default()),
+                ]
+            },
+            &req,
+            &[1, 2, 3, 4],
+        );
         assert!(
             accepted > 0 && rejected > 0,
             "{family}: {accepted} drafts accepted, {rejected} rejected"

@@ -11,10 +11,8 @@ use std::path::PathBuf;
 
 use common::{forward_rows, greedy_request, plain_output};
 use tandem::draft::{ModelDrafter, PromptLookup, Proposer};
-use tandem::engine::{generate_speculative, FixedSpeculation, Gamma};
 use tandem::model::load::loader::LoadOptions;
 use tandem::model::{LoadedModel, LogitsRows, ModelSource};
-use tandem::sampling::Lenience;
 
 fn gemma_path() -> PathBuf {
     let p = tandem::model::load::loader::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
@@ -163,33 +161,17 @@ fn greedy_speculation_equals_plain_decoding_on_gemma() {
     let draft = load(Some(6));
     let case = &cases()[4];
     let req = greedy_request(case.ids.clone(), 48, target.tokenizer.eos_ids());
-    let want = plain_output(&target.model, &req).tokens;
-    let (mut accepted, mut rejected) = (0, 0);
-    for gamma in [1, 3, 5] {
-        let drafters: Vec<Box<dyn Proposer + '_>> = vec![
-            Box::new(ModelDrafter::new(&draft.model, "self:6")),
-            Box::new(PromptLookup::default()),
-        ];
-        for mut d in drafters {
-            let mut cache = target.model.new_cache(1);
-            let spec = FixedSpeculation {
-                gamma: Gamma::try_from(gamma).unwrap(),
-                lenience: Lenience::EXACT,
-            };
-            let (out, stats) = generate_speculative(
-                &target.model,
-                &mut cache,
-                d.as_mut(),
-                &req,
-                spec,
-                &mut |_| true,
-            )
-            .unwrap();
-            assert_eq!(out.tokens, want, "{} γ={gamma}", d.name());
-            accepted += stats.accepted_tokens;
-            rejected += stats.draft_tokens - stats.accepted_tokens;
-        }
-    }
+    let (accepted, rejected) = common::speculation_equals_plain(
+        &target.model,
+        &mut || {
+            vec![
+                Box::new(ModelDrafter::new(&draft.model, "self:6")) as Box<dyn Proposer + '_>,
+                Box::new(PromptLookup::default()),
+            ]
+        },
+        &req,
+        &[1, 3, 5],
+    );
     assert!(
         accepted > 0 && rejected > 0,
         "{accepted} accepted, {rejected} rejected"

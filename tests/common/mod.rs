@@ -32,7 +32,7 @@ pub use prompts::{chat_prompt, random_tokens, spec_bench_prompts};
 #[allow(unused_imports)]
 pub use requests::{engine_request, fixed_gamma, generation_request, greedy_request};
 #[allow(unused_imports)]
-pub use runs::{complete_together, one_at_a_time, plain_output, runtime};
+pub use runs::{complete_together, one_at_a_time, plain_output, runtime, speculation_equals_plain};
 #[allow(unused_imports)]
 pub use tiny_model::{
     load_tiny, load_tiny_on, random_eagle3_head, write_tiny_blend, write_tiny_llama,

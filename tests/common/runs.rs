@@ -4,10 +4,13 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use tandem::draft::Proposer;
 use tandem::engine::{
-    generate_plain, Completion, Engine, EngineRequest, GenerationOutput, GenerationRequest,
+    generate_plain, generate_speculative, Completion, Engine, EngineRequest, FixedSpeculation,
+    Gamma, GenerationOutput, GenerationRequest,
 };
 use tandem::model::Llama;
+use tandem::sampling::Lenience;
 
 /// The tokio runtime engine tests drive the engine from: two workers, like the machine's cores.
 pub fn runtime() -> tokio::runtime::Runtime {
@@ -29,6 +32,35 @@ pub fn one_at_a_time() -> MutexGuard<'static, ()> {
 pub fn plain_output(model: &Llama, req: &GenerationRequest) -> GenerationOutput {
     let mut cache = model.new_cache(1);
     generate_plain(model, &mut cache, req, &mut |_| true).unwrap()
+}
+
+/// Greedy speculative decoding of `req` with each of `drafters` at each of `gammas` gives
+/// plain decoding's tokens; returns the drafts accepted and rejected over every run (so a
+/// caller can require both branches of the rule to have been taken).
+pub fn speculation_equals_plain<'a>(
+    target: &Llama,
+    drafters: &mut dyn FnMut() -> Vec<Box<dyn Proposer + 'a>>,
+    req: &GenerationRequest,
+    gammas: &[usize],
+) -> (usize, usize) {
+    let want = plain_output(target, req).tokens;
+    let (mut accepted, mut rejected) = (0, 0);
+    for &gamma in gammas {
+        for mut d in drafters() {
+            let mut cache = target.new_cache(1);
+            let spec = FixedSpeculation {
+                gamma: Gamma::try_from(gamma).unwrap(),
+                lenience: Lenience::EXACT,
+            };
+            let (out, stats) =
+                generate_speculative(target, &mut cache, d.as_mut(), req, spec, &mut |_| true)
+                    .unwrap();
+            assert_eq!(out.tokens, want, "{} γ={gamma}", d.name());
+            accepted += stats.accepted_tokens;
+            rejected += stats.draft_tokens - stats.accepted_tokens;
+        }
+    }
+    (accepted, rejected)
 }
 
 /// Submits `reqs` to `engine` one after another, all in flight together, and collects each

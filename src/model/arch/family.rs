@@ -67,3 +67,19 @@ fn refuse_unread_hf_keys(c: &HfConfig, block: Block) -> Result<()> {
     }
     Ok(())
 }
+
+/// Qwen's sliding window (layers past `max_window_layers`) is off in every released model; a
+/// config that turns it on is refused rather than run without it.
+pub fn refuse_qwen_sliding_window(c: &HfConfig, _: &mut LlamaHparams) -> Result<()> {
+    if c.use_sliding_window == Some(true) {
+        return Err(ModelError::Unsupported(
+            "config.json use_sliding_window = true (Qwen's windowed layers)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Nothing beyond the keys every family's GGUF states.
+pub fn no_gguf_extras(_: &GgufKeys, _: &mut LlamaHparams) -> Result<()> {
+    Ok(())
+}

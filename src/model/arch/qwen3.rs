@@ -1,9 +1,8 @@
 //! Qwen 3 (dense): Llama's block with each query and key head RMS-normed before rotation.
 
 use crate::model::arch::block::Block;
-use crate::model::arch::family::Family;
-use crate::model::load::hparams::{GgufKeys, HfConfig, LlamaHparams, RopeLayout};
-use crate::model::{ModelError, Result};
+use crate::model::arch::family::{no_gguf_extras, refuse_qwen_sliding_window, Family};
+use crate::model::load::hparams::RopeLayout;
 
 pub const FAMILY: Family = Family {
     gguf: "qwen3",
@@ -15,18 +14,5 @@ pub const FAMILY: Family = Family {
     },
     gguf_rope: RopeLayout::HalfSplit,
     gguf_extras: no_gguf_extras,
-    hf_extras,
+    hf_extras: refuse_qwen_sliding_window,
 };
-
-fn hf_extras(c: &HfConfig, _: &mut LlamaHparams) -> Result<()> {
-    if c.use_sliding_window == Some(true) {
-        return Err(ModelError::Unsupported(
-            "config.json use_sliding_window = true (Qwen 3's windowed layers)".into(),
-        ));
-    }
-    Ok(())
-}
-
-fn no_gguf_extras(_: &GgufKeys, _: &mut LlamaHparams) -> Result<()> {
-    Ok(())
-}

@@ -324,19 +324,19 @@ impl<'a> Metadata<'a> {
     }
 
     fn str_array(&self, key: &str) -> Result<Vec<&'a str>, TokenizerError> {
-        let v = self
-            .0
-            .metadata
-            .get(key)
-            .ok_or_else(|| TokenizerError::MissingMetadata(key.to_owned()))?;
-        v.to_vec()
-            .map_err(|e| bad(key, e))?
-            .iter()
-            .map(|s| s.to_string().map(String::as_str).map_err(|e| bad(key, e)))
-            .collect()
+        self.array(key, |v| v.to_string().map(String::as_str))
     }
 
     fn f32_array(&self, key: &str) -> Result<Vec<f32>, TokenizerError> {
+        self.array(key, gguf_file::Value::to_f32)
+    }
+
+    /// A required array, each element read by `item`.
+    fn array<T>(
+        &self,
+        key: &str,
+        item: impl Fn(&'a gguf_file::Value) -> candle_core::Result<T>,
+    ) -> Result<Vec<T>, TokenizerError> {
         let v = self
             .0
             .metadata
@@ -345,7 +345,7 @@ impl<'a> Metadata<'a> {
         v.to_vec()
             .map_err(|e| bad(key, e))?
             .iter()
-            .map(|s| s.to_f32().map_err(|e| bad(key, e)))
+            .map(|s| item(s).map_err(|e| bad(key, e)))
             .collect()
     }
 
