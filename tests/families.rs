@@ -23,7 +23,16 @@ use tandem::model::{BackendChoice, LoadedModel, LogitsRows, ModelSource, Weights
 use tandem::model::{Llama, SeqInput};
 use tandem::sampling::{probabilities, Lenience, SamplingParams};
 
-const FAMILIES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"];
+/// The fixture folders: one per family, and Phi-3 again with the 128k variants' LongRoPE.
+const FAMILIES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "phi3",
+    "phi3_longrope",
+];
 
 struct Reference {
     ids: Vec<u32>,
@@ -204,6 +213,7 @@ fn gguf_files_written_by_llama_cpp_match_llama_cpp_and_transformers() {
 fn family_in_gguf(family: &str) -> &str {
     match family {
         "mistral" => "llama",
+        "phi3_longrope" => "phi3",
         f => f,
     }
 }

@@ -24,8 +24,12 @@ pub struct Family {
 }
 
 impl Family {
-    pub fn hparams_from_gguf(&self, content: &gguf_file::Content) -> Result<LlamaHparams> {
-        let keys = GgufKeys::new(content);
+    pub fn hparams_from_gguf(
+        &self,
+        content: &gguf_file::Content,
+        path: &std::path::Path,
+    ) -> Result<LlamaHparams> {
+        let keys = GgufKeys::new(content, path);
         let mut hp = LlamaHparams::from_gguf_keys(&keys, self.block, self.gguf_rope)?;
         (self.gguf_extras)(&keys, &mut hp)?;
         hp.validate()?;

@@ -39,15 +39,18 @@ fn names(f: impl Fn(&Family) -> Vec<&'static str>) -> String {
 }
 
 /// The hyperparameters of a GGUF file of any family here.
-pub fn hparams_from_gguf(content: &gguf_file::Content) -> Result<LlamaHparams> {
-    let arch = GgufKeys::new(content).arch;
+pub fn hparams_from_gguf(
+    content: &gguf_file::Content,
+    path: &std::path::Path,
+) -> Result<LlamaHparams> {
+    let arch = GgufKeys::new(content, path).arch;
     let family = FAMILIES.iter().find(|f| f.gguf == arch).ok_or_else(|| {
         ModelError::Unsupported(format!(
             "GGUF architecture '{arch}' (tandem runs {})",
             names(|f| vec![f.gguf])
         ))
     })?;
-    family.hparams_from_gguf(content)
+    family.hparams_from_gguf(content, path)
 }
 
 /// The hyperparameters of a Hugging Face `config.json` of any family here, found by its

@@ -223,6 +223,18 @@ pub(super) fn describe(p: &Eagle3Parts, config: &mut serde_json::Value) -> Resul
         RopeScaling::Linear { factor } => {
             serde_json::json!({ "rope_type": "linear", "factor": factor })
         }
+        RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings,
+            attention_factor,
+        } => serde_json::json!({
+            "rope_type": "longrope",
+            "short_factor": short_factor,
+            "long_factor": long_factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+            "attention_factor": attention_factor,
+        }),
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,

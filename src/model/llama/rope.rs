@@ -38,17 +38,33 @@ pub struct RopeTable {
     sin: Vec<f32>,
 }
 
-/// Inverse frequencies, with Llama 3's wavelength-dependent scaling when configured.
-pub fn inv_freqs(hp: &LlamaHparams) -> Vec<f32> {
+/// Inverse frequencies for a model instance of `max_positions`, with the configured scaling
+/// (Llama 3's wavelength-dependent one, linear, or LongRoPE's per-frequency factors).
+pub fn inv_freqs(hp: &LlamaHparams, max_positions: usize) -> Vec<f32> {
     let d = hp.head_dim;
     let base: Vec<f32> = (0..d)
         .step_by(2)
         .map(|i| 1f32 / hp.rope_theta.powf(i as f32 / d as f32))
         .collect();
-    match hp.rope_scaling {
+    match &hp.rope_scaling {
         RopeScaling::None => base,
-        RopeScaling::Linear { factor } => base.into_iter().map(|f| f / factor).collect(),
-        RopeScaling::Llama3 {
+        &RopeScaling::Linear { factor } => base.into_iter().map(|f| f / factor).collect(),
+        RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings,
+            ..
+        } => {
+            let factors = match max_positions > *original_max_position_embeddings {
+                true => long_factor,
+                false => short_factor,
+            };
+            base.into_iter()
+                .zip(factors.iter().chain(std::iter::repeat(&1.0)))
+                .map(|(f, s)| f / s)
+                .collect()
+        }
+        &RopeScaling::Llama3 {
             factor,
             low_freq_factor,
             high_freq_factor,
@@ -78,15 +94,21 @@ pub fn inv_freqs(hp: &LlamaHparams) -> Vec<f32> {
 /// `cos` and `sin` of every position's angle for every frequency pair, position-major
 /// (`half` pairs a position): the tables both backends rotate with.
 pub fn angle_tables(hp: &LlamaHparams, max_positions: usize) -> (usize, Vec<f32>, Vec<f32>) {
-    let freqs = inv_freqs(hp);
+    let freqs = inv_freqs(hp, max_positions);
     let half = freqs.len();
+    let mscale = match hp.rope_scaling {
+        RopeScaling::LongRope {
+            attention_factor, ..
+        } => attention_factor,
+        _ => 1.0,
+    };
     let mut cos = Vec::with_capacity(max_positions * half);
     let mut sin = Vec::with_capacity(max_positions * half);
     for pos in 0..max_positions {
         for &f in &freqs {
             let angle = pos as f32 * f;
-            cos.push(angle.cos());
-            sin.push(angle.sin());
+            cos.push(angle.cos() * mscale);
+            sin.push(angle.sin() * mscale);
         }
     }
     (half, cos, sin)

@@ -16,6 +16,15 @@ pub enum RopeScaling {
     Linear {
         factor: f32,
     },
+    /// Phi-3's LongRoPE: each frequency divided by its own factor (the short set, or the long
+    /// one where the context configured passes the original, as llama.cpp chooses), and
+    /// cos/sin scaled by `attention_factor`.
+    LongRope {
+        short_factor: Vec<f32>,
+        long_factor: Vec<f32>,
+        original_max_position_embeddings: usize,
+        attention_factor: f32,
+    },
     Llama3 {
         factor: f32,
         low_freq_factor: f32,
@@ -127,10 +136,24 @@ impl LlamaHparams {
 
     /// The hyperparameters every family's `config.json` states the same way.
     pub fn from_hf(c: &HfConfig, block: Block) -> Result<Self> {
-        let rope_scaling = match c.rope_scaling_value() {
+        let mut rope_scaling = match c.rope_scaling_value() {
             None => RopeScaling::None,
             Some(v) => rope_scaling_from_hf(&v)?,
         };
+        if let RopeScaling::LongRope {
+            original_max_position_embeddings: original,
+            attention_factor,
+            ..
+        } = &mut rope_scaling
+        {
+            let max = c.max_position_embeddings.unwrap_or(4096);
+            if *original == 0 {
+                *original = c.original_max_position_embeddings.unwrap_or(max);
+            }
+            if attention_factor.is_nan() {
+                *attention_factor = longrope_attention_factor(max, *original);
+            }
+        }
         let num_kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
         Ok(Self {
             family: c.model_type.clone().unwrap_or_default(),
@@ -229,22 +252,46 @@ impl LayerWindows {
     }
 }
 
-/// A GGUF's metadata under one architecture's prefix (`gemma3.block_count`).
+/// A GGUF's metadata under one architecture's prefix (`gemma3.block_count`), and the file
+/// for the few hyperparameters stored as tensors (Phi-3's rope factors).
 pub struct GgufKeys<'a> {
     pub content: &'a gguf_file::Content,
     pub arch: String,
+    pub path: &'a std::path::Path,
 }
 
 impl<'a> GgufKeys<'a> {
     /// The file's architecture and its keys.
-    pub fn new(content: &'a gguf_file::Content) -> Self {
+    pub fn new(content: &'a gguf_file::Content, path: &'a std::path::Path) -> Self {
         let arch = content
             .metadata
             .get("general.architecture")
             .and_then(|v| v.to_string().ok())
             .cloned()
             .unwrap_or_default();
-        Self { content, arch }
+        Self {
+            content,
+            arch,
+            path,
+        }
+    }
+
+    /// A small tensor of the file, in f32 (`None` when the file has none of that name).
+    pub fn f32_tensor(&self, name: &str) -> Result<Option<Vec<f32>>> {
+        if !self.content.tensor_infos.contains_key(name) {
+            return Ok(None);
+        }
+        let unreadable = |e: String| ModelError::Unreadable {
+            path: self.path.to_owned(),
+            reason: format!("tensor {name}: {e}"),
+        };
+        let mut file = std::fs::File::open(self.path).map_err(|e| unreadable(e.to_string()))?;
+        let q = self
+            .content
+            .tensor(&mut file, name, &candle_core::Device::Cpu)
+            .map_err(|e| unreadable(e.to_string()))?;
+        let t = q.dequantize(&candle_core::Device::Cpu)?;
+        Ok(Some(t.flatten_all()?.to_vec1()?))
     }
 
     fn key(&self, key: &str) -> String {
@@ -309,6 +356,17 @@ impl<'a> GgufKeys<'a> {
     }
 }
 
+/// LongRoPE's default cos/sin scale (transformers' and llama.cpp's converter's):
+/// `√(1 + ln(s) / ln(original))` with `s = max / original`, 1 where `s ≤ 1`.
+pub fn longrope_attention_factor(max: usize, original: usize) -> f32 {
+    let scale = max as f64 / original.max(2) as f64;
+    if scale <= 1.0 {
+        1.0
+    } else {
+        (1.0 + scale.ln() / (original.max(2) as f64).ln()).sqrt() as f32
+    }
+}
+
 /// A config.json's `rope_scaling` object (a draft head's config reads it too).
 pub fn rope_scaling_from_hf(value: &serde_json::Value) -> Result<RopeScaling> {
     let rs: HfRopeScaling = serde_json::from_value(value.clone())
@@ -331,6 +389,20 @@ impl HfRopeScaling {
             "linear" => Ok(RopeScaling::Linear {
                 factor: self.factor.unwrap_or(1.0),
             }),
+            "longrope" | "su" => match (self.short_factor, self.long_factor) {
+                (Some(short_factor), Some(long_factor)) => Ok(RopeScaling::LongRope {
+                    short_factor,
+                    long_factor,
+                    // Filled from the config around it where absent (`HfConfig`).
+                    original_max_position_embeddings: self
+                        .original_max_position_embeddings
+                        .unwrap_or(0),
+                    attention_factor: self.attention_factor.unwrap_or(f32::NAN),
+                }),
+                _ => Err(ModelError::BadConfig(
+                    "rope_scaling longrope needs short_factor and long_factor".into(),
+                )),
+            },
             "default" | "" => Ok(RopeScaling::None),
             other => Err(ModelError::Unsupported(format!(
                 "rope_scaling.rope_type '{other}'"
@@ -347,6 +419,9 @@ struct HfRopeScaling {
     low_freq_factor: Option<f32>,
     high_freq_factor: Option<f32>,
     original_max_position_embeddings: Option<usize>,
+    short_factor: Option<Vec<f32>>,
+    long_factor: Option<Vec<f32>>,
+    attention_factor: Option<f32>,
 }
 
 /// A `config.json`: the keys every family shares, and the ones some read.
@@ -367,6 +442,7 @@ pub struct HfConfig {
     /// transformers 5's form of the rope settings: flat, or one object per layer type.
     rope_parameters: Option<serde_json::Value>,
     pub max_position_embeddings: Option<usize>,
+    pub original_max_position_embeddings: Option<usize>,
     pub tie_word_embeddings: Option<bool>,
     pub sliding_window: Option<usize>,
     pub use_sliding_window: Option<bool>,

@@ -214,7 +214,7 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> 
     let content = gguf_file::Content::read(&mut file)
         .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
     check_gguf_complete(path, &content)?;
-    let hp = first_layers(crate::model::arch::hparams_from_gguf(&content)?, opts);
+    let hp = first_layers(crate::model::arch::hparams_from_gguf(&content, path)?, opts);
     let tokenizer =
         TextTokenizer::from_gguf(&content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let mut reader = WeightReader::gguf(content, path, &Device::Cpu)?;

@@ -55,7 +55,7 @@ pub fn make_model(
         }
         WeightSource::Model(path) => {
             let content = read_content(path)?;
-            let hp = crate::model::arch::hparams_from_gguf(&content)?;
+            let hp = crate::model::arch::hparams_from_gguf(&content, path)?;
             let md = content.metadata.clone();
             let reader = WeightReader::gguf(content, path, &Device::Cpu)?;
             (
