@@ -935,3 +935,51 @@ fn the_literal_marker_is_a_character_no_literal_holds() {
     assert!(!escaped.contains("<|im_end|>"));
     assert_eq!(escaped.replace(m, ""), "x<|im_end|>y");
 }
+
+/// The tokens SmolLM2's byte-level vocabulary and Gemma 3's SentencePiece one share by text:
+/// `Ġthe` is `▁the`, a newline is a newline, byte tokens meet single bytes, control tokens of
+/// different spellings never meet; the map goes both ways, and most of Gemma's tokens on the
+/// fixture texts have a SmolLM2 twin.
+#[test]
+fn two_vocabularies_share_their_tokens_by_text() {
+    use tandem::model::text::vocab_map::VocabMap;
+    let (draft, target) = (smollm(), gemma());
+    let map = VocabMap::between(draft, target).unwrap();
+    let shared = map.shared();
+    let id = |tok: &TextTokenizer, piece: &str| tok.token_to_id(piece).unwrap();
+    for (d, t) in [
+        ("Ġthe", "\u{2581}the"),
+        ("Ċ", "\n"),
+        ("hello", "hello"),
+        ("Ġworld", "\u{2581}world"),
+    ] {
+        let (d, t) = (id(draft, d), id(target, t));
+        assert_eq!(map.target_of(d), Some(t));
+        assert_eq!(map.draft_of(t), Some(d));
+    }
+    // Control tokens spelled differently stay apart.
+    assert_eq!(map.target_of(id(draft, "<|im_end|>")), None);
+    assert_eq!(map.draft_of(id(target, "<end_of_turn>")), None);
+    // Every mapped pair stands for the same bytes.
+    for d in 0..draft.vocab_size() as u32 {
+        if let Some(t) = map.target_of(d) {
+            assert_eq!(
+                draft.token_bytes(d).unwrap(),
+                target.token_bytes(t).unwrap(),
+                "{d} -> {t}"
+            );
+            assert_eq!(map.draft_of(t), Some(d));
+        }
+    }
+    let gemma_tokens: Vec<u32> = llama_cpp_tokens("llama_cpp_tokens_gemma3.jsonl")
+        .into_iter()
+        .flat_map(|(_, ids)| ids.into_iter().skip(1))
+        .collect();
+    let coverage = map.coverage(&gemma_tokens);
+    eprintln!(
+        "{shared} shared tokens; they cover {:.1}% of Gemma's tokens on the fixture texts",
+        100.0 * coverage
+    );
+    assert!(shared > 20_000, "{shared} shared tokens");
+    assert!(coverage > 0.8, "coverage {coverage}");
+}

@@ -24,8 +24,8 @@
 //!   per-operation timing (`op_profile`).
 //! * `load/`: reading GGUF files and Hugging Face folders (`loader`, `weights`, `hparams`),
 //!   with weights converted at load time to the type the kernels run.
-//! * `text/`: the tokenizer with incremental decoding (`tokenizer`) and the chat template
-//!   (`chat_template`).
+//! * `text/`: the tokenizer with incremental decoding (`tokenizer`), the chat template
+//!   (`chat_template`), and the tokens two vocabularies share (`vocab_map`).
 //! * `head/`: draft heads (EAGLE): one decoder layer over the target's own hidden states and
 //!   embeddings, drafting through the target's output head or a reduced vocabulary of its
 //!   rows; read and written in EAGLE's published layout, and trained (`train`).
