@@ -22,7 +22,8 @@
 //!   forward itself (`model`, the `Llama` type) on tandem's own kernels (`own_forward`) or on
 //!   candle's tensors for GPUs (`tensor_forward`), the device choice (`device`) and
 //!   per-operation timing (`op_profile`).
-//! * `load/`: reading GGUF files and Hugging Face folders (`loader`, `weights`, `hparams`),
+//! * `load/`: reading GGUF files and Hugging Face folders (`loader`, `weights`, `hparams` over
+//!   `gguf_keys`, `hf_config` and `rope_config`),
 //!   with weights converted at load time to the type the kernels run.
 //! * `text/`: the tokenizer with incremental decoding (`tokenizer`), the chat template
 //!   (`chat_template`), and the tokens two vocabularies share (`vocab_map`).

@@ -61,6 +61,12 @@ fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
 }
 
 fn hf_extras(c: &HfConfig, hp: &mut LlamaHparams) -> Result<()> {
+    if c.use_bidirectional_attention == Some(true) {
+        return Err(ModelError::Unsupported(
+            "config.json use_bidirectional_attention = true (an embedding model, not a decoder)"
+                .into(),
+        ));
+    }
     if let Some(size) = c.sliding_window.filter(|&w| w > 0) {
         let mut windows = match c.windowed_by_type() {
             Some(windowed) => LayerWindows {

@@ -201,6 +201,20 @@ pub fn rms_norm(
     candle_nn::ops::rms_norm(x, w, eps)
 }
 
+/// `rows ← norm_rows(rows) · w` for the weight tensor `w` (on the CPU), through `scratch` (at
+/// least as long as `rows`).
+pub fn norm_in_place(
+    w: &candle_core::Tensor,
+    rows: &mut [f32],
+    eps: f32,
+    scratch: &mut [f32],
+) -> candle_core::Result<()> {
+    let scratch = &mut scratch[..rows.len()];
+    with_host(w, |w| norm_rows(rows, w, eps, scratch))?;
+    rows.copy_from_slice(scratch);
+    Ok(())
+}
+
 /// Calls `f` with the values of a contiguous f32 tensor on the CPU, borrowed from its storage
 /// (a norm's weight, read on every forward: no copy).
 pub fn with_host<R>(

@@ -280,12 +280,7 @@ impl Llama {
                     )));
                 }
             }
-            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= self.hp.vocab_size) {
-                return Err(ModelError::BadInput(format!(
-                    "token id {bad} is outside the vocabulary ({})",
-                    self.hp.vocab_size
-                )));
-            }
+            self.check_ids(s.tokens)?;
         }
         Ok(())
     }
@@ -361,22 +356,18 @@ impl Llama {
     /// The input embeddings of `ids` in f32 as the first layer gets them (a draft head's token
     /// input): scaled where the family scales them.
     pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
-        let rows = self.embedding_rows(ids)?;
-        Ok(match self.hp.block.embed_scale {
-            true => rows.affine((self.hp.hidden_size as f32).sqrt() as f64, 0.0)?,
-            false => rows,
-        })
+        self.check_ids(ids)?;
+        self.weights.input_rows(&self.hp, ids, &Device::Cpu)
     }
 
-    /// Rows `ids` of the embedding matrix in f32, as stored.
-    fn embedding_rows(&self, ids: &[u32]) -> Result<Tensor> {
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.hp.vocab_size) {
-            return Err(ModelError::BadInput(format!(
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        match ids.iter().find(|&&t| t as usize >= self.hp.vocab_size) {
+            Some(&bad) => Err(ModelError::BadInput(format!(
                 "token id {bad} is outside the vocabulary ({})",
                 self.hp.vocab_size
-            )));
+            ))),
+            None => Ok(()),
         }
-        self.weights.embed.rows(ids, &Device::Cpu)
     }
 
     /// The output head over rows of normed hidden states `(rows, hidden)` on the host: full
@@ -401,6 +392,7 @@ impl Llama {
                     .into(),
             ));
         }
-        self.embedding_rows(ids)
+        self.check_ids(ids)?;
+        self.weights.embed.rows(ids, &Device::Cpu)
     }
 }

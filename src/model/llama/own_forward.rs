@@ -12,7 +12,7 @@ use crate::model::kernels::attention::KvElement;
 use crate::model::kernels::attention::{
     causal_attention, prefetch_cache, tree_attention, AttnShape,
 };
-use crate::model::kernels::rms_norm::{norm_rows, with_host};
+use crate::model::kernels::rms_norm::{norm_in_place, with_host};
 use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::llama::rope::{RopeTable, Ropes};
@@ -35,13 +35,7 @@ pub(crate) fn forward(
         .iter()
         .flat_map(|s| s.tokens.iter().copied())
         .collect();
-    let x = timed(Op::Embed, || -> Result<Tensor> {
-        let x = w.embed.rows(&ids, &Device::Cpu)?;
-        Ok(match hp.block.embed_scale {
-            true => x.affine((hp.hidden_size as f32).sqrt() as f64, 0.0)?,
-            false => x,
-        })
-    })?;
+    let x = timed(Op::Embed, || w.input_rows(hp, &ids, &Device::Cpu))?;
     let (x, tapped) = run_layers(
         &w.layers,
         hp,
@@ -94,6 +88,7 @@ pub(crate) fn run_layers(
     let mut h = vec![0f32; total * hidden];
     let mut attn_out = vec![0f32; total * q_dim];
     let (mut qkv, mut q, mut mlp) = (Vec::new(), Vec::new(), MlpBuffers::default());
+    let mut head_norms = Vec::new();
     // Tree inputs: each token's depth (its position past start_pos) and its path.
     let trees: Vec<Option<TreeLayout>> = batch.iter().map(SeqInput::tree_layout).collect();
     // The kernels scale scores by 1/√head_dim; another scale is folded into the queries.
@@ -137,7 +132,9 @@ pub(crate) fn run_layers(
         timed(Op::QkvMatmul, || {
             layer.qkv.forward_rows_into(attn_in, total, &mut qkv)
         })?;
-        timed(Op::Norm, || rows.bias_and_norm(&mut qkv, layer, eps))?;
+        timed(Op::Norm, || {
+            rows.bias_and_norm(&mut qkv, layer, eps, &mut head_norms)
+        })?;
         timed(Op::Rope, || rows.rotate(&mut qkv, ropes.for_layer(hp, l)));
         timed(Op::CacheWrite, || rows.append(&qkv, cache, l))?;
         timed(Op::Attention, || {
@@ -190,7 +187,14 @@ impl QkvRows<'_, '_> {
 
     /// The projection's biases added, and each query and key head RMS-normed, where the
     /// layer's block has them.
-    fn bias_and_norm(&self, qkv: &mut [f32], layer: &Layer, eps: f32) -> Result<()> {
+    /// `scratch` is kept across a forward's layers.
+    fn bias_and_norm(
+        &self,
+        qkv: &mut [f32],
+        layer: &Layer,
+        eps: f32,
+        scratch: &mut Vec<f32>,
+    ) -> Result<()> {
         let (q_dim, kv_dim) = (self.shape.q_dim(), self.shape.kv_dim());
         let row = self.row();
         if let Some(bias) = &layer.extras.qkv_bias {
@@ -201,19 +205,12 @@ impl QkvRows<'_, '_> {
             })?;
         }
         if let Some((qn, kn)) = &layer.extras.qk_norm {
-            let mut normed = vec![0f32; q_dim.max(kv_dim)];
-            with_host(qn, |qn| {
-                with_host(kn, |kn| {
-                    for r in qkv.chunks_exact_mut(row) {
-                        let (q, kv) = r.split_at_mut(q_dim);
-                        for (part, w) in [(q, qn), (&mut kv[..kv_dim], kn)] {
-                            let out = &mut normed[..part.len()];
-                            norm_rows(part, w, eps, out);
-                            part.copy_from_slice(out);
-                        }
-                    }
-                })
-            })??;
+            scratch.resize(q_dim.max(kv_dim), 0.0);
+            for r in qkv.chunks_exact_mut(row) {
+                let (q, kv) = r.split_at_mut(q_dim);
+                norm_in_place(qn, q, eps, scratch)?;
+                norm_in_place(kn, &mut kv[..kv_dim], eps, scratch)?;
+            }
         }
         Ok(())
     }

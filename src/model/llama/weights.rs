@@ -8,7 +8,9 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::model::arch::block::Activation;
 use crate::model::kernels::elementwise::{gelu_gate_rows, silu_gate_rows};
-use crate::model::kernels::rms_norm::{add_norm_rows, norm_rows, rms_norm, with_host};
+use crate::model::kernels::rms_norm::{
+    add_norm_rows, norm_in_place, norm_rows, rms_norm, with_host,
+};
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::embedding::Embedding;
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
@@ -132,14 +134,6 @@ impl Layer {
         }
         Ok(timed(Op::Elementwise, || x + down)?)
     }
-}
-
-/// `rows ← rms_norm(rows) · w`, through `scratch` (at least as long).
-fn norm_in_place(w: &Tensor, rows: &mut [f32], eps: f32, scratch: &mut [f32]) -> Result<()> {
-    let scratch = &mut scratch[..rows.len()];
-    with_host(w, |w| norm_rows(rows, w, eps, scratch))?;
-    rows.copy_from_slice(scratch);
-    Ok(())
 }
 
 /// What loading a layer needs besides the file.
@@ -321,6 +315,16 @@ impl LlamaWeights {
             );
         }
         Ok(weights)
+    }
+
+    /// The first layer's input rows for `ids` (checked against the vocabulary), in f32 on
+    /// `device`: the embedding rows, scaled where the family scales them.
+    pub fn input_rows(&self, hp: &LlamaHparams, ids: &[u32], device: &Device) -> Result<Tensor> {
+        let rows = self.embed.rows(ids, device)?;
+        Ok(match hp.block.embed_scale {
+            true => rows.affine((hp.hidden_size as f32).sqrt() as f64, 0.0)?,
+            false => rows,
+        })
     }
 
     /// The output head over the given rows of the last hidden states `x`: final norm, then

@@ -1,3 +1,6 @@
+pub mod gguf_keys;
+pub mod hf_config;
 pub mod hparams;
 pub mod loader;
+pub mod rope_config;
 pub mod weights;

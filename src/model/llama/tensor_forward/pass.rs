@@ -37,10 +37,7 @@ pub(crate) fn forward(
         Some(local) => Some(rope_rows(local, hp, batch, &trees, &device)?),
         None => None,
     };
-    let mut x = w.embed.rows(&ids, &device)?;
-    if hp.block.embed_scale {
-        x = x.affine((hp.hidden_size as f32).sqrt() as f64, 0.0)?;
-    }
+    let mut x = w.input_rows(hp, &ids, &device)?;
     for &t in taps {
         if t > w.layers.len() {
             return Err(crate::model::ModelError::BadInput(format!(
