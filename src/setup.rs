@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::draft::{check_same_vocabulary, reduced_vocab, DraftSpec, PromptLookup};
+use crate::draft::{
+    check_same_vocabulary, reduced_vocab, DraftSpec, PromptLookup, Translation, MIN_COVERAGE,
+};
 use crate::engine::{DraftSource, EngineConfig};
 use crate::model::head::DraftHead;
 use crate::model::load::loader::LoadOptions;
@@ -80,6 +82,8 @@ pub enum LoadedDrafter {
         model: Box<LoadedModel>,
         /// The reduced vocabulary it drafts over (`speculation.draft_model_vocab`).
         vocab: Option<Arc<DraftVocab>>,
+        /// How it drafts for a target of another vocabulary (`None`: the same one).
+        translation: Option<Arc<Translation>>,
         name: String,
     },
     /// A draft head for the target, its display name (`head:FOLDER (vocab K)`) and the prompt
@@ -102,8 +106,8 @@ impl LoadedDrafter {
     }
 }
 
-/// Loads the drafter `spec` names; a draft model loads at `dtype` and must share the target's
-/// vocabulary token for token.
+/// Loads the drafter `spec` names; a draft model loads at `dtype`, and drafts through a
+/// [`Translation`] when its vocabulary is not the target's.
 pub fn load_drafter(
     spec: &DraftSpec,
     dtype: WeightsDtype,
@@ -134,14 +138,14 @@ pub fn load_drafter(
         ..target_options(config)
     };
     let draft = LoadedModel::load(&source, &opts)?;
-    check_same_vocabulary(
-        &draft.tokenizer,
-        &source.display_name(),
-        &target.tokenizer,
-        &target.source.display_name(),
-    )
-    .map_err(|e| SetupError::Draft(e.to_string()))?;
-    let (vocab, vocab_note) = reduce_draft_vocab(&draft.model, config)?;
+    let translation = translation_for(&draft, &source, target)?;
+    let (vocab, vocab_note) = match &translation {
+        Some(t) => {
+            refuse_reduced_vocab_across(config)?;
+            (None, format!(", {} shared tokens", t.shared()))
+        }
+        None => reduce_draft_vocab(&draft.model, config)?,
+    };
     let layers_note = match layers {
         Some(k) => format!(
             ", first {k} of {} layers",
@@ -158,8 +162,70 @@ pub fn load_drafter(
     Ok(LoadedDrafter::Model {
         model: Box::new(draft),
         vocab,
+        translation,
         name,
     })
+}
+
+/// `None` where the drafter shares the target's vocabulary token for token; else the
+/// translation it drafts through (Token-Level Intersection), logged with its size and
+/// coverage, or refused where it covers too little of the target's text to pay.
+fn translation_for(
+    draft: &LoadedModel,
+    source: &ModelSource,
+    target: &LoadedModel,
+) -> Result<Option<Arc<Translation>>, SetupError> {
+    let (draft_name, target_name) = (source.display_name(), target.source.display_name());
+    let same = check_same_vocabulary(
+        &draft.tokenizer,
+        &draft_name,
+        &target.tokenizer,
+        &target_name,
+    );
+    let Err(differs) = same else {
+        return Ok(None);
+    };
+    let t = Translation::between(
+        Arc::clone(&draft.tokenizer),
+        draft.model.hparams().vocab_size,
+        Arc::clone(&target.tokenizer),
+        target.model.hparams().vocab_size,
+    )
+    .map_err(|e| SetupError::Draft(format!("{differs}, and reading both for shared tokens: {e}")))?;
+    let coverage = t
+        .sample_coverage()
+        .map_err(|e| SetupError::Draft(format!("{differs}, and the target's tokenizer: {e}")))?;
+    if t.shared() == 0 || coverage < MIN_COVERAGE {
+        return Err(SetupError::Draft(format!(
+            "{differs}; they share {} tokens, {:.0}% of the target's tokens of ordinary text \
+             (at least {:.0}% are needed for drafting across vocabularies to pay)",
+            t.shared(),
+            coverage * 100.0,
+            MIN_COVERAGE * 100.0
+        )));
+    }
+    tracing::info!(
+        draft = %draft_name,
+        target = %target_name,
+        shared_tokens = t.shared(),
+        draft_vocab = draft.model.hparams().vocab_size,
+        target_vocab = target.model.hparams().vocab_size,
+        sample_coverage = format!("{:.1}%", coverage * 100.0),
+        "the vocabularies differ: drafting over the tokens they share (token-level intersection)"
+    );
+    Ok(Some(Arc::new(t)))
+}
+
+/// A reduced draft vocabulary is a ranking of the target's own tokens: not for a drafter of
+/// another vocabulary.
+fn refuse_reduced_vocab_across(config: &Config) -> Result<(), SetupError> {
+    match config.speculation.draft_model_vocab {
+        0 => Ok(()),
+        k => Err(SetupError::Draft(format!(
+            "speculation.draft_model_vocab = {k}: not for a draft model of another vocabulary \
+             (it drafts over the tokens the two share); set it to 0"
+        ))),
+    }
 }
 
 /// Loads a draft head for `target` from `path` (`None`: the default model's shipped head), its
@@ -256,9 +322,15 @@ pub fn load_models(
     let draft = match drafter {
         LoadedDrafter::None => None,
         LoadedDrafter::PromptLookup(p) => Some(DraftSource::PromptLookup(p)),
-        LoadedDrafter::Model { model, vocab, name } => Some(DraftSource::Model {
+        LoadedDrafter::Model {
+            model,
+            vocab,
+            translation,
+            name,
+        } => Some(DraftSource::Model {
             model: Arc::new(model.model),
             vocab,
+            translation,
             name,
         }),
         LoadedDrafter::Head { head, name, lookup } => {

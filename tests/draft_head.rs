@@ -523,6 +523,7 @@ fn a_draft_model_drafts_over_its_reduced_vocabulary() {
     let source = DraftSource::Model {
         model: Arc::new(draft),
         vocab: Some(vocab),
+        translation: None,
         name: "tiny, reduced".into(),
     };
     let engine = engine_with(source, false);

@@ -110,6 +110,7 @@ fn concurrent_greedy_outputs_equal_plain(backend: BackendChoice) {
         Some(DraftSource::Model {
             model: other,
             vocab: None,
+            translation: None,
             name: "tiny-other".into(),
         }),
     ];
@@ -183,6 +184,7 @@ fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
             Some(DraftSource::Model {
                 model: other,
                 vocab: None,
+                translation: None,
                 name: "tiny-other".into(),
             }),
             EngineConfig::default(),
@@ -470,6 +472,7 @@ fn governor_speculates_only_where_its_prices_say_it_pays() {
         move || DraftSource::Model {
             model: Arc::clone(&m),
             vocab: None,
+            translation: None,
             name: name.clone(),
         }
     };
@@ -514,6 +517,7 @@ fn start_pipelined(
     let source = DraftSource::Model {
         model: draft,
         vocab: None,
+        translation: None,
         name: name.into(),
     };
     let cfg = EngineConfig {
@@ -599,6 +603,7 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
         let source = DraftSource::Model {
             model: Arc::clone(&other),
             vocab: None,
+            translation: None,
             name: "tiny-other".into(),
         };
         let engine = rt
@@ -725,6 +730,7 @@ fn token_trees_keep_greedy_output_identical() {
         DraftSource::Model {
             model: blend,
             vocab: None,
+            translation: None,
             name: "tiny-blend".into(),
         },
     ];
@@ -828,6 +834,7 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
         DraftSource::Model {
             model: blend,
             vocab: None,
+            translation: None,
             name: "tiny-blend".into(),
         },
         DraftSource::PromptLookup(PromptLookup::default()),

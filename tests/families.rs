@@ -458,6 +458,7 @@ fn the_engine_drafts_for_every_family_with_a_head_and_a_draft_model() {
             DraftSource::Model {
                 model: Arc::new(draft.model),
                 vocab: None,
+                translation: None,
                 name: "self:1".into(),
             },
         ];

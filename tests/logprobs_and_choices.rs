@@ -156,6 +156,7 @@ fn drafters(f16: &Arc<Llama>) -> [(&'static str, DraftSource); 2] {
             DraftSource::Model {
                 model: Arc::clone(f16),
                 vocab: None,
+                translation: None,
                 name: "f16 copy".into(),
             },
         ),

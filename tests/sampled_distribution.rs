@@ -3,7 +3,9 @@
 //! batched engine with four requests at once, that engine verifying token trees (the
 //! drafter's runners-up beside its sampled chain, walked by the multi-draft rule), and a draft
 //! head (EAGLE, drafting from the target's own features; alone, after prompt lookup, and an
-//! EAGLE-3 head over its own reduced vocabulary) four at once, for γ = 1, 3 and 5, with
+//! EAGLE-3 head over its own reduced vocabulary) four at once, and a draft model of another
+//! vocabulary (two of the six tokens only the target has, two others only the drafter: it
+//! proposes the four shared ones, by token-level intersection), for γ = 1, 3 and 5, with
 //! temperature alone and with every processor together (top-k, top-p, min-p, a repetition
 //! penalty, a logit bias).
 //!
@@ -58,10 +60,10 @@ const N: u64 = 3000;
 /// One prefill token, then a first round of up to γ = 5 drafts and its correction or bonus.
 const MAX_TOKENS: usize = 7;
 const GAMMAS: [usize; 3] = [1, 3, 5];
-/// 8 paths (trees, the head alone and after prompt lookup, an EAGLE-3 head, three of them) ×
-/// 3 γ × 2 processor settings, plain sampling under both settings, and 3 constrained arms (the
-/// plain reference, pipelined, 4 at once) under both.
-const COMPARISONS: usize = 56;
+/// 9 paths (trees, the head alone and after prompt lookup, an EAGLE-3 head, another
+/// vocabulary, three of them) × 3 γ × 2 processor settings, plain sampling under both
+/// settings, and 3 constrained arms (the plain reference, pipelined, 4 at once) under both.
+const COMPARISONS: usize = 62;
 const FALSE_ALARM: f64 = 1e-3;
 
 type Triple = [u32; 3];
@@ -373,9 +375,21 @@ fn start_engine(
     pipeline: bool,
     max_seqs: usize,
 ) -> Engine {
+    start_engine_across(rt, target, (draft, None), pipeline, max_seqs)
+}
+
+/// An engine whose draft model drafts through `translation` (`None`: the same vocabulary).
+fn start_engine_across(
+    rt: &tokio::runtime::Runtime,
+    target: &Arc<Llama>,
+    (draft, translation): (&Arc<Llama>, Option<Arc<tandem::draft::Translation>>),
+    pipeline: bool,
+    max_seqs: usize,
+) -> Engine {
     let source = tandem::engine::DraftSource::Model {
         model: Arc::clone(draft),
         vocab: None,
+        translation,
         name: "tiny-other".into(),
     };
     let cfg = EngineConfig {
@@ -402,6 +416,21 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
     let grammar = tiny_grammar(&loaded.tokenizer);
     let target = Arc::new(loaded.model);
     let draft = Arc::new(common::load_tiny(d2.path(), WeightsDtype::F32).model);
+    // The same drafter reading another vocabulary: its ids 4 and 5 are two bytes the target
+    // has past its six rows, and the target's 4 and 5 (`%&`) are past the drafter's.
+    let d3 = tempfile::tempdir().unwrap();
+    common::write_tiny_blend(d1.path(), &tiny(4), DRAFT_MIX, d3.path());
+    common::write_tiny_tokenizer_swapped(d3.path(), VOCAB, &[(4, 6), (5, 7)]);
+    let across = common::load_tiny(d3.path(), WeightsDtype::F32);
+    let translation = tandem::draft::Translation::between(
+        Arc::clone(&across.tokenizer),
+        VOCAB,
+        Arc::clone(&loaded.tokenizer),
+        VOCAB,
+    )
+    .unwrap();
+    assert_eq!(translation.columns().target_ids(), [0, 1, 2, 3]);
+    let across = (&Arc::new(across.model), Some(Arc::new(translation)));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -419,6 +448,11 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
             1,
         ),
         ("4 at once", start_engine(&rt, &target, &draft, false, 4), 4),
+        (
+            "4 at once, a draft model of another vocabulary",
+            start_engine_across(&rt, &target, across, false, 4),
+            4,
+        ),
     ];
     // A draft head (untrained: it disagrees with the target often) on the target's features.
     let head_tensors = random_head(target.hparams(), 64, 21).unwrap();

@@ -115,6 +115,7 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
             DraftSource::Model {
                 model: blend,
                 vocab: None,
+                translation: None,
                 name: "tiny-blend".into(),
             },
         ),

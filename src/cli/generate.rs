@@ -388,9 +388,15 @@ fn proposer(drafter: &LoadedDrafter) -> Option<Box<dyn Proposer + '_>> {
     match drafter {
         LoadedDrafter::None => None,
         LoadedDrafter::PromptLookup(p) => Some(Box::new(*p)),
-        LoadedDrafter::Model { model, vocab, .. } => Some(Box::new(
+        LoadedDrafter::Model {
+            model,
+            vocab,
+            translation,
+            ..
+        } => Some(Box::new(
             ModelDrafter::new(&model.model, model.source.display_name())
-                .with_draft_vocab(vocab.clone()),
+                .with_draft_vocab(vocab.clone())
+                .with_translation(translation.clone()),
         )),
         // Refused before loading (see `run`).
         LoadedDrafter::Head { .. } => None,

@@ -14,6 +14,9 @@ pub enum DraftError {
     Sampling(#[from] SamplingError),
     #[error("draft under the request's grammar: {0}")]
     Constraint(#[from] crate::constraint::ConstraintError),
+    /// A target token could not be put in the drafter's tokens (another vocabulary).
+    #[error("draft model of another vocabulary: {0}")]
+    Translate(#[from] crate::model::TokenizerError),
     #[error(
         "the draft model ({draft}) and the target ({target}) have different vocabularies: {reason}"
     )]

@@ -17,6 +17,7 @@ mod prompt_lookup;
 mod proposal;
 mod siblings;
 mod stepping;
+mod translation;
 mod vocabulary;
 
 pub use drafter_spec::{DraftSpec, InvalidDraftSpec};
@@ -27,6 +28,7 @@ pub use job::{DraftJob, DraftTiming};
 pub use model::{reduced_vocab, ModelDrafter};
 pub use prompt_lookup::PromptLookup;
 pub use proposal::Proposal;
+pub use translation::{SharedColumns, Translation, MIN_COVERAGE};
 pub use vocabulary::check_same_vocabulary;
 
 use crate::sampling::{SamplingParams, SeededRng};

@@ -1,5 +1,6 @@
-//! A draft model: any model the model layer loads, with the target's vocabulary. It keeps its
-//! own KV cache, filled lazily from the context on the first round and rolled back after each.
+//! A draft model: any model the model layer loads, with the target's vocabulary or, through a
+//! [`Translation`], another one. It keeps its own KV cache, filled lazily from the context on
+//! the first round and rolled back after each.
 //!
 //! One `ModelDrafter` drafts for many sequences at once (the engine's drafter holds one for all
 //! its sequences): each draft step is a single forward over every sequence still drafting, so
@@ -11,6 +12,7 @@ use std::sync::Arc;
 
 use super::draw::{draw_draft, DrawLane, DrawScratch};
 use super::stepping::{draft_in_steps, Lane, Stepper};
+use super::translation::{Translation, Translator};
 use super::{DraftError, DraftJob, DraftTiming, Proposal, Proposer};
 use crate::model::cache::prefix_index::PrefixIndex;
 use crate::model::{
@@ -34,6 +36,11 @@ pub struct ModelDrafter<M: Deref<Target = Llama>> {
     pub(super) scratch: DrawScratch,
     /// The reduced vocabulary it drafts over (`None`: the model's whole vocabulary).
     vocab: Option<Arc<DraftVocab>>,
+    /// Its contexts in its own tokens and its proposals in the target's, when the target's
+    /// vocabulary is another (`None`: the same).
+    pub(super) translator: Option<Translator>,
+    /// A row's logits of the shared tokens (a translating drafter's draws).
+    shared_row: Vec<f32>,
 }
 
 /// The reduced vocabulary a draft model drafts over: the `k` tokens `ranking` puts first (all
@@ -83,6 +90,33 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             prefix_cache: false,
             scratch: DrawScratch::default(),
             vocab: None,
+            translator: None,
+            shared_row: Vec::new(),
+        }
+    }
+
+    /// Drafts for a target of another vocabulary (`None`: the same one): it reads contexts
+    /// through `translation` and proposes the shared tokens alone, as target ids.
+    pub fn with_translation(mut self, translation: Option<Arc<Translation>>) -> Self {
+        self.translator = translation.map(Translator::new);
+        self
+    }
+
+    /// The translation it drafts through, if the target's vocabulary is another.
+    pub fn translation(&self) -> Option<Arc<Translation>> {
+        self.translator.as_ref().map(|t| Arc::clone(t.translation()))
+    }
+
+    /// `context` (target ids) as `seq`'s cache holds it: in the drafter's tokens when it
+    /// translates.
+    pub(super) fn in_own_tokens<'a>(
+        &'a mut self,
+        seq: u64,
+        context: &'a [u32],
+    ) -> Result<&'a [u32], DraftError> {
+        match &mut self.translator {
+            Some(t) => t.translate(seq, context),
+            None => Ok(context),
         }
     }
 
@@ -127,24 +161,32 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
     type Step = StepLogits;
 
     fn vocab(&self) -> usize {
-        self.model.hparams().vocab_size
+        match &self.translator {
+            Some(t) => t.translation().target_rows(),
+            None => self.model.hparams().vocab_size,
+        }
     }
 
+    /// The lane's feed is in the drafter's tokens, its history (what the draws' penalties
+    /// read, and the proposals) in the target's.
     fn lane(&mut self, job: &DraftJob) -> Result<Lane<Vec<u32>>, DraftError> {
-        let slot = self.slot_for(job.seq, job.context)?;
-        if self.cache.len(slot)? >= job.context.len() {
+        let own = self.in_own_tokens(job.seq, job.context)?.to_vec();
+        let slot = self.slot_for(job.seq, &own)?;
+        if self.cache.len(slot)? >= own.len() {
             // Out of step with the caller (it should have rolled us back): start over.
             self.cache.keep(slot, Kept::First(0))?;
         }
         let cached = self.cache.len(slot)?;
-        // Room for the context and γ-1 fed drafts.
-        let gamma = job
-            .gamma
-            .min((self.cache.max_len() + 1).saturating_sub(job.context.len()));
+        // Room for the context and γ-1 fed drafts; nothing to draft from an empty context
+        // (a translation may come to no tokens).
+        let gamma = match own.len() {
+            0 => 0,
+            n => job.gamma.min((self.cache.max_len() + 1).saturating_sub(n)),
+        };
         Ok(Lane::new(
             slot,
             gamma,
-            job.context[cached..].to_vec(),
+            own[cached..].to_vec(),
             job.context.to_vec(),
         ))
     }
@@ -182,6 +224,7 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
                 start_pos: self.cache.len(l.slot).unwrap_or(0),
                 tokens: &l.feed,
                 // A reduced vocabulary projects the output states itself.
+                // (A translating drafter has none: its rows are gathered whole.)
                 logits: if self.vocab.is_some() {
                     LogitsRows::None
                 } else {
@@ -212,13 +255,21 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
         draw: DrawLane,
     ) -> Result<Option<u32>, DraftError> {
         match step {
-            StepLogits::Full(l) => l
-                .seq_rows(k)
-                .map_err(DraftError::Model)
-                .and_then(|mut rows| {
-                    let row = rows.pop().expect("asked for the last row");
-                    draw_draft(&row, None, job, draw, &mut self.scratch)
-                }),
+            StepLogits::Full(l) => {
+                let row = l
+                    .seq_rows(k)?
+                    .pop()
+                    .expect("asked for the last row");
+                match &self.translator {
+                    Some(t) => {
+                        let columns = t.translation().columns();
+                        columns.gather(&row, &mut self.shared_row);
+                        let ids = Some(columns.target_ids());
+                        draw_draft(&self.shared_row, ids, job, draw, &mut self.scratch)
+                    }
+                    None => draw_draft(&row, None, job, draw, &mut self.scratch),
+                }
+            }
             StepLogits::Reduced((rows, width)) => {
                 let row = &rows[k * width..(k + 1) * width];
                 let ids = self.vocab.as_deref().map(DraftVocab::ids);
@@ -229,17 +280,26 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
 
     fn feed_drawn(&self, _step: &StepLogits, _k: usize, feed: &mut Vec<u32>, token: u32) {
         feed.clear();
-        feed.push(token);
+        feed.push(match &self.translator {
+            Some(t) => t
+                .translation()
+                .draft_of(token)
+                .expect("a translating drafter proposes shared tokens alone"),
+            None => token,
+        });
     }
 
     /// What each cache now holds: its context and the drafts fed back. A lane that failed
     /// left its cache unknown, so its slot is not kept for a prefix.
     fn finish(&mut self, jobs: &[DraftJob], lanes: &[Option<Lane<Vec<u32>>>]) {
         for (job, lane) in jobs.iter().zip(lanes) {
-            match lane {
-                Some(l) => {
-                    let len = self.cache.len(l.slot).unwrap_or(0).min(l.history.len());
-                    self.held.insert(job.seq, l.history[..len].to_vec());
+            let own = lane
+                .as_ref()
+                .and_then(|l| Some((l.slot, self.in_own_tokens(job.seq, &l.history).ok()?.to_vec())));
+            match own {
+                Some((slot, own)) => {
+                    let len = self.cache.len(slot).unwrap_or(0).min(own.len());
+                    self.held.insert(job.seq, own[..len].to_vec());
                 }
                 None => {
                     self.held.remove(&job.seq);
@@ -287,7 +347,8 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
     fn prefill(&mut self, prompt: &[u32]) -> Result<(), DraftError> {
         let slot = self.slot_for(SOLO, &[])?;
         self.cache.keep(slot, Kept::First(0))?;
-        let tokens = &prompt[..prompt.len().min(self.cache.max_len())];
+        let own = self.in_own_tokens(SOLO, prompt)?.to_vec();
+        let tokens = &own[..own.len().min(self.cache.max_len())];
         if !tokens.is_empty() {
             self.model.forward(
                 &mut self.cache,

@@ -18,6 +18,9 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
     /// Forgets a sequence. Its slot is kept for its prefix when `keep` and the prefix cache
     /// are on (and the tokens it holds are known), and freed otherwise.
     pub fn end(&mut self, seq: u64, keep: bool) {
+        if let Some(t) = &mut self.translator {
+            t.forget(seq);
+        }
         let held = self.held.remove(&seq);
         let Some(slot) = self.slots.remove(&seq) else {
             return;
@@ -40,19 +43,29 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
     /// accepted path may leave the drafted chain, so the cache's drafts are compared token by
     /// token, not just counted. A cache whose contents are not known starts over.
     pub fn keep_standing(&mut self, seq: u64, standing: &[u32]) -> Result<(), DraftError> {
+        let standing = self.in_own_tokens(seq, standing)?.to_vec();
         let len = match self.held.get(&seq) {
             Some(held) => held
                 .iter()
-                .zip(standing)
+                .zip(&standing)
                 .take_while(|(a, b)| a == b)
                 .count(),
             None => 0,
         };
-        self.keep_seq(seq, len)
+        self.keep_own(seq, len)
     }
 
     /// The first `len` tokens of `seq`'s context stand; forget anything past them.
     pub fn keep_seq(&mut self, seq: u64, len: usize) -> Result<(), DraftError> {
+        let own = match &self.translator {
+            Some(t) => t.draft_len(seq, len),
+            None => len,
+        };
+        self.keep_own(seq, own)
+    }
+
+    /// The first `len` tokens the cache of `seq` holds (the drafter's own tokens) stand.
+    fn keep_own(&mut self, seq: u64, len: usize) -> Result<(), DraftError> {
         if let Some(&slot) = self.slots.get(&seq) {
             if self.cache.len(slot)? > len {
                 self.cache.keep(slot, Kept::First(len))?;

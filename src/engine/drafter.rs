@@ -17,7 +17,7 @@ use super::messages::{
 use super::worker::ComputeWorker;
 use crate::draft::{
     DraftJob, DraftTiming, HeadDrafter, ModelDrafter, PromptLookup, Proposal, Proposer,
-    RequestHistory, HISTORY_TOKENS,
+    RequestHistory, Translation, HISTORY_TOKENS,
 };
 use crate::model::head::DraftHead;
 use crate::model::{DraftVocab, Llama};
@@ -33,6 +33,8 @@ pub enum DraftSource {
         model: Arc<Llama>,
         /// The reduced vocabulary it drafts over (`None`: its whole vocabulary).
         vocab: Option<Arc<DraftVocab>>,
+        /// How it drafts for a target of another vocabulary (`None`: the same one).
+        translation: Option<Arc<Translation>>,
         name: String,
     },
     /// A draft head on the target's own features; with `lookup`, prompt lookup drafts first
@@ -75,10 +77,16 @@ impl Drafter {
         prefix_cache: bool,
     ) -> Result<Self, EngineError> {
         let state = match source {
-            DraftSource::Model { model, vocab, name } => DraftWorkerState::Model(
+            DraftSource::Model {
+                model,
+                vocab,
+                translation,
+                name,
+            } => DraftWorkerState::Model(
                 ModelDrafter::with_slots(model, name, max_seqs)
                     .with_prefix_cache(prefix_cache)
-                    .with_draft_vocab(vocab),
+                    .with_draft_vocab(vocab)
+                    .with_translation(translation),
             ),
             DraftSource::Head { head, lookup, .. } => {
                 DraftWorkerState::Head(HeadDrafter::new(head, target, max_seqs).with_lookup(lookup))
@@ -338,13 +346,19 @@ fn measure_draft_costs(
     len: usize,
     tries: usize,
 ) -> Result<DraftTiming, String> {
-    // Token ids inside the draft model's vocabulary (a tiny test model may have 16).
-    let vocab = match s {
-        DraftWorkerState::Model(d) => d.model().hparams().vocab_size.clamp(1, 256) as u32,
-        DraftWorkerState::Head(d) => d.target().hparams().vocab_size.clamp(1, 256) as u32,
-        DraftWorkerState::Lookup(..) => 256,
+    // Token ids the drafter proposes (a tiny test model may have 16; a drafter of another
+    // vocabulary, the shared ones), so the context is as long in its own tokens.
+    let ids: Vec<u32> = match s {
+        DraftWorkerState::Model(d) => match d.translation() {
+            Some(t) => t.columns().target_ids().iter().take(256).copied().collect(),
+            None => (0..d.model().hparams().vocab_size.clamp(1, 256) as u32).collect(),
+        },
+        DraftWorkerState::Head(d) => (0..d.target().hparams().vocab_size.clamp(1, 256) as u32).collect(),
+        DraftWorkerState::Lookup(..) => (0..256).collect(),
     };
-    let context: Vec<u32> = (0..len as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let context: Vec<u32> = (0..len)
+        .map(|i| ids[(i * 7919 + 13) % ids.len().max(1)])
+        .collect();
     let params = SamplingParams::greedy();
     let mut rng = SeededRng::new(0);
     let mut best = DraftTiming::default();
@@ -361,7 +375,8 @@ fn measure_draft_costs(
     match s {
         DraftWorkerState::Model(drafter) => {
             let mut d = ModelDrafter::new(drafter.model(), "calibration")
-                .with_draft_vocab(drafter.draft_vocab());
+                .with_draft_vocab(drafter.draft_vocab())
+                .with_translation(drafter.translation());
             for _ in 0..tries {
                 for keep in [0, context.len() - 1] {
                     d.keep_seq(0, keep).map_err(|e| e.to_string())?;

@@ -36,5 +36,5 @@ pub use runs::{complete_together, one_at_a_time, plain_output, runtime, speculat
 #[allow(unused_imports)]
 pub use tiny_model::{
     load_tiny, load_tiny_on, random_eagle3_head, write_tiny_blend, write_tiny_llama,
-    write_tiny_tokenizer, TinySpec,
+    write_tiny_tokenizer, write_tiny_tokenizer_swapped, TinySpec,
 };

@@ -101,11 +101,14 @@ fn random(rng: &mut SeededRng, shape: &[usize], scale: f32) -> Tensor {
 }
 
 /// A byte-level BPE tokenizer.json with no merges: 256 byte tokens, then `<s>` and `</s>`, then
-/// padding tokens up to `vocab`.
-fn tiny_tokenizer_json(vocab: usize) -> String {
+/// padding tokens up to `vocab`; each pair of `swaps` trades its two byte tokens' ids.
+fn tiny_tokenizer_json(vocab: usize, swaps: &[(usize, usize)]) -> String {
     let alphabet = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet();
     let mut chars: Vec<char> = alphabet.into_iter().collect();
     chars.sort();
+    for &(a, b) in swaps {
+        chars.swap(a, b);
+    }
     let mut v = serde_json::Map::new();
     for (i, c) in chars.iter().enumerate() {
         v.insert(c.to_string(), (i as u32).into());
@@ -140,7 +143,13 @@ fn tiny_tokenizer_json(vocab: usize) -> String {
 
 /// Writes the tiny byte-level tokenizer (`vocab` ids) into a model folder.
 pub fn write_tiny_tokenizer(dir: &Path, vocab: usize) {
-    std::fs::write(dir.join("tokenizer.json"), tiny_tokenizer_json(vocab)).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tiny_tokenizer_json(vocab, &[])).unwrap();
+}
+
+/// Writes a tiny tokenizer of another vocabulary: the byte tokens of each pair of `swaps`
+/// trade ids, so a model whose rows stop between them has tokens the other lacks.
+pub fn write_tiny_tokenizer_swapped(dir: &Path, vocab: usize, swaps: &[(usize, usize)]) {
+    std::fs::write(dir.join("tokenizer.json"), tiny_tokenizer_json(vocab, swaps)).unwrap();
 }
 
 /// Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json to `dir`.
@@ -229,7 +238,7 @@ pub fn write_tiny_llama(dir: &Path, spec: &TinySpec) {
         );
     }
     candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), tiny_tokenizer_json(spec.vocab)).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tiny_tokenizer_json(spec.vocab, &[])).unwrap();
     std::fs::write(
         dir.join("tokenizer_config.json"),
         serde_json::json!({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": true})

@@ -42,6 +42,34 @@ impl VocabMap {
         })
     }
 
+    /// A map from known pairs `(drafter id, target id)` of vocabularies of `draft` and
+    /// `target` tokens (tiny vocabularies in tests, where texts are beside the point).
+    pub fn from_pairs(draft: usize, target: usize, pairs: &[(u32, u32)]) -> Self {
+        let mut to_target = vec![None; draft];
+        let mut to_draft = vec![None; target];
+        for &(d, t) in pairs {
+            to_target[d as usize] = Some(t);
+            to_draft[t as usize] = Some(d);
+        }
+        Self {
+            to_target,
+            to_draft,
+        }
+    }
+
+    /// The shared tokens as `(drafter id, target id)`, in drafter id order.
+    pub fn pairs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.to_target
+            .iter()
+            .enumerate()
+            .filter_map(|(d, t)| t.map(|t| (d as u32, t)))
+    }
+
+    /// The target's vocabulary size.
+    pub fn target_vocab(&self) -> usize {
+        self.to_draft.len()
+    }
+
     /// How many tokens the two vocabularies share.
     pub fn shared(&self) -> usize {
         self.to_target.iter().flatten().count()
