@@ -141,6 +141,15 @@ impl Translation {
         self.map.draft_of(target_id)
     }
 
+    /// The drafter's tokens for the target's `ids`, as a drafting sequence reads them.
+    pub fn translate(&self, ids: &[u32]) -> Result<Vec<u32>, TokenizerError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for &id in ids {
+            out.extend(self.pieces(id)?);
+        }
+        Ok(out)
+    }
+
     /// The drafter's tokens for target token `id`: its own id of the same text, else its
     /// tokenization of the token's bytes (byte by byte where they are not UTF-8 alone); the
     /// target's BOS is the drafter's where it uses one, else nothing.

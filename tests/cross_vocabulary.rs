@@ -1,0 +1,186 @@
+//! A draft model of another vocabulary (token-level intersection) on real models: SmolLM2-135M
+//! (49,152 tokens, byte-level BPE) drafting for Gemma-3-270M (262,144, SentencePiece). The
+//! translation keeps the text; greedy speculative output equals plain decoding token for token
+//! in the single-request loop, in the engine four at once, and through `tandem generate`; a
+//! pair that shares too little is refused at start-up with both models named. (Sampled
+//! exactness is proven by enumeration in `draft::translation` and by the engine's chi-square
+//! arm in `tests/sampled_distribution.rs`.)
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{complete_together, engine_request, fixed_gamma, greedy_request, plain_output};
+use tandem::draft::{ModelDrafter, Proposer, Translation};
+use tandem::engine::{DraftSource, Engine, EngineConfig};
+use tandem::model::load::loader::LoadOptions;
+use tandem::model::{LoadedModel, ModelSource, WeightsDtype};
+
+fn gemma_path() -> PathBuf {
+    let p = tandem::model::load::loader::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
+    assert!(
+        p.is_file(),
+        "Gemma-3-270M is missing at {}: run scripts/fetch-gemma",
+        p.display()
+    );
+    p
+}
+
+fn gemma() -> LoadedModel {
+    let opts = LoadOptions {
+        context_len: 1024,
+        ..Default::default()
+    };
+    LoadedModel::load(&ModelSource::Gguf(gemma_path()), &opts).expect("Gemma 3 loads")
+}
+
+fn translation(draft: &LoadedModel, target: &LoadedModel) -> Arc<Translation> {
+    Arc::new(
+        Translation::between(
+            Arc::clone(&draft.tokenizer),
+            draft.model.hparams().vocab_size,
+            Arc::clone(&target.tokenizer),
+            target.model.hparams().vocab_size,
+        )
+        .unwrap(),
+    )
+}
+
+/// Texts written for this test (never the benchmark's prompts).
+const TEXTS: [&str; 4] = [
+    "The printing press changed Europe because",
+    "Here is a short Python function that reverses a string:\n\ndef reverse(s):",
+    "Q: What is the capital of France?\nA: The capital of France is",
+    "Once upon a time, in a village by the sea, there lived an old fisherman who",
+];
+
+#[test]
+fn the_translation_keeps_the_text_and_covers_most_of_it() {
+    let target = gemma();
+    let draft = common::load_default(WeightsDtype::Auto);
+    let t = translation(&draft, &target);
+    assert_eq!(t.shared(), 46_145);
+    let coverage = t.sample_coverage().unwrap();
+    assert!(coverage > 0.9, "{coverage}");
+    for text in TEXTS {
+        let ids = target.tokenizer.encode(text, false).unwrap();
+        let own = t.translate(&ids).unwrap();
+        assert_eq!(draft.tokenizer.decode(&own).unwrap(), text);
+        // Token by token: a prefix's translation is a prefix of the whole's.
+        let half = t.translate(&ids[..ids.len() / 2]).unwrap();
+        assert_eq!(half, own[..half.len()]);
+    }
+}
+
+#[test]
+fn greedy_speculation_across_vocabularies_equals_plain_decoding() {
+    let target = gemma();
+    let draft = common::load_default(WeightsDtype::Auto);
+    let t = translation(&draft, &target);
+    let eos = target.tokenizer.eos_ids();
+    let prompt = |text: &str| target.tokenizer.encode(text, true).unwrap();
+    // The single-request loop, γ 1, 3 and 5.
+    let req = greedy_request(prompt(TEXTS[0]), 40, eos);
+    let (accepted, rejected) = common::speculation_equals_plain(
+        &target.model,
+        &mut || {
+            vec![Box::new(
+                ModelDrafter::new(&draft.model, "SmolLM2").with_translation(Some(Arc::clone(&t))),
+            ) as Box<dyn Proposer + '_>]
+        },
+        &req,
+        &[1, 3, 5],
+    );
+    assert!(
+        accepted > 0 && rejected > 0,
+        "{accepted} accepted, {rejected} rejected"
+    );
+    // The engine, four at once (one batched draft step for all, each translated apart).
+    let target_model = Arc::new(target.model);
+    let source = DraftSource::Model {
+        model: Arc::new(draft.model),
+        vocab: None,
+        translation: Some(t),
+        name: "SmolLM2".into(),
+    };
+    let cfg = EngineConfig {
+        max_seqs: 4,
+        ..Default::default()
+    };
+    let rt = common::runtime();
+    let engine = rt
+        .block_on(Engine::start(Arc::clone(&target_model), Some(source), cfg))
+        .unwrap();
+    let reqs: Vec<_> = TEXTS
+        .iter()
+        .map(|text| greedy_request(prompt(text), 32, eos))
+        .collect();
+    let done = complete_together(
+        &rt,
+        &engine,
+        reqs.iter()
+            .map(|r| engine_request(r.clone(), fixed_gamma(3)))
+            .collect(),
+    );
+    let mut accepted = 0;
+    for (req, c) in reqs.iter().zip(&done) {
+        assert_eq!(c.tokens, plain_output(&target_model, req).tokens);
+        accepted += c.usage.speculative.accepted_tokens;
+    }
+    assert!(accepted > 0, "the drafter's tokens were accepted");
+}
+
+/// `tandem generate --draft-model default` on Gemma: the setup finds the vocabularies differ,
+/// drafts over the shared tokens, and the output is plain decoding's.
+#[test]
+fn generate_drafts_for_gemma_with_the_default_model() {
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/chat-templates/gemma3.jinja"
+    );
+    let out = common::tandem_command()
+        .args(["generate", "--model"])
+        .arg(gemma_path())
+        .args(["--chat-template", template, "--draft-model", "default"])
+        .args(["--prompt", "Write two sentences about rivers.", "--max-tokens", "24"])
+        .args(["--compare", "--compare-runs", "1", "--quiet"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("46145 shared tokens"), "{stderr}");
+    assert!(stderr.contains("outputs identical"), "{stderr}");
+}
+
+/// A drafter that can propose only six characters of a byte-level target's text shares too
+/// little to pay: refused at start-up, saying how much it shares.
+#[test]
+fn a_pair_sharing_too_little_is_refused() {
+    let (t, d) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = |vocab| common::TinySpec {
+        vocab,
+        hidden: 32,
+        intermediate: 64,
+        layers: 1,
+        heads: 2,
+        kv_heads: 1,
+        tied: false,
+        seed: 3,
+    };
+    common::write_tiny_llama(t.path(), &spec(300));
+    common::write_tiny_llama(d.path(), &spec(6));
+    let text = format!(
+        "[model]\npath = {:?}\n[speculation]\ndraft_model = {:?}\n",
+        t.path().display().to_string(),
+        d.path().display().to_string()
+    );
+    let config = tandem::config::Config::from_toml(&text).unwrap();
+    let target = common::load_tiny(t.path(), WeightsDtype::F32);
+    let spec = config.speculation.draft_model.clone();
+    let refused = tandem::setup::load_drafter(&spec, WeightsDtype::F32, &config, &target);
+    let e = refused.err().expect("refused").to_string();
+    assert!(e.contains("different vocabularies"), "{e}");
+    assert!(e.contains("they share 6 tokens"), "{e}");
+    assert!(e.contains("at least 50%"), "{e}");
+}
