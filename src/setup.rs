@@ -84,6 +84,8 @@ pub enum LoadedDrafter {
         vocab: Option<Arc<DraftVocab>>,
         /// How it drafts for a target of another vocabulary (`None`: the same one).
         translation: Option<Arc<Translation>>,
+        /// Prompt lookup drafting first (`draft+lookup`).
+        lookup: Option<PromptLookup>,
         name: String,
     },
     /// A draft head for the target, its display name (`head:FOLDER (vocab K)`) and the prompt
@@ -127,6 +129,14 @@ pub fn load_drafter(
             (target.source.clone(), Some(*k))
         }
         DraftSpec::Model(path) => (ModelSource::resolve(path)?, None),
+        DraftSpec::LookupThen(model) => {
+            let mut d = load_drafter(model, dtype, config, target)?;
+            if let LoadedDrafter::Model { lookup, name, .. } = &mut d {
+                *lookup = Some(PromptLookup::default());
+                *name = format!("draft+lookup:{name}");
+            }
+            return Ok(d);
+        }
         DraftSpec::Head { path, lookup } => {
             return load_head(path.as_deref(), *lookup, dtype, config, target)
         }
@@ -163,6 +173,7 @@ pub fn load_drafter(
         model: Box::new(draft),
         vocab,
         translation,
+        lookup: None,
         name,
     })
 }
@@ -326,11 +337,13 @@ pub fn load_models(
             model,
             vocab,
             translation,
+            lookup,
             name,
         } => Some(DraftSource::Model {
             model: Arc::new(model.model),
             vocab,
             translation,
+            lookup,
             name,
         }),
         LoadedDrafter::Head { head, name, lookup } => {

@@ -102,6 +102,7 @@ fn greedy_speculation_across_vocabularies_equals_plain_decoding() {
         model: Arc::new(draft.model),
         vocab: None,
         translation: Some(t),
+        lookup: None,
         name: "SmolLM2".into(),
     };
     let cfg = EngineConfig {

@@ -524,6 +524,7 @@ fn a_draft_model_drafts_over_its_reduced_vocabulary() {
         model: Arc::new(draft),
         vocab: Some(vocab),
         translation: None,
+        lookup: None,
         name: "tiny, reduced".into(),
     };
     let engine = engine_with(source, false);

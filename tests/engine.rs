@@ -111,6 +111,7 @@ fn concurrent_greedy_outputs_equal_plain(backend: BackendChoice) {
             model: other,
             vocab: None,
             translation: None,
+            lookup: None,
             name: "tiny-other".into(),
         }),
     ];
@@ -185,6 +186,7 @@ fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
                 model: other,
                 vocab: None,
                 translation: None,
+                lookup: None,
                 name: "tiny-other".into(),
             }),
             EngineConfig::default(),
@@ -473,6 +475,7 @@ fn governor_speculates_only_where_its_prices_say_it_pays() {
             model: Arc::clone(&m),
             vocab: None,
             translation: None,
+            lookup: None,
             name: name.clone(),
         }
     };
@@ -518,6 +521,7 @@ fn start_pipelined(
         model: draft,
         vocab: None,
         translation: None,
+        lookup: None,
         name: name.into(),
     };
     let cfg = EngineConfig {
@@ -604,6 +608,7 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
             model: Arc::clone(&other),
             vocab: None,
             translation: None,
+            lookup: None,
             name: "tiny-other".into(),
         };
         let engine = rt
@@ -731,6 +736,7 @@ fn token_trees_keep_greedy_output_identical() {
             model: blend,
             vocab: None,
             translation: None,
+            lookup: None,
             name: "tiny-blend".into(),
         },
     ];
@@ -835,6 +841,7 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
             model: blend,
             vocab: None,
             translation: None,
+            lookup: None,
             name: "tiny-blend".into(),
         },
         DraftSource::PromptLookup(PromptLookup::default()),

@@ -459,6 +459,7 @@ fn the_engine_drafts_for_every_family_with_a_head_and_a_draft_model() {
                 model: Arc::new(draft.model),
                 vocab: None,
                 translation: None,
+                lookup: None,
                 name: "self:1".into(),
             },
         ];

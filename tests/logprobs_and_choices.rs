@@ -157,6 +157,7 @@ fn drafters(f16: &Arc<Llama>) -> [(&'static str, DraftSource); 2] {
                 model: Arc::clone(f16),
                 vocab: None,
                 translation: None,
+                lookup: None,
                 name: "f16 copy".into(),
             },
         ),

@@ -167,6 +167,7 @@ fn output_is_the_same_bits_with_the_prefix_cache_on_and_off() {
                 model: Arc::clone(&f16),
                 vocab: None,
                 translation: None,
+                lookup: None,
                 name: "f16 copy".into(),
             }),
             fixed,

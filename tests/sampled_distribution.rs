@@ -390,6 +390,7 @@ fn start_engine_across(
         model: Arc::clone(draft),
         vocab: None,
         translation,
+        lookup: None,
         name: "tiny-other".into(),
     };
     let cfg = EngineConfig {

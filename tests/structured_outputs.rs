@@ -116,6 +116,7 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
                 model: blend,
                 vocab: None,
                 translation: None,
+                lookup: None,
                 name: "tiny-blend".into(),
             },
         ),

@@ -18,7 +18,11 @@ pub enum DrafterKind {
     None,
     /// Prompt lookup with these n-gram sizes.
     PromptLookup(PromptLookup),
-    Model,
+    /// A draft model (`--draft-model`); with `lookup`, prompt lookup drafts first and the
+    /// model where the text has no match (`draft+pld`).
+    Model {
+        lookup: Option<PromptLookup>,
+    },
     /// A draft head on the target's features; with `lookup`, prompt lookup with these n-gram
     /// sizes drafts first and the head where the text has no match (`head+pld`).
     Head {
@@ -113,8 +117,9 @@ impl Mode {
     }
 
     /// Parses `plain`, `prompt-lookup` (alias `pld`), `suffix` (prompt lookup across requests),
-    /// `draft` (alias `draft-model`), `head` or `head+pld` (alias `head+lookup`: prompt lookup
-    /// first, the head where the text has no match), each
+    /// `draft` (alias `draft-model`), `draft+pld` (alias `draft+lookup`: prompt lookup first,
+    /// the draft model where the text has no match), `head` or `head+pld` (alias
+    /// `head+lookup`: likewise with the head), each
     /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`,
     /// `:tree=N` (up to N alternative nodes a round, verified with the chain as a token tree),
     /// `:confidence=true|false` (the governor cuts chains by the drafter's confidence),
@@ -130,8 +135,8 @@ impl Mode {
         let name = parts.next().unwrap_or("");
         let drafter = drafter_named(name).ok_or_else(|| {
             bad(format!(
-                "unknown mode `{name}` (plain, prompt-lookup, suffix, draft, head, head+pld, \
-                 forced)"
+                "unknown mode `{name}` (plain, prompt-lookup, suffix, draft, draft+pld, head, \
+                 head+pld, forced)"
             ))
         })?;
         let mut mode = Mode::with_defaults(spec.trim(), drafter, name == "forced");
@@ -243,6 +248,12 @@ impl Mode {
                     lookup: Some(p.with_ngrams_of(sizes)),
                 };
             }
+            DrafterKind::Model { lookup: Some(p) } => {
+                let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
+                self.drafter = DrafterKind::Model {
+                    lookup: Some(p.with_ngrams_of(sizes)),
+                };
+            }
             _ => return Err(bad("ngram is a prompt-lookup setting".into())),
         }
         Ok(())
@@ -255,7 +266,7 @@ impl Mode {
         v: &str,
         bad: &dyn Fn(String) -> BenchError,
     ) -> Result<(), BenchError> {
-        if self.drafter != DrafterKind::Model {
+        if !matches!(self.drafter, DrafterKind::Model { .. }) {
             return Err(bad(format!("{k} is a draft-model setting")));
         }
         let x: f32 = v.parse().map_err(|_| bad(format!("{k} `{v}`")))?;
@@ -280,7 +291,10 @@ fn drafter_named(name: &str) -> Option<DrafterKind> {
         "plain" | "forced" => DrafterKind::None,
         "prompt-lookup" | "pld" => DrafterKind::PromptLookup(PromptLookup::default()),
         "suffix" => DrafterKind::PromptLookup(PromptLookup::default().across_requests()),
-        "draft" | "draft-model" => DrafterKind::Model,
+        "draft" | "draft-model" => DrafterKind::Model { lookup: None },
+        "draft+pld" | "draft+lookup" => DrafterKind::Model {
+            lookup: Some(PromptLookup::default()),
+        },
         "head" => DrafterKind::Head { lookup: None },
         "head+pld" | "head+lookup" => DrafterKind::Head {
             lookup: Some(PromptLookup::default()),
@@ -352,11 +366,11 @@ mod tests {
         );
         assert_ne!(m[1].engine_key(), m[3].engine_key(), "its own engine");
         assert_eq!(m[1].gamma, GammaPolicy::Fixed(Gamma::try_from(2).unwrap()));
-        assert_eq!(m[2].drafter, DrafterKind::Model);
+        assert_eq!(m[2].drafter, DrafterKind::Model { lookup: None });
         assert_eq!(m[2].gamma, GammaPolicy::Adaptive);
         assert!(m[2].pipeline);
         assert_eq!(m[2].lenience.map(Lenience::get), Some(0.5));
-        assert_eq!(m[2].engine_key(), (DrafterKind::Model, true, true));
+        assert_eq!(m[2].engine_key(), (DrafterKind::Model { lookup: None }, true, true));
         // The prefix cache is on unless a mode turns it off, plain included: its own engine.
         let m = parse_modes("plain,plain:prefix_cache=false", 8).unwrap();
         assert_eq!(m.len(), 2);

@@ -74,9 +74,15 @@ async fn start_engines(models: &BenchModels, opts: &BenchOptions) -> Result<Engi
         let draft = match mode.drafter {
             DrafterKind::None => None,
             DrafterKind::PromptLookup(p) => Some(DraftSource::PromptLookup(p)),
-            DrafterKind::Model => Some(models.draft.clone().ok_or_else(|| {
-                BenchError::Options(format!("mode `{}` needs a draft model", mode.label))
-            })?),
+            DrafterKind::Model { lookup } => {
+                let mut model = models.draft.clone().ok_or_else(|| {
+                    BenchError::Options(format!("mode `{}` needs a draft model", mode.label))
+                })?;
+                if let DraftSource::Model { lookup: first, .. } = &mut model {
+                    *first = lookup;
+                }
+                Some(model)
+            }
             DrafterKind::Head { lookup } => {
                 let mut head = models.head.clone().ok_or_else(|| {
                     BenchError::Options(format!("mode `{}` needs a draft head", mode.label))

@@ -47,7 +47,14 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
                 };
                 format!("{kind}, n-grams of {lo}-{hi} tokens")
             }
-            DrafterKind::Model => format!("the draft model {draft_model}"),
+            DrafterKind::Model { lookup: None } => format!("the draft model {draft_model}"),
+            DrafterKind::Model { lookup: Some(p) } => {
+                let (lo, hi) = p.ngrams();
+                format!(
+                    "prompt lookup in the request's own text (n-grams of {lo}-{hi} tokens), and \
+                     where it has no match the draft model {draft_model}"
+                )
+            }
             DrafterKind::Head { lookup: None } => {
                 "a draft head on the target's own hidden states (--head)".into()
             }
@@ -66,7 +73,7 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
             .sum();
         let note = match mode.drafter {
             _ if mode.is_plain() || drafted > 0 => "",
-            DrafterKind::Model | DrafterKind::Head { .. } => {
+            DrafterKind::Model { .. } | DrafterKind::Head { .. } => {
                 " -- never drafted: not forecast to pay (the governor decoded plainly; see \
                  docs/speculation.md)"
             }

@@ -174,7 +174,9 @@ fn sampling_params(args: &BenchArgs) -> Result<SamplingParams, CliError> {
 /// Points the config's drafter at what the modes need, so `load_models` loads only that.
 fn set_draft_config(config: &mut Config, modes: &[bench::Mode], args: &BenchArgs) {
     // Prompt-lookup modes carry their own n-gram sizes; only `draft` modes need a model loaded.
-    let needs_draft_model = modes.iter().any(|m| m.drafter == bench::DrafterKind::Model);
+    let needs_draft_model = modes
+        .iter()
+        .any(|m| matches!(m.drafter, bench::DrafterKind::Model { .. }));
     config.speculation.draft_model = if needs_draft_model {
         args.draft_model.clone()
     } else {

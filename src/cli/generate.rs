@@ -392,11 +392,13 @@ fn proposer(drafter: &LoadedDrafter) -> Option<Box<dyn Proposer + '_>> {
             model,
             vocab,
             translation,
+            lookup,
             ..
         } => Some(Box::new(
             ModelDrafter::new(&model.model, model.source.display_name())
                 .with_draft_vocab(vocab.clone())
-                .with_translation(translation.clone()),
+                .with_translation(translation.clone())
+                .with_lookup(*lookup),
         )),
         // Refused before loading (see `run`).
         LoadedDrafter::Head { .. } => None,

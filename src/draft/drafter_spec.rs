@@ -29,6 +29,9 @@ pub enum DraftSpec {
     /// A draft model: `default` (the default model file), a .gguf file, a Hugging Face folder
     /// or a hub id.
     Model(String),
+    /// `draft+lookup:MODEL`: prompt lookup drafts first, the draft model (a model name or
+    /// `self:K`) where the text has no n-gram match.
+    LookupThen(Box<DraftSpec>),
 }
 
 /// A drafter name that cannot be read; its text is the rule, for the caller to prefix with the
@@ -37,9 +40,11 @@ pub enum DraftSpec {
 pub enum InvalidDraftSpec {
     #[error(
         "must be none, prompt-lookup[:MIN-MAX], suffix[:MIN-MAX], default, self:K, head[:PATH], \
-         head+lookup[:PATH] or a model path"
+         head+lookup[:PATH], draft+lookup:MODEL or a model path"
     )]
     Empty,
+    #[error("`{0}`: want draft+lookup:MODEL, MODEL a model path, `default` or self:K")]
+    LookupThen(String),
     /// Prompt-lookup n-gram sizes out of range (the text is [`PromptLookup::parse_ngrams`]'s).
     #[error("{0}")]
     Ngrams(String),
@@ -90,6 +95,12 @@ impl FromStr for DraftSpec {
                 };
             }
         }
+        if let Some(model) = t.strip_prefix("draft+lookup:") {
+            return match model.parse::<DraftSpec>() {
+                Ok(m @ (Self::Model(_) | Self::SelfLayers(_))) => Ok(Self::LookupThen(Box::new(m))),
+                _ => Err(InvalidDraftSpec::LookupThen(s.to_string())),
+            };
+        }
         if let Some(k) = t.strip_prefix("self:") {
             return match k.trim().parse::<usize>() {
                 Ok(k) if k >= 1 => Ok(Self::SelfLayers(k)),
@@ -123,6 +134,7 @@ impl fmt::Display for DraftSpec {
                 }
             }
             Self::Model(m) => f.write_str(m),
+            Self::LookupThen(m) => write!(f, "draft+lookup:{m}"),
         }
     }
 }
@@ -176,6 +188,22 @@ mod tests {
         assert_eq!(parse("head:"), Err(InvalidDraftSpec::Empty));
         assert_eq!(parse("head+lookup:"), Err(InvalidDraftSpec::Empty));
         assert_eq!(parse("default"), Ok(DraftSpec::Model("default".into())));
+        let first = |m: DraftSpec| Ok(DraftSpec::LookupThen(Box::new(m)));
+        assert_eq!(
+            parse("draft+lookup:default"),
+            first(DraftSpec::Model("default".into()))
+        );
+        assert_eq!(parse("draft+lookup:self:6"), first(DraftSpec::SelfLayers(6)));
+        assert_eq!(
+            parse("draft+lookup:self:6").unwrap().to_string(),
+            "draft+lookup:self:6"
+        );
+        for bad in ["draft+lookup:", "draft+lookup:head", "draft+lookup:prompt-lookup"] {
+            assert!(
+                matches!(parse(bad), Err(InvalidDraftSpec::LookupThen(_))),
+                "{bad}"
+            );
+        }
         assert_eq!(
             parse("models/draft.gguf"),
             Ok(DraftSpec::Model("models/draft.gguf".into()))

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::draw::{draw_draft, DrawLane, DrawScratch};
 use super::stepping::{draft_in_steps, Lane, Stepper};
 use super::translation::{Translation, Translator};
-use super::{DraftError, DraftJob, DraftTiming, Proposal, Proposer};
+use super::{DraftError, DraftJob, DraftTiming, PromptLookup, Proposal, Proposer};
 use crate::model::cache::prefix_index::PrefixIndex;
 use crate::model::{
     BatchLogits, DraftVocab, FeatureTaps, Kept, KvCache, Llama, LogitsRows, ModelError, SeqInput,
@@ -41,6 +41,8 @@ pub struct ModelDrafter<M: Deref<Target = Llama>> {
     pub(super) translator: Option<Translator>,
     /// A row's logits of the shared tokens (a translating drafter's draws).
     shared_row: Vec<f32>,
+    /// Prompt lookup, drafting first where the text has a match (`draft+lookup`).
+    lookup: Option<PromptLookup>,
 }
 
 /// The reduced vocabulary a draft model drafts over: the `k` tokens `ranking` puts first (all
@@ -92,7 +94,15 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             vocab: None,
             translator: None,
             shared_row: Vec::new(),
+            lookup: None,
         }
+    }
+
+    /// Drafts prompt lookup's match first where the text has one (and the round allows it),
+    /// the model elsewhere.
+    pub fn with_lookup(mut self, lookup: Option<PromptLookup>) -> Self {
+        self.lookup = lookup;
+        self
     }
 
     /// Drafts for a target of another vocabulary (`None`: the same one): it reads contexts
@@ -164,6 +174,16 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
         match &self.translator {
             Some(t) => t.translation().target_rows(),
             None => self.model.hparams().vocab_size,
+        }
+    }
+
+    fn drafted_without_steps(&mut self, job: &mut DraftJob) -> bool {
+        match self.lookup.as_ref().filter(|_| job.lookup) {
+            Some(p) => {
+                p.lookup_tree(job.context, job.gamma, job.tree_nodes, job.out);
+                !job.out.tokens.is_empty()
+            }
+            None => false,
         }
     }
 
@@ -290,13 +310,19 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
     }
 
     /// What each cache now holds: its context and the drafts fed back. A lane that failed
-    /// left its cache unknown, so its slot is not kept for a prefix.
+    /// left its cache unknown, so its slot is not kept for a prefix; a job prompt lookup
+    /// drafted left it as it was.
     fn finish(&mut self, jobs: &[DraftJob], lanes: &[Option<Lane<Vec<u32>>>]) {
         for (job, lane) in jobs.iter().zip(lanes) {
-            let own = lane
-                .as_ref()
-                .and_then(|l| Some((l.slot, self.in_own_tokens(job.seq, &l.history).ok()?.to_vec())));
-            match own {
+            let held = match lane {
+                Some(l) => self
+                    .in_own_tokens(job.seq, &l.history)
+                    .ok()
+                    .map(|own| (l.slot, own.to_vec())),
+                None if job.result.is_ok() => continue,
+                None => None,
+            };
+            match held {
                 Some((slot, own)) => {
                     let len = self.cache.len(slot).unwrap_or(0).min(own.len());
                     self.held.insert(job.seq, own[..len].to_vec());

@@ -35,6 +35,9 @@ pub enum DraftSource {
         vocab: Option<Arc<DraftVocab>>,
         /// How it drafts for a target of another vocabulary (`None`: the same one).
         translation: Option<Arc<Translation>>,
+        /// Prompt lookup drafting first, the model where the text has no match
+        /// (`draft+lookup`).
+        lookup: Option<PromptLookup>,
         name: String,
     },
     /// A draft head on the target's own features; with `lookup`, prompt lookup drafts first
@@ -81,12 +84,14 @@ impl Drafter {
                 model,
                 vocab,
                 translation,
+                lookup,
                 name,
             } => DraftWorkerState::Model(
                 ModelDrafter::with_slots(model, name, max_seqs)
                     .with_prefix_cache(prefix_cache)
                     .with_draft_vocab(vocab)
-                    .with_translation(translation),
+                    .with_translation(translation)
+                    .with_lookup(lookup),
             ),
             DraftSource::Head { head, lookup, .. } => {
                 DraftWorkerState::Head(HeadDrafter::new(head, target, max_seqs).with_lookup(lookup))

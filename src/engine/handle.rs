@@ -454,6 +454,9 @@ fn foresight_for(draft: Option<&DraftSource>) -> Option<DraftForesight> {
         Some(DraftSource::PromptLookup(p)) => DraftForesight::new(*p, false),
         Some(DraftSource::Head {
             lookup: Some(p), ..
+        })
+        | Some(DraftSource::Model {
+            lookup: Some(p), ..
         }) => DraftForesight::new(*p, true),
         _ => None,
     }
