@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::draft::{
-    check_same_vocabulary, reduced_vocab, DraftSpec, PromptLookup, Translation, MIN_COVERAGE,
+    check_same_vocabulary, reduced_vocab, DraftSpec, GreedyAcross, PromptLookup, Translation,
+    MIN_COVERAGE,
 };
 use crate::engine::{DraftSource, EngineConfig};
 use crate::model::head::DraftHead;
@@ -148,7 +149,7 @@ pub fn load_drafter(
         ..target_options(config)
     };
     let draft = LoadedModel::load(&source, &opts)?;
-    let translation = translation_for(&draft, &source, target)?;
+    let translation = translation_for(&draft, &source, target, config.speculation.cross_vocabulary)?;
     let (vocab, vocab_note) = match &translation {
         Some(t) => {
             refuse_reduced_vocab_across(config)?;
@@ -185,6 +186,7 @@ fn translation_for(
     draft: &LoadedModel,
     source: &ModelSource,
     target: &LoadedModel,
+    greedy: GreedyAcross,
 ) -> Result<Option<Arc<Translation>>, SetupError> {
     let (draft_name, target_name) = (source.display_name(), target.source.display_name());
     let same = check_same_vocabulary(
@@ -202,7 +204,8 @@ fn translation_for(
         Arc::clone(&target.tokenizer),
         target.model.hparams().vocab_size,
     )
-    .map_err(|e| SetupError::Draft(format!("{differs}, and reading both for shared tokens: {e}")))?;
+    .map_err(|e| SetupError::Draft(format!("{differs}, and reading both for shared tokens: {e}")))?
+    .with_greedy(greedy);
     let coverage = t
         .sample_coverage()
         .map_err(|e| SetupError::Draft(format!("{differs}, and the target's tokenizer: {e}")))?;
@@ -222,6 +225,7 @@ fn translation_for(
         draft_vocab = draft.model.hparams().vocab_size,
         target_vocab = target.model.hparams().vocab_size,
         sample_coverage = format!("{:.1}%", coverage * 100.0),
+        greedy = ?t.greedy(),
         "the vocabularies differ: drafting over the tokens they share (token-level intersection)"
     );
     Ok(Some(Arc::new(t)))

@@ -1,8 +1,10 @@
 //! A draft model of another vocabulary (token-level intersection) on real models: SmolLM2-135M
 //! (49,152 tokens, byte-level BPE) drafting for Gemma-3-270M (262,144, SentencePiece). The
-//! translation keeps the text; greedy speculative output equals plain decoding token for token
-//! in the single-request loop, in the engine four at once, and through `tandem generate`; a
-//! pair that shares too little is refused at start-up with both models named. (Sampled
+//! translation keeps the text, and so does putting the drafter's tokens back in the target's
+//! (string-level drafts); greedy speculative output equals plain decoding token for token, over
+//! the shared tokens (TLI) and string-level (SLEM), in the single-request loop, in the engine
+//! four at once, and through `tandem generate`; a pair that shares too little is refused at
+//! start-up with both models named. (Sampled
 //! exactness is proven by enumeration in `draft::translation` and by the engine's chi-square
 //! arm in `tests/sampled_distribution.rs`.)
 
@@ -12,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::{complete_together, engine_request, fixed_gamma, greedy_request, plain_output};
-use tandem::draft::{ModelDrafter, Proposer, Translation};
+use tandem::draft::{GreedyAcross, ModelDrafter, Proposer, Translation};
 use tandem::engine::{DraftSource, Engine, EngineConfig};
 use tandem::model::load::loader::LoadOptions;
 use tandem::model::{LoadedModel, ModelSource, WeightsDtype};
@@ -73,11 +75,39 @@ fn the_translation_keeps_the_text_and_covers_most_of_it() {
     }
 }
 
+/// String-level drafts: the drafter's tokens of a text, put back in the target's, are the
+/// target's own tokens of it; a draft that ends inside a character is cut before it.
 #[test]
-fn greedy_speculation_across_vocabularies_equals_plain_decoding() {
+fn the_drafters_tokens_of_a_text_become_the_targets() {
     let target = gemma();
     let draft = common::load_default(WeightsDtype::Auto);
     let t = translation(&draft, &target);
+    for text in TEXTS.iter().chain(&["naïve café — 東京"]) {
+        let own = draft.tokenizer.encode(text, false).unwrap();
+        assert_eq!(
+            t.retokenize(&own).unwrap(),
+            target.tokenizer.encode(text, false).unwrap(),
+            "{text}"
+        );
+        for k in 0..own.len() {
+            let ids = t.retokenize(&own[..k]).unwrap();
+            let back = target.tokenizer.decode(&ids).unwrap();
+            assert!(text.starts_with(&back), "{text:?} starts with {back:?}");
+        }
+    }
+}
+
+#[test]
+fn greedy_speculation_across_vocabularies_equals_plain_decoding() {
+    for greedy in [GreedyAcross::TokenLevel, GreedyAcross::StringLevel] {
+        greedy_speculation_equals_plain(greedy);
+    }
+}
+
+fn greedy_speculation_equals_plain(greedy: GreedyAcross) {
+    let target = gemma();
+    let draft = common::load_default(WeightsDtype::Auto);
+    let t = Arc::new((*translation(&draft, &target)).clone().with_greedy(greedy));
     let eos = target.tokenizer.eos_ids();
     let prompt = |text: &str| target.tokenizer.encode(text, true).unwrap();
     // The single-request loop, γ 1, 3 and 5.
@@ -94,7 +124,7 @@ fn greedy_speculation_across_vocabularies_equals_plain_decoding() {
     );
     assert!(
         accepted > 0 && rejected > 0,
-        "{accepted} accepted, {rejected} rejected"
+        "{greedy:?}: {accepted} accepted, {rejected} rejected"
     );
     // The engine, four at once (one batched draft step for all, each translated apart).
     let target_model = Arc::new(target.model);
@@ -126,7 +156,7 @@ fn greedy_speculation_across_vocabularies_equals_plain_decoding() {
     );
     let mut accepted = 0;
     for (req, c) in reqs.iter().zip(&done) {
-        assert_eq!(c.tokens, plain_output(&target_model, req).tokens);
+        assert_eq!(c.tokens, plain_output(&target_model, req).tokens, "{greedy:?}");
         accepted += c.usage.speculative.accepted_tokens;
     }
     assert!(accepted > 0, "the drafter's tokens were accepted");

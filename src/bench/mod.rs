@@ -7,6 +7,7 @@
 //! the output is not a speedup).
 
 pub mod chart;
+mod coverage;
 mod error;
 pub mod mode;
 mod options;
@@ -20,6 +21,7 @@ pub mod tables;
 
 use serde_json::{json, Value};
 
+pub use coverage::render_coverage;
 pub use error::BenchError;
 pub use mode::{parse_modes, DrafterKind, Mode, Structured};
 pub use options::BenchOptions;

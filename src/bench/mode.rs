@@ -4,7 +4,7 @@
 //! Why it exists: every mode runs in the same process on the same prompts, so a mode must say
 //! exactly which engine it needs (drafter and pipelining) and how each request speculates.
 
-use crate::draft::PromptLookup;
+use crate::draft::{GreedyAcross, PromptLookup};
 use crate::engine::{Gamma, GammaPolicy, TreeNodes};
 use crate::sampling::{GateOverride, Lenience};
 
@@ -19,9 +19,11 @@ pub enum DrafterKind {
     /// Prompt lookup with these n-gram sizes.
     PromptLookup(PromptLookup),
     /// A draft model (`--draft-model`); with `lookup`, prompt lookup drafts first and the
-    /// model where the text has no match (`draft+pld`).
+    /// model where the text has no match (`draft+pld`); `greedy`: how one of another
+    /// vocabulary drafts for greedy requests (`None`: as configured).
     Model {
         lookup: Option<PromptLookup>,
+        greedy: Option<GreedyAcross>,
     },
     /// A draft head on the target's features; with `lookup`, prompt lookup with these n-gram
     /// sizes drafts first and the head where the text has no match (`head+pld`).
@@ -220,11 +222,15 @@ impl Mode {
                 self.tree_nodes = Some(n);
             }
             "ngram" => self.set_ngrams(v, bad)?,
+            "cross_vocabulary" => match &mut self.drafter {
+                DrafterKind::Model { greedy, .. } => *greedy = Some(v.parse().map_err(bad)?),
+                _ => return Err(bad("cross_vocabulary is a draft-model setting".into())),
+            },
             "egag" | "egag_beta" | "p_min" => self.set_gate(k, v, bad)?,
             other => {
                 return Err(bad(format!(
                     "unknown setting `{other}` (gamma, lenience, pipeline, tree, confidence, \
-                     ngram, egag, egag_beta, p_min, prefix_cache, structured)"
+                     ngram, cross_vocabulary, egag, egag_beta, p_min, prefix_cache, structured)"
                 )))
             }
         }
@@ -248,10 +254,14 @@ impl Mode {
                     lookup: Some(p.with_ngrams_of(sizes)),
                 };
             }
-            DrafterKind::Model { lookup: Some(p) } => {
+            DrafterKind::Model {
+                lookup: Some(p),
+                greedy,
+            } => {
                 let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
                 self.drafter = DrafterKind::Model {
                     lookup: Some(p.with_ngrams_of(sizes)),
+                    greedy,
                 };
             }
             _ => return Err(bad("ngram is a prompt-lookup setting".into())),
@@ -291,9 +301,13 @@ fn drafter_named(name: &str) -> Option<DrafterKind> {
         "plain" | "forced" => DrafterKind::None,
         "prompt-lookup" | "pld" => DrafterKind::PromptLookup(PromptLookup::default()),
         "suffix" => DrafterKind::PromptLookup(PromptLookup::default().across_requests()),
-        "draft" | "draft-model" => DrafterKind::Model { lookup: None },
+        "draft" | "draft-model" => DrafterKind::Model {
+            lookup: None,
+            greedy: None,
+        },
         "draft+pld" | "draft+lookup" => DrafterKind::Model {
             lookup: Some(PromptLookup::default()),
+            greedy: None,
         },
         "head" => DrafterKind::Head { lookup: None },
         "head+pld" | "head+lookup" => DrafterKind::Head {
@@ -366,11 +380,21 @@ mod tests {
         );
         assert_ne!(m[1].engine_key(), m[3].engine_key(), "its own engine");
         assert_eq!(m[1].gamma, GammaPolicy::Fixed(Gamma::try_from(2).unwrap()));
-        assert_eq!(m[2].drafter, DrafterKind::Model { lookup: None });
+        assert_eq!(m[2].drafter, DrafterKind::Model {
+                lookup: None,
+                greedy: None
+            });
         assert_eq!(m[2].gamma, GammaPolicy::Adaptive);
         assert!(m[2].pipeline);
         assert_eq!(m[2].lenience.map(Lenience::get), Some(0.5));
-        assert_eq!(m[2].engine_key(), (DrafterKind::Model { lookup: None }, true, true));
+        assert_eq!(m[2].engine_key(), (
+                DrafterKind::Model {
+                    lookup: None,
+                    greedy: None
+                },
+                true,
+                true
+            ));
         // The prefix cache is on unless a mode turns it off, plain included: its own engine.
         let m = parse_modes("plain,plain:prefix_cache=false", 8).unwrap();
         assert_eq!(m.len(), 2);

@@ -74,12 +74,20 @@ async fn start_engines(models: &BenchModels, opts: &BenchOptions) -> Result<Engi
         let draft = match mode.drafter {
             DrafterKind::None => None,
             DrafterKind::PromptLookup(p) => Some(DraftSource::PromptLookup(p)),
-            DrafterKind::Model { lookup } => {
+            DrafterKind::Model { lookup, greedy } => {
                 let mut model = models.draft.clone().ok_or_else(|| {
                     BenchError::Options(format!("mode `{}` needs a draft model", mode.label))
                 })?;
-                if let DraftSource::Model { lookup: first, .. } = &mut model {
+                if let DraftSource::Model {
+                    lookup: first,
+                    translation,
+                    ..
+                } = &mut model
+                {
                     *first = lookup;
+                    if let (Some(g), Some(t)) = (greedy, translation.as_mut()) {
+                        *t = Arc::new((**t).clone().with_greedy(g));
+                    }
                 }
                 Some(model)
             }

@@ -47,8 +47,10 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
                 };
                 format!("{kind}, n-grams of {lo}-{hi} tokens")
             }
-            DrafterKind::Model { lookup: None } => format!("the draft model {draft_model}"),
-            DrafterKind::Model { lookup: Some(p) } => {
+            DrafterKind::Model { lookup: None, .. } => format!("the draft model {draft_model}"),
+            DrafterKind::Model {
+                lookup: Some(p), ..
+            } => {
                 let (lo, hi) = p.ngrams();
                 format!(
                     "prompt lookup in the request's own text (n-grams of {lo}-{hi} tokens), and \

@@ -150,6 +150,13 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         args.repeat,
     );
     print_report(&modes, &rows, &run, &args, &draft_name);
+    if let Some(DraftSource::Model {
+        translation: Some(t),
+        ..
+    }) = &models.draft
+    {
+        println!("{}", bench::render_coverage(t, &modes, &run.runs));
+    }
     if let Some(path) = &args.out {
         write_results(path, &args, &model_json, threads, &modes, &rows, &run)?;
     }

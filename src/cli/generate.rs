@@ -76,7 +76,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     json: bool,
     /// Speculative decoding drafter: `none`, `prompt-lookup[:MIN-MAX]`, `suffix[:MIN-MAX]`,
-    /// `self:K`, `default` or a model path.
+    /// `self:K`, `default`, a model path (of the target's vocabulary or another) or
+    /// `draft+lookup:MODEL` (prompt lookup first).
     #[arg(long, env = "TANDEM_DRAFT_MODEL", default_value = "none")]
     draft_model: DraftSpec,
     /// Linear weight type of a draft model (the same file at another type is a self-drafter).

@@ -32,7 +32,9 @@ pub struct ServeArgs {
     model_name: Option<String>,
     /// The drafter: `prompt-lookup[:MIN-MAX]`, `suffix[:MIN-MAX]` (prompt lookup in earlier
     /// requests too), `self:K` (the target's first K layers), `default` (the default model),
-    /// a model path, or `none` [default: speculation.draft_model, prompt-lookup].
+    /// a model path (of the target's vocabulary or another), `head[:PATH]`,
+    /// `head+lookup[:PATH]`, `draft+lookup:MODEL` (prompt lookup first), or `none` [default:
+    /// speculation.draft_model, prompt-lookup].
     #[arg(long, env = "TANDEM_DRAFT_MODEL")]
     draft_model: Option<DraftSpec>,
     /// Weight type of a draft model: as-is, f32, f16, bf16, q8_0, q4_0, q4_1, q4k (the

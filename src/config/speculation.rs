@@ -7,7 +7,7 @@
 //! keys that are not live settings (`draft_model`, `draft_weights_dtype`) are taken out first and
 //! parsed into their own types here, so a bad value fails at load with its key named.
 
-use crate::draft::DraftSpec;
+use crate::draft::{DraftSpec, GreedyAcross};
 use crate::engine::{SettingsError, SpeculationOverride, SpeculationSettings};
 use crate::model::{DeviceSpec, WeightsDtype};
 
@@ -34,6 +34,9 @@ pub struct SpeculationSection {
     /// A draft model's (or `self:K`'s) reduced vocabulary size, for the default model
     /// (`speculation.draft_model_vocab`; 0: the whole one).
     pub draft_model_vocab: usize,
+    /// How a draft model of another vocabulary drafts for greedy requests
+    /// (`speculation.cross_vocabulary`).
+    pub cross_vocabulary: GreedyAcross,
     /// The live settings the engine starts with (`enabled`, `adaptive`, `gamma`, ...).
     pub settings: SpeculationSettings,
 }
@@ -57,6 +60,9 @@ impl SpeculationSection {
                     .map_err(|e| ConfigError::invalid("speculation.draft_device", e))?,
             ),
         };
+        let cross_vocabulary = take_string(&mut table, "cross_vocabulary")?
+            .parse::<GreedyAcross>()
+            .map_err(|e| ConfigError::invalid("speculation.cross_vocabulary", e))?;
         let mut token_count = |key: &str| match table.remove(key) {
             Some(toml::Value::Integer(n)) if n >= 0 => Ok(n as usize),
             Some(other) => Err(ConfigError::invalid(
@@ -79,6 +85,7 @@ impl SpeculationSection {
             draft_device,
             draft_vocab,
             draft_model_vocab,
+            cross_vocabulary,
             settings,
         })
     }

@@ -28,7 +28,7 @@ pub use job::{DraftJob, DraftTiming};
 pub use model::{reduced_vocab, ModelDrafter};
 pub use prompt_lookup::PromptLookup;
 pub use proposal::Proposal;
-pub use translation::{SharedColumns, Translation, MIN_COVERAGE};
+pub use translation::{GreedyAcross, SharedColumns, Translation, MIN_COVERAGE};
 pub use vocabulary::check_same_vocabulary;
 
 use crate::sampling::{SamplingParams, SeededRng};

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::draw::{draw_draft, DrawLane, DrawScratch};
 use super::stepping::{draft_in_steps, Lane, Stepper};
-use super::translation::{Translation, Translator};
+use super::translation::{GreedyAcross, Translation, Translator};
 use super::{DraftError, DraftJob, DraftTiming, PromptLookup, Proposal, Proposer};
 use crate::model::cache::prefix_index::PrefixIndex;
 use crate::model::{
@@ -65,6 +65,14 @@ pub fn reduced_vocab(
 
 /// The sequence id the single-sequence [`Proposer`] interface drafts under.
 const SOLO: u64 = u64::MAX;
+
+/// What a lane feeds the draft model: tokens of its own vocabulary. `own_drafts`: the lane
+/// drafts the model's own best tokens (string-level, for a target of another vocabulary), fed
+/// back as they are rather than mapped from the target's.
+pub(super) struct Feed {
+    tokens: Vec<u32>,
+    own_drafts: bool,
+}
 
 /// A draft step's logits: every sequence's last row over the whole vocabulary, or over the
 /// model's reduced draft vocabulary (rows of `width` values, in batch order).
@@ -137,6 +145,40 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         self
     }
 
+    /// Whether `job` drafts the model's own best tokens and proposes their text in the
+    /// target's tokens (string-level): a translating drafter set to, for a greedy request
+    /// whose drafts nothing else reads (no grammar, tree, gate or confidences).
+    fn drafts_own_tokens(&self, job: &DraftJob) -> bool {
+        self.translator
+            .as_ref()
+            .is_some_and(|t| t.translation().greedy() == GreedyAcross::StringLevel)
+            && job.params.is_greedy()
+            && job.grammar.is_none()
+            && job.tree_nodes == 0
+            && !job.confidence
+            && !job.gate.is_on()
+    }
+
+    /// A string-level lane's end: its drafts (the model's own tokens) become the target's
+    /// tokens of their text, and what its cache holds (its context and those drafts, in its
+    /// own tokens) is returned; `None` (the job failed) where the text cannot be tokenized.
+    fn in_target_tokens(&mut self, job: &mut DraftJob) -> Option<Vec<u32>> {
+        let mut own = self.in_own_tokens(job.seq, job.context).ok()?.to_vec();
+        own.extend_from_slice(&job.out.tokens);
+        let t = self.translator.as_ref().expect("a string-level lane translates");
+        match t.translation().retokenize(&job.out.tokens) {
+            Ok(ids) => {
+                job.out.tokens = ids;
+                Some(own)
+            }
+            Err(e) => {
+                job.out.clear();
+                job.result = Err(e.into());
+                None
+            }
+        }
+    }
+
     /// The reduced vocabulary it drafts over, if any.
     pub fn draft_vocab(&self) -> Option<Arc<DraftVocab>> {
         self.vocab.clone()
@@ -167,7 +209,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
 /// A draft model steps over token feeds; its rows are the whole vocabulary's or, with a
 /// reduced draft vocabulary, projected onto it from the last normed states.
 impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
-    type Feed = Vec<u32>;
+    type Feed = Feed;
     type Step = StepLogits;
 
     fn vocab(&self) -> usize {
@@ -189,7 +231,7 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
 
     /// The lane's feed is in the drafter's tokens, its history (what the draws' penalties
     /// read, and the proposals) in the target's.
-    fn lane(&mut self, job: &DraftJob) -> Result<Lane<Vec<u32>>, DraftError> {
+    fn lane(&mut self, job: &DraftJob) -> Result<Lane<Feed>, DraftError> {
         let own = self.in_own_tokens(job.seq, job.context)?.to_vec();
         let slot = self.slot_for(job.seq, &own)?;
         if self.cache.len(slot)? >= own.len() {
@@ -203,25 +245,24 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
             0 => 0,
             n => job.gamma.min((self.cache.max_len() + 1).saturating_sub(n)),
         };
-        Ok(Lane::new(
-            slot,
-            gamma,
-            own[cached..].to_vec(),
-            job.context.to_vec(),
-        ))
+        let feed = Feed {
+            tokens: own[cached..].to_vec(),
+            own_drafts: self.drafts_own_tokens(job),
+        };
+        Ok(Lane::new(slot, gamma, feed, job.context.to_vec()))
     }
 
-    fn fed_tokens(feed: &Vec<u32>) -> usize {
-        feed.len()
+    fn fed_tokens(feed: &Feed) -> usize {
+        feed.tokens.len()
     }
 
-    fn catch_up(&mut self, lanes: &[&Lane<Vec<u32>>]) -> Result<(), String> {
+    fn catch_up(&mut self, lanes: &[&Lane<Feed>]) -> Result<(), String> {
         let inputs: Vec<SeqInput> = lanes
             .iter()
             .map(|l| SeqInput {
                 slot: l.slot,
                 start_pos: self.cache.len(l.slot).unwrap_or(0),
-                tokens: &l.feed[..l.feed.len() - 1],
+                tokens: &l.feed.tokens[..l.feed.tokens.len() - 1],
                 logits: LogitsRows::None,
                 parents: &[],
             })
@@ -232,17 +273,17 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
             .map_err(|e| e.to_string())
     }
 
-    fn caught_up(&self, feed: &mut Vec<u32>) {
-        feed.drain(..feed.len() - 1);
+    fn caught_up(&self, feed: &mut Feed) {
+        feed.tokens.drain(..feed.tokens.len() - 1);
     }
 
-    fn step(&mut self, lanes: &[&Lane<Vec<u32>>]) -> Result<StepLogits, String> {
+    fn step(&mut self, lanes: &[&Lane<Feed>]) -> Result<StepLogits, String> {
         let inputs: Vec<SeqInput> = lanes
             .iter()
             .map(|l| SeqInput {
                 slot: l.slot,
                 start_pos: self.cache.len(l.slot).unwrap_or(0),
-                tokens: &l.feed,
+                tokens: &l.feed.tokens,
                 // A reduced vocabulary projects the output states itself.
                 // (A translating drafter has none: its rows are gathered whole.)
                 logits: if self.vocab.is_some() {
@@ -281,6 +322,11 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
                     .pop()
                     .expect("asked for the last row");
                 match &self.translator {
+                    Some(t) if self.drafts_own_tokens(job) => {
+                        // The drafter's own best token; a control token ends the draft.
+                        let best = crate::sampling::argmax(&row)?;
+                        Ok((!t.translation().is_draft_control(best)).then_some(best))
+                    }
                     Some(t) => {
                         let columns = t.translation().columns();
                         columns.gather(&row, &mut self.shared_row);
@@ -298,9 +344,10 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
         }
     }
 
-    fn feed_drawn(&self, _step: &StepLogits, _k: usize, feed: &mut Vec<u32>, token: u32) {
-        feed.clear();
-        feed.push(match &self.translator {
+    fn feed_drawn(&self, _step: &StepLogits, _k: usize, feed: &mut Feed, token: u32) {
+        feed.tokens.clear();
+        feed.tokens.push(match &self.translator {
+            Some(_) if feed.own_drafts => token,
             Some(t) => t
                 .translation()
                 .draft_of(token)
@@ -312,9 +359,10 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
     /// What each cache now holds: its context and the drafts fed back. A lane that failed
     /// left its cache unknown, so its slot is not kept for a prefix; a job prompt lookup
     /// drafted left it as it was.
-    fn finish(&mut self, jobs: &[DraftJob], lanes: &[Option<Lane<Vec<u32>>>]) {
-        for (job, lane) in jobs.iter().zip(lanes) {
+    fn finish(&mut self, jobs: &mut [DraftJob], lanes: &[Option<Lane<Feed>>]) {
+        for (job, lane) in jobs.iter_mut().zip(lanes) {
             let held = match lane {
+                Some(l) if l.feed.own_drafts => self.in_target_tokens(job).map(|own| (l.slot, own)),
                 Some(l) => self
                     .in_own_tokens(job.seq, &l.history)
                     .ok()

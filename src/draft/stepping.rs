@@ -87,8 +87,9 @@ pub(super) trait Stepper {
     /// Makes `token`, just drawn for the `k`th lane of `step`, the lane's next feed.
     fn feed_drawn(&self, step: &Self::Step, k: usize, feed: &mut Self::Feed, token: u32);
 
-    /// After the batch, with each job's lane (`None`: it failed or drafted without steps).
-    fn finish(&mut self, _jobs: &[DraftJob], _lanes: &[Option<Lane<Self::Feed>>]) {}
+    /// After the batch, with each job's lane (`None`: it failed or drafted without steps); it
+    /// may still rewrite a job's proposal (a string-level draft is put in the target's tokens).
+    fn finish(&mut self, _jobs: &mut [DraftJob], _lanes: &[Option<Lane<Self::Feed>>]) {}
 }
 
 /// Drafts for every job at once; each job's outcome lands in its `result`. A failure of a

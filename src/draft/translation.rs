@@ -27,6 +27,31 @@ const COVERAGE_SAMPLE: &str = include_str!("coverage_sample.txt");
 /// `c` (1 at one half), less than a drafter's steps cost.
 pub const MIN_COVERAGE: f64 = 0.5;
 
+/// How a drafter of another vocabulary drafts for a greedy request
+/// (`speculation.cross_vocabulary`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GreedyAcross {
+    /// Token-level intersection: the best shared token, as for sampled requests (`tli`).
+    #[default]
+    TokenLevel,
+    /// String-level exact match: the drafter's own best tokens, their text then put in the
+    /// target's tokens (`slem`): a word the target holds whole but the drafter only in pieces
+    /// can be drafted. Greedy verification keeps the output exactly plain decoding's.
+    StringLevel,
+}
+
+impl std::str::FromStr for GreedyAcross {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "tli" => Ok(Self::TokenLevel),
+            "slem" => Ok(Self::StringLevel),
+            other => Err(format!("must be tli or slem, got `{other}`")),
+        }
+    }
+}
+
 /// The shared tokens as columns: a drafter row's logits at `draft_ids`, read as the logits of
 /// `target_ids` (the same texts).
 #[derive(Clone, Debug)]
@@ -63,6 +88,7 @@ impl SharedColumns {
 
 /// What a drafter of another vocabulary needs: the shared columns, the map both ways, and
 /// both tokenizers for the target tokens it does not share.
+#[derive(Clone)]
 pub struct Translation {
     map: VocabMap,
     columns: SharedColumns,
@@ -72,6 +98,7 @@ pub struct Translation {
     byte_ids: Vec<Option<u32>>,
     draft_rows: usize,
     target_rows: usize,
+    greedy: GreedyAcross,
 }
 
 impl Translation {
@@ -109,7 +136,39 @@ impl Translation {
             byte_ids,
             draft_rows,
             target_rows,
+            greedy: GreedyAcross::default(),
         })
+    }
+
+    /// Drafts for greedy requests as `greedy` says.
+    pub fn with_greedy(mut self, greedy: GreedyAcross) -> Self {
+        self.greedy = greedy;
+        self
+    }
+
+    pub fn greedy(&self) -> GreedyAcross {
+        self.greedy
+    }
+
+    /// Whether drafter token `id` is a control token (a string-level draft ends before it).
+    pub fn is_draft_control(&self, id: u32) -> bool {
+        self.draft.is_special(id)
+    }
+
+    /// The target's tokens for the text of the drafter's `ids` (string-level drafts): their
+    /// bytes, cut before a UTF-8 character they end inside, tokenized by the target.
+    pub fn retokenize(&self, ids: &[u32]) -> Result<Vec<u32>, TokenizerError> {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            bytes.extend(self.draft.token_bytes(id)?);
+        }
+        let text = match std::str::from_utf8(&bytes) {
+            Ok(text) => text,
+            Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).expect("valid up to there"),
+        };
+        let mut out = self.target.encode(text, false)?;
+        out.retain(|&t| (t as usize) < self.target_rows);
+        Ok(out)
     }
 
     /// How many tokens the drafter can propose.

@@ -187,18 +187,23 @@ fn could_save(
 }
 
 /// The best tokens per plain step's time a lone sequence could expect from drafts that stand
-/// at rate `alpha`, over γ in `1..=gamma_max`: the drafts' own steps priced when `drafted`
-/// (a model's or a head's), free when not (prompt lookup's scan). `None` until the costs are
-/// measured. It compares kinds of draft a round could make: a head's guesses against a short
-/// match's copy, which costs no draft step.
-pub fn solo_rate(alpha: f64, gamma_max: usize, drafted: bool, costs: &CostModel) -> Option<f64> {
+/// at rate `alpha`, over γ in `1..=gamma_max`: the drafts' own steps priced, and the seconds
+/// of catch-up the drafter first needs, when `drafted` is `Some(catch-up)` (a model's or a
+/// head's drafts), free when `None` (prompt lookup's scan). `None` until the costs are
+/// measured. It compares kinds of draft a round could make: a model's or a head's guesses
+/// against a short match's copy, which costs no draft step and leaves the model behind.
+pub fn solo_rate(
+    alpha: f64,
+    gamma_max: usize,
+    drafted: Option<f64>,
+    costs: &CostModel,
+) -> Option<f64> {
     let plain = costs.verify_seconds(1)?;
     let mut best = None::<f64>;
     for g in 1..=gamma_max.max(1) {
-        let draft = if drafted {
-            costs.draft_seconds(g, 1)?
-        } else {
-            0.0
+        let draft = match drafted {
+            Some(catch_up) => costs.draft_seconds(g, 1)? + catch_up,
+            None => 0.0,
         };
         let rate = expected_tokens(alpha, g) * plain / (costs.verify_seconds(g + 1)? + draft);
         best = Some(best.map_or(rate, |b| b.max(rate)));

@@ -71,11 +71,16 @@ impl Scheduler {
             .map(|&i| match &self.cfg.foresight {
                 Some(f) => {
                     let s = &self.active[i];
-                    // A kind's worth: its solo rate (kind 0 pays its draft steps; a match's
-                    // copy does not), or its acceptance until the costs are measured.
+                    // A kind's worth: its solo rate (kind 0 pays its draft steps, and the
+                    // catch-up on text its drafter has not seen, such as a long prompt; a
+                    // match's copy pays neither), or its acceptance until the costs are
+                    // measured.
+                    let lag = s.context.len().saturating_sub(s.drafter_seen + 2);
+                    let catch_up = self.costs.catch_up_seconds(lag);
                     f.next(&s.context, |k| {
                         let alpha = s.governor.alpha_of(Some(k));
-                        solo_rate(alpha, gamma_max, k == 0, &self.costs).unwrap_or(alpha)
+                        let drafted = (k == 0).then_some(catch_up);
+                        solo_rate(alpha, gamma_max, drafted, &self.costs).unwrap_or(alpha)
                     })
                 }
                 None => NextDraft::Unknown,

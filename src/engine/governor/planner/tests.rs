@@ -288,8 +288,8 @@ fn prices_that_forbid_drafting_are_measured_again_after_a_while() {
 fn a_kind_of_draft_is_worth_its_tokens_over_its_costs() {
     // A draft step costs a fifth of a step; verifying 2-9 tokens 1.05x-1.8x.
     let c = costs(0.2, &[1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]);
-    let free = |alpha| solo_rate(alpha, 8, false, &c).unwrap();
-    let stepped = |alpha| solo_rate(alpha, 8, true, &c).unwrap();
+    let free = |alpha| solo_rate(alpha, 8, None, &c).unwrap();
+    let stepped = |alpha| solo_rate(alpha, 8, Some(0.0), &c).unwrap();
     // The best γ's tokens per step: at 50% and no draft cost, γ = 2 gives 1.75 for 1.1.
     assert!((free(0.5) - 1.75 / 1.1).abs() < 1e-9, "{}", free(0.5));
     // The same acceptance with draft steps to pay is worth less; a little more acceptance
@@ -299,5 +299,11 @@ fn a_kind_of_draft_is_worth_its_tokens_over_its_costs() {
     assert!(stepped(0.8) > free(0.5));
     // Never below a plain step's worth at γ = 1 for free drafts: a draft costs nothing.
     assert!(free(0.0) > 0.9);
-    assert!(solo_rate(0.5, 8, true, &CostModel::new(9)).is_none());
+    assert!(solo_rate(0.5, 8, Some(0.0), &CostModel::new(9)).is_none());
+    // A drafter that must first catch up on the text a match's copies wrote (a draft model
+    // after prompt lookup's rounds) is worth less by that catch-up: at three steps' worth of
+    // it, a match accepted half the time is worth more than drafts that nearly always stand.
+    let behind = |alpha| solo_rate(alpha, 8, Some(3.0), &c).unwrap();
+    assert!(behind(0.8) < stepped(0.8));
+    assert!(behind(0.95) < free(0.5));
 }
