@@ -149,7 +149,8 @@ pub fn load_drafter(
         ..target_options(config)
     };
     let draft = LoadedModel::load(&source, &opts)?;
-    let translation = translation_for(&draft, &source, target, config.speculation.cross_vocabulary)?;
+    let translation =
+        translation_for(&draft, &source, target, config.speculation.cross_vocabulary)?;
     let (vocab, vocab_note) = match &translation {
         Some(t) => {
             refuse_reduced_vocab_across(config)?;
@@ -204,7 +205,11 @@ fn translation_for(
         Arc::clone(&target.tokenizer),
         target.model.hparams().vocab_size,
     )
-    .map_err(|e| SetupError::Draft(format!("{differs}, and reading both for shared tokens: {e}")))?
+    .map_err(|e| {
+        SetupError::Draft(format!(
+            "{differs}, and reading both for shared tokens: {e}"
+        ))
+    })?
     .with_greedy(greedy);
     let coverage = t
         .sample_coverage()

@@ -156,7 +156,11 @@ fn greedy_speculation_equals_plain(greedy: GreedyAcross) {
     );
     let mut accepted = 0;
     for (req, c) in reqs.iter().zip(&done) {
-        assert_eq!(c.tokens, plain_output(&target_model, req).tokens, "{greedy:?}");
+        assert_eq!(
+            c.tokens,
+            plain_output(&target_model, req).tokens,
+            "{greedy:?}"
+        );
         accepted += c.usage.speculative.accepted_tokens;
     }
     assert!(accepted > 0, "the drafter's tokens were accepted");
@@ -174,7 +178,12 @@ fn generate_drafts_for_gemma_with_the_default_model() {
         .args(["generate", "--model"])
         .arg(gemma_path())
         .args(["--chat-template", template, "--draft-model", "default"])
-        .args(["--prompt", "Write two sentences about rivers.", "--max-tokens", "24"])
+        .args([
+            "--prompt",
+            "Write two sentences about rivers.",
+            "--max-tokens",
+            "24",
+        ])
         .args(["--compare", "--compare-runs", "1", "--quiet"])
         .output()
         .unwrap();

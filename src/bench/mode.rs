@@ -342,6 +342,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn draft_modes_take_how_another_vocabulary_drafts() {
+        let m = Mode::parse("draft+pld:cross_vocabulary=tli:ngram=2-3", 8).unwrap();
+        assert_eq!(
+            m.drafter,
+            DrafterKind::Model {
+                lookup: Some(PromptLookup::new(2, 3)),
+                greedy: Some(GreedyAcross::TokenLevel)
+            }
+        );
+        assert!(Mode::parse("draft:cross_vocabulary=both", 8).is_err());
+        assert!(Mode::parse("pld:cross_vocabulary=slem", 8).is_err());
+    }
+
+    #[test]
     fn draft_modes_take_the_confidence_gate() {
         let m = Mode::parse("pld:tree=3:confidence=true", 8).unwrap();
         assert_eq!(m.tree_nodes.map(TreeNodes::get), Some(3));
@@ -380,21 +394,27 @@ mod tests {
         );
         assert_ne!(m[1].engine_key(), m[3].engine_key(), "its own engine");
         assert_eq!(m[1].gamma, GammaPolicy::Fixed(Gamma::try_from(2).unwrap()));
-        assert_eq!(m[2].drafter, DrafterKind::Model {
+        assert_eq!(
+            m[2].drafter,
+            DrafterKind::Model {
                 lookup: None,
                 greedy: None
-            });
+            }
+        );
         assert_eq!(m[2].gamma, GammaPolicy::Adaptive);
         assert!(m[2].pipeline);
         assert_eq!(m[2].lenience.map(Lenience::get), Some(0.5));
-        assert_eq!(m[2].engine_key(), (
+        assert_eq!(
+            m[2].engine_key(),
+            (
                 DrafterKind::Model {
                     lookup: None,
                     greedy: None
                 },
                 true,
                 true
-            ));
+            )
+        );
         // The prefix cache is on unless a mode turns it off, plain included: its own engine.
         let m = parse_modes("plain,plain:prefix_cache=false", 8).unwrap();
         assert_eq!(m.len(), 2);

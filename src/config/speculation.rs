@@ -116,7 +116,7 @@ fn take_string(table: &mut toml::Table, key: &'static str) -> Result<String, Con
 #[cfg(test)]
 mod tests {
     use crate::config::Config;
-    use crate::draft::{DraftSpec, PromptLookup};
+    use crate::draft::{DraftSpec, GreedyAcross, PromptLookup};
     use crate::model::WeightsDtype;
 
     #[test]
@@ -227,5 +227,19 @@ mod tests {
         );
         let c = Config::from_toml("[speculation]\ndraft_weights_dtype = \"q8_0\"").unwrap();
         assert_eq!(c.speculation.draft_weights_dtype, WeightsDtype::Q8_0);
+    }
+
+    #[test]
+    fn how_a_drafter_of_another_vocabulary_drafts_greedily_is_read() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.speculation.cross_vocabulary, GreedyAcross::StringLevel);
+        let c = Config::from_toml("[speculation]\ncross_vocabulary = \"tli\"").unwrap();
+        assert_eq!(c.speculation.cross_vocabulary, GreedyAcross::TokenLevel);
+        let e = Config::from_toml("[speculation]\ncross_vocabulary = \"both\"").unwrap_err();
+        assert!(
+            e.to_string().contains("speculation.cross_vocabulary")
+                && e.to_string().contains("slem"),
+            "{e}"
+        );
     }
 }

@@ -193,12 +193,19 @@ mod tests {
             parse("draft+lookup:default"),
             first(DraftSpec::Model("default".into()))
         );
-        assert_eq!(parse("draft+lookup:self:6"), first(DraftSpec::SelfLayers(6)));
+        assert_eq!(
+            parse("draft+lookup:self:6"),
+            first(DraftSpec::SelfLayers(6))
+        );
         assert_eq!(
             parse("draft+lookup:self:6").unwrap().to_string(),
             "draft+lookup:self:6"
         );
-        for bad in ["draft+lookup:", "draft+lookup:head", "draft+lookup:prompt-lookup"] {
+        for bad in [
+            "draft+lookup:",
+            "draft+lookup:head",
+            "draft+lookup:prompt-lookup",
+        ] {
             assert!(
                 matches!(parse(bad), Err(InvalidDraftSpec::LookupThen(_))),
                 "{bad}"

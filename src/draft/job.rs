@@ -51,3 +51,20 @@ pub struct DraftTiming {
     pub catch_up_tokens: usize,
     pub catch_up_seconds: f64,
 }
+
+impl DraftTiming {
+    /// Most catch-up tokens a round takes in as part of its drafting rather than as a lag
+    /// caught up: a drafter of another vocabulary reads a target token it does not share as
+    /// several of its own, so a catch-up of a few tokens can come with every round.
+    pub const ROUTINE_CATCH_UP: usize = 8;
+
+    /// The catch-up seconds that belong to this round's drafting: a catch-up of at most
+    /// [`Self::ROUTINE_CATCH_UP`] tokens (0 for a longer one, priced as a catch-up).
+    pub fn routine_catch_up_seconds(&self) -> f64 {
+        if self.catch_up_tokens <= Self::ROUTINE_CATCH_UP {
+            self.catch_up_seconds
+        } else {
+            0.0
+        }
+    }
+}

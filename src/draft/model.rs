@@ -122,7 +122,9 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
 
     /// The translation it drafts through, if the target's vocabulary is another.
     pub fn translation(&self) -> Option<Arc<Translation>> {
-        self.translator.as_ref().map(|t| Arc::clone(t.translation()))
+        self.translator
+            .as_ref()
+            .map(|t| Arc::clone(t.translation()))
     }
 
     /// `context` (target ids) as `seq`'s cache holds it: in the drafter's tokens when it
@@ -165,7 +167,10 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
     fn in_target_tokens(&mut self, job: &mut DraftJob) -> Option<Vec<u32>> {
         let mut own = self.in_own_tokens(job.seq, job.context).ok()?.to_vec();
         own.extend_from_slice(&job.out.tokens);
-        let t = self.translator.as_ref().expect("a string-level lane translates");
+        let t = self
+            .translator
+            .as_ref()
+            .expect("a string-level lane translates");
         match t.translation().retokenize(&job.out.tokens) {
             Ok(ids) => {
                 job.out.tokens = ids;
@@ -317,10 +322,7 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
     ) -> Result<Option<u32>, DraftError> {
         match step {
             StepLogits::Full(l) => {
-                let row = l
-                    .seq_rows(k)?
-                    .pop()
-                    .expect("asked for the last row");
+                let row = l.seq_rows(k)?.pop().expect("asked for the last row");
                 match &self.translator {
                     Some(t) if self.drafts_own_tokens(job) => {
                         // The drafter's own best token; a control token ends the draft.

@@ -111,7 +111,11 @@ impl Translation {
         target_rows: usize,
     ) -> Result<Self, TokenizerError> {
         // Only the ids both models have rows for (a tokenizer may know more).
-        let columns = SharedColumns::new(&VocabMap::between(&draft, &target)?, draft_rows, target_rows);
+        let columns = SharedColumns::new(
+            &VocabMap::between(&draft, &target)?,
+            draft_rows,
+            target_rows,
+        );
         let pairs: Vec<(u32, u32)> = columns
             .draft_ids
             .iter()
@@ -217,7 +221,12 @@ impl Translation {
             return Ok(vec![d]);
         }
         if Some(id) == self.target.bos_id() {
-            return Ok(self.draft.bos_id().filter(|_| self.draft.adds_bos()).into_iter().collect());
+            return Ok(self
+                .draft
+                .bos_id()
+                .filter(|_| self.draft.adds_bos())
+                .into_iter()
+                .collect());
         }
         let bytes = self.target.token_bytes(id)?;
         let ids = match std::str::from_utf8(&bytes) {

@@ -52,7 +52,8 @@ pub enum DraftSource {
 /// What the Drafter actor's compute worker owns, made from a [`DraftSource`]: one draft model
 /// drafting for every sequence at once, or one prompt-lookup index per sequence.
 pub enum DraftWorkerState {
-    Model(ModelDrafter<Arc<Llama>>),
+    /// (Boxed: it is several times the other variants' size.)
+    Model(Box<ModelDrafter<Arc<Llama>>>),
     Head(HeadDrafter),
     /// Prompt lookup: its settings, each sequence's lookup, and earlier requests' texts when
     /// it looks across requests (`suffix`).
@@ -86,13 +87,13 @@ impl Drafter {
                 translation,
                 lookup,
                 name,
-            } => DraftWorkerState::Model(
+            } => DraftWorkerState::Model(Box::new(
                 ModelDrafter::with_slots(model, name, max_seqs)
                     .with_prefix_cache(prefix_cache)
                     .with_draft_vocab(vocab)
                     .with_translation(translation)
                     .with_lookup(lookup),
-            ),
+            )),
             DraftSource::Head { head, lookup, .. } => {
                 DraftWorkerState::Head(HeadDrafter::new(head, target, max_seqs).with_lookup(lookup))
             }
@@ -358,7 +359,9 @@ fn measure_draft_costs(
             Some(t) => t.columns().target_ids().iter().take(256).copied().collect(),
             None => (0..d.model().hparams().vocab_size.clamp(1, 256) as u32).collect(),
         },
-        DraftWorkerState::Head(d) => (0..d.target().hparams().vocab_size.clamp(1, 256) as u32).collect(),
+        DraftWorkerState::Head(d) => {
+            (0..d.target().hparams().vocab_size.clamp(1, 256) as u32).collect()
+        }
         DraftWorkerState::Lookup(..) => (0..256).collect(),
     };
     let context: Vec<u32> = (0..len)

@@ -149,7 +149,11 @@ pub fn write_tiny_tokenizer(dir: &Path, vocab: usize) {
 /// Writes a tiny tokenizer of another vocabulary: the byte tokens of each pair of `swaps`
 /// trade ids, so a model whose rows stop between them has tokens the other lacks.
 pub fn write_tiny_tokenizer_swapped(dir: &Path, vocab: usize, swaps: &[(usize, usize)]) {
-    std::fs::write(dir.join("tokenizer.json"), tiny_tokenizer_json(vocab, swaps)).unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        tiny_tokenizer_json(vocab, swaps),
+    )
+    .unwrap();
 }
 
 /// Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json to `dir`.
@@ -238,7 +242,11 @@ pub fn write_tiny_llama(dir: &Path, spec: &TinySpec) {
         );
     }
     candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), tiny_tokenizer_json(spec.vocab, &[])).unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        tiny_tokenizer_json(spec.vocab, &[]),
+    )
+    .unwrap();
     std::fs::write(
         dir.join("tokenizer_config.json"),
         serde_json::json!({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": true})

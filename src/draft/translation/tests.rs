@@ -106,7 +106,10 @@ fn tli_rounds_are_plain_sampling_from_the_target_for_every_gamma_up_to_three() {
     };
     let mut cases = 0;
     for gamma in 1..=3usize {
-        for (case, (p_kind, q_kind)) in [(0, 0), (1, 0), (0, 1), (2, 2), (1, 1)].into_iter().enumerate() {
+        for (case, (p_kind, q_kind)) in [(0, 0), (1, 0), (0, 1), (2, 2), (1, 1)]
+            .into_iter()
+            .enumerate()
+        {
             let seed = (gamma * 10 + case) as u64;
             let p = move |ctx: &[u32]| dist(seed, ctx, TARGET_VOCAB, p_kind);
             let q = |ctx: &[u32]| drafted(&c, &draft_p(seed, ctx, q_kind), &sampled).0;
@@ -166,8 +169,8 @@ fn round_outcomes(drafts: &[u32], q: &[Vec<f32>], p: &[Vec<f32>]) -> Vec<(Vec<u3
     let (mut scratch, mut out) = (Vec::new(), Vec::new());
     loop {
         e.start();
-        let o = accept_sampled_with(drafts, &qd, &pr, Lenience::EXACT, &mut e, &mut scratch)
-            .unwrap();
+        let o =
+            accept_sampled_with(drafts, &qd, &pr, Lenience::EXACT, &mut e, &mut scratch).unwrap();
         let mut emitted = drafts[..o.accepted].to_vec();
         emitted.push(o.next_token);
         out.push((emitted, e.weight));

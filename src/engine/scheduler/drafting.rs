@@ -36,14 +36,20 @@ impl Scheduler {
     ) -> (f64, HashMap<u64, DraftOutcome>) {
         let t = drafts.timing;
         let mut kept = HashMap::new();
+        // A routine catch-up (a few tokens, as a drafter of another vocabulary takes in most
+        // rounds) is priced with the first step, where every plan sees it; a longer one as
+        // the lag the plan charges apart.
+        let routine = t.routine_catch_up_seconds();
         self.costs.record_draft(
-            t.step_seconds,
-            t.first_step_seconds,
+            t.step_seconds + routine,
+            t.first_step_seconds + routine,
             t.steps,
             drafts.outcomes.len(),
         );
-        self.costs
-            .record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
+        if routine == 0.0 {
+            self.costs
+                .record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
+        }
         for o in drafts.outcomes {
             if held.iter().any(|&(seq, _)| seq == o.seq) {
                 kept.insert(o.seq, o);

@@ -267,8 +267,8 @@ impl Scheduler {
             // Only rounds whose drafter stepped: a round drafted by prompt lookup's scan alone
             // (`head+lookup`) would teach the model's forecasts that a step costs nothing.
             if f.drafting > 0 && times.draft.steps > 0 {
-                self.costs
-                    .record_draft_forecast(f.draft, times.draft.step_seconds);
+                let measured = times.draft.step_seconds + times.draft.routine_catch_up_seconds();
+                self.costs.record_draft_forecast(f.draft, measured);
             }
             log_forecast(&f, times);
         }
