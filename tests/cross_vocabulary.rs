@@ -10,24 +10,15 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{complete_together, engine_request, fixed_gamma, greedy_request, plain_output};
+use common::{
+    complete_together, engine_request, fixed_gamma, gemma_path, greedy_request, plain_output,
+};
 use tandem::draft::{GreedyAcross, ModelDrafter, Proposer, Translation};
 use tandem::engine::{DraftSource, Engine, EngineConfig};
 use tandem::model::load::loader::LoadOptions;
 use tandem::model::{LoadedModel, ModelSource, WeightsDtype};
-
-fn gemma_path() -> PathBuf {
-    let p = tandem::model::load::loader::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
-    assert!(
-        p.is_file(),
-        "Gemma-3-270M is missing at {}: run scripts/fetch-gemma",
-        p.display()
-    );
-    p
-}
 
 fn gemma() -> LoadedModel {
     let opts = LoadOptions {

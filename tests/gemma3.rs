@@ -7,22 +7,10 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-use common::{forward_rows, greedy_request, plain_output};
+use common::{forward_rows, gemma_path, greedy_request, plain_output};
 use tandem::draft::{ModelDrafter, PromptLookup, Proposer};
 use tandem::model::load::loader::LoadOptions;
 use tandem::model::{LoadedModel, LogitsRows, ModelSource};
-
-fn gemma_path() -> PathBuf {
-    let p = tandem::model::load::loader::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
-    assert!(
-        p.is_file(),
-        "Gemma-3-270M is missing at {}: run scripts/fetch-gemma",
-        p.display()
-    );
-    p
-}
 
 fn load(max_layers: Option<usize>) -> LoadedModel {
     let opts = LoadOptions {

@@ -162,13 +162,7 @@ impl Stepper for HeadDrafter {
     }
 
     fn drafted_without_steps(&mut self, job: &mut DraftJob) -> bool {
-        match self.lookup.as_ref().filter(|_| job.lookup) {
-            Some(p) => {
-                p.lookup_tree(job.context, job.gamma, job.tree_nodes, job.out);
-                !job.out.tokens.is_empty()
-            }
-            None => false,
-        }
+        PromptLookup::drafted_first(self.lookup.as_ref(), job)
     }
 
     /// Rolls the sequence's head cache back to what stands and lays out the first step: every

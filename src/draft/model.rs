@@ -225,13 +225,7 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
     }
 
     fn drafted_without_steps(&mut self, job: &mut DraftJob) -> bool {
-        match self.lookup.as_ref().filter(|_| job.lookup) {
-            Some(p) => {
-                p.lookup_tree(job.context, job.gamma, job.tree_nodes, job.out);
-                !job.out.tokens.is_empty()
-            }
-            None => false,
-        }
+        PromptLookup::drafted_first(self.lookup.as_ref(), job)
     }
 
     /// The lane's feed is in the drafter's tokens, its history (what the draws' penalties

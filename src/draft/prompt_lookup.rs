@@ -85,6 +85,18 @@ impl PromptLookup {
             .unwrap_or((&[], 0))
     }
 
+    /// Drafts `job` from `lookup`'s match first, where a drafter has one (`head+lookup`,
+    /// `draft+lookup`) and the round allows it; `true` when it found one.
+    pub(super) fn drafted_first(lookup: Option<&Self>, job: &mut super::DraftJob) -> bool {
+        match lookup.filter(|_| job.lookup) {
+            Some(p) => {
+                p.lookup_tree(job.context, job.gamma, job.tree_nodes, job.out);
+                !job.out.tokens.is_empty()
+            }
+            None => false,
+        }
+    }
+
     /// The kind of draft a lookup after `context` makes (its `Proposal::confidence_kind`: the
     /// matched n-gram's length, 3 for 3 or more), or `None` when the context has no match.
     pub fn match_kind(&self, context: &[u32]) -> Option<u8> {

@@ -1,9 +1,12 @@
 //! Exact enumeration for the acceptance rules' tests: an implementation of [`RoundChoices`]
 //! that follows every branch of a round's random choices with its probability, and the
-//! context-dependent distributions and plain-sampling reference the proofs compare against.
-//! Shared by the chain rule's and the tree rule's tests, so both are proven by one method.
+//! context-dependent distributions, every draft chain and every outcome of a round with their
+//! probabilities, and the plain-sampling reference the proofs compare against. Shared by the
+//! chain rule's and the tree rule's tests and by drafting across vocabularies'
+//! (`draft::translation`), so all are proven by one method.
 
-use super::rejection::RoundChoices;
+use super::rejection::{accept_sampled_with, DraftDist, RoundChoices};
+use super::Lenience;
 use super::SeededRng;
 
 /// Follows every branch of the round's random choices: each run of the round takes the choices
@@ -122,4 +125,69 @@ pub(crate) fn extend_plainly(
             extend_plainly(&next, len, weight * px as f64, p, out);
         }
     }
+}
+
+/// Every outcome of one exact round with its probability: `(emitted tokens, probability)`.
+pub(crate) fn round_outcomes(
+    drafts: &[u32],
+    q: &[Vec<f32>],
+    p: &[Vec<f32>],
+) -> Vec<(Vec<u32>, f64)> {
+    lenient_round_outcomes(drafts, q, p, 1.0)
+}
+
+/// Every outcome of one round at lenience `l`, by running [`accept_sampled_with`] down every
+/// branch.
+pub(crate) fn lenient_round_outcomes(
+    drafts: &[u32],
+    q: &[Vec<f32>],
+    p: &[Vec<f32>],
+    l: f32,
+) -> Vec<(Vec<u32>, f64)> {
+    let qd: Vec<DraftDist> = q.iter().map(|r| DraftDist::Full(r)).collect();
+    let pr: Vec<&[f32]> = p.iter().map(Vec::as_slice).collect();
+    let mut e = Enumerator::default();
+    let mut scratch = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        e.start();
+        let o = accept_sampled_with(
+            drafts,
+            &qd,
+            &pr,
+            Lenience::try_from(l).unwrap(),
+            &mut e,
+            &mut scratch,
+        )
+        .unwrap();
+        let mut emitted = drafts[..o.accepted].to_vec();
+        emitted.push(o.next_token);
+        out.push((emitted, e.weight));
+        if !e.next_path() {
+            return out;
+        }
+    }
+}
+
+/// All draft sequences of `gamma` tokens, each drawn from q given the drafts before it, with
+/// their probabilities.
+pub(crate) fn draft_sequences(
+    gamma: usize,
+    q: &dyn Fn(&[u32]) -> Vec<f32>,
+) -> Vec<(Vec<u32>, f64)> {
+    let mut seqs = vec![(Vec::new(), 1.0)];
+    for _ in 0..gamma {
+        let mut next = Vec::new();
+        for (s, w) in seqs {
+            for (x, &qx) in q(&s).iter().enumerate() {
+                if qx > 0.0 {
+                    let mut t = s.clone();
+                    t.push(x as u32);
+                    next.push((t, w * qx as f64));
+                }
+            }
+        }
+        seqs = next;
+    }
+    seqs
 }

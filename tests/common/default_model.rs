@@ -1,5 +1,6 @@
-//! The real default model the real-model tests load, on the device they run on. Its absence
-//! fails the test: real-model tests never skip.
+//! The real models the real-model tests load: the default model, on the device they run on,
+//! and Gemma-3-270M (another family and vocabulary). Their absence fails the test: real-model
+//! tests never skip.
 
 use std::path::PathBuf;
 
@@ -11,6 +12,17 @@ pub fn default_model() -> PathBuf {
     assert!(
         p.is_file(),
         "the default model is missing at {}: run scripts/fetch-default-model",
+        p.display()
+    );
+    p
+}
+
+/// Gemma-3-270M's `Q4_K_M` file, as `scripts/fetch-gemma` leaves it.
+pub fn gemma_path() -> PathBuf {
+    let p = tandem::model::load::loader::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
+    assert!(
+        p.is_file(),
+        "Gemma-3-270M is missing at {}: run scripts/fetch-gemma",
         p.display()
     );
     p

@@ -21,7 +21,7 @@ mod tiny_model;
 pub use cli::tandem_command;
 #[allow(unused_imports)]
 pub use default_model::{
-    default_model, load_default, load_default_on, load_default_with, test_device,
+    default_model, gemma_path, load_default, load_default_on, load_default_with, test_device,
 };
 #[allow(unused_imports)]
 pub use forward_checks::{

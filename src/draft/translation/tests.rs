@@ -10,9 +10,8 @@ use super::*;
 use crate::draft::draw::{draw_draft, DrawLane, DrawScratch};
 use crate::draft::siblings::Siblings;
 use crate::draft::{DraftJob, Proposal};
-use crate::sampling::enumeration::{dist, extend_plainly, Enumerator};
-use crate::sampling::rejection::{accept_sampled_with, DraftDist};
-use crate::sampling::{DraftGate, GateRound, Lenience, SamplingParams, SeededRng};
+use crate::sampling::enumeration::{dist, draft_sequences, extend_plainly, round_outcomes};
+use crate::sampling::{DraftGate, GateRound, SamplingParams, SeededRng};
 
 /// Drafter ids 0..4, target ids 0..5: drafter 0, 2, 3 are target 1, 3, 0; drafter 1 has no
 /// target token; target 2 and 4 no drafter token.
@@ -140,44 +139,6 @@ fn tli_rounds_are_plain_sampling_from_the_target_for_every_gamma_up_to_three() {
         }
     }
     assert_eq!(cases, 15);
-}
-
-/// Every draft sequence of `gamma` tokens drawn from q, with its probability.
-fn draft_sequences(gamma: usize, q: &dyn Fn(&[u32]) -> Vec<f32>) -> Vec<(Vec<u32>, f64)> {
-    let mut seqs = vec![(Vec::new(), 1.0)];
-    for _ in 0..gamma {
-        let mut next = Vec::new();
-        for (s, w) in seqs {
-            for (x, &qx) in q(&s).iter().enumerate() {
-                if qx > 0.0 {
-                    let mut t: Vec<u32> = s.clone();
-                    t.push(x as u32);
-                    next.push((t, w * qx as f64));
-                }
-            }
-        }
-        seqs = next;
-    }
-    seqs
-}
-
-/// Every outcome of one exact round (the engine's rule) with its probability.
-fn round_outcomes(drafts: &[u32], q: &[Vec<f32>], p: &[Vec<f32>]) -> Vec<(Vec<u32>, f64)> {
-    let qd: Vec<DraftDist> = q.iter().map(|r| DraftDist::Full(r)).collect();
-    let pr: Vec<&[f32]> = p.iter().map(Vec::as_slice).collect();
-    let mut e = Enumerator::default();
-    let (mut scratch, mut out) = (Vec::new(), Vec::new());
-    loop {
-        e.start();
-        let o =
-            accept_sampled_with(drafts, &qd, &pr, Lenience::EXACT, &mut e, &mut scratch).unwrap();
-        let mut emitted = drafts[..o.accepted].to_vec();
-        emitted.push(o.next_token);
-        out.push((emitted, e.weight));
-        if !e.next_path() {
-            return out;
-        }
-    }
 }
 
 /// A byte-level tokenizer whose ids are the 256 byte characters rotated by `offset`, then

@@ -13,66 +13,9 @@
 //!   (β = 1 − Σ min(q, p/l), the rejection probability): never a token with p = 0, never more
 //!   than p/l.
 
-use super::*;
-use crate::sampling::enumeration::{dist, extend_plainly, Enumerator};
-
-/// Every outcome of one exact round with its probability: `(emitted tokens, probability)`.
-fn round_outcomes(drafts: &[u32], q: &[Vec<f32>], p: &[Vec<f32>]) -> Vec<(Vec<u32>, f64)> {
-    lenient_round_outcomes(drafts, q, p, 1.0)
-}
-
-/// Every outcome of one round at lenience `l`, by running [`accept_sampled_with`] down every
-/// branch.
-fn lenient_round_outcomes(
-    drafts: &[u32],
-    q: &[Vec<f32>],
-    p: &[Vec<f32>],
-    l: f32,
-) -> Vec<(Vec<u32>, f64)> {
-    let qd: Vec<DraftDist> = q.iter().map(|r| DraftDist::Full(r)).collect();
-    let pr: Vec<&[f32]> = p.iter().map(Vec::as_slice).collect();
-    let mut e = Enumerator::default();
-    let mut scratch = Vec::new();
-    let mut out = Vec::new();
-    loop {
-        e.start();
-        let o = accept_sampled_with(
-            drafts,
-            &qd,
-            &pr,
-            Lenience::try_from(l).unwrap(),
-            &mut e,
-            &mut scratch,
-        )
-        .unwrap();
-        let mut emitted = drafts[..o.accepted].to_vec();
-        emitted.push(o.next_token);
-        out.push((emitted, e.weight));
-        if !e.next_path() {
-            return out;
-        }
-    }
-}
-
-/// All draft sequences of `gamma` tokens, each drawn from q given the drafts before it, with
-/// their probabilities.
-fn draft_sequences(gamma: usize, q: &dyn Fn(&[u32]) -> Vec<f32>) -> Vec<(Vec<u32>, f64)> {
-    let mut seqs = vec![(Vec::new(), 1.0)];
-    for _ in 0..gamma {
-        let mut next = Vec::new();
-        for (s, w) in seqs {
-            for (x, &qx) in q(&s).iter().enumerate() {
-                if qx > 0.0 {
-                    let mut t = s.clone();
-                    t.push(x as u32);
-                    next.push((t, w * qx as f64));
-                }
-            }
-        }
-        seqs = next;
-    }
-    seqs
-}
+use crate::sampling::enumeration::{
+    dist, draft_sequences, extend_plainly, lenient_round_outcomes, round_outcomes,
+};
 
 #[test]
 fn accept_sampled_is_exact_for_every_gamma_up_to_four() {
