@@ -498,6 +498,25 @@ fn a_mode_that_never_drafts_says_why() {
     );
 }
 
+/// How a drafter of another vocabulary drafts (`cross_vocabulary=`) asked of one that shares
+/// the target's: refused with the setting named, not ignored.
+#[test]
+fn cross_vocabulary_is_refused_for_a_drafter_of_the_same_vocabulary() {
+    common::default_model();
+    let run = common::tandem_command()
+        .arg("bench")
+        .arg("--prompts")
+        .arg(spec_bench_dev())
+        .args(["--categories", "writing", "--limit-per-category", "1"])
+        .args(["--max-tokens", "4", "--warmup", "0", "--quiet"])
+        .args(["--modes", "plain,draft:cross_vocabulary=tli"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{stderr}");
+    assert!(stderr.contains("cross_vocabulary"), "{stderr}");
+}
+
 /// The structured workloads: constrained speculation (forced tokens alone, and prompt lookup)
 /// gives exactly constrained plain decoding's outputs, forced tokens are drafted, and the
 /// constrained plain mode is measured against free plain decoding.

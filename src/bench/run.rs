@@ -85,8 +85,16 @@ async fn start_engines(models: &BenchModels, opts: &BenchOptions) -> Result<Engi
                 } = &mut model
                 {
                     *first = lookup;
-                    if let (Some(g), Some(t)) = (greedy, translation.as_mut()) {
-                        *t = Arc::new((**t).clone().with_greedy(g));
+                    match (greedy, translation.as_mut()) {
+                        (Some(g), Some(t)) => *t = Arc::new((**t).clone().with_greedy(g)),
+                        (Some(_), None) => {
+                            return Err(BenchError::Options(format!(
+                                "mode `{}`: cross_vocabulary is for a draft model of another \
+                                 vocabulary than the target's",
+                                mode.label
+                            )))
+                        }
+                        (None, _) => {}
                     }
                 }
                 Some(model)
