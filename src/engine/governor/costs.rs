@@ -2,6 +2,8 @@
 //! each width, and the forecasts built from them. Timing noise on a shared machine only ever adds,
 //! so every price is the least of a short window of measurements.
 
+use super::round_bias::RoundBias;
+
 /// A measured cost: the least of the last few measurements. Timing noise on a shared machine
 /// only ever adds (preemption, another process's burst can turn a 40 µs forward into 5 ms),
 /// so the minimum of a short window tracks the real cost, and the window lets it follow slow
@@ -69,6 +71,8 @@ pub struct CostModel {
     /// ratio, 1 = on the mark): draft prices are the luckiest recent step, and drafting is
     /// noisier than a target forward.
     draft_bias: f64,
+    /// How far rounds that draft run over their forecast, against plain rounds.
+    round_bias: RoundBias,
     /// Set by [`CostModel::freeze`]: measurements no longer change any price.
     frozen: bool,
 }
@@ -87,6 +91,7 @@ impl CostModel {
             verify_stamp: vec![0; max_width.max(1)],
             verify_clock: 0,
             draft_bias: 1.0,
+            round_bias: RoundBias::default(),
             frozen: false,
         }
     }
@@ -159,6 +164,20 @@ impl CostModel {
         }
         let ratio = (measured / (forecast / self.draft_bias)).clamp(0.5, 3.0);
         self.draft_bias = 0.9 * self.draft_bias + 0.1 * ratio;
+    }
+
+    /// A decoding round (no prompt chunk in it, nor a catch-up beyond a routine one) whose
+    /// draft steps and verification were forecast at `forecast` seconds took `measured`.
+    pub fn record_round_forecast(&mut self, drafting: bool, forecast: f64, measured: f64) {
+        if !self.frozen {
+            self.round_bias.record(drafting, forecast, measured);
+        }
+    }
+
+    /// How many times its forecast seconds a round that drafts costs, as measured against
+    /// plain rounds (1 for a frozen price table): see `RoundBias`.
+    pub fn drafting_bias(&self) -> f64 {
+        self.round_bias.get()
     }
 
     /// Time the drafter spent taking in `tokens` context tokens it had not seen.

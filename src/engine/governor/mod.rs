@@ -13,6 +13,7 @@ mod branches;
 mod config;
 mod costs;
 mod planner;
+mod round_bias;
 mod speedup;
 
 pub use acceptance_rate::{AcceptanceRate, Governor, KindRates, DRAFT_KINDS};

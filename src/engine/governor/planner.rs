@@ -128,12 +128,13 @@ pub fn plan_round(
 /// what its speculation could save over the request's remaining tokens (the best γ up to
 /// `max`, the others as in `plan`) against the catch-up.
 ///
-/// A sequence free to speculate is priced at full acceptance: pricing a first round at its
-/// estimate declines catch-ups that the rounds after them repay. A probe is priced halfway
-/// between its estimate and full acceptance: hopeful, since its estimate is stale and finding
-/// out is what it is for, but not blind: priced at full acceptance, a poor drafter would keep
-/// probing, and each probe first takes in everything decoded since the last. A drafter that
-/// loses even at full acceptance is never probed.
+/// Speculation is priced halfway between the estimate and full acceptance: hopeful, since a
+/// request's estimate starts from other requests' and finding out is what a probe is for, but
+/// not blind: priced at full acceptance, a poor drafter would keep probing, each probe first
+/// taking in everything decoded since the last, and a good one that is dear to catch up
+/// (SmolLM2 taking in a 700-token prompt for Gemma 3, 0.9 ms a token) would take in long
+/// prompts that the rest of a short answer cannot repay. A drafter that loses even at full
+/// acceptance is never probed.
 ///
 /// Savings are priced in the batch the request is in, not as if it were alone: beside other
 /// sequences a plain step already yields several tokens per weight pass, so one request's
@@ -147,10 +148,7 @@ fn probe_pays(
     costs: &CostModel,
 ) -> bool {
     let c = &candidates[i];
-    let alpha = match c.choice {
-        Choice::Probe { .. } => (c.alpha + 1.0) / 2.0,
-        _ => 1.0,
-    };
+    let alpha = (c.alpha + 1.0) / 2.0;
     let Some(save) = could_save(candidates, i, plan, (alpha, max), costs) else {
         return true;
     };
@@ -201,11 +199,12 @@ pub fn solo_rate(
     let plain = costs.verify_seconds(1)?;
     let mut best = None::<f64>;
     for g in 1..=gamma_max.max(1) {
-        let draft = match drafted {
-            Some(catch_up) => costs.draft_seconds(g, 1)? + catch_up,
-            None => 0.0,
+        let (draft, catch_up) = match drafted {
+            Some(catch_up) => (costs.draft_seconds(g, 1)?, catch_up),
+            None => (0.0, 0.0),
         };
-        let rate = expected_tokens(alpha, g) * plain / (costs.verify_seconds(g + 1)? + draft);
+        let round = (costs.verify_seconds(g + 1)? + draft) * costs.drafting_bias() + catch_up;
+        let rate = expected_tokens(alpha, g) * plain / round;
         best = Some(best.map_or(rate, |b| b.max(rate)));
     }
     best
@@ -215,10 +214,19 @@ pub fn solo_rate(
 /// say (see [`recheck_prices`]).
 pub const RECHECK_AFTER_ROUNDS: u64 = 256;
 
+/// Rounds without drafts a recheck needs per token its drafter must first catch up on.
+///
+/// A recheck pays its drafter's catch-up on everything it missed, and a drafter's token of
+/// catch-up costs up to a sixteenth of a target step (SmolLM2 taking in Gemma 3's text):
+/// one token per sixteen rounds keeps rechecks under half a percent of the time, where one
+/// every 256 rounds whatever it had to catch up on cost a server whose drafter does not pay
+/// 2-3% (each caught up on a whole prompt and the tokens after it).
+pub const RECHECK_ROUNDS_PER_CATCH_UP: u64 = 16;
+
 /// Makes one sequence draft when nobody has for [`RECHECK_AFTER_ROUNDS`] decoding rounds,
 /// whatever the prices say: the sequence free to speculate (or due a probe) with the least to
-/// catch up on, at its smallest γ, if that catch-up is at most that many tokens. Returns
-/// whether it did.
+/// catch up on, at its smallest γ, if the rounds without drafts are at least
+/// [`RECHECK_ROUNDS_PER_CATCH_UP`] per token of that catch-up. Returns whether it did.
 ///
 /// Why: prices change only when they are measured, and a verification of several tokens or a
 /// draft step is measured only when someone drafts. A start-up calibration spoiled by a burst
@@ -243,7 +251,9 @@ pub fn recheck_prices(
             Choice::Probe { gamma, .. } => Some((i, gamma, c.catch_up)),
             Choice::Fixed(_) => None,
         })
-        .filter(|&(_, _, catch_up)| catch_up as u64 <= RECHECK_AFTER_ROUNDS)
+        .filter(|&(_, _, catch_up)| {
+            catch_up as u64 * RECHECK_ROUNDS_PER_CATCH_UP <= rounds_without_drafts
+        })
         .min_by_key(|&(_, _, catch_up)| catch_up);
     match pick {
         Some((i, gamma, _)) => {
@@ -255,7 +265,7 @@ pub fn recheck_prices(
 }
 
 /// What a round run with a plan is expected to yield and cost, by part, in seconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RoundForecast {
     pub tokens: f64,
     pub draft: f64,
@@ -265,11 +275,30 @@ pub struct RoundForecast {
     pub drafting: usize,
     pub steps: usize,
     pub width: usize,
+    /// How many times `draft + verify` the round is expected to take: the measured
+    /// correction for rounds that draft (`CostModel::drafting_bias`), 1 for a plain one.
+    pub bias: f64,
+}
+
+impl Default for RoundForecast {
+    fn default() -> Self {
+        Self {
+            tokens: 0.0,
+            draft: 0.0,
+            catch_up: 0.0,
+            verify: 0.0,
+            drafting: 0,
+            steps: 0,
+            width: 0,
+            bias: 1.0,
+        }
+    }
 }
 
 impl RoundForecast {
+    /// The round's expected seconds, correction included.
     pub fn seconds(&self) -> f64 {
-        self.draft + self.catch_up + self.verify
+        (self.draft + self.verify) * self.bias + self.catch_up
     }
 }
 
@@ -312,6 +341,9 @@ pub fn forecast_round(
         .draft
         .max(f.steps as f64 * costs.draft_step_floor(deepest));
     f.verify = costs.verify_seconds(f.width)?;
+    if f.drafting > 0 {
+        f.bias = costs.drafting_bias();
+    }
     Some(f)
 }
 
@@ -330,7 +362,7 @@ fn round_rate(
     let f = forecast_round(candidates, plan, base_width, costs)?;
     let n = candidates.len();
     let chunk = costs.verify_seconds(base_width + n)? - costs.verify_seconds(n)?;
-    let seconds = f.seconds() - chunk;
+    let seconds = (f.draft + f.verify - chunk) * f.bias + f.catch_up;
     (seconds > 0.0).then(|| f.tokens / seconds)
 }
 

@@ -47,8 +47,16 @@ impl Scheduler {
             drafts.outcomes.len(),
         );
         if routine == 0.0 {
-            self.costs
-                .record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
+            // Priced per token of the context where the drafter took in more than that (a
+            // drafter of another vocabulary reads a target token as one or several of its
+            // own), per token it took in where fewer (its prefix cache held the rest): plans
+            // count a catch-up in context tokens and cannot tell what a cache will hold.
+            let context = self.context_caught_up(&drafts.outcomes, held);
+            let tokens = match context {
+                0 => t.catch_up_tokens,
+                n => n.min(t.catch_up_tokens),
+            };
+            self.costs.record_catch_up(t.catch_up_seconds, tokens);
         }
         for o in drafts.outcomes {
             if held.iter().any(|&(seq, _)| seq == o.seq) {
@@ -66,6 +74,19 @@ impl Scheduler {
             s.pending = o.proposal.ok();
         }
         (t.step_seconds + t.catch_up_seconds, kept)
+    }
+
+    /// Context tokens the drafter caught up on for `outcomes` (those not in `held`), counted
+    /// as plans count a catch-up: in the target's tokens, beyond the one every round feeds.
+    fn context_caught_up(&self, outcomes: &[DraftOutcome], held: &[(u64, usize)]) -> usize {
+        outcomes
+            .iter()
+            .filter(|o| !held.iter().any(|&(seq, _)| seq == o.seq))
+            .filter_map(|o| self.active.iter().find(|s| s.id == o.seq))
+            .map(|s| s.context.len().saturating_sub(s.drafter_seen))
+            .filter(|&fed| fed > 2)
+            .map(|fed| fed - 1)
+            .sum()
     }
 
     /// What each sequence in `which` (indices into `active`) would draft now, where the

@@ -270,6 +270,16 @@ impl Scheduler {
                 let measured = times.draft.step_seconds + times.draft.routine_catch_up_seconds();
                 self.costs.record_draft_forecast(f.draft, measured);
             }
+            if decode_only {
+                // What the plan weighs apart (a catch-up on what the drafter missed) is kept
+                // out of the comparison; everything else the round took is in it.
+                let lag = times.draft.catch_up_seconds - times.draft.routine_catch_up_seconds();
+                self.costs.record_round_forecast(
+                    f.drafting > 0,
+                    f.draft + f.verify,
+                    times.round_seconds - lag,
+                );
+            }
             log_forecast(&f, times);
         }
         telemetry::record_step(

@@ -55,6 +55,7 @@ pub(super) fn log_forecast(f: &RoundForecast, t: &RoundTimes) {
         verify_ms = t.verify_seconds * 1e3,
         mask_ms = t.mask_seconds * 1e3,
         round_ms = t.round_seconds * 1e3,
+        drafting_bias = f.bias,
         "round"
     );
 }

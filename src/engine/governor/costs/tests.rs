@@ -226,7 +226,9 @@ fn a_frozen_table_ignores_every_measurement() {
     live.record_draft_forecast(1e-4, 1.0);
     live.record_catch_up(1.0, 64);
     live.record_draft_depths((32, 1.0), (256, 2.0));
+    live.record_round_forecast(true, 1e-3, 1.0);
     assert!(live.is_frozen());
+    assert_eq!(live.drafting_bias(), 1.0);
     assert_eq!(
         (
             live.verify_seconds(2),
@@ -240,5 +242,7 @@ fn a_frozen_table_ignores_every_measurement() {
     let mut unfrozen = costs(1e-4, &[1e-3, 1.1e-3, 1.2e-3]);
     unfrozen.record_draft(1.0, 0.5, 2, 1);
     unfrozen.record_draft_forecast(1e-4, 1.0);
+    unfrozen.record_round_forecast(true, 1e-3, 1.0);
     assert_ne!(unfrozen.draft_seconds(3, 1), before.1);
+    assert!(unfrozen.drafting_bias() > 1.0);
 }

@@ -42,6 +42,47 @@ fn a_short_gamma_that_always_agrees_does_not_hold_speculation_back() {
 }
 
 #[test]
+fn drafting_that_runs_over_its_forecast_is_priced_as_it_ran() {
+    // SmolLM2 drafting for Gemma 3, sampled: a draft step 0.65 of a target step, verifying 2
+    // tokens 1.05x (its price from a quiet spell), three drafts in four standing. Forecast:
+    // 1.75 tokens for 1.70 steps at γ = 1, a win of a few percent over plain.
+    let mut c = costs(0.65, &[1.0, 1.05, 1.6, 2.1]);
+    let mut g = Governor::new(GovernorConfig::default());
+    for _ in 0..30 {
+        g.record_round(4, 3);
+    }
+    let plan = |g: &Governor, c: &CostModel| {
+        plan_round(&[g.candidate(1, 3, (0, 1000), None)], 0, c, 1.0)[0]
+    };
+    assert_eq!(plan(&g, &c), 1, "α ≈ {}", g.alpha());
+    let forecast = forecast_round(&[g.candidate(1, 1, (0, 1000), None)], &[1], 0, &c).unwrap();
+    assert_eq!(forecast.bias, 1.0);
+    // Its rounds took 1.25x their forecast where plain steps took their price.
+    for _ in 0..50 {
+        c.record_round_forecast(false, 1.0, 1.0);
+        c.record_round_forecast(true, 1.7, 1.7 * 1.25);
+    }
+    assert!(
+        (c.drafting_bias() - 1.25).abs() < 0.02,
+        "{}",
+        c.drafting_bias()
+    );
+    assert_eq!(plan(&g, &c), 0, "priced as it ran, drafting loses");
+    let forecast = forecast_round(&[g.candidate(1, 1, (0, 1000), None)], &[1], 0, &c).unwrap();
+    assert!((forecast.seconds() - 1.7 * c.drafting_bias()).abs() < 1e-9);
+    // A plain round's forecast is never scaled.
+    let plain = forecast_round(&[g.candidate(1, 1, (0, 1000), None)], &[0], 0, &c).unwrap();
+    assert_eq!(plain.seconds(), 1.0);
+    // Once drafting rounds (a recheck's, a probe's) come in on their forecast again, the
+    // correction fades and the plan drafts again.
+    for _ in 0..200 {
+        c.record_round_forecast(true, 1.7, 1.7);
+    }
+    assert!(c.drafting_bias() < 1.01, "{}", c.drafting_bias());
+    assert_eq!(plan(&g, &c), 1);
+}
+
+#[test]
 fn costly_drafter_is_refused_even_when_it_agrees() {
     // A drafter as slow as the target cannot win at any α on this cost curve.
     let c = costs(1.0, &[1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0]);
@@ -269,12 +310,13 @@ fn prices_that_forbid_drafting_are_measured_again_after_a_while() {
     // fixed, nor one whose catch-up would cost more than the rounds it makes up for).
     assert!(recheck_prices(&all, &mut plan, RECHECK_AFTER_ROUNDS));
     assert_eq!(plan, vec![0, 0, 1, 0]);
+    // A catch-up of 40 tokens waits for 16 rounds a token: rechecking at 256 rounds would
+    // spend on it a tenth of what those rounds took, with a drafter this dear to catch up.
     let mut plan = vec![0, 0];
-    assert!(recheck_prices(
-        &[off, free(40)],
-        &mut plan,
-        RECHECK_AFTER_ROUNDS
-    ));
+    let forty = 40 * RECHECK_ROUNDS_PER_CATCH_UP;
+    assert!(!recheck_prices(&[off, free(40)], &mut plan, forty - 1));
+    assert_eq!(plan, vec![0, 0]);
+    assert!(recheck_prices(&[off, free(40)], &mut plan, forty));
     assert_eq!(plan, vec![0, 2]);
     let mut plan = vec![0, 0];
     assert!(!recheck_prices(&[off, free(2_000)], &mut plan, 10_000));
