@@ -216,12 +216,14 @@ pub const RECHECK_AFTER_ROUNDS: u64 = 256;
 
 /// Rounds without drafts a recheck needs per token its drafter must first catch up on.
 ///
-/// A recheck pays its drafter's catch-up on everything it missed, and a drafter's token of
-/// catch-up costs up to a sixteenth of a target step (SmolLM2 taking in Gemma 3's text):
-/// one token per sixteen rounds keeps rechecks under half a percent of the time, where one
-/// every 256 rounds whatever it had to catch up on cost a server whose drafter does not pay
-/// 2-3% (each caught up on a whole prompt and the tokens after it).
-pub const RECHECK_ROUNDS_PER_CATCH_UP: u64 = 16;
+/// A recheck pays its drafter's catch-up on everything it missed, and a token of the
+/// target's text can cost a drafter up to an eighth of a target step (SmolLM2 takes in
+/// Gemma 3's text as about two of its tokens each, at a fifteenth of Gemma's step): 64 rounds
+/// per token keeps rechecks to about a quarter of a percent of the time, where one every 256
+/// rounds whatever it had to catch up on cost a server whose drafter does not pay 2-3% (each
+/// caught up on a whole prompt and the tokens after it), and one every 16 rounds a token
+/// still about 1%.
+pub const RECHECK_ROUNDS_PER_CATCH_UP: u64 = 64;
 
 /// Makes one sequence draft when nobody has for [`RECHECK_AFTER_ROUNDS`] decoding rounds,
 /// whatever the prices say: the sequence free to speculate (or due a probe) with the least to

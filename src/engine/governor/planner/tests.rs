@@ -308,10 +308,15 @@ fn prices_that_forbid_drafting_are_measured_again_after_a_while() {
     assert_eq!(plan, vec![0, 0, 0, 0]);
     // After long enough, the one with the least to catch up drafts (never one whose γ is
     // fixed, nor one whose catch-up would cost more than the rounds it makes up for).
-    assert!(recheck_prices(&all, &mut plan, RECHECK_AFTER_ROUNDS));
+    assert!(!recheck_prices(&all, &mut plan, RECHECK_AFTER_ROUNDS));
+    assert!(recheck_prices(
+        &all,
+        &mut plan,
+        10 * RECHECK_ROUNDS_PER_CATCH_UP
+    ));
     assert_eq!(plan, vec![0, 0, 1, 0]);
-    // A catch-up of 40 tokens waits for 16 rounds a token: rechecking at 256 rounds would
-    // spend on it a tenth of what those rounds took, with a drafter this dear to catch up.
+    // A catch-up of 40 tokens waits for 64 rounds a token: rechecking at 256 rounds would
+    // spend on it a fifth of what those rounds took, with a drafter this dear to catch up.
     let mut plan = vec![0, 0];
     let forty = 40 * RECHECK_ROUNDS_PER_CATCH_UP;
     assert!(!recheck_prices(&[off, free(40)], &mut plan, forty - 1));
