@@ -13,8 +13,6 @@ use super::round_bias::RoundBias;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CostEstimate {
     recent: [f64; Self::WINDOW],
-    /// `pace[i]`: a plain step's price when `recent[i]` was measured (0 = not known).
-    pace: [f64; Self::WINDOW],
     len: usize,
     next: usize,
     /// Holds only start-up measurements, which the first live one replaces.
@@ -23,15 +21,8 @@ pub struct CostEstimate {
 
 impl CostEstimate {
     const WINDOW: usize = 8;
-    /// The most a measurement is scaled by how far the machine's pace moved since.
-    const MAX_PACE_CHANGE: f64 = 2.0;
 
     pub fn record(&mut self, seconds: f64) {
-        self.record_at(seconds, None);
-    }
-
-    /// A measurement taken while a plain step cost `pace` seconds.
-    pub fn record_at(&mut self, seconds: f64, pace: Option<f64>) {
         if !seconds.is_finite() || seconds < 0.0 {
             return;
         }
@@ -40,33 +31,12 @@ impl CostEstimate {
             self.next = 0;
         }
         self.recent[self.next] = seconds;
-        self.pace[self.next] = pace.filter(|p| p.is_finite() && *p > 0.0).unwrap_or(0.0);
         self.next = (self.next + 1) % Self::WINDOW;
         self.len = (self.len + 1).min(Self::WINDOW);
     }
 
     pub fn get(&self) -> Option<f64> {
         self.recent[..self.len].iter().copied().reduce(f64::min)
-    }
-
-    /// The least measurement, each first scaled by how far a plain step's price moved from
-    /// when it was taken to `pace` now (within a factor of 2): a machine whose speed swings
-    /// (a shared host, another tenant's burst) slows the drafter as it slows the target, so a
-    /// drafting price measured in a quiet spell, set beside a plain step priced in a busy one,
-    /// would make drafting look cheap exactly when it is not.
-    pub fn get_at(&self, pace: Option<f64>) -> Option<f64> {
-        (0..self.len)
-            .map(|i| {
-                let then = self.pace[i];
-                let scale = match pace {
-                    Some(now) if then > 0.0 && now > 0.0 => {
-                        (now / then).clamp(1.0 / Self::MAX_PACE_CHANGE, Self::MAX_PACE_CHANGE)
-                    }
-                    _ => 1.0,
-                };
-                self.recent[i] * scale
-            })
-            .reduce(f64::min)
     }
 }
 
@@ -171,24 +141,16 @@ impl CostModel {
             self.draft_step.resize(seqs, CostEstimate::default());
             self.draft_first.resize(seqs, CostEstimate::default());
         }
-        let pace = self.pace();
         if first <= 0.0 || first > seconds {
             let each = seconds / steps as f64;
-            self.draft_first[seqs - 1].record_at(each, pace);
-            self.draft_step[seqs - 1].record_at(each, pace);
+            self.draft_first[seqs - 1].record(each);
+            self.draft_step[seqs - 1].record(each);
             return;
         }
-        self.draft_first[seqs - 1].record_at(first, pace);
+        self.draft_first[seqs - 1].record(first);
         if steps > 1 {
-            self.draft_step[seqs - 1].record_at((seconds - first) / (steps - 1) as f64, pace);
+            self.draft_step[seqs - 1].record((seconds - first) / (steps - 1) as f64);
         }
-    }
-
-    /// The machine's pace: what a plain one-token step costs now, the least of its recent
-    /// measurements. Draft steps and catch-ups are measured only when someone drafts, so
-    /// their prices are scaled by how far it moved since (`CostEstimate::get_at`).
-    fn pace(&self) -> Option<f64> {
-        self.verify.first().and_then(CostEstimate::get)
     }
 
     /// A round's drafting took `measured` seconds where `forecast` (from [`Self::draft_seconds`],
@@ -229,8 +191,7 @@ impl CostModel {
                 self.catch_up_token.resize(b + 1, CostEstimate::default());
                 self.catch_up_size.resize(b + 1, 0);
             }
-            let pace = self.pace();
-            self.catch_up_token[b].record_at(seconds / tokens as f64, pace);
+            self.catch_up_token[b].record(seconds / tokens as f64);
             self.catch_up_size[b] = tokens;
         }
     }
@@ -294,9 +255,8 @@ impl CostModel {
         if steps == 0 || seqs == 0 {
             return Some(0.0);
         }
-        let pace = self.pace();
-        let first = by_batch_size(&self.draft_first, seqs, pace);
-        let later = by_batch_size(&self.draft_step, seqs, pace);
+        let first = by_batch_size(&self.draft_first, seqs);
+        let later = by_batch_size(&self.draft_step, seqs);
         let (first, later) = match (first, later) {
             (Some(f), Some(l)) => (f, l),
             (Some(c), None) | (None, Some(c)) => (c, c),
@@ -320,7 +280,7 @@ impl CostModel {
             .catch_up_token
             .iter()
             .enumerate()
-            .filter_map(|(b, c)| c.get_at(self.pace()).map(|v| (b, v)))
+            .filter_map(|(b, c)| c.get().map(|v| (b, v)))
             .collect();
         let per_token = match measured.as_slice() {
             [.., (b0, p0), (b1, p1)] if want > *b1 => {
@@ -419,10 +379,10 @@ struct DepthLine {
     slope: f64,
 }
 
-/// A per-batch-size price for `seqs` sequences at the machine's `pace`: measured,
-/// interpolated between the nearest measured sizes, or the nearest one's.
-fn by_batch_size(prices: &[CostEstimate], seqs: usize, pace: Option<f64>) -> Option<f64> {
-    let measured = |n: usize| prices.get(n - 1).and_then(|c| c.get_at(pace));
+/// A per-batch-size price for `seqs` sequences: measured, interpolated between the nearest
+/// measured sizes, or the nearest one's.
+fn by_batch_size(prices: &[CostEstimate], seqs: usize) -> Option<f64> {
+    let measured = |n: usize| prices.get(n - 1).and_then(CostEstimate::get);
     let below = (1..=seqs.min(prices.len()))
         .rev()
         .find_map(|n| measured(n).map(|c| (n, c)));

@@ -246,33 +246,3 @@ fn a_frozen_table_ignores_every_measurement() {
     assert_ne!(unfrozen.draft_seconds(3, 1), before.1);
     assert!(unfrozen.drafting_bias() > 1.0);
 }
-
-#[test]
-fn drafting_prices_follow_the_machines_pace() {
-    // A draft step (4 ms) and a catch-up (1 ms a token) measured while a plain step cost
-    // 10 ms; then the machine slows down (another tenant's burst) and a step costs 15 ms.
-    let mut c = CostModel::new(2);
-    c.record_verify(0.010, 1);
-    c.record_draft(0.008, 0.004, 2, 1);
-    c.record_catch_up(0.064, 64);
-    assert!((c.draft_seconds(1, 1).unwrap() - 0.004).abs() < 1e-12);
-    for _ in 0..8 {
-        c.record_verify(0.015, 1);
-    }
-    // Drafting slowed with it: priced at the quiet spell's 4 ms beside a 15 ms step, a
-    // drafter would look a third cheaper than it is.
-    assert!((c.draft_seconds(1, 1).unwrap() - 0.006).abs() < 1e-9);
-    assert!((c.catch_up_seconds(64) - 0.096).abs() < 1e-9);
-    // A measurement at today's pace is taken as it is; the least still wins.
-    c.record_draft(0.005, 0.0, 1, 1);
-    assert!((c.draft_seconds(1, 1).unwrap() - 0.005).abs() < 1e-9);
-    // A pace that moved more than twofold scales by 2 at most.
-    let mut e = CostEstimate::default();
-    e.record_at(1.0, Some(0.010));
-    assert_eq!(e.get_at(Some(0.100)), Some(2.0));
-    assert_eq!(e.get_at(Some(0.001)), Some(0.5));
-    // Not known then or now: taken as measured.
-    e.record_at(3.0, None);
-    assert_eq!(e.get_at(Some(0.100)), Some(2.0));
-    assert_eq!(e.get_at(None), Some(1.0));
-}
