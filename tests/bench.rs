@@ -466,19 +466,26 @@ fn forward_bench_breaks_the_forward_down_by_operation() {
     assert!(s[2].parse::<f64>().unwrap() > 0.0, "{s:?}");
 }
 
+/// `tandem bench` on the first development prompt of the writing category, `max_tokens` long,
+/// quietly and without warm-up (modes to be added).
+fn bench_one_writing_prompt(max_tokens: &str) -> std::process::Command {
+    let mut cmd = common::tandem_command();
+    cmd.arg("bench")
+        .arg("--prompts")
+        .arg(spec_bench_dev())
+        .args(["--categories", "writing", "--limit-per-category", "1"])
+        .args(["--max-tokens", max_tokens, "--warmup", "0", "--quiet"]);
+    cmd
+}
+
 /// The README's first bench: the default model drafting for itself (the same Q4_1 weights) costs
 /// a target step per draft, so the governor never drafts; the output says so instead of
 /// leaving a bare 1.00x.
 #[test]
 fn a_mode_that_never_drafts_says_why() {
     common::default_model();
-    let run = common::tandem_command()
-        .arg("bench")
-        .arg("--prompts")
-        .arg(spec_bench_dev())
-        .args(["--categories", "writing", "--limit-per-category", "1"])
-        // Fewer tokens than the governor's probe interval: no probe round either.
-        .args(["--max-tokens", "8", "--warmup", "0", "--quiet"])
+    // Fewer tokens than the governor's probe interval: no probe round either.
+    let run = bench_one_writing_prompt("8")
         .args(["--modes", "plain,draft", "--draft-weights-dtype", "as-is"])
         .output()
         .unwrap();
@@ -503,12 +510,7 @@ fn a_mode_that_never_drafts_says_why() {
 #[test]
 fn cross_vocabulary_is_refused_for_a_drafter_of_the_same_vocabulary() {
     common::default_model();
-    let run = common::tandem_command()
-        .arg("bench")
-        .arg("--prompts")
-        .arg(spec_bench_dev())
-        .args(["--categories", "writing", "--limit-per-category", "1"])
-        .args(["--max-tokens", "4", "--warmup", "0", "--quiet"])
+    let run = bench_one_writing_prompt("4")
         .args(["--modes", "plain,draft:cross_vocabulary=tli"])
         .output()
         .unwrap();

@@ -364,7 +364,7 @@ fn round_rate(
     let f = forecast_round(candidates, plan, base_width, costs)?;
     let n = candidates.len();
     let chunk = costs.verify_seconds(base_width + n)? - costs.verify_seconds(n)?;
-    let seconds = (f.draft + f.verify - chunk) * f.bias + f.catch_up;
+    let seconds = f.seconds() - chunk * f.bias;
     (seconds > 0.0).then(|| f.tokens / seconds)
 }
 
