@@ -3,7 +3,7 @@
 //! translation keeps the text, and so does putting the drafter's tokens back in the target's
 //! (string-level drafts); greedy speculative output equals plain decoding token for token, over
 //! the shared tokens (TLI) and string-level (SLEM), in the single-request loop, in the engine
-//! four at once, and through `tandem generate`; a pair that shares too little is refused at
+//! four at once (alone, and behind prompt lookup), and through `tandem generate`; a pair that shares too little is refused at
 //! start-up with both models named. (Sampled
 //! exactness is proven by enumeration in `draft::translation` and by the engine's chi-square
 //! arm in `tests/sampled_distribution.rs`.)
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use common::{
     complete_together, engine_request, fixed_gamma, gemma_path, greedy_request, plain_output,
 };
-use tandem::draft::{GreedyAcross, ModelDrafter, Proposer, Translation};
+use tandem::draft::{GreedyAcross, ModelDrafter, PromptLookup, Proposer, Translation};
 use tandem::engine::{DraftSource, Engine, EngineConfig};
 use tandem::model::load::loader::LoadOptions;
 use tandem::model::{LoadedModel, ModelSource, WeightsDtype};
@@ -117,44 +117,49 @@ fn greedy_speculation_equals_plain(greedy: GreedyAcross) {
         accepted > 0 && rejected > 0,
         "{greedy:?}: {accepted} accepted, {rejected} rejected"
     );
-    // The engine, four at once (one batched draft step for all, each translated apart).
+    // The engine, four at once (one batched draft step for all, each translated apart), at a
+    // fixed γ; then with prompt lookup drafting first (`draft+lookup`): lookup's copies and
+    // the model's drafts mix, and the model catches up on what lookup copied.
     let target_model = Arc::new(target.model);
-    let source = DraftSource::Model {
-        model: Arc::new(draft.model),
-        vocab: None,
-        translation: Some(t),
-        lookup: None,
-        name: "SmolLM2".into(),
-    };
-    let cfg = EngineConfig {
-        max_seqs: 4,
-        ..Default::default()
-    };
-    let rt = common::runtime();
-    let engine = rt
-        .block_on(Engine::start(Arc::clone(&target_model), Some(source), cfg))
-        .unwrap();
+    let draft_model = Arc::new(draft.model);
     let reqs: Vec<_> = TEXTS
         .iter()
         .map(|text| greedy_request(prompt(text), 32, eos))
         .collect();
-    let done = complete_together(
-        &rt,
-        &engine,
-        reqs.iter()
-            .map(|r| engine_request(r.clone(), fixed_gamma(3)))
-            .collect(),
-    );
-    let mut accepted = 0;
-    for (req, c) in reqs.iter().zip(&done) {
-        assert_eq!(
-            c.tokens,
-            plain_output(&target_model, req).tokens,
-            "{greedy:?}"
+    let rt = common::runtime();
+    for lookup in [None, Some(PromptLookup::default())] {
+        let source = DraftSource::Model {
+            model: Arc::clone(&draft_model),
+            vocab: None,
+            translation: Some(Arc::clone(&t)),
+            lookup,
+            name: "SmolLM2".into(),
+        };
+        let cfg = EngineConfig {
+            max_seqs: 4,
+            ..Default::default()
+        };
+        let engine = rt
+            .block_on(Engine::start(Arc::clone(&target_model), Some(source), cfg))
+            .unwrap();
+        let done = complete_together(
+            &rt,
+            &engine,
+            reqs.iter()
+                .map(|r| engine_request(r.clone(), fixed_gamma(3)))
+                .collect(),
         );
-        accepted += c.usage.speculative.accepted_tokens;
+        let mut accepted = 0;
+        for (req, c) in reqs.iter().zip(&done) {
+            assert_eq!(
+                c.tokens,
+                plain_output(&target_model, req).tokens,
+                "{greedy:?}, lookup {lookup:?}"
+            );
+            accepted += c.usage.speculative.accepted_tokens;
+        }
+        assert!(accepted > 0, "the drafter's tokens were accepted");
     }
-    assert!(accepted > 0, "the drafter's tokens were accepted");
 }
 
 /// `tandem generate --draft-model default` on Gemma: the setup finds the vocabularies differ,

@@ -44,6 +44,7 @@ const DESIGN_METRICS: &[&str] = &[
     "tandem_spec_gamma",
     "tandem_pipeline_overlap_ratio",
     "tandem_spec_speedup_estimate",
+    "tandem_spec_drafting_net_seconds",
     "tandem_prefix_cache_lookups_total",
     "tandem_prefix_cache_hits_total",
     "tandem_prefix_cache_hit_tokens_total",

@@ -164,6 +164,10 @@ fn describe_engine() {
         "Decode speed over plain decoding's, from recent rounds and measured costs (<1: speculation loses)."
     );
     describe_gauge!(
+        SPEC_DRAFTING_NET,
+        "Seconds drafting saved against plain decoding over about the last minute of decoding, net (<0: lost; below -0.3 exploring is priced at face value)."
+    );
+    describe_gauge!(
         PIPELINE_OVERLAP,
         "Share of busy time the drafter and verifier ran at once."
     );

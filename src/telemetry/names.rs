@@ -39,6 +39,7 @@ pub const SPEC_LENIENCE: &str = "tandem_spec_lenience";
 pub const SPEC_GAMMA: &str = "tandem_spec_gamma";
 pub const PIPELINE_OVERLAP: &str = "tandem_pipeline_overlap_ratio";
 pub const SPEC_SPEEDUP_ESTIMATE: &str = "tandem_spec_speedup_estimate";
+pub const SPEC_DRAFTING_NET: &str = "tandem_spec_drafting_net_seconds";
 
 pub const CONFIG_RELOADS: &str = "tandem_config_reloads_total";
 pub const ENGINE_STALLS: &str = "tandem_engine_stalls_total";

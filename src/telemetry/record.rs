@@ -228,6 +228,11 @@ pub fn set_speedup_estimate(ratio: f64) {
     gauge!(SPEC_SPEEDUP_ESTIMATE).set(ratio);
 }
 
+/// What drafting saved lately against plain decoding, net, in seconds (the governor's ledger).
+pub fn set_drafting_net(seconds: f64) {
+    gauge!(SPEC_DRAFTING_NET).set(seconds);
+}
+
 /// A next round drafted during a verification within a request: `used` if the guess held.
 pub fn record_draft_ahead(used: bool) {
     let outcome = if used { "used" } else { "discarded" };

@@ -2,6 +2,7 @@
 //! each width, and the forecasts built from them. Timing noise on a shared machine only ever adds,
 //! so every price is the least of a short window of measurements.
 
+use super::ledger::DraftingLedger;
 use super::round_bias::RoundBias;
 
 /// A measured cost: the least of the last few measurements. Timing noise on a shared machine
@@ -73,6 +74,8 @@ pub struct CostModel {
     draft_bias: f64,
     /// How far rounds that draft run over their forecast, against plain rounds.
     round_bias: RoundBias,
+    /// What drafting has saved lately, net: the budget exploring spends.
+    ledger: DraftingLedger,
     /// Set by [`CostModel::freeze`]: measurements no longer change any price.
     frozen: bool,
 }
@@ -92,6 +95,7 @@ impl CostModel {
             verify_clock: 0,
             draft_bias: 1.0,
             round_bias: RoundBias::default(),
+            ledger: DraftingLedger::default(),
             frozen: false,
         }
     }
@@ -178,6 +182,41 @@ impl CostModel {
     /// plain rounds (1 for a frozen price table): see `RoundBias`.
     pub fn drafting_bias(&self) -> f64 {
         self.round_bias.get()
+    }
+
+    /// A decoding round (no prompt chunk) of `seconds` that gave `tokens` tokens to
+    /// `sequences` sequences, `drafted` or not, into the ledger of what drafting saved: the
+    /// round's tokens at what a plain round of as many sequences costs as it runs, less its
+    /// seconds (catch-ups included: they are what exploring spends).
+    pub fn record_decode_round(
+        &mut self,
+        drafted: bool,
+        (tokens, sequences): (usize, usize),
+        seconds: f64,
+    ) {
+        if self.frozen || sequences == 0 {
+            return;
+        }
+        let gain = match (drafted, self.verify_seconds(sequences)) {
+            (true, Some(plain)) => {
+                let per_token = plain * self.round_bias.plain() / sequences as f64;
+                tokens as f64 * per_token - seconds
+            }
+            _ => 0.0,
+        };
+        self.ledger.record(seconds, gain);
+    }
+
+    /// Net seconds drafting saved lately against plain decoding (negative: lost).
+    pub fn drafting_net(&self) -> f64 {
+        self.ledger.net()
+    }
+
+    /// Whether exploring (a probe, a drafter catching up on text it missed) may be priced on
+    /// hope now: drafting has not lately cost more than it saved beyond a small budget
+    /// (always, for a frozen table). See `DraftingLedger`.
+    pub fn may_explore(&self) -> bool {
+        self.ledger.may_explore()
     }
 
     /// Time the drafter spent taking in `tokens` context tokens it had not seen.

@@ -12,6 +12,7 @@ mod acceptance_rate;
 mod branches;
 mod config;
 mod costs;
+mod ledger;
 mod planner;
 mod round_bias;
 mod speedup;

@@ -136,6 +136,13 @@ pub fn plan_round(
 /// prompts that the rest of a short answer cannot repay. A drafter that loses even at full
 /// acceptance is never probed.
 ///
+/// Hope is paid from what drafting saved: while exploring has lately cost more than drafting
+/// gained (`CostModel::may_explore`), speculation is priced at the estimate itself, so only a
+/// request whose own rate says the catch-up pays takes it in. A drafter that is dear next to
+/// its target and rarely right enough (SmolLM2 for Gemma 3, sampled) would otherwise lose a
+/// catch-up on every fresh request's prompt, and one that pays loses nothing by it: its
+/// ledger stays ahead.
+///
 /// Savings are priced in the batch the request is in, not as if it were alone: beside other
 /// sequences a plain step already yields several tokens per weight pass, so one request's
 /// drafts save far less, and a probe priced alone would pay catch-ups that its batch never
@@ -148,7 +155,11 @@ fn probe_pays(
     costs: &CostModel,
 ) -> bool {
     let c = &candidates[i];
-    let alpha = (c.alpha + 1.0) / 2.0;
+    let alpha = if costs.may_explore() {
+        (c.alpha + 1.0) / 2.0
+    } else {
+        c.alpha
+    };
     let Some(save) = could_save(candidates, i, plan, (alpha, max), costs) else {
         return true;
     };

@@ -82,6 +82,12 @@ impl RoundBias {
         }
     }
 
+    /// How many times its forecast a plain round has cost lately: what a plain step costs
+    /// as it runs, over its price (the least of recent measurements).
+    pub fn plain(&self) -> f64 {
+        self.plain.get()
+    }
+
     /// How many times its forecast a round that drafts is expected to cost, relative to a
     /// plain round's: at least 1 (forecasts that turned out pessimistic are kept, so noise
     /// never talks the governor into drafting), at most [`Self::MAX`].

@@ -67,7 +67,13 @@ impl Scheduler {
                 continue;
             };
             s.draft_rng = o.rng;
-            s.drafter_seen = s.context.len();
+            // A model behind prompt lookup takes nothing in while lookup's match is drafted:
+            // what it has seen stays where it last stepped, so its catch-up on lookup's copies
+            // is priced when it next drafts.
+            let copied = o.proposal.as_ref().is_ok_and(|p| p.confidence_kind > 0);
+            if !(copied && self.cfg.foresight.is_some_and(|f| f.has_model())) {
+                s.drafter_seen = s.context.len();
+            }
             // The drafter took the features the request carried.
             s.features.clear();
             // A drafter failure costs this round's speculation, not the request.
@@ -82,6 +88,8 @@ impl Scheduler {
         outcomes
             .iter()
             .filter(|o| !held.iter().any(|&(seq, _)| seq == o.seq))
+            // Prompt lookup's copies take nothing in.
+            .filter(|o| o.proposal.as_ref().map_or(true, |p| p.confidence_kind == 0))
             .filter_map(|o| self.active.iter().find(|s| s.id == o.seq))
             .map(|s| s.context.len().saturating_sub(s.drafter_seen))
             .filter(|&fed| fed > 2)

@@ -39,6 +39,12 @@ impl DraftForesight {
         })
     }
 
+    /// Whether a model (a head) drafts where the text has no match: one that takes in nothing
+    /// while prompt lookup's match is drafted, and so falls behind the text lookup copies.
+    pub fn has_model(&self) -> bool {
+        self.model_otherwise
+    }
+
     /// The draft to make after `context`, given what a round of each kind of draft is worth to
     /// the request (`worth`: its expected tokens per step's time, from that kind's acceptance
     /// and what its drafts cost): the match's, unless the model's drafts are worth more than a

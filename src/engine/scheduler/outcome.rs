@@ -47,6 +47,12 @@ impl Scheduler {
             }
         } else {
             telemetry::record_round(drafts.len(), o.accepted);
+            tracing::debug!(
+                seq = id,
+                drafted = drafts.len(),
+                accepted = o.accepted,
+                "outcome"
+            );
             self.speedup.record(drafts.len(), o.accepted, &self.costs);
             if !drafts.is_empty() {
                 s.spec.rounds += 1;

@@ -13,7 +13,8 @@ use crate::draft::DraftTiming;
 use crate::engine::error::EngineError;
 use crate::engine::governor::RoundForecast;
 use crate::engine::messages::{
-    DraftBatchResult, DraftItem, TargetBatch, TargetBatchResult, TargetItem, TargetWork,
+    DraftBatchResult, DraftItem, Failure, TargetBatch, TargetBatchResult, TargetItem,
+    TargetOutcome, TargetWork,
 };
 use crate::engine::settings::SpeculationSettings;
 use crate::telemetry;
@@ -86,6 +87,11 @@ impl Scheduler {
             draft_secs + ahead_secs,
             (batch.decode_only, batch.width),
         );
+        if batch.decode_only {
+            let drafted =
+                draft_secs + ahead_secs > 0.0 || batch.sent.values().any(|s| !s.1.is_empty());
+            self.record_gain(drafted, &result.outcomes, times.round_seconds);
+        }
         let mut ended = batch.ended;
         for outcome in result.outcomes {
             ended.extend(self.take_outcome(outcome, &batch.sent, &mut guessed));
@@ -280,7 +286,7 @@ impl Scheduler {
                     times.round_seconds - lag,
                 );
             }
-            log_forecast(&f, times);
+            log_forecast(&f, times, self.costs.drafting_net());
         }
         telemetry::record_step(
             times.round_seconds,
@@ -295,11 +301,29 @@ impl Scheduler {
         }
     }
 
+    /// What a decoding round gave, into the ledger of what drafting saved: its tokens (drafts
+    /// that stood and the target's own) against its seconds.
+    fn record_gain(
+        &mut self,
+        drafted: bool,
+        outcomes: &[Result<TargetOutcome, (u64, Failure)>],
+        seconds: f64,
+    ) {
+        let ok = outcomes.iter().filter_map(|o| o.as_ref().ok());
+        let tokens = ok
+            .clone()
+            .map(|o| o.accepted + usize::from(o.next_token.is_some()))
+            .sum();
+        self.costs
+            .record_decode_round(drafted, (tokens, ok.count()), seconds);
+    }
+
     /// After the outcomes: the speed-up estimate, waiting choices started, sequences ended.
     async fn finish_round(&mut self, ended: Vec<Ending>) -> Result<(), EngineError> {
         if let Some(x) = self.speedup.get() {
             telemetry::set_speedup_estimate(x);
         }
+        telemetry::set_drafting_net(self.costs.drafting_net());
         // Before anything ends: a first choice that prefilled and finished in this round still
         // holds the cache its other choices start from.
         self.start_waiting_choices().await?;

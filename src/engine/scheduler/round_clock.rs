@@ -40,7 +40,7 @@ pub(super) struct RoundTimes {
 }
 
 /// Logs the forecast against measurement, part by part: what the governor's plans rest on.
-pub(super) fn log_forecast(f: &RoundForecast, t: &RoundTimes) {
+pub(super) fn log_forecast(f: &RoundForecast, t: &RoundTimes, drafting_net: f64) {
     tracing::debug!(
         width = f.width,
         drafting = f.drafting,
@@ -56,6 +56,7 @@ pub(super) fn log_forecast(f: &RoundForecast, t: &RoundTimes) {
         mask_ms = t.mask_seconds * 1e3,
         round_ms = t.round_seconds * 1e3,
         drafting_bias = f.bias,
+        drafting_net_ms = drafting_net * 1e3,
         "round"
     );
 }

@@ -137,18 +137,19 @@ impl Sequence {
         match self.round.gamma.capped(cap) {
             RoundGamma::Plain => fixed(0),
             RoundGamma::Fixed(g) => fixed(g),
-            RoundGamma::Adaptive { min, max } => Candidate {
-                depth: n,
-                ..self.governor.candidate(
-                    min,
-                    max,
-                    (
-                        self.context.len().saturating_sub(self.drafter_seen + 2),
-                        remaining,
-                    ),
-                    kind,
-                )
-            },
+            RoundGamma::Adaptive { min, max } => {
+                // A round of prompt lookup's match copies it: nothing is taken in first.
+                let catch_up = match kind {
+                    Some(k) if k > 0 => 0,
+                    _ => self.context.len().saturating_sub(self.drafter_seen + 2),
+                };
+                Candidate {
+                    depth: n,
+                    ..self
+                        .governor
+                        .candidate(min, max, (catch_up, remaining), kind)
+                }
+            }
         }
     }
 

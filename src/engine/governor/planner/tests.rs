@@ -172,6 +172,59 @@ fn a_drafter_that_keeps_failing_is_not_probed_at_the_price_of_a_catch_up() {
 }
 
 #[test]
+fn hope_waits_while_drafting_has_lost_more_than_it_saved() {
+    // A step costs 1 s, a forward 0.9 s plus 0.1 s a token, a draft step 0.3 s; catching
+    // up on 100 tokens 50 s.
+    let verify: Vec<f64> = (1..=16).map(|w| 0.9 + 0.1 * w as f64).collect();
+    let mut c = costs(0.3, &verify);
+    c.record_catch_up(50.0, 100);
+    let probe = |alpha| Candidate {
+        alpha,
+        choice: Choice::Probe { gamma: 1, max: 8 },
+        catch_up: 100,
+        remaining: 1000,
+        depth: 0,
+    };
+    // At 30% no γ pays; halfway to all (65%) a γ of 1 saves a quarter of a step a round,
+    // 150 s over the request: worth the catch-up.
+    assert_eq!(plan_round(&[probe(0.3)], 0, &c, 1.05), vec![1]);
+    // A round that drafted gave 3 tokens in 2 s: it saved a second against plain steps.
+    c.record_decode_round(true, (3, 1), 2.0);
+    assert!(
+        (c.drafting_net() - 1.0).abs() < 1e-9,
+        "{}",
+        c.drafting_net()
+    );
+    // Then drafting lost 2 s: one round of 3 s gave a single token.
+    c.record_decode_round(true, (1, 1), 3.0);
+    assert!(!c.may_explore(), "{}", c.drafting_net());
+    // Now the probe is priced at its own 30%, where nothing pays.
+    assert_eq!(plan_round(&[probe(0.3)], 0, &c, 1.05), vec![0]);
+    let fresh = Candidate {
+        choice: Choice::Free { min: 1, max: 8 },
+        ..probe(0.3)
+    };
+    assert_eq!(plan_round(&[fresh], 0, &c, 1.05), vec![0]);
+    // A request whose own rate says drafting repays the catch-up still takes it in.
+    assert_eq!(plan_round(&[probe(0.9)], 0, &c, 1.05), vec![1]);
+    let good = Candidate {
+        alpha: 0.9,
+        ..fresh
+    };
+    assert!(plan_round(&[good], 0, &c, 1.05)[0] > 0);
+    // Enough plain decoding wears the loss down, and hope comes back.
+    for _ in 0..80 {
+        c.record_decode_round(false, (1, 1), 1.0);
+    }
+    assert!(c.may_explore(), "{}", c.drafting_net());
+    assert_eq!(plan_round(&[probe(0.3)], 0, &c, 1.05), vec![1]);
+    // A frozen table keeps no ledger.
+    let mut frozen = costs(0.3, &verify).freeze();
+    frozen.record_decode_round(true, (1, 1), 30.0);
+    assert!(frozen.may_explore() && frozen.drafting_net() == 0.0);
+}
+
+#[test]
 fn unmeasured_costs_start_with_the_smallest_gamma() {
     let g = Governor::new(GovernorConfig::default());
     let plan = plan_round(
