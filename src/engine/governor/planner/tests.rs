@@ -147,19 +147,31 @@ fn a_probe_beside_other_requests_is_priced_in_their_batch() {
     assert_eq!(plan_round(&[caught_up, plain], 0, &c, 1.02), vec![1, 0]);
 }
 
-#[test]
-fn a_drafter_that_keeps_failing_is_not_probed_at_the_price_of_a_catch_up() {
+/// A step costs 1 s, a forward 0.9 s plus 0.1 s a token, a draft step 0.3 s, and catching up
+/// on 100 tokens `catch_up_100` s.
+fn linear_costs(catch_up_100: f64) -> CostModel {
     let verify: Vec<f64> = (1..=16).map(|w| 0.9 + 0.1 * w as f64).collect();
     let mut c = costs(0.3, &verify);
-    // Catching up on the 100 tokens decoded since the last probe: 10 steps.
-    c.record_catch_up(10.0, 100);
-    let probe = |alpha| Candidate {
+    c.record_catch_up(catch_up_100, 100);
+    c
+}
+
+/// A probe at γ 1 (up to 8) whose drafter must first take in `catch_up` tokens.
+fn probe_after(alpha: f64, catch_up: usize, remaining: usize) -> Candidate {
+    Candidate {
         alpha,
         choice: Choice::Probe { gamma: 1, max: 8 },
-        catch_up: 100,
-        remaining: 60,
+        catch_up,
+        remaining,
         depth: 0,
-    };
+    }
+}
+
+#[test]
+fn a_drafter_that_keeps_failing_is_not_probed_at_the_price_of_a_catch_up() {
+    // Catching up on the 100 tokens decoded since the last probe: 10 steps.
+    let c = linear_costs(10.0);
+    let probe = |alpha| probe_after(alpha, 100, 60);
     // Every draft accepted would save 32 steps; at 60% (halfway from its 20%) under 8.
     assert_eq!(plan_round(&[probe(0.2)], 0, &c, 1.05), vec![0]);
     assert_eq!(plan_round(&[probe(0.9)], 0, &c, 1.05), vec![1]);
@@ -173,18 +185,9 @@ fn a_drafter_that_keeps_failing_is_not_probed_at_the_price_of_a_catch_up() {
 
 #[test]
 fn hope_waits_while_drafting_has_lost_more_than_it_saved() {
-    // A step costs 1 s, a forward 0.9 s plus 0.1 s a token, a draft step 0.3 s; catching
-    // up on 100 tokens 50 s.
-    let verify: Vec<f64> = (1..=16).map(|w| 0.9 + 0.1 * w as f64).collect();
-    let mut c = costs(0.3, &verify);
-    c.record_catch_up(50.0, 100);
-    let probe = |alpha| Candidate {
-        alpha,
-        choice: Choice::Probe { gamma: 1, max: 8 },
-        catch_up: 100,
-        remaining: 1000,
-        depth: 0,
-    };
+    // Catching up on 100 tokens costs 50 steps.
+    let mut c = linear_costs(50.0);
+    let probe = |alpha| probe_after(alpha, 100, 1000);
     // At 30% no γ pays; halfway to all (65%) a γ of 1 saves a quarter of a step a round,
     // 150 s over the request: worth the catch-up.
     assert_eq!(plan_round(&[probe(0.3)], 0, &c, 1.05), vec![1]);
@@ -219,7 +222,7 @@ fn hope_waits_while_drafting_has_lost_more_than_it_saved() {
     assert!(c.may_explore(), "{}", c.drafting_net());
     assert_eq!(plan_round(&[probe(0.3)], 0, &c, 1.05), vec![1]);
     // A frozen table keeps no ledger.
-    let mut frozen = costs(0.3, &verify).freeze();
+    let mut frozen = linear_costs(50.0).freeze();
     frozen.record_decode_round(true, (1, 1), 30.0);
     assert!(frozen.may_explore() && frozen.drafting_net() == 0.0);
 }
