@@ -63,15 +63,12 @@ impl Scheduler {
                 kept.insert(o.seq, o);
                 continue;
             }
+            let took_in = self.took_in(&o);
             let Some(s) = self.active.iter_mut().find(|s| s.id == o.seq) else {
                 continue;
             };
             s.draft_rng = o.rng;
-            // A model behind prompt lookup takes nothing in while lookup's match is drafted:
-            // what it has seen stays where it last stepped, so its catch-up on lookup's copies
-            // is priced when it next drafts.
-            let copied = o.proposal.as_ref().is_ok_and(|p| p.confidence_kind > 0);
-            if !(copied && self.cfg.foresight.is_some_and(|f| f.has_model())) {
+            if took_in {
                 s.drafter_seen = s.context.len();
             }
             // The drafter took the features the request carried.
@@ -87,14 +84,20 @@ impl Scheduler {
     fn context_caught_up(&self, outcomes: &[DraftOutcome], held: &[(u64, usize)]) -> usize {
         outcomes
             .iter()
-            .filter(|o| !held.iter().any(|&(seq, _)| seq == o.seq))
-            // Prompt lookup's copies take nothing in.
-            .filter(|o| o.proposal.as_ref().map_or(true, |p| p.confidence_kind == 0))
+            .filter(|o| !held.iter().any(|&(seq, _)| seq == o.seq) && self.took_in(o))
             .filter_map(|o| self.active.iter().find(|s| s.id == o.seq))
             .map(|s| s.context.len().saturating_sub(s.drafter_seen))
             .filter(|&fed| fed > 2)
             .map(|fed| fed - 1)
             .sum()
+    }
+
+    /// Whether the drafter took in its sequence's context for `o`. A model (a head) behind
+    /// prompt lookup takes nothing in while lookup's match is drafted: what it has seen stays
+    /// where it last stepped, so its catch-up on lookup's copies is priced when it next drafts.
+    fn took_in(&self, o: &DraftOutcome) -> bool {
+        let copied = o.proposal.as_ref().is_ok_and(|p| p.confidence_kind > 0);
+        !(copied && self.cfg.foresight.is_some_and(|f| f.has_model()))
     }
 
     /// What each sequence in `which` (indices into `active`) would draft now, where the

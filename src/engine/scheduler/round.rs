@@ -309,13 +309,14 @@ impl Scheduler {
         outcomes: &[Result<TargetOutcome, (u64, Failure)>],
         seconds: f64,
     ) {
-        let ok = outcomes.iter().filter_map(|o| o.as_ref().ok());
-        let tokens = ok
-            .clone()
-            .map(|o| o.accepted + usize::from(o.next_token.is_some()))
-            .sum();
+        let (tokens, sequences) = outcomes
+            .iter()
+            .filter_map(|o| o.as_ref().ok())
+            .fold((0, 0), |(t, n), o| {
+                (t + o.accepted + usize::from(o.next_token.is_some()), n + 1)
+            });
         self.costs
-            .record_decode_round(drafted, (tokens, ok.count()), seconds);
+            .record_decode_round(drafted, (tokens, sequences), seconds);
     }
 
     /// After the outcomes: the speed-up estimate, waiting choices started, sequences ended.
