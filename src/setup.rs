@@ -40,6 +40,7 @@ pub fn load_target(config: &Config) -> Result<LoadedModel, SetupError> {
             .set_chat_template(&src)
             .map_err(|e| ModelError::BadConfig(format!("model.chat_template {path}: {e}")))?;
     }
+    check_first_forward(&target, "the target model")?;
     tracing::info!(
         model = %source.display_name(),
         device = %target.model.placement(),
@@ -49,6 +50,25 @@ pub fn load_target(config: &Config) -> Result<LoadedModel, SetupError> {
         "loaded the target model"
     );
     Ok(target)
+}
+
+/// A short forward of ordinary text through `loaded`, refused where any value between its
+/// layers or any logit is not finite (a corrupt file), naming the model and the first layer
+/// that went wrong.
+pub fn check_first_forward(loaded: &LoadedModel, which: &str) -> Result<(), SetupError> {
+    let mut tokens = loaded
+        .tokenizer
+        .encode("The capital of France is Paris.", true)
+        .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    tokens.truncate(16);
+    if tokens.is_empty() {
+        tokens.push(0);
+    }
+    crate::model::check_finite_forward(&loaded.model, &tokens).map_err(|e| match e {
+        ModelError::NonFinite(why) => ModelError::NonFinite(format!("{which}: {why}")),
+        other => other,
+    })?;
+    Ok(())
 }
 
 /// Says which vector instructions the kernels run on; a CPU without AVX2 still runs, on

@@ -15,6 +15,8 @@ use super::{bench, forward_bench, generate, health, make_model, serve, train_hea
 const ENVIRONMENT_HELP: &str = "Environment:
   TANDEM_ADMIN_TOKEN  bearer token of the admin API (/admin/speculation); overrides
                       server.admin_token; unset and empty in the config, the admin API is off
+  TANDEM_API_KEY      an API key of the inference API (/v1/*, /tokenize, /detokenize), beside
+                      server.api_keys, --api-key and server.api_keys_file
   TANDEM_LOG          log level or filter, e.g. info,tandem::engine=debug (overrides
                       logging.level)
   TANDEM_CACHE        where the default model lives (default ~/.cache/tandem)
@@ -101,6 +103,7 @@ mod tests {
         let help = Cli::command().render_long_help().to_string();
         for var in [
             "TANDEM_ADMIN_TOKEN",
+            "TANDEM_API_KEY",
             "TANDEM_LOG",
             "TANDEM_CACHE",
             "TANDEM_CONFIG",

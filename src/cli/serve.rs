@@ -68,6 +68,15 @@ pub struct ServeArgs {
     /// [default: engine.pipeline, false].
     #[arg(long, env = "TANDEM_PIPELINE")]
     pipeline: Option<bool>,
+    /// An API key the inference API takes (`Authorization: Bearer KEY`); repeat for more.
+    /// Added to server.api_keys and TANDEM_API_KEY; prefer those or --api-keys-file, since
+    /// a flag shows in the process list [default: none, the API is open].
+    #[arg(long = "api-key", value_name = "KEY")]
+    api_keys: Vec<String>,
+    /// A file of API keys, one a line (`#` lines skipped), such as a mounted Kubernetes
+    /// Secret [default: server.api_keys_file, "": none].
+    #[arg(long, env = "TANDEM_API_KEYS_FILE")]
+    api_keys_file: Option<String>,
     /// Largest request body accepted, in bytes; larger ones get 413
     /// [default: server.max_body_bytes, 1048576].
     #[arg(long, env = "TANDEM_MAX_BODY_BYTES")]
@@ -102,6 +111,10 @@ impl ServeArgs {
         }
         if let Some(v) = &self.model_name {
             srv.model_name = v.clone();
+        }
+        srv.api_keys.extend(self.api_keys.iter().cloned());
+        if let Some(v) = &self.api_keys_file {
+            srv.api_keys_file = v.clone();
         }
         if let Some(v) = self.max_body_bytes {
             srv.max_body_bytes = v;

@@ -199,6 +199,15 @@ fn validate_server(server: &ServerConfig) -> Result<(), ConfigError> {
             );
         }
     }
+    if server.template_timeout_ms == 0 {
+        return invalid("server.template_timeout_ms", "must be >= 1".into());
+    }
+    if server.responses_stored_bytes < 1024 && server.responses_stored > 0 {
+        return invalid(
+            "server.responses_stored_bytes",
+            "must be >= 1024 (turn stored responses off with server.responses_stored = 0)".into(),
+        );
+    }
     if server.responses_ttl_seconds == 0 {
         return invalid(
             "server.responses_ttl_seconds",

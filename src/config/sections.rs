@@ -52,12 +52,22 @@ pub struct ServerConfig {
     pub model_name: String,
     pub max_body_bytes: usize,
     pub admin_token: String,
+    /// Keys of the inference API (empty, with no file and no `TANDEM_API_KEY`: open).
+    pub api_keys: Vec<String>,
+    /// A file of keys, one a line ("": none).
+    pub api_keys_file: String,
+    /// Whether `/metrics` needs an API key too.
+    pub metrics_require_key: bool,
     pub shutdown_grace_seconds: u64,
     pub drain_seconds: u64,
     pub header_timeout_seconds: u64,
     pub body_timeout_seconds: u64,
     pub responses_stored: usize,
     pub responses_ttl_seconds: u64,
+    /// Most bytes of stored responses kept, all together.
+    pub responses_stored_bytes: usize,
+    /// Longest a chat template may take to render one conversation.
+    pub template_timeout_ms: u64,
 }
 
 /// `[structured]`: where and how requests' constraints compile, and JSON's default layout.

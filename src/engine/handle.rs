@@ -336,6 +336,11 @@ impl Engine {
         self.liveness.health()
     }
 
+    /// Whether the model's last forward gave NaN or infinite logits (until one is sound).
+    pub fn logits_broken(&self) -> bool {
+        self.liveness.logits_broken()
+    }
+
     /// Sequences the engine may hold at once, running and queued (`max_seqs + max_queue`).
     pub fn capacity(&self) -> usize {
         self.capacity_total

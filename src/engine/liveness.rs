@@ -24,6 +24,9 @@ pub struct Liveness {
     dead: AtomicBool,
     /// The engine was dropped: its scheduler ending is a shutdown, not a death.
     shut_down: AtomicBool,
+    /// The last forward that reported on its logits found them NaN or infinite (not by a
+    /// request's settings): the model's numbers are broken until a forward is sound again.
+    logits_broken: AtomicBool,
     timeout: Option<Duration>,
 }
 
@@ -48,6 +51,7 @@ impl Liveness {
             work: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
+            logits_broken: AtomicBool::new(false),
             timeout,
         })
     }
@@ -75,6 +79,17 @@ impl Liveness {
                 .store(self.now_ms(), Ordering::Release);
         }
         self.work.store(work, Ordering::Release);
+    }
+
+    /// A sequence's forward gave finite logits (`true`), or NaN or infinite ones through no
+    /// setting of its request (`false`).
+    pub fn forward_was_finite(&self, finite: bool) {
+        self.logits_broken.store(!finite, Ordering::Relaxed);
+    }
+
+    /// Whether the last forward's logits were broken.
+    pub fn logits_broken(&self) -> bool {
+        self.logits_broken.load(Ordering::Relaxed)
     }
 
     pub fn mark_dead(&self) {

@@ -77,6 +77,10 @@ impl Failure {
     }
 }
 
+/// The error code of a forward whose logits were NaN or infinite through no setting of the
+/// request's (a corrupt model, broken numbers): `/health` reports it until a forward is sound.
+pub const NON_FINITE_LOGITS: &str = "non_finite_logits";
+
 /// The error code of a constraint too complex: refused before it runs, or a sequence ended
 /// when its grammar became too complex to follow.
 pub const GRAMMAR_TOO_COMPLEX: &str = "grammar_too_complex";

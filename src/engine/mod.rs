@@ -38,7 +38,9 @@ pub use error::EngineError;
 pub use gamma::{gamma_cap, Gamma, GammaPolicy, InvalidGamma};
 pub use handle::{Completion, Engine, EngineConfig, EventStream};
 pub use liveness::EngineHealth;
-pub use messages::{CacheStats, EngineEvent, Failure, SchedulerStats, GRAMMAR_TOO_COMPLEX};
+pub use messages::{
+    CacheStats, EngineEvent, Failure, SchedulerStats, GRAMMAR_TOO_COMPLEX, NON_FINITE_LOGITS,
+};
 pub use reference::{generate_plain, generate_speculative, FixedSpeculation};
 pub use request::{
     EngineRequest, FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput,

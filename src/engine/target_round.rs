@@ -10,14 +10,14 @@ use std::time::Instant;
 use super::acceptance::{verify, verify_tree, Scratch, VerifyInput};
 use super::error::EngineError;
 use super::messages::{
-    Failure, TargetBatchResult, TargetItem, TargetOutcome, TargetWork, TreeWalk,
+    Failure, TargetBatchResult, TargetItem, TargetOutcome, TargetWork, TreeWalk, NON_FINITE_LOGITS,
 };
 use crate::draft::Proposal;
 use crate::model::{
     BatchFeatures, BatchLogits, FeatureTaps, Kept, KvCache, Llama, LogitsRows, ModelError, SeqInput,
 };
 use crate::sampling::tree::TreeOutcome;
-use crate::sampling::{apply_penalties, token_logprob, Sampler, SeededRng};
+use crate::sampling::{apply_penalties, token_logprob, Sampler, SamplingError, SeededRng};
 
 /// What the verifier's worker owns.
 pub struct TargetState {
@@ -330,6 +330,7 @@ fn failure(it: &TargetItem, e: EngineError) -> Failure {
         return Failure::of_grammar(&e);
     }
     let by_request = matches!(e, EngineError::Sampling(_)) && it.params.modifies_logits();
+    let broken = matches!(e, EngineError::Sampling(SamplingError::InvalidLogits(_)));
     Failure {
         message: if by_request {
             format!("{e}: the request's penalties or logit_bias left no valid logit")
@@ -337,7 +338,7 @@ fn failure(it: &TargetItem, e: EngineError) -> Failure {
             e.to_string()
         },
         by_request,
-        code: None,
+        code: (broken && !by_request).then_some(NON_FINITE_LOGITS),
     }
 }
 

@@ -29,6 +29,8 @@ pub enum ModelError {
     Cache(String),
     #[error("{0}")]
     Device(String),
+    #[error("the model's numbers are broken: {0}")]
+    NonFinite(String),
     #[error("invalid forward input: {0}")]
     BadInput(String),
     #[error(transparent)]

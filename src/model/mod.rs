@@ -45,6 +45,7 @@ pub mod head;
 pub mod kernels;
 pub mod llama;
 pub mod load;
+mod self_check;
 pub mod synthetic;
 pub mod text;
 
@@ -56,5 +57,6 @@ pub use llama::linear::WeightsDtype;
 pub use llama::model::Llama;
 pub use load::hparams::{LlamaHparams, RopeScaling};
 pub use load::loader::{default_model_path, LoadOptions, LoadedModel, ModelSource};
+pub use self_check::check_finite_forward;
 pub use text::chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
 pub use text::tokenizer::{literal_marker, IncrementalDecoder, TextTokenizer, TokenizerError};

@@ -8,30 +8,15 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, Method};
 use axum::Json;
 use serde_json::{json, Value};
 
+use super::auth::{bearer_token, same_secret};
 use super::error::ApiError;
 use super::schema::parse_body;
 use super::{read_body, AppState};
 use crate::engine::{SpeculationOverride, SpeculationSettings};
-
-/// Compares in time independent of where the strings differ.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// The token of an `Authorization: Bearer <token>` header value, trimmed. The scheme's name
-/// is matched in any case: HTTP auth schemes are case-insensitive (RFC 7235), and clients and
-/// proxies send `bearer` too.
-fn bearer_token(value: &str) -> Option<&str> {
-    const SCHEME: &str = "Bearer ";
-    let scheme = value.get(..SCHEME.len())?;
-    scheme
-        .eq_ignore_ascii_case(SCHEME)
-        .then(|| value[SCHEME.len()..].trim())
-}
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(token) = &state.admin_token else {
@@ -59,25 +44,32 @@ fn settings_json(s: &SpeculationSettings, state: &AppState) -> Result<Value, Api
     Ok(v)
 }
 
-pub async fn get_speculation(
+/// `/admin/speculation`: `GET` reads the settings, `PUT` changes them; any other method is a
+/// 405, told only to a caller with the token.
+pub async fn speculation(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
-    authorize(&state, &headers)?;
-    let loaded = state.ready()?;
-    Ok(Json(settings_json(
-        &loaded.engine.settings().get(),
-        &state,
-    )?))
-}
-
-pub async fn put_speculation(
-    State(state): State<Arc<AppState>>,
+    method: Method,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     authorize(&state, &headers)?;
-    let bytes = read_body(&state, body).await?;
+    match method {
+        Method::GET => get_speculation(&state),
+        Method::PUT => put_speculation(&state, body).await,
+        other => Err(ApiError::method_not_allowed(
+            other.as_str(),
+            "/admin/speculation",
+        )),
+    }
+}
+
+fn get_speculation(state: &AppState) -> Result<Json<Value>, ApiError> {
+    let loaded = state.ready()?;
+    Ok(Json(settings_json(&loaded.engine.settings().get(), state)?))
+}
+
+async fn put_speculation(state: &AppState, body: Body) -> Result<Json<Value>, ApiError> {
+    let bytes = read_body(state, body).await?;
     let update: SpeculationOverride = parse_body(&bytes)?;
     let loaded = state.ready()?;
     let before = loaded.engine.settings().get();
@@ -91,34 +83,5 @@ pub async fn put_speculation(
         change = %crate::engine::settings::describe_change(&before, &after),
         "admin changed the speculation settings"
     );
-    Ok(Json(settings_json(&after, &state)?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{bearer_token, same_secret};
-
-    #[test]
-    fn secrets_compare_exactly() {
-        assert!(same_secret(b"abc", b"abc"));
-        assert!(!same_secret(b"abc", b"abd"));
-        assert!(!same_secret(b"abc", b"abcd"));
-        assert!(!same_secret(b"", b"a"));
-    }
-
-    #[test]
-    fn the_bearer_scheme_is_matched_in_any_case() {
-        for value in [
-            "Bearer tok",
-            "bearer tok",
-            "BEARER tok",
-            "bEaReR tok",
-            "Bearer   tok  ",
-        ] {
-            assert_eq!(bearer_token(value), Some("tok"), "{value:?}");
-        }
-        for value in ["Basic tok", "Bearertok", "Bearer", "", "Beärer tok"] {
-            assert_eq!(bearer_token(value), None, "{value:?}");
-        }
-    }
+    Ok(Json(settings_json(&after, state)?))
 }

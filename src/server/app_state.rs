@@ -4,7 +4,7 @@
 //! Why it exists: it is built once when the server starts (`lifecycle`) and read by every
 //! handler, so it lives apart from both.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -20,11 +20,12 @@ pub struct AppState {
     pub(super) loaded: OnceLock<Loaded>,
     pub(super) metrics: Option<PrometheusHandle>,
     pub(super) admin_token: Option<String>,
+    /// The inference API's keys (none: open).
+    pub(super) api_keys: super::auth::ApiKeys,
+    /// `/metrics` sits behind the keys too.
+    pub(super) metrics_require_key: bool,
     pub(super) max_body_bytes: usize,
     pub(super) defaults: crate::config::GenerationDefaults,
-    /// Nonce making response ids unique across restarts.
-    pub(super) id_prefix: String,
-    pub(super) next_request: AtomicU64,
     /// Set on SIGTERM: `/health` answers 503 so balancers route new work elsewhere.
     pub(super) draining: AtomicBool,
     /// Longest a client may take to send a request body.
@@ -38,11 +39,9 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// A new request id such as `chatcmpl-5f3a0c1e2a`: unique within the process and, through
-    /// the prefix, across restarts.
+    /// A new request id such as `chatcmpl-5f3a…`: 128 random bits, so no id tells another.
     pub(super) fn new_request_id(&self, kind: &str) -> String {
-        let n = self.next_request.fetch_add(1, Ordering::Relaxed);
-        format!("{kind}-{}{n:x}", self.id_prefix)
+        super::ids::fresh_id(kind, '-')
     }
 
     pub(super) fn ready(&self) -> Result<&Loaded, ApiError> {

@@ -3,13 +3,15 @@
 //! then end what still runs in words.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
+use super::auth::{is_loopback, ApiKeys};
+use super::responses_store::{ResponseStore, StoreLimits};
 use super::{listen, reload, router, startup, AppState, ServerError};
 use crate::config::Config;
 
@@ -23,6 +25,10 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let metrics = install_metrics(&config)?;
     let admin_token = admin_token(&config)?;
+    let api_keys = ApiKeys::gather(
+        &config.server,
+        std::env::var("TANDEM_API_KEY").ok().as_deref(),
+    )?;
     let addr = format!("{}:{}", config.server.host, config.server.port);
     let listener = TcpListener::bind(&addr)
         .await
@@ -31,7 +37,7 @@ pub async fn run(
             reason: e.to_string(),
         })?;
     let local: SocketAddr = listener.local_addr()?;
-    let state = Arc::new(new_state(&config, metrics, admin_token, local));
+    let state = Arc::new(new_state(&config, metrics, admin_token, api_keys));
     tracing::info!(%local, "listening on http://{local} (loading models; /health is 503 until ready)");
     reload::spawn(config_path, {
         let state = Arc::clone(&state);
@@ -40,6 +46,7 @@ pub async fn run(
     if state.admin_token.is_none() {
         tracing::info!("admin API off (set server.admin_token or TANDEM_ADMIN_TOKEN)");
     }
+    tell_who_may_use_it(&state, &config.server.host);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let app = router(Arc::clone(&state));
@@ -73,27 +80,47 @@ fn install_metrics(config: &Config) -> Result<PrometheusHandle, ServerError> {
     Ok(metrics)
 }
 
-/// The handlers' shared state, before the models load; `local` is the bound address.
+/// Logs whether the inference API needs a key, and warns once when a server reachable from
+/// other machines takes requests from anyone.
+fn tell_who_may_use_it(state: &AppState, host: &str) {
+    if state.api_keys.required() {
+        tracing::info!(
+            keys = state.api_keys.count(),
+            metrics_require_key = state.metrics_require_key,
+            "the inference API needs an API key"
+        );
+    } else if !is_loopback(host) {
+        tracing::warn!(
+            %host,
+            "no API key is set and the server listens beyond this machine: anyone who reaches \
+             it may use the API and read the responses it stores; set --api-key, \
+             server.api_keys, TANDEM_API_KEY or server.api_keys_file"
+        );
+    }
+}
+
+/// The handlers' shared state, before the models load.
 fn new_state(
     config: &Config,
     metrics: PrometheusHandle,
     admin_token: Option<String>,
-    local: SocketAddr,
+    api_keys: ApiKeys,
 ) -> AppState {
     AppState {
         loaded: OnceLock::new(),
         metrics: Some(metrics),
         admin_token,
+        metrics_require_key: config.server.metrics_require_key && api_keys.required(),
+        api_keys,
         max_body_bytes: config.server.max_body_bytes,
         defaults: config.generation.clone(),
-        id_prefix: format!("{:08x}", std::process::id() ^ (local.port() as u32) << 16),
-        next_request: AtomicU64::new(0),
         draining: AtomicBool::new(false),
         body_timeout: Duration::from_secs(config.server.body_timeout_seconds),
-        responses: super::responses_store::ResponseStore::new(
-            config.server.responses_stored,
-            Duration::from_secs(config.server.responses_ttl_seconds),
-        ),
+        responses: ResponseStore::new(StoreLimits {
+            count: config.server.responses_stored,
+            ttl: Duration::from_secs(config.server.responses_ttl_seconds),
+            bytes: config.server.responses_stored_bytes,
+        }),
         cutoff: tokio::sync::watch::channel(false).0,
     }
 }

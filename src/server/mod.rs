@@ -9,7 +9,10 @@
 
 pub mod admin;
 mod app_state;
+mod auth;
+mod chat_render;
 pub mod error;
+mod ids;
 mod lifecycle;
 mod listen;
 mod logprobs;

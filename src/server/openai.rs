@@ -127,14 +127,20 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Resp
 
 pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
     let rid = state.new_request_id("chatcmpl");
+    chat_completion(&state, body, rid).await
+}
+
+/// A chat completion under the request id `rid` (the Responses API serves its requests
+/// through this under the response's own id, so logs and `x-request-id` name one id).
+pub(super) async fn chat_completion(state: &Arc<AppState>, body: Body, rid: String) -> Response {
     let span = tracing::info_span!("request", id = %rid, endpoint = "chat.completions");
     let result = async {
-        let bytes = read_body(&state, body).await?;
+        let bytes = read_body(state, body).await?;
         let (req, common): (ChatRequest, _) = parse_request(&bytes)?;
         let loaded = state.ready()?;
         let tools = read_tools(req.tools, req.tool_choice.as_ref(), req.parallel_tool_calls)?;
         let turns = chat_turns(req.messages, tools.as_ref())?;
-        let prompt = chat_prompt(loaded, &turns, true, true)?;
+        let prompt = chat_prompt(loaded, &turns, true, true).await?;
         if common.echo == Some(true) {
             return Err(ApiError::invalid_param(
                 "echo",
@@ -143,7 +149,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) ->
         }
         let logprobs = common.chat_logprobs()?;
         respond(
-            &state,
+            state,
             loaded,
             Endpoint::Chat,
             vec![prompt],

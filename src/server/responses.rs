@@ -12,16 +12,17 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{Extension, Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
+use super::auth::Tenant;
 use super::error::ApiError;
-use super::openai::chat_completions;
+use super::openai::chat_completion;
 use super::response::now_secs;
 use super::responses_input::{chat_form, responses_param};
 use super::responses_output::{
@@ -30,14 +31,29 @@ use super::responses_output::{
 use super::responses_store::Stored;
 use super::{read_body, AppState};
 
-pub async fn create(State(state): State<Arc<AppState>>, body: Body) -> Response {
-    match create_inner(&state, body).await {
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    body: Body,
+) -> Response {
+    // `resp_`: clients continue only from ids of this shape (LangChain, LiteLLM).
+    let id = state.new_request_id("resp").replacen('-', "_", 1);
+    let mut response = match create_inner(&state, tenant, body, &id).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", v);
     }
+    response
 }
 
-async fn create_inner(state: &Arc<AppState>, body: Body) -> Result<Response, ApiError> {
+async fn create_inner(
+    state: &Arc<AppState>,
+    tenant: Tenant,
+    body: Body,
+    id: &str,
+) -> Result<Response, ApiError> {
     let bytes = read_body(state, body).await?;
     let req = match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(m)) => m,
@@ -72,7 +88,7 @@ async fn create_inner(state: &Arc<AppState>, body: Body) -> Result<Response, Api
         Some(Value::String(id)) => {
             state
                 .responses
-                .get(id)
+                .get(id, tenant)
                 .ok_or_else(|| unknown_response(id, "previous_response_id"))?
                 .conversation
         }
@@ -87,22 +103,19 @@ async fn create_inner(state: &Arc<AppState>, body: Body) -> Result<Response, Api
     let mut conversation = earlier;
     conversation.extend(form.added);
     let chat_body = Body::from(Value::Object(form.body).to_string());
-    let answer = chat_completions(State(Arc::clone(state)), chat_body).await;
+    // Reserved before it runs, so a DELETE while it is generated is kept to.
+    let saver = store.then(|| Saver::reserve(state, id, tenant, conversation));
+    let answer = chat_completion(state, chat_body, id.to_string()).await;
     if answer.status() != StatusCode::OK {
         return Ok(in_responses_words(answer).await);
     }
     let head = ResponseHead {
-        // `resp_`: clients continue only from ids of this shape (LangChain, LiteLLM).
-        id: state.new_request_id("resp").replacen('-', "_", 1),
+        id: id.to_string(),
         created_at,
         model: state.ready()?.model_name.clone(),
         request: req,
         stored: store,
     };
-    let saver = store.then(|| Saver {
-        state: Arc::clone(state),
-        conversation,
-    });
     if head.request.get("stream") == Some(&Value::Bool(true)) {
         return Ok(streamed(head, answer, saver));
     }
@@ -121,24 +134,43 @@ async fn create_inner(state: &Arc<AppState>, body: Body) -> Result<Response, Api
     Ok(Json(response).into_response())
 }
 
-/// Keeps a finished response for `GET` and `previous_response_id`.
+/// Keeps a finished response for `GET` and `previous_response_id`; its id is reserved in the
+/// store from the start, and released if it is dropped unsaved (the response failed or its
+/// client left).
 struct Saver {
     state: Arc<AppState>,
+    id: String,
     conversation: Vec<Value>,
 }
 
 impl Saver {
+    fn reserve(state: &Arc<AppState>, id: &str, tenant: Tenant, conversation: Vec<Value>) -> Self {
+        state.responses.reserve(id, tenant);
+        Self {
+            state: Arc::clone(state),
+            id: id.to_string(),
+            conversation,
+        }
+    }
+
     fn save(mut self, response: &Value) {
         let output = response["output"].as_array().map_or(&[][..], Vec::as_slice);
-        self.conversation.push(chat_turn(output));
-        let id = response["id"].as_str().unwrap_or_default().to_string();
+        let mut conversation = std::mem::take(&mut self.conversation);
+        conversation.push(chat_turn(output));
         self.state.responses.put(
-            &id,
+            &self.id,
             Stored {
                 response: response.clone(),
-                conversation: self.conversation,
+                conversation,
             },
         );
+    }
+}
+
+impl Drop for Saver {
+    fn drop(&mut self) {
+        // After a save this finds nothing left to release.
+        self.state.responses.release(&self.id);
     }
 }
 
@@ -259,11 +291,12 @@ fn unknown_response(id: &str, param: &str) -> ApiError {
 /// `GET /v1/responses/{id}`.
 pub async fn get(
     State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     state
         .responses
-        .get(&id)
+        .get(&id, tenant)
         .map(|s| Json(s.response))
         .ok_or_else(|| unknown_response(&id, "response_id"))
 }
@@ -271,9 +304,10 @@ pub async fn get(
 /// `DELETE /v1/responses/{id}`.
 pub async fn delete(
     State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !state.responses.delete(&id) {
+    if !state.responses.delete(&id, tenant) {
         return Err(unknown_response(&id, "response_id"));
     }
     Ok(Json(

@@ -129,6 +129,7 @@ pub struct ChatForm {
 /// `previous_response_id` (chat messages), empty when it has none.
 pub fn chat_form(req: &Map<String, Value>, earlier: &[Value]) -> Result<ChatForm, ApiError> {
     refuse_unsupported(req)?;
+    super::schema::check_free_form(req)?;
     let mut body = Map::new();
     for key in PASSED {
         if let Some(v) = req.get(*key).filter(|v| !v.is_null()) {

@@ -1,15 +1,18 @@
 //! Stored responses (`store: true`, the Responses API's default): what `GET /v1/responses/{id}`
-//! returns and what `previous_response_id` continues from, in memory, bounded in count and in
-//! age (`server.responses_stored`, `server.responses_ttl_seconds`), per replica.
+//! returns and what `previous_response_id` continues from, in memory, bounded in count, in
+//! bytes and in age (`server.responses_stored`, `server.responses_stored_bytes`,
+//! `server.responses_ttl_seconds`), per replica, each visible only to its [`Tenant`].
 //!
-//! Why it exists: a conversation continued by id must find its earlier turns, and a server
-//! must not grow without bound keeping them.
+//! Why it exists: a conversation continued by id must find its earlier turns, no other client
+//! may find them, and a server must not grow without bound keeping them.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use super::auth::Tenant;
 
 /// One stored response.
 #[derive(Clone, Debug)]
@@ -21,78 +24,175 @@ pub struct Stored {
     pub conversation: Vec<Value>,
 }
 
+/// A stored response as kept: its JSON text (what it costs is what is counted, not a
+/// `Value`'s tree, which may take ten times its text), and whose it is.
+struct Entry {
+    at: Instant,
+    tenant: Tenant,
+    response: String,
+    conversation: String,
+}
+
+impl Entry {
+    fn bytes(&self, id: &str) -> usize {
+        // The id twice (map and order) and the bookkeeping beside the text.
+        self.response.len() + self.conversation.len() + 2 * id.len() + 128
+    }
+}
+
+/// How many responses the store keeps, for how long, and in how many bytes together.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreLimits {
+    pub count: usize,
+    pub ttl: Duration,
+    pub bytes: usize,
+}
+
 pub struct ResponseStore {
-    capacity: usize,
-    ttl: Duration,
+    limits: StoreLimits,
     inner: Mutex<Inner>,
 }
 
 #[derive(Default)]
 struct Inner {
-    by_id: HashMap<String, (Instant, Stored)>,
+    by_id: HashMap<String, Entry>,
     /// Ids, oldest first (an id deleted early stays here until it reaches the front).
     order: VecDeque<(Instant, String)>,
+    /// What `by_id` holds, in [`Entry::bytes`].
+    bytes: usize,
+    /// Responses still being generated that will be stored, and whose they are: a `DELETE`
+    /// of one removes it here, and it is then never stored.
+    pending: HashMap<String, Tenant>,
 }
 
 impl Inner {
-    fn evict(&mut self, capacity: usize, ttl: Duration, now: Instant) {
+    fn evict(&mut self, limits: StoreLimits, now: Instant) {
         while let Some((at, id)) = self.order.front() {
-            let stale = now.duration_since(*at) >= ttl;
-            let gone = self.by_id.get(id).is_none_or(|(t, _)| t != at);
-            if !(stale || gone || self.by_id.len() > capacity) {
+            let stale = now.duration_since(*at) >= limits.ttl;
+            let gone = self.by_id.get(id).is_none_or(|e| e.at != *at);
+            let over = self.by_id.len() > limits.count || self.bytes > limits.bytes;
+            if !(stale || gone || over) {
                 break;
             }
             if !gone {
-                self.by_id.remove(id);
+                self.remove(&id.clone());
             }
             self.order.pop_front();
+        }
+    }
+
+    fn remove(&mut self, id: &str) -> bool {
+        match self.by_id.remove(id) {
+            Some(e) => {
+                self.bytes -= e.bytes(id);
+                true
+            }
+            None => false,
         }
     }
 }
 
 impl ResponseStore {
-    /// Keeps at most `capacity` responses (0: none), each for `ttl`.
-    pub fn new(capacity: usize, ttl: Duration) -> Self {
+    /// Keeps at most `limits.count` responses (0: none) in `limits.bytes`, each for
+    /// `limits.ttl`.
+    pub fn new(limits: StoreLimits) -> Self {
         Self {
-            capacity,
-            ttl,
+            limits,
             inner: Mutex::new(Inner::default()),
         }
     }
 
     pub fn is_on(&self) -> bool {
-        self.capacity > 0
+        self.limits.count > 0
     }
 
-    pub fn put(&self, id: &str, stored: Stored) {
-        self.put_at(id, stored, Instant::now());
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic elsewhere while holding the lock leaves the maps consistent (every change
+        // is one insert or remove), so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn put_at(&self, id: &str, stored: Stored, now: Instant) {
-        if self.capacity == 0 {
-            return;
+    /// Marks `id` as a response of `tenant` that will be stored when it is done.
+    pub fn reserve(&self, id: &str, tenant: Tenant) {
+        if self.is_on() {
+            self.lock().pending.insert(id.to_string(), tenant);
         }
-        let mut inner = self.inner.lock().expect("store lock");
-        inner.by_id.insert(id.to_string(), (now, stored));
+    }
+
+    /// Forgets a reservation whose response will not be stored (it failed).
+    pub fn release(&self, id: &str) {
+        self.lock().pending.remove(id);
+    }
+
+    /// Stores a reserved response; whether it was (not if it was deleted while in flight).
+    pub fn put(&self, id: &str, stored: Stored) -> bool {
+        self.put_at(id, stored, Instant::now())
+    }
+
+    fn put_at(&self, id: &str, stored: Stored, now: Instant) -> bool {
+        let mut inner = self.lock();
+        let Some(tenant) = inner.pending.remove(id) else {
+            return false;
+        };
+        let entry = Entry {
+            at: now,
+            tenant,
+            response: stored.response.to_string(),
+            conversation: Value::from(stored.conversation).to_string(),
+        };
+        if entry.bytes(id) > self.limits.bytes {
+            tracing::warn!(
+                bytes = entry.bytes(id),
+                "a response larger than server.responses_stored_bytes was not stored"
+            );
+            return false;
+        }
+        inner.remove(id);
+        inner.bytes += entry.bytes(id);
+        inner.by_id.insert(id.to_string(), entry);
         inner.order.push_back((now, id.to_string()));
-        inner.evict(self.capacity, self.ttl, now);
+        inner.evict(self.limits, now);
+        true
     }
 
-    pub fn get(&self, id: &str) -> Option<Stored> {
-        self.get_at(id, Instant::now())
+    /// The response `id` if `tenant` stored it (another tenant's is as unknown as no
+    /// response at all).
+    pub fn get(&self, id: &str, tenant: Tenant) -> Option<Stored> {
+        self.get_at(id, tenant, Instant::now())
     }
 
-    fn get_at(&self, id: &str, now: Instant) -> Option<Stored> {
-        let mut inner = self.inner.lock().expect("store lock");
-        inner.evict(self.capacity, self.ttl, now);
-        inner.by_id.get(id).map(|(_, s)| s.clone())
+    fn get_at(&self, id: &str, tenant: Tenant, now: Instant) -> Option<Stored> {
+        let (response, conversation) = {
+            let mut inner = self.lock();
+            inner.evict(self.limits, now);
+            let e = inner.by_id.get(id).filter(|e| e.tenant == tenant)?;
+            (e.response.clone(), e.conversation.clone())
+        };
+        // Parsed outside the lock: it is the store's own JSON, so it parses.
+        Some(Stored {
+            response: serde_json::from_str(&response).ok()?,
+            conversation: serde_json::from_str(&conversation).ok()?,
+        })
     }
 
-    /// Forgets a response; whether it was there.
-    pub fn delete(&self, id: &str) -> bool {
-        let mut inner = self.inner.lock().expect("store lock");
-        inner.evict(self.capacity, self.ttl, Instant::now());
-        inner.by_id.remove(id).is_some()
+    /// Forgets `tenant`'s response `id`, stored or still being generated; whether there was one.
+    pub fn delete(&self, id: &str, tenant: Tenant) -> bool {
+        let mut inner = self.lock();
+        inner.evict(self.limits, Instant::now());
+        if inner.pending.get(id) == Some(&tenant) {
+            inner.pending.remove(id);
+            return true;
+        }
+        if inner.by_id.get(id).is_some_and(|e| e.tenant == tenant) {
+            return inner.remove(id);
+        }
+        false
+    }
+
+    /// Bytes held by stored responses.
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 }
 
@@ -102,6 +202,8 @@ mod tests {
 
     use super::*;
 
+    const ME: Tenant = Tenant::OPEN;
+
     fn stored(n: u64) -> Stored {
         Stored {
             response: json!({"n": n}),
@@ -109,40 +211,123 @@ mod tests {
         }
     }
 
+    fn store(count: usize, ttl_s: u64, bytes: usize) -> ResponseStore {
+        ResponseStore::new(StoreLimits {
+            count,
+            ttl: Duration::from_secs(ttl_s),
+            bytes,
+        })
+    }
+
+    fn put(s: &ResponseStore, id: &str, v: Stored, at: Instant) -> bool {
+        s.reserve(id, ME);
+        s.put_at(id, v, at)
+    }
+
     #[test]
     fn the_oldest_go_past_the_capacity_and_every_one_past_its_age() {
-        let store = ResponseStore::new(2, Duration::from_secs(60));
+        let store = store(2, 60, 1 << 20);
         let t0 = Instant::now();
-        store.put_at("a", stored(1), t0);
-        store.put_at("b", stored(2), t0 + Duration::from_secs(1));
-        store.put_at("c", stored(3), t0 + Duration::from_secs(2));
+        put(&store, "a", stored(1), t0);
+        put(&store, "b", stored(2), t0 + Duration::from_secs(1));
+        put(&store, "c", stored(3), t0 + Duration::from_secs(2));
         let now = t0 + Duration::from_secs(3);
         assert!(
-            store.get_at("a", now).is_none(),
+            store.get_at("a", ME, now).is_none(),
             "over capacity, oldest out"
         );
-        assert_eq!(store.get_at("b", now).unwrap().response, json!({"n": 2}));
-        assert_eq!(store.get_at("c", now).unwrap().conversation.len(), 1);
+        assert_eq!(
+            store.get_at("b", ME, now).unwrap().response,
+            json!({"n": 2})
+        );
+        assert_eq!(store.get_at("c", ME, now).unwrap().conversation.len(), 1);
         assert!(
-            store.get_at("b", t0 + Duration::from_secs(61)).is_none(),
+            store
+                .get_at("b", ME, t0 + Duration::from_secs(61))
+                .is_none(),
             "too old"
         );
-        assert!(store.get_at("c", t0 + Duration::from_secs(61)).is_some());
-        assert!(store.delete("c"));
-        assert!(!store.delete("c"));
-        assert!(store.get("c").is_none());
+        assert!(store
+            .get_at("c", ME, t0 + Duration::from_secs(61))
+            .is_some());
+        assert!(store.delete("c", ME));
+        assert!(!store.delete("c", ME));
+        assert!(store.get("c", ME).is_none());
         // Deleted ids leave the order without taking a live one with them.
-        store.put_at("d", stored(4), t0 + Duration::from_secs(62));
-        store.put_at("e", stored(5), t0 + Duration::from_secs(63));
+        put(&store, "d", stored(4), t0 + Duration::from_secs(62));
+        put(&store, "e", stored(5), t0 + Duration::from_secs(63));
         let later = t0 + Duration::from_secs(64);
-        assert!(store.get_at("d", later).is_some() && store.get_at("e", later).is_some());
+        assert!(store.get_at("d", ME, later).is_some() && store.get_at("e", ME, later).is_some());
+        assert_eq!(store.bytes(), {
+            let inner = store.lock();
+            inner.by_id.iter().map(|(id, e)| e.bytes(id)).sum::<usize>()
+        });
     }
 
     #[test]
     fn a_store_of_no_room_keeps_nothing() {
-        let store = ResponseStore::new(0, Duration::from_secs(60));
+        let store = store(0, 60, 1 << 20);
         assert!(!store.is_on());
-        store.put("a", stored(1));
-        assert!(store.get("a").is_none());
+        assert!(!put(&store, "a", stored(1), Instant::now()));
+        assert!(store.get("a", ME).is_none());
+    }
+
+    #[test]
+    fn responses_are_seen_only_by_their_tenant() {
+        let keys = crate::server::auth::ApiKeys::of(&["k1", "k2"]);
+        let tenant = |k: &str| {
+            let mut h = axum::http::HeaderMap::new();
+            h.insert("authorization", format!("Bearer {k}").parse().unwrap());
+            keys.identify(&h).unwrap()
+        };
+        let (one, two) = (tenant("k1"), tenant("k2"));
+        let store = store(10, 60, 1 << 20);
+        store.reserve("r", one);
+        assert!(store.put("r", stored(1)));
+        assert!(store.get("r", two).is_none());
+        assert!(store.get("r", ME).is_none());
+        assert!(!store.delete("r", two), "another tenant cannot delete it");
+        assert!(store.get("r", one).is_some());
+        assert!(store.delete("r", one));
+    }
+
+    #[test]
+    fn the_bytes_kept_are_bounded_and_the_oldest_go_first() {
+        let big = |n: u64| Stored {
+            response: json!({"n": n, "text": "x".repeat(1000)}),
+            conversation: vec![],
+        };
+        let store = store(100, 60, 3500);
+        let t0 = Instant::now();
+        for (i, id) in ["a", "b", "c", "d"].iter().enumerate() {
+            assert!(put(
+                &store,
+                id,
+                big(i as u64),
+                t0 + Duration::from_millis(i as u64)
+            ));
+        }
+        assert!(store.bytes() <= 3500, "{}", store.bytes());
+        assert!(store.get("a", ME).is_none());
+        assert!(store.get("d", ME).is_some() && store.get("c", ME).is_some());
+        let huge = Stored {
+            response: json!({"text": "y".repeat(4000)}),
+            conversation: vec![],
+        };
+        assert!(!put(&store, "e", huge, t0), "larger than the whole store");
+        assert!(store.get("d", ME).is_some(), "and it evicted nothing");
+    }
+
+    #[test]
+    fn a_response_deleted_while_in_flight_is_never_stored() {
+        let store = store(10, 60, 1 << 20);
+        store.reserve("r", ME);
+        assert!(store.delete("r", ME));
+        assert!(!store.put("r", stored(1)));
+        assert!(store.get("r", ME).is_none());
+        assert!(!store.put("never-reserved", stored(2)));
+        store.reserve("s", ME);
+        store.release("s");
+        assert!(!store.put("s", stored(3)));
     }
 }

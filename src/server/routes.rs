@@ -8,17 +8,20 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 
 use super::error::ApiError;
-use super::{admin, openai, responses, tokenize, AppState};
+use super::{admin, auth, openai, responses, tokenize, AppState};
 use crate::engine::EngineHealth;
 
-/// The routes, on a given state.
+/// The routes, on a given state: the inference API behind the API keys (`auth`), `/health`
+/// always open, `/metrics` open unless `server.metrics_require_key`, the admin API behind its
+/// own token.
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let mut keyed = Router::new()
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
@@ -29,13 +32,22 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(responses::get).delete(responses::delete),
         )
         .route("/tokenize", post(tokenize::tokenize))
-        .route("/detokenize", post(tokenize::detokenize))
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .route(
-            "/admin/speculation",
-            get(admin::get_speculation).put(admin::put_speculation),
-        )
+        .route("/detokenize", post(tokenize::detokenize));
+    let mut open = Router::new().route("/health", get(health));
+    if state.metrics_require_key {
+        keyed = keyed.route("/metrics", get(metrics));
+    } else {
+        open = open.route("/metrics", get(metrics));
+    }
+    let keyed = keyed.route_layer(middleware::from_fn_with_state(
+        Arc::clone(&state),
+        auth::require_api_key,
+    ));
+    keyed
+        .merge(open)
+        // Every method reaches the admin handler, which checks the token before the method:
+        // a caller without the token learns nothing, not even which methods exist.
+        .route("/admin/speculation", any(admin::speculation))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -56,6 +68,14 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         return unavailable("loading");
     };
     match loaded.engine.health() {
+        EngineHealth::Ok if loaded.engine.logits_broken() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "status": "broken_model",
+                "reason": "the model's last forward gave NaN or infinite logits",
+            })),
+        )
+            .into_response(),
         EngineHealth::Ok => Json(serde_json::json!({"status": "ok"})).into_response(),
         EngineHealth::Stalled { since, waiting } => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::constraint::{CompilePool, ConstraintVocabulary};
 use crate::engine::Engine;
-use crate::model::TextTokenizer;
+use crate::model::{ChatMessage, TextTokenizer};
 use crate::setup::{engine_config, load_models, SetupError};
 
+use super::chat_render::ChatRenderer;
 use super::structured::Compiler;
 use super::ServerError;
 
@@ -26,6 +27,8 @@ pub struct Loaded {
     /// When the model was loaded and began to be served (Unix seconds): `/v1/models`'
     /// `created`.
     pub created: u64,
+    /// Where chat templates render.
+    pub templates: ChatRenderer,
     /// Where structured outputs compile, against the model's vocabulary; `None` (with the
     /// reason logged at start-up) for a model that cannot end a constrained output.
     pub compiler: Option<Compiler>,
@@ -47,6 +50,10 @@ pub async fn start(config: Config, threads: usize) -> Result<Loaded, ServerError
         config.server.model_name.clone()
     };
     let tokenizer = Arc::clone(&target.tokenizer);
+    let templates = ChatRenderer::new(std::time::Duration::from_millis(
+        config.server.template_timeout_ms,
+    ));
+    check_chat_template(&templates, &tokenizer).await?;
     let vocab = target.model.hparams().vocab_size;
     let for_constraints = Arc::clone(&tokenizer);
     let constraints =
@@ -84,5 +91,28 @@ pub async fn start(config: Config, threads: usize) -> Result<Loaded, ServerError
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         compiler,
+        templates,
     })
+}
+
+/// Renders a one-message conversation through the chat template, as a request would: a
+/// template that fails it (an error, a runaway loop, a prompt past its bounds, an empty
+/// prompt) would fail every chat request, so start-up stops with the reason instead.
+async fn check_chat_template(
+    templates: &ChatRenderer,
+    tokenizer: &Arc<TextTokenizer>,
+) -> Result<(), ServerError> {
+    if tokenizer.chat_template().is_none() {
+        return Ok(());
+    }
+    let hello = vec![ChatMessage::new("user", "Hello!")];
+    match templates.render(tokenizer, hello, true).await {
+        Ok(text) if !text.is_empty() => Ok(()),
+        Ok(_) => Err(ServerError::Startup(
+            "the chat template renders an empty prompt for a one-message conversation".into(),
+        )),
+        Err(e) => Err(ServerError::Startup(format!(
+            "the chat template fails on a one-message conversation: {e}"
+        ))),
+    }
 }

@@ -10,13 +10,14 @@ use std::sync::Arc;
 use super::error::{escaped_for_message, ApiError};
 use serde_json::Value;
 
+use super::chat_render::RenderFailure;
 use super::schema::{ChatMessageIn, CommonParams, StopInput, ToolCallIn};
 use super::startup::Loaded;
 use super::AppState;
 use crate::config::GenerationDefaults;
 use crate::constraint::tools::{call_text, response_text, Tools};
 use crate::engine::{EngineRequest, GenerationRequest};
-use crate::model::{literal_marker, ChatMessage};
+use crate::model::{literal_marker, ChatMessage, ChatTemplateError};
 use crate::sampling::SamplingParams;
 
 pub(super) fn tokenize(loaded: &Loaded, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -172,23 +173,24 @@ fn earlier_call_text(i: usize, k: usize, call: &ToolCallIn) -> Result<String, Ap
     Ok(call_text(&call.function.name, &arguments))
 }
 
-/// The prompt of a chat: the turns rendered with the model's chat template, every message's
-/// text (contents, names, tool calls and results, the tools' descriptions) tokenized as text,
-/// so only the template's own markup becomes control tokens.
-pub(super) fn chat_prompt(
+/// The prompt of a chat: the turns rendered with the model's chat template (off the async
+/// runtime, bounded: `chat_render`), every message's text (contents, names, tool calls and
+/// results, the tools' descriptions) tokenized as text, so only the template's own markup
+/// becomes control tokens.
+pub(super) async fn chat_prompt(
     loaded: &Loaded,
     turns: &[ChatMessage],
     add_generation_prompt: bool,
     add_bos: bool,
 ) -> Result<Vec<u32>, ApiError> {
     let tok = &loaded.tokenizer;
-    let template = tok.chat_template().ok_or_else(|| {
-        ApiError::invalid_param(
+    if tok.chat_template().is_none() {
+        return Err(ApiError::invalid_param(
             "messages",
             "This model has no chat template; use /v1/completions (or start the server with \
              --chat-template FILE).",
-        )
-    })?;
+        ));
+    }
     let literals = turns
         .iter()
         .flat_map(|t| std::iter::once(t.content.as_str()).chain(t.name.as_deref()));
@@ -204,9 +206,17 @@ pub(super) fn chat_prompt(
                 .map(|n| tok.escape_control_text(n, marker)),
         })
         .collect();
-    let text = template
-        .render(&escaped, add_generation_prompt)
-        .map_err(|e| ApiError::invalid_param("messages", format!("Chat template: {e}")))?;
+    let text = loaded
+        .templates
+        .render(&loaded.tokenizer, escaped, add_generation_prompt)
+        .await
+        .map_err(|e| match e {
+            RenderFailure::Template(ChatTemplateError::Render(_)) => {
+                ApiError::invalid_param("messages", format!("Chat template: {e}"))
+            }
+            // The template's own fault (it ran away), not the conversation's.
+            other => ApiError::internal(format!("The model's chat template: {other}")),
+        })?;
     if text.is_empty() {
         return Err(ApiError::invalid_param(
             "messages",

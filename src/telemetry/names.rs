@@ -43,6 +43,8 @@ pub const SPEC_DRAFTING_NET: &str = "tandem_spec_drafting_net_seconds";
 
 pub const CONFIG_RELOADS: &str = "tandem_config_reloads_total";
 pub const ENGINE_STALLS: &str = "tandem_engine_stalls_total";
+/// Sequences whose forward gave NaN or infinite logits through no setting of their request.
+pub const NON_FINITE_FORWARDS: &str = "tandem_non_finite_forwards_total";
 pub const ENGINE_ROUND_AGE: &str = "tandem_engine_round_age_seconds";
 pub const ENGINE_STALLED: &str = "tandem_engine_stalled";
 pub const REQUESTS_REFUSED: &str = "tandem_requests_refused_total";

@@ -156,6 +156,11 @@ pub fn record_engine_stall() {
     counter!(ENGINE_STALLS).increment(1);
 }
 
+/// A sequence's forward gave NaN or infinite logits (the model's numbers are broken).
+pub fn record_non_finite_forward() {
+    counter!(NON_FINITE_FORWARDS).increment(1);
+}
+
 /// 1 while the engine is stalled or stopped (what `/health` reports as 503), else 0.
 pub fn set_engine_stalled(stalled: bool) {
     gauge!(ENGINE_STALLED).set(f64::from(u8::from(stalled)));
@@ -175,6 +180,7 @@ pub fn record_refused(reason: &'static str) {
 /// Exports the engine's health series from the start (see [`register_draft_gate`]).
 pub fn register_engine_health() {
     counter!(ENGINE_STALLS).increment(0);
+    counter!(NON_FINITE_FORWARDS).increment(0);
     gauge!(ENGINE_ROUND_AGE).set(0.0);
     gauge!(ENGINE_STALLED).set(0.0);
 }

@@ -200,6 +200,8 @@ impl Server {
             .args(["--threads", &threads.to_string()])
             .args(args)
             .env_remove("TANDEM_ADMIN_TOKEN")
+            .env_remove("TANDEM_API_KEY")
+            .env_remove("TANDEM_API_KEYS_FILE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use super::sequence::{RoundEmission, Sequence};
 use super::state::{record_finished, Ending, Scheduler, POOLED_ACCEPTANCE_DECAY};
-use crate::engine::messages::{DraftOutcome, EngineEvent, Failure, TargetOutcome};
+use crate::engine::messages::{
+    DraftOutcome, EngineEvent, Failure, TargetOutcome, NON_FINITE_LOGITS,
+};
 use crate::engine::request::{FinishReason, Usage};
 use crate::telemetry;
 
@@ -22,13 +24,20 @@ impl Scheduler {
         guessed: &mut HashMap<u64, DraftOutcome>,
     ) -> Option<Ending> {
         let o = match outcome {
-            Ok(o) => o,
+            Ok(o) => {
+                self.liveness.forward_was_finite(true);
+                o
+            }
             Err((seq, msg)) => {
+                if msg.code == Some(NON_FINITE_LOGITS) {
+                    self.liveness.forward_was_finite(false);
+                    telemetry::record_non_finite_forward();
+                }
                 return self
                     .active
                     .iter()
                     .any(|s| s.id == seq)
-                    .then_some((seq, Err(msg)))
+                    .then_some((seq, Err(msg)));
             }
         };
         let id = o.seq;

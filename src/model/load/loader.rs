@@ -1,6 +1,7 @@
 //! Resolving what the user named (`default`, a `.gguf` file, a Hugging Face folder) and loading
 //! the model, its tokenizer and chat template from it, with clear errors for what is missing.
 
+use std::io::Seek;
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file;
@@ -211,7 +212,11 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> 
         std::io::ErrorKind::NotFound => ModelError::NotFound(path.to_owned()),
         _ => unreadable(path, e),
     })?;
-    let content = gguf_file::Content::read(&mut file)
+    let len = file.metadata().map_err(|e| unreadable(path, e))?.len();
+    super::gguf_header::check_header(&mut std::io::BufReader::new(&mut file), len)
+        .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
+    file.rewind().map_err(|e| unreadable(path, e))?;
+    let content = super::gguf_header::read_content(&mut file)
         .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
     check_gguf_complete(path, &content)?;
     let hp = first_layers(crate::model::arch::hparams_from_gguf(&content, path)?, opts);

@@ -1,3 +1,4 @@
+mod gguf_header;
 pub mod gguf_keys;
 pub mod hf_config;
 pub mod hparams;

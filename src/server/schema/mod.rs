@@ -1,8 +1,8 @@
 //! OpenAI request bodies, parsed strictly enough to refuse what we cannot honour.
 //!
 //! Why it exists: the wire format is the contract with every OpenAI client, so it lives apart
-//! from the handlers. Fields we do not know are ignored (clients send many, such as `user` or
-//! `metadata`, that change nothing in the answer), but a field of OpenAI's or vLLM's APIs that
+//! from the handlers. Fields we do not know are ignored (clients send many that change nothing
+//! in the answer; `metadata`, `user` and the like are bounded by `free_form` first), but a field of OpenAI's or vLLM's APIs that
 //! would change the answer and that tandem does not do (`functions`, `suffix`), a known field
 //! of the wrong type, or a value we do not support (`best_of` above `n`) is a 400 naming it.
 //!
@@ -12,6 +12,7 @@
 mod chat;
 mod common;
 mod completion;
+mod free_form;
 mod parse;
 
 pub use chat::{
@@ -20,6 +21,7 @@ pub use chat::{
 };
 pub use common::{CommonParams, StopInput, StreamOptions, MAX_TOP_LOGPROBS};
 pub use completion::{CompletionRequest, PromptInput};
+pub use free_form::check_free_form;
 pub use parse::{parse_body, parse_request, EndpointFields};
 
 #[cfg(test)]

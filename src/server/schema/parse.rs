@@ -83,6 +83,7 @@ pub fn parse_request<T: EndpointFields>(bytes: &[u8]) -> Result<(T, CommonParams
     }) {
         return Err(ApiError::invalid_param(field, *why));
     }
+    super::free_form::check_free_form(&all)?;
     all.retain(|f, v| !is_what_we_do(f, v));
     Ok((
         from_value(serde_json::Value::Object(own))?,

@@ -27,6 +27,39 @@ pub enum ChatTemplateError {
     /// the roles do not alternate as the model requires).
     #[error("chat template failed to render: {0}")]
     Render(String),
+    /// The template ran past its bounds: more than [`RENDER_FUEL`] steps, or a prompt longer
+    /// than [`MAX_RENDERED_BYTES`]. A fault of the template, not of the conversation.
+    #[error("chat template ran past its bounds: {0}")]
+    Exhausted(String),
+}
+
+/// Most steps (minijinja's fuel: about one an instruction) one render may take. A real
+/// template spends tens of steps a message; this is thousands of times a long conversation's
+/// need, and ends a runaway loop within about a second.
+pub const RENDER_FUEL: u64 = 20_000_000;
+
+/// Longest prompt text one render may write.
+pub const MAX_RENDERED_BYTES: usize = 16 << 20;
+
+/// The render's output, refusing to grow past [`MAX_RENDERED_BYTES`].
+struct BoundedText {
+    text: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for BoundedText {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > MAX_RENDERED_BYTES {
+            self.overflowed = true;
+            return Err(std::io::Error::other("the rendered prompt is too long"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A compiled chat template plus the special-token strings it may reference.
@@ -59,6 +92,8 @@ impl ChatTemplate {
         // block tags of most templates leave stray newlines and indentation in the prompt.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        // A template is code from a model file: its run is bounded like any input's.
+        env.set_fuel(Some(RENDER_FUEL));
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
@@ -92,9 +127,21 @@ impl ChatTemplate {
             bos_token => token(&self.bos_token),
             eos_token => token(&self.eos_token),
         };
-        template
-            .render(ctx)
-            .map_err(|e| ChatTemplateError::Render(describe(&e)))
+        let mut out = BoundedText {
+            text: Vec::new(),
+            overflowed: false,
+        };
+        match template.render_captured_to(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.text)
+                .map_err(|_| ChatTemplateError::Render("the output is not UTF-8".into())),
+            Err(_) if out.overflowed => Err(ChatTemplateError::Exhausted(format!(
+                "the prompt grew past {MAX_RENDERED_BYTES} bytes"
+            ))),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(ChatTemplateError::Exhausted(
+                format!("it took more than {RENDER_FUEL} steps"),
+            )),
+            Err(e) => Err(ChatTemplateError::Render(describe(&e))),
+        }
     }
 
     pub fn bos_token(&self) -> Option<&str> {
