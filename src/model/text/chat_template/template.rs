@@ -170,3 +170,45 @@ fn describe(err: &Error) -> String {
 fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(source: &str, content: &str) -> Result<String, ChatTemplateError> {
+        ChatTemplate::new(source, None, None)
+            .unwrap()
+            .render(&[ChatMessage::new("user", content)], true)
+    }
+
+    #[test]
+    fn a_runaway_loop_runs_out_of_fuel_and_a_flood_of_text_out_of_room() {
+        let looping = "{% for i in range(100000) %}{% for j in range(100000) %}\
+                       {% if i < 0 %}x{% endif %}{% endfor %}{% endfor %}";
+        let e = render(looping, "hi").unwrap_err();
+        assert!(
+            matches!(&e, ChatTemplateError::Exhausted(why) if why.contains("steps")),
+            "{e}"
+        );
+        let flooding = "{% for i in range(100) %}{{ 'x' * 1000000 }}{% endfor %}";
+        let e = render(flooding, "hi").unwrap_err();
+        assert!(
+            matches!(&e, ChatTemplateError::Exhausted(why) if why.contains("bytes")),
+            "{e}"
+        );
+        // An ordinary template over a long conversation stays well inside both.
+        let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}\
+                      <|im_end|>\n{% endfor %}<|im_start|>assistant\n";
+        let turns: Vec<ChatMessage> = (0..5000)
+            .map(|i| ChatMessage::new("user", format!("message {i}")))
+            .collect();
+        let text = ChatTemplate::new(chatml, None, None)
+            .unwrap()
+            .render(&turns, true)
+            .unwrap();
+        assert!(text.contains("message 4999"));
+        // A template's own error stays a render error (the conversation's fault).
+        let e = render("{{ raise_exception('no') }}", "hi").unwrap_err();
+        assert!(matches!(e, ChatTemplateError::Render(_)), "{e}");
+    }
+}
