@@ -52,6 +52,36 @@ fn a_gguf_whose_alignment_is_zero_is_refused_by_name_without_a_panic() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+#[test]
+fn a_gguf_whose_tensor_sizes_overflow_is_refused_without_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.gguf");
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(1u64.to_le_bytes()); // tensors
+    b.extend(1u64.to_le_bytes()); // metadata pairs
+    let key = "general.architecture";
+    b.extend((key.len() as u64).to_le_bytes());
+    b.extend(key.as_bytes());
+    b.extend(8u32.to_le_bytes()); // a string
+    b.extend(5u64.to_le_bytes());
+    b.extend(b"llama");
+    let name = "token_embd.weight";
+    b.extend((name.len() as u64).to_le_bytes());
+    b.extend(name.as_bytes());
+    b.extend(2u32.to_le_bytes());
+    b.extend((1u64 << 40).to_le_bytes());
+    b.extend((1u64 << 40).to_le_bytes());
+    b.extend(0u32.to_le_bytes()); // F32
+    b.extend(0u64.to_le_bytes());
+    b.resize(b.len().next_multiple_of(32) + 64, 0);
+    std::fs::write(&path, b).unwrap();
+    let (code, err) = generate(&path);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("token_embd.weight"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// A tiny model folder whose weight `name` has `edit` applied.
 fn tiny_with(dir: &Path, name: &str, edit: impl Fn(Vec<f32>) -> Vec<f32>) {
     write_tiny_llama(dir, &TinySpec::untied(11));

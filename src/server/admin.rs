@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, Method};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::auth::{bearer_token, same_secret};
+use super::api_keys::{bearer_token, same_secret};
 use super::error::ApiError;
 use super::schema::parse_body;
 use super::{read_body, AppState};

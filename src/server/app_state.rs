@@ -21,7 +21,7 @@ pub struct AppState {
     pub(super) metrics: Option<PrometheusHandle>,
     pub(super) admin_token: Option<String>,
     /// The inference API's keys (none: open).
-    pub(super) api_keys: super::auth::ApiKeys,
+    pub(super) api_keys: super::api_keys::ApiKeys,
     /// `/metrics` sits behind the keys too.
     pub(super) metrics_require_key: bool,
     pub(super) max_body_bytes: usize,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
-use super::auth::{is_loopback, ApiKeys};
+use super::api_keys::{is_loopback, ApiKeys};
 use super::responses_store::{ResponseStore, StoreLimits};
 use super::{listen, reload, router, startup, AppState, ServerError};
 use crate::config::Config;

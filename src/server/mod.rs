@@ -8,8 +8,8 @@
 //! connections and gives in-flight requests a grace period to finish.
 
 pub mod admin;
+mod api_keys;
 mod app_state;
-mod auth;
 mod chat_render;
 pub mod error;
 mod ids;

@@ -20,7 +20,7 @@ use axum::Json;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use super::auth::Tenant;
+use super::api_keys::Tenant;
 use super::error::ApiError;
 use super::openai::chat_completion;
 use super::response::now_secs;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::auth::Tenant;
+use super::api_keys::Tenant;
 
 /// One stored response.
 #[derive(Clone, Debug)]
@@ -274,7 +274,7 @@ mod tests {
 
     #[test]
     fn responses_are_seen_only_by_their_tenant() {
-        let keys = crate::server::auth::ApiKeys::of(&["k1", "k2"]);
+        let keys = crate::server::api_keys::ApiKeys::of(&["k1", "k2"]);
         let tenant = |k: &str| {
             let mut h = axum::http::HeaderMap::new();
             h.insert("authorization", format!("Bearer {k}").parse().unwrap());

@@ -1,23 +1,25 @@
 //! The HTTP routes, and the endpoints small enough to answer in place: `/health`, `/metrics`
-//! and the answers for an unknown route or method.
+//! and the answers for an unknown route or method; and the API keys' layer in front of the
+//! inference routes.
 //!
 //! Why it exists: the whole API's surface reads in one table, apart from the handlers behind it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
 
 use super::error::ApiError;
-use super::{admin, auth, openai, responses, tokenize, AppState};
+use super::{admin, openai, responses, tokenize, AppState};
 use crate::engine::EngineHealth;
 
-/// The routes, on a given state: the inference API behind the API keys (`auth`), `/health`
+/// The routes, on a given state: the inference API behind the API keys (`api_keys`), `/health`
 /// always open, `/metrics` open unless `server.metrics_require_key`, the admin API behind its
 /// own token.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -41,7 +43,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     }
     let keyed = keyed.route_layer(middleware::from_fn_with_state(
         Arc::clone(&state),
-        auth::require_api_key,
+        require_api_key,
     ));
     keyed
         .merge(open)
@@ -51,6 +53,30 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// The layer in front of the inference routes: a request without a valid key gets a 401 with
+/// an OpenAI-style body (and `WWW-Authenticate: Bearer`); one with a key carries its
+/// [`Tenant`](super::api_keys::Tenant) to the handler.
+async fn require_api_key(
+    State(state): State<Arc<AppState>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match state.api_keys.identify(request.headers()) {
+        Ok(tenant) => {
+            request.extensions_mut().insert(tenant);
+            next.run(request).await
+        }
+        Err(e) => {
+            tracing::info!(path = %request.uri().path(), "request without a valid API key refused");
+            let mut response = e.into_response();
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+        }
+    }
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {

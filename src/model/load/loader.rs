@@ -251,16 +251,28 @@ fn check_gguf_complete(path: &Path, content: &gguf_file::Content) -> Result<()> 
     let len = std::fs::metadata(path)
         .map_err(|e| unreadable(path, e))?
         .len();
-    let end = content
-        .tensor_infos
-        .values()
-        .map(|t| {
-            let elems = t.shape.elem_count() as u64;
-            let bytes = elems / t.ggml_dtype.block_size() as u64 * t.ggml_dtype.type_size() as u64;
-            content.tensor_data_offset + t.offset + bytes
-        })
-        .max()
-        .unwrap_or(0);
+    // Checked arithmetic: a hostile header's dimensions and offsets may overflow.
+    let mut end = 0u64;
+    for (name, t) in &content.tensor_infos {
+        let elems = t
+            .shape
+            .dims()
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+        let reach = elems.and_then(|elems| {
+            (elems / t.ggml_dtype.block_size() as u64)
+                .checked_mul(t.ggml_dtype.type_size() as u64)?
+                .checked_add(t.offset)?
+                .checked_add(content.tensor_data_offset)
+        });
+        let Some(reach) = reach else {
+            return Err(unreadable(
+                path,
+                format!("tensor {name}'s shape or offset is past any file's size"),
+            ));
+        };
+        end = end.max(reach);
+    }
     if end > len {
         return Err(unreadable(
             path,

@@ -1,5 +1,6 @@
-//! Who may use the inference API: API keys, checked in one layer in front of `/v1/*`,
-//! `/tokenize` and `/detokenize` (and `/metrics` when `server.metrics_require_key` is set).
+//! Who may use the inference API: API keys, checked by one layer in front of `/v1/*`,
+//! `/tokenize` and `/detokenize` (and `/metrics` when `server.metrics_require_key` is set;
+//! the layer is `routes::require_api_key`).
 //!
 //! Why it exists: a server reachable by more than one client must not let one read another's
 //! stored conversations or spend its capacity unasked. Keys come from every place an operator
@@ -10,15 +11,11 @@
 //! and every request is the one tenant.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::{header, HeaderMap};
 
 use super::error::ApiError;
-use super::{AppState, ServerError};
+use super::ServerError;
 use crate::config::ServerConfig;
 
 /// Whose request this is: the index of the key it authenticated with, or the one tenant of a
@@ -170,30 +167,6 @@ pub(super) fn bearer_token(value: &str) -> Option<&str> {
         .then(|| value[SCHEME.len()..].trim())
 }
 
-/// The layer in front of the inference routes: a request without a valid key gets a 401 with
-/// an OpenAI-style body (and `WWW-Authenticate: Bearer`); one with a key carries its
-/// [`Tenant`] to the handler.
-pub(super) async fn require_api_key(
-    State(state): State<Arc<AppState>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    match state.api_keys.identify(request.headers()) {
-        Ok(tenant) => {
-            request.extensions_mut().insert(tenant);
-            next.run(request).await
-        }
-        Err(e) => {
-            tracing::info!(path = %request.uri().path(), "request without a valid API key refused");
-            let mut response = e.into_response();
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            response
-        }
-    }
-}
-
 /// Whether `host` (a `server.host` value) only reaches this machine.
 pub fn is_loopback(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
@@ -203,6 +176,8 @@ pub fn is_loopback(host: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use axum::http::HeaderValue;
+
     use super::*;
 
     fn with_auth(value: &str) -> HeaderMap {
