@@ -15,6 +15,7 @@ pub mod constraint;
 pub mod draft;
 pub mod engine;
 pub mod logging;
+pub mod memory_budget;
 pub mod model;
 pub mod runtime;
 pub mod sampling;

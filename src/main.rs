@@ -5,6 +5,11 @@ mod cli;
 
 use clap::Parser;
 
+/// Every allocation passes the per-thread budgets that bound a chat template's memory.
+#[global_allocator]
+static ALLOCATOR: tandem::memory_budget::BudgetedAllocator =
+    tandem::memory_budget::BudgetedAllocator;
+
 fn main() -> anyhow::Result<()> {
     cli::run(cli::Cli::parse())?;
     Ok(())

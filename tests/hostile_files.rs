@@ -187,6 +187,64 @@ fn a_template_that_runs_away_on_every_conversation_stops_start_up() {
     assert!(started.elapsed() < Duration::from_secs(120));
 }
 
+/// Doubles a string in a loop: a few steps, any amount of memory.
+const DOUBLING: &str = "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(100000) %}\
+                        {% set ns.s = ns.s ~ ns.s %}{% endfor %}";
+
+#[test]
+fn a_template_that_takes_memory_on_one_conversation_is_stopped_and_the_server_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("doubling.jinja");
+    std::fs::write(&template, chatml_with(DOUBLING, "grow")).unwrap();
+    let server = Server::start(
+        &[
+            "--draft-model",
+            "prompt-lookup",
+            "--chat-template",
+            template.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let addr = server.addr.clone();
+    let chat = |content: &str| {
+        json!({"messages": [{"role": "user", "content": content}], "max_tokens": 4,
+               "temperature": 0})
+    };
+    let r = post_json(&addr, "/v1/chat/completions", &chat("grow"));
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.text().contains("MiB"), "{}", r.text());
+    assert_eq!(get(&addr, "/health").status, 200);
+    assert_eq!(
+        post_json(&addr, "/v1/chat/completions", &chat("Hello")).status,
+        200,
+        "the stopped render's place is given back"
+    );
+    // What the stopped render keeps is bounded by its budget (RSS of the whole server, with
+    // the model: well under a doubling that ran on).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    assert!(rss_kib < 2 << 20, "RSS {rss_kib} KiB");
+}
+
+#[test]
+fn a_template_that_takes_memory_on_every_conversation_stops_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("doubling.jinja");
+    std::fs::write(&template, chatml_with(DOUBLING, "")).unwrap();
+    let out = tandem_command()
+        .args(["serve", "--port", "0", "--draft-model", "none"])
+        .args(["--chat-template", template.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("MiB"), "{err}");
+}
+
 #[test]
 fn a_template_that_runs_away_on_one_conversation_fails_only_that_request() {
     let dir = tempfile::tempdir().unwrap();
