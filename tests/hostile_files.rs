@@ -167,19 +167,46 @@ fn chatml_with(spin: &str, trigger: &str) -> String {
 const FOREVER: &str =
     "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}";
 
-#[test]
-fn a_template_that_runs_away_on_every_conversation_stops_start_up() {
+/// A server on the default model with `spin` in its chat template, run when a message is
+/// `trigger`; the folder holding the template lives as long as the server is used.
+fn serve_with_template(spin: &str, trigger: &str) -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let template = dir.path().join("forever.jinja");
-    std::fs::write(&template, chatml_with(FOREVER, "")).unwrap();
-    let started = Instant::now();
+    let template = dir.path().join("template.jinja");
+    std::fs::write(&template, chatml_with(spin, trigger)).unwrap();
+    let server = Server::start(
+        &[
+            "--draft-model",
+            "prompt-lookup",
+            "--chat-template",
+            template.to_str().unwrap(),
+        ],
+        &[],
+    );
+    (server, dir)
+}
+
+/// Why `tandem serve` refused to start with `spin` run on every conversation.
+fn start_up_error(spin: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("template.jinja");
+    std::fs::write(&template, chatml_with(spin, "")).unwrap();
     let out = tandem_command()
         .args(["serve", "--port", "0", "--draft-model", "none"])
         .args(["--chat-template", template.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn chat(content: &str) -> serde_json::Value {
+    json!({"messages": [{"role": "user", "content": content}], "max_tokens": 4, "temperature": 0})
+}
+
+#[test]
+fn a_template_that_runs_away_on_every_conversation_stops_start_up() {
+    let started = Instant::now();
+    let err = start_up_error(FOREVER);
     assert!(
         err.contains("the chat template fails on a one-message conversation"),
         "{err}"
@@ -193,23 +220,8 @@ const DOUBLING: &str = "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(
 
 #[test]
 fn a_template_that_takes_memory_on_one_conversation_is_stopped_and_the_server_lives() {
-    let dir = tempfile::tempdir().unwrap();
-    let template = dir.path().join("doubling.jinja");
-    std::fs::write(&template, chatml_with(DOUBLING, "grow")).unwrap();
-    let server = Server::start(
-        &[
-            "--draft-model",
-            "prompt-lookup",
-            "--chat-template",
-            template.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let (server, _dir) = serve_with_template(DOUBLING, "grow");
     let addr = server.addr.clone();
-    let chat = |content: &str| {
-        json!({"messages": [{"role": "user", "content": content}], "max_tokens": 4,
-               "temperature": 0})
-    };
     let r = post_json(&addr, "/v1/chat/completions", &chat("grow"));
     assert_eq!(r.status, 500, "{}", r.text());
     assert!(r.text().contains("MiB"), "{}", r.text());
@@ -232,38 +244,14 @@ fn a_template_that_takes_memory_on_one_conversation_is_stopped_and_the_server_li
 
 #[test]
 fn a_template_that_takes_memory_on_every_conversation_stops_start_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let template = dir.path().join("doubling.jinja");
-    std::fs::write(&template, chatml_with(DOUBLING, "")).unwrap();
-    let out = tandem_command()
-        .args(["serve", "--port", "0", "--draft-model", "none"])
-        .args(["--chat-template", template.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = start_up_error(DOUBLING);
     assert!(err.contains("MiB"), "{err}");
 }
 
 #[test]
 fn a_template_that_runs_away_on_one_conversation_fails_only_that_request() {
-    let dir = tempfile::tempdir().unwrap();
-    let template = dir.path().join("spin.jinja");
-    std::fs::write(&template, chatml_with(FOREVER, "spin")).unwrap();
-    let server = Server::start(
-        &[
-            "--draft-model",
-            "prompt-lookup",
-            "--chat-template",
-            template.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let (server, _dir) = serve_with_template(FOREVER, "spin");
     let addr = server.addr.clone();
-    let chat = |content: &str| {
-        json!({"messages": [{"role": "user", "content": content}], "max_tokens": 4,
-               "temperature": 0})
-    };
     // Two runaway renders at once (every render thread), while /health and another request
     // are asked.
     let spinners: Vec<_> = (0..2)

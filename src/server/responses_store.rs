@@ -56,22 +56,26 @@ pub struct ResponseStore {
 #[derive(Default)]
 struct Inner {
     by_id: HashMap<String, Entry>,
-    /// Ids, oldest first (an id deleted early stays here until it reaches the front).
+    /// Ids, oldest first (an id removed early stays here until it reaches the front, or the
+    /// next compaction).
     order: VecDeque<(Instant, String)>,
-    /// What `by_id` holds, in [`Entry::bytes`].
+    /// What `by_id` holds, in [`Entry::bytes`], in all and per tenant.
     bytes: usize,
+    by_tenant: HashMap<Tenant, usize>,
     /// Responses still being generated that will be stored, and whose they are: a `DELETE`
     /// of one removes it here, and it is then never stored.
     pending: HashMap<String, Tenant>,
 }
 
 impl Inner {
+    /// Forgets what is past its age, then, while the store is over its count or bytes, the
+    /// oldest response of the tenant holding the most bytes: a client that stores a flood
+    /// pushes out its own responses, not another's.
     fn evict(&mut self, limits: StoreLimits, now: Instant) {
         while let Some((at, id)) = self.order.front() {
             let stale = now.duration_since(*at) >= limits.ttl;
             let gone = self.by_id.get(id).is_none_or(|e| e.at != *at);
-            let over = self.by_id.len() > limits.count || self.bytes > limits.bytes;
-            if !(stale || gone || over) {
+            if !(stale || gone) {
                 break;
             }
             if !gone {
@@ -79,16 +83,59 @@ impl Inner {
             }
             self.order.pop_front();
         }
+        while self.by_id.len() > limits.count || self.bytes > limits.bytes {
+            let Some(heaviest) = self
+                .by_tenant
+                .iter()
+                .max_by_key(|(_, b)| **b)
+                .map(|(t, _)| *t)
+            else {
+                break;
+            };
+            let oldest = self.order.iter().find_map(|(at, id)| {
+                self.by_id
+                    .get(id)
+                    .filter(|e| e.at == *at && e.tenant == heaviest)
+                    .map(|_| id.clone())
+            });
+            match oldest {
+                Some(id) => {
+                    self.remove(&id);
+                }
+                None => break,
+            }
+        }
+        // Ids removed out of order stay in `order` until they reach its front: compacted once
+        // they outnumber the live ones, so a flood cannot grow it.
+        if self.order.len() > 2 * self.by_id.len() + 64 {
+            let by_id = &self.by_id;
+            self.order
+                .retain(|(at, id)| by_id.get(id).is_some_and(|e| e.at == *at));
+        }
+    }
+
+    fn insert(&mut self, id: &str, entry: Entry) {
+        self.remove(id);
+        let bytes = entry.bytes(id);
+        self.bytes += bytes;
+        *self.by_tenant.entry(entry.tenant).or_default() += bytes;
+        self.order.push_back((entry.at, id.to_string()));
+        self.by_id.insert(id.to_string(), entry);
     }
 
     fn remove(&mut self, id: &str) -> bool {
-        match self.by_id.remove(id) {
-            Some(e) => {
-                self.bytes -= e.bytes(id);
-                true
+        let Some(e) = self.by_id.remove(id) else {
+            return false;
+        };
+        let bytes = e.bytes(id);
+        self.bytes -= bytes;
+        if let Some(held) = self.by_tenant.get_mut(&e.tenant) {
+            *held -= bytes;
+            if *held == 0 {
+                self.by_tenant.remove(&e.tenant);
             }
-            None => false,
         }
+        true
     }
 }
 
@@ -147,10 +194,7 @@ impl ResponseStore {
             );
             return false;
         }
-        inner.remove(id);
-        inner.bytes += entry.bytes(id);
-        inner.by_id.insert(id.to_string(), entry);
-        inner.order.push_back((now, id.to_string()));
+        inner.insert(id, entry);
         inner.evict(self.limits, now);
         true
     }
@@ -316,6 +360,35 @@ mod tests {
         };
         assert!(!put(&store, "e", huge, t0), "larger than the whole store");
         assert!(store.get("d", ME).is_some(), "and it evicted nothing");
+    }
+
+    #[test]
+    fn a_tenant_that_floods_the_store_pushes_out_its_own_responses_only() {
+        let keys = crate::server::api_keys::ApiKeys::of(&["k1", "k2"]);
+        let tenant = |k: &str| {
+            let mut h = axum::http::HeaderMap::new();
+            h.insert("authorization", format!("Bearer {k}").parse().unwrap());
+            keys.identify(&h).unwrap()
+        };
+        let (victim, flood) = (tenant("k1"), tenant("k2"));
+        let store = store(10, 3600, 1 << 20);
+        let t0 = Instant::now();
+        store.reserve("v", victim);
+        assert!(store.put_at("v", stored(0), t0));
+        for i in 0..1000u64 {
+            let id = format!("f{i}");
+            store.reserve(&id, flood);
+            assert!(store.put_at(&id, stored(i), t0 + Duration::from_millis(i + 1)));
+        }
+        assert!(
+            store.get("v", victim).is_some(),
+            "the victim's response stays"
+        );
+        assert!(store.get("f999", flood).is_some() && store.get("f0", flood).is_none());
+        let inner = store.lock();
+        assert_eq!(inner.by_id.len(), 10);
+        assert!(inner.order.len() <= 2 * 10 + 64, "{}", inner.order.len());
+        assert_eq!(inner.by_tenant.values().sum::<usize>(), inner.bytes);
     }
 
     #[test]
