@@ -263,6 +263,17 @@ mod tests {
         })
     }
 
+    /// The tenants of two API keys.
+    fn two_tenants() -> (Tenant, Tenant) {
+        let keys = crate::server::api_keys::ApiKeys::of(&["k1", "k2"]);
+        let tenant = |k: &str| {
+            let mut h = axum::http::HeaderMap::new();
+            h.insert("authorization", format!("Bearer {k}").parse().unwrap());
+            keys.identify(&h).unwrap()
+        };
+        (tenant("k1"), tenant("k2"))
+    }
+
     fn put(s: &ResponseStore, id: &str, v: Stored, at: Instant) -> bool {
         s.reserve(id, ME);
         s.put_at(id, v, at)
@@ -318,13 +329,7 @@ mod tests {
 
     #[test]
     fn responses_are_seen_only_by_their_tenant() {
-        let keys = crate::server::api_keys::ApiKeys::of(&["k1", "k2"]);
-        let tenant = |k: &str| {
-            let mut h = axum::http::HeaderMap::new();
-            h.insert("authorization", format!("Bearer {k}").parse().unwrap());
-            keys.identify(&h).unwrap()
-        };
-        let (one, two) = (tenant("k1"), tenant("k2"));
+        let (one, two) = two_tenants();
         let store = store(10, 60, 1 << 20);
         store.reserve("r", one);
         assert!(store.put("r", stored(1)));
@@ -364,13 +369,7 @@ mod tests {
 
     #[test]
     fn a_tenant_that_floods_the_store_pushes_out_its_own_responses_only() {
-        let keys = crate::server::api_keys::ApiKeys::of(&["k1", "k2"]);
-        let tenant = |k: &str| {
-            let mut h = axum::http::HeaderMap::new();
-            h.insert("authorization", format!("Bearer {k}").parse().unwrap());
-            keys.identify(&h).unwrap()
-        };
-        let (victim, flood) = (tenant("k1"), tenant("k2"));
+        let (victim, flood) = two_tenants();
         let store = store(10, 3600, 1 << 20);
         let t0 = Instant::now();
         store.reserve("v", victim);
