@@ -169,6 +169,7 @@ pub fn load_drafter(
         ..target_options(config)
     };
     let draft = LoadedModel::load(&source, &opts)?;
+    check_first_forward(&draft, "the draft model")?;
     let translation =
         translation_for(&draft, &source, target, config.speculation.cross_vocabulary)?;
     let (vocab, vocab_note) = match &translation {

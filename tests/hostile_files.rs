@@ -20,7 +20,7 @@ use serde_json::json;
 fn generate(model: &Path) -> (Option<i32>, String) {
     let out = tandem_command()
         .args(["generate", "--model", model.to_str().unwrap()])
-        .args(["--prompt", "Hello", "--max-tokens", "2"])
+        .args(["--raw", "--prompt", "Hello", "--max-tokens", "2"])
         .output()
         .unwrap();
     (
@@ -105,8 +105,20 @@ fn weights_that_are_nan_stop_start_up_naming_the_layer() {
     });
     let (code, err) = generate(dir.path());
     assert_ne!(code, Some(0), "{err}");
-    assert!(err.contains("layer 1 (blk.1)"), "{err}");
+    assert!(err.contains("the target model: layer 1 (blk.1)"), "{err}");
     assert!(err.contains("NaN or infinite"), "{err}");
+    // The same file as the draft model of a sound target.
+    let sound = tempfile::tempdir().unwrap();
+    write_tiny_llama(sound.path(), &TinySpec::untied(11));
+    let out = tandem_command()
+        .args(["generate", "--model", sound.path().to_str().unwrap()])
+        .args(["--draft-model", dir.path().to_str().unwrap()])
+        .args(["--raw", "--prompt", "Hello", "--max-tokens", "2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("the draft model: layer 1 (blk.1)"), "{err}");
 }
 
 #[test]
