@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::draft::{
-    check_same_vocabulary, reduced_vocab, DraftSpec, GreedyAcross, PromptLookup, Translation,
+    check_same_vocabulary, reduced_vocab, DraftSpec, GreedyAcross, LoadedDrafter, Translation,
     MIN_COVERAGE,
 };
-use crate::engine::{DraftSource, EngineConfig};
+use crate::engine::EngineConfig;
 use crate::model::head::DraftHead;
 use crate::model::load::loader::LoadOptions;
 use crate::model::{DraftVocab, Llama, LoadedModel, ModelError, ModelSource, WeightsDtype};
@@ -94,44 +94,6 @@ fn target_options(config: &Config) -> LoadOptions {
     }
 }
 
-/// A drafter ready to use: what a [`DraftSpec`] (the drafter a user named) comes to once its
-/// model, if any, is loaded and checked against the target; the engine takes it as a
-/// [`DraftSource`].
-pub enum LoadedDrafter {
-    None,
-    PromptLookup(PromptLookup),
-    /// A draft model (a separate file, or the target's first layers) and its display name,
-    /// such as `model.gguf (Q8_0)`.
-    Model {
-        model: Box<LoadedModel>,
-        /// The reduced vocabulary it drafts over (`speculation.draft_model_vocab`).
-        vocab: Option<Arc<DraftVocab>>,
-        /// How it drafts for a target of another vocabulary (`None`: the same one).
-        translation: Option<Arc<Translation>>,
-        /// Prompt lookup drafting first (`draft+lookup`).
-        lookup: Option<PromptLookup>,
-        name: String,
-    },
-    /// A draft head for the target, its display name (`head:FOLDER (vocab K)`) and the prompt
-    /// lookup that drafts before it (`head+lookup`).
-    Head {
-        head: Arc<DraftHead>,
-        name: String,
-        lookup: Option<PromptLookup>,
-    },
-}
-
-impl LoadedDrafter {
-    /// The drafter's name, as logs, the admin API and `tandem bench` report it.
-    pub fn name(&self) -> String {
-        match self {
-            LoadedDrafter::None => "none".into(),
-            LoadedDrafter::PromptLookup(p) => DraftSpec::PromptLookup(*p).to_string(),
-            LoadedDrafter::Model { name, .. } | LoadedDrafter::Head { name, .. } => name.clone(),
-        }
-    }
-}
-
 /// Loads the drafter `spec` names; a draft model loads at `dtype`, and drafts through a
 /// [`Translation`] when its vocabulary is not the target's.
 pub fn load_drafter(
@@ -139,10 +101,10 @@ pub fn load_drafter(
     dtype: WeightsDtype,
     config: &Config,
     target: &LoadedModel,
-) -> Result<LoadedDrafter, SetupError> {
+) -> Result<Option<LoadedDrafter>, SetupError> {
     let (source, layers) = match spec {
-        DraftSpec::None => return Ok(LoadedDrafter::None),
-        DraftSpec::PromptLookup(p) => return Ok(LoadedDrafter::PromptLookup(*p)),
+        DraftSpec::None => return Ok(None),
+        DraftSpec::PromptLookup(p) => return Ok(Some(LoadedDrafter::PromptLookup(*p))),
         DraftSpec::SelfLayers(k) => {
             let n = target.model.hparams().num_layers;
             if *k >= n {
@@ -153,16 +115,16 @@ pub fn load_drafter(
             (target.source.clone(), Some(*k))
         }
         DraftSpec::Model(path) => (ModelSource::resolve(path)?, None),
-        DraftSpec::LookupThen(model) => {
-            let mut d = load_drafter(model, dtype, config, target)?;
-            if let LoadedDrafter::Model { lookup, name, .. } = &mut d {
-                *lookup = Some(PromptLookup::default());
-                *name = format!("draft+lookup:{name}");
-            }
-            return Ok(d);
+        DraftSpec::LookupThen(first, model) => {
+            let d = load_drafter(model, dtype, config, target)?;
+            return Ok(d.map(|d| d.with_lookup_first(*first)));
         }
         DraftSpec::Head { path, lookup } => {
-            return load_head(path.as_deref(), *lookup, dtype, config, target)
+            let head = load_head(path.as_deref(), dtype, config, target)?;
+            return Ok(Some(match lookup {
+                Some(first) => head.with_lookup_first(*first),
+                None => head,
+            }));
         }
     };
     let opts = LoadOptions {
@@ -195,13 +157,13 @@ pub fn load_drafter(
         draft.model.linear_dtypes().join("/")
     );
     tracing::info!(draft_model = %name, device = %draft.model.placement(), "loaded the draft model");
-    Ok(LoadedDrafter::Model {
-        model: Box::new(draft),
+    Ok(Some(LoadedDrafter::Model {
+        model: Arc::new(draft.model),
         vocab,
         translation,
         lookup: None,
         name,
-    })
+    }))
 }
 
 /// `None` where the drafter shares the target's vocabulary token for token; else the
@@ -316,7 +278,6 @@ fn reduce_draft_vocab(
 
 fn load_head(
     path: Option<&str>,
-    lookup: bool,
     dtype: WeightsDtype,
     config: &Config,
     target: &LoadedModel,
@@ -343,13 +304,12 @@ fn load_head(
         }
         crate::model::FeatureTaps::LastNormed => vocab_note,
     };
-    let kind = if lookup { "head+lookup" } else { "head" };
-    let name = format!("{kind}:{} ({vocab_note})", dir.display());
+    let name = format!("head:{} ({vocab_note})", dir.display());
     tracing::info!(draft_head = %name, "loaded the draft head");
     Ok(LoadedDrafter::Head {
         head: Arc::new(head),
         name,
-        lookup: lookup.then(PromptLookup::default),
+        lookup: None,
     })
 }
 
@@ -358,32 +318,14 @@ fn load_head(
 /// display name.
 pub fn load_models(
     config: &Config,
-) -> Result<(LoadedModel, Option<DraftSource>, String), SetupError> {
+) -> Result<(LoadedModel, Option<LoadedDrafter>, String), SetupError> {
     let target = load_target(config)?;
     let sp = &config.speculation;
     let drafter = load_drafter(&sp.draft_model, sp.draft_weights_dtype, config, &target)?;
-    let name = drafter.name();
-    let draft = match drafter {
-        LoadedDrafter::None => None,
-        LoadedDrafter::PromptLookup(p) => Some(DraftSource::PromptLookup(p)),
-        LoadedDrafter::Model {
-            model,
-            vocab,
-            translation,
-            lookup,
-            name,
-        } => Some(DraftSource::Model {
-            model: Arc::new(model.model),
-            vocab,
-            translation,
-            lookup,
-            name,
-        }),
-        LoadedDrafter::Head { head, name, lookup } => {
-            Some(DraftSource::Head { head, name, lookup })
-        }
-    };
-    Ok((target, draft, name))
+    let name = drafter
+        .as_ref()
+        .map_or_else(|| "none".to_string(), LoadedDrafter::name);
+    Ok((target, drafter, name))
 }
 
 /// The engine settings from the config: `[engine]` as read, with its thread counts of 0 made

@@ -401,3 +401,309 @@ fn the_resolver_sees_real_arrows() {
     let doors = use_declarations("use a::b;\npub(crate) use f::{g, h};\n", true);
     assert_eq!(doors, ["f::g", "f::h"]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// docs/architecture.md names only what the code still has.
+//
+// The map of the code goes stale one rename at a time. This test reads the page, takes every
+// code name it writes in backticks (outside fenced blocks) and fails naming each one the
+// sources under `src/` no longer define:
+// - a file (`target_round.rs`, `arch/family.rs`) or folder (`kernels/`): a file or folder of
+//   that name under `src/` (or `tests/`, for the integration tests' files); a path that starts
+//   at the repository's root (`src/lib.rs`, `tests/common/`, `scripts/test`) must exist there;
+// - a path (`verifier::forward`, `draft::LoadedDrafter`, `attention/tree`): where its leading
+//   segments name a module of the library, the last segment must be defined in that module's
+//   files; otherwise anywhere, as below;
+// - a CamelCase name: a `struct`, `enum`, `trait`, `type` or `union` of that name, an enum
+//   variant, or a name the code reads from files (a string literal, e.g. a Hugging Face
+//   architecture);
+// - a snake_case name: a `fn`, `mod`, `const`, `static`, a field, a file or folder, a string
+//   literal (a key read from a file), or a crate the code names (`tokio::`).
+// Backticked text that is not a code name is skipped: anything with spaces or other
+// punctuation, CLI flags, dotted config keys, URLs, numbers, Rust keywords. A name from
+// outside the code that the code never spells goes unquoted in the page.
+
+/// Every file under `src/` and `tests/`, relative to the repository root, with its text.
+fn code_files() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    walk_all(&root.join("src"), &mut files);
+    walk_all(&root.join("tests"), &mut files);
+    files
+        .into_iter()
+        .map(|p| {
+            let mut rel = p
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            if p.is_dir() {
+                rel.push('/');
+            }
+            let text = if rel.ends_with(".rs") {
+                std::fs::read_to_string(&p).unwrap_or_default()
+            } else {
+                String::new()
+            };
+            (rel, text)
+        })
+        .collect()
+}
+
+fn walk_all(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.push(path.clone());
+            walk_all(&path, out);
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+/// The backticked spans of a Markdown text, fenced blocks left out.
+fn backticked(markdown: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let mut parts = line.split('`');
+        parts.next();
+        while let (Some(inside), Some(_)) = (parts.next(), parts.next()) {
+            out.push(inside.to_string());
+        }
+    }
+    out
+}
+
+fn is_ident_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(is_ident_char)
+}
+
+/// The whole-word occurrences of `name` in `text`, as byte offsets.
+fn word_at(text: &str, name: &str) -> Vec<usize> {
+    text.match_indices(name)
+        .map(|(i, _)| i)
+        .filter(|&i| {
+            let before = text[..i].chars().next_back();
+            let after = text[i + name.len()..].chars().next();
+            !before.is_some_and(is_ident_char) && !after.is_some_and(is_ident_char)
+        })
+        .collect()
+}
+
+/// Whether `text` defines `name` in a way its case allows (see the comment above).
+fn defines(text: &str, name: &str) -> bool {
+    let camel = name.starts_with(|c: char| c.is_ascii_uppercase());
+    let items: &[&str] = if camel {
+        &["struct", "enum", "trait", "type", "union"]
+    } else {
+        &[
+            "fn",
+            "mod",
+            "const",
+            "static",
+            "macro_rules!",
+            "struct",
+            "enum",
+            "trait",
+            "type",
+        ]
+    };
+    if text.contains(&format!("\"{name}\"")) {
+        return true;
+    }
+    for i in word_at(text, name) {
+        let before = text[..i].trim_end();
+        if items.iter().any(|k| {
+            before.ends_with(k)
+                && !before[..before.len() - k.len()]
+                    .chars()
+                    .next_back()
+                    .is_some_and(is_ident_char)
+        }) {
+            return true;
+        }
+        let line_start = text[..i].rfind('\n').map_or(0, |n| n + 1);
+        let lead = text[line_start..i].trim();
+        let lead = lead
+            .strip_prefix("pub(crate)")
+            .or_else(|| lead.strip_prefix("pub(super)"))
+            .or_else(|| lead.strip_prefix("pub"))
+            .unwrap_or(lead)
+            .trim();
+        let after = text[i + name.len()..].trim_start_matches(' ');
+        if lead.is_empty() {
+            // An enum variant (CamelCase) or a field (snake_case) at the start of its line.
+            if camel && (after.is_empty() || after.starts_with([',', '(', '{', '=', '\n'])) {
+                return true;
+            }
+            if !camel && after.starts_with(':') && !after.starts_with("::") {
+                return true;
+            }
+        }
+        if !camel
+            && after.starts_with("::")
+            && before.ends_with(|c: char| !is_ident_char(c) && c != ':')
+        {
+            // A crate or module named at the head of a path (`tokio::spawn`).
+            return true;
+        }
+    }
+    false
+}
+
+const RUST_KEYWORDS: [&str; 12] = [
+    "use", "mod", "fn", "pub", "impl", "struct", "enum", "trait", "type", "self", "super", "crate",
+];
+
+/// Why a backticked span is not a name the code has, or `None` when it is (or is no code name).
+fn stale(span: &str, files: &[(String, String)]) -> Option<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let exists_suffix = |suffix: &str| {
+        files.iter().any(|(f, _)| {
+            f.ends_with(&format!("/{suffix}")) && (f.starts_with("src/") || f.starts_with("tests/"))
+        })
+    };
+    let path_chars = |s: &str| {
+        s.chars()
+            .all(|c| is_ident_char(c) || matches!(c, '/' | '.' | '-'))
+    };
+    if span.starts_with('/') || span.starts_with("target/") {
+        // A URL path (`/metrics`) or a build output.
+        return None;
+    }
+    // Files and folders.
+    if path_chars(span)
+        && (span.ends_with(".rs") || span.ends_with('/') || span.contains('/'))
+        && !span.contains("::")
+    {
+        let top = span.split('/').next().unwrap();
+        if [
+            "src",
+            "tests",
+            "scripts",
+            "deploy",
+            "dashboards",
+            "docs",
+            "config",
+            "data",
+            "heads",
+        ]
+        .contains(&top)
+        {
+            return (!root.join(span.trim_end_matches('/')).exists())
+                .then(|| format!("`{span}`: no such path"));
+        }
+        if span.ends_with(".rs") || span.ends_with('/') {
+            return (!exists_suffix(span))
+                .then(|| format!("`{span}`: no such file or folder under src/ or tests/"));
+        }
+        if span.contains('.') {
+            return None;
+        }
+        // A module written as a path (`attention/tree`): a file or a folder.
+        return (!exists_suffix(&format!("{span}.rs")) && !exists_suffix(&format!("{span}/")))
+            .then(|| format!("`{span}`: no such module"));
+    }
+    // Rust paths and names, with `()` after a function allowed; `a/b::C` read as `a::b::C`.
+    let name = span.trim_end_matches("()").replace('/', "::");
+    let segments: Vec<&str> = name.split("::").collect();
+    if !segments.iter().all(|s| is_ident(s)) || RUST_KEYWORDS.contains(&name.as_str()) {
+        return None;
+    }
+    let last = *segments.last().unwrap();
+    if segments.len() > 1
+        && segments[..segments.len() - 1]
+            .iter()
+            .all(|s| s.starts_with(|c: char| c.is_ascii_lowercase()))
+    {
+        // Leading segments that name a module: the last one must be defined in that module.
+        let module = segments[..segments.len() - 1].join("/");
+        let in_module: Vec<&(String, String)> = files
+            .iter()
+            .filter(|(f, _)| {
+                f.starts_with("src/")
+                    && (f.ends_with(&format!("/{module}.rs")) || f.contains(&format!("/{module}/")))
+            })
+            .collect();
+        if !in_module.is_empty() {
+            let found = in_module.iter().any(|(f, text)| {
+                defines(text, last)
+                    || f.ends_with(&format!("/{module}/{last}.rs"))
+                    || f.ends_with(&format!("/{module}/{last}/"))
+            });
+            return (!found).then(|| format!("`{span}`: `{last}` is not defined in {module}"));
+        }
+    }
+    let found = files.iter().any(|(f, text)| {
+        (f.starts_with("src/") && defines(text, last))
+            || f.ends_with(&format!("/{last}.rs"))
+            || f.ends_with(&format!("/{last}/"))
+    });
+    (!found).then(|| format!("`{span}`: no `{last}` in the sources"))
+}
+
+#[test]
+fn architecture_doc_names_only_what_the_code_has() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let files = code_files();
+    let mut seen = BTreeSet::new();
+    let stale: Vec<String> = backticked(&doc)
+        .into_iter()
+        .filter(|s| seen.insert(s.clone()))
+        .filter_map(|s| stale(&s, &files))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "docs/architecture.md names what the code no longer has:\n{}",
+        stale.join("\n")
+    );
+}
+
+#[test]
+fn the_doc_check_sees_stale_names() {
+    let files = code_files();
+    for gone in [
+        "NoSuchTypeAnywhere",
+        "verifier::no_such_fn",
+        "no_such_file.rs",
+        "engine/no_such_folder/",
+    ] {
+        assert!(stale(gone, &files).is_some(), "{gone} should be stale");
+    }
+    for here in [
+        "Scheduler",
+        "target_round.rs",
+        "scheduler/",
+        "Lenience::try_from",
+        "--flag",
+        "a.b.c",
+        "1 + w",
+    ] {
+        assert!(
+            stale(here, &files).is_none(),
+            "{here} should pass: {:?}",
+            stale(here, &files)
+        );
+    }
+}

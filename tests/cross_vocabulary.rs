@@ -15,8 +15,10 @@ use std::sync::Arc;
 use common::{
     complete_together, engine_request, fixed_gamma, gemma_path, greedy_request, plain_output,
 };
-use tandem::draft::{GreedyAcross, ModelDrafter, PromptLookup, Proposer, Translation};
-use tandem::engine::{DraftSource, Engine, EngineConfig};
+use tandem::draft::{
+    GreedyAcross, LoadedDrafter, ModelDrafter, PromptLookup, Proposer, Translation,
+};
+use tandem::engine::{Engine, EngineConfig};
 use tandem::model::load::loader::LoadOptions;
 use tandem::model::{LoadedModel, ModelSource, WeightsDtype};
 
@@ -128,7 +130,7 @@ fn greedy_speculation_equals_plain(greedy: GreedyAcross) {
         .collect();
     let rt = common::runtime();
     for lookup in [None, Some(PromptLookup::default())] {
-        let source = DraftSource::Model {
+        let source = LoadedDrafter::Model {
             model: Arc::clone(&draft_model),
             vocab: None,
             translation: Some(Arc::clone(&t)),

@@ -15,9 +15,10 @@ use candle_core::{DType, Device, Tensor};
 use common::{
     complete_together, engine_request, fixed_gamma, greedy_request, one_at_a_time, plain_output,
 };
+use tandem::draft::LoadedDrafter;
 use tandem::draft::PromptLookup;
 use tandem::engine::{
-    Completion, DraftSource, Engine, EngineConfig, EngineRequest, GammaPolicy, RequestSpeculation,
+    Completion, Engine, EngineConfig, EngineRequest, GammaPolicy, RequestSpeculation,
     SpeculationStats, TreeNodes,
 };
 use tandem::model::head::train::{random_head, TrainSettings};
@@ -113,9 +114,9 @@ fn untrained() -> HeadTensors {
     random_head(target.hparams(), 96, 11).unwrap()
 }
 
-fn head_source(t: &HeadTensors, vocab: usize) -> DraftSource {
+fn head_source(t: &HeadTensors, vocab: usize) -> LoadedDrafter {
     let (_, target) = target();
-    DraftSource::Head {
+    LoadedDrafter::Head {
         head: Arc::new(DraftHead::new(t.clone(), target, WeightsDtype::F32, vocab).unwrap()),
         name: "tiny head".into(),
         lookup: None,
@@ -123,8 +124,8 @@ fn head_source(t: &HeadTensors, vocab: usize) -> DraftSource {
 }
 
 /// The head with prompt lookup drafting first (`head+lookup`).
-fn with_lookup(mut source: DraftSource) -> DraftSource {
-    if let DraftSource::Head { lookup, .. } = &mut source {
+fn with_lookup(mut source: LoadedDrafter) -> LoadedDrafter {
+    if let LoadedDrafter::Head { lookup, .. } = &mut source {
         *lookup = Some(PromptLookup::default());
     }
     source
@@ -142,7 +143,7 @@ fn run_all(
             let reqs = chunk
                 .iter()
                 .map(|p| EngineRequest {
-                    speculation,
+                    speculative: speculation,
                     ..engine_request(greedy_request(p.clone(), 24, &[]), speculation.gamma)
                 })
                 .collect();
@@ -151,7 +152,7 @@ fn run_all(
         .collect()
 }
 
-fn engine_with(source: DraftSource, pipeline: bool) -> Engine {
+fn engine_with(source: LoadedDrafter, pipeline: bool) -> Engine {
     let (_, target) = target();
     let cfg = EngineConfig {
         max_seqs: 4,
@@ -520,7 +521,7 @@ fn a_draft_model_drafts_over_its_reduced_vocabulary() {
         .iter()
         .map(|p| plain_output(&target().1, &greedy_request(p.clone(), 24, &[])).tokens)
         .collect();
-    let source = DraftSource::Model {
+    let source = LoadedDrafter::Model {
         model: Arc::new(draft),
         vocab: Some(vocab),
         translation: None,

@@ -15,14 +15,15 @@ use common::{
     complete_together, engine_request, fixed_gamma, generation_request, greedy_request,
     one_at_a_time, plain_output,
 };
+use tandem::draft::LoadedDrafter;
 use tandem::draft::PromptLookup;
 use tandem::engine::governor::CostModel;
 use tandem::engine::{
-    Completion, DraftSource, Engine, EngineConfig, EngineError, EngineEvent, FinishReason,
-    GammaPolicy, SpeculationOverride, TreeNodes,
+    Completion, Engine, EngineConfig, EngineError, EngineEvent, FinishReason, GammaPolicy,
+    SpeculationKnobs, TreeNodes,
 };
 use tandem::model::{BackendChoice, ForwardKind, Llama, LoadedModel, WeightsDtype};
-use tandem::sampling::{GateOverride, SamplingParams};
+use tandem::sampling::{RequestGate, SamplingParams};
 
 fn load(spec: &common::TinySpec, dtype: WeightsDtype) -> (tempfile::TempDir, LoadedModel) {
     load_on(spec, dtype, BackendChoice::Auto)
@@ -106,8 +107,8 @@ fn concurrent_greedy_outputs_equal_plain(backend: BackendChoice) {
         .collect();
     let sources = [
         None,
-        Some(DraftSource::PromptLookup(PromptLookup::default())),
-        Some(DraftSource::Model {
+        Some(LoadedDrafter::PromptLookup(PromptLookup::default())),
+        Some(LoadedDrafter::Model {
             model: other,
             vocab: None,
             translation: None,
@@ -159,9 +160,9 @@ fn concurrent_greedy_outputs_equal_plain(backend: BackendChoice) {
                         want[i],
                         "request {i} of {n}, pipeline {pipeline}, drafter {}",
                         source.as_ref().map_or("none", |s| match s {
-                            DraftSource::PromptLookup(_) => "prompt-lookup",
-                            DraftSource::Model { .. } => "model",
-                            DraftSource::Head { .. } => "head",
+                            LoadedDrafter::PromptLookup(_) => "prompt-lookup",
+                            LoadedDrafter::Model { .. } => "model",
+                            LoadedDrafter::Head { .. } => "head",
                         })
                     );
                     assert_eq!(c.finish, FinishReason::Length);
@@ -182,7 +183,7 @@ fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
     let engine = rt
         .block_on(Engine::start(
             target,
-            Some(DraftSource::Model {
+            Some(LoadedDrafter::Model {
                 model: other,
                 vocab: None,
                 translation: None,
@@ -249,7 +250,7 @@ fn cancelling_frees_slots_and_leaves_others_alone() {
     let engine = rt
         .block_on(Engine::start(
             Arc::clone(&model),
-            Some(DraftSource::PromptLookup(PromptLookup::default())),
+            Some(LoadedDrafter::PromptLookup(PromptLookup::default())),
             EngineConfig {
                 max_seqs: 2,
                 ..Default::default()
@@ -406,7 +407,7 @@ fn price_table(per_token: f64, draft: f64, max_width: usize) -> CostModel {
 fn governed(
     rt: &tokio::runtime::Runtime,
     target: Arc<Llama>,
-    source: DraftSource,
+    source: LoadedDrafter,
     costs: CostModel,
     prompt: Vec<u32>,
 ) -> tandem::engine::SpeculationStats {
@@ -446,7 +447,7 @@ fn governor_speculates_only_where_its_prices_say_it_pays() {
     let rt = common::runtime();
     let max_width = EngineConfig::default().max_seqs * (EngineConfig::default().gamma_limit + 1);
     let (_dirs, target, other) = target_and_other();
-    let twice = |source: &dyn Fn() -> DraftSource,
+    let twice = |source: &dyn Fn() -> LoadedDrafter,
                  target: &Arc<Llama>,
                  costs: &CostModel,
                  prompt: &[u32]| {
@@ -471,7 +472,7 @@ fn governor_speculates_only_where_its_prices_say_it_pays() {
     let prompt = prompts(1)[0].clone();
     let model = |m: &Arc<Llama>, name: &str| {
         let (m, name) = (Arc::clone(m), name.to_string());
-        move || DraftSource::Model {
+        move || LoadedDrafter::Model {
             model: Arc::clone(&m),
             vocab: None,
             translation: None,
@@ -497,7 +498,7 @@ fn governor_speculates_only_where_its_prices_say_it_pays() {
     // A tied tiny model repeats its input token forever, which prompt lookup predicts.
     let (_d3, repeater) = load(&common::TinySpec::default(), WeightsDtype::F32);
     let repeater = Arc::new(repeater.model);
-    let lookup = || DraftSource::PromptLookup(PromptLookup::default());
+    let lookup = || LoadedDrafter::PromptLookup(PromptLookup::default());
     let dear = twice(
         &lookup,
         &repeater,
@@ -517,7 +518,7 @@ fn start_pipelined(
     draft: Arc<Llama>,
     name: &str,
 ) -> Engine {
-    let source = DraftSource::Model {
+    let source = LoadedDrafter::Model {
         model: draft,
         vocab: None,
         translation: None,
@@ -592,19 +593,19 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
         .iter()
         .map(|p| plain_output(&target_model, &greedy_request(p.clone(), 24, &[])).tokens)
         .collect();
-    let strict = GateOverride {
+    let strict = RequestGate {
         use_egag: Some(true),
         egag_threshold: Some(0.05),
         egag_ema_beta: Some(0.0),
         ..Default::default()
     };
-    let sure = GateOverride {
+    let sure = RequestGate {
         draft_p_min: Some(0.99),
         ..Default::default()
     };
     for pipeline in [false, true] {
         let cfg = four_seqs(pipeline);
-        let source = DraftSource::Model {
+        let source = LoadedDrafter::Model {
             model: Arc::clone(&other),
             vocab: None,
             translation: None,
@@ -615,14 +616,14 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
             .block_on(Engine::start(Arc::clone(&target_model), Some(source), cfg))
             .unwrap();
         // Every request drafts 4 a round unless its gate stops it; returns the tokens drafted.
-        let run = |gate: GateOverride, n: usize| -> usize {
+        let run = |gate: RequestGate, n: usize| -> usize {
             let reqs = all
                 .iter()
                 .take(n)
                 .map(|p| {
                     let mut req =
                         engine_request(greedy_request(p.clone(), 24, &[]), fixed_gamma(4));
-                    req.speculation.gate = gate;
+                    req.speculative.gate = gate;
                     req
                 })
                 .collect();
@@ -635,7 +636,7 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
             }
             got.iter().map(|c| c.usage.speculative.draft_tokens).sum()
         };
-        let ungated = run(GateOverride::default(), 1);
+        let ungated = run(RequestGate::default(), 1);
         let gated = run(strict, 1);
         assert!(
             gated * 2 < ungated,
@@ -648,16 +649,16 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
         // The same gate from the live server settings, for requests that set none.
         engine
             .settings()
-            .update(&SpeculationOverride {
+            .update(&SpeculationKnobs {
                 use_egag: Some(true),
                 egag_threshold: Some(0.05),
                 egag_ema_beta: Some(0.0),
                 ..Default::default()
             })
             .unwrap();
-        assert!(run(GateOverride::default(), 1) * 2 < ungated);
+        assert!(run(RequestGate::default(), 1) * 2 < ungated);
         // A request's own settings override the server's: gate off again for it.
-        let off = GateOverride {
+        let off = RequestGate {
             use_egag: Some(false),
             ..Default::default()
         };
@@ -731,8 +732,8 @@ fn token_trees_keep_greedy_output_identical() {
         .map(|p| plain_output(&target_model, &greedy_request(p.clone(), 24, &[])).tokens)
         .collect();
     let sources = [
-        DraftSource::PromptLookup(PromptLookup::default()),
-        DraftSource::Model {
+        LoadedDrafter::PromptLookup(PromptLookup::default()),
+        LoadedDrafter::Model {
             model: blend,
             vocab: None,
             translation: None,
@@ -742,9 +743,9 @@ fn token_trees_keep_greedy_output_identical() {
     ];
     for source in sources {
         let name = match &source {
-            DraftSource::PromptLookup(_) => "prompt-lookup",
-            DraftSource::Model { .. } => "model",
-            DraftSource::Head { .. } => "head",
+            LoadedDrafter::PromptLookup(_) => "prompt-lookup",
+            LoadedDrafter::Model { .. } => "model",
+            LoadedDrafter::Head { .. } => "head",
         };
         let (mut tree_rounds, mut branch_accepts) = (0, 0);
         for pipeline in [false, true] {
@@ -764,9 +765,9 @@ fn token_trees_keep_greedy_output_identical() {
                             .map(|(j, p)| {
                                 let mut req =
                                     engine_request(greedy_request(p.clone(), 24, &[]), gamma);
-                                req.speculation.tree_nodes = Some(TreeNodes::within(4, 8).unwrap());
+                                req.speculative.tree_nodes = Some(TreeNodes::within(4, 8).unwrap());
                                 // Half of them with their chains cut by confidence too.
-                                req.speculation.confidence_pricing = Some(j % 2 == 0);
+                                req.speculative.confidence_pricing = Some(j % 2 == 0);
                                 req
                             })
                             .collect();
@@ -817,7 +818,7 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
     let blend = Arc::new(common::load_tiny(blend_dir.path(), WeightsDtype::F32).model);
     let prompt = prompts(2)[1].clone();
     let want = plain_output(&target, &greedy_request(prompt.clone(), 96, &[])).tokens;
-    let run = |source: DraftSource, pricing: bool| {
+    let run = |source: LoadedDrafter, pricing: bool| {
         let cfg = EngineConfig {
             costs: Some(price_table(0.15, 0.05, max_width)),
             ..Default::default()
@@ -829,7 +830,7 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
             greedy_request(prompt.clone(), 96, &[]),
             GammaPolicy::Adaptive,
         );
-        req.speculation.confidence_pricing = Some(pricing);
+        req.speculative.confidence_pricing = Some(pricing);
         let done = rt
             .block_on(async { engine.submit(req).await?.collect().await })
             .unwrap();
@@ -837,14 +838,14 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
         done.usage.speculative
     };
     let sources = [
-        DraftSource::Model {
+        LoadedDrafter::Model {
             model: blend,
             vocab: None,
             translation: None,
             lookup: None,
             name: "tiny-blend".into(),
         },
-        DraftSource::PromptLookup(PromptLookup::default()),
+        LoadedDrafter::PromptLookup(PromptLookup::default()),
     ];
     for (i, source) in sources.into_iter().enumerate() {
         let off = run(source.clone(), false);

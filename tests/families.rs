@@ -16,7 +16,7 @@ use common::{
     batched_equals_alone, forward_rows, greedy_request, plain_output, tree_equals_its_paths,
     TEST_TREE,
 };
-use tandem::draft::{ModelDrafter, PromptLookup, Proposer};
+use tandem::draft::{LoadedDrafter, ModelDrafter, PromptLookup, Proposer};
 use tandem::engine::{generate_speculative, FixedSpeculation, Gamma};
 use tandem::model::load::loader::LoadOptions;
 use tandem::model::{BackendChoice, LoadedModel, LogitsRows, ModelSource, WeightsDtype};
@@ -428,7 +428,7 @@ fn sampled_speculation_is_plain_sampling_in_every_family() {
 #[test]
 fn the_engine_drafts_for_every_family_with_a_head_and_a_draft_model() {
     use std::sync::Arc;
-    use tandem::engine::{DraftSource, Engine, EngineConfig};
+    use tandem::engine::{Engine, EngineConfig};
     use tandem::model::head::train::random_head;
     use tandem::model::head::DraftHead;
     let rt = common::runtime();
@@ -450,12 +450,12 @@ fn the_engine_drafts_for_every_family_with_a_head_and_a_draft_model() {
         )
         .unwrap();
         let sources = [
-            DraftSource::Head {
+            LoadedDrafter::Head {
                 head: Arc::new(head),
                 name: "head".into(),
                 lookup: None,
             },
-            DraftSource::Model {
+            LoadedDrafter::Model {
                 model: Arc::new(draft.model),
                 vocab: None,
                 translation: None,

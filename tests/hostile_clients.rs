@@ -624,7 +624,7 @@ fn slow_and_partial_clients_are_cut_off_and_every_error_is_openai_shaped() {
         assert_eq!(r.status, 400, "{body}");
         let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
         for rust in [
-            "SpeculationOverride",
+            "SpeculationKnobs",
             "RequestSpeculation",
             "StreamOptions",
             "HashMap",

@@ -9,14 +9,19 @@ mod common;
 use std::sync::Arc;
 
 use common::{chat_prompt, engine_request, fixed_gamma, generation_request, greedy_request};
+use tandem::draft::LoadedDrafter;
 use tandem::draft::PromptLookup;
-use tandem::engine::{Completion, DraftSource, Engine, EngineConfig, EngineRequest, GammaPolicy};
+use tandem::engine::{Completion, Engine, EngineConfig, EngineRequest, GammaPolicy};
 use tandem::model::{Llama, WeightsDtype};
 use tandem::sampling::{SamplingParams, TokenLogprob};
 
 const TOP: usize = 5;
 
-fn start(rt: &tokio::runtime::Runtime, target: &Arc<Llama>, draft: Option<DraftSource>) -> Engine {
+fn start(
+    rt: &tokio::runtime::Runtime,
+    target: &Arc<Llama>,
+    draft: Option<LoadedDrafter>,
+) -> Engine {
     rt.block_on(Engine::start(
         Arc::clone(target),
         draft,
@@ -145,15 +150,15 @@ fn greedy_logprobs_are_the_same_bits_with_speculation_on_and_off() {
 
 /// Prompt lookup, and the same file at f16 drafting for its Q4_1 self (a draft model that
 /// mostly agrees with the target, so both accepted and rejected drafts occur).
-fn drafters(f16: &Arc<Llama>) -> [(&'static str, DraftSource); 2] {
+fn drafters(f16: &Arc<Llama>) -> [(&'static str, LoadedDrafter); 2] {
     [
         (
             "prompt-lookup",
-            DraftSource::PromptLookup(PromptLookup::default()),
+            LoadedDrafter::PromptLookup(PromptLookup::default()),
         ),
         (
             "f16 copy",
-            DraftSource::Model {
+            LoadedDrafter::Model {
                 model: Arc::clone(f16),
                 vocab: None,
                 translation: None,
@@ -245,7 +250,7 @@ fn choices_share_the_prefill_and_equal_lone_requests() {
     let engine = start(
         &rt,
         &target,
-        Some(DraftSource::PromptLookup(PromptLookup::default())),
+        Some(LoadedDrafter::PromptLookup(PromptLookup::default())),
     );
     let sampled = SamplingParams {
         temperature: 0.9,

@@ -9,8 +9,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{engine_request, fixed_gamma, greedy_request};
+use tandem::draft::LoadedDrafter;
 use tandem::draft::PromptLookup;
-use tandem::engine::{Completion, DraftSource, Engine, EngineConfig, EngineRequest, GammaPolicy};
+use tandem::engine::{Completion, Engine, EngineConfig, EngineRequest, GammaPolicy};
 use tandem::model::cache::prefix_index::common_prefix;
 use tandem::model::{ChatMessage, Llama, TextTokenizer, WeightsDtype};
 use tandem::sampling::TokenLogprob;
@@ -23,7 +24,7 @@ fn render(tok: &TextTokenizer, turns: &[ChatMessage]) -> Vec<u32> {
 fn start(
     rt: &tokio::runtime::Runtime,
     target: &Arc<Llama>,
-    draft: Option<DraftSource>,
+    draft: Option<LoadedDrafter>,
     prefix_cache: bool,
     max_seqs: usize,
 ) -> Engine {
@@ -154,16 +155,16 @@ fn output_is_the_same_bits_with_the_prefix_cache_on_and_off() {
     let f16 = Arc::new(common::load_default(WeightsDtype::F16).model);
     let rt = common::runtime();
     let fixed = fixed_gamma(3);
-    let cases: [(&str, Option<DraftSource>, GammaPolicy); 3] = [
+    let cases: [(&str, Option<LoadedDrafter>, GammaPolicy); 3] = [
         ("plain", None, GammaPolicy::Off),
         (
             "prompt lookup",
-            Some(DraftSource::PromptLookup(PromptLookup::default())),
+            Some(LoadedDrafter::PromptLookup(PromptLookup::default())),
             fixed,
         ),
         (
             "draft model",
-            Some(DraftSource::Model {
+            Some(LoadedDrafter::Model {
                 model: Arc::clone(&f16),
                 vocab: None,
                 translation: None,
@@ -346,7 +347,7 @@ fn a_repeated_request_drafts_the_earlier_answer() {
         let engine = start(
             &rt,
             &target,
-            Some(DraftSource::PromptLookup(lookup)),
+            Some(LoadedDrafter::PromptLookup(lookup)),
             true,
             2,
         );

@@ -338,7 +338,7 @@ fn requests_arm(
                 };
                 let generation = generation_request(PROMPT.to_vec(), MAX_TOKENS, sampling, &[]);
                 let req = EngineRequest {
-                    speculation,
+                    speculative: speculation,
                     constraint: grammar.cloned(),
                     ..engine_request(generation, speculation.gamma)
                 };
@@ -386,7 +386,7 @@ fn start_engine_across(
     pipeline: bool,
     max_seqs: usize,
 ) -> Engine {
-    let source = tandem::engine::DraftSource::Model {
+    let source = tandem::draft::LoadedDrafter::Model {
         model: Arc::clone(draft),
         vocab: None,
         translation,
@@ -461,7 +461,7 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
     // With `lookup`, prompt lookup drafts first (a point mass) and the head where it finds
     // no match (`head+lookup`).
     let start_head_engine = |head: &Arc<DraftHead>, lookup: bool| {
-        let source = tandem::engine::DraftSource::Head {
+        let source = tandem::draft::LoadedDrafter::Head {
             head: Arc::clone(head),
             name: "tiny head".into(),
             lookup: lookup.then(tandem::draft::PromptLookup::default),

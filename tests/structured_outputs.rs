@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use common::{complete_together, engine_request, fixed_gamma, greedy_request, TinySpec};
 use tandem::constraint::{ConstraintSpec, ConstraintVocabulary};
+use tandem::draft::LoadedDrafter;
 use tandem::draft::PromptLookup;
-use tandem::engine::{DraftSource, Engine, EngineConfig, EngineRequest, GammaPolicy, TreeNodes};
+use tandem::engine::{Engine, EngineConfig, EngineRequest, GammaPolicy, TreeNodes};
 use tandem::model::{Llama, TextTokenizer, WeightsDtype};
 
 fn text(tok: &TextTokenizer, tokens: &[u32], eos: &[u32]) -> String {
@@ -108,11 +109,11 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
     let sources = [
         (
             "prompt-lookup",
-            DraftSource::PromptLookup(PromptLookup::default()),
+            LoadedDrafter::PromptLookup(PromptLookup::default()),
         ),
         (
             "model",
-            DraftSource::Model {
+            LoadedDrafter::Model {
                 model: blend,
                 vocab: None,
                 translation: None,
@@ -148,7 +149,7 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
                                     r.logprobs = Some(0);
                                 }
                                 if j % 2 == 1 {
-                                    r.speculation.tree_nodes =
+                                    r.speculative.tree_nodes =
                                         Some(TreeNodes::within(4, 8).unwrap());
                                 }
                                 r
@@ -211,7 +212,7 @@ fn real_model_json_schema_output_is_identical_with_speculation() {
     })
     .collect();
     let rt = common::runtime();
-    let engine = |source: Option<DraftSource>| {
+    let engine = |source: Option<LoadedDrafter>| {
         rt.block_on(Engine::start(
             Arc::clone(&target),
             source,
@@ -251,7 +252,7 @@ fn real_model_json_schema_output_is_identical_with_speculation() {
             "{v}"
         );
     }
-    let spec = engine(Some(DraftSource::PromptLookup(PromptLookup::default())));
+    let spec = engine(Some(LoadedDrafter::PromptLookup(PromptLookup::default())));
     let reqs = prompts
         .iter()
         .map(|p| EngineRequest {

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 
 pub use coverage::render_coverage;
 pub use error::BenchError;
-pub use mode::{parse_modes, DrafterKind, Mode, Structured};
+pub use mode::{parse_modes, BenchDrafters, Mode, Structured};
 pub use options::BenchOptions;
 pub use prompts::{every_nth, load_prompts, parse_prompts, select, BenchPrompt};
 pub use report::{summarize, BatchRecord, RunRecord, Spread, SummaryRow};

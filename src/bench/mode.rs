@@ -4,32 +4,27 @@
 //! Why it exists: every mode runs in the same process on the same prompts, so a mode must say
 //! exactly which engine it needs (drafter and pipelining) and how each request speculates.
 
-use crate::draft::{GreedyAcross, PromptLookup};
+use crate::draft::{canonical_drafter_name, DraftSpec, GreedyAcross, PromptLookup};
 use crate::engine::{Gamma, GammaPolicy, TreeNodes};
-use crate::sampling::{GateOverride, Lenience};
+use crate::sampling::{Lenience, RequestGate};
 
 use super::BenchError;
 
-/// Which drafter a bench mode's engine carries: modes with the same one share an engine. A
-/// `draft` mode's model is the one `--draft-model` names, loaded once for every such mode; a
-/// `head` mode's head is the one `--head` names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DrafterKind {
-    None,
-    /// Prompt lookup with these n-gram sizes.
-    PromptLookup(PromptLookup),
-    /// A draft model (`--draft-model`); with `lookup`, prompt lookup drafts first and the
-    /// model where the text has no match (`draft+pld`); `greedy`: how one of another
-    /// vocabulary drafts for greedy requests (`None`: as configured).
-    Model {
-        lookup: Option<PromptLookup>,
-        greedy: Option<GreedyAcross>,
-    },
-    /// A draft head on the target's features; with `lookup`, prompt lookup with these n-gram
-    /// sizes drafts first and the head where the text has no match (`head+pld`).
-    Head {
-        lookup: Option<PromptLookup>,
-    },
+/// What `draft` and `head` modes draft with: `tandem bench`'s `--draft-model` (loaded once for
+/// every such mode) and `--head` (`None`: the default model's shipped head).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchDrafters {
+    pub draft_model: DraftSpec,
+    pub head: Option<String>,
+}
+
+impl Default for BenchDrafters {
+    fn default() -> Self {
+        Self {
+            draft_model: DraftSpec::Model("default".into()),
+            head: None,
+        }
+    }
 }
 
 /// What a mode's answers are held to: nothing, a JSON schema, or tool calls.
@@ -67,7 +62,12 @@ impl Structured {
 pub struct Mode {
     /// As given on the command line: the name in tables, JSON and the chart.
     pub label: String,
-    pub drafter: DrafterKind,
+    /// The drafter its engine carries (`None`: no drafter), as the config would name it; modes
+    /// with the same one share an engine.
+    pub drafter: Option<DraftSpec>,
+    /// How a draft model of another vocabulary drafts for greedy requests (`None`: as
+    /// configured).
+    pub cross_vocabulary: Option<GreedyAcross>,
     pub gamma: GammaPolicy,
     /// `None` = exact (1).
     pub lenience: Option<Lenience>,
@@ -75,7 +75,7 @@ pub struct Mode {
     /// The engine keeps finished sequences' caches and starts prompts from cached prefixes.
     pub prefix_cache: bool,
     /// The confidence gate each request drafts under (a draft model only).
-    pub gate: GateOverride,
+    pub gate: RequestGate,
     /// Each request's `confidence_pricing` (`None`: the server's, off by default).
     pub confidence_pricing: Option<bool>,
     /// Each request's `tree_nodes` (`None`: the server's, 0 by default).
@@ -87,7 +87,7 @@ pub struct Mode {
 impl Mode {
     /// Plain decoding: no drafter, and no forced tokens drafted either.
     pub fn is_plain(&self) -> bool {
-        self.drafter == DrafterKind::None && self.gamma == GammaPolicy::Off
+        self.drafter.is_none() && self.gamma == GammaPolicy::Off
     }
 
     /// The mode this one is measured against: for a speculative mode, the first plain mode
@@ -114,14 +114,33 @@ impl Mode {
 
     /// The engine this mode runs on: modes with the same drafter, pipelining and prefix cache
     /// share one.
-    pub fn engine_key(&self) -> (DrafterKind, bool, bool) {
-        (self.drafter, self.pipeline, self.prefix_cache)
+    pub fn engine_key(&self) -> EngineKey {
+        (
+            self.drafter.clone(),
+            self.cross_vocabulary,
+            self.pipeline,
+            self.prefix_cache,
+        )
     }
 
-    /// Parses `plain`, `prompt-lookup` (alias `pld`), `suffix` (prompt lookup across requests),
-    /// `draft` (alias `draft-model`), `draft+pld` (alias `draft+lookup`: prompt lookup first,
-    /// the draft model where the text has no match), `head` or `head+pld` (alias
-    /// `head+lookup`: likewise with the head), each
+    /// Whether its drafter is a draft model (alone or after prompt lookup).
+    pub fn drafts_with_a_model(&self) -> bool {
+        matches!(
+            self.drafter,
+            Some(DraftSpec::Model(_) | DraftSpec::SelfLayers(_) | DraftSpec::LookupThen(..))
+        )
+    }
+
+    /// Whether its drafter is a draft head.
+    pub fn drafts_with_a_head(&self) -> bool {
+        matches!(self.drafter, Some(DraftSpec::Head { .. }))
+    }
+
+    /// Parses `plain`, `prompt-lookup`, `suffix` (prompt lookup across requests), `draft`
+    /// (alias `draft-model`: `drafters.draft_model`), `draft+prompt-lookup` (prompt lookup
+    /// first, the draft model where the text has no match), `head` or `head+prompt-lookup`
+    /// (likewise with the head `drafters.head`), drafter names read as the config reads them
+    /// (with their aliases: `pld`, `draft+pld`, ...), each
     /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`,
     /// `:tree=N` (up to N alternative nodes a round, verified with the chain as a token tree),
     /// `:confidence=true|false` (the governor cuts chains by the drafter's confidence),
@@ -131,16 +150,15 @@ impl Mode {
     /// schema or to tool calls). `forced` decodes with no drafter but speculating, so a
     /// constraint's forced tokens are its only drafts. Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
     /// pipelining; every mode to the prefix cache on.
-    pub fn parse(spec: &str, max_gamma: usize) -> Result<Mode, BenchError> {
+    pub fn parse(
+        spec: &str,
+        max_gamma: usize,
+        drafters: &BenchDrafters,
+    ) -> Result<Mode, BenchError> {
         let bad = |reason: String| BenchError::Options(format!("mode `{spec}`: {reason}"));
         let mut parts = spec.trim().split(':');
         let name = parts.next().unwrap_or("");
-        let drafter = drafter_named(name).ok_or_else(|| {
-            bad(format!(
-                "unknown mode `{name}` (plain, prompt-lookup, suffix, draft, draft+pld, head, \
-                 head+pld, forced)"
-            ))
-        })?;
+        let drafter = drafter_named(name, drafters).map_err(bad)?;
         let mut mode = Mode::with_defaults(spec.trim(), drafter, name == "forced");
         for kv in parts {
             let (k, v) = kv
@@ -153,19 +171,20 @@ impl Mode {
 
     /// A mode before its settings: speculative ones (and `forced`) under the governor, exact,
     /// not pipelined; every one with the prefix cache and free answers.
-    fn with_defaults(label: &str, drafter: DrafterKind, forced: bool) -> Mode {
+    fn with_defaults(label: &str, drafter: Option<DraftSpec>, forced: bool) -> Mode {
         Mode {
             label: label.to_string(),
-            drafter,
-            gamma: if drafter == DrafterKind::None && !forced {
+            gamma: if drafter.is_none() && !forced {
                 GammaPolicy::Off
             } else {
                 GammaPolicy::Adaptive
             },
+            drafter,
+            cross_vocabulary: None,
             lenience: None,
             pipeline: false,
             prefix_cache: true,
-            gate: GateOverride::default(),
+            gate: RequestGate::default(),
             confidence_pricing: None,
             tree_nodes: None,
             structured: Structured::Free,
@@ -192,7 +211,7 @@ impl Mode {
             })?;
             return Ok(());
         }
-        if self.drafter == DrafterKind::None {
+        if self.drafter.is_none() {
             return Err(bad(
                 "plain and forced decoding take no settings but prefix_cache and structured".into(),
             ));
@@ -222,10 +241,12 @@ impl Mode {
                 self.tree_nodes = Some(n);
             }
             "ngram" => self.set_ngrams(v, bad)?,
-            "cross_vocabulary" => match &mut self.drafter {
-                DrafterKind::Model { greedy, .. } => *greedy = Some(v.parse().map_err(bad)?),
-                _ => return Err(bad("cross_vocabulary is a draft-model setting".into())),
-            },
+            "cross_vocabulary" if self.drafts_with_a_model() => {
+                self.cross_vocabulary = Some(v.parse().map_err(bad)?);
+            }
+            "cross_vocabulary" => {
+                return Err(bad("cross_vocabulary is a draft-model setting".into()))
+            }
             "egag" | "egag_beta" | "p_min" => self.set_gate(k, v, bad)?,
             other => {
                 return Err(bad(format!(
@@ -243,29 +264,16 @@ impl Mode {
         v: &str,
         bad: &dyn Fn(String) -> BenchError,
     ) -> Result<(), BenchError> {
-        match self.drafter {
-            DrafterKind::PromptLookup(p) => {
-                let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
-                self.drafter = DrafterKind::PromptLookup(p.with_ngrams_of(sizes));
-            }
-            DrafterKind::Head { lookup: Some(p) } => {
-                let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
-                self.drafter = DrafterKind::Head {
-                    lookup: Some(p.with_ngrams_of(sizes)),
-                };
-            }
-            DrafterKind::Model {
-                lookup: Some(p),
-                greedy,
-            } => {
-                let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
-                self.drafter = DrafterKind::Model {
-                    lookup: Some(p.with_ngrams_of(sizes)),
-                    greedy,
-                };
-            }
+        let lookup = match &mut self.drafter {
+            Some(DraftSpec::PromptLookup(p))
+            | Some(DraftSpec::Head {
+                lookup: Some(p), ..
+            })
+            | Some(DraftSpec::LookupThen(p, _)) => p,
             _ => return Err(bad("ngram is a prompt-lookup setting".into())),
-        }
+        };
+        let sizes = PromptLookup::parse_ngrams(v).map_err(bad)?;
+        *lookup = lookup.with_ngrams_of(sizes);
         Ok(())
     }
 
@@ -276,7 +284,7 @@ impl Mode {
         v: &str,
         bad: &dyn Fn(String) -> BenchError,
     ) -> Result<(), BenchError> {
-        if !matches!(self.drafter, DrafterKind::Model { .. }) {
+        if !self.drafts_with_a_model() {
             return Err(bad(format!("{k} is a draft-model setting")));
         }
         let x: f32 = v.parse().map_err(|_| bad(format!("{k} `{v}`")))?;
@@ -294,35 +302,50 @@ impl Mode {
     }
 }
 
-/// The drafter a mode's name asks for (`None`: no such mode).
-fn drafter_named(name: &str) -> Option<DrafterKind> {
-    Some(match name {
+/// The engine a mode runs on: its drafter, how a drafter of another vocabulary drafts, its
+/// pipelining and its prefix cache.
+pub type EngineKey = (Option<DraftSpec>, Option<GreedyAcross>, bool, bool);
+
+/// The drafter a mode's name asks for (`Ok(None)`: none), its names the config's (through
+/// [`canonical_drafter_name`]) plus `plain`, `forced` and `draft`.
+fn drafter_named(name: &str, drafters: &BenchDrafters) -> Result<Option<DraftSpec>, String> {
+    let model = || match &drafters.draft_model {
+        m @ (DraftSpec::Model(_) | DraftSpec::SelfLayers(_)) => Ok(Box::new(m.clone())),
+        other => Err(format!(
+            "`{name}` drafts with --draft-model, which names no model (`{other}`)"
+        )),
+    };
+    let head = |lookup| DraftSpec::Head {
+        path: drafters.head.clone(),
+        lookup,
+    };
+    Ok(Some(match canonical_drafter_name(name) {
         // `forced`: no drafter, speculating: only a constraint's forced tokens are drafted.
-        "plain" | "forced" => DrafterKind::None,
-        "prompt-lookup" | "pld" => DrafterKind::PromptLookup(PromptLookup::default()),
-        "suffix" => DrafterKind::PromptLookup(PromptLookup::default().across_requests()),
-        "draft" | "draft-model" => DrafterKind::Model {
-            lookup: None,
-            greedy: None,
-        },
-        "draft+pld" | "draft+lookup" => DrafterKind::Model {
-            lookup: Some(PromptLookup::default()),
-            greedy: None,
-        },
-        "head" => DrafterKind::Head { lookup: None },
-        "head+pld" | "head+lookup" => DrafterKind::Head {
-            lookup: Some(PromptLookup::default()),
-        },
-        _ => return None,
-    })
+        "plain" | "forced" => return Ok(None),
+        "draft" | "draft-model" => *model()?,
+        "draft+prompt-lookup" => DraftSpec::LookupThen(PromptLookup::default(), model()?),
+        "head" => head(None),
+        "head+prompt-lookup" => head(Some(PromptLookup::default())),
+        n @ ("prompt-lookup" | "suffix") => n.parse().map_err(|e| format!("{e}"))?,
+        _ => {
+            return Err(format!(
+                "unknown mode `{name}` (plain, prompt-lookup, suffix, draft, \
+                 draft+prompt-lookup, head, head+prompt-lookup, forced)"
+            ))
+        }
+    }))
 }
 
 /// Parses a comma-separated mode list; `plain` is added first when missing, since every
 /// speedup is measured against it.
-pub fn parse_modes(list: &str, max_gamma: usize) -> Result<Vec<Mode>, BenchError> {
+pub fn parse_modes(
+    list: &str,
+    max_gamma: usize,
+    drafters: &BenchDrafters,
+) -> Result<Vec<Mode>, BenchError> {
     let mut modes = Vec::new();
     for spec in list.split(',').filter(|s| !s.trim().is_empty()) {
-        let m = Mode::parse(spec, max_gamma)?;
+        let m = Mode::parse(spec, max_gamma, drafters)?;
         if modes.iter().any(|o: &Mode| o.label == m.label) {
             return Err(BenchError::Options(format!(
                 "mode `{}` is listed twice",
@@ -332,7 +355,7 @@ pub fn parse_modes(list: &str, max_gamma: usize) -> Result<Vec<Mode>, BenchError
         modes.push(m);
     }
     if !modes.iter().any(Mode::is_plain) {
-        modes.insert(0, Mode::parse("plain", max_gamma)?);
+        modes.insert(0, Mode::parse("plain", max_gamma, drafters)?);
     }
     Ok(modes)
 }
@@ -341,82 +364,79 @@ pub fn parse_modes(list: &str, max_gamma: usize) -> Result<Vec<Mode>, BenchError
 mod tests {
     use super::*;
 
+    fn parse(spec: &str) -> Result<Mode, BenchError> {
+        Mode::parse(spec, 8, &BenchDrafters::default())
+    }
+
+    fn modes(list: &str) -> Result<Vec<Mode>, BenchError> {
+        parse_modes(list, 8, &BenchDrafters::default())
+    }
+
+    fn default_model() -> Box<DraftSpec> {
+        Box::new(DraftSpec::Model("default".into()))
+    }
+
     #[test]
     fn draft_modes_take_how_another_vocabulary_drafts() {
-        let m = Mode::parse("draft+pld:cross_vocabulary=tli:ngram=2-3", 8).unwrap();
+        let m = parse("draft+pld:cross_vocabulary=tli:ngram=2-3").unwrap();
         assert_eq!(
             m.drafter,
-            DrafterKind::Model {
-                lookup: Some(PromptLookup::new(2, 3)),
-                greedy: Some(GreedyAcross::TokenLevel)
-            }
+            Some(DraftSpec::LookupThen(
+                PromptLookup::new(2, 3),
+                default_model()
+            ))
         );
-        assert!(Mode::parse("draft:cross_vocabulary=both", 8).is_err());
-        assert!(Mode::parse("pld:cross_vocabulary=slem", 8).is_err());
+        assert_eq!(m.cross_vocabulary, Some(GreedyAcross::TokenLevel));
+        assert!(parse("draft:cross_vocabulary=both").is_err());
+        assert!(parse("pld:cross_vocabulary=slem").is_err());
     }
 
     #[test]
     fn draft_modes_take_the_confidence_gate() {
-        let m = Mode::parse("pld:tree=3:confidence=true", 8).unwrap();
+        let m = parse("pld:tree=3:confidence=true").unwrap();
         assert_eq!(m.tree_nodes.map(TreeNodes::get), Some(3));
         assert_eq!(m.confidence_pricing, Some(true));
-        assert!(Mode::parse("pld:confidence=maybe", 8).is_err());
-        assert!(Mode::parse("pld:tree=8", 8).is_err());
-        assert!(Mode::parse("pld:tree=x", 8).is_err());
-        let m = Mode::parse("draft:gamma=4:egag=0.25:egag_beta=0.5:p_min=0.125", 8).unwrap();
+        assert!(parse("pld:confidence=maybe").is_err());
+        assert!(parse("pld:tree=8").is_err());
+        assert!(parse("pld:tree=x").is_err());
+        let m = parse("draft:gamma=4:egag=0.25:egag_beta=0.5:p_min=0.125").unwrap();
         assert_eq!(m.gate.use_egag, Some(true));
         assert_eq!(m.gate.egag_threshold, Some(0.25));
         assert_eq!(m.gate.egag_ema_beta, Some(0.5));
         assert_eq!(m.gate.draft_p_min, Some(0.125));
-        assert!(Mode::parse("pld:egag=0.5", 8).is_err());
-        let e = Mode::parse("draft:egag=1.5", 8).unwrap_err().to_string();
+        assert!(parse("pld:egag=0.5").is_err());
+        let e = parse("draft:egag=1.5").unwrap_err().to_string();
         assert!(e.contains("egag_threshold"), "{e}");
-        assert!(Mode::parse("draft:p_min=1", 8).is_err());
+        assert!(parse("draft:p_min=1").is_err());
     }
 
     #[test]
     fn modes_parse_with_defaults_and_settings() {
-        let m = parse_modes(
-            "pld:gamma=2,draft:gamma=adaptive:pipeline=true:lenience=0.5,pld:ngram=2-5",
-            8,
-        )
-        .unwrap();
+        let m = modes("pld:gamma=2,draft:gamma=adaptive:pipeline=true:lenience=0.5,pld:ngram=2-5")
+            .unwrap();
         assert_eq!(m.len(), 4, "plain is added");
         assert!(m[0].is_plain());
         assert_eq!(m[0].gamma, GammaPolicy::Off);
         assert_eq!(
             m[1].drafter,
-            DrafterKind::PromptLookup(PromptLookup::new(1, 3))
+            Some(DraftSpec::PromptLookup(PromptLookup::new(1, 3)))
         );
         assert_eq!(
             m[3].drafter,
-            DrafterKind::PromptLookup(PromptLookup::new(2, 5))
+            Some(DraftSpec::PromptLookup(PromptLookup::new(2, 5)))
         );
         assert_ne!(m[1].engine_key(), m[3].engine_key(), "its own engine");
         assert_eq!(m[1].gamma, GammaPolicy::Fixed(Gamma::try_from(2).unwrap()));
-        assert_eq!(
-            m[2].drafter,
-            DrafterKind::Model {
-                lookup: None,
-                greedy: None
-            }
-        );
+        assert_eq!(m[2].drafter, Some(*default_model()));
         assert_eq!(m[2].gamma, GammaPolicy::Adaptive);
         assert!(m[2].pipeline);
         assert_eq!(m[2].lenience.map(Lenience::get), Some(0.5));
         assert_eq!(
             m[2].engine_key(),
-            (
-                DrafterKind::Model {
-                    lookup: None,
-                    greedy: None
-                },
-                true,
-                true
-            )
+            (Some(*default_model()), None, true, true)
         );
         // The prefix cache is on unless a mode turns it off, plain included: its own engine.
-        let m = parse_modes("plain,plain:prefix_cache=false", 8).unwrap();
+        let m = modes("plain,plain:prefix_cache=false").unwrap();
         assert_eq!(m.len(), 2);
         assert!(m[0].prefix_cache && !m[1].prefix_cache && m[1].is_plain());
         assert_ne!(m[0].engine_key(), m[1].engine_key());
@@ -424,13 +444,10 @@ mod tests {
 
     #[test]
     fn structured_modes_measure_against_plain_under_the_same_structure() {
-        let m = parse_modes(
-            "plain,plain:structured=json,pld:structured=json,forced:structured=json,pld",
-            8,
-        )
-        .unwrap();
+        let m = modes("plain,plain:structured=json,pld:structured=json,forced:structured=json,pld")
+            .unwrap();
         assert!(m[1].is_plain() && m[1].structured == Structured::Json);
-        assert!(!m[3].is_plain() && m[3].drafter == DrafterKind::None);
+        assert!(!m[3].is_plain() && m[3].drafter.is_none());
         assert_eq!(m[3].gamma, GammaPolicy::Adaptive);
         assert_eq!(
             m[3].engine_key(),
@@ -451,9 +468,8 @@ mod tests {
         assert_eq!(label(m[4].baseline(&m)), Some("plain".into()));
         // Tool calls' constraint is measured against the same prompt unconstrained, when
         // that mode runs; their speculation against constrained plain decoding.
-        let m = parse_modes(
+        let m = modes(
             "plain,plain:structured=tools,plain:structured=tools_prompt,pld:structured=tools",
-            8,
         )
         .unwrap();
         assert!(m[1].structured.is_constrained() && !m[2].structured.is_constrained());
@@ -466,8 +482,55 @@ mod tests {
             label(m[3].baseline(&m)),
             Some("plain:structured=tools".into())
         );
-        let m = parse_modes("plain,plain:structured=tools", 8).unwrap();
+        let m = modes("plain,plain:structured=tools").unwrap();
         assert_eq!(label(m[1].baseline(&m)), Some("plain".into()));
+    }
+
+    #[test]
+    fn mode_names_are_the_config_drafter_names() {
+        let drafters = BenchDrafters {
+            draft_model: DraftSpec::SelfLayers(6),
+            head: Some("heads/mine".into()),
+        };
+        let m = parse_modes(
+            "prompt-lookup,suffix,draft,draft+prompt-lookup,head,head+prompt-lookup",
+            8,
+            &drafters,
+        )
+        .unwrap();
+        let got: Vec<String> = m[1..]
+            .iter()
+            .map(|m| m.drafter.as_ref().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "prompt-lookup:1-3",
+                "suffix:1-3",
+                "self:6",
+                "draft+prompt-lookup:self:6",
+                "head:heads/mine",
+                "head+prompt-lookup:heads/mine",
+            ]
+        );
+        // The old spellings are the same modes.
+        for (alias, canonical) in [
+            ("pld", "prompt-lookup"),
+            ("draft+pld", "draft+prompt-lookup"),
+            ("draft+lookup", "draft+prompt-lookup"),
+            ("head+pld", "head+prompt-lookup"),
+            ("head+lookup", "head+prompt-lookup"),
+        ] {
+            let a = Mode::parse(alias, 8, &drafters).unwrap();
+            let c = Mode::parse(canonical, 8, &drafters).unwrap();
+            assert_eq!(a.engine_key(), c.engine_key(), "{alias}");
+        }
+        let none = BenchDrafters {
+            draft_model: DraftSpec::None,
+            head: None,
+        };
+        let e = Mode::parse("draft", 8, &none).unwrap_err().to_string();
+        assert!(e.contains("--draft-model"), "{e}");
     }
 
     #[test]
@@ -486,7 +549,7 @@ mod tests {
             ("pld:ngram=0-2", "n-gram sizes"),
             ("draft:ngram=1-3", "prompt-lookup setting"),
         ] {
-            let e = parse_modes(spec, 8).unwrap_err().to_string();
+            let e = modes(spec).unwrap_err().to_string();
             assert!(e.contains(needle), "{spec}: {e}");
         }
     }

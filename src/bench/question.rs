@@ -132,7 +132,7 @@ fn engine_request(
             stop_strings: Vec::new(),
             detokenizer: None,
         },
-        speculation: RequestSpeculation {
+        speculative: RequestSpeculation {
             gamma: job.mode.gamma,
             lenience: job.mode.lenience,
             gate: job.mode.gate,

@@ -368,7 +368,7 @@ pub(crate) mod tests {
 
     #[test]
     fn speedups_are_per_repeat_ratios_and_overall_pools_categories() {
-        let modes = parse_modes("plain,pld", 8).unwrap();
+        let modes = parse_modes("plain,pld", 8, &Default::default()).unwrap();
         let cats = vec!["a".to_string(), "b".to_string()];
         let batches = vec![
             batch("plain", "a", 0, 100, 1.0),

@@ -11,10 +11,11 @@ use std::time::Instant;
 use tokio::task::JoinSet;
 
 use crate::constraint::ConstraintVocabulary;
-use crate::engine::{DraftSource, Engine, EngineConfig, Gamma, SpeculationSettings};
+use crate::draft::{DraftSpec, LoadedDrafter};
+use crate::engine::{Engine, EngineConfig, Gamma, SpeculationSettings};
 use crate::model::{Llama, TextTokenizer};
 
-use super::mode::{DrafterKind, Mode};
+use super::mode::{EngineKey, Mode};
 use super::options::BenchOptions;
 use super::prompts::BenchPrompt;
 use super::question::{run_question, Job};
@@ -27,9 +28,9 @@ pub struct BenchModels {
     pub target: Arc<Llama>,
     pub tokenizer: Arc<TextTokenizer>,
     /// The draft model, for `draft` modes.
-    pub draft: Option<DraftSource>,
+    pub draft: Option<LoadedDrafter>,
     /// The draft head, for `head` modes.
-    pub head: Option<DraftSource>,
+    pub head: Option<LoadedDrafter>,
     /// What structured modes compile their constraints against.
     pub constraints: Option<Arc<ConstraintVocabulary>>,
 }
@@ -61,8 +62,50 @@ pub struct EngineReport {
     pub ahead_used: u64,
 }
 
+/// The loaded drafter `spec` names, from the models loaded once for every mode.
+fn loaded_drafter(
+    spec: &DraftSpec,
+    mode: &Mode,
+    models: &BenchModels,
+) -> Result<LoadedDrafter, BenchError> {
+    let missing = |what: &str| BenchError::Options(format!("mode `{}` needs {what}", mode.label));
+    let mut drafter = match spec {
+        DraftSpec::PromptLookup(p) => return Ok(LoadedDrafter::PromptLookup(*p)),
+        DraftSpec::LookupThen(first, model) => {
+            return Ok(loaded_drafter(model, mode, models)?.with_lookup_first(*first))
+        }
+        DraftSpec::Head { lookup, .. } => {
+            let head = models.head.clone().ok_or_else(|| missing("a draft head"))?;
+            return Ok(match lookup {
+                Some(first) => head.with_lookup_first(*first),
+                None => head,
+            });
+        }
+        DraftSpec::None | DraftSpec::Model(_) | DraftSpec::SelfLayers(_) => models
+            .draft
+            .clone()
+            .ok_or_else(|| missing("a draft model"))?,
+    };
+    if let Some(g) = mode.cross_vocabulary {
+        match &mut drafter {
+            LoadedDrafter::Model {
+                translation: Some(t),
+                ..
+            } => *t = Arc::new((**t).clone().with_greedy(g)),
+            _ => {
+                return Err(BenchError::Options(format!(
+                    "mode `{}`: cross_vocabulary is for a draft model of another vocabulary \
+                     than the target's",
+                    mode.label
+                )))
+            }
+        }
+    }
+    Ok(drafter)
+}
+
 /// The run's engines, one per drafter and pipelining combination (a mode's `engine_key`).
-type Engines = BTreeMap<(DrafterKind, bool, bool), Arc<Engine>>;
+type Engines = BTreeMap<EngineKey, Arc<Engine>>;
 
 async fn start_engines(models: &BenchModels, opts: &BenchOptions) -> Result<Engines, BenchError> {
     let mut engines = BTreeMap::new();
@@ -71,43 +114,9 @@ async fn start_engines(models: &BenchModels, opts: &BenchOptions) -> Result<Engi
         if engines.contains_key(&key) {
             continue;
         }
-        let draft = match mode.drafter {
-            DrafterKind::None => None,
-            DrafterKind::PromptLookup(p) => Some(DraftSource::PromptLookup(p)),
-            DrafterKind::Model { lookup, greedy } => {
-                let mut model = models.draft.clone().ok_or_else(|| {
-                    BenchError::Options(format!("mode `{}` needs a draft model", mode.label))
-                })?;
-                if let DraftSource::Model {
-                    lookup: first,
-                    translation,
-                    ..
-                } = &mut model
-                {
-                    *first = lookup;
-                    match (greedy, translation.as_mut()) {
-                        (Some(g), Some(t)) => *t = Arc::new((**t).clone().with_greedy(g)),
-                        (Some(_), None) => {
-                            return Err(BenchError::Options(format!(
-                                "mode `{}`: cross_vocabulary is for a draft model of another \
-                                 vocabulary than the target's",
-                                mode.label
-                            )))
-                        }
-                        (None, _) => {}
-                    }
-                }
-                Some(model)
-            }
-            DrafterKind::Head { lookup } => {
-                let mut head = models.head.clone().ok_or_else(|| {
-                    BenchError::Options(format!("mode `{}` needs a draft head", mode.label))
-                })?;
-                if let DraftSource::Head { lookup: first, .. } = &mut head {
-                    *first = lookup;
-                }
-                Some(head)
-            }
+        let draft = match &mode.drafter {
+            Some(spec) => Some(loaded_drafter(spec, mode, models)?),
+            None => None,
         };
         // Pipelined, the drafter and the verifier run at once: split the threads between
         // them. Otherwise they take turns, each with all of them.
@@ -380,7 +389,7 @@ async fn engine_reports(
                 .filter(|m| &m.engine_key() == key)
                 .map(|m| m.label.clone())
                 .collect(),
-            pipeline: key.1,
+            pipeline: key.2,
             rounds: stats.rounds,
             overlap_ratio: stats.overlap_ratio,
             drafted_ahead: stats.drafted_ahead,

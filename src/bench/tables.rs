@@ -4,8 +4,9 @@
 //! Why it exists: the summaries (`report.rs`) are numbers for `--out`; this is how a person
 //! reads them at the terminal.
 
-use super::mode::{DrafterKind, Mode, Structured};
+use super::mode::{Mode, Structured};
 use super::report::{RunRecord, SummaryRow};
+use crate::draft::DraftSpec;
 
 /// `share of rounds · nodes a tree · share that took an alternative`, or `–` without trees.
 fn trees_cell(r: &SummaryRow) -> String {
@@ -29,16 +30,16 @@ fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
 pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) -> String {
     let mut out = String::from("Drafters:\n");
     for mode in modes {
-        let what = match mode.drafter {
-            DrafterKind::None if mode.is_plain() => match mode.structured {
+        let what = match &mode.drafter {
+            None if mode.is_plain() => match mode.structured {
                 Structured::Free => "none (plain decoding, the baseline)".to_string(),
                 Structured::ToolsPrompt => {
                     "none (plain decoding under the tools' system prompt, no constraint)".into()
                 }
                 _ => "none (constrained plain decoding, the baseline of its structure)".to_string(),
             },
-            DrafterKind::None => "none: only the constraint's forced tokens are drafted".into(),
-            DrafterKind::PromptLookup(p) => {
+            None => "none: only the constraint's forced tokens are drafted".into(),
+            Some(DraftSpec::PromptLookup(p)) => {
                 let (lo, hi) = p.ngrams();
                 let kind = if p.looks_across_requests() {
                     "suffix: prompt lookup in the request's own text and earlier requests'"
@@ -47,26 +48,26 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
                 };
                 format!("{kind}, n-grams of {lo}-{hi} tokens")
             }
-            DrafterKind::Model { lookup: None, .. } => format!("the draft model {draft_model}"),
-            DrafterKind::Model {
-                lookup: Some(p), ..
-            } => {
+            Some(DraftSpec::LookupThen(p, _)) => {
                 let (lo, hi) = p.ngrams();
                 format!(
                     "prompt lookup in the request's own text (n-grams of {lo}-{hi} tokens), and \
                      where it has no match the draft model {draft_model}"
                 )
             }
-            DrafterKind::Head { lookup: None } => {
+            Some(DraftSpec::Head { lookup: None, .. }) => {
                 "a draft head on the target's own hidden states (--head)".into()
             }
-            DrafterKind::Head { lookup: Some(p) } => {
+            Some(DraftSpec::Head {
+                lookup: Some(p), ..
+            }) => {
                 let (lo, hi) = p.ngrams();
                 format!(
                     "prompt lookup in the request's own text (n-grams of {lo}-{hi} tokens), and \
                      where it has no match the draft head (--head)"
                 )
             }
+            Some(_) => format!("the draft model {draft_model}"),
         };
         let drafted: usize = runs
             .iter()
@@ -75,11 +76,13 @@ pub fn render_drafters(modes: &[Mode], runs: &[RunRecord], draft_model: &str) ->
             .sum();
         let note = match mode.drafter {
             _ if mode.is_plain() || drafted > 0 => "",
-            DrafterKind::Model { .. } | DrafterKind::Head { .. } => {
+            Some(DraftSpec::PromptLookup(_)) | None => {
+                " -- never drafted: no earlier text matched, or no draft was forecast to pay"
+            }
+            Some(_) => {
                 " -- never drafted: not forecast to pay (the governor decoded plainly; see \
                  docs/speculation.md)"
             }
-            _ => " -- never drafted: no earlier text matched, or no draft was forecast to pay",
         };
         out.push_str(&format!("- {}: {what}{note}\n", mode.label));
     }
@@ -190,7 +193,7 @@ mod tests {
 
     #[test]
     fn a_mode_whose_cache_state_differed_from_its_baseline_says_so() {
-        let modes = parse_modes("plain,pld", 8).unwrap();
+        let modes = parse_modes("plain,pld", 8, &Default::default()).unwrap();
         let mut runs = vec![run("plain", "a", 0, 0, 0), run("pld", "a", 10, 5, 4)];
         runs[0].cached_tokens = 0;
         runs[1].cached_tokens = 9;

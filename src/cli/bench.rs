@@ -12,8 +12,7 @@ use clap::Args;
 use tandem::bench;
 use tandem::config::Config;
 use tandem::constraint::ConstraintVocabulary;
-use tandem::draft::DraftSpec;
-use tandem::engine::DraftSource;
+use tandem::draft::{DraftSpec, LoadedDrafter};
 use tandem::model::{LoadedModel, WeightsDtype};
 use tandem::sampling::SamplingParams;
 
@@ -112,7 +111,11 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
     if std::env::var_os("TANDEM_LOG").is_some() {
         tandem::logging::init(&config.logging.level, &config.logging.format)?;
     }
-    let modes = bench::parse_modes(&args.modes, args.max_gamma)?;
+    let drafters = bench::BenchDrafters {
+        draft_model: args.draft_model.clone(),
+        head: args.head.clone(),
+    };
+    let modes = bench::parse_modes(&args.modes, args.max_gamma, &drafters)?;
     let prompts = bench::select(
         bench::every_nth(bench::load_prompts(&args.prompts)?, args.left_out, true),
         &args.categories,
@@ -150,7 +153,7 @@ pub fn run(mut config: Config, args: BenchArgs) -> Result<(), CliError> {
         args.repeat,
     );
     print_report(&modes, &rows, &run, &args, &draft_name);
-    if let Some(DraftSource::Model {
+    if let Some(LoadedDrafter::Model {
         translation: Some(t),
         ..
     }) = &models.draft
@@ -181,9 +184,7 @@ fn sampling_params(args: &BenchArgs) -> Result<SamplingParams, CliError> {
 /// Points the config's drafter at what the modes need, so `load_models` loads only that.
 fn set_draft_config(config: &mut Config, modes: &[bench::Mode], args: &BenchArgs) {
     // Prompt-lookup modes carry their own n-gram sizes; only `draft` modes need a model loaded.
-    let needs_draft_model = modes
-        .iter()
-        .any(|m| matches!(m.drafter, bench::DrafterKind::Model { .. }));
+    let needs_draft_model = modes.iter().any(bench::Mode::drafts_with_a_model);
     config.speculation.draft_model = if needs_draft_model {
         args.draft_model.clone()
     } else {
@@ -200,26 +201,19 @@ fn load_head(
     args: &BenchArgs,
     config: &Config,
     target: &LoadedModel,
-) -> Result<Option<DraftSource>, CliError> {
-    if !modes
-        .iter()
-        .any(|m| matches!(m.drafter, bench::DrafterKind::Head { .. }))
-    {
+) -> Result<Option<LoadedDrafter>, CliError> {
+    if !modes.iter().any(bench::Mode::drafts_with_a_head) {
         return Ok(None);
     }
     let spec = DraftSpec::Head {
         path: args.head.clone(),
-        lookup: false,
+        lookup: None,
     };
-    Ok(
-        match tandem::setup::load_drafter(&spec, WeightsDtype::AsIs, config, target)? {
-            tandem::setup::LoadedDrafter::Head { head, name, lookup } => {
-                eprintln!("bench: draft head {name}");
-                Some(DraftSource::Head { head, name, lookup })
-            }
-            _ => None,
-        },
-    )
+    let head = tandem::setup::load_drafter(&spec, WeightsDtype::AsIs, config, target)?;
+    if let Some(h) = &head {
+        eprintln!("bench: draft head {}", h.name());
+    }
+    Ok(head)
 }
 
 /// The models and their settings, as the results file records them.

@@ -7,10 +7,12 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Args;
 
 use tandem::config::Config;
+use tandem::draft::LoadedDrafter;
 use tandem::draft::{DraftSpec, ModelDrafter, Proposer};
 use tandem::engine::{
     generate_plain, generate_speculative, FixedSpeculation, Gamma, GenerationOutput,
@@ -18,7 +20,6 @@ use tandem::engine::{
 };
 use tandem::model::{ChatMessage, LoadedModel, WeightsDtype};
 use tandem::sampling::{Lenience, SamplingParams};
-use tandem::setup::LoadedDrafter;
 
 use super::model_args::{load_model, ModelArgs};
 use super::CliError;
@@ -106,15 +107,16 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
     let loaded = load_model(config)?;
     let req = generation_request(config, &args, &loaded, prompt_text, sampling)?;
     let drafter = load_drafter(config, &args, &loaded)?;
-    let speculative = !matches!(drafter, LoadedDrafter::None);
+    let speculative = drafter.is_some();
     let stream = !args.quiet && !args.json;
     // The run whose output is shown (streamed, its stats printed): the speculative one when
     // there is a drafter.
-    let (out, spec_stats) = run_generation(&loaded, proposer(&drafter), &req, spec, stream)?;
+    let (out, spec_stats) =
+        run_generation(&loaded, proposer(drafter.as_ref()), &req, spec, stream)?;
     let compare = if args.compare && speculative {
         Some(compare_runs(
             &loaded,
-            &drafter,
+            drafter.as_ref(),
             &req,
             spec,
             args.compare_runs,
@@ -227,7 +229,7 @@ fn load_drafter(
     config: &Config,
     args: &GenerateArgs,
     loaded: &LoadedModel,
-) -> Result<LoadedDrafter, CliError> {
+) -> Result<Option<LoadedDrafter>, CliError> {
     if matches!(args.draft_model, DraftSpec::Head { .. }) {
         return Err(CliError::Flag {
             flag: "--draft-model",
@@ -242,7 +244,7 @@ fn load_drafter(
                 spec: args.draft_model.to_string(),
                 source,
             })?;
-    if let LoadedDrafter::Model { name, .. } = &drafter {
+    if let Some(LoadedDrafter::Model { name, .. }) = &drafter {
         eprintln!(
             "draft model {name} (--draft-weights-dtype {})",
             args.draft_weights_dtype
@@ -348,7 +350,7 @@ struct Comparison {
 /// both modes alike instead of one, and a single slow run moves neither median far.
 fn compare_runs(
     loaded: &LoadedModel,
-    drafter: &LoadedDrafter,
+    drafter: Option<&LoadedDrafter>,
     req: &GenerationRequest,
     spec: FixedSpeculation,
     runs: u32,
@@ -384,19 +386,18 @@ fn median(xs: &mut [f64]) -> f64 {
     }
 }
 
-/// The proposer of a loaded drafter (a draft model's borrows its weights); `None` for none.
-fn proposer(drafter: &LoadedDrafter) -> Option<Box<dyn Proposer + '_>> {
-    match drafter {
-        LoadedDrafter::None => None,
+/// The proposer of a loaded drafter (a draft model's shares its weights); `None` for none.
+fn proposer(drafter: Option<&LoadedDrafter>) -> Option<Box<dyn Proposer + '_>> {
+    match drafter? {
         LoadedDrafter::PromptLookup(p) => Some(Box::new(*p)),
         LoadedDrafter::Model {
             model,
             vocab,
             translation,
             lookup,
-            ..
+            name,
         } => Some(Box::new(
-            ModelDrafter::new(&model.model, model.source.display_name())
+            ModelDrafter::new(Arc::clone(model), name.clone())
                 .with_draft_vocab(vocab.clone())
                 .with_translation(translation.clone())
                 .with_lookup(*lookup),

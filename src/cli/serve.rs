@@ -3,14 +3,14 @@
 //!
 //! Why it exists: serving is configured mostly by the config file; these flags (and their
 //! `TANDEM_*` variables) change single keys for one run. The speculation flags are a
-//! [`SpeculationOverride`], applied by the engine's own rule (a fixed γ means adaptive off unless
+//! [`SpeculationKnobs`], applied by the engine's own rule (a fixed γ means adaptive off unless
 //! `--adaptive` says otherwise) exactly as a config file or an admin API change is.
 
 use clap::Args;
 
 use tandem::config::{Config, ConfigError};
 use tandem::draft::DraftSpec;
-use tandem::engine::{SettingsError, SpeculationOverride};
+use tandem::engine::{SettingsError, SpeculationKnobs};
 use tandem::model::WeightsDtype;
 
 use super::model_args::ModelArgs;
@@ -157,8 +157,8 @@ impl ServeArgs {
     }
 
     /// The speculation flags given, as the change they make to the live settings.
-    fn settings_update(&self) -> SpeculationOverride {
-        SpeculationOverride {
+    fn settings_update(&self) -> SpeculationKnobs {
+        SpeculationKnobs {
             enabled: self.speculative_decoding,
             adaptive: self.adaptive,
             gamma: self.gamma,

@@ -2,13 +2,13 @@
 //! settings.
 //!
 //! Why it exists: the settings keys of `[speculation]` are exactly the admin API's
-//! [`SpeculationOverride`], so the table is read into that type and checked by its `apply`, the
+//! [`SpeculationKnobs`], so the table is read into that type and checked by its `apply`, the
 //! rule every boundary shares, instead of through a mirror struct with rules of its own. The two
 //! keys that are not live settings (`draft_model`, `draft_weights_dtype`) are taken out first and
 //! parsed into their own types here, so a bad value fails at load with its key named.
 
 use crate::draft::{DraftSpec, GreedyAcross};
-use crate::engine::{SettingsError, SpeculationOverride, SpeculationSettings};
+use crate::engine::{SettingsError, SpeculationKnobs, SpeculationSettings};
 use crate::model::{DeviceSpec, WeightsDtype};
 
 use super::ConfigError;
@@ -73,7 +73,7 @@ impl SpeculationSection {
         };
         let draft_vocab = token_count("draft_vocab")?;
         let draft_model_vocab = token_count("draft_model_vocab")?;
-        let update: SpeculationOverride = toml::Value::Table(table)
+        let update: SpeculationKnobs = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Parse(format!("[speculation] {e}")))?;
         let settings = update

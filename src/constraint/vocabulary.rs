@@ -48,7 +48,7 @@ impl TokenizerEnv for TokenizerEnvironment {
 }
 
 /// llguidance's own limits, set here rather than inherited so they are this server's choice
-/// (docs/operations.md lists them). Each bounds the work of one compile or one token's mask;
+/// (docs/api.md, "Can a constraint hurt the server?", lists them). Each bounds the work of one compile or one token's mask;
 /// a grammar past one is refused at compile time (400) or, found while generating, ends its
 /// own sequence only.
 fn set_limits(l: &mut ParserLimits) {

@@ -1,19 +1,40 @@
 //! The drafter a user names: `none`, `prompt-lookup[:MIN-MAX]`, `suffix[:MIN-MAX]`, `self:K`,
-//! `head[:PATH]`, `head+lookup[:PATH]`, `default` or a model path, as one enum.
+//! `head[:PATH]`, `head+prompt-lookup[:PATH]`, `draft+prompt-lookup:MODEL`, `default` or a
+//! model path, as one enum.
 //!
-//! Why it exists: the same name arrives from the config file (`speculation.draft_model`) and from
-//! CLI flags, and is acted on by model loading, the server and the CLI. Parsing it once, where it
-//! is read, gives every boundary the same rules and error texts, and lets everything downstream
-//! match on the variant instead of sniffing the string again.
+//! Why it exists: the same name arrives from the config file (`speculation.draft_model`), from
+//! CLI flags and from `tandem bench`'s modes, and is acted on by model loading, the server and
+//! the CLI. Parsing it once, where it is read, gives every boundary the same names, aliases,
+//! rules and error texts, and lets everything downstream match on the variant instead of
+//! sniffing the string again.
 
 use std::fmt;
 use std::str::FromStr;
 
 use super::PromptLookup;
 
+/// Other spellings of drafter names, accepted everywhere a drafter is named and read as the
+/// canonical name beside them (older configs, scripts and bench commands use them).
+pub const DRAFTER_ALIASES: [(&str, &str); 5] = [
+    ("pld", "prompt-lookup"),
+    ("draft+lookup", "draft+prompt-lookup"),
+    ("draft+pld", "draft+prompt-lookup"),
+    ("head+lookup", "head+prompt-lookup"),
+    ("head+pld", "head+prompt-lookup"),
+];
+
+/// `name` (the part of a drafter name before any `:`) with an alias read as its canonical
+/// name; any other name as it is.
+pub fn canonical_drafter_name(name: &str) -> &str {
+    DRAFTER_ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == name)
+        .map_or(name, |(_, canonical)| canonical)
+}
+
 /// Which drafter proposes tokens for the target to verify, as a user names it (config,
 /// flags); `setup::load_drafter` turns it into a loaded drafter.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DraftSpec {
     /// No speculation: plain decoding.
     None,
@@ -23,15 +44,18 @@ pub enum DraftSpec {
     /// The target's own first K layers (`self:K`), K >= 1.
     SelfLayers(usize),
     /// A draft head on the target's features: `head` (the default model's shipped head) or
-    /// `head:PATH` (a head folder); `head+lookup[:PATH]`: prompt lookup drafts first, the
-    /// head where the text has no n-gram match.
-    Head { path: Option<String>, lookup: bool },
+    /// `head:PATH` (a head folder); `head+prompt-lookup[:PATH]`: prompt lookup (`lookup`)
+    /// drafts first, the head where the text has no n-gram match.
+    Head {
+        path: Option<String>,
+        lookup: Option<PromptLookup>,
+    },
     /// A draft model: `default` (the default model file), a .gguf file, a Hugging Face folder
     /// or a hub id.
     Model(String),
-    /// `draft+lookup:MODEL`: prompt lookup drafts first, the draft model (a model name or
-    /// `self:K`) where the text has no n-gram match.
-    LookupThen(Box<DraftSpec>),
+    /// `draft+prompt-lookup:MODEL`: prompt lookup drafts first, the draft model (a model
+    /// name or `self:K`) where the text has no n-gram match.
+    LookupThen(PromptLookup, Box<DraftSpec>),
 }
 
 /// A drafter name that cannot be read; its text is the rule, for the caller to prefix with the
@@ -40,10 +64,10 @@ pub enum DraftSpec {
 pub enum InvalidDraftSpec {
     #[error(
         "must be none, prompt-lookup[:MIN-MAX], suffix[:MIN-MAX], default, self:K, head[:PATH], \
-         head+lookup[:PATH], draft+lookup:MODEL or a model path"
+         head+prompt-lookup[:PATH], draft+prompt-lookup:MODEL or a model path"
     )]
     Empty,
-    #[error("`{0}`: want draft+lookup:MODEL, MODEL a model path, `default` or self:K")]
+    #[error("`{0}`: want draft+prompt-lookup:MODEL, MODEL a model path, `default` or self:K")]
     LookupThen(String),
     /// Prompt-lookup n-gram sizes out of range (the text is [`PromptLookup::parse_ngrams`]'s).
     #[error("{0}")]
@@ -60,55 +84,46 @@ impl FromStr for DraftSpec {
         if t.is_empty() {
             return Err(InvalidDraftSpec::Empty);
         }
-        if t == "none" {
-            return Ok(Self::None);
-        }
-        if t == "prompt-lookup" {
-            return Ok(Self::PromptLookup(PromptLookup::default()));
-        }
-        if let Some(sizes) = t.strip_prefix("prompt-lookup:") {
-            return PromptLookup::parse_ngrams(sizes)
+        let (name, rest) = match t.split_once(':') {
+            Some((n, r)) => (n, Some(r)),
+            None => (t, None),
+        };
+        match (canonical_drafter_name(name), rest) {
+            ("none", None) => Ok(Self::None),
+            ("prompt-lookup", None) => Ok(Self::PromptLookup(PromptLookup::default())),
+            ("prompt-lookup", Some(sizes)) => PromptLookup::parse_ngrams(sizes)
                 .map(Self::PromptLookup)
-                .map_err(InvalidDraftSpec::Ngrams);
-        }
-        if t == "suffix" {
-            return Ok(Self::PromptLookup(
+                .map_err(InvalidDraftSpec::Ngrams),
+            ("suffix", None) => Ok(Self::PromptLookup(
                 PromptLookup::default().across_requests(),
-            ));
-        }
-        if let Some(sizes) = t.strip_prefix("suffix:") {
-            return PromptLookup::parse_ngrams(sizes)
+            )),
+            ("suffix", Some(sizes)) => PromptLookup::parse_ngrams(sizes)
                 .map(|p| Self::PromptLookup(p.across_requests()))
-                .map_err(InvalidDraftSpec::Ngrams);
-        }
-        for (name, lookup) in [("head", false), ("head+lookup", true)] {
-            if t == name {
-                return Ok(Self::Head { path: None, lookup });
-            }
-            if let Some(path) = t.strip_prefix(name).and_then(|r| r.strip_prefix(':')) {
-                return match path.trim() {
-                    "" => Err(InvalidDraftSpec::Empty),
-                    p => Ok(Self::Head {
+                .map_err(InvalidDraftSpec::Ngrams),
+            (head @ ("head" | "head+prompt-lookup"), path) => {
+                let lookup = (head != "head").then(PromptLookup::default);
+                match path.map(str::trim) {
+                    None => Ok(Self::Head { path: None, lookup }),
+                    Some("") => Err(InvalidDraftSpec::Empty),
+                    Some(p) => Ok(Self::Head {
                         path: Some(p.to_string()),
                         lookup,
                     }),
-                };
+                }
             }
-        }
-        if let Some(model) = t.strip_prefix("draft+lookup:") {
-            return match model.parse::<DraftSpec>() {
-                Ok(m @ (Self::Model(_) | Self::SelfLayers(_))) => Ok(Self::LookupThen(Box::new(m))),
+            ("draft+prompt-lookup", model) => match model.map(str::parse::<DraftSpec>) {
+                Some(Ok(m @ (Self::Model(_) | Self::SelfLayers(_)))) => {
+                    Ok(Self::LookupThen(PromptLookup::default(), Box::new(m)))
+                }
                 _ => Err(InvalidDraftSpec::LookupThen(s.to_string())),
-            };
-        }
-        if let Some(k) = t.strip_prefix("self:") {
-            return match k.trim().parse::<usize>() {
+            },
+            ("self", Some(k)) => match k.trim().parse::<usize>() {
                 Ok(k) if k >= 1 => Ok(Self::SelfLayers(k)),
                 _ => Err(InvalidDraftSpec::SelfLayers(s.to_string())),
-            };
+            },
+            // Anything else names a model; whether it exists is for loading to say.
+            _ => Ok(Self::Model(s.to_string())),
         }
-        // Anything else names a model; whether it exists is for loading to say.
-        Ok(Self::Model(s.to_string()))
     }
 }
 
@@ -127,14 +142,18 @@ impl fmt::Display for DraftSpec {
             }
             Self::SelfLayers(k) => write!(f, "self:{k}"),
             Self::Head { path, lookup } => {
-                f.write_str(if *lookup { "head+lookup" } else { "head" })?;
+                f.write_str(if lookup.is_some() {
+                    "head+prompt-lookup"
+                } else {
+                    "head"
+                })?;
                 match path {
                     Some(p) => write!(f, ":{p}"),
                     None => Ok(()),
                 }
             }
             Self::Model(m) => f.write_str(m),
-            Self::LookupThen(m) => write!(f, "draft+lookup:{m}"),
+            Self::LookupThen(_, m) => write!(f, "draft+prompt-lookup:{m}"),
         }
     }
 }
@@ -171,9 +190,9 @@ mod tests {
             Err(InvalidDraftSpec::Ngrams(_))
         ));
         assert_eq!(parse("self:8"), Ok(DraftSpec::SelfLayers(8)));
-        let head = |path: Option<&str>, lookup| DraftSpec::Head {
+        let head = |path: Option<&str>, lookup: bool| DraftSpec::Head {
             path: path.map(String::from),
-            lookup,
+            lookup: lookup.then(PromptLookup::default),
         };
         assert_eq!(parse("head"), Ok(head(None, false)));
         assert_eq!(
@@ -188,7 +207,7 @@ mod tests {
         assert_eq!(parse("head:"), Err(InvalidDraftSpec::Empty));
         assert_eq!(parse("head+lookup:"), Err(InvalidDraftSpec::Empty));
         assert_eq!(parse("default"), Ok(DraftSpec::Model("default".into())));
-        let first = |m: DraftSpec| Ok(DraftSpec::LookupThen(Box::new(m)));
+        let first = |m: DraftSpec| Ok(DraftSpec::LookupThen(PromptLookup::default(), Box::new(m)));
         assert_eq!(
             parse("draft+lookup:default"),
             first(DraftSpec::Model("default".into()))
@@ -199,7 +218,7 @@ mod tests {
         );
         assert_eq!(
             parse("draft+lookup:self:6").unwrap().to_string(),
-            "draft+lookup:self:6"
+            "draft+prompt-lookup:self:6"
         );
         for bad in [
             "draft+lookup:",
@@ -219,6 +238,32 @@ mod tests {
         assert_eq!(
             parse("prompt-lookupx"),
             Ok(DraftSpec::Model("prompt-lookupx".into()))
+        );
+    }
+
+    #[test]
+    fn every_alias_reads_as_its_canonical_name() {
+        for (alias, canonical) in DRAFTER_ALIASES {
+            assert_eq!(canonical_drafter_name(alias), canonical);
+            let suffix = match canonical {
+                "draft+prompt-lookup" => ":default",
+                "head+prompt-lookup" => ":some/folder",
+                _ => "",
+            };
+            assert_eq!(
+                format!("{alias}{suffix}").parse::<DraftSpec>(),
+                format!("{canonical}{suffix}").parse::<DraftSpec>(),
+                "{alias}"
+            );
+        }
+        assert_eq!(canonical_drafter_name("prompt-lookup"), "prompt-lookup");
+        assert_eq!(
+            "pld:2-4".parse::<DraftSpec>().unwrap().to_string(),
+            "prompt-lookup:2-4"
+        );
+        assert_eq!(
+            "self".parse::<DraftSpec>(),
+            Ok(DraftSpec::Model("self".into()))
         );
     }
 
@@ -249,8 +294,9 @@ mod tests {
             "self:8",
             "head",
             "head:some/folder",
-            "head+lookup",
-            "head+lookup:some/folder",
+            "head+prompt-lookup",
+            "head+prompt-lookup:some/folder",
+            "draft+prompt-lookup:default",
             "default",
         ] {
             assert_eq!(s.parse::<DraftSpec>().unwrap().to_string(), s);

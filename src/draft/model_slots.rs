@@ -8,7 +8,7 @@
 
 use std::ops::Deref;
 
-use super::model::ModelDrafter;
+use super::model_drafter::ModelDrafter;
 use super::DraftError;
 use crate::model::cache::prefix_index::{PrefixMatch, PrefixSource};
 use crate::model::{Kept, Llama};

@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::cache_manager::CacheManager;
 use super::calibration::{calibrate_drafter, calibrate_target};
-use super::drafter::{DraftSource, Drafter};
+use super::drafter::Drafter;
 use super::error::EngineError;
 use super::gamma::{Gamma, GammaPolicy};
 use super::governor::{CostModel, GovernorConfig};
@@ -17,8 +17,9 @@ use super::liveness::{EngineHealth, Liveness};
 use super::messages::*;
 use super::request::{check_request, EngineRequest, FinishReason, Usage};
 use super::scheduler::{DraftForesight, Scheduler, SchedulerConfig};
-use super::settings::{LiveSettings, SpeculationSettings};
+use super::speculation_settings::{LiveSpeculation, SpeculationSettings};
 use super::verifier::Verifier;
+use crate::draft::LoadedDrafter;
 use crate::model::Llama;
 use crate::sampling::TokenLogprob;
 
@@ -107,7 +108,7 @@ pub struct Engine {
     capacity_total: usize,
     liveness: Arc<Liveness>,
     cache: ActorRef<CacheManager>,
-    settings: LiveSettings,
+    settings: LiveSpeculation,
     context_len: usize,
     has_drafter: bool,
     max_seqs: usize,
@@ -118,7 +119,7 @@ impl Engine {
     /// (target forwards of 1..=γmax+1 tokens, one draft step).
     pub async fn start(
         target: Arc<Llama>,
-        draft: Option<DraftSource>,
+        draft: Option<LoadedDrafter>,
         mut cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
         if cfg.max_seqs == 0 || cfg.gamma_limit == 0 {
@@ -126,7 +127,7 @@ impl Engine {
                 "engine.max_seqs and engine.max_gamma must be at least 1".into(),
             ));
         }
-        let settings = LiveSettings::new(cfg.speculation, cfg.gamma_limit)
+        let settings = LiveSpeculation::new(cfg.speculation, cfg.gamma_limit)
             .map_err(|e| EngineError::InvalidRequest(format!("speculation.{e}")))?;
         let context_len = target.context_len();
         // Running sequences take at most `max_seqs` slots; kept caches may use the rest.
@@ -138,15 +139,12 @@ impl Engine {
             };
         // A head drafts from the target's features of each round: it drafts after the
         // verification, never beside it.
-        let features = match &draft {
-            Some(DraftSource::Head { head, .. }) => Some(head.feature_taps()),
-            _ => None,
-        };
+        let features = draft.as_ref().and_then(LoadedDrafter::feature_taps);
         let head = features.is_some();
         let foresight = foresight_for(draft.as_ref());
         let verifier = Verifier::new(Arc::clone(&target), slots, cfg.target_threads, features)?;
         let has_drafter = draft.is_some();
-        let draft_cache = matches!(draft, Some(DraftSource::Model { .. }));
+        let draft_cache = draft.as_ref().is_some_and(LoadedDrafter::keeps_a_cache);
         register_prefix_caches(cfg.prefix_cache, draft_cache);
         let drafter = match draft {
             Some(source) => Some(Drafter::spawn(Drafter::new(
@@ -216,7 +214,7 @@ impl Engine {
     }
 
     /// The live speculation settings (read and changed by the admin API).
-    pub fn settings(&self) -> &LiveSettings {
+    pub fn settings(&self) -> &LiveSpeculation {
         &self.settings
     }
 
@@ -323,7 +321,7 @@ impl Engine {
     /// when their values are made).
     pub fn check(&self, request: &EngineRequest) -> Result<(), EngineError> {
         check_request(&request.generation, self.context_len)?;
-        if let GammaPolicy::Fixed(g) = request.speculation.gamma {
+        if let GammaPolicy::Fixed(g) = request.speculative.gamma {
             Gamma::within(g.get(), self.settings.gamma_limit())
                 .map_err(|e| EngineError::InvalidRequest(format!("speculative.gamma {e}")))?;
         }
@@ -454,17 +452,10 @@ impl EventStream {
 
 /// The scheduler foresees each round's kind of draft where the drafter drafts prompt
 /// lookup's match first (alone, or before a head).
-fn foresight_for(draft: Option<&DraftSource>) -> Option<DraftForesight> {
-    match draft {
-        Some(DraftSource::PromptLookup(p)) => DraftForesight::new(*p, false),
-        Some(DraftSource::Head {
-            lookup: Some(p), ..
-        })
-        | Some(DraftSource::Model {
-            lookup: Some(p), ..
-        }) => DraftForesight::new(*p, true),
-        _ => None,
-    }
+fn foresight_for(draft: Option<&LoadedDrafter>) -> Option<DraftForesight> {
+    let d = draft?;
+    let alone = matches!(d, LoadedDrafter::PromptLookup(_));
+    DraftForesight::new(d.lookup()?, !alone)
 }
 
 /// The governor's costs: the configured `table`, or target forwards of 1..=γmax+1 tokens and

@@ -11,6 +11,7 @@
 //!   its heartbeat (`liveness`) and the `watchdog` that reads it.
 
 pub mod acceptance;
+mod batch_drafter;
 pub mod cache_manager;
 mod calibration;
 pub mod drafter;
@@ -20,12 +21,13 @@ pub mod gamma;
 pub mod governor;
 pub mod handle;
 pub mod liveness;
+mod lookup_drafter;
 pub mod messages;
 pub mod reference;
 pub mod request;
 pub mod scheduler;
-pub mod settings;
-pub mod speculation_override;
+pub mod speculation_knobs;
+pub mod speculation_settings;
 pub mod stop;
 mod target_round;
 pub mod tree_nodes;
@@ -33,7 +35,7 @@ pub mod verifier;
 mod watchdog;
 pub mod worker;
 
-pub use drafter::DraftSource;
+pub use batch_drafter::BatchDrafter;
 pub use error::EngineError;
 pub use gamma::{gamma_cap, Gamma, GammaPolicy, InvalidGamma};
 pub use handle::{Completion, Engine, EngineConfig, EventStream};
@@ -46,8 +48,8 @@ pub use request::{
     EngineRequest, FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput,
     OutputPiece, SpeculationStats, Usage,
 };
-pub use settings::{
-    LiveSettings, RequestSpeculation, RoundSettings, SettingsError, SpeculationSettings,
+pub use speculation_knobs::SpeculationKnobs;
+pub use speculation_settings::{
+    LiveSpeculation, RequestSpeculation, RoundSpeculation, SettingsError, SpeculationSettings,
 };
-pub use speculation_override::SpeculationOverride;
 pub use tree_nodes::TreeNodes;

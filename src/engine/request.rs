@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::EngineError;
-use super::settings::RequestSpeculation;
+use super::speculation_settings::RequestSpeculation;
 use crate::constraint::CompiledConstraint;
 use crate::model::TextTokenizer;
 use crate::sampling::SamplingParams;
@@ -120,7 +120,7 @@ pub struct EngineRequest {
     pub generation: GenerationRequest,
     /// The request's own speculation settings over the server's live ones (`None` fields
     /// follow the server, round by round).
-    pub speculation: RequestSpeculation,
+    pub speculative: RequestSpeculation,
     /// Report each generated token's log-probability with this many alternatives
     /// ([`crate::sampling::token_logprob`]: after logit bias and penalties).
     pub logprobs: Option<usize>,

@@ -15,7 +15,7 @@
 
 use serde::Serialize;
 
-use super::decimal::{serialize_widened, FloatRule};
+use super::float_rule::{serialize_widened, FloatRule};
 
 /// The gate's settings: server-wide in `[speculation]` (live through the admin API and the
 /// config file), per request in the `speculative` object.
@@ -86,14 +86,14 @@ impl Default for DraftGate {
 
 /// A request's own gate settings over the server's: each `None` follows the live setting.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct GateOverride {
+pub struct RequestGate {
     pub use_egag: Option<bool>,
     pub egag_threshold: Option<f32>,
     pub egag_ema_beta: Option<f32>,
     pub draft_p_min: Option<f32>,
 }
 
-impl GateOverride {
+impl RequestGate {
     /// `gate` with these settings applied (unchecked: see [`DraftGate::check`]).
     pub fn over(&self, gate: DraftGate) -> DraftGate {
         DraftGate {

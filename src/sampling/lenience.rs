@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::decimal::{widen, FloatRule, OutOfRange};
+use super::float_rule::{widen, FloatRule, OutOfRange};
 
 /// Relaxed acceptance in (0, 1]; 1 is exact (the target's distribution, greedy: identical
 /// output).

@@ -5,11 +5,11 @@
 //! temperature, softmax, top-k, top-p, min-p, renormalisation. Temperature 0 is greedy: the
 //! argmax of the penalised logits.
 
-mod decimal;
 mod draft_gate;
 #[cfg(test)]
 pub(crate) mod enumeration;
 mod error;
+mod float_rule;
 mod lenience;
 mod logits;
 mod logprobs;
@@ -18,11 +18,11 @@ mod rng;
 mod row_scan;
 pub mod tree;
 
-pub use decimal::{serialize_widened, widen, FloatRule, OutOfRange};
 pub use draft_gate::{
-    confidence, confidence_of_logits, Confidence, DraftGate, GateOverride, GateRound,
+    confidence, confidence_of_logits, Confidence, DraftGate, GateRound, RequestGate,
 };
 pub use error::SamplingError;
+pub use float_rule::{serialize_widened, widen, FloatRule, OutOfRange};
 pub use lenience::{InvalidLenience, Lenience};
 pub use logits::{
     apply_penalties, argmax, probabilities, sample_from, Sampler, SamplingParams, LOGIT_BIAS_RANGE,

@@ -16,7 +16,7 @@ use super::api_keys::{bearer_token, same_secret};
 use super::error::ApiError;
 use super::schema::parse_body;
 use super::{read_body, AppState};
-use crate::engine::{SpeculationOverride, SpeculationSettings};
+use crate::engine::{SpeculationKnobs, SpeculationSettings};
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(token) = &state.admin_token else {
@@ -70,7 +70,7 @@ fn get_speculation(state: &AppState) -> Result<Json<Value>, ApiError> {
 
 async fn put_speculation(state: &AppState, body: Body) -> Result<Json<Value>, ApiError> {
     let bytes = read_body(state, body).await?;
-    let update: SpeculationOverride = parse_body(&bytes)?;
+    let update: SpeculationKnobs = parse_body(&bytes)?;
     let loaded = state.ready()?;
     let before = loaded.engine.settings().get();
     let after = loaded
@@ -80,7 +80,7 @@ async fn put_speculation(state: &AppState, body: Body) -> Result<Json<Value>, Ap
         .map_err(|e| ApiError::invalid_param(e.key, format!("{e}")))?;
     crate::telemetry::set_speculation(after.lenience.get(), after.gamma_gauge());
     tracing::info!(
-        change = %crate::engine::settings::describe_change(&before, &after),
+        change = %crate::engine::speculation_settings::describe_change(&before, &after),
         "admin changed the speculation settings"
     );
     Ok(Json(settings_json(&after, state)?))

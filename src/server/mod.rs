@@ -1,4 +1,4 @@
-//! `tandem serve`: the OpenAI-compatible HTTP API, the admin API and `/metrics` (docs/operations.md, "HTTP API").
+//! `tandem serve`: the OpenAI-compatible HTTP API, the admin API and `/metrics` (docs/api.md, "Which endpoints are there?").
 //!
 //! Why it exists: it is how users reach the engine. The server binds its port before the models
 //! load, so `/health` answers 503 while loading and orchestrators can wait on it; every
@@ -11,6 +11,7 @@ pub mod admin;
 mod api_keys;
 mod app_state;
 mod chat_render;
+mod completion_body;
 pub mod error;
 mod ids;
 mod lifecycle;
@@ -19,7 +20,6 @@ mod logprobs;
 pub mod openai;
 mod reload;
 mod request_body;
-mod response;
 mod responses;
 mod responses_input;
 mod responses_output;

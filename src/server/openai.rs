@@ -15,8 +15,8 @@ use axum::Json;
 use serde_json::{json, Value};
 use tracing::Instrument;
 
+use super::completion_body::{log_finished, now_secs, Echo, Endpoint, Report, ResponseMeta};
 use super::error::ApiError;
-use super::response::{log_finished, now_secs, Echo, Endpoint, Report, ResponseMeta};
 use super::schema::{parse_request, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use super::startup::Loaded;
 use super::stream::stream_response;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::engine::{LiveSettings, SpeculationSettings};
+use crate::engine::{LiveSpeculation, SpeculationSettings};
 use crate::telemetry;
 
 /// How often the file is read for changes (a ConfigMap update lands within about a minute).
@@ -28,7 +28,7 @@ pub enum ReloadError {
 }
 
 /// Reads `path` and makes its `[speculation]` table the live settings.
-pub fn reload(path: &Path, live: &LiveSettings) -> Result<SpeculationSettings, ReloadError> {
+pub fn reload(path: &Path, live: &LiveSpeculation) -> Result<SpeculationSettings, ReloadError> {
     let config = Config::from_file(path)?;
     // Only the speculation settings apply now, but the file is the one the next start reads:
     // a model that is not there would fail that start, so the file is refused now.
@@ -38,7 +38,11 @@ pub fn reload(path: &Path, live: &LiveSettings) -> Result<SpeculationSettings, R
 }
 
 /// Reloads and says how it went; returns the settings it made live.
-fn reload_and_report(path: &Path, live: &LiveSettings, why: &str) -> Option<SpeculationSettings> {
+fn reload_and_report(
+    path: &Path,
+    live: &LiveSpeculation,
+    why: &str,
+) -> Option<SpeculationSettings> {
     let before = live.get();
     match reload(path, live) {
         Ok(after) => {
@@ -47,7 +51,7 @@ fn reload_and_report(path: &Path, live: &LiveSettings, why: &str) -> Option<Spec
             tracing::info!(
                 path = %path.display(),
                 why,
-                change = %crate::engine::settings::describe_change(&before, &after),
+                change = %crate::engine::speculation_settings::describe_change(&before, &after),
                 "speculation settings reloaded"
             );
             Some(after)
@@ -63,7 +67,7 @@ fn reload_and_report(path: &Path, live: &LiveSettings, why: &str) -> Option<Spec
 /// Watches the config file (when there is one) and SIGHUP for as long as the server runs.
 /// The SIGHUP handler is installed at once, before the models load, so a SIGHUP never
 /// terminates the process.
-pub fn spawn(path: Option<PathBuf>, live: impl Fn() -> Option<LiveSettings> + Send + 'static) {
+pub fn spawn(path: Option<PathBuf>, live: impl Fn() -> Option<LiveSpeculation> + Send + 'static) {
     #[cfg(unix)]
     let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => Some(s),
@@ -131,7 +135,7 @@ mod tests {
     fn a_bad_file_changes_nothing_and_a_good_one_applies_whole() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tandem.toml");
-        let live = LiveSettings::new(SpeculationSettings::default(), 8).unwrap();
+        let live = LiveSpeculation::new(SpeculationSettings::default(), 8).unwrap();
         std::fs::write(&path, "[speculation]\nlenience = 0.5\ngamma = 3\n").unwrap();
         let after = reload(&path, &live).unwrap();
         assert_eq!(after.lenience.get(), 0.5);

@@ -21,9 +21,9 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use super::api_keys::Tenant;
+use super::completion_body::now_secs;
 use super::error::ApiError;
 use super::openai::chat_completion;
-use super::response::now_secs;
 use super::responses_input::{chat_form, responses_param};
 use super::responses_output::{
     chat_turn, output_items, status_of, usage_of, EventTranslator, ResponseHead,

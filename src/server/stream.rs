@@ -11,8 +11,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
+use super::completion_body::{log_finished, total_usage, ChoiceOut, Endpoint, ResponseMeta};
 use super::error::ApiError;
-use super::response::{log_finished, total_usage, ChoiceOut, Endpoint, ResponseMeta};
 use super::tools::{call_id, call_json};
 use crate::constraint::tools::StreamPiece;
 use crate::engine::{EngineEvent, EventStream, FinishReason, Usage};

@@ -275,7 +275,7 @@ pub(super) fn engine_request(
             stop_strings,
             detokenizer: Some(Arc::clone(&loaded.tokenizer)),
         },
-        speculation: spec,
+        speculative: spec,
         logprobs: None,
         prompt_logprobs: None,
         constraint: None,

@@ -83,7 +83,7 @@ pub async fn answer_prompts(
                 eos_ids: eos_ids.to_vec(),
                 ..Default::default()
             },
-            speculation: RequestSpeculation::default(),
+            speculative: RequestSpeculation::default(),
             logprobs: None,
             prompt_logprobs: None,
             constraint: None,

@@ -31,7 +31,7 @@ pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize, eos_ids: &[u32]) -> G
 pub fn engine_request(generation: GenerationRequest, gamma: GammaPolicy) -> EngineRequest {
     EngineRequest {
         generation,
-        speculation: RequestSpeculation {
+        speculative: RequestSpeculation {
             gamma,
             ..Default::default()
         },

@@ -8,21 +8,21 @@
 //! plain decoding, probing again now and then so a request that becomes predictable gets
 //! speculation back. Pure arithmetic: no clocks, no I/O; the caller feeds it measurements.
 
-mod acceptance_rate;
 mod branches;
 mod config;
 mod costs;
+mod governor_state;
 mod ledger;
 mod planner;
 mod round_bias;
 mod speedup;
 
-pub use acceptance_rate::{AcceptanceRate, Governor, KindRates, DRAFT_KINDS};
 pub use branches::{
     acceptance_by_node, keep_alternatives, keep_chain, ConfidenceRates, RoundPrice, TreeOffer,
 };
 pub use config::GovernorConfig;
 pub use costs::{CostEstimate, CostModel};
+pub use governor_state::{AcceptanceRate, Governor, KindRates, DRAFT_KINDS};
 pub use planner::{
     expected_speedup, expected_tokens, forecast_round, plan_round, recheck_prices, solo_rate,
     Candidate, Choice, RoundForecast, RECHECK_AFTER_ROUNDS,

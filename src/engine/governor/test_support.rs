@@ -1,7 +1,7 @@
 //! Shared fixtures of the governor's tests.
 
-use super::acceptance_rate::Governor;
 use super::costs::CostModel;
+use super::governor_state::Governor;
 use super::planner::plan_round;
 
 pub fn costs(draft: f64, verify: &[f64]) -> CostModel {

@@ -229,7 +229,7 @@ impl Scheduler {
             let seed = seed.wrapping_add(i as u64);
             request.generation.sampling.seed = Some(seed);
             let group = self.active.iter().filter(|s| s.group == 0).count() > self.active.len() / 2;
-            let round = live.for_request(&request.speculation, self.queue.len());
+            let round = live.for_round(&request.speculative, self.queue.len());
             self.active.push(Sequence {
                 id: q.id + i as u64,
                 slot,

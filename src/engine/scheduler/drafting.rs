@@ -10,7 +10,7 @@ use crate::engine::governor::{
     forecast_round, plan_round, recheck_prices, solo_rate, Candidate, RoundForecast,
 };
 use crate::engine::messages::{DraftBatch, DraftBatchResult, DraftItem, DraftOutcome};
-use crate::engine::settings::SpeculationSettings;
+use crate::engine::speculation_settings::SpeculationSettings;
 
 impl Scheduler {
     pub(super) async fn draft(

@@ -16,7 +16,7 @@ use crate::engine::messages::{
     DraftBatchResult, DraftItem, Failure, TargetBatch, TargetBatchResult, TargetItem,
     TargetOutcome, TargetWork,
 };
-use crate::engine::settings::SpeculationSettings;
+use crate::engine::speculation_settings::SpeculationSettings;
 use crate::telemetry;
 
 /// The drafts a round asks for, planned.
@@ -107,7 +107,7 @@ impl Scheduler {
         let queued = self.queue.len();
         telemetry::set_speculation(live.lenience_for_queue(queued).get(), live.gamma_gauge());
         for s in &mut self.active {
-            s.round = live.for_request(&s.request.speculation, queued);
+            s.round = live.for_round(&s.request.speculative, queued);
         }
         live
     }

@@ -15,7 +15,7 @@ use crate::engine::gamma::{gamma_cap, RoundGamma};
 use crate::engine::governor::{Candidate, Choice, Governor};
 use crate::engine::messages::{DraftItem, DraftOutcome, EngineEvent, TargetItem, TargetWork};
 use crate::engine::request::{EngineRequest, FinishReason, SpeculationStats};
-use crate::engine::settings::{RoundSettings, SpeculationSettings};
+use crate::engine::speculation_settings::{RoundSpeculation, SpeculationSettings};
 use crate::sampling::{Lenience, SeededRng, TokenLogprob};
 
 /// A request waiting for slots: one per choice, all admitted together.
@@ -68,7 +68,7 @@ pub(super) struct Sequence {
     pub _permit: OwnedSemaphorePermit,
     /// What it speculates under this round (its request's settings over the live ones),
     /// resolved once at the round's start (`Scheduler::resolve_round_settings`).
-    pub round: RoundSettings,
+    pub round: RoundSpeculation,
     /// Its grammar state, when the request constrains its output (`constrain.rs`).
     pub constraint: Option<SequenceConstraint>,
     /// How many of the drafts sent this round the grammar forced (they come first).

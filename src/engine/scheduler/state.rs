@@ -18,7 +18,7 @@ use crate::engine::governor::{
 use crate::engine::liveness::Liveness;
 use crate::engine::messages::{Failure, Step};
 use crate::engine::request::FinishReason;
-use crate::engine::settings::LiveSettings;
+use crate::engine::speculation_settings::LiveSpeculation;
 use crate::engine::verifier::Verifier;
 use crate::telemetry;
 
@@ -53,7 +53,7 @@ pub struct Scheduler {
     pub(super) verifier: ActorRef<Verifier>,
     pub(super) drafter: Option<ActorRef<Drafter>>,
     pub(super) cache: ActorRef<CacheManager>,
-    pub(super) settings: LiveSettings,
+    pub(super) settings: LiveSpeculation,
     pub(super) queue: VecDeque<Queued>,
     pub(super) active: Vec<Sequence>,
     pub(super) next_id: u64,
@@ -85,7 +85,7 @@ impl Scheduler {
         verifier: ActorRef<Verifier>,
         drafter: Option<ActorRef<Drafter>>,
         cache: ActorRef<CacheManager>,
-        settings: LiveSettings,
+        settings: LiveSpeculation,
         costs: CostModel,
         liveness: Arc<Liveness>,
     ) -> Self {

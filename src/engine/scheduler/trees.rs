@@ -10,7 +10,7 @@ use crate::engine::governor::{
     expected_tokens, keep_alternatives, keep_chain, RoundPrice, TreeOffer,
 };
 use crate::engine::messages::{TargetItem, TargetOutcome, TargetWork};
-use crate::engine::settings::SpeculationSettings;
+use crate::engine::speculation_settings::SpeculationSettings;
 
 impl Scheduler {
     /// Shapes the round's proposals (see the module doc). A request with a fixed γ keeps what
@@ -42,7 +42,7 @@ impl Scheduler {
     /// its drafter's confidences; `None` for a sequence no longer running.
     fn prices(&self, it: &TargetItem) -> Option<(bool, bool)> {
         let s = self.active.iter().find(|s| s.id == it.seq)?;
-        let adaptive = !matches!(s.request.speculation.gamma, GammaPolicy::Fixed(_));
+        let adaptive = !matches!(s.request.speculative.gamma, GammaPolicy::Fixed(_));
         let pricing = adaptive
             && it.lenience.is_exact()
             && s.round.confidence_pricing

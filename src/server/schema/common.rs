@@ -57,7 +57,7 @@ pub struct CommonParams {
     /// Chat: how many alternatives with `logprobs: true`.
     pub top_logprobs: Option<usize>,
     /// The `speculative` extension: the request's own speculation settings.
-    pub speculative: Option<crate::engine::SpeculationOverride>,
+    pub speculative: Option<crate::engine::SpeculationKnobs>,
     /// vLLM's extension: keep going past end-of-sequence tokens (benchmarks).
     pub ignore_eos: Option<bool>,
     /// Structured outputs (`structured.rs`): OpenAI's field, then vLLM's and llama.cpp's.

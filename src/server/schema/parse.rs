@@ -148,7 +148,7 @@ fn in_plain_words(serde_message: &str) -> String {
     ] {
         out = out.replace(rust, plain);
     }
-    // `expected struct SpeculationOverride`: the type's name means nothing to a client.
+    // `expected struct SpeculationKnobs`: the type's name means nothing to a client.
     while let Some(at) = out.find("expected struct ") {
         let name_start = at + "expected struct ".len();
         let name_end = out[name_start..]

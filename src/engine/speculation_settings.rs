@@ -4,7 +4,7 @@
 //! restart. The settings live behind one lock the scheduler reads at the start of every round,
 //! so a change applies from the next round to every request that did not pin its own values.
 //! Validation is pure and names the key that is wrong; the config file and the CLI go through
-//! the same [`SpeculationOverride`], so every boundary checks the same way.
+//! the same [`SpeculationKnobs`], so every boundary checks the same way.
 
 use std::sync::{Arc, RwLock};
 
@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::gamma::{Gamma, GammaPolicy, RoundGamma};
 use super::tree_nodes::TreeNodes;
-use crate::sampling::{DraftGate, GateOverride, Lenience};
+use crate::sampling::{DraftGate, Lenience, RequestGate};
 
 /// The server-wide speculation policy.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -64,11 +64,11 @@ impl Default for SpeculationSettings {
 
 /// What one request speculates under in one round: its own settings over the live ones, with
 /// the lenience the queue's depth gives a request that set none. Resolved by one function,
-/// [`SpeculationSettings::for_request`], so drafting, verification and the shaping of token
+/// [`SpeculationSettings::for_round`], so drafting, verification and the shaping of token
 /// trees read the same values (a tree is drafted only where it can be verified: under exact
 /// acceptance).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RoundSettings {
+pub struct RoundSpeculation {
     /// The request's γ policy under the live settings (before the context and token caps).
     pub gamma: RoundGamma,
     pub lenience: Lenience,
@@ -184,12 +184,12 @@ pub fn describe_change(before: &SpeculationSettings, after: &SpeculationSettings
 
 /// The shared, live settings: cheap to read every round, changed by the admin API.
 #[derive(Clone, Debug)]
-pub struct LiveSettings {
+pub struct LiveSpeculation {
     inner: Arc<RwLock<SpeculationSettings>>,
     gamma_limit: usize,
 }
 
-impl LiveSettings {
+impl LiveSpeculation {
     pub fn new(initial: SpeculationSettings, gamma_limit: usize) -> Result<Self, SettingsError> {
         initial.validate(gamma_limit)?;
         Ok(Self {
@@ -234,19 +234,19 @@ pub struct RequestSpeculation {
     pub gamma: GammaPolicy,
     /// 1 is exact; `None` follows the server's live setting, round by round.
     pub lenience: Option<Lenience>,
-    pub gate: GateOverride,
+    pub gate: RequestGate,
     pub confidence_pricing: Option<bool>,
     pub tree_nodes: Option<TreeNodes>,
 }
 
 impl SpeculationSettings {
     /// The settings a request with these overrides speculates under in a round while `queued`
-    /// requests wait (see [`RoundSettings`]).
-    pub fn for_request(&self, request: &RequestSpeculation, queued: usize) -> RoundSettings {
+    /// requests wait (see [`RoundSpeculation`]).
+    pub fn for_round(&self, request: &RequestSpeculation, queued: usize) -> RoundSpeculation {
         let lenience = request
             .lenience
             .unwrap_or_else(|| self.lenience_for_queue(queued));
-        RoundSettings {
+        RoundSpeculation {
             gamma: self.round_gamma(request.gamma),
             lenience,
             gate: request.gate.over(self.gate),

@@ -1,4 +1,4 @@
-//! The speculation knobs as they arrive (`SpeculationOverride`), and a request's share of them
+//! The speculation knobs as they arrive (`SpeculationKnobs`), and a request's share of them
 //! once checked (`RequestSpeculation`).
 //!
 //! Why it exists: the admin API, the config file, CLI flags and a request's `speculative`
@@ -10,23 +10,25 @@ use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use super::gamma::{Gamma, GammaPolicy};
-use super::settings::{LiveSettings, RequestSpeculation, SettingsError, SpeculationSettings};
+use super::speculation_settings::{
+    LiveSpeculation, RequestSpeculation, SettingsError, SpeculationSettings,
+};
 use super::tree_nodes::TreeNodes;
-use crate::sampling::{DraftGate, FloatRule, GateOverride, Lenience};
+use crate::sampling::{DraftGate, FloatRule, Lenience, RequestGate};
 
 /// The speculation knobs, written once for every place that sets them: the admin API's `PUT`
 /// body, the config file's `[speculation]` table, the CLI's flags, and a request's
-/// `speculative` object. Raw values as they arrive; [`SpeculationOverride::apply`] checks a
-/// server-wide change and [`SpeculationOverride::for_request`] a request's, each rule once,
+/// `speculative` object. Raw values as they arrive; [`SpeculationKnobs::apply`] checks a
+/// server-wide change and [`SpeculationKnobs::for_request`] a request's, each rule once,
 /// with the key named. A request may set every knob but the server's policy
-/// ([`SpeculationOverride::SERVER_ONLY`]). Float knobs stay `f64` until checked, so a
+/// ([`SpeculationKnobs::SERVER_ONLY`]). Float knobs stay `f64` until checked, so a
 /// refusal quotes the number sent rather than its `f32` (1e-300 would be 0).
 ///
 /// Only an object deserializes into it: serde's derive would also take an array, by position,
 /// and name the first field's type in its refusal ("expected a boolean").
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, remote = "Self")]
-pub struct SpeculationOverride {
+pub struct SpeculationKnobs {
     pub enabled: Option<bool>,
     pub adaptive: Option<bool>,
     pub gamma: Option<usize>,
@@ -43,12 +45,12 @@ pub struct SpeculationOverride {
     pub tree_nodes: Option<usize>,
 }
 
-impl<'de> Deserialize<'de> for SpeculationOverride {
+impl<'de> Deserialize<'de> for SpeculationKnobs {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct ObjectOnly;
 
         impl<'de> Visitor<'de> for ObjectOnly {
-            type Value = SpeculationOverride;
+            type Value = SpeculationKnobs;
 
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(
@@ -59,7 +61,7 @@ impl<'de> Deserialize<'de> for SpeculationOverride {
 
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
                 // The derived (`remote = "Self"`) reader, which names an unknown key.
-                SpeculationOverride::deserialize(MapAccessDeserializer::new(map))
+                SpeculationKnobs::deserialize(MapAccessDeserializer::new(map))
             }
         }
 
@@ -67,7 +69,7 @@ impl<'de> Deserialize<'de> for SpeculationOverride {
     }
 }
 
-impl SpeculationOverride {
+impl SpeculationKnobs {
     /// The knobs of the server's policy, which only an operator sets.
     pub const SERVER_ONLY: [&'static str; 5] = [
         "adaptive",
@@ -173,16 +175,16 @@ impl SpeculationOverride {
     }
 }
 
-impl SpeculationOverride {
+impl SpeculationKnobs {
     /// The confidence gate's knobs as an override of a gate, each given one checked by its
     /// rule as sent and as narrowed.
-    fn gate_override(&self) -> Result<GateOverride, SettingsError> {
+    fn gate_override(&self) -> Result<RequestGate, SettingsError> {
         let narrow = |key, rule: FloatRule, sent: Option<f64>| {
             sent.map(|v| rule.narrow(v))
                 .transpose()
                 .map_err(|e| SettingsError::new(key, e))
         };
-        Ok(GateOverride {
+        Ok(RequestGate {
             use_egag: self.use_egag,
             egag_threshold: narrow(
                 "egag_threshold",
@@ -199,12 +201,9 @@ impl SpeculationOverride {
     }
 }
 
-impl LiveSettings {
+impl LiveSpeculation {
     /// Applies a change atomically; on error nothing changes.
-    pub fn update(
-        &self,
-        update: &SpeculationOverride,
-    ) -> Result<SpeculationSettings, SettingsError> {
+    pub fn update(&self, update: &SpeculationKnobs) -> Result<SpeculationSettings, SettingsError> {
         self.update_with(|current, gamma_limit| update.apply(current, gamma_limit))
     }
 }

@@ -1,10 +1,10 @@
 use super::*;
-use crate::engine::settings::RequestSpeculation;
-use crate::engine::speculation_override::SpeculationOverride;
+use crate::engine::speculation_knobs::SpeculationKnobs;
+use crate::engine::speculation_settings::RequestSpeculation;
 
 #[test]
 fn one_resolution_for_drafting_verifying_and_trees() {
-    let live = SpeculationOverride {
+    let live = SpeculationKnobs {
         tree_nodes: Some(3),
         under_load_queue_depth: Some(4),
         lenience_under_load: Some(0.5),
@@ -14,16 +14,16 @@ fn one_resolution_for_drafting_verifying_and_trees() {
     .unwrap();
     let none = RequestSpeculation::default();
     // Idle: exact, the server's tree, the server's adaptive γ.
-    let idle = live.for_request(&none, 0);
+    let idle = live.for_round(&none, 0);
     assert_eq!((idle.lenience, idle.tree_nodes), (Lenience::EXACT, 3));
     assert_eq!(idle.gamma, RoundGamma::Adaptive { min: 1, max: 8 });
     // Under load a request that set no lenience is lenient, and so drafts no tree it could
     // not verify.
-    let loaded = live.for_request(&none, 5);
+    let loaded = live.for_round(&none, 5);
     assert_eq!(loaded.lenience.get(), 0.5);
     assert_eq!(loaded.tree_nodes, 0);
     // A request's own settings win.
-    let own = live.for_request(
+    let own = live.for_round(
         &RequestSpeculation {
             lenience: Some(Lenience::EXACT),
             tree_nodes: Some(TreeNodes::within(1, 8).unwrap()),
@@ -36,13 +36,13 @@ fn one_resolution_for_drafting_verifying_and_trees() {
         confidence_pricing: Some(true),
         ..Default::default()
     };
-    assert!(live.for_request(&pricing, 0).confidence_pricing);
-    assert!(!live.for_request(&none, 0).confidence_pricing);
+    assert!(live.for_round(&pricing, 0).confidence_pricing);
+    assert!(!live.for_round(&none, 0).confidence_pricing);
 }
 
 #[test]
 fn a_request_sets_its_own_knobs_checked_and_never_the_servers_policy() {
-    let r = SpeculationOverride {
+    let r = SpeculationKnobs {
         gamma: Some(3),
         lenience: Some(0.5),
         tree_nodes: Some(2),
@@ -55,7 +55,7 @@ fn a_request_sets_its_own_knobs_checked_and_never_the_servers_policy() {
     assert_eq!(r.lenience.map(Lenience::get), Some(0.5));
     assert_eq!(r.tree_nodes.map(TreeNodes::get), Some(2));
     assert_eq!(r.gate.draft_p_min, Some(0.4));
-    let off = SpeculationOverride {
+    let off = SpeculationKnobs {
         enabled: Some(false),
         gamma: Some(3),
         ..Default::default()
@@ -63,35 +63,35 @@ fn a_request_sets_its_own_knobs_checked_and_never_the_servers_policy() {
     assert_eq!(off.for_request(8).unwrap().gamma, GammaPolicy::Off);
     for (bad, key) in [
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 gamma: Some(9),
                 ..Default::default()
             },
             "gamma",
         ),
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 tree_nodes: Some(8),
                 ..Default::default()
             },
             "tree_nodes",
         ),
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 egag_threshold: Some(2.0),
                 ..Default::default()
             },
             "egag_threshold",
         ),
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 gamma_min: Some(2),
                 ..Default::default()
             },
             "gamma_min",
         ),
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 adaptive: Some(false),
                 ..Default::default()
             },
@@ -103,7 +103,7 @@ fn a_request_sets_its_own_knobs_checked_and_never_the_servers_policy() {
     // A refusal quotes the number sent: as an f32, 1e-300 is 0 and 0.9 is 0.8999999761581421.
     for (bad, key, sent) in [
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 lenience: Some(1e-300),
                 ..Default::default()
             },
@@ -111,7 +111,7 @@ fn a_request_sets_its_own_knobs_checked_and_never_the_servers_policy() {
             "must be in (0, 1] (1 = exact), got 1e-300 (0 as a 32-bit float)",
         ),
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 egag_threshold: Some(0.9),
                 egag_ema_beta: Some(1.9),
                 ..Default::default()
@@ -129,7 +129,7 @@ fn a_request_sets_its_own_knobs_checked_and_never_the_servers_policy() {
 fn a_change_is_logged_in_words() {
     let before = SpeculationSettings::default();
     assert_eq!(describe_change(&before, &before), "no change");
-    let after = SpeculationOverride {
+    let after = SpeculationKnobs {
         lenience: Some(0.5),
         gamma: Some(3),
         ..Default::default()
@@ -141,7 +141,7 @@ fn a_change_is_logged_in_words() {
     assert!(words.contains("gamma 4 -> 3"), "{words}");
     assert!(!words.contains("SpeculationSettings"), "{words}");
     // As written, not as the f32 widened (0.8999999761581421).
-    let after = SpeculationOverride {
+    let after = SpeculationKnobs {
         lenience: Some(0.9),
         egag_threshold: Some(0.9),
         ..Default::default()
@@ -156,45 +156,45 @@ fn a_change_is_logged_in_words() {
 
 #[test]
 fn bad_values_name_their_key_and_change_nothing() {
-    let live = LiveSettings::new(SpeculationSettings::default(), 8).unwrap();
-    let cases: [(SpeculationOverride, &str); 7] = [
+    let live = LiveSpeculation::new(SpeculationSettings::default(), 8).unwrap();
+    let cases: [(SpeculationKnobs, &str); 7] = [
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 tree_nodes: Some(8),
                 ..Default::default()
             },
             "tree_nodes",
         ),
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 lenience: Some(0.0),
                 ..Default::default()
             },
             "lenience",
         ),
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 lenience: Some(1.5),
                 ..Default::default()
             },
             "lenience",
         ),
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 gamma: Some(0),
                 ..Default::default()
             },
             "gamma",
         ),
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 gamma_max: Some(9),
                 ..Default::default()
             },
             "gamma_max",
         ),
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 gamma_min: Some(5),
                 gamma_max: Some(3),
                 ..Default::default()
@@ -202,7 +202,7 @@ fn bad_values_name_their_key_and_change_nothing() {
             "gamma_min",
         ),
         (
-            SpeculationOverride {
+            SpeculationKnobs {
                 lenience_under_load: Some(f64::NAN),
                 ..Default::default()
             },
@@ -218,9 +218,9 @@ fn bad_values_name_their_key_and_change_nothing() {
 
 #[test]
 fn valid_changes_apply_and_a_lone_gamma_means_fixed() {
-    let live = LiveSettings::new(SpeculationSettings::default(), 8).unwrap();
+    let live = LiveSpeculation::new(SpeculationSettings::default(), 8).unwrap();
     let s = live
-        .update(&SpeculationOverride {
+        .update(&SpeculationKnobs {
             lenience: Some(0.5),
             gamma: Some(3),
             ..Default::default()
@@ -232,7 +232,7 @@ fn valid_changes_apply_and_a_lone_gamma_means_fixed() {
     );
     assert_eq!(live.get(), s);
     let s = live
-        .update(&SpeculationOverride {
+        .update(&SpeculationKnobs {
             adaptive: Some(true),
             enabled: Some(false),
             ..Default::default()
