@@ -15,8 +15,8 @@ pub mod progress;
 pub mod prompts;
 mod question;
 pub mod report;
-pub mod run;
-mod structured;
+pub mod run_modes;
+mod structured_workloads;
 pub mod tables;
 
 use serde_json::{json, Value};
@@ -27,7 +27,7 @@ pub use mode::{parse_modes, BenchDrafters, Mode, Structured};
 pub use options::BenchOptions;
 pub use prompts::{every_nth, load_prompts, parse_prompts, select, BenchPrompt};
 pub use report::{summarize, BatchRecord, RunRecord, Spread, SummaryRow};
-pub use run::{run_bench, BenchModels, BenchRun, EngineReport, Progress};
+pub use run_modes::{run_bench, BenchModels, BenchRun, EngineReport, Progress};
 pub use tables::{render_cache_notes, render_drafters, render_tables};
 
 /// What the machine is, for the record.

@@ -19,7 +19,7 @@ use super::mode::{Mode, Structured};
 use super::options::BenchOptions;
 use super::prompts::BenchPrompt;
 use super::report::RunRecord;
-use super::structured::{Structures, JSON_INSTRUCTION};
+use super::structured_workloads::{Structures, JSON_INSTRUCTION};
 use super::BenchError;
 
 /// What one request of a question needs besides its messages.

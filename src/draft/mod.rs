@@ -16,10 +16,10 @@ mod model_drafter;
 mod model_slots;
 mod prompt_lookup;
 mod proposal;
+mod same_vocabulary;
 mod siblings;
 mod stepping;
 mod translation;
-mod vocabulary;
 
 pub use drafter_spec::{canonical_drafter_name, DraftSpec, InvalidDraftSpec, DRAFTER_ALIASES};
 pub use error::DraftError;
@@ -30,8 +30,8 @@ pub use loaded::LoadedDrafter;
 pub use model_drafter::{reduced_vocab, ModelDrafter};
 pub use prompt_lookup::PromptLookup;
 pub use proposal::Proposal;
+pub use same_vocabulary::check_same_vocabulary;
 pub use translation::{GreedyAcross, SharedColumns, Translation, MIN_COVERAGE};
-pub use vocabulary::check_same_vocabulary;
 
 use crate::sampling::{SamplingParams, SeededRng};
 

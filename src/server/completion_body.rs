@@ -7,8 +7,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::logprobs::{chat_content, CompletionLogprobs};
-use super::tools::{call_id, call_json};
+use super::logprobs_json::{chat_content, CompletionLogprobs};
+use super::tool_fields::{call_id, call_json};
 use crate::constraint::tools::{parse_calls, ToolStream};
 use crate::engine::{Completion, FinishReason, Usage};
 use crate::model::TextTokenizer;

@@ -16,7 +16,7 @@ pub mod error;
 mod ids;
 mod lifecycle;
 mod listen;
-mod logprobs;
+mod logprobs_json;
 pub mod openai;
 mod reload;
 mod request_body;
@@ -30,7 +30,7 @@ pub mod startup;
 mod stream;
 mod structured;
 mod tokenize;
-mod tools;
+mod tool_fields;
 mod validation;
 
 pub use app_state::AppState;

@@ -21,7 +21,7 @@ use super::schema::{parse_request, ChatRequest, CommonParams, CompletionRequest,
 use super::startup::Loaded;
 use super::stream::stream_response;
 use super::structured::{compile, json_whitespace, requested_constraint};
-use super::tools::read_tools;
+use super::tool_fields::read_tools;
 use super::validation::{chat_prompt, chat_turns, check_token_ids, engine_request, tokenize};
 use super::{read_body, AppState};
 use crate::constraint::tools::Tools;

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::completion_body::{log_finished, total_usage, ChoiceOut, Endpoint, ResponseMeta};
 use super::error::ApiError;
-use super::tools::{call_id, call_json};
+use super::tool_fields::{call_id, call_json};
 use crate::constraint::tools::StreamPiece;
 use crate::engine::{EngineEvent, EventStream, FinishReason, Usage};
 

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::logprobs::token_text;
+use super::logprobs_json::token_text;
 use super::schema::{parse_body, ChatMessageIn};
 use super::validation::{chat_prompt, chat_turns, check_model};
 use super::{read_body, AppState};

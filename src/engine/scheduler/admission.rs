@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use kameo::message::{Context, Message};
 
-use super::sequence::{Queued, Sequence};
+use super::admitted::{Queued, Sequence};
 use super::state::{record_finished, Scheduler};
 use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
@@ -240,7 +240,7 @@ impl Scheduler {
                 emitter: Emitter::new(&request.generation),
                 draft_rng: SeededRng::new(seed ^ 0x9E37_79B9_7F4A_7C15),
                 accept_rng: SeededRng::new(seed),
-                governor: Governor::starting_from(self.cfg.governor, &self.acceptance),
+                governor: Governor::starting_from(self.cfg.governor, &self.learned.acceptance),
                 spec: SpeculationStats::default(),
                 group: usize::from(group),
                 max_context: self.cfg.context_len,

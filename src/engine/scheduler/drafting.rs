@@ -40,7 +40,7 @@ impl Scheduler {
         // rounds) is priced with the first step, where every plan sees it; a longer one as
         // the lag the plan charges apart.
         let routine = t.routine_catch_up_seconds();
-        self.costs.record_draft(
+        self.learned.costs.record_draft(
             t.step_seconds + routine,
             t.first_step_seconds + routine,
             t.steps,
@@ -56,7 +56,9 @@ impl Scheduler {
                 0 => t.catch_up_tokens,
                 n => n.min(t.catch_up_tokens),
             };
-            self.costs.record_catch_up(t.catch_up_seconds, tokens);
+            self.learned
+                .costs
+                .record_catch_up(t.catch_up_seconds, tokens);
         }
         for o in drafts.outcomes {
             if held.iter().any(|&(seq, _)| seq == o.seq) {
@@ -114,11 +116,11 @@ impl Scheduler {
                     // match's copy pays neither), or its acceptance until the costs are
                     // measured.
                     let lag = s.context.len().saturating_sub(s.drafter_seen + 2);
-                    let catch_up = self.costs.catch_up_seconds(lag);
+                    let catch_up = self.learned.costs.catch_up_seconds(lag);
                     f.next(&s.context, |k| {
                         let alpha = s.governor.alpha_of(Some(k));
                         let drafted = (k == 0).then_some(catch_up);
-                        solo_rate(alpha, gamma_max, drafted, &self.costs).unwrap_or(alpha)
+                        solo_rate(alpha, gamma_max, drafted, &self.learned.costs).unwrap_or(alpha)
                     })
                 }
                 None => NextDraft::Unknown,
@@ -144,16 +146,17 @@ impl Scheduler {
         let mut plan = plan_round(
             &candidates,
             base_width,
-            &self.costs,
+            &self.learned.costs,
             self.cfg.governor.min_gain,
         );
-        if has_drafter && recheck_prices(&candidates, &mut plan, self.rounds_without_drafts) {
+        if has_drafter && recheck_prices(&candidates, &mut plan, self.learned.rounds_without_drafts)
+        {
             tracing::debug!(
-                rounds = self.rounds_without_drafts,
+                rounds = self.learned.rounds_without_drafts,
                 "nobody drafted for a while: one round drafts to measure the prices again"
             );
         }
-        let forecast = forecast_round(&candidates, &plan, base_width, &self.costs);
+        let forecast = forecast_round(&candidates, &plan, base_width, &self.learned.costs);
         if has_drafter && !candidates.is_empty() {
             tracing::debug!(?candidates, ?plan, "plan");
         }

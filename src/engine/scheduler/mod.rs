@@ -14,6 +14,7 @@
 //! alternatives by the governor's prices too (`trees`).
 
 mod admission;
+mod admitted;
 mod constrain;
 mod drafting;
 mod foresight;
@@ -21,7 +22,6 @@ mod outcome;
 mod round;
 mod round_clock;
 pub mod round_plan;
-mod sequence;
 mod state;
 mod trees;
 
@@ -76,11 +76,11 @@ impl Message<GetSchedulerStats> for Scheduler {
         SchedulerStats {
             active: self.active.len(),
             queued: self.queue.len(),
-            rounds: self.rounds,
-            overlap_ratio: self.overlap.ratio(),
-            drafted_ahead: self.drafted_ahead,
-            ahead_used: self.ahead_used,
-            prefilled_tokens: self.prefilled_tokens,
+            rounds: self.counters.rounds,
+            overlap_ratio: self.counters.overlap.ratio(),
+            drafted_ahead: self.counters.drafted_ahead,
+            ahead_used: self.counters.ahead_used,
+            prefilled_tokens: self.counters.prefilled_tokens,
         }
     }
 }

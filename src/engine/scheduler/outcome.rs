@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::sequence::{RoundEmission, Sequence};
+use super::admitted::{RoundEmission, Sequence};
 use super::state::{record_finished, Ending, Scheduler, POOLED_ACCEPTANCE_DECAY};
 use crate::engine::messages::{
     DraftOutcome, EngineEvent, Failure, TargetOutcome, NON_FINITE_LOGITS,
@@ -62,7 +62,9 @@ impl Scheduler {
                 accepted = o.accepted,
                 "outcome"
             );
-            self.speedup.record(drafts.len(), o.accepted, &self.costs);
+            self.learned
+                .speedup
+                .record(drafts.len(), o.accepted, &self.learned.costs);
             if !drafts.is_empty() {
                 s.spec.rounds += 1;
                 s.spec.draft_tokens += drafts.len();
@@ -78,7 +80,8 @@ impl Scheduler {
             };
             let kind = o.confidence_kind;
             s.governor.record_round_of(kind, chain, chain_accepted);
-            self.acceptance
+            self.learned
+                .acceptance
                 .record(kind, chain, chain_accepted, POOLED_ACCEPTANCE_DECAY);
             if let Some(t) = &o.tree {
                 s.spec.tree_rounds += 1;
@@ -107,8 +110,8 @@ impl Scheduler {
                 }
                 if let Some(g) = guessed.remove(&id) {
                     let used = o.accepted == drafts.len() && s.adopt_guess(g, next);
-                    self.drafted_ahead += 1;
-                    self.ahead_used += u64::from(used);
+                    self.counters.drafted_ahead += 1;
+                    self.counters.ahead_used += u64::from(used);
                     telemetry::record_draft_ahead(used);
                 }
                 None

@@ -67,14 +67,16 @@ impl Scheduler {
         let (target, ahead, wall) = self.verify(std::mem::take(&mut batch.items), ahead).await;
         // Drafts of a next round made during this one wait for its outcome.
         let (ahead_secs, mut guessed) = self.take_drafts(ahead?, &batch.guesses);
-        self.rounds += 1;
+        self.counters.rounds += 1;
         let Some(result) = target? else {
             for ending in batch.ended {
                 self.end_sequence(ending).await;
             }
             return Ok(());
         };
-        self.overlap.record(wall, result.seconds, ahead_secs);
+        self.counters
+            .overlap
+            .record(wall, result.seconds, ahead_secs);
         let times = RoundTimes {
             draft: draft_timing,
             verify_seconds: result.seconds,
@@ -125,7 +127,12 @@ impl Scheduler {
                 waiting: s.waits_for.is_some(),
             })
             .collect();
-        RoundPlan::build(&states, pipelined, self.cfg.prefill_chunk, self.rounds)
+        RoundPlan::build(
+            &states,
+            pipelined,
+            self.cfg.prefill_chunk,
+            self.counters.rounds,
+        )
     }
 
     /// γ for every sequence that drafts this round, now or ahead, and the drafts asked for.
@@ -144,11 +151,12 @@ impl Scheduler {
         let plan_ahead = self.plan(ahead, 0).0;
         let to_draft_ahead = self.draft_items(ahead, &plan_ahead, live);
         if !shape.draft_now.is_empty() || !shape.draft_ahead.is_empty() {
-            self.rounds_without_drafts = if to_draft_now.is_empty() && to_draft_ahead.is_empty() {
-                self.rounds_without_drafts + 1
-            } else {
-                0
-            };
+            self.learned.rounds_without_drafts =
+                if to_draft_now.is_empty() && to_draft_ahead.is_empty() {
+                    self.learned.rounds_without_drafts + 1
+                } else {
+                    0
+                };
         }
         Drafting {
             now: to_draft_now,
@@ -189,7 +197,7 @@ impl Scheduler {
         for &(seq, gamma) in &guesses {
             ahead.extend(self.guess_item(&items, seq, gamma, live));
         }
-        self.prefilled_tokens += items
+        self.counters.prefilled_tokens += items
             .iter()
             .filter(|i| i.work != TargetWork::Verify)
             .map(|i| i.tokens.len() as u64)
@@ -274,30 +282,32 @@ impl Scheduler {
             // (`head+lookup`) would teach the model's forecasts that a step costs nothing.
             if f.drafting > 0 && times.draft.steps > 0 {
                 let measured = times.draft.step_seconds + times.draft.routine_catch_up_seconds();
-                self.costs.record_draft_forecast(f.draft, measured);
+                self.learned.costs.record_draft_forecast(f.draft, measured);
             }
             if decode_only {
                 // What the plan weighs apart (a catch-up on what the drafter missed) is kept
                 // out of the comparison; everything else the round took is in it.
                 let lag = times.draft.catch_up_seconds - times.draft.routine_catch_up_seconds();
-                self.costs.record_round_forecast(
+                self.learned.costs.record_round_forecast(
                     f.drafting > 0,
                     f.draft + f.verify,
                     times.round_seconds - lag,
                 );
             }
-            log_forecast(&f, times, self.costs.drafting_net());
+            log_forecast(&f, times, self.learned.costs.drafting_net());
         }
         telemetry::record_step(
             times.round_seconds,
             times.verify_seconds,
             (draft_secs > 0.0).then_some(draft_secs),
         );
-        telemetry::set_overlap(self.overlap.ratio());
+        telemetry::set_overlap(self.counters.overlap.ratio());
         // Decode-only forwards keep the verification costs current at today's context depths
         // and batch widths.
         if decode_only {
-            self.costs.record_verify(times.verify_seconds, width);
+            self.learned
+                .costs
+                .record_verify(times.verify_seconds, width);
         }
     }
 
@@ -315,16 +325,17 @@ impl Scheduler {
             .fold((0, 0), |(t, n), o| {
                 (t + o.accepted + usize::from(o.next_token.is_some()), n + 1)
             });
-        self.costs
+        self.learned
+            .costs
             .record_decode_round(drafted, (tokens, sequences), seconds);
     }
 
     /// After the outcomes: the speed-up estimate, waiting choices started, sequences ended.
     async fn finish_round(&mut self, ended: Vec<Ending>) -> Result<(), EngineError> {
-        if let Some(x) = self.speedup.get() {
+        if let Some(x) = self.learned.speedup.get() {
             telemetry::set_speedup_estimate(x);
         }
-        telemetry::set_drafting_net(self.costs.drafting_net());
+        telemetry::set_drafting_net(self.learned.costs.drafting_net());
         // Before anything ends: a first choice that prefilled and finished in this round still
         // holds the cache its other choices start from.
         self.start_waiting_choices().await?;

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use kameo::actor::ActorRef;
 use kameo::Actor;
 
+use super::admitted::{Queued, Sequence};
 use super::foresight::DraftForesight;
 use super::round_clock::Overlap;
-use super::sequence::{Queued, Sequence};
 use crate::engine::cache_manager::CacheManager;
 use crate::engine::drafter::Drafter;
 use crate::engine::governor::{
@@ -47,6 +47,33 @@ pub struct SchedulerConfig {
 /// How a sequence's round ended it: finished for a reason, or failed with a message.
 pub(super) type Ending = (u64, Result<FinishReason, Failure>);
 
+/// The governor's knowledge across requests (see [`Scheduler::learned`]).
+pub(super) struct Learned {
+    /// Measured prices of forwards, draft steps and catch-ups.
+    pub(super) costs: CostModel,
+    pub(super) speedup: SpeedupEstimate,
+    /// Every request's drafts together, by kind: where a new request's governor starts.
+    pub(super) acceptance: KindRates,
+    /// How often chains' nodes and trees' alternatives stand when tried, by the drafter's
+    /// confidence.
+    pub(super) chain_rates: ConfidenceRates,
+    pub(super) branch_rates: ConfidenceRates,
+    /// Decoding rounds since anyone drafted (prices are re-measured after many: see
+    /// `governor::recheck_prices`).
+    pub(super) rounds_without_drafts: u64,
+}
+
+/// What rounds did, counted (see [`Scheduler::counters`]).
+#[derive(Default)]
+pub(super) struct RoundCounters {
+    pub(super) rounds: u64,
+    pub(super) overlap: Overlap,
+    /// Next rounds drafted during a verification within a request, and how many were used.
+    pub(super) drafted_ahead: u64,
+    pub(super) ahead_used: u64,
+    pub(super) prefilled_tokens: u64,
+}
+
 #[derive(Actor)]
 pub struct Scheduler {
     pub(super) cfg: SchedulerConfig,
@@ -58,23 +85,11 @@ pub struct Scheduler {
     pub(super) active: Vec<Sequence>,
     pub(super) next_id: u64,
     pub(super) step_scheduled: bool,
-    pub(super) costs: CostModel,
-    pub(super) speedup: SpeedupEstimate,
-    /// Every request's drafts together, by kind: where a new request's governor starts.
-    pub(super) acceptance: KindRates,
-    /// How often chains' nodes and trees' alternatives stand when tried, by the drafter's
-    /// confidence.
-    pub(super) chain_rates: ConfidenceRates,
-    pub(super) branch_rates: ConfidenceRates,
-    pub(super) rounds: u64,
-    /// Decoding rounds since anyone drafted (prices are re-measured after many: see
-    /// `governor::recheck_prices`).
-    pub(super) rounds_without_drafts: u64,
-    pub(super) overlap: Overlap,
-    /// Next rounds drafted during a verification within a request, and how many were used.
-    pub(super) drafted_ahead: u64,
-    pub(super) ahead_used: u64,
-    pub(super) prefilled_tokens: u64,
+    /// What the governor has learned across requests: every round's plan reads it, and
+    /// every round's outcome updates it.
+    pub(super) learned: Learned,
+    /// What rounds did, for stats and metrics only: no plan reads them.
+    pub(super) counters: RoundCounters,
     /// The heartbeat the watchdog and `/health` read.
     pub(super) liveness: Arc<Liveness>,
 }
@@ -99,17 +114,15 @@ impl Scheduler {
             active: Vec::new(),
             next_id: 0,
             step_scheduled: false,
-            costs,
-            speedup: SpeedupEstimate::default(),
-            acceptance: KindRates::new(0.5),
-            chain_rates: ConfidenceRates::default(),
-            branch_rates: ConfidenceRates::default(),
-            rounds: 0,
-            rounds_without_drafts: 0,
-            overlap: Overlap::default(),
-            drafted_ahead: 0,
-            ahead_used: 0,
-            prefilled_tokens: 0,
+            learned: Learned {
+                costs,
+                speedup: SpeedupEstimate::default(),
+                acceptance: KindRates::new(0.5),
+                chain_rates: ConfidenceRates::default(),
+                branch_rates: ConfidenceRates::default(),
+                rounds_without_drafts: 0,
+            },
+            counters: RoundCounters::default(),
             liveness,
         }
     }
@@ -132,10 +145,10 @@ impl Scheduler {
         if self
             .cfg
             .stall_after_rounds
-            .is_some_and(|n| self.rounds >= n)
+            .is_some_and(|n| self.counters.rounds >= n)
         {
             tracing::warn!(
-                rounds = self.rounds,
+                rounds = self.counters.rounds,
                 "test fault: the scheduler no longer wakes up"
             );
             return;

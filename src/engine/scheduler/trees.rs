@@ -29,6 +29,7 @@ impl Scheduler {
             .collect();
         let steps = drafting.iter().copied().max().unwrap_or(0);
         let draft_seconds = self
+            .learned
             .costs
             .draft_seconds(steps, drafting.len())
             .unwrap_or(0.0);
@@ -77,11 +78,14 @@ impl Scheduler {
                 }
             }
         }
-        self.costs.verify_seconds(width).map(|v| RoundPrice {
-            tokens,
-            seconds: v + draft_seconds,
-            width,
-        })
+        self.learned
+            .costs
+            .verify_seconds(width)
+            .map(|v| RoundPrice {
+                tokens,
+                seconds: v + draft_seconds,
+                width,
+            })
     }
 
     /// One shaped sequence's proposal: its chain cut by price (or kept whole and priced at its
@@ -103,7 +107,7 @@ impl Scheduler {
         let chain_accept: Vec<f64> = if pricing {
             p.confidence[..chain]
                 .iter()
-                .map(|&c| self.chain_rates.rate(kind, c))
+                .map(|&c| self.learned.chain_rates.rate(kind, c))
                 .collect()
         } else {
             vec![self.alpha_of(it.seq); chain]
@@ -111,12 +115,13 @@ impl Scheduler {
         let kept = match round.as_mut() {
             Some(r) if pricing => {
                 let floor = live.gamma_min.get().min(chain);
-                keep_chain(&chain_accept, floor, r, &self.costs)
+                keep_chain(&chain_accept, floor, r, &self.learned.costs)
             }
             Some(r) => {
                 r.tokens += expected_tokens(self.alpha_of(it.seq), chain) - 1.0;
                 r.width += chain;
                 r.seconds = self
+                    .learned
                     .costs
                     .verify_seconds(r.width)
                     .map_or(r.seconds, |v| v + draft_seconds);
@@ -141,7 +146,7 @@ impl Scheduler {
                     kind: p.confidence_kind,
                     chain_accept: &chain_accept,
                 };
-                keep_alternatives(&offer, &self.branch_rates, r, &self.costs)
+                keep_alternatives(&offer, &self.learned.branch_rates, r, &self.learned.costs)
             });
             match keep {
                 Some(keep) => it.proposal.retain_nodes(&keep),
@@ -157,12 +162,15 @@ impl Scheduler {
     /// and a tree's alternatives.
     pub(super) fn learn_from_round(&mut self, o: &TargetOutcome) {
         for &(confidence, accepted) in &o.tried_chain {
-            self.chain_rates
+            self.learned
+                .chain_rates
                 .record(o.confidence_kind, confidence, accepted);
         }
         if let Some(walk) = &o.tree {
             for &(confidence, accepted) in &walk.tried_branches {
-                self.branch_rates.record(walk.kind, confidence, accepted);
+                self.learned
+                    .branch_rates
+                    .record(walk.kind, confidence, accepted);
             }
         }
     }

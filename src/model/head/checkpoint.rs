@@ -65,7 +65,7 @@ pub fn load_head(dir: &Path) -> Result<HeadTensors> {
             )));
         }
     }
-    let files = crate::model::load::weights::safetensors_files(dir)?;
+    let files = crate::model::load::weight_roles::safetensors_files(dir)?;
     let mut all: HashMap<String, Tensor> = HashMap::new();
     for f in &files {
         let unreadable = |reason: String| ModelError::Unreadable {

@@ -16,7 +16,7 @@ use crate::model::llama::embedding::Embedding;
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::load::hparams::LlamaHparams;
-use crate::model::load::weights::{WeightName, WeightReader};
+use crate::model::load::weight_roles::{WeightName, WeightReader};
 use crate::model::{ModelError, Result};
 
 pub(crate) struct Layer {

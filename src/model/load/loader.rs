@@ -12,7 +12,7 @@ use crate::model::llama::device::{BackendChoice, DeviceSpec};
 use crate::model::llama::linear::WeightsDtype;
 use crate::model::llama::model::Llama;
 use crate::model::load::hparams::LlamaHparams;
-use crate::model::load::weights::WeightReader;
+use crate::model::load::weight_roles::WeightReader;
 use crate::model::text::tokenizer::TextTokenizer;
 use crate::model::{ModelError, Result};
 

@@ -4,4 +4,4 @@ pub mod hf_config;
 pub mod hparams;
 pub mod loader;
 pub mod rope_config;
-pub mod weights;
+pub mod weight_roles;

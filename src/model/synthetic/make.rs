@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 
 use crate::model::llama::linear::RawWeight;
 use crate::model::load::hparams::LlamaHparams;
-use crate::model::load::weights::{WeightName, WeightReader};
+use crate::model::load::weight_roles::{WeightName, WeightReader};
 use crate::model::synthetic::{Recipe, Shape};
 use crate::model::{ModelError, Result};
 

@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use candle_core::quantized::GgmlDType;
 
-use crate::model::load::weights::WeightName;
+use crate::model::load::weight_roles::WeightName;
 
 /// A file's weight types, as `llama-quantize` names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

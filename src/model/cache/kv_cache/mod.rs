@@ -15,7 +15,7 @@
 //! keeps, `copy` a prefix shared between slots.
 
 mod copy;
-mod device;
+mod device_slot;
 mod dtype;
 mod forward_writes;
 mod host;

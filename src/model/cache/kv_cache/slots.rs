@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device};
 
-use super::device::{DeviceLayout, DeviceSlot};
+use super::device_slot::{DeviceLayout, DeviceSlot};
 use super::host::LayerBuf;
 use super::KvDtype;
 use crate::model::{ModelError, Result};

@@ -32,11 +32,11 @@ mod scalar;
 mod shared;
 #[cfg(test)]
 mod tests;
-mod tree;
+mod tree_attention;
 
 pub use causal::{causal_attention, prefetch_cache, AttnShape};
 pub use shared::KvElement;
-pub use tree::tree_attention;
+pub use tree_attention::tree_attention;
 
 // The loops `tree` and the tests share with the causal call.
 use causal::{accumulate_values, finish_values, scaled_dots, softmax_weights};

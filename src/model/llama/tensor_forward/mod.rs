@@ -9,7 +9,7 @@
 
 mod attention;
 mod pass;
-mod rope;
+mod rope_tensors;
 
 pub(crate) use pass::forward;
-pub(crate) use rope::TensorRopes;
+pub(crate) use rope_tensors::TensorRopes;

@@ -4,7 +4,7 @@
 use candle_core::{Device, Tensor};
 
 use super::attention::{attend, attend_tree, Heads};
-use super::rope::{TensorRope, TensorRopes};
+use super::rope_tensors::{TensorRope, TensorRopes};
 use crate::model::cache::kv_cache::KvCache;
 use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use crate::model::llama::weights::LlamaWeights;

@@ -20,7 +20,7 @@ use super::options::BenchOptions;
 use super::prompts::BenchPrompt;
 use super::question::{run_question, Job};
 use super::report::{BatchRecord, RunRecord};
-use super::structured::Structures;
+use super::structured_workloads::Structures;
 use super::BenchError;
 
 /// The models a benchmark runs on.
