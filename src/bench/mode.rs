@@ -144,8 +144,9 @@ impl Mode {
     /// optionally followed by `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true|false`,
     /// `:tree=N` (up to N alternative nodes a round, verified with the chain as a token tree),
     /// `:confidence=true|false` (the governor cuts chains by the drafter's confidence),
-    /// for prompt lookup `:ngram=MIN-MAX`, for a draft model the confidence gate's
-    /// `:egag=THRESHOLD` (EGAG on), `:egag_beta=B` and `:p_min=P`, and for every mode
+    /// for prompt lookup `:ngram=MIN-MAX`, for a draft model the draft gate's keys as the config
+    /// names them (`:use_egag=true`, `:egag_threshold=T`, `:egag_ema_beta=B`, `:draft_p_min=P`;
+    /// `:egag=T` is `use_egag` at threshold T), and for every mode
     /// `:prefix_cache=true|false` and `:structured=none|json|tools` (answers held to a JSON
     /// schema or to tool calls). `forced` decodes with no drafter but speculating, so a
     /// constraint's forced tokens are its only drafts. Speculative modes default to the governor (`gamma=adaptive`), exact acceptance and no
@@ -247,11 +248,13 @@ impl Mode {
             "cross_vocabulary" => {
                 return Err(bad("cross_vocabulary is a draft-model setting".into()))
             }
-            "egag" | "egag_beta" | "p_min" => self.set_gate(k, v, bad)?,
+            "use_egag" | "egag_threshold" | "egag_ema_beta" | "draft_p_min" | "egag"
+            | "egag_beta" | "p_min" => self.set_gate(k, v, bad)?,
             other => {
                 return Err(bad(format!(
                     "unknown setting `{other}` (gamma, lenience, pipeline, tree, confidence, \
-                     ngram, cross_vocabulary, egag, egag_beta, p_min, prefix_cache, structured)"
+                     ngram, cross_vocabulary, use_egag, egag_threshold, egag_ema_beta, \
+                     draft_p_min, prefix_cache, structured)"
                 )))
             }
         }
@@ -277,7 +280,9 @@ impl Mode {
         Ok(())
     }
 
-    /// `egag`, `egag_beta` and `p_min`: a draft model's confidence gate, checked as a whole.
+    /// The draft gate's settings, by the config's and the request's keys (`use_egag`,
+    /// `egag_threshold`, `egag_ema_beta`, `draft_p_min`; older bench commands' `egag=X` (on, at
+    /// X), `egag_beta` and `p_min` too), checked as a whole.
     fn set_gate(
         &mut self,
         k: &str,
@@ -287,13 +292,19 @@ impl Mode {
         if !self.drafts_with_a_model() {
             return Err(bad(format!("{k} is a draft-model setting")));
         }
+        if k == "use_egag" {
+            self.gate.use_egag = Some(v.parse().map_err(|_| bad(format!("{k} `{v}`")))?);
+            return Ok(());
+        }
         let x: f32 = v.parse().map_err(|_| bad(format!("{k} `{v}`")))?;
         match k {
+            // `egag=X` (older bench commands): the entropy rule on at threshold X.
             "egag" => {
                 self.gate.use_egag = Some(true);
                 self.gate.egag_threshold = Some(x);
             }
-            "egag_beta" => self.gate.egag_ema_beta = Some(x),
+            "egag_threshold" => self.gate.egag_threshold = Some(x),
+            "egag_ema_beta" | "egag_beta" => self.gate.egag_ema_beta = Some(x),
             _ => self.gate.draft_p_min = Some(x),
         }
         self.gate
@@ -405,6 +416,14 @@ mod tests {
         assert_eq!(m.gate.egag_ema_beta, Some(0.5));
         assert_eq!(m.gate.draft_p_min, Some(0.125));
         assert!(parse("pld:egag=0.5").is_err());
+        let by_keys = parse(
+            "draft:gamma=4:use_egag=true:egag_threshold=0.25:egag_ema_beta=0.5:draft_p_min=0.125",
+        )
+        .unwrap();
+        assert_eq!(
+            by_keys.gate, m.gate,
+            "the config's keys and the short ones alike"
+        );
         let e = parse("draft:egag=1.5").unwrap_err().to_string();
         assert!(e.contains("egag_threshold"), "{e}");
         assert!(parse("draft:p_min=1").is_err());

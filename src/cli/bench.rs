@@ -52,9 +52,11 @@ pub struct BenchArgs {
     /// Base seed for sampled runs (each question, turn and repeat derives its own).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Comma-separated modes: plain, prompt-lookup (pld), suffix, draft, each optionally with
-    /// `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true`, `:prefix_cache=false` (plain is
-    /// always run; the first plain mode is the baseline of every speedup).
+    /// Comma-separated modes: plain, prompt-lookup, suffix, draft, draft+prompt-lookup, head,
+    /// head+prompt-lookup, forced (drafter names as `--draft-model` reads them, aliases too),
+    /// each optionally with `:gamma=N|adaptive`, `:lenience=L`, `:pipeline=true`,
+    /// `:prefix_cache=false` and more (docs/performance.md) (plain is always run; the first
+    /// plain mode is the baseline of every speedup).
     #[arg(long, default_value = "plain,prompt-lookup")]
     modes: String,
     /// Requests in flight at once per mode.
