@@ -12,8 +12,7 @@ use std::sync::Arc;
 use clap::Args;
 
 use tandem::config::Config;
-use tandem::draft::LoadedDrafter;
-use tandem::draft::{DraftSpec, ModelDrafter, Proposer};
+use tandem::draft::{DraftSpec, LoadedDrafter, ModelDrafter, Proposer};
 use tandem::engine::{
     generate_plain, generate_speculative, FixedSpeculation, Gamma, GenerationOutput,
     GenerationRequest, OutputPiece, SpeculationStats,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::admitted::{RoundEmission, Sequence};
-use super::state::{record_finished, Ending, Scheduler, POOLED_ACCEPTANCE_DECAY};
+use super::state::{record_finished, Ending, Learned, Scheduler, POOLED_ACCEPTANCE_DECAY};
 use crate::engine::messages::{
     DraftOutcome, EngineEvent, Failure, TargetOutcome, NON_FINITE_LOGITS,
 };
@@ -43,10 +43,6 @@ impl Scheduler {
         let id = o.seq;
         self.learn_from_round(&o);
         let s = self.active.iter_mut().find(|s| s.id == id)?;
-        s.accept_rng = o.rng;
-        if !o.features.is_empty() {
-            s.features.push((o.features_from, o.features));
-        }
         let (chunk_len, drafts) = &sent[&id];
         if !s.decoding() {
             s.prefilled += chunk_len;
@@ -55,40 +51,11 @@ impl Scheduler {
                 telemetry::record_prefill(s.admitted.elapsed().as_secs_f64());
             }
         } else {
-            telemetry::record_round(drafts.len(), o.accepted);
-            tracing::debug!(
-                seq = id,
-                drafted = drafts.len(),
-                accepted = o.accepted,
-                "outcome"
-            );
-            self.learned
-                .speedup
-                .record(drafts.len(), o.accepted, &self.learned.costs);
-            if !drafts.is_empty() {
-                s.spec.rounds += 1;
-                s.spec.draft_tokens += drafts.len();
-                s.spec.accepted_tokens += o.accepted;
-                s.spec.forced_tokens += s.round_forced;
-                s.spec.forced_accepted += o.accepted.min(s.round_forced);
-                telemetry::record_forced(s.round_forced, o.accepted.min(s.round_forced));
-            }
-            // The acceptance estimate follows the chain: a tree's alternatives have their own.
-            let (chain, chain_accepted) = match &o.tree {
-                Some(t) => (t.chain_len, t.chain_accepted),
-                None => (drafts.len(), o.accepted),
-            };
-            let kind = o.confidence_kind;
-            s.governor.record_round_of(kind, chain, chain_accepted);
-            self.learned
-                .acceptance
-                .record(kind, chain, chain_accepted, POOLED_ACCEPTANCE_DECAY);
-            if let Some(t) = &o.tree {
-                s.spec.tree_rounds += 1;
-                s.spec.tree_nodes += t.nodes;
-                s.spec.tree_branch_accepts += usize::from(t.branched);
-                telemetry::record_tree_round(t.nodes, t.branched);
-            }
+            count_decoding_round(&mut self.learned, s, &o, drafts.len());
+        }
+        s.accept_rng = o.rng;
+        if !o.features.is_empty() {
+            s.features.push((o.features_from, o.features));
         }
         let next = o.next_token?;
         let round = o.accepted_tokens.iter().copied().chain([next]);
@@ -162,6 +129,43 @@ impl Scheduler {
         let events = s.events.clone();
         self.retire(s, keep).await;
         let _ = events.send(event);
+    }
+}
+
+/// A decoding round's outcome counted: the request's stats and governor, the pooled acceptance
+/// and speedup estimate the governor learns from, and the round's metrics.
+fn count_decoding_round(
+    learned: &mut Learned,
+    s: &mut Sequence,
+    o: &TargetOutcome,
+    drafted: usize,
+) {
+    telemetry::record_round(drafted, o.accepted);
+    tracing::debug!(seq = o.seq, drafted, accepted = o.accepted, "outcome");
+    learned.speedup.record(drafted, o.accepted, &learned.costs);
+    if drafted > 0 {
+        s.spec.rounds += 1;
+        s.spec.draft_tokens += drafted;
+        s.spec.accepted_tokens += o.accepted;
+        s.spec.forced_tokens += s.round_forced;
+        s.spec.forced_accepted += o.accepted.min(s.round_forced);
+        telemetry::record_forced(s.round_forced, o.accepted.min(s.round_forced));
+    }
+    // The acceptance estimate follows the chain: a tree's alternatives have their own.
+    let (chain, chain_accepted) = match &o.tree {
+        Some(t) => (t.chain_len, t.chain_accepted),
+        None => (drafted, o.accepted),
+    };
+    let kind = o.confidence_kind;
+    s.governor.record_round_of(kind, chain, chain_accepted);
+    learned
+        .acceptance
+        .record(kind, chain, chain_accepted, POOLED_ACCEPTANCE_DECAY);
+    if let Some(t) = &o.tree {
+        s.spec.tree_rounds += 1;
+        s.spec.tree_nodes += t.nodes;
+        s.spec.tree_branch_accepts += usize::from(t.branched);
+        telemetry::record_tree_round(t.nodes, t.branched);
     }
 }
 
