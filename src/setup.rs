@@ -163,6 +163,7 @@ pub fn load_drafter(
         translation,
         lookup: None,
         name,
+        self_layers: layers.is_some(),
     }))
 }
 

@@ -136,6 +136,7 @@ fn greedy_speculation_equals_plain(greedy: GreedyAcross) {
             translation: Some(Arc::clone(&t)),
             lookup,
             name: "SmolLM2".into(),
+            self_layers: false,
         };
         let cfg = EngineConfig {
             max_seqs: 4,

@@ -527,6 +527,7 @@ fn a_draft_model_drafts_over_its_reduced_vocabulary() {
         translation: None,
         lookup: None,
         name: "tiny, reduced".into(),
+        self_layers: false,
     };
     let engine = engine_with(source, false);
     let done = run_all(&engine, &all, 3, speculation(fixed_gamma(3), 0));

@@ -114,6 +114,7 @@ fn concurrent_greedy_outputs_equal_plain(backend: BackendChoice) {
             translation: None,
             lookup: None,
             name: "tiny-other".into(),
+            self_layers: false,
         }),
     ];
     for source in sources {
@@ -189,6 +190,7 @@ fn seeded_sampling_is_reproducible_whatever_else_is_in_the_batch() {
                 translation: None,
                 lookup: None,
                 name: "tiny-other".into(),
+                self_layers: false,
             }),
             EngineConfig::default(),
         ))
@@ -478,6 +480,7 @@ fn governor_speculates_only_where_its_prices_say_it_pays() {
             translation: None,
             lookup: None,
             name: name.clone(),
+            self_layers: false,
         }
     };
     let bad = twice(
@@ -524,6 +527,7 @@ fn start_pipelined(
         translation: None,
         lookup: None,
         name: name.into(),
+        self_layers: false,
     };
     let cfg = EngineConfig {
         pipeline: true,
@@ -611,6 +615,7 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
             translation: None,
             lookup: None,
             name: "tiny-other".into(),
+            self_layers: false,
         };
         let engine = rt
             .block_on(Engine::start(Arc::clone(&target_model), Some(source), cfg))
@@ -739,6 +744,7 @@ fn token_trees_keep_greedy_output_identical() {
             translation: None,
             lookup: None,
             name: "tiny-blend".into(),
+            self_layers: false,
         },
     ];
     for source in sources {
@@ -844,6 +850,7 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
             translation: None,
             lookup: None,
             name: "tiny-blend".into(),
+            self_layers: false,
         },
         LoadedDrafter::PromptLookup(PromptLookup::default()),
     ];

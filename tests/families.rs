@@ -461,6 +461,7 @@ fn the_engine_drafts_for_every_family_with_a_head_and_a_draft_model() {
                 translation: None,
                 lookup: None,
                 name: "self:1".into(),
+                self_layers: false,
             },
         ];
         for source in sources {

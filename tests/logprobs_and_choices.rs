@@ -164,6 +164,7 @@ fn drafters(f16: &Arc<Llama>) -> [(&'static str, LoadedDrafter); 2] {
                 translation: None,
                 lookup: None,
                 name: "f16 copy".into(),
+                self_layers: false,
             },
         ),
     ]

@@ -170,6 +170,7 @@ fn output_is_the_same_bits_with_the_prefix_cache_on_and_off() {
                 translation: None,
                 lookup: None,
                 name: "f16 copy".into(),
+                self_layers: false,
             }),
             fixed,
         ),

@@ -392,6 +392,7 @@ fn start_engine_across(
         translation,
         lookup: None,
         name: "tiny-other".into(),
+        self_layers: false,
     };
     let cfg = EngineConfig {
         max_seqs,

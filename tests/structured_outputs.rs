@@ -119,6 +119,7 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
                 translation: None,
                 lookup: None,
                 name: "tiny-blend".into(),
+                self_layers: false,
             },
         ),
     ];

@@ -138,6 +138,7 @@ fn engine_request(
             gate: job.mode.gate,
             confidence_pricing: job.mode.confidence_pricing,
             tree_nodes: job.mode.tree_nodes,
+            token_sources: false,
         },
         logprobs: None,
         prompt_logprobs: None,

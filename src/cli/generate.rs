@@ -395,6 +395,7 @@ fn proposer(drafter: Option<&LoadedDrafter>) -> Option<Box<dyn Proposer + '_>> {
             translation,
             lookup,
             name,
+            ..
         } => Some(Box::new(
             ModelDrafter::new(Arc::clone(model), name.clone())
                 .with_draft_vocab(vocab.clone())

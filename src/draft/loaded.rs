@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::{DraftSpec, PromptLookup, Translation};
+use super::{DraftOrigin, DraftOrigins, DraftSpec, PromptLookup, Translation};
 use crate::model::head::DraftHead;
 use crate::model::{DraftVocab, FeatureTaps, Llama};
 
@@ -29,6 +29,8 @@ pub enum LoadedDrafter {
         lookup: Option<PromptLookup>,
         /// As logs and the admin API show it, such as `model.gguf (Q8_0)`.
         name: String,
+        /// It is the target's own first layers (`self:K`).
+        self_layers: bool,
     },
     /// A draft head on the target's own features; with `lookup`, prompt lookup drafts first
     /// and the head where the text has no n-gram match (`head+prompt-lookup`).
@@ -84,6 +86,27 @@ impl LoadedDrafter {
             Self::Head { head, .. } => Some(head.feature_taps()),
             _ => None,
         }
+    }
+
+    /// What its drafts are called, by the kind of their proposal (token provenance).
+    pub fn origins(&self) -> DraftOrigins {
+        let lookup = self.lookup().map(|p| {
+            if p.looks_across_requests() {
+                DraftOrigin::Suffix
+            } else {
+                DraftOrigin::PromptLookup
+            }
+        });
+        let model = match self {
+            Self::PromptLookup(_) => None,
+            Self::Model { self_layers, .. } => Some(if *self_layers {
+                DraftOrigin::SelfLayers
+            } else {
+                DraftOrigin::DraftModel
+            }),
+            Self::Head { .. } => Some(DraftOrigin::Head),
+        };
+        DraftOrigins { lookup, model }
     }
 
     /// Whether it keeps a KV cache of its own (a draft model), which a prefix cache serves.

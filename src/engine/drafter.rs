@@ -38,6 +38,7 @@ impl Drafter {
                 translation,
                 lookup,
                 name,
+                ..
             } => Box::new(
                 ModelDrafter::with_slots(model, name, max_seqs)
                     .with_prefix_cache(prefix_cache)

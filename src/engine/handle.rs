@@ -18,6 +18,7 @@ use super::messages::*;
 use super::request::{check_request, EngineRequest, FinishReason, Usage};
 use super::scheduler::{DraftForesight, Scheduler, SchedulerConfig};
 use super::speculation_settings::{LiveSpeculation, SpeculationSettings};
+use super::token_source::{SourceRun, SourceRuns};
 use super::verifier::Verifier;
 use crate::draft::LoadedDrafter;
 use crate::model::Llama;
@@ -142,6 +143,10 @@ impl Engine {
         let features = draft.as_ref().and_then(LoadedDrafter::feature_taps);
         let head = features.is_some();
         let foresight = foresight_for(draft.as_ref());
+        let origins = draft
+            .as_ref()
+            .map(LoadedDrafter::origins)
+            .unwrap_or_default();
         let verifier = Verifier::new(Arc::clone(&target), slots, cfg.target_threads, features)?;
         let has_drafter = draft.is_some();
         let draft_cache = draft.as_ref().is_some_and(LoadedDrafter::keeps_a_cache);
@@ -182,6 +187,7 @@ impl Engine {
             prefix_cache: cfg.prefix_cache,
             governor: cfg.governor,
             foresight,
+            origins,
             stall_after_rounds: cfg.stall_after_rounds,
         };
         // Unbounded: the scheduler's own wake-up (`Step`) must never be refused for room.
@@ -389,6 +395,9 @@ pub struct Completion {
     pub logprobs: Vec<TokenLogprob>,
     /// One per prompt token from the second on, when the request asked for them.
     pub prompt_logprobs: Vec<TokenLogprob>,
+    /// Who wrote the tokens, as runs whose texts concatenate to `text`, when the request asked
+    /// for token sources.
+    pub sources: Vec<SourceRun>,
     pub finish: FinishReason,
     pub usage: Usage,
 }
@@ -414,6 +423,7 @@ impl EventStream {
     pub async fn collect(mut self) -> Result<Completion, EngineError> {
         let (mut tokens, mut text) = (Vec::new(), String::new());
         let (mut logprobs, mut prompt_logprobs) = (Vec::new(), Vec::new());
+        let mut sources = SourceRuns::default();
         while let Some(ev) = self.rx.recv().await {
             match ev {
                 EngineEvent::Output {
@@ -421,11 +431,13 @@ impl EventStream {
                     text: s,
                     logprobs: l,
                     prompt_logprobs: p,
+                    sources: r,
                 } => {
                     tokens.extend(t);
                     text.push_str(&s);
                     logprobs.extend(l);
                     prompt_logprobs.extend(p);
+                    sources.extend(r);
                 }
                 EngineEvent::Done { finish, usage } => {
                     return Ok(Completion {
@@ -433,6 +445,7 @@ impl EventStream {
                         text,
                         logprobs,
                         prompt_logprobs,
+                        sources: sources.into_vec(),
                         finish,
                         usage,
                     })

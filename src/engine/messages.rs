@@ -5,6 +5,7 @@ use tokio::sync::mpsc;
 use super::acceptance::RowGrammar;
 use super::error::EngineError;
 use super::request::{EngineRequest, FinishReason, Usage};
+use super::token_source::SourceRun;
 use crate::constraint::{ConstraintError, SequenceConstraint};
 use crate::draft::{DraftTiming, Proposal};
 use crate::sampling::{DraftGate, Lenience, SamplingParams, SeededRng, TokenLogprob};
@@ -23,6 +24,9 @@ pub enum EngineEvent {
         /// With the first output, when the request asked for prompt logprobs: one per prompt
         /// token from the second on.
         prompt_logprobs: Vec<TokenLogprob>,
+        /// Who wrote the tokens, as runs whose texts concatenate to `text`, when the request
+        /// asked for token sources; else empty.
+        sources: Vec<SourceRun>,
     },
     Done {
         finish: FinishReason,

@@ -30,6 +30,7 @@ pub mod speculation_knobs;
 pub mod speculation_settings;
 pub mod stop;
 mod target_round;
+pub mod token_source;
 pub mod tree_nodes;
 pub mod verifier;
 mod watchdog;
@@ -52,4 +53,5 @@ pub use speculation_knobs::SpeculationKnobs;
 pub use speculation_settings::{
     LiveSpeculation, RequestSpeculation, RoundSpeculation, SettingsError, SpeculationSettings,
 };
+pub use token_source::{SourceRun, TokenSource};
 pub use tree_nodes::TreeNodes;

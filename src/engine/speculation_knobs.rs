@@ -43,6 +43,8 @@ pub struct SpeculationKnobs {
     pub draft_p_min: Option<f64>,
     pub confidence_pricing: Option<bool>,
     pub tree_nodes: Option<usize>,
+    /// A request's output option, not a setting: report who wrote each output token.
+    pub token_sources: Option<bool>,
 }
 
 impl<'de> Deserialize<'de> for SpeculationKnobs {
@@ -122,6 +124,7 @@ impl SpeculationKnobs {
             gate,
             confidence_pricing: self.confidence_pricing,
             tree_nodes,
+            token_sources: self.token_sources.unwrap_or(false),
         })
     }
 
@@ -131,6 +134,13 @@ impl SpeculationKnobs {
         current: &SpeculationSettings,
         gamma_limit: usize,
     ) -> Result<SpeculationSettings, SettingsError> {
+        if self.token_sources.is_some() {
+            return Err(SettingsError::new(
+                "token_sources",
+                "is a request's output option (its `speculative` object sets it), not a server \
+                 setting",
+            ));
+        }
         let gamma = |key, v: usize| Gamma::try_from(v).map_err(|e| SettingsError::new(key, e));
         let lenience = |key, v: f64| Lenience::try_from(v).map_err(|e| SettingsError::new(key, e));
         let mut s = *current;

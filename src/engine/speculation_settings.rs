@@ -237,6 +237,9 @@ pub struct RequestSpeculation {
     pub gate: RequestGate,
     pub confidence_pricing: Option<bool>,
     pub tree_nodes: Option<TreeNodes>,
+    /// Report who wrote each output token (`token_sources`): an output option of the request,
+    /// which changes nothing it generates.
+    pub token_sources: bool,
 }
 
 impl SpeculationSettings {

@@ -10,7 +10,7 @@ use super::error::ApiError;
 use super::logprobs_json::{chat_content, CompletionLogprobs};
 use super::tool_fields::{call_id, call_json};
 use crate::constraint::tools::{parse_calls, ToolStream};
-use crate::engine::{Completion, FinishReason, Usage};
+use crate::engine::{Completion, FinishReason, SourceRun, Usage};
 use crate::model::TextTokenizer;
 use crate::sampling::TokenLogprob;
 
@@ -52,6 +52,8 @@ pub(super) struct Report {
     /// The field whose constraint the output follows (`tools` for tools): named by an error
     /// when the grammar becomes too complex to follow part-way.
     pub constraint_field: Option<&'static str>,
+    /// `speculative.token_sources`: each choice carries runs of its text by who wrote them.
+    pub token_sources: bool,
 }
 
 impl Report {
@@ -131,6 +133,25 @@ fn usage_json(u: &Usage) -> Value {
     })
 }
 
+/// What one output event (or a whole finished choice) brings a choice.
+pub(super) struct OutputShare<'a> {
+    pub text: &'a str,
+    pub tokens: &'a [u32],
+    pub logprobs: &'a [TokenLogprob],
+    pub prompt_logprobs: &'a [TokenLogprob],
+    pub sources: &'a [SourceRun],
+}
+
+/// A token source run as the API reports it: `source`, `drafter` (drafts only), `text`,
+/// `tokens`.
+fn source_run_json(run: &SourceRun) -> Value {
+    let mut v = json!({"source": run.source.as_str(), "text": run.text, "tokens": run.tokens});
+    if let Some(d) = run.source.drafter() {
+        v["drafter"] = json!(d.as_str());
+    }
+    v
+}
+
 /// One choice's output as its events come: the echoed prompt before its first text, and its
 /// logprobs entries until they are sent.
 #[derive(Default)]
@@ -138,6 +159,8 @@ pub(super) struct ChoiceOut {
     started: bool,
     chat_logprobs: Vec<Value>,
     completion_logprobs: CompletionLogprobs,
+    /// Token source runs gathered since they were last sent, in the API's shape.
+    sources: Vec<Value>,
     /// With tools: the answer's text split into text and calls as it streams.
     pub tool_stream: ToolStream,
 }
@@ -148,11 +171,15 @@ impl ChoiceOut {
         &mut self,
         meta: &ResponseMeta,
         index: usize,
-        text: &str,
-        tokens: &[u32],
-        logprobs: &[TokenLogprob],
-        prompt_logprobs: &[TokenLogprob],
+        out: OutputShare<'_>,
     ) -> String {
+        let OutputShare {
+            text,
+            tokens,
+            logprobs,
+            prompt_logprobs,
+            sources,
+        } = out;
         let tok = &meta.tokenizer;
         let r = &meta.report;
         let mut delta = String::new();
@@ -160,6 +187,11 @@ impl ChoiceOut {
             self.started = true;
             if let Some(echo) = r.echo.get(index / r.choices_per_prompt.max(1)) {
                 delta.push_str(&echo.text);
+                if r.token_sources {
+                    self.sources.push(json!({
+                        "source": "prompt", "text": echo.text, "tokens": echo.tokens.len(),
+                    }));
+                }
                 if let (true, Some(&first)) = (r.logprobs, echo.tokens.first()) {
                     self.completion_logprobs.push_unscored(tok, first);
                     for e in prompt_logprobs {
@@ -169,6 +201,9 @@ impl ChoiceOut {
             }
         }
         delta.push_str(text);
+        if r.token_sources {
+            self.sources.extend(sources.iter().map(source_run_json));
+        }
         if r.logprobs {
             let reported = logprobs
                 .iter()
@@ -185,6 +220,14 @@ impl ChoiceOut {
             }
         }
         delta
+    }
+
+    /// The token source runs gathered since the last call (`None` when the request did not
+    /// ask for them).
+    pub(super) fn take_sources(&mut self, meta: &ResponseMeta) -> Option<Value> {
+        meta.report
+            .token_sources
+            .then(|| Value::Array(std::mem::take(&mut self.sources)))
     }
 
     /// The entries gathered since the last call, in the endpoint's shape (null when the
@@ -221,17 +264,21 @@ impl ResponseMeta {
                 let text = out.absorb(
                     self,
                     index,
-                    &c.text,
-                    &c.tokens,
-                    &c.logprobs,
-                    &c.prompt_logprobs,
+                    OutputShare {
+                        text: &c.text,
+                        tokens: &c.tokens,
+                        logprobs: &c.logprobs,
+                        prompt_logprobs: &c.prompt_logprobs,
+                        sources: &c.sources,
+                    },
                 );
                 let logprobs = out.take_logprobs(self);
+                let sources = out.take_sources(self);
                 let finish = c.finish.as_openai();
                 // An answer of calls cut by its token limit still returns every complete call
                 // (and its finish reason says it was cut), as a stream releases them.
                 let calls = self.report.tools.then(|| parse_calls(&text)).flatten();
-                match self.endpoint {
+                let mut choice = match self.endpoint {
                     Endpoint::Completions => json!({
                         "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
                     }),
@@ -263,7 +310,11 @@ impl ResponseMeta {
                         "logprobs": logprobs,
                         "finish_reason": finish,
                     }),
+                };
+                if let Some(runs) = sources {
+                    choice["token_sources"] = runs;
                 }
+                choice
             })
             .collect();
         let usages: Vec<Usage> = done.iter().map(|c| c.usage.clone()).collect();
@@ -304,6 +355,14 @@ impl ResponseMeta {
             "id": self.id, "object": self.object(true), "created": self.created,
             "model": self.model, "choices": [choice],
         })
+    }
+
+    /// `chunk` (of one choice) with the token source runs of its text, when asked for.
+    pub(super) fn with_sources(mut chunk: Value, runs: Option<Value>) -> Value {
+        if let (Some(runs), Some(choice)) = (runs, chunk["choices"].get_mut(0)) {
+            choice["token_sources"] = runs;
+        }
+        chunk
     }
 
     /// A streamed chat chunk of choice `index` carrying one whole tool call (OpenAI's clients

@@ -18,6 +18,7 @@ mod lifecycle;
 mod listen;
 mod logprobs_json;
 pub mod openai;
+mod page;
 mod reload;
 mod request_body;
 mod responses;

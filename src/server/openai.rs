@@ -233,6 +233,15 @@ async fn respond(
             crate::telemetry::record_constrained_request(c.kind);
         }
     }
+    let token_sources = requests[0].speculative.token_sources;
+    if token_sources && reporting.tools.as_ref().is_some_and(Tools::active) {
+        return Err(ApiError::invalid_param(
+            "speculative.token_sources",
+            "speculative.token_sources cannot go with tools the model may call (an answer of \
+             calls has no text to mark); leave out one of them."
+                .to_string(),
+        ));
+    }
     let prompt_tokens: usize = requests.iter().map(|r| r.generation.prompt.len()).sum();
     let max_tokens = requests[0].generation.max_tokens;
     let eos_ids = requests[0].generation.eos_ids.clone();
@@ -258,6 +267,7 @@ async fn respond(
             eos_ids,
             tools: reporting.tools.as_ref().is_some_and(Tools::active),
             constraint_field,
+            token_sources,
         },
     };
     if params.stream == Some(true) {

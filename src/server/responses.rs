@@ -126,7 +126,12 @@ async fn create_inner(
         .map_err(|e| ApiError::internal(format!("reading the answer: {e}")))?;
     let choice = &chat["choices"][0];
     let status = status_of(choice["finish_reason"].as_str().unwrap_or("stop"));
-    let output = output_items(&head, &choice["message"], status);
+    let output = output_items(
+        &head,
+        &choice["message"],
+        choice.get("token_sources"),
+        status,
+    );
     let response = head.response(status, output, usage_of(&chat["usage"]), Value::Null);
     if let Some(s) = saver {
         s.save(&response);

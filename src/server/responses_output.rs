@@ -96,15 +96,20 @@ pub fn usage_of(chat: &Value) -> Value {
 }
 
 /// The output items of a chat completion's message: its text as one message item (when it has
-/// text, or no calls), then one item per tool call.
-pub fn output_items(head: &ResponseHead, message: &Value, status: &str) -> Vec<Value> {
+/// text, or no calls) with its token source runs when asked for, then one item per tool call.
+pub fn output_items(
+    head: &ResponseHead,
+    message: &Value,
+    sources: Option<&Value>,
+    status: &str,
+) -> Vec<Value> {
     let mut items = Vec::new();
     let text = message["content"].as_str().unwrap_or("");
     let calls = message["tool_calls"]
         .as_array()
         .map_or(&[][..], Vec::as_slice);
     if !text.is_empty() || calls.is_empty() {
-        items.push(message_item(head, 0, text, status));
+        items.push(message_item(head, 0, text, sources, status));
     }
     for call in calls {
         items.push(call_item(
@@ -119,18 +124,29 @@ pub fn output_items(head: &ResponseHead, message: &Value, status: &str) -> Vec<V
     items
 }
 
-fn message_item(head: &ResponseHead, index: usize, text: &str, status: &str) -> Value {
+fn message_item(
+    head: &ResponseHead,
+    index: usize,
+    text: &str,
+    sources: Option<&Value>,
+    status: &str,
+) -> Value {
     json!({
         "type": "message",
         "id": head.message_id(index),
         "status": status,
         "role": "assistant",
-        "content": [text_part(text)],
+        "content": [text_part(text, sources)],
     })
 }
 
-fn text_part(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+/// An `output_text` part; `sources`: its token source runs (`speculative.token_sources`).
+fn text_part(text: &str, sources: Option<&Value>) -> Value {
+    let mut part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
+    if let Some(runs) = sources {
+        part["token_sources"] = runs.clone();
+    }
+    part
 }
 
 fn call_item(
@@ -180,6 +196,8 @@ enum Open {
     Message {
         index: usize,
         text: String,
+        /// Its token source runs so far, when the request asked for them.
+        sources: Option<Vec<Value>>,
     },
     Call {
         index: usize,
@@ -242,6 +260,7 @@ impl EventTranslator {
             return out;
         };
         let delta = &choice["delta"];
+        let runs = choice["token_sources"].as_array();
         if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
             if !matches!(self.open, Some(Open::Message { .. })) {
                 out.extend(self.close_open("completed"));
@@ -252,11 +271,18 @@ impl EventTranslator {
             if let Some(Open::Message { text: all, .. }) = self.open.as_mut() {
                 all.push_str(text);
             }
-            out.push(self.event(
-                "response.output_text.delta",
-                json!({"item_id": id, "output_index": index, "content_index": 0,
-                       "delta": text, "logprobs": []}),
-            ));
+            let mut event = json!({"item_id": id, "output_index": index, "content_index": 0,
+                                   "delta": text, "logprobs": []});
+            if let Some(runs) = runs {
+                event["token_sources"] = Value::Array(runs.clone());
+            }
+            out.push(self.event("response.output_text.delta", event));
+        }
+        // Runs of tokens whose text is still held back come with an empty delta.
+        if let (Some(runs), Some(Open::Message { sources, .. })) = (runs, self.open.as_mut()) {
+            sources
+                .get_or_insert_with(Vec::new)
+                .extend(runs.iter().cloned());
         }
         for call in delta["tool_calls"].as_array().into_iter().flatten() {
             out.extend(self.call_delta(call));
@@ -280,12 +306,13 @@ impl EventTranslator {
             self.event(
                 "response.content_part.added",
                 json!({"item_id": id, "output_index": index, "content_index": 0,
-                       "part": text_part("")}),
+                       "part": text_part("", None)}),
             ),
         ];
         self.open = Some(Open::Message {
             index,
             text: String::new(),
+            sources: None,
         });
         out
     }
@@ -357,7 +384,12 @@ impl EventTranslator {
         };
         let mut out = Vec::new();
         match item {
-            Open::Message { index, text } => {
+            Open::Message {
+                index,
+                text,
+                sources,
+            } => {
+                let sources = sources.map(Value::Array);
                 let id = self.head.message_id(index);
                 out.push(self.event(
                     "response.output_text.done",
@@ -367,9 +399,9 @@ impl EventTranslator {
                 out.push(self.event(
                     "response.content_part.done",
                     json!({"item_id": id, "output_index": index, "content_index": 0,
-                           "part": text_part(&text)}),
+                           "part": text_part(&text, sources.as_ref())}),
                 ));
-                let item = message_item(&self.head, index, &text, status);
+                let item = message_item(&self.head, index, &text, sources.as_ref(), status);
                 out.push(self.event(
                     "response.output_item.done",
                     json!({"output_index": index, "item": item.clone()}),

@@ -16,7 +16,7 @@ use axum::routing::{any, get, post};
 use axum::{Json, Router};
 
 use super::error::ApiError;
-use super::{admin, openai, responses, tokenize, AppState};
+use super::{admin, openai, page, responses, tokenize, AppState};
 use crate::engine::EngineHealth;
 
 /// The routes, on a given state: the inference API behind the API keys (`api_keys`), `/health`
@@ -35,7 +35,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize));
-    let mut open = Router::new().route("/health", get(health));
+    // The page holds no data: it asks for the API key and sends it with its own requests.
+    let mut open = Router::new()
+        .route("/", get(page::page))
+        .route("/health", get(health));
     if state.metrics_require_key {
         keyed = keyed.route("/metrics", get(metrics));
     } else {

@@ -11,7 +11,9 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-use super::completion_body::{log_finished, total_usage, ChoiceOut, Endpoint, ResponseMeta};
+use super::completion_body::{
+    log_finished, total_usage, ChoiceOut, Endpoint, OutputShare, ResponseMeta,
+};
 use super::error::ApiError;
 use super::tool_fields::{call_id, call_json};
 use crate::constraint::tools::StreamPiece;
@@ -113,17 +115,23 @@ impl StreamState {
                 text,
                 logprobs,
                 prompt_logprobs,
+                sources,
             }) => {
                 let choice = &mut self.choices[index];
                 let delta = choice.absorb(
                     &self.meta,
                     index,
-                    &text,
-                    &tokens,
-                    &logprobs,
-                    &prompt_logprobs,
+                    OutputShare {
+                        text: &text,
+                        tokens: &tokens,
+                        logprobs: &logprobs,
+                        prompt_logprobs: &prompt_logprobs,
+                        sources: &sources,
+                    },
                 );
                 let mut lp = choice.take_logprobs(&self.meta);
+                // Token sources are refused with tools: their runs go with the text chunk.
+                let runs = choice.take_sources(&self.meta);
                 let has_logprobs = self.meta.report.logprobs
                     && (!logprobs.is_empty() || !prompt_logprobs.is_empty());
                 if self.meta.report.tools {
@@ -150,9 +158,10 @@ impl StreamState {
                         let c = self.meta.chunk(index, None, false, lp, None);
                         self.out.push_back(data(&c));
                     }
-                } else if !delta.is_empty() || has_logprobs {
+                } else if !delta.is_empty() || has_logprobs || runs.is_some() {
                     let c = self.meta.chunk(index, Some(&delta), false, lp, None);
-                    self.out.push_back(data(&c));
+                    self.out
+                        .push_back(data(&ResponseMeta::with_sources(c, runs)));
                 }
             }
             Some(EngineEvent::Done { finish, usage }) => {

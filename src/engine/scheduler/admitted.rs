@@ -16,6 +16,7 @@ use crate::engine::governor::{Candidate, Choice, Governor};
 use crate::engine::messages::{DraftItem, DraftOutcome, EngineEvent, TargetItem, TargetWork};
 use crate::engine::request::{EngineRequest, FinishReason, SpeculationStats};
 use crate::engine::speculation_settings::{RoundSpeculation, SpeculationSettings};
+use crate::engine::token_source::{SourceRuns, TokenSource};
 use crate::sampling::{Lenience, SeededRng, TokenLogprob};
 
 /// A request waiting for slots: one per choice, all admitted together.
@@ -84,6 +85,8 @@ pub(super) struct RoundEmission {
     pub text: String,
     /// The tokens' logprobs when the request asked for them.
     pub logprobs: Vec<TokenLogprob>,
+    /// Who wrote them, when the request asked.
+    pub sources: SourceRuns,
     pub finish: Option<FinishReason>,
 }
 
@@ -276,19 +279,25 @@ impl Sequence {
     }
 
     /// Pushes a round's tokens (the accepted drafts, then the sampled token) through the
-    /// emitter, stopping at the first stop condition.
+    /// emitter, stopping at the first stop condition; with each token, who wrote it (kept when
+    /// the request asked for token sources).
     pub fn emit_round(
         &mut self,
-        round: impl Iterator<Item = u32>,
+        round: impl Iterator<Item = (u32, TokenSource)>,
     ) -> Result<RoundEmission, EngineError> {
         let mut tokens = Vec::new();
         let mut text = String::new();
+        let mut sources = SourceRuns::default();
+        let keep_sources = self.request.speculative.token_sources;
         let mut finish = None;
-        for t in round {
+        for (t, source) in round {
             self.context.push(t);
             tokens.push(t);
             finish = self.emitter.push(t)?;
             text.push_str(self.emitter.delta());
+            if keep_sources {
+                sources.push(source, self.emitter.delta());
+            }
             if finish.is_some() {
                 break;
             }
@@ -296,12 +305,16 @@ impl Sequence {
         if finish.is_none() && self.context.len() > self.max_context {
             self.emitter.end(FinishReason::ContextFull)?;
             text.push_str(self.emitter.delta());
+            if keep_sources {
+                sources.push_text(self.emitter.delta());
+            }
             finish = Some(FinishReason::ContextFull);
         }
         Ok(RoundEmission {
             tokens,
             text,
             logprobs: Vec::new(),
+            sources,
             finish,
         })
     }

@@ -11,6 +11,7 @@ use crate::engine::messages::{
     DraftOutcome, EngineEvent, Failure, TargetOutcome, NON_FINITE_LOGITS,
 };
 use crate::engine::request::{FinishReason, Usage};
+use crate::engine::token_source::RoundShape;
 use crate::telemetry;
 
 impl Scheduler {
@@ -58,8 +59,18 @@ impl Scheduler {
             s.features.push((o.features_from, o.features));
         }
         let next = o.next_token?;
+        let shape = RoundShape {
+            drafted: drafts.len(),
+            accepted: o.accepted,
+            forced: s.round_forced,
+            all_stood: match &o.tree {
+                Some(t) => !t.branched && t.chain_accepted == t.chain_len,
+                None => o.accepted == drafts.len(),
+            },
+            origin: self.cfg.origins.of_kind(o.confidence_kind),
+        };
         let round = o.accepted_tokens.iter().copied().chain([next]);
-        match s.emit_round(round) {
+        match s.emit_round(round.zip(shape.sources())) {
             Ok(mut emission) => {
                 // The grammar follows what was emitted (nothing past a stop matters).
                 if let Some(c) = s.constraint.as_mut() {
@@ -182,6 +193,7 @@ fn send_output(s: &mut Sequence, e: RoundEmission) {
         tokens: e.tokens,
         text: e.text,
         logprobs: e.logprobs,
+        sources: e.sources.into_vec(),
         // The other choices of its request start with a copy of them.
         prompt_logprobs: if s.leads {
             s.prompt_logprobs.clone()

@@ -10,6 +10,7 @@ use kameo::Actor;
 use super::admitted::{Queued, Sequence};
 use super::foresight::DraftForesight;
 use super::round_clock::Overlap;
+use crate::draft::DraftOrigins;
 use crate::engine::cache_manager::CacheManager;
 use crate::engine::drafter::Drafter;
 use crate::engine::governor::{
@@ -40,6 +41,8 @@ pub struct SchedulerConfig {
     /// For a drafter that drafts prompt lookup's match first: the same lookup, run before
     /// planning, so each round is planned with the acceptance of the draft it will get.
     pub foresight: Option<DraftForesight>,
+    /// What the drafter's drafts are called, for requests that ask who wrote each token.
+    pub origins: DraftOrigins,
     /// Fault injection for tests: stop waking up after this many rounds.
     pub stall_after_rounds: Option<u64>,
 }

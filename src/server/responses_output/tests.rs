@@ -35,7 +35,7 @@ fn a_chat_answer_becomes_output_items_usage_and_a_status() {
     let message = json!({"role": "assistant", "content": "hi",
         "tool_calls": [{"id": "c1", "type": "function",
                         "function": {"name": "f", "arguments": "{\"a\":1}"}}]});
-    let items = output_items(&h, &message, "completed");
+    let items = output_items(&h, &message, None, "completed");
     assert_eq!(items.len(), 2);
     assert_eq!(items[0]["type"], "message");
     assert_eq!(items[0]["content"][0]["text"], "hi");
@@ -45,8 +45,8 @@ fn a_chat_answer_becomes_output_items_usage_and_a_status() {
     // No text and calls: only the calls; no text and no calls: one empty message.
     let calls_only = json!({"role": "assistant", "content": null,
         "tool_calls": message["tool_calls"].clone()});
-    assert_eq!(output_items(&h, &calls_only, "completed").len(), 1);
-    let empty = output_items(&h, &json!({"content": ""}), "completed");
+    assert_eq!(output_items(&h, &calls_only, None, "completed").len(), 1);
+    let empty = output_items(&h, &json!({"content": ""}), None, "completed");
     assert_eq!(empty[0]["type"], "message");
     // Back into the conversation as the assistant's turn.
     assert_eq!(
