@@ -201,9 +201,11 @@ fn token_sources_mark_every_token_and_change_nothing_else() {
 #[test]
 fn the_page_is_served_at_the_root_and_works_in_a_real_browser() {
     let token = "page-test-admin-token";
+    // With an API key, as a shared server has: the page sends the one entered in it.
+    let key = "page-test-api-key";
     let server = Server::start(
         &["--draft-model", "prompt-lookup"],
-        &[("TANDEM_ADMIN_TOKEN", token)],
+        &[("TANDEM_ADMIN_TOKEN", token), ("TANDEM_API_KEY", key)],
     );
     let r = http::get(&server.addr, "/");
     assert_eq!(r.status, 200);
@@ -228,6 +230,7 @@ fn the_page_is_served_at_the_root_and_works_in_a_real_browser() {
         .arg(token)
         .arg(&shots)
         .env("PYTHONPATH", path)
+        .env("TANDEM_API_KEY", key)
         .output()
         .expect("python3 runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -237,6 +240,7 @@ fn the_page_is_served_at_the_root_and_works_in_a_real_browser() {
         "the page check failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(stdout.contains("ok   step 7") && stdout.contains("page check passed"));
     for shot in ["chat.png", "operator.png"] {
         let len = std::fs::metadata(format!("{shots}/{shot}")).map_or(0, |m| m.len());
         assert!(len > 10_000, "screenshot {shot}: {len} bytes");

@@ -28,10 +28,6 @@ Environment:
   TANDEM_CHROMIUM      the Chromium executable (default /usr/bin/chromium)
   TANDEM_API_KEY       an API key for a server that requires one (typed into the page too)
   PAGE_CHECK_TIMEOUT_S seconds to wait for one answer (default 180)
-  PAGE_CHECK_ALLOW_MISSING_TOKEN_SOURCES=1
-                       accept a server without token provenance (an API answer without
-                       `token_sources`, a 400 for the field and the page's retry without it);
-                       for trying the page against older binaries only
 """
 
 import json
@@ -107,7 +103,6 @@ def main(argv):
     chromium = os.environ.get("TANDEM_CHROMIUM", "/usr/bin/chromium")
     api_key = os.environ.get("TANDEM_API_KEY", "")
     answer_timeout_ms = int(float(os.environ.get("PAGE_CHECK_TIMEOUT_S", "180")) * 1000)
-    allow_missing = os.environ.get("PAGE_CHECK_ALLOW_MISSING_TOKEN_SOURCES") == "1"
 
     try:
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -229,10 +224,6 @@ def main(argv):
                 }
                 status, answer = api(base, "POST", "/v1/chat/completions", body, api_key)
                 note = ""
-                if status == 400 and "token_sources" in error_message(answer) and allow_missing:
-                    del body["speculative"]
-                    status, answer = api(base, "POST", "/v1/chat/completions", body, api_key)
-                    note = " (server refused token_sources: retried without, allowed by env)"
                 if status != 200:
                     raise CheckFailed(
                         f"POST /v1/chat/completions answered {status}: {error_message(answer)}"
@@ -248,12 +239,10 @@ def main(argv):
                 if runs is None:
                     runs = choice["message"].get("token_sources")
                 if runs is None:
-                    if not allow_missing:
-                        raise CheckFailed(
-                            "the API answer carries no token_sources although the request asked "
-                            "for them (choices[0].token_sources)"
-                        )
-                    note += " (API gave no token_sources: allowed by env)"
+                    raise CheckFailed(
+                        "the API answer carries no token_sources although the request asked "
+                        "for them (choices[0].token_sources)"
+                    )
                 else:
                     joined = "".join(r.get("text", "") for r in runs)
                     if joined != content:
@@ -357,16 +346,8 @@ def main(argv):
                 step = 7
                 page.wait_for_timeout(500)
                 if console_errors:
-                    allowed = [
-                        e for e in console_errors
-                        if allow_missing and "status of 400" in e
-                    ]
-                    rest = [e for e in console_errors if e not in allowed]
-                    if rest:
-                        raise CheckFailed("console errors:\n  " + "\n  ".join(rest))
-                    ok(step, f"no console errors besides {len(allowed)} allowed 400(s) of the token_sources retry")
-                else:
-                    ok(step, "no console errors or page errors")
+                    raise CheckFailed("console errors:\n  " + "\n  ".join(console_errors))
+                ok(step, "no console errors or page errors")
             except Exception:
                 if page is not None:
                     try:
