@@ -63,8 +63,15 @@ fn chat_body(content: &str, sources: bool) -> Value {
 
 #[test]
 fn token_sources_mark_every_token_and_change_nothing_else() {
-    let server = Server::start(&["--draft-model", "prompt-lookup"], &[]);
+    let server = Server::start(
+        &["--draft-model", "prompt-lookup", "--web-page", "false"],
+        &[],
+    );
     let addr = server.addr.as_str();
+    // Turned off, the page's path is a 404 like any unknown path.
+    let r = http::get(addr, "/");
+    assert_eq!(r.status, 404);
+    assert!(r.json()["error"].is_object());
 
     // Whole answers: the runs concatenate to the content, count every token, and their drafts
     // are exactly the accepted drafts (the output ends at max_tokens, so every accepted draft

@@ -85,6 +85,10 @@ pub struct ServeArgs {
     /// [default: server.drain_seconds, 0].
     #[arg(long, env = "TANDEM_DRAIN_SECONDS")]
     drain_seconds: Option<u64>,
+    /// Serve the web page at / (chat with each token marked by who wrote it)
+    /// [default: server.web_page, true].
+    #[arg(long, env = "TANDEM_WEB_PAGE")]
+    web_page: Option<bool>,
     /// Seconds a connection may take to send a request's headers, and may sit idle between
     /// requests, before it is closed [default: server.header_timeout_seconds, 10].
     #[arg(long, env = "TANDEM_HEADER_TIMEOUT_SECONDS")]
@@ -121,6 +125,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.drain_seconds {
             srv.drain_seconds = v;
+        }
+        if let Some(v) = self.web_page {
+            srv.web_page = v;
         }
         if let Some(v) = self.header_timeout_seconds {
             srv.header_timeout_seconds = v;

@@ -58,6 +58,8 @@ pub struct ServerConfig {
     pub api_keys_file: String,
     /// Whether `/metrics` needs an API key too.
     pub metrics_require_key: bool,
+    /// Whether `/` serves the web page.
+    pub web_page: bool,
     pub shutdown_grace_seconds: u64,
     pub drain_seconds: u64,
     pub header_timeout_seconds: u64,

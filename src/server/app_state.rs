@@ -24,6 +24,8 @@ pub struct AppState {
     pub(super) api_keys: super::api_keys::ApiKeys,
     /// `/metrics` sits behind the keys too.
     pub(super) metrics_require_key: bool,
+    /// `/` serves the web page.
+    pub(super) web_page: bool,
     pub(super) max_body_bytes: usize,
     pub(super) defaults: crate::config::GenerationDefaults,
     /// Set on SIGTERM: `/health` answers 503 so balancers route new work elsewhere.

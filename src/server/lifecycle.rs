@@ -111,6 +111,7 @@ fn new_state(
         metrics: Some(metrics),
         admin_token,
         metrics_require_key: config.server.metrics_require_key && api_keys.required(),
+        web_page: config.server.web_page,
         api_keys,
         max_body_bytes: config.server.max_body_bytes,
         defaults: config.generation.clone(),

@@ -35,10 +35,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize));
-    // The page holds no data: it asks for the API key and sends it with its own requests.
-    let mut open = Router::new()
-        .route("/", get(page::page))
-        .route("/health", get(health));
+    let mut open = Router::new().route("/health", get(health));
+    if state.web_page {
+        // The page holds no data: it asks for the API key and sends it with its own requests.
+        open = open.route("/", get(page::page));
+    }
     if state.metrics_require_key {
         keyed = keyed.route("/metrics", get(metrics));
     } else {
