@@ -166,7 +166,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             None => (self.free_slot(None)?, 0),
         };
         if self.prefix_cache {
-            telemetry::record_prefix_lookup("draft", len);
+            telemetry::record_prefix_lookup("draft", context.len(), len);
             self.report_prefix_cache();
         }
         self.slots.insert(seq, slot);

@@ -27,6 +27,9 @@ pub struct CacheManager {
     retained: PrefixIndex,
     /// Whether a draft model keeps caches of its own (prompt lookup has none).
     draft_cache: bool,
+    /// Prompt tokens looked up in the prefix cache since start, and those it held.
+    queried_tokens: u64,
+    hit_tokens: u64,
 }
 
 impl CacheManager {
@@ -38,6 +41,8 @@ impl CacheManager {
             reserved_tokens: 0,
             retained: PrefixIndex::default(),
             draft_cache,
+            queried_tokens: 0,
+            hit_tokens: 0,
         };
         manager.report_usage();
         manager
@@ -168,7 +173,10 @@ impl Message<Admit> for CacheManager {
     async fn handle(&mut self, msg: Admit, _: &mut Context<Self, Self::Reply>) -> Admission {
         let out = self.admit(&msg);
         if msg.prefix_cache && !out.slots.is_empty() {
-            telemetry::record_prefix_lookup("target", out.prefix.map_or(0, |(_, len)| len));
+            let hit = out.prefix.map_or(0, |(_, len)| len);
+            self.queried_tokens += msg.prompt.len() as u64;
+            self.hit_tokens += hit as u64;
+            telemetry::record_prefix_lookup("target", msg.prompt.len(), hit);
         }
         self.report_usage();
         out
@@ -230,6 +238,8 @@ impl Message<GetCacheStats> for CacheManager {
             reserved_tokens: self.reserved_tokens,
             retained_slots: self.retained.len(),
             retained_tokens: self.retained.tokens(),
+            prefix_queried_tokens: self.queried_tokens,
+            prefix_hit_tokens: self.hit_tokens,
         }
     }
 }

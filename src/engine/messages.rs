@@ -118,6 +118,10 @@ pub struct SchedulerStats {
     pub ahead_used: u64,
     /// Prompt tokens run through the target (a request's later choices copy the first's).
     pub prefilled_tokens: u64,
+    /// The prompt tokens of the queued requests (none of them prefilled yet).
+    pub queued_prompt_tokens: u64,
+    /// Tokens emitted to requests since start, all together.
+    pub generated_tokens: u64,
 }
 
 /// CacheManager: slots and KV capacity for a request's `choices` sequences of up to `tokens`
@@ -182,6 +186,9 @@ pub struct CacheStats {
     /// Slots kept for their prefix (evicted when room is needed).
     pub retained_slots: usize,
     pub retained_tokens: usize,
+    /// Prompt tokens the prefix cache was asked for since start, and those it held.
+    pub prefix_queried_tokens: u64,
+    pub prefix_hit_tokens: u64,
 }
 
 impl CacheStats {

@@ -26,6 +26,8 @@ pub struct AppState {
     pub(super) metrics_require_key: bool,
     /// `/` serves the web page.
     pub(super) web_page: bool,
+    /// Tokens generated per second lately, for the load report.
+    pub(super) throughput: super::throughput::ThroughputMeter,
     pub(super) max_body_bytes: usize,
     pub(super) defaults: crate::config::GenerationDefaults,
     /// Set on SIGTERM: `/health` answers 503 so balancers route new work elsewhere.

@@ -112,6 +112,7 @@ fn new_state(
         admin_token,
         metrics_require_key: config.server.metrics_require_key && api_keys.required(),
         web_page: config.server.web_page,
+        throughput: Default::default(),
         api_keys,
         max_body_bytes: config.server.max_body_bytes,
         defaults: config.generation.clone(),
@@ -140,6 +141,7 @@ async fn load_models(
     );
     let live = loaded.engine.settings().get();
     crate::telemetry::set_speculation(live.lenience.get(), live.gamma_gauge());
+    crate::telemetry::register_vllm_aliases(&loaded.model_name);
     let _ = state.loaded.set(loaded);
     Ok(())
 }

@@ -66,26 +66,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Resp
         let bytes = read_body(&state, body).await?;
         let (req, common): (CompletionRequest, _) = parse_request(&bytes)?;
         let loaded = state.ready()?;
-        // One prompt, or a batch: each gets `n` choices, in order.
-        let prompts: Vec<(Vec<u32>, Option<String>)> = match req.prompt {
-            None => return Err(ApiError::invalid_param("prompt", "`prompt` is required.")),
-            Some(PromptInput::Text(s)) => vec![(tokenize(loaded, &s)?, Some(s))],
-            Some(PromptInput::Texts(v)) => v
-                .into_iter()
-                .map(|s| Ok((tokenize(loaded, &s)?, Some(s))))
-                .collect::<Result<_, ApiError>>()?,
-            Some(PromptInput::Tokens(t)) => vec![(check_token_ids(loaded, t)?, None)],
-            Some(PromptInput::TokenBatches(b)) => b
-                .into_iter()
-                .map(|t| Ok((check_token_ids(loaded, t)?, None)))
-                .collect::<Result<_, ApiError>>()?,
-        };
-        if prompts.is_empty() {
-            return Err(ApiError::invalid_param(
-                "prompt",
-                "The prompt list must not be empty.",
-            ));
-        }
+        let prompts = completion_prompts(loaded, req.prompt)?;
         let logprobs = common.completion_logprobs()?;
         let echo = if common.echo == Some(true) {
             prompts
@@ -125,6 +106,48 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Resp
     finish_response(result, &rid, &span)
 }
 
+/// A prompt as token ids, with its text when it was sent as text.
+pub(super) type PromptTokens = (Vec<u32>, Option<String>);
+
+/// A completion request's prompts: one, or a batch (each gets `n` choices, in order).
+pub(super) fn completion_prompts(
+    loaded: &Loaded,
+    prompt: Option<PromptInput>,
+) -> Result<Vec<PromptTokens>, ApiError> {
+    let prompts: Vec<PromptTokens> = match prompt {
+        None => return Err(ApiError::invalid_param("prompt", "`prompt` is required.")),
+        Some(PromptInput::Text(s)) => vec![(tokenize(loaded, &s)?, Some(s))],
+        Some(PromptInput::Texts(v)) => v
+            .into_iter()
+            .map(|s| Ok((tokenize(loaded, &s)?, Some(s))))
+            .collect::<Result<_, ApiError>>()?,
+        Some(PromptInput::Tokens(t)) => vec![(check_token_ids(loaded, t)?, None)],
+        Some(PromptInput::TokenBatches(b)) => b
+            .into_iter()
+            .map(|t| Ok((check_token_ids(loaded, t)?, None)))
+            .collect::<Result<_, ApiError>>()?,
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            "The prompt list must not be empty.",
+        ));
+    }
+    Ok(prompts)
+}
+
+/// A chat request's prompt through the model's chat template (with its tools' descriptions),
+/// and the tools the model may call.
+pub(super) async fn chat_request_prompt(
+    loaded: &Loaded,
+    req: ChatRequest,
+) -> Result<(Vec<u32>, Option<Tools>), ApiError> {
+    let tools = read_tools(req.tools, req.tool_choice.as_ref(), req.parallel_tool_calls)?;
+    let turns = chat_turns(req.messages, tools.as_ref())?;
+    let prompt = chat_prompt(loaded, &turns, true, true).await?;
+    Ok((prompt, tools))
+}
+
 pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
     let rid = state.new_request_id("chatcmpl");
     chat_completion(&state, body, rid).await
@@ -138,9 +161,7 @@ pub(super) async fn chat_completion(state: &Arc<AppState>, body: Body, rid: Stri
         let bytes = read_body(state, body).await?;
         let (req, common): (ChatRequest, _) = parse_request(&bytes)?;
         let loaded = state.ready()?;
-        let tools = read_tools(req.tools, req.tool_choice.as_ref(), req.parallel_tool_calls)?;
-        let turns = chat_turns(req.messages, tools.as_ref())?;
-        let prompt = chat_prompt(loaded, &turns, true, true).await?;
+        let (prompt, tools) = chat_request_prompt(loaded, req).await?;
         if common.echo == Some(true) {
             return Err(ApiError::invalid_param(
                 "echo",

@@ -16,16 +16,18 @@ use axum::routing::{any, get, post};
 use axum::{Json, Router};
 
 use super::error::ApiError;
-use super::{admin, openai, page, responses, tokenize, AppState};
+use super::{admin, loads, openai, page, render, responses, tokenize, AppState};
 use crate::engine::EngineHealth;
 
 /// The routes, on a given state: the inference API behind the API keys (`api_keys`), `/health`
-/// always open, `/metrics` open unless `server.metrics_require_key`, the admin API behind its
-/// own token.
+/// always open, `/metrics` and the load reports open unless `server.metrics_require_key`, the
+/// admin API behind its own token.
 pub fn router(state: Arc<AppState>) -> Router {
     let mut keyed = Router::new()
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/chat/completions/render", post(render::chat))
+        .route("/v1/completions/render", post(render::completions))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{*id}", get(openai::model))
         .route("/v1/responses", post(responses::create))
@@ -40,10 +42,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         // The page holds no data: it asks for the API key and sends it with its own requests.
         open = open.route("/", get(page::page));
     }
+    // What a router reads to balance replicas goes where `/metrics` goes.
+    let watched = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/v1/loads", get(loads::loads))
+        .route("/loads", get(loads::loads))
+        .route("/get_load", get(loads::get_load));
     if state.metrics_require_key {
-        keyed = keyed.route("/metrics", get(metrics));
+        keyed = keyed.merge(watched);
     } else {
-        open = open.route("/metrics", get(metrics));
+        open = open.merge(watched);
     }
     let keyed = keyed.route_layer(middleware::from_fn_with_state(
         Arc::clone(&state),

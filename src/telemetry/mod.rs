@@ -13,7 +13,9 @@
 mod install;
 mod names;
 mod record;
+mod vllm_aliases;
 
 pub use install::install;
 pub use names::*;
 pub use record::*;
+pub use vllm_aliases::register_vllm_aliases;

@@ -54,3 +54,14 @@ pub const PREFIX_HIT_TOKENS: &str = "tandem_prefix_cache_hit_tokens_total";
 pub const PREFIX_EVICTIONS: &str = "tandem_prefix_cache_evictions_total";
 pub const PREFIX_RETAINED_SLOTS: &str = "tandem_prefix_cache_retained_slots";
 pub const PREFIX_RETAINED_TOKENS: &str = "tandem_prefix_cache_retained_tokens";
+
+/// vLLM's names for the load signals routers and endpoint pickers read (smg, vllm-router, the
+/// Gateway API Inference Extension), exported beside tandem's own with vLLM's `model_name`
+/// label (`vllm_aliases`).
+pub const VLLM_REQUESTS_RUNNING: &str = "vllm:num_requests_running";
+pub const VLLM_REQUESTS_WAITING: &str = "vllm:num_requests_waiting";
+/// A ratio in 0..=1, as vLLM's is despite its name.
+pub const VLLM_KV_CACHE_USAGE: &str = "vllm:kv_cache_usage_perc";
+/// Prompt tokens the prefix cache was asked for, and those it held.
+pub const VLLM_PREFIX_QUERIES: &str = "vllm:prefix_cache_queries_total";
+pub const VLLM_PREFIX_HITS: &str = "vllm:prefix_cache_hits_total";

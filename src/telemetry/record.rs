@@ -7,6 +7,7 @@
 use metrics::{counter, gauge, histogram};
 
 use super::names::*;
+use super::vllm_aliases::{record_vllm_prefix_lookup, set_vllm_kv_usage, set_vllm_queue};
 
 /// Exports the per-position acceptance counter at zero for every position a round can draft
 /// (0 to `max_gamma` − 1), so its dashboard panel shows zeros, not "no data", on a server whose
@@ -188,6 +189,7 @@ pub fn register_engine_health() {
 pub fn set_queue(running: usize, waiting: usize) {
     gauge!(REQUESTS_RUNNING).set(running as f64);
     gauge!(REQUESTS_WAITING).set(waiting as f64);
+    set_vllm_queue(running, waiting);
 }
 
 pub fn set_speculation(lenience: f32, gamma: usize) {
@@ -251,10 +253,17 @@ pub fn set_overlap(ratio: f64) {
 
 pub fn set_kv_usage(model: &'static str, ratio: f64) {
     gauge!(KV_CACHE_USAGE, "model" => model).set(ratio);
+    if model == "target" {
+        set_vllm_kv_usage(ratio);
+    }
 }
 
-/// A new sequence looked for a cached prefix and found `hit_tokens` of its prompt (0: a miss).
-pub fn record_prefix_lookup(model: &'static str, hit_tokens: usize) {
+/// A new sequence looked for a cached prefix of its `prompt_tokens` and found `hit_tokens` of
+/// them (0: a miss).
+pub fn record_prefix_lookup(model: &'static str, prompt_tokens: usize, hit_tokens: usize) {
+    if model == "target" {
+        record_vllm_prefix_lookup(prompt_tokens, hit_tokens);
+    }
     counter!(PREFIX_LOOKUPS, "model" => model).increment(1);
     if hit_tokens > 0 {
         counter!(PREFIX_HITS, "model" => model).increment(1);

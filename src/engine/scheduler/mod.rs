@@ -81,6 +81,12 @@ impl Message<GetSchedulerStats> for Scheduler {
             drafted_ahead: self.counters.drafted_ahead,
             ahead_used: self.counters.ahead_used,
             prefilled_tokens: self.counters.prefilled_tokens,
+            queued_prompt_tokens: self
+                .queue
+                .iter()
+                .map(|q| q.request.generation.prompt.len() as u64)
+                .sum(),
+            generated_tokens: self.counters.generated_tokens,
         }
     }
 }

@@ -82,6 +82,7 @@ impl Scheduler {
                 logprobs.truncate(emission.tokens.len());
                 emission.logprobs = logprobs;
                 let finish = emission.finish;
+                self.counters.generated_tokens += emission.tokens.len() as u64;
                 send_output(s, emission);
                 if let Some(finish) = finish {
                     return Some((id, Ok(finish)));

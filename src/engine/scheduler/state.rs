@@ -75,6 +75,8 @@ pub(super) struct RoundCounters {
     pub(super) drafted_ahead: u64,
     pub(super) ahead_used: u64,
     pub(super) prefilled_tokens: u64,
+    /// Tokens emitted to requests, all together.
+    pub(super) generated_tokens: u64,
 }
 
 #[derive(Actor)]
