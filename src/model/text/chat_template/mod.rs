@@ -20,4 +20,5 @@ mod template;
 mod tojson;
 
 pub use message::ChatMessage;
+pub use strftime::strftime;
 pub use template::{ChatTemplate, ChatTemplateError};

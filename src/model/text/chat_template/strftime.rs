@@ -37,7 +37,7 @@ const WEEKDAYS: [&str; 7] = [
 
 /// Formats a Unix timestamp (UTC) with a subset of C `strftime` directives; unknown
 /// directives are kept verbatim so a template never fails over a date.
-fn strftime(format: &str, unix_secs: u64) -> String {
+pub fn strftime(format: &str, unix_secs: u64) -> String {
     let days = unix_secs / 86_400;
     let secs_of_day = unix_secs % 86_400;
     let (year, month, day) = civil_from_days(days);
