@@ -27,21 +27,24 @@ impl Drop for Router {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Two loopback ports free now (both held until both are known, so they differ).
+fn free_ports() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = |l: &TcpListener| l.local_addr().unwrap().port();
+    (port(&a), port(&b))
 }
 
 fn start_router(workers: &[&str], log: &std::path::Path) -> Router {
     let root = env!("CARGO_MANIFEST_DIR");
-    let port = free_port();
+    let (port, metrics_port) = free_ports();
     let urls: Vec<String> = workers.iter().map(|w| format!("http://{w}")).collect();
     let child = Command::new("python3")
         .args(["-m", "smg.cli", "launch", "--host", "127.0.0.1"])
         .args(["--port", &port.to_string(), "--policy", "cache_aware"])
+        // Its own metrics server would take 0.0.0.0:29000, whoever else holds it.
+        .args(["--prometheus-host", "127.0.0.1"])
+        .args(["--prometheus-port", &metrics_port.to_string()])
         .args([
             "--load-monitor-interval",
             "1",
