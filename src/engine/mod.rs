@@ -17,6 +17,7 @@ mod calibration;
 pub mod drafter;
 pub mod emitter;
 pub mod error;
+mod event_stream;
 pub mod gamma;
 pub mod governor;
 pub mod handle;
@@ -38,8 +39,9 @@ pub mod worker;
 
 pub use batch_drafter::BatchDrafter;
 pub use error::EngineError;
+pub use event_stream::{Completion, EventStream};
 pub use gamma::{gamma_cap, Gamma, GammaPolicy, InvalidGamma};
-pub use handle::{Completion, Engine, EngineConfig, EventStream};
+pub use handle::{Engine, EngineConfig};
 pub use liveness::EngineHealth;
 pub use messages::{
     CacheStats, EngineEvent, Failure, SchedulerStats, GRAMMAR_TOO_COMPLEX, NON_FINITE_LOGITS,
