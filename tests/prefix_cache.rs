@@ -1,8 +1,8 @@
 //! The prefix cache on the real default model: greedy output, logprobs and the speculation
 //! counters are the same bits with the cache on and off, for plain decoding and both drafters,
 //! over a multi-turn conversation and concurrent requests sharing a system prompt; prefixes are
-//! really taken (fewer prompt tokens run through the target); retained caches are evicted to
-//! make room and never hold a slot a new request needs.
+//! really taken (fewer prompt tokens run through the target); the cache holds what its memory
+//! budget allows, a shared start once, and never holds a slot or KV room a new request needs.
 
 mod common;
 
@@ -12,7 +12,7 @@ use common::{engine_request, fixed_gamma, greedy_request};
 use tandem::draft::LoadedDrafter;
 use tandem::draft::PromptLookup;
 use tandem::engine::{Completion, Engine, EngineConfig, EngineRequest, GammaPolicy};
-use tandem::model::cache::prefix_index::common_prefix;
+use tandem::model::cache::prefix_store::common_prefix;
 use tandem::model::{ChatMessage, Llama, TextTokenizer, WeightsDtype};
 use tandem::sampling::TokenLogprob;
 
@@ -74,7 +74,7 @@ fn outcome(c: &Completion) -> Outcome {
 
 /// A three-turn conversation (each turn's prompt holds the previous turns and answers), then
 /// four requests at once sharing a long system prompt, then the same four again (now their
-/// retained caches are taken over). Returns each request's outcome and the prompt tokens it took
+/// stored texts are found). Returns each request's outcome and the prompt tokens it took
 /// from the cache, and the prompt tokens the target ran.
 fn workload(
     rt: &tokio::runtime::Runtime,
@@ -186,7 +186,7 @@ fn output_is_the_same_bits_with_the_prefix_cache_on_and_off() {
             assert_eq!(*none, 0, "{name}: nothing is cached with the cache off");
             // After the first request, every prompt starts with cached text: a later turn from
             // the earlier turn's cache, concurrent requests from each other's system prompt,
-            // and the second round from the first round's retained caches.
+            // and the second round from the first round's stored texts.
             if i > 0 {
                 assert!(
                     *cached > 0,
@@ -206,16 +206,31 @@ fn output_is_the_same_bits_with_the_prefix_cache_on_and_off() {
         }
         let stats = rt.block_on(on.cache_stats()).unwrap();
         assert!(stats.idle(), "{name}: {stats:?}");
-        assert!(stats.retained_slots > 0, "{name}: {stats:?}");
+        assert!(stats.prefix_tokens > 0, "{name}: {stats:?}");
+        assert!(
+            stats.prefix_bytes <= stats.prefix_budget_bytes,
+            "{name}: {stats:?}"
+        );
     }
 }
 
-/// More distinct prompts than slots: retained caches are evicted, least recently used first,
-/// so every request is admitted; a prompt seen most recently is still found; outputs stay those
-/// of the cache off; a KV budget too small to keep anything beside a running request evicts
-/// too.
+/// Tokens of a tree holding every text: each distinct prefix once.
+fn tree_tokens(texts: &[Vec<u32>]) -> usize {
+    let mut prefixes = std::collections::HashSet::new();
+    for t in texts {
+        for n in 1..=t.len() {
+            prefixes.insert(&t[..n]);
+        }
+    }
+    prefixes.len()
+}
+
+/// More distinct prompts than slots, all starting alike: the cache stores every finished text
+/// with their common start once, finds the most recent and the oldest alike, and gives the same
+/// output as without it; a budget of 1 MiB keeps what fits and evicts the rest; clearing it
+/// starts cold; a KV budget for one request at a time leaves it whole (its memory is its own).
 #[test]
-fn retained_caches_give_way_to_new_requests() {
+fn the_prefix_cache_holds_what_its_memory_budget_allows() {
     let loaded = common::load_default(WeightsDtype::AsIs);
     let tok = Arc::clone(&loaded.tokenizer);
     let target = Arc::new(loaded.model);
@@ -239,45 +254,47 @@ fn retained_caches_give_way_to_new_requests() {
         rt.block_on(async { engine.submit(req).await?.collect().await })
             .unwrap()
     };
-    let off = start(&rt, &target, None, false, 2);
-    let want: Vec<Vec<u32>> = prompts.iter().map(|p| run(&off, p).tokens).collect();
-    // Two slots in all: no extra slots for kept caches.
-    let on = rt
-        .block_on(Engine::start(
+    let engine = |mib: Option<usize>, kv: Option<usize>| {
+        rt.block_on(Engine::start(
             Arc::clone(&target),
             None,
             EngineConfig {
                 max_seqs: 2,
                 prefix_cache: true,
-                prefix_cache_slots: 0,
+                prefix_cache_mib: mib,
+                kv_capacity_tokens: kv,
                 ..Default::default()
             },
         ))
-        .unwrap();
-    for (p, w) in prompts.iter().zip(&want) {
+        .unwrap()
+    };
+    let off = start(&rt, &target, None, false, 2);
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| run(&off, p).tokens).collect();
+    // What a finished sequence's cache holds: its prompt and all its output but the last token.
+    let texts: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(&want)
+        .map(|(p, w)| [p.as_slice(), &w[..w.len() - 1]].concat())
+        .collect();
+    let on = engine(None, None);
+    for (i, (p, w)) in prompts.iter().zip(&want).enumerate() {
         assert_eq!(&run(&on, p).tokens, w);
         let stats = rt.block_on(on.cache_stats()).unwrap();
-        assert!(stats.idle() && stats.retained_slots <= 2, "{stats:?}");
+        assert!(stats.idle(), "{stats:?}");
+        assert_eq!(stats.prefix_tokens, tree_tokens(&texts[..=i]), "{stats:?}");
     }
-    // The last prompt is still retained: all of it but its last token comes from the cache.
-    let again = run(&on, &prompts[4]);
-    assert_eq!(again.tokens, want[4]);
-    assert_eq!(again.usage.cached_tokens, prompts[4].len() - 1);
-    // The first was evicted long ago: only what it shares with the prompts still retained
-    // comes from the cache.
-    let first = run(&on, &prompts[0]);
-    assert_eq!(first.tokens, want[0]);
-    let shared = common_prefix(&prompts[0], &prompts[4]);
-    assert!(shared + 2 < prompts[0].len());
-    assert_eq!(first.usage.cached_tokens, shared);
-
-    // Clearing the prefix cache (what a benchmark does between modes) frees every retained
-    // slot: the same prompt again starts cold and gives the same tokens.
-    assert!(rt.block_on(on.cache_stats()).unwrap().retained_slots > 0);
+    // Two slots, five texts: the most recent and the oldest are both found whole.
+    for i in [4, 0] {
+        let again = run(&on, &prompts[i]);
+        assert_eq!(again.tokens, want[i]);
+        assert_eq!(again.usage.cached_tokens, prompts[i].len() - 1);
+    }
+    // Clearing it (what a benchmark does between modes): the same prompt starts cold.
     rt.block_on(on.clear_prefix_cache()).unwrap();
     let stats = rt.block_on(on.cache_stats()).unwrap();
-    assert!(
-        stats.retained_slots == 0 && stats.free_slots == stats.total_slots,
+    assert_eq!(
+        (stats.prefix_tokens, stats.prefix_bytes),
+        (0, 0),
         "{stats:?}"
     );
     let cold = run(&on, &prompts[0]);
@@ -286,30 +303,41 @@ fn retained_caches_give_way_to_new_requests() {
         (want[0].as_slice(), 0)
     );
 
-    // A KV budget for one request at a time: the retained cache must go for the next to fit.
-    let tight = rt
-        .block_on(Engine::start(
-            Arc::clone(&target),
-            None,
-            EngineConfig {
-                max_seqs: 2,
-                prefix_cache: true,
-                kv_capacity_tokens: Some(prompts[0].len() + 12 + 8 + 1 + 4),
-                ..Default::default()
-            },
-        ))
-        .unwrap();
-    for (p, w) in prompts.iter().zip(&want) {
-        assert_eq!(&run(&tight, p).tokens, w);
+    // 1 MiB holds a few dozen of this model's tokens: what fits is kept, the rest evicted.
+    let small = engine(Some(1), None);
+    let mut room = usize::MAX;
+    for (i, (p, w)) in prompts.iter().zip(&want).enumerate() {
+        let got = run(&small, p);
+        assert_eq!(&got.tokens, w);
+        let stats = rt.block_on(small.cache_stats()).unwrap();
+        assert_eq!(stats.prefix_budget_bytes, 1 << 20);
+        assert!(stats.prefix_bytes <= stats.prefix_budget_bytes, "{stats:?}");
+        room = room.min(stats.prefix_budget_bytes / (stats.prefix_bytes / stats.prefix_tokens));
+        assert!(room < texts[0].len(), "the budget is smaller than one text");
+        if i > 0 {
+            let shared = common_prefix(p, &texts[i - 1]).min(room);
+            assert!(
+                (shared..=room).contains(&got.usage.cached_tokens),
+                "request {i}: {} cached, {shared} shared, room for {room}",
+                got.usage.cached_tokens
+            );
+        }
+    }
+
+    // A KV budget for one request at a time: requests wait for each other's room, and the
+    // prefix cache still serves every one of them.
+    let tight = engine(None, Some(prompts[0].len() + 12 + 8 + 1 + 4));
+    for (i, (p, w)) in prompts.iter().zip(&want).enumerate() {
+        let got = run(&tight, p);
+        assert_eq!(&got.tokens, w);
+        if i > 0 {
+            assert!(got.usage.cached_tokens >= common_prefix(p, &prompts[i - 1]));
+        }
     }
     let stats = rt.block_on(tight.cache_stats()).unwrap();
     assert!(
         stats.idle() && stats.reserved_tokens <= stats.capacity_tokens,
         "{stats:?}"
-    );
-    assert!(
-        stats.retained_slots <= 1,
-        "room for one at a time: {stats:?}"
     );
 }
 

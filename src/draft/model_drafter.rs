@@ -14,7 +14,7 @@ use super::draw::{draw_draft, DrawLane, DrawScratch};
 use super::stepping::{draft_in_steps, Lane, Stepper};
 use super::translation::{GreedyAcross, Translation, Translator};
 use super::{DraftError, DraftJob, DraftTiming, PromptLookup, Proposal, Proposer};
-use crate::model::cache::prefix_index::PrefixIndex;
+use crate::model::cache::prefix_store::PrefixStore;
 use crate::model::{
     BatchLogits, DraftVocab, FeatureTaps, Kept, KvCache, Llama, LogitsRows, ModelError, SeqInput,
     WeightsDtype,
@@ -30,9 +30,8 @@ pub struct ModelDrafter<M: Deref<Target = Llama>> {
     pub(super) slots: HashMap<u64, usize>,
     /// The tokens each sequence's cache holds (for the prefix cache).
     pub(super) held: HashMap<u64, Vec<u32>>,
-    /// Slots of ended sequences kept for their prefix, when `prefix_cache` is on.
-    pub(super) retained: PrefixIndex,
-    pub(super) prefix_cache: bool,
+    /// Ended sequences' keys and values, by text (`None`: no prefix cache).
+    pub(super) prefix: Option<PrefixStore>,
     pub(super) scratch: DrawScratch,
     /// The reduced vocabulary it drafts over (`None`: the model's whole vocabulary).
     vocab: Option<Arc<DraftVocab>>,
@@ -96,8 +95,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             cache,
             slots: HashMap::new(),
             held: HashMap::new(),
-            retained: PrefixIndex::default(),
-            prefix_cache: false,
+            prefix: None,
             scratch: DrawScratch::default(),
             vocab: None,
             translator: None,
@@ -189,10 +187,11 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         self.vocab.clone()
     }
 
-    /// Keeps ended sequences' caches and starts new ones from the longest prefix a kept or
-    /// running cache holds, as the target's prefix cache does (the same bits as computing it).
-    pub fn with_prefix_cache(mut self, on: bool) -> Self {
-        self.prefix_cache = on;
+    /// Stores ended sequences' keys and values (at most `budget` bytes) and starts new ones
+    /// from the longest prefix the store or a running sequence's cache holds, as the target's
+    /// prefix cache does (the same bits as computing it). `None`: no prefix cache.
+    pub fn with_prefix_cache(mut self, budget: Option<usize>) -> Self {
+        self.prefix = budget.map(|b| PrefixStore::new(b, self.cache.bytes_per_token()));
         self
     }
 

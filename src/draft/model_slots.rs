@@ -1,22 +1,22 @@
 //! A draft model's cache slots: which slot each sequence drafts in, rolling a slot back to
-//! what the target kept (`keep_standing`), and the prefix cache's retained slots (kept, taken over, evicted,
-//! dropped).
+//! what the target kept (`keep_standing`), and the draft model's prefix cache (a new slot
+//! started from it, an ended sequence stored in it).
 //!
-//! Why it exists: the drafting loop (`model.rs`) reads a slot per sequence; where that slot
-//! comes from and what it holds is the same ledger the target's CacheManager keeps, run here
-//! on the drafter's own worker.
+//! Why it exists: the drafting loop (`model_drafter.rs`) reads a slot per sequence; where that
+//! slot comes from and what it holds is what the target's scheduler and verifier do for the
+//! target, run here on the drafter's own worker.
 
 use std::ops::Deref;
 
 use super::model_drafter::ModelDrafter;
 use super::DraftError;
-use crate::model::cache::prefix_index::{PrefixMatch, PrefixSource};
+use crate::model::cache::prefix_store::common_prefix;
 use crate::model::{Kept, Llama};
 use crate::telemetry;
 
 impl<M: Deref<Target = Llama>> ModelDrafter<M> {
-    /// Forgets a sequence. Its slot is kept for its prefix when `keep` and the prefix cache
-    /// are on (and the tokens it holds are known), and freed otherwise.
+    /// Forgets a sequence. What its slot holds is stored in the prefix cache when `keep` and
+    /// the prefix cache are on (and the tokens it holds are known); the slot is freed.
     pub fn end(&mut self, seq: u64, keep: bool) {
         if let Some(t) = &mut self.translator {
             t.forget(seq);
@@ -25,16 +25,11 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         let Some(slot) = self.slots.remove(&seq) else {
             return;
         };
-        match held {
-            Some(tokens) if keep && self.prefix_cache => {
-                for (s, _) in self.retained.retain(slot, tokens) {
-                    let _ = self.cache.free(s);
-                }
-            }
-            _ => {
-                let _ = self.cache.free(slot);
-            }
+        if let (Some(store), Some(tokens), true) = (&mut self.prefix, held, keep) {
+            // A store that failed keeps what it held before; the slot goes either way.
+            let _ = store.insert(&self.cache, slot, &tokens);
         }
+        let _ = self.cache.free(slot);
         self.report_prefix_cache();
     }
 
@@ -77,100 +72,72 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
         Ok(())
     }
 
-    /// Forgets every retained prefix, freeing its slot.
-    pub fn drop_retained(&mut self) -> Result<(), DraftError> {
-        while let Some((slot, _)) = self.retained.evict(None) {
-            self.cache.free(slot)?;
+    /// Forgets everything the prefix cache holds.
+    pub fn clear_prefix_cache(&mut self) -> Result<(), DraftError> {
+        if let Some(store) = &mut self.prefix {
+            store.clear();
         }
         self.report_prefix_cache();
         Ok(())
     }
 
-    fn report_prefix_cache(&self) {
-        if self.prefix_cache {
-            telemetry::set_prefix_cache("draft", self.retained.len(), self.retained.tokens());
-        }
-    }
-
-    /// A free slot, evicting the least recently used retained one other than `keep` if there
-    /// is none.
-    fn free_slot(&mut self, keep: Option<usize>) -> Result<usize, DraftError> {
-        loop {
-            if let Some(slot) = self.cache.allocate() {
-                return Ok(slot);
-            }
-            let Some((slot, _)) = self.retained.evict(keep) else {
-                return Err(DraftError::Model(crate::model::ModelError::BadInput(
-                    format!(
-                        "the draft cache has no free slot ({} in use)",
-                        self.slots.len()
-                    ),
-                )));
-            };
-            self.cache.free(slot)?;
-            telemetry::record_prefix_eviction("draft");
+    fn report_prefix_cache(&mut self) {
+        if let Some(store) = &mut self.prefix {
+            let s = store.stats();
+            telemetry::set_prefix_cache("draft", s.runs, s.tokens, s.bytes, s.budget_bytes);
+            telemetry::record_prefix_evictions("draft", store.take_evictions());
         }
     }
 
     /// The slot `seq` drafts in; a new sequence starts from the longest prefix of its
-    /// `context` (all but its last token) that a retained slot (taken over) or a running
-    /// sequence's (copied) holds.
+    /// `context` (all but its last token) that the prefix cache or a running sequence's slot
+    /// holds (copied).
     pub(super) fn slot_for(&mut self, seq: u64, context: &[u32]) -> Result<usize, DraftError> {
         if let Some(&slot) = self.slots.get(&seq) {
             return Ok(slot);
         }
-        let limit = context.len().saturating_sub(1);
-        let found = if self.prefix_cache {
-            let running = self
-                .held
-                .iter()
-                .filter_map(|(s, t)| Some((*self.slots.get(s)?, t.as_slice())));
-            self.retained.best_match(context, limit, running)
-        } else {
-            None
-        };
-        // As the target's ledger does: a retained cache whose whole text the context extends
-        // is taken over; one matched in part is copied from and kept while a slot is free.
-        let (slot, len) = match found {
-            Some(PrefixMatch {
-                source: PrefixSource::Retained { slot },
-                len,
-            }) => {
-                let whole = self.retained.slots().any(|(s, n)| s == slot && n == len);
-                let fresh = if whole {
-                    None
-                } else {
-                    self.free_slot(Some(slot)).ok()
-                };
-                match fresh {
-                    Some(fresh) => {
-                        self.retained.touch(slot);
-                        self.cache.copy_prefix(slot, fresh, len)?;
-                        (fresh, len)
-                    }
-                    None => {
-                        self.retained.take(slot);
-                        self.cache.keep(slot, Kept::First(len))?;
-                        (slot, len)
-                    }
-                }
+        let slot = self.cache.allocate().ok_or_else(|| {
+            DraftError::Model(crate::model::ModelError::BadInput(format!(
+                "the draft cache has no free slot ({} in use)",
+                self.slots.len()
+            )))
+        })?;
+        let len = match self.start_from_prefix(slot, context) {
+            Ok(len) => len,
+            Err(e) => {
+                let _ = self.cache.free(slot);
+                return Err(e);
             }
-            Some(PrefixMatch {
-                source: PrefixSource::Running { slot: from },
-                len,
-            }) => {
-                let slot = self.free_slot(None)?;
-                self.cache.copy_prefix(from, slot, len)?;
-                (slot, len)
-            }
-            None => (self.free_slot(None)?, 0),
         };
-        if self.prefix_cache {
-            telemetry::record_prefix_lookup("draft", context.len(), len);
-            self.report_prefix_cache();
-        }
         self.slots.insert(seq, slot);
         self.held.insert(seq, context[..len].to_vec());
         Ok(slot)
+    }
+
+    /// Copies into `slot` the longer of what the store and a running sequence's slot hold of
+    /// `context`'s start (all but its last token); how many tokens.
+    fn start_from_prefix(&mut self, slot: usize, context: &[u32]) -> Result<usize, DraftError> {
+        let Some(store) = &mut self.prefix else {
+            return Ok(0);
+        };
+        let limit = context.len().saturating_sub(1);
+        let stored = store.longest(context, limit);
+        let running = self
+            .held
+            .iter()
+            .filter_map(|(s, t)| Some((*self.slots.get(s)?, common_prefix(t, context).min(limit))))
+            .max_by_key(|&(_, n)| n)
+            .filter(|&(_, n)| n > stored);
+        let len = match running {
+            Some((from, n)) => {
+                self.cache.copy_prefix(from, slot, n)?;
+                n
+            }
+            None if stored > 0 => store.load(&mut self.cache, slot, context, limit)?,
+            None => 0,
+        };
+        telemetry::record_prefix_lookup("draft", context.len(), len);
+        self.report_prefix_cache();
+        Ok(len)
     }
 }

@@ -23,7 +23,7 @@ pub trait BatchDrafter: Send {
     fn end(&mut self, seq: u64, keep: bool, text: &[u32]);
 
     /// Frees the caches kept for prefixes.
-    fn drop_retained(&mut self) -> Result<(), DraftError> {
+    fn clear_prefix_cache(&mut self) -> Result<(), DraftError> {
         Ok(())
     }
 
@@ -61,8 +61,8 @@ impl BatchDrafter for ModelDrafter<Arc<Llama>> {
         ModelDrafter::end(self, seq, keep);
     }
 
-    fn drop_retained(&mut self) -> Result<(), DraftError> {
-        ModelDrafter::drop_retained(self)
+    fn clear_prefix_cache(&mut self) -> Result<(), DraftError> {
+        ModelDrafter::clear_prefix_cache(self)
     }
 
     fn calibration_ids(&self) -> Vec<u32> {

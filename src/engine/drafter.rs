@@ -10,7 +10,9 @@ use kameo::Actor;
 use super::batch_drafter::BatchDrafter;
 use super::error::EngineError;
 use super::lookup_drafter::LookupDrafter;
-use super::messages::{DraftBatch, DraftBatchResult, DropRetained, EndSequence, MeasureDraftCosts};
+use super::messages::{
+    ClearPrefixCache, DraftBatch, DraftBatchResult, EndSequence, MeasureDraftCosts,
+};
 use super::worker::ComputeWorker;
 use crate::draft::{DraftError, DraftTiming, HeadDrafter, LoadedDrafter, ModelDrafter};
 use crate::model::Llama;
@@ -22,14 +24,15 @@ pub struct Drafter {
 
 impl Drafter {
     /// `max_seqs`: how many sequences may draft at once (the draft model's cache slots).
-    /// `prefix_cache`: a draft model keeps ended sequences' caches for their prefixes.
+    /// `prefix_cache`: a draft model stores ended sequences' keys and values for their
+    /// prefixes, at most this many bytes.
     /// `target`: the model a draft head drafts for (its embedding and output head).
     pub fn new(
         drafter: LoadedDrafter,
         target: Arc<Llama>,
         threads: usize,
         max_seqs: usize,
-        prefix_cache: bool,
+        prefix_cache: Option<usize>,
     ) -> Result<Self, EngineError> {
         let state: Box<dyn BatchDrafter> = match drafter {
             LoadedDrafter::Model {
@@ -65,11 +68,15 @@ impl Message<DraftBatch> for Drafter {
     }
 }
 
-impl Message<DropRetained> for Drafter {
+impl Message<ClearPrefixCache> for Drafter {
     type Reply = Result<(), EngineError>;
 
-    async fn handle(&mut self, _: DropRetained, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        Ok(self.worker.run(|d| d.drop_retained()).await??)
+    async fn handle(
+        &mut self,
+        _: ClearPrefixCache,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        Ok(self.worker.run(|d| d.clear_prefix_cache()).await??)
     }
 }
 

@@ -16,6 +16,7 @@ use super::gamma::{Gamma, GammaPolicy};
 use super::governor::{CostModel, GovernorConfig};
 use super::liveness::{EngineHealth, Liveness};
 use super::messages::*;
+use super::prefix_budget::{prefix_budget_bytes, split_budget};
 use super::request::{check_request, EngineRequest};
 use super::scheduler::{DraftForesight, Scheduler, SchedulerConfig};
 use super::speculation_settings::{LiveSpeculation, SpeculationSettings};
@@ -50,12 +51,13 @@ pub struct EngineConfig {
     /// settings' range (`gamma_min..=gamma_max`) stays within it.
     #[serde(rename = "max_gamma")]
     pub gamma_limit: usize,
-    /// Keep finished sequences' caches and start new prompts from the longest cached prefix
-    /// (target and draft model).
+    /// Store finished sequences' keys and values and start new prompts from the longest cached
+    /// prefix (target and draft model).
     pub prefix_cache: bool,
-    /// Cache slots beyond `max_seqs` for kept caches: more conversations stay cached. Their
-    /// tokens count against the same KV budget, which evicts them for running sequences.
-    pub prefix_cache_slots: usize,
+    /// MiB the prefix cache may hold, both models together (absent: the default for the
+    /// machine, [`prefix_budget_bytes`]).
+    #[serde(default)]
+    pub prefix_cache_mib: Option<usize>,
     /// The initial live speculation settings (the admin API changes them later).
     #[serde(skip)]
     pub speculation: SpeculationSettings,
@@ -88,7 +90,7 @@ impl Default for EngineConfig {
             kv_capacity_tokens: None,
             gamma_limit: 8,
             prefix_cache: true,
-            prefix_cache_slots: 8,
+            prefix_cache_mib: None,
             stall_timeout_seconds: 60,
             stall_after_rounds: None,
             speculation: SpeculationSettings::default(),
@@ -130,13 +132,8 @@ impl Engine {
         let settings = LiveSpeculation::new(cfg.speculation, cfg.gamma_limit)
             .map_err(|e| EngineError::InvalidRequest(format!("speculation.{e}")))?;
         let context_len = target.context_len();
-        // Running sequences take at most `max_seqs` slots; kept caches may use the rest.
-        let slots = cfg.max_seqs
-            + if cfg.prefix_cache {
-                cfg.prefix_cache_slots
-            } else {
-                0
-            };
+        let slots = cfg.max_seqs;
+        let (target_budget, draft_budget) = prefix_budgets(&cfg, &target, draft.as_ref());
         // A head drafts from the target's features of each round: it drafts after the
         // verification, never beside it.
         let features = draft.as_ref().and_then(LoadedDrafter::feature_taps);
@@ -146,17 +143,23 @@ impl Engine {
             .as_ref()
             .map(LoadedDrafter::origins)
             .unwrap_or_default();
-        let verifier = Verifier::new(Arc::clone(&target), slots, cfg.target_threads, features)?;
+        let verifier = Verifier::new(
+            Arc::clone(&target),
+            slots,
+            cfg.target_threads,
+            features,
+            target_budget,
+        )?;
         let has_drafter = draft.is_some();
         let draft_cache = draft.as_ref().is_some_and(LoadedDrafter::keeps_a_cache);
-        register_prefix_caches(cfg.prefix_cache, draft_cache);
+        register_prefix_caches(cfg.prefix_cache, draft_cache, (target_budget, draft_budget));
         let drafter = match draft {
             Some(source) => Some(Drafter::spawn(Drafter::new(
                 source,
                 Arc::clone(&target),
                 cfg.draft_threads,
                 slots,
-                cfg.prefix_cache,
+                cfg.prefix_cache.then_some(draft_budget),
             )?)),
             None => None,
         };
@@ -360,7 +363,7 @@ impl Engine {
     /// starts from a cold cache. Sequences running keep theirs.
     pub async fn clear_prefix_cache(&self) -> Result<(), EngineError> {
         self.scheduler
-            .ask(DropRetained)
+            .ask(ClearPrefixCache)
             .await
             .map_err(|e| EngineError::Worker(format!("scheduler: {e}")))
     }
@@ -408,11 +411,29 @@ async fn measure_costs(
 }
 
 /// The prefix caches' series exist from start-up: the target's, and a draft model's.
-fn register_prefix_caches(on: bool, draft_cache: bool) {
+/// The bytes the target's prefix cache and a draft model's may hold (0 with the cache off).
+fn prefix_budgets(
+    cfg: &EngineConfig,
+    target: &Llama,
+    draft: Option<&LoadedDrafter>,
+) -> (usize, usize) {
+    if !cfg.prefix_cache {
+        return (0, 0);
+    }
+    let cache = target.new_cache(0);
+    let budget = prefix_budget_bytes(cfg.prefix_cache_mib, cache.is_on_device());
+    let draft_bpt = match draft {
+        Some(LoadedDrafter::Model { model, .. }) => Some(model.new_cache(0).bytes_per_token()),
+        _ => None,
+    };
+    split_budget(budget, cache.bytes_per_token(), draft_bpt)
+}
+
+fn register_prefix_caches(on: bool, draft_cache: bool, (target, draft): (usize, usize)) {
     if on {
-        crate::telemetry::register_prefix_cache("target");
+        crate::telemetry::register_prefix_cache("target", target);
         if draft_cache {
-            crate::telemetry::register_prefix_cache("draft");
+            crate::telemetry::register_prefix_cache("draft", draft);
         }
     }
 }

@@ -8,6 +8,7 @@ use super::request::{EngineRequest, FinishReason, Usage};
 use super::token_source::SourceRun;
 use crate::constraint::{ConstraintError, SequenceConstraint};
 use crate::draft::{DraftTiming, Proposal};
+use crate::model::cache::prefix_store::PrefixStoreStats;
 use crate::sampling::{DraftGate, Lenience, SamplingParams, SeededRng, TokenLogprob};
 use crate::telemetry;
 
@@ -125,45 +126,24 @@ pub struct SchedulerStats {
 }
 
 /// CacheManager: slots and KV capacity for a request's `choices` sequences of up to `tokens`
-/// each. With the prefix cache on, the first choice starts from the longest prefix of `prompt`
-/// that a retained slot holds or `running` (a running sequence's slot and how many tokens of
-/// the prompt it holds) does; retained slots are evicted, least recently used first, to make
-/// room. Replies what was decided, admitted or not.
+/// each. Replies the slots (none: not admitted now).
 pub struct Admit {
-    pub prompt: Vec<u32>,
     pub tokens: usize,
     pub choices: usize,
-    pub prefix_cache: bool,
-    pub running: Option<(usize, usize)>,
-}
-
-/// How the first choice's cache gets its prompt prefix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PrefixStart {
-    /// Its slot is a retained one, whose whole text the prompt extends: cut to `len`, nothing
-    /// is copied.
-    TakeOver,
-    /// The first `len` tokens are copied from this slot (running, or retained and kept).
-    CopyFrom(usize),
 }
 
 #[derive(Debug, Default, kameo::Reply)]
 pub struct Admission {
     /// One slot per choice (empty: not admitted now).
     pub slots: Vec<usize>,
-    /// How the first choice's prompt prefix is made, and its length in tokens.
-    pub prefix: Option<(PrefixStart, usize)>,
-    /// Retained slots evicted to make room: their caches must be freed.
-    pub evicted: Vec<usize>,
 }
 
-/// CacheManager: a sequence ended; keep its slot with the `tokens` its cache holds (prefix
-/// cache on), its reservation of `reserved` tokens shrinking to them. Replies the retained slots
-/// no longer needed (covered by a longer text), whose caches must be freed.
-pub struct Retain {
-    pub slot: usize,
-    pub reserved: usize,
-    pub tokens: Vec<u32>,
+/// CacheManager: a new sequence looked its prompt up in the prefix cache (`queried` tokens,
+/// `hit` of them cached), and what the target's store holds now.
+pub struct PrefixReport {
+    pub queried: usize,
+    pub hit: usize,
+    pub store: PrefixStoreStats,
 }
 
 /// CacheManager: give a sequence's slot and capacity back.
@@ -181,22 +161,21 @@ pub struct CacheStats {
     /// Slots with nothing in them.
     pub free_slots: usize,
     pub capacity_tokens: usize,
-    /// Tokens reserved by running sequences plus those retained slots hold.
+    /// Tokens reserved by running sequences.
     pub reserved_tokens: usize,
-    /// Slots kept for their prefix (evicted when room is needed).
-    pub retained_slots: usize,
-    pub retained_tokens: usize,
+    /// What the target's prefix cache holds (its tokens, bytes and byte budget).
+    pub prefix_tokens: usize,
+    pub prefix_bytes: usize,
+    pub prefix_budget_bytes: usize,
     /// Prompt tokens the prefix cache was asked for since start, and those it held.
     pub prefix_queried_tokens: u64,
     pub prefix_hit_tokens: u64,
 }
 
 impl CacheStats {
-    /// No sequence holds anything: every slot is free or retained for its prefix, and only
-    /// retained tokens are reserved.
+    /// No sequence holds anything: every slot is free and nothing is reserved.
     pub fn idle(&self) -> bool {
-        self.free_slots + self.retained_slots == self.total_slots
-            && self.reserved_tokens == self.retained_tokens
+        self.free_slots == self.total_slots && self.reserved_tokens == 0
     }
 }
 
@@ -298,10 +277,27 @@ pub struct CopyPrefix {
     pub len: usize,
 }
 
-/// Verifier: keep a slot's first `len` tokens (a new sequence takes over a retained slot).
-pub struct KeepSlot {
+/// Verifier: start a new sequence's slot from the longest start of `prompt`, at most `limit`
+/// tokens, that the prefix cache holds or `running` (a running sequence's slot and how many
+/// tokens of the prompt it holds) does. Replies how many tokens the slot holds, and what the
+/// store holds.
+pub struct StartFromPrefix {
     pub slot: usize,
+    pub prompt: Vec<u32>,
+    pub limit: usize,
+    pub running: Option<(usize, usize)>,
+}
+
+pub struct PrefixStart {
     pub len: usize,
+    pub store: PrefixStoreStats,
+}
+
+/// Verifier: a sequence ended well: store what its slot holds for `tokens` in the prefix
+/// cache, then free the slot. Replies what the store holds.
+pub struct StorePrefix {
+    pub slot: usize,
+    pub tokens: Vec<u32>,
 }
 
 /// Verifier: forget a slot's cache (the sequence ended).
@@ -309,10 +305,9 @@ pub struct FreeSlot {
     pub slot: usize,
 }
 
-/// Scheduler, CacheManager and Drafter: forget every retained prefix (a benchmark's next
-/// mode starts from the same cold cache as the last). The CacheManager answers the slots it
-/// freed, which the scheduler has the Verifier free.
-pub struct DropRetained;
+/// Scheduler, Verifier and Drafter: forget everything the prefix cache holds (a benchmark's
+/// next mode starts from the same cold cache as the last).
+pub struct ClearPrefixCache;
 
 /// Drafter: draft for several sequences.
 pub struct DraftBatch {

@@ -24,6 +24,7 @@ pub mod handle;
 pub mod liveness;
 mod lookup_drafter;
 pub mod messages;
+pub mod prefix_budget;
 pub mod reference;
 pub mod request;
 pub mod scheduler;

@@ -4,6 +4,7 @@
 //! (rejected tokens leave the target's cache: [`KvCache::keep`]); then the features of what
 //! stands and any failure that is an item's alone.
 
+use crate::model::cache::prefix_store::PrefixStore;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,6 +28,8 @@ pub struct TargetState {
     pub(super) sampler: Sampler,
     /// Return the standing positions' features, these ones (a draft head drafts from them).
     pub(super) features: Option<FeatureTaps>,
+    /// The target's prefix cache, beside the cache it copies into.
+    pub(super) prefix: PrefixStore,
 }
 
 /// The chain's nodes a round tried (those up to the first rejected one) with their

@@ -1,6 +1,7 @@
 //! The Verifier actor: batched target forwards (prompt chunks, plain steps and verification of
 //! drafts) on its compute worker, whose round is `target_round.rs`; slot upkeep between rounds
-//! (a prefix copied or kept, a slot freed); timing forwards for the governor at start-up.
+//! (a prompt started from the prefix cache or a running sequence, a finished sequence stored
+//! in the prefix cache, a slot freed); timing forwards for the governor at start-up.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,12 +11,17 @@ use kameo::Actor;
 
 use super::acceptance::Scratch;
 use super::error::EngineError;
-use super::messages::{CopyPrefix, FreeSlot, KeepSlot, TargetBatch, TargetBatchResult};
+use super::messages::{
+    ClearPrefixCache, CopyPrefix, FreeSlot, PrefixStart, StartFromPrefix, StorePrefix, TargetBatch,
+    TargetBatchResult,
+};
 use super::target_round::run_batch;
 pub use super::target_round::TargetState;
 use super::worker::ComputeWorker;
+use crate::model::cache::prefix_store::{PrefixStore, PrefixStoreStats};
 use crate::model::{FeatureTaps, Kept, Llama, LogitsRows, SeqInput};
 use crate::sampling::Sampler;
+use crate::telemetry;
 
 #[derive(Actor)]
 pub struct Verifier {
@@ -24,19 +30,23 @@ pub struct Verifier {
 
 impl Verifier {
     /// `features`: outcomes carry these hidden states of the positions that stand.
+    /// `prefix_budget`: bytes the target's prefix cache may hold.
     pub fn new(
         model: Arc<Llama>,
         slots: usize,
         threads: usize,
         features: Option<FeatureTaps>,
+        prefix_budget: usize,
     ) -> Result<Self, EngineError> {
         let cache = model.new_cache(slots);
+        let prefix = PrefixStore::new(prefix_budget, cache.bytes_per_token());
         let state = TargetState {
             model,
             cache,
             scratch: Scratch::default(),
             sampler: Sampler::default(),
             features,
+            prefix,
         };
         Ok(Self {
             worker: ComputeWorker::spawn("tandem-target", threads, state)?,
@@ -135,12 +145,93 @@ impl Message<CopyPrefix> for Verifier {
     }
 }
 
-impl Message<KeepSlot> for Verifier {
-    type Reply = Result<(), EngineError>;
+impl Message<StartFromPrefix> for Verifier {
+    type Reply = Result<PrefixStart, EngineError>;
 
-    async fn handle(&mut self, msg: KeepSlot, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+    async fn handle(
+        &mut self,
+        msg: StartFromPrefix,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        self.worker.run(move |s| start_from_prefix(s, &msg)).await?
+    }
+}
+
+/// The longer of what the store holds and what a running sequence's slot holds is copied into
+/// the new slot (the store wins a tie: its runs are what a running sequence would copy).
+fn start_from_prefix(
+    s: &mut TargetState,
+    msg: &StartFromPrefix,
+) -> Result<PrefixStart, EngineError> {
+    if s.cache.is_allocated(msg.slot) {
+        s.cache.free(msg.slot)?;
+    }
+    let stored = s.prefix.longest(&msg.prompt, msg.limit);
+    let len = match msg.running {
+        Some((from, n)) if n.min(msg.limit) > stored => {
+            let n = n.min(msg.limit);
+            s.cache.copy_prefix(from, msg.slot, n)?;
+            n
+        }
+        _ if stored > 0 => s
+            .prefix
+            .load(&mut s.cache, msg.slot, &msg.prompt, msg.limit)?,
+        _ => 0,
+    };
+    Ok(PrefixStart {
+        len,
+        store: report_store(&mut s.prefix),
+    })
+}
+
+/// Exports what the target's store holds (and its evictions) as metrics; returns it.
+fn report_store(store: &mut PrefixStore) -> PrefixStoreStats {
+    let stats = store.stats();
+    telemetry::set_prefix_cache(
+        "target",
+        stats.runs,
+        stats.tokens,
+        stats.bytes,
+        stats.budget_bytes,
+    );
+    telemetry::record_prefix_evictions("target", store.take_evictions());
+    stats
+}
+
+impl Message<StorePrefix> for Verifier {
+    type Reply = Result<PrefixStoreStats, EngineError>;
+
+    async fn handle(
+        &mut self,
+        msg: StorePrefix,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
         self.worker
-            .run(move |s| Ok(s.cache.keep(msg.slot, Kept::First(msg.len))?))
+            .run(move |s| {
+                let stored = s.prefix.insert(&s.cache, msg.slot, &msg.tokens);
+                if s.cache.is_allocated(msg.slot) {
+                    s.cache.free(msg.slot)?;
+                }
+                stored?;
+                Ok(report_store(&mut s.prefix))
+            })
+            .await?
+    }
+}
+
+impl Message<ClearPrefixCache> for Verifier {
+    type Reply = Result<PrefixStoreStats, EngineError>;
+
+    async fn handle(
+        &mut self,
+        _: ClearPrefixCache,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        self.worker
+            .run(|s| {
+                s.prefix.clear();
+                Ok(report_store(&mut s.prefix))
+            })
             .await?
     }
 }

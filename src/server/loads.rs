@@ -55,11 +55,11 @@ pub(super) struct LoadFigures {
 }
 
 /// smg's load report of one engine (one rank): its requests, its KV cache's use (running
-/// sequences' reservations; retained prefixes give way to any new sequence, so they are not
-/// pressure), its prefix cache's hit rate by tokens, and its throughput.
+/// sequences' reservations; the prefix cache has a budget of its own, so it is not pressure),
+/// its prefix cache's hit rate by tokens, and its throughput.
 pub(super) fn load_report(f: &LoadFigures, unix_seconds: u64) -> Value {
     let (s, c) = (&f.scheduler, &f.cache);
-    let used = c.reserved_tokens.saturating_sub(c.retained_tokens);
+    let used = c.reserved_tokens;
     let usage = used as f64 / c.capacity_tokens.max(1) as f64;
     let hit_rate = c.prefix_hit_tokens as f64 / c.prefix_queried_tokens.max(1) as f64;
     let total = s.active + s.queued;
@@ -106,8 +106,8 @@ mod tests {
             },
             cache: CacheStats {
                 capacity_tokens: 1000,
-                reserved_tokens: 600,
-                retained_tokens: 100,
+                reserved_tokens: 500,
+                prefix_tokens: 100,
                 prefix_queried_tokens: 400,
                 prefix_hit_tokens: 100,
                 ..Default::default()

@@ -205,14 +205,22 @@ fn describe_prefix_cache() {
     );
     describe_counter!(
         PREFIX_EVICTIONS,
-        "Retained slots evicted (least recently used) to make room, by model."
+        "Token runs evicted from the prefix cache (least recently used first) to keep it within its budget, by model."
     );
     describe_gauge!(
-        PREFIX_RETAINED_SLOTS,
-        "Cache slots kept for their prefix after their sequence ended, by model."
+        PREFIX_RUNS,
+        "Token runs in the prefix cache's tree (a shared start is one run), by model."
     );
     describe_gauge!(
-        PREFIX_RETAINED_TOKENS,
-        "Tokens held by retained slots, by model."
+        PREFIX_TOKENS,
+        "Tokens whose keys and values the prefix cache holds, by model."
+    );
+    describe_gauge!(
+        PREFIX_BYTES,
+        "Bytes of keys and values the prefix cache holds, by model."
+    );
+    describe_gauge!(
+        PREFIX_BUDGET_BYTES,
+        "The most bytes the prefix cache may hold (engine.prefix_cache_mib, shared by the models in proportion to their bytes per token), by model."
     );
 }

@@ -52,8 +52,10 @@ pub const PREFIX_LOOKUPS: &str = "tandem_prefix_cache_lookups_total";
 pub const PREFIX_HITS: &str = "tandem_prefix_cache_hits_total";
 pub const PREFIX_HIT_TOKENS: &str = "tandem_prefix_cache_hit_tokens_total";
 pub const PREFIX_EVICTIONS: &str = "tandem_prefix_cache_evictions_total";
-pub const PREFIX_RETAINED_SLOTS: &str = "tandem_prefix_cache_retained_slots";
-pub const PREFIX_RETAINED_TOKENS: &str = "tandem_prefix_cache_retained_tokens";
+pub const PREFIX_RUNS: &str = "tandem_prefix_cache_runs";
+pub const PREFIX_TOKENS: &str = "tandem_prefix_cache_tokens";
+pub const PREFIX_BYTES: &str = "tandem_prefix_cache_bytes";
+pub const PREFIX_BUDGET_BYTES: &str = "tandem_prefix_cache_budget_bytes";
 
 /// vLLM's names for the load signals routers and endpoint pickers read (smg, vllm-router, the
 /// Gateway API Inference Extension), exported beside tandem's own with vLLM's `model_name`

@@ -271,18 +271,28 @@ pub fn record_prefix_lookup(model: &'static str, prompt_tokens: usize, hit_token
     }
 }
 
-pub fn record_prefix_eviction(model: &'static str) {
-    counter!(PREFIX_EVICTIONS, "model" => model).increment(1);
+/// What a model's prefix cache holds now: its token runs, tokens, bytes and byte budget.
+pub fn set_prefix_cache(
+    model: &'static str,
+    runs: usize,
+    tokens: usize,
+    bytes: usize,
+    budget: usize,
+) {
+    gauge!(PREFIX_RUNS, "model" => model).set(runs as f64);
+    gauge!(PREFIX_TOKENS, "model" => model).set(tokens as f64);
+    gauge!(PREFIX_BYTES, "model" => model).set(bytes as f64);
+    gauge!(PREFIX_BUDGET_BYTES, "model" => model).set(budget as f64);
 }
 
-pub fn set_prefix_cache(model: &'static str, slots: usize, tokens: usize) {
-    gauge!(PREFIX_RETAINED_SLOTS, "model" => model).set(slots as f64);
-    gauge!(PREFIX_RETAINED_TOKENS, "model" => model).set(tokens as f64);
+/// Runs a model's prefix cache evicted for room.
+pub fn record_prefix_evictions(model: &'static str, runs: u64) {
+    counter!(PREFIX_EVICTIONS, "model" => model).increment(runs);
 }
 
 /// Exports a model's prefix-cache counters and gauges at zero, so its dashboard panels show
 /// zeros rather than "no data" before the first hit or eviction.
-pub fn register_prefix_cache(model: &'static str) {
+pub fn register_prefix_cache(model: &'static str, budget_bytes: usize) {
     for name in [
         PREFIX_LOOKUPS,
         PREFIX_HITS,
@@ -291,7 +301,7 @@ pub fn register_prefix_cache(model: &'static str) {
     ] {
         counter!(name, "model" => model).increment(0);
     }
-    set_prefix_cache(model, 0, 0);
+    set_prefix_cache(model, 0, 0, 0, budget_bytes);
 }
 
 /// A reload of the config file's speculation settings: applied, or refused (nothing changed).

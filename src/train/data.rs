@@ -8,7 +8,7 @@ use super::TrainError;
 use std::sync::Arc;
 
 use crate::engine::{Engine, EngineConfig, EngineRequest, GenerationRequest, RequestSpeculation};
-use crate::model::cache::prefix_index::common_prefix;
+use crate::model::cache::prefix_store::common_prefix;
 use crate::model::{FeatureTaps, Kept, KvCache, Llama, LogitsRows, SeqInput};
 use crate::sampling::SamplingParams;
 

@@ -11,48 +11,49 @@ use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
 use crate::engine::governor::Governor;
 use crate::engine::messages::{
-    Admission, Admit, CopyPrefix, DropRetained, EndSequence, FreeSlot, KeepSlot, PrefixStart,
-    Release, Retain, Submit,
+    Admit, ClearPrefixCache, CopyPrefix, EndSequence, FreeSlot, PrefixReport, Release,
+    StartFromPrefix, StorePrefix, Submit,
 };
 use crate::engine::request::SpeculationStats;
-use crate::model::cache::prefix_index::common_prefix;
+use crate::model::cache::prefix_store::{common_prefix, PrefixStoreStats};
 use crate::sampling::SeededRng;
 use crate::telemetry;
 
 impl Scheduler {
     /// Gives a sequence's resources back. With the prefix cache on and `keep` (it did not
-    /// fail), its target slot is retained with the tokens its cache holds, for later prompts
-    /// that start the same way; the drafter likewise keeps a draft model's cache.
+    /// fail), what its target slot holds is stored in the prefix cache for later prompts that
+    /// start the same way; the drafter likewise stores a draft model's.
     pub(super) async fn retire(&mut self, seq: Sequence, keep: bool) {
         let keep = keep && self.cfg.prefix_cache;
+        let released = self
+            .cache
+            .tell(Release {
+                slot: seq.slot,
+                tokens: seq.reserved,
+            })
+            .await;
+        if let Err(e) = released {
+            self.report_peer_error("cache manager", &e);
+        }
         let tokens = seq.cached_tokens();
-        let freed = if keep && !tokens.is_empty() {
-            let retained = self
-                .cache
-                .ask(Retain {
+        if keep && !tokens.is_empty() {
+            let stored = self
+                .verifier
+                .ask(StorePrefix {
                     slot: seq.slot,
-                    reserved: seq.reserved,
                     tokens: tokens.to_vec(),
                 })
                 .await;
-            retained.unwrap_or_else(|e| {
-                self.report_peer_error("cache manager", &e);
-                vec![seq.slot]
-            })
-        } else {
-            let released = self
-                .cache
-                .tell(Release {
-                    slot: seq.slot,
-                    tokens: seq.reserved,
-                })
-                .await;
-            if let Err(e) = released {
-                self.report_peer_error("cache manager", &e);
+            match stored {
+                Ok(store) => self.report_prefix(0, 0, store).await,
+                Err(e) => {
+                    self.report_peer_error("verifier", &e);
+                    self.free_slot(seq.slot).await;
+                }
             }
-            vec![seq.slot]
-        };
-        self.free_slots(freed).await;
+        } else {
+            self.free_slot(seq.slot).await;
+        }
         if let Some(d) = &self.drafter {
             let ended = d
                 .ask(EndSequence {
@@ -67,25 +68,39 @@ impl Scheduler {
         }
     }
 
-    /// Forgets every retained prefix, the target's and a draft model's.
-    pub(super) async fn drop_retained(&mut self) {
-        match self.cache.ask(DropRetained).await {
-            Ok(slots) => self.free_slots(slots).await,
-            Err(e) => self.report_peer_error("cache manager", &e),
+    /// Forgets everything the prefix cache holds, the target's and a draft model's.
+    pub(super) async fn clear_prefix_cache(&mut self) {
+        match self.verifier.ask(ClearPrefixCache).await {
+            Ok(store) => self.report_prefix(0, 0, store).await,
+            Err(e) => self.report_peer_error("verifier", &e),
         }
         if let Some(d) = &self.drafter {
-            if let Err(e) = d.ask(DropRetained).await {
+            if let Err(e) = d.ask(ClearPrefixCache).await {
                 self.report_peer_error("drafter", &e);
             }
         }
     }
 
-    /// Forgets the caches of slots the ledger gave back.
-    async fn free_slots(&mut self, slots: Vec<usize>) {
-        for slot in slots {
-            if let Err(e) = self.verifier.ask(FreeSlot { slot }).await {
-                self.report_peer_error("verifier", &e);
-            }
+    /// Tells the ledger of a prefix lookup (`queried` prompt tokens, `hit` of them cached) and
+    /// what the target's store holds now.
+    async fn report_prefix(&mut self, queried: usize, hit: usize, store: PrefixStoreStats) {
+        let told = self
+            .cache
+            .tell(PrefixReport {
+                queried,
+                hit,
+                store,
+            })
+            .await;
+        if let Err(e) = told {
+            self.report_peer_error("cache manager", &e);
+        }
+    }
+
+    /// Forgets the cache of a slot the ledger took back.
+    async fn free_slot(&mut self, slot: usize) {
+        if let Err(e) = self.verifier.ask(FreeSlot { slot }).await {
+            self.report_peer_error("verifier", &e);
         }
     }
 
@@ -128,82 +143,63 @@ impl Scheduler {
                 .saturating_add(g.max_tokens)
                 .saturating_add(self.cfg.gamma_limit + 1)
                 .min(self.cfg.context_len);
-            let Some(admission) = self.reserve(tokens, choices).await else {
-                break;
+            let admitted = self.cache.ask(Admit { tokens, choices }).await;
+            let slots = match admitted {
+                Ok(a) if !a.slots.is_empty() => a.slots,
+                Ok(_) => break,
+                Err(e) => {
+                    self.report_peer_error("cache manager", &e);
+                    break;
+                }
             };
-            let cached = self
-                .prepare_prefix(admission.prefix, admission.slots[0])
-                .await;
+            let cached = self.start_from_prefix(slots[0]).await;
             let q = self.queue.pop_front().expect("peeked");
-            self.start_choices(q, admission.slots, cached, tokens);
+            self.start_choices(q, slots, cached, tokens);
         }
     }
 
-    /// Asks the CacheManager for a slot per choice of the queue's first request, `tokens`
-    /// reserved for each, and the best prefix to start from; frees the caches it evicted.
-    /// `None`: not admitted now.
-    async fn reserve(&mut self, tokens: usize, choices: usize) -> Option<Admission> {
-        let q = self.queue.front()?;
-        let prompt = q.request.generation.prompt.clone();
-        // Prompt logprobs need every prompt row computed, so such a prompt starts afresh.
-        let prefix_cache = self.cfg.prefix_cache && q.request.prompt_logprobs.is_none();
-        let running = prefix_cache
-            .then(|| {
-                self.active
-                    .iter()
-                    .map(|s| (s.slot, common_prefix(s.cached_tokens(), &prompt)))
-                    .max_by_key(|&(_, len)| len)
-                    .filter(|&(_, len)| len > 0)
-            })
-            .flatten();
-        let mut admission = match self
-            .cache
-            .ask(Admit {
-                prompt,
-                tokens,
-                choices,
-                prefix_cache,
-                running,
-            })
-            .await
-        {
-            Ok(a) => a,
-            Err(e) => {
-                self.report_peer_error("cache manager", &e);
-                return None;
-            }
-        };
-        self.free_slots(std::mem::take(&mut admission.evicted))
-            .await;
-        (!admission.slots.is_empty()).then_some(admission)
-    }
-
-    /// The first choice's cache starts as the prefix: a retained slot cut to it, or a copy of
-    /// a running sequence's. Returns the tokens it holds (0: it starts afresh).
-    async fn prepare_prefix(&mut self, prefix: Option<(PrefixStart, usize)>, slot: usize) -> usize {
-        let Some((start, len)) = prefix else {
+    /// The queue's first request's first choice starts in `slot` from the longest start of its
+    /// prompt that the prefix cache or a running sequence holds (the prompt's last token is
+    /// always fed, to sample from). Returns the tokens its cache holds (0: it starts afresh).
+    async fn start_from_prefix(&mut self, slot: usize) -> usize {
+        let Some(q) = self.queue.front() else {
             return 0;
         };
-        let prepared = match start {
-            PrefixStart::TakeOver => self.verifier.ask(KeepSlot { slot, len }).await.is_ok(),
-            PrefixStart::CopyFrom(from) => self
-                .verifier
-                .ask(CopyPrefix {
-                    from,
-                    to: slot,
-                    len,
-                })
-                .await
-                .is_ok(),
+        // Prompt logprobs need every prompt row computed, so such a prompt starts afresh.
+        if !self.cfg.prefix_cache || q.request.prompt_logprobs.is_some() {
+            return 0;
+        }
+        let prompt = q.request.generation.prompt.clone();
+        let running = self
+            .active
+            .iter()
+            .map(|s| (s.slot, common_prefix(s.cached_tokens(), &prompt)))
+            .max_by_key(|&(_, len)| len)
+            .filter(|&(_, len)| len > 0);
+        let queried = prompt.len();
+        let started = self
+            .verifier
+            .ask(StartFromPrefix {
+                slot,
+                limit: queried.saturating_sub(1),
+                prompt,
+                running,
+            })
+            .await;
+        let (len, store) = match started {
+            Ok(p) => (p.len, Some(p.store)),
+            Err(e) => {
+                // Start afresh: an empty cache is always right.
+                self.report_peer_error("verifier", &e);
+                self.free_slot(slot).await;
+                (0, None)
+            }
         };
-        if prepared {
-            return len;
+        telemetry::record_prefix_lookup("target", queried, len);
+        if let Some(store) = store {
+            self.report_prefix(queried, len, store).await;
         }
-        // Start afresh: an empty cache is always right.
-        if let Err(e) = self.verifier.ask(FreeSlot { slot }).await {
-            self.report_peer_error("verifier", &e);
-        }
-        0
+        len
     }
 
     /// A running sequence per choice of `q`, in `slots`, the first holding `cached` prompt

@@ -31,7 +31,7 @@ pub use foresight::DraftForesight;
 pub use state::{Scheduler, SchedulerConfig};
 
 use crate::engine::messages::{
-    DropRetained, EngineEvent, Failure, GetSchedulerStats, SchedulerStats, Step,
+    ClearPrefixCache, EngineEvent, Failure, GetSchedulerStats, SchedulerStats, Step,
 };
 use crate::telemetry;
 use state::record_finished;
@@ -57,11 +57,11 @@ impl Message<Step> for Scheduler {
     }
 }
 
-impl Message<DropRetained> for Scheduler {
+impl Message<ClearPrefixCache> for Scheduler {
     type Reply = ();
 
-    async fn handle(&mut self, _: DropRetained, _: &mut Context<Self, Self::Reply>) {
-        self.drop_retained().await;
+    async fn handle(&mut self, _: ClearPrefixCache, _: &mut Context<Self, Self::Reply>) {
+        self.clear_prefix_cache().await;
     }
 }
 

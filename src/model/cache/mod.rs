@@ -1,2 +1,2 @@
 pub mod kv_cache;
-pub mod prefix_index;
+pub mod prefix_store;

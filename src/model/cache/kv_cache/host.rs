@@ -57,6 +57,39 @@ impl LayerBuf {
         }
     }
 
+    /// Elements `a..b`, in a buffer of exactly that size.
+    pub(super) fn copy_range(&self, a: usize, b: usize) -> LayerBuf {
+        match self {
+            LayerBuf::F32(v) => LayerBuf::F32(v[a..b].to_vec()),
+            LayerBuf::F16(v) => LayerBuf::F16(v[a..b].to_vec()),
+        }
+    }
+
+    /// Keeps elements `..at` (the memory shrunk to them) and returns the rest.
+    pub(super) fn split_off(&mut self, at: usize) -> LayerBuf {
+        match self {
+            LayerBuf::F32(v) => {
+                let tail = v.split_off(at);
+                v.shrink_to_fit();
+                LayerBuf::F32(tail)
+            }
+            LayerBuf::F16(v) => {
+                let tail = v.split_off(at);
+                v.shrink_to_fit();
+                LayerBuf::F16(tail)
+            }
+        }
+    }
+
+    /// Appends the first `n` elements of `src`, a buffer of the same type.
+    pub(super) fn extend_same(&mut self, src: &LayerBuf, n: usize) {
+        match (self, src) {
+            (LayerBuf::F32(d), LayerBuf::F32(s)) => d.extend_from_slice(&s[..n]),
+            (LayerBuf::F16(d), LayerBuf::F16(s)) => d.extend_from_slice(&s[..n]),
+            _ => unreachable!("a cache's buffers all have its type"),
+        }
+    }
+
     pub(super) fn extend(&mut self, src: &[f32]) {
         match self {
             LayerBuf::F32(v) => v.extend_from_slice(src),

@@ -12,7 +12,8 @@
 //! The memory is host buffers (`host`) for the own CPU forward or device tensors (`device`)
 //! for the tensor backend, so the engine sees one cache type whichever forward fills it:
 //! `slots` hands slots out, `forward_writes` is what a forward writes, `keep` what a round
-//! keeps, `copy` a prefix shared between slots.
+//! keeps, `copy` a prefix shared between slots, `run` a stretch of tokens the prefix cache
+//! stores.
 
 mod copy;
 mod device_slot;
@@ -20,9 +21,11 @@ mod dtype;
 mod forward_writes;
 mod host;
 mod keep;
+mod run;
 mod slots;
 
 pub use dtype::KvDtype;
 pub(crate) use host::LayerKv;
 pub use keep::Kept;
+pub use run::KvRun;
 pub use slots::KvCache;

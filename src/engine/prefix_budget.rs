@@ -1,0 +1,83 @@
+//! How many bytes the prefix cache may hold, and how they are shared between the target's store
+//! and a draft model's.
+//!
+//! Why it exists: the cache is sized by memory, not by a count of conversations, and a server
+//! should have a sensible size without being told: llama.cpp's server keeps up to 8 GiB of
+//! cached prompts in host memory by default; tandem keeps at most that and never more than an
+//! eighth of the memory the process may use, so a small machine or container keeps its memory
+//! for weights and running sequences. A device cache (the tensor backend) competes with the
+//! weights for the accelerator's memory, so it defaults to 1 GiB.
+
+const MIB: usize = 1 << 20;
+const HOST_MAX: usize = 8 << 30;
+const DEVICE_DEFAULT: usize = 1 << 30;
+
+/// The budget in bytes: `mib` when set (`engine.prefix_cache_mib`), else the default for where
+/// the cache lives.
+pub fn prefix_budget_bytes(mib: Option<usize>, on_device: bool) -> usize {
+    match mib {
+        Some(mib) => mib.saturating_mul(MIB),
+        None if on_device => DEVICE_DEFAULT,
+        None => host_default(memory_limit()),
+    }
+}
+
+/// At most 8 GiB and an eighth of `limit` (the memory the process may use, when known).
+fn host_default(limit: Option<usize>) -> usize {
+    limit.map_or(HOST_MAX, |l| (l / 8).min(HOST_MAX))
+}
+
+/// The smaller of the machine's memory and the process's cgroup limit (Linux).
+fn memory_limit() -> Option<usize> {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    });
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok());
+    match (total, cgroup) {
+        (Some(t), Some(c)) => Some(t.min(c)),
+        (t, c) => t.or(c),
+    }
+}
+
+/// Splits `budget` between the target's store and a draft model's in proportion to their bytes
+/// per token, so both hold the same number of tokens (the draft model caches the same texts):
+/// `(target, draft)`.
+pub fn split_budget(budget: usize, target_bpt: usize, draft_bpt: Option<usize>) -> (usize, usize) {
+    match draft_bpt {
+        Some(d) if d > 0 => {
+            let total = (target_bpt + d) as u128;
+            let target = (budget as u128 * target_bpt as u128 / total) as usize;
+            (target, budget - target)
+        }
+        _ => (budget, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_set_budget_wins_and_the_default_fits_the_machine() {
+        assert_eq!(prefix_budget_bytes(Some(3), false), 3 * MIB);
+        assert_eq!(prefix_budget_bytes(Some(0), true), 0);
+        assert_eq!(prefix_budget_bytes(None, true), DEVICE_DEFAULT);
+        assert_eq!(host_default(Some(16 << 30)), 2 << 30);
+        assert_eq!(host_default(Some(512 << 30)), HOST_MAX);
+        assert_eq!(host_default(None), HOST_MAX);
+        let auto = prefix_budget_bytes(None, false);
+        assert!(auto > 0 && auto <= HOST_MAX, "{auto}");
+    }
+
+    #[test]
+    fn the_models_share_the_budget_by_bytes_per_token() {
+        assert_eq!(split_budget(1000, 30, Some(10)), (750, 250));
+        assert_eq!(split_budget(1000, 30, None), (1000, 0));
+        let (t, d) = split_budget(usize::MAX, 7, Some(3));
+        assert_eq!(t.checked_add(d), Some(usize::MAX));
+    }
+}
