@@ -5,8 +5,8 @@
 //! prefix-cache hit rate on interleaved multi-turn conversations within 5% of one replica's
 //! (round robin measured beside it), and that a replica killed mid-run costs no request and
 //! leaves the router's load view. The figures are printed (`-- --nocapture`);
-//! `TANDEM_FLEET_CONVERSATIONS` sets the workload's size (default 24; round robin runs a third
-//! of it).
+//! `TANDEM_FLEET_CONVERSATIONS` sets the workload's size (default 24) and
+//! `TANDEM_FLEET_ROUND_ROBIN` round robin's (default a third of it).
 
 #[path = "router/fleet_workload.rs"]
 mod fleet_workload;
@@ -127,6 +127,10 @@ fn answer(addr: &str, body: &Value) -> String {
         .to_string()
 }
 
+fn env_count(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 /// The fleet's token hit rate over a workload run: prefix-cache hits over prompt tokens looked
 /// up, summed over the replicas, between two readings of their counters.
 fn hit_rate(before: &[(f64, f64)], after: &[(f64, f64)]) -> f64 {
@@ -141,10 +145,7 @@ fn hit_rate(before: &[(f64, f64)], after: &[(f64, f64)]) -> f64 {
 #[test]
 fn smg_keeps_the_fleets_hit_rate_routes_the_replicas_answers_and_drops_a_dead_one() {
     let dir = tempfile::tempdir().unwrap();
-    let conversations: usize = std::env::var("TANDEM_FLEET_CONVERSATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(24);
+    let conversations = env_count("TANDEM_FLEET_CONVERSATIONS").unwrap_or(24);
     let replicas: Vec<Server> = (0..3)
         .map(|_| Server::start_with_threads(1, &["--draft-model", "prompt-lookup"], &[]))
         .collect();
@@ -185,7 +186,7 @@ fn smg_keeps_the_fleets_hit_rate_routes_the_replicas_answers_and_drops_a_dead_on
     {
         // Round robin's misses prefill whole conversations: a third of them shows the contrast.
         let n = if name == "round_robin" {
-            (conversations / 3).max(3)
+            env_count("TANDEM_FLEET_ROUND_ROBIN").unwrap_or((conversations / 3).max(3))
         } else {
             conversations
         };

@@ -359,8 +359,8 @@ impl Engine {
             .map_err(|e| EngineError::Worker(format!("cache manager: {e}")))
     }
 
-    /// Forgets every retained prefix (the target's and a draft model's), so what comes next
-    /// starts from a cold cache. Sequences running keep theirs.
+    /// Forgets everything the prefix cache holds (the target's and a draft model's), so what
+    /// comes next starts from a cold cache. Sequences running keep theirs.
     pub async fn clear_prefix_cache(&self) -> Result<(), EngineError> {
         self.scheduler
             .ask(ClearPrefixCache)

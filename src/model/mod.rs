@@ -31,8 +31,8 @@
 //!   embeddings, drafting through the target's output head or a reduced vocabulary of its
 //!   rows; read and written in EAGLE's published layout, and trained (`train`).
 //! * `cache/`: the explicit KV cache (`kv_cache`), f16 or f32, with slots that can be truncated
-//!   when drafts are rejected or copied from one another, and the prefix cache's index of
-//!   which slot holds which tokens (`prefix_index`).
+//!   when drafts are rejected or copied from one another, and the prefix cache: ended texts'
+//!   keys and values in a radix tree of token runs under a byte budget (`prefix_store`).
 //! * `error`: the layer's error type, apart from the module root so its children import no
 //!   parent.
 

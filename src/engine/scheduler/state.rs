@@ -35,7 +35,7 @@ pub struct SchedulerConfig {
     pub context_len: usize,
     /// The largest γ any round may draft (KV headroom is reserved for it).
     pub gamma_limit: usize,
-    /// Retain finished sequences' slots and start prompts from cached prefixes.
+    /// Store finished sequences' texts in the prefix cache and start prompts from cached prefixes.
     pub prefix_cache: bool,
     pub governor: GovernorConfig,
     /// For a drafter that drafts prompt lookup's match first: the same lookup, run before

@@ -1,5 +1,5 @@
-//! A slot's first tokens copied into another slot: sequences sharing a prompt (or a prefix
-//! cache's retained text) are prefilled once.
+//! A slot's first tokens copied into another slot: sequences sharing a prompt (a request's
+//! choices, or a running sequence's start) are prefilled once.
 
 use super::host::LayerBuf;
 use super::slots::{Slot, SlotStore};
