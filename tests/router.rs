@@ -210,7 +210,10 @@ fn smg_keeps_the_fleets_hit_rate_routes_the_replicas_answers_and_drops_a_dead_on
         assert!(used.unwrap() <= budget.unwrap());
     }
     let (one, cache_aware, rr) = (rates[0], rates[1], rates[2]);
-    assert!(one >= 0.6, "one replica keeps its conversations cached: {one:.3}");
+    assert!(
+        one >= 0.6,
+        "one replica keeps its conversations cached: {one:.3}"
+    );
     assert!(
         cache_aware >= one * 0.95,
         "cache_aware {cache_aware:.3} against one replica's {one:.3}"
@@ -232,7 +235,12 @@ fn smg_keeps_the_fleets_hit_rate_routes_the_replicas_answers_and_drops_a_dead_on
         s
     };
     drop(dead);
-    for q in ["Name a tree.", "Name a bird.", "Name a city.", "Name a color."] {
+    for q in [
+        "Name a tree.",
+        "Name a bird.",
+        "Name a city.",
+        "Name a color.",
+    ] {
         let body = chat(&model, q);
         assert_eq!(
             answer(&router.addr, &body),

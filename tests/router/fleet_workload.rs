@@ -114,8 +114,10 @@ impl Workload {
                     .collect();
                 handles.into_iter().map(|h| h.join().unwrap()).collect()
             });
-            for (messages, (text, first)) in
-                self.conversations.iter_mut().zip(results.into_iter().flatten())
+            for (messages, (text, first)) in self
+                .conversations
+                .iter_mut()
+                .zip(results.into_iter().flatten())
             {
                 if turn > 0 {
                     times.push(first);
