@@ -420,6 +420,7 @@ fn four_drafts<'a>(
 ) -> tandem::draft::DraftJob<'a> {
     tandem::draft::DraftJob {
         seq: 0,
+        scope: 0,
         context,
         generated_from: context.len(),
         gamma: 4,

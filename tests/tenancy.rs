@@ -220,6 +220,45 @@ fn keys_guard_the_api_and_stored_responses_are_private_to_their_key() {
         "with the token the method is judged: {}",
         r.text()
     );
+
+    // The prefix cache is per key: what one tenant sent is never another's cached prefix, so
+    // `cached_tokens` (and the time to the first token) tells nothing of other tenants.
+    let chat = json!({
+        "messages": [{"role": "user", "content": "A secret plan: meet at the old mill at noon."}],
+        "max_tokens": 4,
+        "temperature": 0,
+    });
+    let cached = |key: &str| -> (u64, Value) {
+        let r = with_key(&addr, "POST", "/v1/chat/completions", Some(key), &chat);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let n = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        (n, v["choices"][0]["message"]["content"].clone())
+    };
+    let (first, answer) = cached(KEY_A);
+    let (again, same) = cached(KEY_A);
+    assert!(
+        again > first,
+        "A's own text is cached for A: {first} then {again}"
+    );
+    assert_eq!(same, answer);
+    let (other, theirs) = cached(KEY_B);
+    assert!(
+        other < again,
+        "B starts from nothing A stored: {other} of {again}"
+    );
+    assert_eq!(theirs, answer, "the same answer either way");
+    assert_eq!(cached(KEY_B).0, again, "B's own text is cached for B");
+    // The scope is the key's alone: a body naming A's (the first key's) reaches nothing of A's.
+    let mut text = chat.clone();
+    text["messages"][0]["content"] = json!("Another secret: the code is 4-8-15-16.");
+    with_key(&addr, "POST", "/v1/chat/completions", Some(KEY_A), &text);
+    text["cache_scope"] = json!(1);
+    let r = with_key(&addr, "POST", "/v1/chat/completions", Some(KEY_B), &text);
+    let n = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    assert!(n.unwrap() < again, "{}", r.text());
 }
 
 #[test]

@@ -131,6 +131,7 @@ fn engine_request(
             },
             stop_strings: Vec::new(),
             detokenizer: None,
+            cache_scope: 0,
         },
         speculative: RequestSpeculation {
             gamma: job.mode.gamma,

@@ -220,6 +220,7 @@ fn generation_request(
         },
         stop_strings: args.stop.clone(),
         detokenizer: Some(std::sync::Arc::clone(tok)),
+        cache_scope: 0,
     })
 }
 

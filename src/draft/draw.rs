@@ -149,6 +149,7 @@ mod tests {
             for step in 0..20 {
                 let mut job = DraftJob {
                     seq: 1,
+                    scope: 0,
                     context: &history,
                     generated_from: 2,
                     gamma: 20,

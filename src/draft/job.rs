@@ -9,6 +9,9 @@ use crate::sampling::{DraftGate, SamplingParams, SeededRng};
 /// its output starts (for penalties), how many tokens to draft, and where they go.
 pub struct DraftJob<'a> {
     pub seq: u64,
+    /// The prefix cache's scope of its request: a draft model starts a new sequence's cache
+    /// from its scope's texts alone.
+    pub scope: u64,
     pub context: &'a [u32],
     pub generated_from: usize,
     pub gamma: usize,

@@ -30,6 +30,8 @@ pub struct ModelDrafter<M: Deref<Target = Llama>> {
     pub(super) slots: HashMap<u64, usize>,
     /// The tokens each sequence's cache holds (for the prefix cache).
     pub(super) held: HashMap<u64, Vec<u32>>,
+    /// Each sequence's prefix-cache scope.
+    pub(super) scopes: HashMap<u64, u64>,
     /// Ended sequences' keys and values, by text (`None`: no prefix cache).
     pub(super) prefix: Option<PrefixStore>,
     pub(super) scratch: DrawScratch,
@@ -95,6 +97,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             cache,
             slots: HashMap::new(),
             held: HashMap::new(),
+            scopes: HashMap::new(),
             prefix: None,
             scratch: DrawScratch::default(),
             vocab: None,
@@ -231,7 +234,7 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
     /// read, and the proposals) in the target's.
     fn lane(&mut self, job: &DraftJob) -> Result<Lane<Feed>, DraftError> {
         let own = self.in_own_tokens(job.seq, job.context)?.to_vec();
-        let slot = self.slot_for(job.seq, &own)?;
+        let slot = self.slot_for(job.seq, job.scope, &own)?;
         if self.cache.len(slot)? >= own.len() {
             // Out of step with the caller (it should have rolled us back): start over.
             self.cache.keep(slot, Kept::First(0))?;
@@ -394,6 +397,7 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
     ) -> Result<(), DraftError> {
         let mut jobs = [DraftJob {
             seq: SOLO,
+            scope: 0,
             context,
             generated_from,
             gamma,
@@ -414,7 +418,7 @@ impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
     }
 
     fn prefill(&mut self, prompt: &[u32]) -> Result<(), DraftError> {
-        let slot = self.slot_for(SOLO, &[])?;
+        let slot = self.slot_for(SOLO, 0, &[])?;
         self.cache.keep(slot, Kept::First(0))?;
         let own = self.in_own_tokens(SOLO, prompt)?.to_vec();
         let tokens = &own[..own.len().min(self.cache.max_len())];

@@ -22,12 +22,13 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             t.forget(seq);
         }
         let held = self.held.remove(&seq);
+        let scope = self.scopes.remove(&seq).unwrap_or(0);
         let Some(slot) = self.slots.remove(&seq) else {
             return;
         };
         if let (Some(store), Some(tokens), true) = (&mut self.prefix, held, keep) {
             // A store that failed keeps what it held before; the slot goes either way.
-            let _ = store.insert(&self.cache, slot, &tokens);
+            let _ = store.insert(&self.cache, slot, scope, &tokens);
         }
         let _ = self.cache.free(slot);
         self.report_prefix_cache();
@@ -90,9 +91,14 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
     }
 
     /// The slot `seq` drafts in; a new sequence starts from the longest prefix of its
-    /// `context` (all but its last token) that the prefix cache or a running sequence's slot
-    /// holds (copied).
-    pub(super) fn slot_for(&mut self, seq: u64, context: &[u32]) -> Result<usize, DraftError> {
+    /// `context` (all but its last token) that the prefix cache holds in its `scope` or a
+    /// running sequence's slot of that scope holds (copied).
+    pub(super) fn slot_for(
+        &mut self,
+        seq: u64,
+        scope: u64,
+        context: &[u32],
+    ) -> Result<usize, DraftError> {
         if let Some(&slot) = self.slots.get(&seq) {
             return Ok(slot);
         }
@@ -102,7 +108,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                 self.slots.len()
             )))
         })?;
-        let len = match self.start_from_prefix(slot, context) {
+        let len = match self.start_from_prefix(slot, scope, context) {
             Ok(len) => len,
             Err(e) => {
                 let _ = self.cache.free(slot);
@@ -110,21 +116,28 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             }
         };
         self.slots.insert(seq, slot);
+        self.scopes.insert(seq, scope);
         self.held.insert(seq, context[..len].to_vec());
         Ok(slot)
     }
 
     /// Copies into `slot` the longer of what the store and a running sequence's slot hold of
-    /// `context`'s start (all but its last token); how many tokens.
-    fn start_from_prefix(&mut self, slot: usize, context: &[u32]) -> Result<usize, DraftError> {
+    /// `context`'s start (all but its last token) in `scope`; how many tokens.
+    fn start_from_prefix(
+        &mut self,
+        slot: usize,
+        scope: u64,
+        context: &[u32],
+    ) -> Result<usize, DraftError> {
         let Some(store) = &mut self.prefix else {
             return Ok(0);
         };
         let limit = context.len().saturating_sub(1);
-        let stored = store.longest(context, limit);
+        let stored = store.longest(scope, context, limit);
         let running = self
             .held
             .iter()
+            .filter(|(s, _)| self.scopes.get(s) == Some(&scope))
             .filter_map(|(s, t)| Some((*self.slots.get(s)?, common_prefix(t, context).min(limit))))
             .max_by_key(|&(_, n)| n)
             .filter(|&(_, n)| n > stored);
@@ -133,7 +146,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
                 self.cache.copy_prefix(from, slot, n)?;
                 n
             }
-            None if stored > 0 => store.load(&mut self.cache, slot, context, limit)?,
+            None if stored > 0 => store.load(&mut self.cache, slot, scope, context, limit)?,
             None => 0,
         };
         telemetry::record_prefix_lookup("draft", context.len(), len);

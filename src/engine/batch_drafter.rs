@@ -156,6 +156,7 @@ fn calibration_job<'a>(
 ) -> DraftJob<'a> {
     DraftJob {
         seq: 0,
+        scope: 0,
         context,
         generated_from: context.len(),
         gamma: 4,
@@ -190,6 +191,7 @@ fn draft_jobs(
             job_of.push(i);
             jobs.push(DraftJob {
                 seq: it.seq,
+                scope: it.scope,
                 context: &it.context,
                 generated_from: it.prompt_len,
                 gamma: it.gamma,

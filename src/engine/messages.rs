@@ -278,11 +278,12 @@ pub struct CopyPrefix {
 }
 
 /// Verifier: start a new sequence's slot from the longest start of `prompt`, at most `limit`
-/// tokens, that the prefix cache holds or `running` (a running sequence's slot and how many
-/// tokens of the prompt it holds) does. Replies how many tokens the slot holds, and what the
-/// store holds.
+/// tokens, that the prefix cache holds in `scope` or `running` (a running sequence's slot, of
+/// the same scope, and how many tokens of the prompt it holds) does. Replies how many tokens
+/// the slot holds, and what the store holds.
 pub struct StartFromPrefix {
     pub slot: usize,
+    pub scope: u64,
     pub prompt: Vec<u32>,
     pub limit: usize,
     pub running: Option<(usize, usize)>,
@@ -294,9 +295,10 @@ pub struct PrefixStart {
 }
 
 /// Verifier: a sequence ended well: store what its slot holds for `tokens` in the prefix
-/// cache, then free the slot. Replies what the store holds.
+/// cache's `scope`, then free the slot. Replies what the store holds.
 pub struct StorePrefix {
     pub slot: usize,
+    pub scope: u64,
     pub tokens: Vec<u32>,
 }
 
@@ -316,6 +318,9 @@ pub struct DraftBatch {
 
 pub struct DraftItem {
     pub seq: u64,
+    /// The prefix cache's scope of its request (a draft model starts its cache from texts of
+    /// this scope alone).
+    pub scope: u64,
     /// Prompt and output so far; its last token is not yet verified.
     pub context: Vec<u32>,
     pub prompt_len: usize,

@@ -21,6 +21,10 @@ pub struct GenerationRequest {
     pub stop_strings: Vec<String>,
     /// Decodes the output to text (streamed pieces, stop strings, `GenerationOutput::text`).
     pub detokenizer: Option<Arc<TextTokenizer>>,
+    /// The prefix cache's scope it starts from and stores into: its tenant (0: the scope of
+    /// requests with no tenant of their own). A prompt is never started from another scope's
+    /// text.
+    pub cache_scope: u64,
 }
 
 /// What the output callback sees: each generated token with the text it released (text can

@@ -166,16 +166,17 @@ fn start_from_prefix(
     if s.cache.is_allocated(msg.slot) {
         s.cache.free(msg.slot)?;
     }
-    let stored = s.prefix.longest(&msg.prompt, msg.limit);
+    let stored = s.prefix.longest(msg.scope, &msg.prompt, msg.limit);
     let len = match msg.running {
         Some((from, n)) if n.min(msg.limit) > stored => {
             let n = n.min(msg.limit);
             s.cache.copy_prefix(from, msg.slot, n)?;
             n
         }
-        _ if stored > 0 => s
-            .prefix
-            .load(&mut s.cache, msg.slot, &msg.prompt, msg.limit)?,
+        _ if stored > 0 => {
+            s.prefix
+                .load(&mut s.cache, msg.slot, msg.scope, &msg.prompt, msg.limit)?
+        }
         _ => 0,
     };
     Ok(PrefixStart {
@@ -208,7 +209,7 @@ impl Message<StorePrefix> for Verifier {
     ) -> Self::Reply {
         self.worker
             .run(move |s| {
-                let stored = s.prefix.insert(&s.cache, msg.slot, &msg.tokens);
+                let stored = s.prefix.insert(&s.cache, msg.slot, msg.scope, &msg.tokens);
                 if s.cache.is_allocated(msg.slot) {
                     s.cache.free(msg.slot)?;
                 }

@@ -26,6 +26,12 @@ pub struct Tenant(Option<u32>);
 impl Tenant {
     /// Every request of a server without keys.
     pub const OPEN: Tenant = Tenant(None);
+
+    /// Its prefix-cache scope: a prompt starts only from texts of its own tenant (0: the open
+    /// server's one tenant).
+    pub fn cache_scope(self) -> u64 {
+        self.0.map_or(0, |i| u64::from(i) + 1)
+    }
 }
 
 /// The inference API's keys (none: the API is open).

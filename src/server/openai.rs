@@ -11,10 +11,12 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde_json::{json, Value};
 use tracing::Instrument;
 
+use super::api_keys::Tenant;
 use super::completion_body::{log_finished, now_secs, Echo, Endpoint, Report, ResponseMeta};
 use super::error::ApiError;
 use super::schema::{parse_request, ChatRequest, CommonParams, CompletionRequest, PromptInput};
@@ -59,12 +61,17 @@ pub async fn model(
     Ok(Json(model_card(loaded)))
 }
 
-pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    body: Body,
+) -> Response {
     let rid = state.new_request_id("cmpl");
     let span = tracing::info_span!("request", id = %rid, endpoint = "completions");
     let result = async {
         let bytes = read_body(&state, body).await?;
-        let (req, common): (CompletionRequest, _) = parse_request(&bytes)?;
+        let (req, mut common): (CompletionRequest, _) = parse_request(&bytes)?;
+        common.cache_scope = tenant.cache_scope();
         let loaded = state.ready()?;
         let prompts = completion_prompts(loaded, req.prompt)?;
         let logprobs = common.completion_logprobs()?;
@@ -148,18 +155,28 @@ pub(super) async fn chat_request_prompt(
     Ok((prompt, tools))
 }
 
-pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    body: Body,
+) -> Response {
     let rid = state.new_request_id("chatcmpl");
-    chat_completion(&state, body, rid).await
+    chat_completion(&state, tenant, body, rid).await
 }
 
-/// A chat completion under the request id `rid` (the Responses API serves its requests
-/// through this under the response's own id, so logs and `x-request-id` name one id).
-pub(super) async fn chat_completion(state: &Arc<AppState>, body: Body, rid: String) -> Response {
+/// A chat completion of `tenant` under the request id `rid` (the Responses API serves its
+/// requests through this under the response's own id, so logs and `x-request-id` name one id).
+pub(super) async fn chat_completion(
+    state: &Arc<AppState>,
+    tenant: Tenant,
+    body: Body,
+    rid: String,
+) -> Response {
     let span = tracing::info_span!("request", id = %rid, endpoint = "chat.completions");
     let result = async {
         let bytes = read_body(state, body).await?;
-        let (req, common): (ChatRequest, _) = parse_request(&bytes)?;
+        let (req, mut common): (ChatRequest, _) = parse_request(&bytes)?;
+        common.cache_scope = tenant.cache_scope();
         let loaded = state.ready()?;
         let (prompt, tools) = chat_request_prompt(loaded, req).await?;
         if common.echo == Some(true) {

@@ -105,7 +105,7 @@ async fn create_inner(
     let chat_body = Body::from(Value::Object(form.body).to_string());
     // Reserved before it runs, so a DELETE while it is generated is kept to.
     let saver = store.then(|| Saver::reserve(state, id, tenant, conversation));
-    let answer = chat_completion(state, chat_body, id.to_string()).await;
+    let answer = chat_completion(state, tenant, chat_body, id.to_string()).await;
     if answer.status() != StatusCode::OK {
         return Ok(in_responses_words(answer).await);
     }

@@ -264,6 +264,7 @@ pub(super) fn engine_request(
         })?;
     Ok(EngineRequest {
         generation: GenerationRequest {
+            cache_scope: p.cache_scope,
             prompt,
             max_tokens,
             sampling,

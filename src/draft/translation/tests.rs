@@ -39,6 +39,7 @@ fn drafted(columns: &SharedColumns, draft_p: &[f32], params: &SamplingParams) ->
     let history = [0u32];
     let mut job = DraftJob {
         seq: 1,
+        scope: 0,
         context: &history,
         generated_from: 1,
         gamma: 1,

@@ -41,6 +41,7 @@ impl Scheduler {
                 .verifier
                 .ask(StorePrefix {
                     slot: seq.slot,
+                    scope: seq.request.generation.cache_scope,
                     tokens: tokens.to_vec(),
                 })
                 .await;
@@ -170,9 +171,11 @@ impl Scheduler {
             return 0;
         }
         let prompt = q.request.generation.prompt.clone();
+        let scope = q.request.generation.cache_scope;
         let running = self
             .active
             .iter()
+            .filter(|s| s.request.generation.cache_scope == scope)
             .map(|s| (s.slot, common_prefix(s.cached_tokens(), &prompt)))
             .max_by_key(|&(_, len)| len)
             .filter(|&(_, len)| len > 0);
@@ -181,6 +184,7 @@ impl Scheduler {
             .verifier
             .ask(StartFromPrefix {
                 slot,
+                scope,
                 limit: queried.saturating_sub(1),
                 prompt,
                 running,

@@ -175,6 +175,7 @@ impl Sequence {
                 .tree_nodes
                 .min(gamma_limit.min(room).saturating_sub(gamma)),
             seq: self.id,
+            scope: self.request.generation.cache_scope,
             context: self.context.clone(),
             prompt_len: self.prompt_len(),
             gamma,

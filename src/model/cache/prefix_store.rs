@@ -11,6 +11,10 @@
 //! prefilled from scratch. Runs are copies that no sequence writes to: speculation's rollback
 //! acts on a sequence's own slot and cannot reach them. One store per model, on the worker
 //! that owns the model's cache.
+//!
+//! Texts are kept by scope (a tenant: an API key), each scope a tree of its own: a prompt is
+//! only ever started from texts of its own scope, so whether a text is cached (which a
+//! response's `cached_tokens` and its timing show) tells a client nothing about another's.
 
 use std::collections::HashMap;
 
@@ -22,6 +26,7 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// The root of scope 0 (requests with no scope of their own share it).
 const ROOT: usize = 0;
 
 struct Node {
@@ -51,8 +56,10 @@ pub struct PrefixStoreStats {
 pub struct PrefixStore {
     budget_bytes: usize,
     bytes_per_token: usize,
-    /// Slab of nodes; `None` is a free entry. Entry 0 is the root.
+    /// Slab of nodes; `None` is a free entry. Entry 0 is scope 0's root.
     nodes: Vec<Option<Node>>,
+    /// The root of each other scope holding texts.
+    roots: HashMap<u64, usize>,
     free: Vec<usize>,
     clock: u64,
     tokens: usize,
@@ -74,6 +81,7 @@ impl PrefixStore {
             budget_bytes,
             bytes_per_token: bytes_per_token.max(1),
             nodes: vec![Some(root)],
+            roots: HashMap::new(),
             free: Vec::new(),
             clock: 0,
             tokens: 0,
@@ -86,7 +94,12 @@ impl PrefixStore {
             tokens: self.tokens,
             bytes: self.tokens * self.bytes_per_token,
             budget_bytes: self.budget_bytes,
-            runs: self.nodes.iter().flatten().count() - 1,
+            runs: self
+                .nodes
+                .iter()
+                .flatten()
+                .filter(|n| !n.tokens.is_empty())
+                .count(),
             evictions: self.evictions,
         }
     }
@@ -99,11 +112,21 @@ impl PrefixStore {
         self.nodes[id].as_mut().expect("a live node")
     }
 
-    /// The path of runs `text` follows from the root: each run's id and how many of its tokens
+    fn root(&self, scope: u64) -> Option<usize> {
+        match scope {
+            0 => Some(ROOT),
+            s => self.roots.get(&s).copied(),
+        }
+    }
+
+    /// The path of runs `text` follows from `root`: each run's id and how many of its tokens
     /// `text` shares (all of them but perhaps the last's).
-    fn path(&self, text: &[u32]) -> Vec<(usize, usize)> {
+    fn path(&self, root: Option<usize>, text: &[u32]) -> Vec<(usize, usize)> {
         let mut path = Vec::new();
-        let (mut at, mut pos) = (ROOT, 0);
+        let Some(root) = root else {
+            return path;
+        };
+        let (mut at, mut pos) = (root, 0);
         while let Some(&child) = text.get(pos).and_then(|t| self.node(at).children.get(t)) {
             let shared = common_prefix(&self.node(child).tokens, &text[pos..]);
             path.push((child, shared));
@@ -116,23 +139,27 @@ impl PrefixStore {
         path
     }
 
-    /// Tokens of `prompt`'s start, at most `limit`, that the store holds.
-    pub fn longest(&self, prompt: &[u32], limit: usize) -> usize {
+    /// Tokens of `prompt`'s start, at most `limit`, that the store holds in `scope`.
+    pub fn longest(&self, scope: u64, prompt: &[u32], limit: usize) -> usize {
         let text = &prompt[..limit.min(prompt.len())];
-        self.path(text).iter().map(|&(_, n)| n).sum()
+        self.path(self.root(scope), text)
+            .iter()
+            .map(|&(_, n)| n)
+            .sum()
     }
 
     /// Appends to `slot` (empty, or allocated here) the keys and values of the longest start of
-    /// `prompt`, at most `limit` tokens, that the store holds; how many tokens that is.
+    /// `prompt`, at most `limit` tokens, that the store holds in `scope`; how many tokens.
     pub fn load(
         &mut self,
         cache: &mut KvCache,
         slot: usize,
+        scope: u64,
         prompt: &[u32],
         limit: usize,
     ) -> Result<usize> {
         let text = &prompt[..limit.min(prompt.len())];
-        let path = self.path(text);
+        let path = self.path(self.root(scope), text);
         self.clock += 1;
         let mut loaded = 0;
         for (id, n) in path {
@@ -144,19 +171,34 @@ impl PrefixStore {
         Ok(loaded)
     }
 
-    /// Stores what `slot` holds for `text` (its first `text.len()` positions): the part the
-    /// tree does not hold yet becomes a new run, split from a run it shares a start with; then
-    /// least recently used runs are evicted until the store is within its budget.
-    pub fn insert(&mut self, cache: &KvCache, slot: usize, text: &[u32]) -> Result<()> {
+    /// Stores what `slot` holds for `text` (its first `text.len()` positions) in `scope`: the
+    /// part the scope's tree does not hold yet becomes a new run, split from a run it shares a
+    /// start with; then least recently used runs are evicted until the store is within its
+    /// budget.
+    pub fn insert(&mut self, cache: &KvCache, slot: usize, scope: u64, text: &[u32]) -> Result<()> {
         let room = self.budget_bytes / self.bytes_per_token;
         let text = &text[..text.len().min(room)];
         if text.is_empty() {
             return Ok(());
         }
         self.clock += 1;
-        let mut at = ROOT;
+        let root = match self.root(scope) {
+            Some(r) => r,
+            None => {
+                let r = self.alloc(Node {
+                    parent: ROOT,
+                    tokens: Vec::new(),
+                    kv: None,
+                    children: HashMap::new(),
+                    used: self.clock,
+                });
+                self.roots.insert(scope, r);
+                r
+            }
+        };
+        let mut at = root;
         let mut pos = 0;
-        for (id, n) in self.path(text) {
+        for (id, n) in self.path(Some(root), text) {
             self.node_mut(id).used = self.clock;
             pos += n;
             at = id;
@@ -234,7 +276,7 @@ impl PrefixStore {
                 .iter()
                 .enumerate()
                 .filter_map(|(id, n)| Some((id, n.as_ref()?)))
-                .filter(|&(id, n)| id != ROOT && id != keep && n.children.is_empty())
+                .filter(|&(id, n)| !n.tokens.is_empty() && id != keep && n.children.is_empty())
                 .min_by_key(|&(_, n)| n.used)
                 .map(|(id, _)| id);
             let Some(leaf) = leaf else {
@@ -249,7 +291,14 @@ impl PrefixStore {
         let node = self.nodes[id].take().expect("a live node");
         self.free.push(id);
         self.tokens -= node.tokens.len();
-        self.node_mut(node.parent).children.remove(&node.tokens[0]);
+        let parent = self.node_mut(node.parent);
+        parent.children.remove(&node.tokens[0]);
+        // A scope whose last text went forgets its root.
+        if parent.tokens.is_empty() && parent.children.is_empty() && node.parent != ROOT {
+            self.nodes[node.parent] = None;
+            self.free.push(node.parent);
+            self.roots.retain(|_, r| *r != node.parent);
+        }
     }
 
     /// Runs evicted since the last call (for a counter).

@@ -33,6 +33,10 @@ pub struct StreamOptions {
 /// Sampling and control fields shared by both endpoints.
 #[derive(Debug, Default, Deserialize)]
 pub struct CommonParams {
+    /// The prefix cache's scope: the request's tenant, set by the handler, never read from the
+    /// body.
+    #[serde(skip)]
+    pub cache_scope: u64,
     pub model: Option<String>,
     pub max_tokens: Option<usize>,
     /// The newer name of `max_tokens` (both endpoints take it, as vLLM does).

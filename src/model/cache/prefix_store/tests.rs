@@ -134,7 +134,7 @@ fn fresh(cache: &mut KvCache, spare: usize, text: &[u32]) -> Vec<Vec<f32>> {
 /// Stores `text` as a finished sequence would leave it.
 fn finish(store: &mut PrefixStore, cache: &mut KvCache, text: &[u32]) {
     compute(cache, 0, text);
-    store.insert(cache, 0, text).unwrap();
+    store.insert(cache, 0, 0, text).unwrap();
     cache.free(0).unwrap();
 }
 
@@ -147,8 +147,8 @@ fn check_load(
     prompt: &[u32],
     limit: usize,
 ) -> usize {
-    let n = store.load(cache, 1, prompt, limit).unwrap();
-    assert_eq!(n, store.longest(prompt, limit), "{name}");
+    let n = store.load(cache, 1, 0, prompt, limit).unwrap();
+    assert_eq!(n, store.longest(0, prompt, limit), "{name}");
     if n > 0 {
         let got = contents(cache, 1);
         assert_eq!(got, fresh(cache, 5, &prompt[..n]), "{name}: {prompt:?}");
@@ -241,7 +241,7 @@ fn eviction_keeps_the_budget_and_takes_the_least_recently_used_leaf() {
         assert!(s.bytes <= s.budget_bytes, "{name}: {s:?}");
         assert_eq!((s.tokens, s.evictions), (34, 1), "{name}");
         assert_eq!(
-            store.longest(&convs[1], usize::MAX),
+            store.longest(0, &convs[1], usize::MAX),
             10,
             "{name}: its own run went"
         );
@@ -257,7 +257,7 @@ fn eviction_keeps_the_budget_and_takes_the_least_recently_used_leaf() {
             check_load(name, &mut store, &mut cache, &long, usize::MAX),
             40
         );
-        assert_eq!(store.longest(&convs[0], usize::MAX), 0, "{name}");
+        assert_eq!(store.longest(0, &convs[0], usize::MAX), 0, "{name}");
         store.clear();
         assert_eq!(store.stats().tokens, 0);
         assert_eq!(
@@ -280,7 +280,7 @@ fn rolling_a_loaded_slot_back_never_reaches_the_store() {
         finish(&mut store, &mut cache, &a);
         // A sequence starts from the stored text, drafts, is rolled back into the stored
         // part, and writes other tokens there.
-        assert_eq!(store.load(&mut cache, 2, &a, 30).unwrap(), 30);
+        assert_eq!(store.load(&mut cache, 2, 0, &a, 30).unwrap(), 30);
         compute(&mut cache, 2, &cat(&[&a, &[1, 2, 3, 4]]));
         cache.keep(2, Kept::First(12)).unwrap();
         compute(&mut cache, 2, &cat(&[&a[..12], &[77; 9]]));
@@ -291,4 +291,35 @@ fn rolling_a_loaded_slot_back_never_reaches_the_store() {
         finish(&mut store, &mut cache, &b);
         assert_eq!(check_load(name, &mut store, &mut cache, &b, usize::MAX), 7);
     }
+}
+
+#[test]
+fn a_scope_sees_only_its_own_texts_and_shares_the_budget() {
+    let mut cache = KvCache::new(LAYERS, KV_DIM, 6, 256, KvDtype::F32);
+    let bpt = cache.bytes_per_token();
+    let mut store = PrefixStore::new(30 * bpt, bpt);
+    let a = text(10, 12);
+    compute(&mut cache, 0, &a);
+    store.insert(&cache, 0, 7, &a).unwrap();
+    // Scope 7's text is not another scope's, nor the shared scope's.
+    assert_eq!(store.longest(7, &a, usize::MAX), 12);
+    assert_eq!(store.longest(8, &a, usize::MAX), 0);
+    assert_eq!(store.longest(0, &a, usize::MAX), 0);
+    assert_eq!(store.load(&mut cache, 1, 8, &a, usize::MAX).unwrap(), 0);
+    assert!(!cache.is_allocated(1), "nothing loaded");
+    // The same text in another scope is stored again: a scope's tree is its own.
+    store.insert(&cache, 0, 8, &a).unwrap();
+    assert_eq!(store.stats().tokens, 24);
+    assert_eq!(store.load(&mut cache, 1, 8, &a, usize::MAX).unwrap(), 12);
+    assert_eq!(contents(&cache, 1), fresh(&mut cache, 5, &a));
+    cache.free(1).unwrap();
+    // One budget for all scopes: the least recently used text goes, whatever its scope, and
+    // a scope left empty is forgotten.
+    store.insert(&cache, 0, 0, &a).unwrap();
+    let s = store.stats();
+    assert_eq!((s.tokens, s.runs, s.evictions), (24, 2, 1), "{s:?}");
+    assert_eq!(store.longest(7, &a, usize::MAX), 0);
+    assert!(!store.roots.contains_key(&7));
+    assert_eq!(store.longest(0, &a, usize::MAX), 12);
+    cache.free(0).unwrap();
 }
