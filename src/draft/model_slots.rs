@@ -133,22 +133,13 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
             return Ok(0);
         };
         let limit = context.len().saturating_sub(1);
-        let stored = store.longest(scope, context, limit);
         let running = self
             .held
             .iter()
             .filter(|(s, _)| self.scopes.get(s) == Some(&scope))
-            .filter_map(|(s, t)| Some((*self.slots.get(s)?, common_prefix(t, context).min(limit))))
-            .max_by_key(|&(_, n)| n)
-            .filter(|&(_, n)| n > stored);
-        let len = match running {
-            Some((from, n)) => {
-                self.cache.copy_prefix(from, slot, n)?;
-                n
-            }
-            None if stored > 0 => store.load(&mut self.cache, slot, scope, context, limit)?,
-            None => 0,
-        };
+            .filter_map(|(s, t)| Some((*self.slots.get(s)?, common_prefix(t, context))))
+            .max_by_key(|&(_, n)| n);
+        let len = store.start(&mut self.cache, slot, scope, (context, limit), running)?;
         telemetry::record_prefix_lookup("draft", context.len(), len);
         self.report_prefix_cache();
         Ok(len)

@@ -157,8 +157,8 @@ impl Message<StartFromPrefix> for Verifier {
     }
 }
 
-/// The longer of what the store holds and what a running sequence's slot holds is copied into
-/// the new slot (the store wins a tie: its runs are what a running sequence would copy).
+/// The new slot starts empty, then from the store or the running sequence, whichever holds
+/// more of the prompt.
 fn start_from_prefix(
     s: &mut TargetState,
     msg: &StartFromPrefix,
@@ -166,19 +166,13 @@ fn start_from_prefix(
     if s.cache.is_allocated(msg.slot) {
         s.cache.free(msg.slot)?;
     }
-    let stored = s.prefix.longest(msg.scope, &msg.prompt, msg.limit);
-    let len = match msg.running {
-        Some((from, n)) if n.min(msg.limit) > stored => {
-            let n = n.min(msg.limit);
-            s.cache.copy_prefix(from, msg.slot, n)?;
-            n
-        }
-        _ if stored > 0 => {
-            s.prefix
-                .load(&mut s.cache, msg.slot, msg.scope, &msg.prompt, msg.limit)?
-        }
-        _ => 0,
-    };
+    let len = s.prefix.start(
+        &mut s.cache,
+        msg.slot,
+        msg.scope,
+        (&msg.prompt, msg.limit),
+        msg.running,
+    )?;
     Ok(PrefixStart {
         len,
         store: report_store(&mut s.prefix),

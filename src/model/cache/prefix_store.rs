@@ -171,6 +171,28 @@ impl PrefixStore {
         Ok(loaded)
     }
 
+    /// Starts `slot` (empty) from the longer of what the store holds of `prompt`'s start in
+    /// `scope` and what `running` (another slot, and how many of the prompt's first tokens it
+    /// holds) does, at most `limit` tokens; how many tokens the slot holds then. The store wins
+    /// a tie: its runs are what the running slot would copy.
+    pub fn start(
+        &mut self,
+        cache: &mut KvCache,
+        slot: usize,
+        scope: u64,
+        (prompt, limit): (&[u32], usize),
+        running: Option<(usize, usize)>,
+    ) -> Result<usize> {
+        let stored = self.longest(scope, prompt, limit);
+        match running.map(|(from, n)| (from, n.min(limit))) {
+            Some((from, n)) if n > stored => {
+                cache.copy_prefix(from, slot, n)?;
+                Ok(n)
+            }
+            _ => self.load(cache, slot, scope, prompt, limit),
+        }
+    }
+
     /// Stores what `slot` holds for `text` (its first `text.len()` positions) in `scope`: the
     /// part the scope's tree does not hold yet becomes a new run, split from a run it shares a
     /// start with; then least recently used runs are evicted until the store is within its
