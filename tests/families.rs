@@ -32,6 +32,8 @@ const FAMILIES: &[&str] = &[
     "gemma3",
     "phi3",
     "phi3_longrope",
+    "qwen3moe",
+    "mixtral",
 ];
 
 struct Reference {
@@ -209,10 +211,10 @@ fn gguf_files_written_by_llama_cpp_match_llama_cpp_and_transformers() {
     }
 }
 
-/// GGUF files of Mistral are Llama files.
+/// GGUF files of Mistral and Mixtral are Llama files.
 fn family_in_gguf(family: &str) -> &str {
     match family {
-        "mistral" => "llama",
+        "mistral" | "mixtral" => "llama",
         "phi3_longrope" => "phi3",
         f => f,
     }

@@ -209,8 +209,9 @@ fn print_widths(widths: &[usize], times: &mut [Vec<f64>]) -> Option<(usize, f64)
 /// The first width's forward against the least time the machine's memory bandwidth allows it.
 fn print_memory_bound(config: &Config, timer: &ForwardTimer<'_>, (k0, ms): (usize, f64)) {
     let (model, depth) = (timer.model, timer.depth);
-    // Every forward streams the weights once and the cache once.
-    let bytes = model.weight_bytes() + (depth + k0) * timer.cache.bytes_per_token();
+    // Every forward streams the weights a token reads (a mixture's chosen experts: a 1-token
+    // forward's least) once and the cache once.
+    let bytes = model.bytes_per_token() + (depth + k0) * timer.cache.bytes_per_token();
     let threads = tandem::runtime::thread_count(config.runtime.threads);
     let bandwidth = stream_bandwidth::measure(threads, 3);
     let floor_ms = bytes as f64 / bandwidth * 1e3;
@@ -220,7 +221,7 @@ fn print_memory_bound(config: &Config, timer: &ForwardTimer<'_>, (k0, ms): (usiz
          {depth}); {threads} thread(s) stream {:.1} GB/s, so it takes at least {floor_ms:.2} ms; \
          the measured {ms:.2} ms runs at {:.0}% of that bound",
         bytes as f64 / 1e6,
-        model.weight_bytes() as f64 / 1e6,
+        model.bytes_per_token() as f64 / 1e6,
         bandwidth / 1e9,
         floor_ms / ms * 100.0
     );

@@ -31,6 +31,19 @@ pub struct Block {
     pub hf_norm_plus_one: bool,
     /// The file holds q|k|v as one tensor and gate|up as one (Phi-3).
     pub fused_projections: bool,
+    /// Which feed-forward the family's layers have.
+    pub feedforward: Feedforward,
+}
+
+/// A family's feed-forward: one gated MLP, or a mixture of experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feedforward {
+    Dense,
+    /// Every layer's feed-forward is routed ([`Experts`], from the file).
+    Routed,
+    /// Dense, or routed where the file states experts: Llama's GGUF architecture holds
+    /// Mixtral's files too.
+    DenseOrRouted,
 }
 
 impl Block {
@@ -43,5 +56,20 @@ impl Block {
         embed_scale: false,
         hf_norm_plus_one: false,
         fused_projections: false,
+        feedforward: Feedforward::Dense,
     };
+}
+
+/// A routed feed-forward (a mixture of experts): each token's router picks `used` of `count`
+/// experts, each a gated MLP of width `ffn_len`, and sums their outputs weighted by the
+/// router's probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Experts {
+    pub count: usize,
+    pub used: usize,
+    /// The width of one expert's gated MLP.
+    pub ffn_len: usize,
+    /// The chosen experts' probabilities are divided by their sum (Mixtral, Qwen3-MoE); else
+    /// they are the softmax's over all experts.
+    pub norm_top_k: bool,
 }

@@ -3,7 +3,7 @@
 
 use candle_core::quantized::gguf_file;
 
-use crate::model::arch::block::{Activation, Block};
+use crate::model::arch::block::{Activation, Block, Feedforward};
 use crate::model::load::hparams::{GgufKeys, HfConfig, LlamaHparams, RopeLayout};
 use crate::model::{ModelError, Result};
 
@@ -32,6 +32,7 @@ impl Family {
         let keys = GgufKeys::new(content, path);
         let mut hp = LlamaHparams::from_gguf_keys(&keys, self.block, self.gguf_rope)?;
         (self.gguf_extras)(&keys, &mut hp)?;
+        self.check_feedforward(&hp)?;
         hp.validate()?;
         Ok(hp)
     }
@@ -40,8 +41,25 @@ impl Family {
         refuse_unread_hf_keys(config, self.block)?;
         let mut hp = LlamaHparams::from_hf(config, self.block)?;
         (self.hf_extras)(config, &mut hp)?;
+        self.check_feedforward(&hp)?;
         hp.validate()?;
         Ok(hp)
+    }
+
+    /// A file's experts (or their absence) against what the family's layers have.
+    fn check_feedforward(&self, hp: &LlamaHparams) -> Result<()> {
+        match (self.block.feedforward, &hp.experts) {
+            (Feedforward::Dense, Some(e)) => Err(ModelError::Unsupported(format!(
+                "a mixture of {} experts in a '{}' model (tandem runs mixtures of experts \
+                 as 'qwen3moe' and Mixtral's 'llama' files)",
+                e.count, hp.family
+            ))),
+            (Feedforward::Routed, None) => Err(ModelError::BadConfig(format!(
+                "a '{}' model must state its experts (expert_count, num_experts)",
+                hp.family
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -56,6 +74,17 @@ fn refuse_unread_hf_keys(c: &HfConfig, block: Block) -> Result<()> {
     }
     if let Some(f) = c.partial_rotary_factor.filter(|&f| f != 1.0) {
         return refuse(format!("partial_rotary_factor = {f} (only full rotation)"));
+    }
+    if c.shared_expert_intermediate_size.is_some_and(|n| n > 0) {
+        return refuse("shared_expert_intermediate_size (a shared expert)".into());
+    }
+    if c.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty()) {
+        return refuse("mlp_only_layers (dense layers among routed ones)".into());
+    }
+    if let Some(step) = c.decoder_sparse_step.filter(|&s| s != 1) {
+        return refuse(format!(
+            "decoder_sparse_step = {step} (every layer routed only)"
+        ));
     }
     if let Some(cap) = c.final_logit_softcapping.or(c.attn_logit_softcapping) {
         return refuse(format!("logit soft-capping ({cap})"));

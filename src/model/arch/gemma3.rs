@@ -2,7 +2,7 @@
 //! gated MLP, embeddings scaled by √hidden, and five of every six layers attending within a
 //! sliding window at their own rope base (10k) while the sixth is global (1M).
 
-use crate::model::arch::block::{Activation, Block};
+use crate::model::arch::block::{Activation, Block, Feedforward};
 use crate::model::arch::family::Family;
 use crate::model::load::hparams::{GgufKeys, HfConfig, LayerWindows, LlamaHparams, RopeLayout};
 use crate::model::{ModelError, Result};
@@ -24,6 +24,7 @@ pub const FAMILY: Family = Family {
         embed_scale: true,
         hf_norm_plus_one: true,
         fused_projections: false,
+        feedforward: Feedforward::Dense,
     },
     gguf_rope: RopeLayout::HalfSplit,
     gguf_extras,

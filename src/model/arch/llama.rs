@@ -1,8 +1,9 @@
 //! Llama 2 and 3.x, SmolLM, and Mistral (a Llama block with every layer's attention in a
 //! sliding window, where its config sets one): the block every other family is told apart
-//! from.
+//! from. llama.cpp writes Mixtral's files under this architecture too (with `expert_count`
+//! and routed tensors), so a Llama GGUF's feed-forward is dense or routed as the file says.
 
-use crate::model::arch::block::Block;
+use crate::model::arch::block::{Block, Feedforward};
 use crate::model::arch::family::Family;
 use crate::model::load::hparams::{GgufKeys, HfConfig, LayerWindows, LlamaHparams, RopeLayout};
 use crate::model::Result;
@@ -11,7 +12,10 @@ pub const FAMILY: Family = Family {
     gguf: "llama",
     hf_architectures: &["LlamaForCausalLM", "MistralForCausalLM"],
     hf_model_types: &["llama", "mistral"],
-    block: Block::LLAMA,
+    block: Block {
+        feedforward: Feedforward::DenseOrRouted,
+        ..Block::LLAMA
+    },
     gguf_rope: RopeLayout::Interleaved,
     gguf_extras,
     hf_extras,

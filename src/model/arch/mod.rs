@@ -1,5 +1,6 @@
 //! The model families tandem runs, one file each (`llama`, `qwen2`, `qwen3`, `gemma3`,
-//! `phi3`), over the shared forward, kernels, attention, KV cache and rope.
+//! `phi3`, and the mixtures of experts `qwen3moe` and `mixtral`), over the shared forward,
+//! kernels, attention, KV cache and rope.
 //!
 //! A family is mostly a declared [`block::Block`] (norm placement, activation, biases, q/k
 //! norms, embedding scale) and the keys only its files carry (windows, per-layer rope); code
@@ -10,9 +11,11 @@ pub mod block;
 pub mod family;
 pub mod gemma3;
 pub mod llama;
+pub mod mixtral;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3moe;
 
 use candle_core::quantized::gguf_file;
 
@@ -27,12 +30,39 @@ pub const FAMILIES: &[&Family] = &[
     &qwen3::FAMILY,
     &gemma3::FAMILY,
     &phi3::FAMILY,
+    &qwen3moe::FAMILY,
+    // Its GGUF files are `llama`'s, found above: listed for its Hugging Face names.
+    &mixtral::FAMILY,
+];
+
+/// Mixtures of experts llama.cpp writes that tandem does not run (yet), named in the refusal
+/// so a user reads why rather than a missing tensor.
+const UNRUN_MIXTURES: &[&str] = &[
+    "qwen2moe",
+    "olmoe",
+    "gpt-oss",
+    "deepseek2",
+    "granitemoe",
+    "dbrx",
+    "arctic",
+    "grok",
+    "phimoe",
+    "llama4",
+    "qwen3next",
+    "glm4moe",
+    "ernie4_5-moe",
+    "bailingmoe",
+    "hunyuan-moe",
 ];
 
 fn names(f: impl Fn(&Family) -> Vec<&'static str>) -> String {
-    FAMILIES
-        .iter()
-        .flat_map(|fam| f(fam))
+    let mut seen = Vec::new();
+    for n in FAMILIES.iter().flat_map(|fam| f(fam)) {
+        if !seen.contains(&n) {
+            seen.push(n);
+        }
+    }
+    seen.iter()
         .map(|n| format!("'{n}'"))
         .collect::<Vec<_>>()
         .join(", ")
@@ -45,8 +75,12 @@ pub fn hparams_from_gguf(
 ) -> Result<LlamaHparams> {
     let arch = GgufKeys::new(content, path).arch;
     let family = FAMILIES.iter().find(|f| f.gguf == arch).ok_or_else(|| {
+        let what = match UNRUN_MIXTURES.contains(&arch.as_str()) {
+            true => " (a mixture of experts tandem does not run yet)",
+            false => "",
+        };
         ModelError::Unsupported(format!(
-            "GGUF architecture '{arch}' (tandem runs {})",
+            "GGUF architecture '{arch}'{what} (tandem runs {})",
             names(|f| vec![f.gguf])
         ))
     })?;

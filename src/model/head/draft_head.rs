@@ -11,6 +11,7 @@ use crate::model::cache::kv_cache::{KvCache, KvDtype};
 use crate::model::draft_vocab::DraftVocab;
 use crate::model::llama::batch::{logits_rows, FeatureTaps, SeqInput};
 use crate::model::llama::device::ForwardKind;
+use crate::model::llama::ffn::{Ffn, GatedMlp};
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
 use crate::model::llama::own_forward::{run_layers, LayerIo};
 use crate::model::llama::rope::Ropes;
@@ -88,8 +89,11 @@ impl DraftHead {
             qkv: linear(vec![&tensors.q, &tensors.k, &tensors.v])?,
             o: linear(vec![&tensors.o])?,
             ffn_norm: tensors.ffn_norm.clone(),
-            gate_up: linear(vec![&tensors.gate, &tensors.up])?,
-            down: linear(vec![&tensors.down])?,
+            ffn: Ffn::Dense(GatedMlp {
+                gate_up: linear(vec![&tensors.gate, &tensors.up])?,
+                down: linear(vec![&tensors.down])?,
+                gelu: false,
+            }),
             extras: LayerExtras::default(),
         };
         // An EAGLE-3 head drafts over its own vocabulary with its own output head.

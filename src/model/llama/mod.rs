@@ -1,11 +1,13 @@
 pub mod batch;
 pub mod device;
 pub mod embedding;
+pub mod ffn;
 pub mod linear;
 pub mod model;
 pub mod op_profile;
 pub mod own_forward;
 pub mod rope;
+pub mod routing;
 pub mod tensor_forward;
 pub mod weights;
 pub mod weights_dtype;

@@ -155,10 +155,16 @@ impl Llama {
         self.weights_dtype
     }
 
-    /// Bytes of every linear weight (the output head included) in its ggml type: what one
-    /// forward streams at least, whatever its width.
+    /// Bytes of every linear weight (the output head included) in its ggml type: what the
+    /// model holds.
     pub fn weight_bytes(&self) -> usize {
         self.weights.weight_bytes()
+    }
+
+    /// Bytes of the linear weights one token reads: [`Self::weight_bytes`] for a dense model,
+    /// a mixture's router and chosen experts only (what a 1-token forward streams at least).
+    pub fn bytes_per_token(&self) -> usize {
+        self.weights.bytes_per_token()
     }
 
     /// Multiply-adds per token of each kind of matmul, summed over the layers.

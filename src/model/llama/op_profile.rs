@@ -32,12 +32,15 @@ pub enum Op {
     Elementwise,
     /// The MLP down projection.
     DownMatmul,
+    /// A mixture of experts' router: its logits, the choice of experts, and the gathering
+    /// and weighted adding of rows around the experts' matmuls.
+    Router,
     /// The output head (logits).
     LmHead,
 }
 
 impl Op {
-    pub const ALL: [Op; 11] = [
+    pub const ALL: [Op; 12] = [
         Op::Embed,
         Op::Norm,
         Op::QkvMatmul,
@@ -48,6 +51,7 @@ impl Op {
         Op::GateUpMatmul,
         Op::Elementwise,
         Op::DownMatmul,
+        Op::Router,
         Op::LmHead,
     ];
 
@@ -63,6 +67,7 @@ impl Op {
             Op::GateUpMatmul => "gate/up matmul",
             Op::Elementwise => "SiLU and residuals",
             Op::DownMatmul => "down matmul",
+            Op::Router => "expert routing",
             Op::LmHead => "lm_head matmul",
         }
     }
@@ -71,7 +76,12 @@ impl Op {
     pub fn is_matmul(self) -> bool {
         matches!(
             self,
-            Op::QkvMatmul | Op::OutMatmul | Op::GateUpMatmul | Op::DownMatmul | Op::LmHead
+            Op::QkvMatmul
+                | Op::OutMatmul
+                | Op::GateUpMatmul
+                | Op::DownMatmul
+                | Op::Router
+                | Op::LmHead
         )
     }
 }

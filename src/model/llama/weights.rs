@@ -6,17 +6,17 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::arch::block::Activation;
-use crate::model::kernels::elementwise::{gelu_gate_rows, silu_gate_rows};
+use crate::model::arch::block::{Activation, Experts};
 use crate::model::kernels::rms_norm::{
     add_norm_rows, norm_in_place, norm_rows, rms_norm, with_host,
 };
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::embedding::Embedding;
+use crate::model::llama::ffn::{Ffn, FfnBuffers, GatedMlp, RoutedFfn};
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::load::hparams::LlamaHparams;
-use crate::model::load::weight_roles::{WeightName, WeightReader};
+use crate::model::load::weight_roles::{ExpertPart, WeightName, WeightReader};
 use crate::model::{ModelError, Result};
 
 pub(crate) struct Layer {
@@ -26,8 +26,7 @@ pub(crate) struct Layer {
     pub qkv: Linear,
     pub o: Linear,
     pub ffn_norm: Tensor,
-    pub gate_up: Linear,
-    pub down: Linear,
+    pub ffn: Ffn,
     /// What the family's block adds to Llama's (none for Llama).
     pub extras: LayerExtras,
 }
@@ -41,7 +40,6 @@ pub(crate) struct LayerExtras {
     pub qk_norm: Option<(Tensor, Tensor)>,
     /// The norms of attention's and the MLP's outputs before their residual adds.
     pub post_norms: Option<(Tensor, Tensor)>,
-    pub gelu: bool,
 }
 
 impl Layer {
@@ -74,7 +72,7 @@ impl Layer {
         bufs: &mut MlpBuffers,
     ) -> Result<()> {
         let rows = attn.len() / self.o.in_features();
-        let MlpBuffers { o, gu, act, down } = bufs;
+        let MlpBuffers { o, down, ffn } = bufs;
         timed(Op::OutMatmul, || self.o.forward_rows_into(attn, rows, o))?;
         if let Some((after_attn, _)) = &self.extras.post_norms {
             timed(Op::Norm, || norm_in_place(after_attn, o, eps, scratch))?;
@@ -82,21 +80,7 @@ impl Layer {
         timed(Op::Norm, || {
             with_host(&self.ffn_norm, |w| add_norm_rows(x, o, w, eps, scratch))
         })?;
-        timed(Op::GateUpMatmul, || {
-            self.gate_up.forward_rows_into(scratch, rows, gu)
-        })?;
-        let inter = self.down.in_features();
-        timed(Op::Elementwise, || {
-            act.resize(rows * inter, 0.0);
-            if self.extras.gelu {
-                gelu_gate_rows(gu, inter, act)
-            } else {
-                silu_gate_rows(gu, inter, act)
-            }
-        });
-        timed(Op::DownMatmul, || {
-            self.down.forward_rows_into(act, rows, down)
-        })?;
+        self.ffn.forward_rows_into(scratch, rows, down, ffn)?;
         if let Some((_, after_mlp)) = &self.extras.post_norms {
             // The output projection's rows are spent: scratch for the in-place norm.
             timed(Op::Norm, || norm_in_place(after_mlp, down, eps, o))?;
@@ -119,16 +103,7 @@ impl Layer {
         }
         let x = timed(Op::Elementwise, || x + o)?;
         let h = timed(Op::Norm, || rms_norm(&x, &self.ffn_norm, eps))?;
-        let gu = timed(Op::GateUpMatmul, || self.gate_up.forward(&h))?;
-        let act = timed(Op::Elementwise, || {
-            if self.extras.gelu {
-                let inter = gu.dim(1)? / 2;
-                gu.narrow(1, 0, inter)?.gelu()? * gu.narrow(1, inter, inter)?
-            } else {
-                crate::model::kernels::elementwise::silu_gate(&gu)
-            }
-        })?;
-        let mut down = timed(Op::DownMatmul, || self.down.forward(&act))?;
+        let mut down = self.ffn.forward(&h)?;
         if let Some((_, after_mlp)) = post {
             down = timed(Op::Norm, || rms_norm(&down, after_mlp, eps))?;
         }
@@ -161,31 +136,83 @@ impl LayerParts<'_> {
         Ok(w.to_device(self.device)?)
     }
 
+    /// Layer `l`'s dense MLP.
+    fn dense_ffn(&self, reader: &mut WeightReader, l: usize) -> Result<Ffn> {
+        let gate_up = match self.hp.block.fused_projections {
+            true => vec![reader.raw(WeightName::GateUp(l))?],
+            false => vec![
+                reader.raw(WeightName::Gate(l))?,
+                reader.raw(WeightName::Up(l))?,
+            ],
+        };
+        let mlp = GatedMlp {
+            gate_up: self.linear(gate_up)?,
+            down: self.linear(vec![reader.raw(WeightName::Down(l))?])?,
+            gelu: self.hp.block.activation == Activation::GeluTanh,
+        };
+        let fits = mlp.gate_up.out_features() == 2 * self.hp.intermediate_size
+            && mlp.down.in_features() == self.hp.intermediate_size;
+        self.sizes_fit(l, fits)?;
+        Ok(Ffn::Dense(mlp))
+    }
+
+    /// Layer `l`'s mixture of experts: its router and each expert's gate|up and down.
+    fn routed_ffn(&self, reader: &mut WeightReader, l: usize, e: &Experts) -> Result<Ffn> {
+        let router = self.linear(vec![reader.router(l)?])?;
+        let gates = reader.experts(l, ExpertPart::Gate, e.count)?;
+        let ups = reader.experts(l, ExpertPart::Up, e.count)?;
+        let downs = reader.experts(l, ExpertPart::Down, e.count)?;
+        let experts = gates
+            .into_iter()
+            .zip(ups)
+            .zip(downs)
+            .map(|((g, u), d)| {
+                Ok(GatedMlp {
+                    gate_up: self.linear(vec![g, u])?,
+                    down: self.linear(vec![d])?,
+                    gelu: self.hp.block.activation == Activation::GeluTanh,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let hidden = self.hp.hidden_size;
+        let fits = router.out_features() == e.count
+            && router.in_features() == hidden
+            && experts.iter().all(|m| {
+                m.gate_up.out_features() == 2 * e.ffn_len
+                    && m.gate_up.in_features() == hidden
+                    && m.down.in_features() == e.ffn_len
+                    && m.down.out_features() == hidden
+            });
+        self.sizes_fit(l, fits)?;
+        Ok(Ffn::Routed(RoutedFfn {
+            router,
+            experts,
+            used: e.used,
+            renormalize: e.norm_top_k,
+        }))
+    }
+
+    fn sizes_fit(&self, l: usize, fits: bool) -> Result<()> {
+        match fits {
+            true => Ok(()),
+            false => Err(ModelError::BadConfig(format!(
+                "layer {l} projection sizes do not match the config"
+            ))),
+        }
+    }
+
     fn load(&self, reader: &mut WeightReader, l: usize) -> Result<Layer> {
         let (hp, block) = (self.hp, self.hp.block);
-        let (qkv, gate_up) = if block.fused_projections {
-            (
-                vec![reader.raw(WeightName::Qkv(l))?],
-                vec![reader.raw(WeightName::GateUp(l))?],
-            )
+        let qkv = if block.fused_projections {
+            vec![reader.raw(WeightName::Qkv(l))?]
         } else {
             let names = [WeightName::Q(l), WeightName::K(l), WeightName::V(l)];
-            let qkv = names
+            names
                 .map(|n| reader.raw(n))
                 .into_iter()
-                .collect::<Result<_>>()?;
-            let gu = [WeightName::Gate(l), WeightName::Up(l)];
-            (
-                qkv,
-                gu.map(|n| reader.raw(n))
-                    .into_iter()
-                    .collect::<Result<_>>()?,
-            )
+                .collect::<Result<_>>()?
         };
-        let mut extras = LayerExtras {
-            gelu: block.activation == Activation::GeluTanh,
-            ..LayerExtras::default()
-        };
+        let mut extras = LayerExtras::default();
         if block.qkv_bias {
             let names = [
                 WeightName::QBias(l),
@@ -215,13 +242,14 @@ impl LayerParts<'_> {
             qkv: self.linear(qkv)?,
             o: self.linear(vec![reader.raw(WeightName::O(l))?])?,
             ffn_norm: self.norm(reader, WeightName::FfnNorm(l))?,
-            gate_up: self.linear(gate_up)?,
-            down: self.linear(vec![reader.raw(WeightName::Down(l))?])?,
+            ffn: match &hp.experts {
+                Some(e) => self.routed_ffn(reader, l, e)?,
+                None => self.dense_ffn(reader, l)?,
+            },
             extras,
         };
         let qkv_out = hp.num_heads * hp.head_dim + 2 * hp.num_kv_heads * hp.head_dim;
         let sizes_fit = layer.qkv.out_features() == qkv_out
-            && layer.gate_up.out_features() == 2 * hp.intermediate_size
             && layer.o.in_features() == hp.num_heads * hp.head_dim
             && layer
                 .extras
@@ -231,24 +259,19 @@ impl LayerParts<'_> {
             && layer.extras.qk_norm.as_ref().is_none_or(|(q, k)| {
                 q.elem_count() == hp.head_dim && k.elem_count() == hp.head_dim
             });
-        if !sizes_fit {
-            return Err(ModelError::BadConfig(format!(
-                "layer {l} projection sizes do not match the config"
-            )));
-        }
+        self.sizes_fit(l, sizes_fit)?;
         Ok(layer)
     }
 }
 
 /// The host rows between a layer's attention and its output: the output projection, the
-/// gate/up projection, the SiLU gate and the down projection. One set serves every layer of a
+/// feed-forward's output and what it passes through. One set serves every layer of a
 /// forward, so their memory is allocated once per forward, not once per layer.
 #[derive(Default)]
 pub(crate) struct MlpBuffers {
     o: Vec<f32>,
-    gu: Vec<f32>,
-    act: Vec<f32>,
     down: Vec<f32>,
+    ffn: FfnBuffers,
 }
 
 pub(crate) struct LlamaWeights {
@@ -342,17 +365,18 @@ impl LlamaWeights {
         Ok(Some(logits.to_dtype(DType::F32)?))
     }
 
-    /// Bytes of every linear weight (the output head included) in its ggml type: what one
-    /// forward streams at least, whatever its width.
+    /// Bytes of every linear weight (the output head included) in its ggml type: what the
+    /// model holds.
     pub fn weight_bytes(&self) -> usize {
+        self.linears().map(Linear::weight_bytes).sum()
+    }
+
+    /// Bytes of the linear weights one token reads: all of a dense model's, a mixture's
+    /// router and `used` experts per layer (what one forward streams at least).
+    pub fn bytes_per_token(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| {
-                l.qkv.weight_bytes()
-                    + l.o.weight_bytes()
-                    + l.gate_up.weight_bytes()
-                    + l.down.weight_bytes()
-            })
+            .map(|l| l.qkv.weight_bytes() + l.o.weight_bytes() + l.ffn.bytes_per_token())
             .sum::<usize>()
             + self.lm_head.weight_bytes()
     }
@@ -365,11 +389,13 @@ impl LlamaWeights {
                 .map(|l| f(l).in_features() * f(l).out_features())
                 .sum()
         };
+        let ffn = |op: Op| -> usize { self.layers.iter().map(|l| l.ffn.macs_per_token(op)).sum() };
         vec![
             (Op::QkvMatmul, sum(&|l| &l.qkv)),
             (Op::OutMatmul, sum(&|l| &l.o)),
-            (Op::GateUpMatmul, sum(&|l| &l.gate_up)),
-            (Op::DownMatmul, sum(&|l| &l.down)),
+            (Op::GateUpMatmul, ffn(Op::GateUpMatmul)),
+            (Op::DownMatmul, ffn(Op::DownMatmul)),
+            (Op::Router, ffn(Op::Router)),
             (
                 Op::LmHead,
                 self.lm_head.in_features() * self.lm_head.out_features(),
@@ -393,7 +419,7 @@ impl LlamaWeights {
     fn linears(&self) -> impl Iterator<Item = &Linear> {
         self.layers
             .iter()
-            .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+            .flat_map(|l| [&l.qkv, &l.o].into_iter().chain(l.ffn.linears()))
             .chain(std::iter::once(&self.lm_head))
     }
 

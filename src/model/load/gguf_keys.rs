@@ -3,6 +3,7 @@
 
 use candle_core::quantized::gguf_file;
 
+use crate::model::arch::block::Experts;
 use crate::model::load::rope_config::RopeScaling;
 use crate::model::{ModelError, Result};
 
@@ -108,5 +109,46 @@ impl<'a> GgufKeys<'a> {
                 self.arch
             ))),
         }
+    }
+
+    /// The mixture of experts the file states (`expert_count` and its companions), `None` for
+    /// a dense model. Only a softmax router is run; the others are refused by name.
+    pub fn experts(&self) -> Result<Option<Experts>> {
+        let Some(count) = self.opt_u("expert_count").filter(|&n| n > 0) else {
+            return Ok(None);
+        };
+        // llama.cpp: 1 softmax, 2 sigmoid, 3 softmax over the chosen only.
+        if let Some(f) = self.opt_u("expert_gating_func").filter(|&f| f != 1) {
+            return Err(ModelError::Unsupported(format!(
+                "{} = {f} (tandem runs the softmax router, 1)",
+                self.key("expert_gating_func")
+            )));
+        }
+        if self.opt_u("expert_shared_count").is_some_and(|n| n > 0)
+            || self
+                .opt_u("expert_shared_feed_forward_length")
+                .is_some_and(|n| n > 0)
+        {
+            return Err(ModelError::Unsupported(format!(
+                "{} (shared experts)",
+                self.key("expert_shared_count")
+            )));
+        }
+        let ffn_len = match self.opt_u("expert_feed_forward_length") {
+            Some(n) => n,
+            None => self.u("feed_forward_length")?,
+        };
+        let norm_top_k = self
+            .content
+            .metadata
+            .get(&self.key("expert_weights_norm"))
+            .and_then(|v| v.to_bool().ok())
+            .unwrap_or(true);
+        Ok(Some(Experts {
+            count,
+            used: self.u("expert_used_count")?,
+            ffn_len,
+            norm_top_k,
+        }))
     }
 }

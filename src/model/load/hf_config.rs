@@ -3,6 +3,7 @@
 
 use serde::Deserialize;
 
+use crate::model::arch::block::Experts;
 use crate::model::load::rope_config::RopeScaling;
 use crate::model::{ModelError, Result};
 
@@ -99,6 +100,17 @@ pub struct HfConfig {
     pub hidden_activation: Option<String>,
     pub final_logit_softcapping: Option<f32>,
     pub attn_logit_softcapping: Option<f32>,
+    /// Experts per layer: `num_local_experts` (Mixtral) or `num_experts` (Qwen-MoE).
+    pub num_local_experts: Option<usize>,
+    pub num_experts: Option<usize>,
+    pub num_experts_per_tok: Option<usize>,
+    /// One expert's width where it differs from `intermediate_size` (Qwen-MoE).
+    pub moe_intermediate_size: Option<usize>,
+    pub norm_topk_prob: Option<bool>,
+    /// Qwen-MoE's dense layers: every `decoder_sparse_step`-th layer routed, and those listed.
+    pub decoder_sparse_step: Option<usize>,
+    pub mlp_only_layers: Option<Vec<usize>>,
+    pub shared_expert_intermediate_size: Option<usize>,
 }
 
 impl HfConfig {
@@ -145,6 +157,22 @@ impl HfConfig {
                 .get("rope_theta")?
                 .as_f64()
                 .map(|v| v as f32)
+        })
+    }
+
+    /// The mixture of experts the config states, `None` for a dense model. The chosen
+    /// experts' probabilities are renormalised unless `norm_topk_prob` is false (Mixtral
+    /// always renormalises and states no key).
+    pub fn experts(&self) -> Option<Experts> {
+        let count = self
+            .num_local_experts
+            .or(self.num_experts)
+            .filter(|&n| n > 0)?;
+        Some(Experts {
+            count,
+            used: self.num_experts_per_tok.unwrap_or(0),
+            ffn_len: self.moe_intermediate_size.unwrap_or(self.intermediate_size),
+            norm_top_k: self.norm_topk_prob.unwrap_or(true),
         })
     }
 

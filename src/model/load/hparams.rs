@@ -2,11 +2,15 @@
 //! config.json, so the forward pass never cares where a model came from. The keys every family
 //! states alike are read here; each family's file (`model::arch`) reads its own extras.
 
-use crate::model::arch::block::Block;
+use crate::model::arch::block::{Block, Experts};
 pub use crate::model::load::gguf_keys::GgufKeys;
 pub use crate::model::load::hf_config::{rope_scaling_from_hf, HfConfig};
 pub use crate::model::load::rope_config::{longrope_attention_factor, RopeLayout, RopeScaling};
 use crate::model::{ModelError, Result};
+
+/// More experts per layer than any released model has: a file stating more is refused before
+/// its tensors are read.
+pub const MAX_EXPERTS: usize = 1024;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaHparams {
@@ -32,6 +36,8 @@ pub struct LlamaHparams {
     /// The attention score scale where it is not `1/√head_dim` (Gemma 3's
     /// `query_pre_attn_scalar`).
     pub attn_scale: Option<f32>,
+    /// The mixture of experts every layer's feed-forward is, where the model has one.
+    pub experts: Option<Experts>,
 }
 
 impl LlamaHparams {
@@ -54,6 +60,20 @@ impl LlamaHparams {
         }
         if self.vocab_size == 0 || self.hidden_size == 0 || self.intermediate_size == 0 {
             return bad("vocab, hidden and intermediate sizes must be positive".into());
+        }
+        if let Some(e) = &self.experts {
+            if e.used == 0 || e.used > e.count || e.ffn_len == 0 {
+                return bad(format!(
+                    "experts: {} used of {} (width {}) is not a mixture",
+                    e.used, e.count, e.ffn_len
+                ));
+            }
+            if e.count > MAX_EXPERTS {
+                return bad(format!(
+                    "{} experts per layer (tandem runs at most {MAX_EXPERTS})",
+                    e.count
+                ));
+            }
         }
         Ok(())
     }
@@ -80,12 +100,18 @@ impl LlamaHparams {
                 .ok_or_else(|| ModelError::BadConfig("GGUF metadata lacks a vocab size".into()))?,
         };
         let rope_scaling = keys.rope_scaling()?;
+        let experts = keys.experts()?;
+        let intermediate_size = match (keys.opt_u("feed_forward_length"), &experts) {
+            (Some(n), _) => n,
+            (None, Some(e)) => e.ffn_len,
+            (None, None) => keys.u("feed_forward_length")?,
+        };
         Ok(Self {
             family: keys.arch.clone(),
             block,
             vocab_size,
             hidden_size,
-            intermediate_size: keys.u("feed_forward_length")?,
+            intermediate_size,
             num_layers: keys.u("block_count")?,
             num_heads,
             num_kv_heads,
@@ -98,6 +124,7 @@ impl LlamaHparams {
             tie_word_embeddings: !keys.content.tensor_infos.contains_key("output.weight"),
             windows: LayerWindows::none(),
             attn_scale: None,
+            experts,
         })
     }
 
@@ -139,6 +166,7 @@ impl LlamaHparams {
             tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
             windows: LayerWindows::none(),
             attn_scale: None,
+            experts: c.experts(),
         })
     }
 

@@ -40,6 +40,40 @@ pub enum WeightName {
     Gate(usize),
     Up(usize),
     Down(usize),
+    /// A routed layer's router: one row of logits weights per expert.
+    Router(usize),
+}
+
+/// One of the three matrices of a routed layer's experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertPart {
+    Gate,
+    Up,
+    Down,
+}
+
+impl ExpertPart {
+    /// llama.cpp's name of the part's stacked tensor (`ffn_gate_exps`) and of one expert's in
+    /// older Mixtral files (`ffn_gate.3`).
+    fn gguf(self) -> &'static str {
+        match self {
+            Self::Gate => "gate",
+            Self::Up => "up",
+            Self::Down => "down",
+        }
+    }
+
+    /// Its name in a Hugging Face checkpoint: Qwen-MoE's (`gate_proj`) or Mixtral's (`w1`).
+    fn hf(self, mixtral: bool) -> &'static str {
+        match (self, mixtral) {
+            (Self::Gate, false) => "gate_proj",
+            (Self::Up, false) => "up_proj",
+            (Self::Down, false) => "down_proj",
+            (Self::Gate, true) => "w1",
+            (Self::Up, true) => "w3",
+            (Self::Down, true) => "w2",
+        }
+    }
 }
 
 impl WeightName {
@@ -68,6 +102,7 @@ impl WeightName {
             Self::KNorm(l) => format!("blk.{l}.attn_k_norm.weight"),
             Self::AttnPostNorm(l) => format!("blk.{l}.post_attention_norm.weight"),
             Self::FfnPostNorm(l) => format!("blk.{l}.post_ffw_norm.weight"),
+            Self::Router(l) => format!("blk.{l}.ffn_gate_inp.weight"),
         }
     }
 
@@ -101,6 +136,8 @@ impl WeightName {
             Self::KNorm(l) => format!("model.layers.{l}.self_attn.k_norm.weight"),
             Self::AttnPostNorm(l) => format!("model.layers.{l}.post_attention_layernorm.weight"),
             Self::FfnPostNorm(l) => format!("model.layers.{l}.post_feedforward_layernorm.weight"),
+            // Mixtral's router is `block_sparse_moe.gate`: `WeightReader::router` tries both.
+            Self::Router(l) => format!("model.layers.{l}.mlp.gate.weight"),
         }
     }
 }
@@ -235,5 +272,109 @@ impl WeightReader {
             RawWeight::Quantized(q) => q.dequantize(&device)?,
             RawWeight::Dense(t) => t.to_dtype(DType::F32)?,
         })
+    }
+
+    /// A routed layer's router, by either family's Hugging Face name.
+    pub fn router(&mut self, l: usize) -> Result<RawWeight> {
+        if let Store::Safetensors(st) = &self.store {
+            let mixtral = format!("model.layers.{l}.block_sparse_moe.gate.weight");
+            if st.get(&mixtral).is_ok() {
+                return Ok(RawWeight::Dense(st.load(&mixtral, &self.device)?));
+            }
+        }
+        self.raw(WeightName::Router(l))
+    }
+
+    /// One part of each of layer `l`'s `count` experts, expert 0 first, each `(out, in)` in
+    /// its stored type. A GGUF stacks them in one tensor (`ffn_gate_exps`), read expert by
+    /// expert so no second copy of the stack is held; older Mixtral files and Hugging Face
+    /// checkpoints name each expert's.
+    pub fn experts(&mut self, l: usize, part: ExpertPart, count: usize) -> Result<Vec<RawWeight>> {
+        match &mut self.store {
+            Store::Gguf {
+                content,
+                reader,
+                path,
+            } => {
+                let stacked = format!("blk.{l}.ffn_{}_exps.weight", part.gguf());
+                let Some(info) = content.tensor_infos.get(&stacked) else {
+                    return (0..count)
+                        .map(|e| {
+                            self.gguf_named(&format!("blk.{l}.ffn_{}.{e}.weight", part.gguf()))
+                        })
+                        .collect();
+                };
+                let unreadable = |reason: String| ModelError::Unreadable {
+                    path: path.clone(),
+                    reason: format!("tensor {stacked}: {reason}"),
+                };
+                let (n, out, inp) = info.shape.dims3().map_err(|_| {
+                    unreadable(format!("shape {:?} is not (experts, out, in)", info.shape))
+                })?;
+                let (block, type_size) =
+                    (info.ggml_dtype.block_size(), info.ggml_dtype.type_size());
+                if n != count || !(out * inp).is_multiple_of(block) {
+                    return Err(unreadable(format!(
+                        "{n} experts of {out}x{inp} {:?} (the file states {count})",
+                        info.ggml_dtype
+                    )));
+                }
+                let bytes = (out * inp / block * type_size) as u64;
+                (0..count)
+                    .map(|e| {
+                        let one = gguf_file::TensorInfo {
+                            ggml_dtype: info.ggml_dtype,
+                            shape: (out, inp).into(),
+                            offset: info.offset + e as u64 * bytes,
+                        };
+                        one.read(reader, content.tensor_data_offset, &self.device)
+                            .map(RawWeight::Quantized)
+                            .map_err(|err| unreadable(format!("expert {e}: {err}")))
+                    })
+                    .collect()
+            }
+            Store::Safetensors(st) => {
+                let mixtral = st
+                    .get(&format!("model.layers.{l}.block_sparse_moe.gate.weight"))
+                    .is_ok();
+                let prefix = match mixtral {
+                    true => format!("model.layers.{l}.block_sparse_moe.experts"),
+                    false => format!("model.layers.{l}.mlp.experts"),
+                };
+                (0..count)
+                    .map(|e| {
+                        let key = format!("{prefix}.{e}.{}.weight", part.hf(mixtral));
+                        st.load(&key, &self.device)
+                            .map(RawWeight::Dense)
+                            .map_err(|_| ModelError::MissingTensor(key))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// A GGUF tensor by its name.
+    fn gguf_named(&mut self, key: &str) -> Result<RawWeight> {
+        let Store::Gguf {
+            content,
+            reader,
+            path,
+        } = &mut self.store
+        else {
+            return Err(ModelError::MissingTensor(key.to_owned()));
+        };
+        if !content.tensor_infos.contains_key(key) {
+            return Err(ModelError::MissingTensor(format!(
+                "{key} in {}",
+                path.display()
+            )));
+        }
+        content
+            .tensor(reader, key, &self.device)
+            .map(RawWeight::Quantized)
+            .map_err(|e| ModelError::Unreadable {
+                path: path.clone(),
+                reason: format!("tensor {key}: {e}"),
+            })
     }
 }

@@ -1,0 +1,256 @@
+//! A layer's feed-forward as a component: one gated MLP (dense), or a mixture of experts
+//! (routed) whose router picks a few gated MLPs per token. A family's block says which its
+//! layers have; the forward calls the one method either way.
+//!
+//! Routed rows are grouped by expert, so the rows of one forward that chose the same expert
+//! read its weights once. Each expert runs on the same batch-invariant kernels as a dense
+//! layer, and a row's outputs are added in ascending expert order whatever other rows share
+//! the forward, so a row's bits never depend on its company.
+
+use candle_core::{DType, Tensor};
+
+use crate::model::kernels::elementwise::{gelu_gate_rows, silu_gate, silu_gate_rows};
+use crate::model::llama::linear::Linear;
+use crate::model::llama::op_profile::{timed, Op};
+use crate::model::llama::routing::{route, Choice};
+use crate::model::Result;
+
+/// `down(act(gate) · up)`, gate|up fused in one matmul.
+pub(crate) struct GatedMlp {
+    pub gate_up: Linear,
+    pub down: Linear,
+    /// GELU-tanh (Gemma) instead of SiLU.
+    pub gelu: bool,
+}
+
+impl GatedMlp {
+    fn width(&self) -> usize {
+        self.down.in_features()
+    }
+
+    /// The MLP on `rows` host rows of `x` into `out`, through `gu` and `act`.
+    fn forward_rows_into(
+        &self,
+        x: &[f32],
+        rows: usize,
+        out: &mut Vec<f32>,
+        gu: &mut Vec<f32>,
+        act: &mut Vec<f32>,
+    ) -> Result<()> {
+        timed(Op::GateUpMatmul, || {
+            self.gate_up.forward_rows_into(x, rows, gu)
+        })?;
+        let inter = self.width();
+        timed(Op::Elementwise, || {
+            act.resize(rows * inter, 0.0);
+            if self.gelu {
+                gelu_gate_rows(gu, inter, act)
+            } else {
+                silu_gate_rows(gu, inter, act)
+            }
+        });
+        timed(Op::DownMatmul, || {
+            self.down.forward_rows_into(act, rows, out)
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gu = timed(Op::GateUpMatmul, || self.gate_up.forward(x))?;
+        let act = timed(Op::Elementwise, || {
+            if self.gelu {
+                let inter = gu.dim(1)? / 2;
+                gu.narrow(1, 0, inter)?.gelu()? * gu.narrow(1, inter, inter)?
+            } else {
+                silu_gate(&gu)
+            }
+        })?;
+        timed(Op::DownMatmul, || self.down.forward(&act))
+    }
+}
+
+/// A mixture of experts: a router (one logit per expert) and the experts, of which each token
+/// reads `used`.
+pub(crate) struct RoutedFfn {
+    pub router: Linear,
+    pub experts: Vec<GatedMlp>,
+    pub used: usize,
+    pub renormalize: bool,
+}
+
+/// The host rows a feed-forward passes through, kept across a forward's layers.
+#[derive(Default)]
+pub(crate) struct FfnBuffers {
+    gu: Vec<f32>,
+    act: Vec<f32>,
+    logits: Vec<f32>,
+    choices: Vec<Choice>,
+    /// Per expert, the rows that chose it (ascending) and their weights.
+    members: Vec<Vec<(u32, f32)>>,
+    gathered: Vec<f32>,
+    expert_out: Vec<f32>,
+}
+
+impl RoutedFfn {
+    /// Each row's chosen experts, `used` per row, from the router's logits.
+    fn choose(&self, logits: &[f32], choices: &mut Vec<Choice>) {
+        let count = self.experts.len();
+        let rows = logits.len() / count;
+        choices.resize(rows * self.used, Choice::default());
+        for (row, out) in logits
+            .chunks_exact(count)
+            .zip(choices.chunks_exact_mut(self.used))
+        {
+            route(row, self.renormalize, out);
+        }
+    }
+
+    fn forward_rows_into(
+        &self,
+        x: &[f32],
+        rows: usize,
+        out: &mut Vec<f32>,
+        b: &mut FfnBuffers,
+    ) -> Result<()> {
+        let hidden = self.router.in_features();
+        timed(Op::Router, || -> Result<()> {
+            self.router.forward_rows_into(x, rows, &mut b.logits)?;
+            self.choose(&b.logits, &mut b.choices);
+            b.members.resize_with(self.experts.len(), Vec::new);
+            b.members.iter_mut().for_each(Vec::clear);
+            for (r, row) in b.choices.chunks_exact(self.used).enumerate() {
+                for c in row {
+                    b.members[c.expert as usize].push((r as u32, c.weight));
+                }
+            }
+            out.clear();
+            out.resize(rows * hidden, 0.0);
+            Ok(())
+        })?;
+        for (expert, members) in self.experts.iter().zip(&b.members) {
+            if members.is_empty() {
+                continue;
+            }
+            timed(Op::Router, || {
+                b.gathered.clear();
+                for &(r, _) in members {
+                    let r = r as usize;
+                    b.gathered
+                        .extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+                }
+            });
+            let n = members.len();
+            expert.forward_rows_into(&b.gathered, n, &mut b.expert_out, &mut b.gu, &mut b.act)?;
+            timed(Op::Router, || {
+                for (&(r, w), y) in members.iter().zip(b.expert_out.chunks_exact(hidden)) {
+                    let dst = &mut out[r as usize * hidden..][..hidden];
+                    for (d, v) in dst.iter_mut().zip(y) {
+                        *d += w * v;
+                    }
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// The same on a device: routing on the host (one logit row per token), each expert over
+    /// its rows, added into the output in ascending expert order.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let logits = self.router.forward(x)?.to_dtype(DType::F32)?;
+        let logits: Vec<f32> = logits.flatten_all()?.to_vec1()?;
+        let mut choices = Vec::new();
+        self.choose(&logits, &mut choices);
+        let mut out = x.zeros_like()?;
+        for (e, expert) in self.experts.iter().enumerate() {
+            let (rows, weights): (Vec<u32>, Vec<f32>) = choices
+                .chunks_exact(self.used)
+                .enumerate()
+                .flat_map(|(r, row)| {
+                    row.iter()
+                        .filter(|c| c.expert as usize == e)
+                        .map(move |c| (r as u32, c.weight))
+                })
+                .unzip();
+            if rows.is_empty() {
+                continue;
+            }
+            let n = rows.len();
+            let idx = Tensor::from_vec(rows, n, x.device())?;
+            let w = Tensor::from_vec(weights, (n, 1), x.device())?.to_dtype(x.dtype())?;
+            let y = expert
+                .forward(&x.index_select(&idx, 0)?)?
+                .broadcast_mul(&w)?;
+            out = out.index_add(&idx, &y, 0)?;
+        }
+        Ok(out)
+    }
+}
+
+/// A layer's feed-forward.
+pub(crate) enum Ffn {
+    Dense(GatedMlp),
+    Routed(RoutedFfn),
+}
+
+impl Ffn {
+    /// The feed-forward on `rows` host rows of `x` (already normed) into `out`.
+    pub fn forward_rows_into(
+        &self,
+        x: &[f32],
+        rows: usize,
+        out: &mut Vec<f32>,
+        b: &mut FfnBuffers,
+    ) -> Result<()> {
+        match self {
+            Self::Dense(mlp) => mlp.forward_rows_into(x, rows, out, &mut b.gu, &mut b.act),
+            Self::Routed(moe) => moe.forward_rows_into(x, rows, out, b),
+        }
+    }
+
+    /// The feed-forward on a tensor of rows, on whatever device it is.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Dense(mlp) => mlp.forward(x),
+            Self::Routed(moe) => moe.forward(x),
+        }
+    }
+
+    /// Every linear weight of the feed-forward (router first, then each expert's).
+    pub fn linears(&self) -> Vec<&Linear> {
+        match self {
+            Self::Dense(m) => vec![&m.gate_up, &m.down],
+            Self::Routed(moe) => std::iter::once(&moe.router)
+                .chain(moe.experts.iter().flat_map(|m| [&m.gate_up, &m.down]))
+                .collect(),
+        }
+    }
+
+    /// Bytes one token reads: the dense MLP's, or the router's and `used` experts'.
+    pub fn bytes_per_token(&self) -> usize {
+        match self {
+            Self::Dense(m) => m.gate_up.weight_bytes() + m.down.weight_bytes(),
+            Self::Routed(moe) => {
+                let expert = moe
+                    .experts
+                    .first()
+                    .map_or(0, |m| m.gate_up.weight_bytes() + m.down.weight_bytes());
+                moe.router.weight_bytes() + moe.used * expert
+            }
+        }
+    }
+
+    /// Multiply-adds per token of one kind of the feed-forward's matmuls (gate|up, down,
+    /// the router), a routed layer's over the `used` experts a token reads.
+    pub fn macs_per_token(&self, op: Op) -> usize {
+        let macs = |l: &Linear| l.in_features() * l.out_features();
+        let (mlp, times, router) = match self {
+            Self::Dense(m) => (Some(m), 1, None),
+            Self::Routed(moe) => (moe.experts.first(), moe.used, Some(&moe.router)),
+        };
+        match op {
+            Op::GateUpMatmul => times * mlp.map_or(0, |m| macs(&m.gate_up)),
+            Op::DownMatmul => times * mlp.map_or(0, |m| macs(&m.down)),
+            Op::Router => router.map_or(0, macs),
+            _ => 0,
+        }
+    }
+}
