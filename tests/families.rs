@@ -12,12 +12,14 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use candle_core::quantized::gguf_file;
 use common::{
     batched_equals_alone, forward_rows, greedy_request, plain_output, tree_equals_its_paths,
     TEST_TREE,
 };
 use tandem::draft::{LoadedDrafter, ModelDrafter, PromptLookup, Proposer};
 use tandem::engine::{generate_speculative, FixedSpeculation, Gamma};
+use tandem::model::llama::expert_trace;
 use tandem::model::load::loader::LoadOptions;
 use tandem::model::{BackendChoice, LoadedModel, LogitsRows, ModelSource, WeightsDtype};
 use tandem::model::{Llama, SeqInput};
@@ -39,6 +41,8 @@ const FAMILIES: &[&str] = &[
 struct Reference {
     ids: Vec<u32>,
     logits: Vec<Vec<f32>>,
+    /// A mixture's experts per layer and position, largest router probability first.
+    experts: Option<Vec<Vec<Vec<u32>>>>,
 }
 
 fn fixture(family: &str) -> PathBuf {
@@ -66,7 +70,13 @@ fn reference(family: &str) -> Reference {
                 .collect()
         })
         .collect();
-    Reference { ids, logits }
+    let experts =
+        (!v["experts"].is_null()).then(|| serde_json::from_value(v["experts"].clone()).unwrap());
+    Reference {
+        ids,
+        logits,
+        experts,
+    }
 }
 
 /// The family's checkpoint in a folder of its own with the tests' tiny tokenizer beside it.
@@ -109,7 +119,20 @@ fn logits_match_transformers_at_every_position() {
         let model = &loaded.model;
         let mut cache = model.new_cache(2);
         let slot = cache.allocate().unwrap();
+        expert_trace::record(true);
         let got = forward_rows(model, &mut cache, slot, &want.ids, LogitsRows::All);
+        let routes = expert_trace::take();
+        expert_trace::record(false);
+        match &want.experts {
+            Some(experts) => {
+                let ours: Vec<Vec<Vec<u32>>> = routes.into_iter().map(|r| r.rows).collect();
+                assert_eq!(
+                    &ours, experts,
+                    "{family}: experts chosen per layer and position"
+                );
+            }
+            None => assert!(routes.is_empty(), "{family} routes nothing"),
+        }
         let mut worst = 0f32;
         for (pos, (g, w)) in got.iter().zip(&want.logits).enumerate() {
             let scale = w.iter().fold(1f32, |m, x| m.max(x.abs()));
@@ -491,5 +514,169 @@ fn the_engine_drafts_for_every_family_with_a_head_and_a_draft_model() {
             let got: Vec<Vec<u32>> = done.into_iter().map(|c| c.tokens).collect();
             assert_eq!(got, want, "{family}");
         }
+    }
+}
+
+/// A mixture's rows grouped by expert: a row's bits are the same alone, among rows that share
+/// its experts, and on every weight type the own kernels run (f16, Q8_0, Q4_0 here).
+#[test]
+fn mixtures_give_a_row_the_same_bits_in_any_company() {
+    for family in ["qwen3moe", "mixtral"] {
+        for dtype in [WeightsDtype::F16, WeightsDtype::Q8_0, WeightsDtype::Q4_0] {
+            let (loaded, _dir) = load(family, dtype, None);
+            let ids = reference(family).ids;
+            let seqs = vec![
+                (ids[..9].to_vec(), ids[9..14].to_vec()),
+                (ids[2..4].to_vec(), ids[4..11].to_vec()),
+                (ids[..20].to_vec(), ids[20..21].to_vec()),
+            ];
+            expert_trace::record(true);
+            batched_equals_alone(&loaded.model, &seqs);
+            let routes = expert_trace::take();
+            expert_trace::record(false);
+            // Some forward had rows sharing an expert: the grouping was exercised.
+            assert!(
+                routes
+                    .iter()
+                    .any(|r| r.distinct() < r.rows.iter().map(Vec::len).sum::<usize>()),
+                "{family} {dtype:?}: no expert was shared"
+            );
+        }
+    }
+}
+
+/// The Qwen3-MoE fixture's GGUF rewritten: `edit` changes its metadata and tensors.
+fn edited_moe_gguf(
+    dir: &Path,
+    edit: impl Fn(
+        &mut Vec<(String, gguf_file::Value)>,
+        &mut Vec<(String, candle_core::quantized::QTensor)>,
+    ),
+) -> PathBuf {
+    let src = fixture("qwen3moe").join("model.gguf");
+    let mut file = std::fs::File::open(&src).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let mut md: Vec<(String, gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut ts: Vec<(String, candle_core::quantized::QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|k| {
+            let t = content
+                .tensor(&mut file, k, &candle_core::Device::Cpu)
+                .unwrap();
+            (k.clone(), t)
+        })
+        .collect();
+    edit(&mut md, &mut ts);
+    let path = dir.join("edited.gguf");
+    let mut out = std::fs::File::create(&path).unwrap();
+    let md_refs: Vec<(&str, &gguf_file::Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let ts_refs: Vec<(&str, &candle_core::quantized::QTensor)> =
+        ts.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    gguf_file::write(&mut out, &md_refs, &ts_refs).unwrap();
+    path
+}
+
+fn load_error(path: PathBuf) -> String {
+    let opts = LoadOptions {
+        weights_dtype: WeightsDtype::F32,
+        context_len: 64,
+        ..Default::default()
+    };
+    match LoadedModel::load(&ModelSource::Gguf(path), &opts) {
+        Ok(_) => panic!("the edited file loaded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+type Metadata = Vec<(String, gguf_file::Value)>;
+type Tensors = Vec<(String, candle_core::quantized::QTensor)>;
+type Edit = Box<dyn Fn(&mut Metadata, &mut Tensors)>;
+
+fn edit(f: impl Fn(&mut Metadata, &mut Tensors) + 'static) -> Edit {
+    Box::new(f)
+}
+
+fn set(md: &mut [(String, gguf_file::Value)], key: &str, value: gguf_file::Value) {
+    md.iter_mut().find(|(k, _)| k == key).unwrap().1 = value;
+}
+
+/// Mixture files a model server could be handed by mistake or malice: each refused before a
+/// forward, the message naming what is wrong rather than a missing tensor or a panic.
+#[test]
+fn mixture_files_we_cannot_run_are_refused_by_name() {
+    use gguf_file::Value;
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "more experts used than there are",
+            edit(|md, _| set(md, "qwen3moe.expert_used_count", Value::U32(9))),
+            "9 used of 8",
+        ),
+        (
+            "an absurd expert count",
+            edit(|md, _| set(md, "qwen3moe.expert_count", Value::U32(1 << 30))),
+            "experts per layer",
+        ),
+        (
+            "a sigmoid router",
+            edit(|md, _| {
+                md.push(("qwen3moe.expert_gating_func".into(), Value::U32(2)));
+            }),
+            "expert_gating_func",
+        ),
+        (
+            "a shared expert",
+            edit(|md, _| {
+                md.push(("qwen3moe.expert_shared_count".into(), Value::U32(1)));
+            }),
+            "shared experts",
+        ),
+        (
+            "experts in a dense family",
+            edit(|md, _| {
+                for (k, v) in md.iter_mut() {
+                    if let Some(rest) = k.strip_prefix("qwen3moe.") {
+                        *k = format!("qwen3.{rest}");
+                    }
+                    if k == "general.architecture" {
+                        *v = Value::String("qwen3".into());
+                    }
+                }
+            }),
+            "a mixture of 8 experts in a 'qwen3' model",
+        ),
+        (
+            "a mixture family we do not run",
+            edit(|md, _| {
+                for (k, v) in md.iter_mut() {
+                    if let Some(rest) = k.strip_prefix("qwen3moe.") {
+                        *k = format!("gpt-oss.{rest}");
+                    }
+                    if k == "general.architecture" {
+                        *v = Value::String("gpt-oss".into());
+                    }
+                }
+            }),
+            "'gpt-oss' (a mixture of experts tandem does not run yet)",
+        ),
+        (
+            "a stacked expert tensor of the wrong count",
+            edit(|md, _| set(md, "qwen3moe.expert_count", Value::U32(4))),
+            "8 experts of 32x64",
+        ),
+        (
+            "no expert tensors",
+            edit(|_, ts| ts.retain(|(k, _)| !k.contains("_exps"))),
+            "blk.0.ffn_gate_exps.weight",
+        ),
+    ];
+    for (what, edit, want) in cases {
+        let err = load_error(edited_moe_gguf(dir.path(), edit));
+        assert!(err.contains(want), "{what}: {err}");
     }
 }

@@ -10,6 +10,7 @@
 use clap::Args;
 
 use tandem::config::Config;
+use tandem::model::llama::expert_trace;
 use tandem::model::llama::op_profile::{self, Op};
 use tandem::model::{Kept, KvCache, Llama, LogitsRows, SeqInput};
 use tandem::sampling::rejection::{accept_sampled, DraftDist};
@@ -52,12 +53,25 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
     let model = &loaded.model;
     let mut timer = ForwardTimer::fill(model, &args)?;
     let depth = timer.depth;
-    println!(
-        "| new tokens | ms per forward | ms per token | cost vs 1 token | ms per extra token |"
-    );
-    println!("|---|---|---|---|---|");
-    let mut times = timer.time_widths(&args.tokens)?;
-    let base = print_widths(&args.tokens, &mut times);
+    let routed = model.hparams().experts;
+    match routed {
+        None => {
+            println!(
+                "| new tokens | ms per forward | ms per token | cost vs 1 token | ms per extra token |"
+            );
+            println!("|---|---|---|---|---|");
+        }
+        Some(_) => {
+            println!(
+                "| new tokens | ms per forward | ms per token | cost vs 1 token | ms per extra token \
+                 | experts read per layer |"
+            );
+            println!("|---|---|---|---|---|---|");
+        }
+    }
+    let (mut times, experts) = timer.time_widths(&args.tokens)?;
+    let experts = routed.map(|_| experts);
+    let base = print_widths(&args.tokens, &mut times, experts.as_deref());
     if args.ops > 1 {
         print_breakdown(&mut timer, args.ops)?;
     }
@@ -136,24 +150,36 @@ impl<'a> ForwardTimer<'a> {
         Ok(())
     }
 
-    /// Each width's forward times in ms, `repeats` of them.
-    fn time_widths(&mut self, widths: &[usize]) -> Result<Vec<Vec<f64>>, CliError> {
+    /// Each width's forward times in ms, `repeats` of them, and (a mixture of experts) the
+    /// distinct experts its forwards read per routed layer, on average.
+    fn time_widths(&mut self, widths: &[usize]) -> Result<(Vec<Vec<f64>>, Vec<f64>), CliError> {
         // Widths take turns, one forward each per round, so a machine whose speed drifts during
         // the run (a shared VM) moves every width alike and their ratios stay fair.
         let mut times = vec![Vec::with_capacity(self.repeats); widths.len()];
+        let mut read = vec![(0usize, 0usize); widths.len()];
         for r in 0..self.repeats + 1 {
-            for (&k, times) in widths.iter().zip(&mut times) {
+            for ((&k, times), read) in widths.iter().zip(&mut times).zip(&mut read) {
                 let toks = self.ids(k, r + 1);
+                expert_trace::record(true);
                 let t = std::time::Instant::now();
-                self.forward(self.depth, &toks, LogitsRows::All)?;
+                let done = self.forward(self.depth, &toks, LogitsRows::All);
                 let dt = t.elapsed().as_secs_f64() * 1e3;
+                let routes = expert_trace::take();
+                expert_trace::record(false);
+                done?;
                 self.cache.keep(self.slot, Kept::First(self.depth))?;
                 if r > 0 {
                     times.push(dt); // the first round warms caches
+                    read.0 += routes.iter().map(|l| l.distinct()).sum::<usize>();
+                    read.1 += routes.len();
                 }
             }
         }
-        Ok(times)
+        let read = read
+            .iter()
+            .map(|&(sum, n)| sum as f64 / n.max(1) as f64)
+            .collect();
+        Ok((times, read))
     }
 
     /// Per operation, its median time in seconds over `repeats` forwards of `k` new tokens.
@@ -183,11 +209,16 @@ impl<'a> ForwardTimer<'a> {
     }
 }
 
-/// The widths' table rows from their times (sorted here); returns the first width and its
-/// median ms, the base every other width is compared with.
-fn print_widths(widths: &[usize], times: &mut [Vec<f64>]) -> Option<(usize, f64)> {
+/// The widths' table rows from their times (sorted here) and, for a mixture of experts, the
+/// experts each width read per layer; returns the first width and its median ms, the base
+/// every other width is compared with.
+fn print_widths(
+    widths: &[usize],
+    times: &mut [Vec<f64>],
+    experts: Option<&[f64]>,
+) -> Option<(usize, f64)> {
     let mut base: Option<(usize, f64)> = None;
-    for (&k, times) in widths.iter().zip(times) {
+    for (i, (&k, times)) in widths.iter().zip(times).enumerate() {
         times.sort_by(f64::total_cmp);
         let ms = times[times.len() / 2];
         let (k0, one) = *base.get_or_insert((k, ms));
@@ -197,8 +228,9 @@ fn print_widths(widths: &[usize], times: &mut [Vec<f64>]) -> Option<(usize, f64)
         } else {
             "–".to_string()
         };
+        let read = experts.map_or(String::new(), |e| format!(" {:.1} |", e[i]));
         println!(
-            "| {k} | {ms:.2} | {:.2} | {:.2}x | {extra} |",
+            "| {k} | {ms:.2} | {:.2} | {:.2}x | {extra} |{read}",
             ms / k as f64,
             ms / one
         );

@@ -10,6 +10,7 @@
 use candle_core::{DType, Tensor};
 
 use crate::model::kernels::elementwise::{gelu_gate_rows, silu_gate, silu_gate_rows};
+use crate::model::llama::expert_trace;
 use crate::model::llama::linear::Linear;
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::llama::routing::{route, Choice};
@@ -102,6 +103,7 @@ impl RoutedFfn {
         {
             route(row, self.renormalize, out);
         }
+        expert_trace::note(choices, self.used);
     }
 
     fn forward_rows_into(

@@ -1,6 +1,7 @@
 pub mod batch;
 pub mod device;
 pub mod embedding;
+pub mod expert_trace;
 pub mod ffn;
 pub mod linear;
 pub mod model;

@@ -298,11 +298,15 @@ impl WeightReader {
             } => {
                 let stacked = format!("blk.{l}.ffn_{}_exps.weight", part.gguf());
                 let Some(info) = content.tensor_infos.get(&stacked) else {
-                    return (0..count)
-                        .map(|e| {
-                            self.gguf_named(&format!("blk.{l}.ffn_{}.{e}.weight", part.gguf()))
-                        })
-                        .collect();
+                    let one = |e: usize| format!("blk.{l}.ffn_{}.{e}.weight", part.gguf());
+                    if !content.tensor_infos.contains_key(&one(0)) {
+                        return Err(ModelError::MissingTensor(format!(
+                            "{stacked} (nor {}) in {}",
+                            one(0),
+                            path.display()
+                        )));
+                    }
+                    return (0..count).map(|e| self.gguf_named(&one(e))).collect();
                 };
                 let unreadable = |reason: String| ModelError::Unreadable {
                     path: path.clone(),
