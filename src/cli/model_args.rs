@@ -99,12 +99,23 @@ pub fn load_model(config: &Config) -> Result<LoadedModel, CliError> {
         path: config.model.path.clone(),
         source,
     })?;
+    let experts = match loaded.model.hparams().experts {
+        Some(e) => format!(
+            ", {} of {} experts a token ({:.2} GB read per token)",
+            e.used,
+            e.count,
+            loaded.model.bytes_per_token() as f64 / 1e9
+        ),
+        None => String::new(),
+    };
     eprintln!(
-        "loaded {} on {} (--weights-dtype {}: linear weights as {}; {} KV cache) in {:.2}s on {threads} thread(s)",
+        "loaded {} on {} (--weights-dtype {}: linear weights as {}, {:.2} GB{experts}; {} KV \
+         cache) in {:.2}s on {threads} thread(s)",
         loaded.source.display_name(),
         loaded.model.placement(),
         config.weights_dtype(),
         loaded.model.linear_dtypes().join("/"),
+        loaded.model.weight_bytes() as f64 / 1e9,
         loaded.model.kv_dtype(),
         t.elapsed().as_secs_f64()
     );

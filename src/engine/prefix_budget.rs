@@ -18,29 +18,13 @@ pub fn prefix_budget_bytes(mib: Option<usize>, on_device: bool) -> usize {
     match mib {
         Some(mib) => mib.saturating_mul(MIB),
         None if on_device => DEVICE_DEFAULT,
-        None => host_default(memory_limit()),
+        None => host_default(crate::model::load::host_memory::total()),
     }
 }
 
 /// At most 8 GiB and an eighth of `limit` (the memory the process may use, when known).
 fn host_default(limit: Option<usize>) -> usize {
     limit.map_or(HOST_MAX, |l| (l / 8).min(HOST_MAX))
-}
-
-/// The smaller of the machine's memory and the process's cgroup limit (Linux).
-fn memory_limit() -> Option<usize> {
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
-        let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
-        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024)
-    });
-    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok());
-    match (total, cgroup) {
-        (Some(t), Some(c)) => Some(t.min(c)),
-        (t, c) => t.or(c),
-    }
 }
 
 /// Splits `budget` between the target's store and a draft model's in proportion to their bytes

@@ -15,6 +15,11 @@ pub enum ModelError {
         path: std::path::PathBuf,
         reason: String,
     },
+    #[error(
+        "the model does not fit in memory: its weights take {need_gb:.1} GB and {available_gb:.1} GB \
+         is available (MemAvailable, or the cgroup's memory.max less what is used)"
+    )]
+    TooLarge { need_gb: f64, available_gb: f64 },
     #[error("unsupported model: {0}")]
     Unsupported(String),
     #[error("bad model config: {0}")]

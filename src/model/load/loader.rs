@@ -220,6 +220,10 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> 
         .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
     check_gguf_complete(path, &content)?;
     let hp = first_layers(crate::model::arch::hparams_from_gguf(&content, path)?, opts);
+    if opts.device == DeviceSpec::Cpu {
+        let available = crate::model::load::host_memory::available();
+        check_fits(gguf_weight_bytes(&content, hp.num_layers), available)?;
+    }
     let tokenizer =
         TextTokenizer::from_gguf(&content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let mut reader = WeightReader::gguf(content, path, &Device::Cpu)?;
@@ -244,6 +248,44 @@ fn load_model(reader: &mut WeightReader, hp: LlamaHparams, opts: &LoadOptions) -
         kind,
     )?
     .with_kv_dtype(opts.kv_dtype))
+}
+
+/// The bytes of the file's tensors a model of `layers` layers reads (blocks past them are
+/// not loaded): about what its weights take in memory where their types are kept.
+fn gguf_weight_bytes(content: &gguf_file::Content, layers: usize) -> usize {
+    content
+        .tensor_infos
+        .iter()
+        .filter(|(name, _)| {
+            let block = name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|l| l.parse::<usize>().ok());
+            block.is_none_or(|l| l < layers)
+        })
+        .map(|(_, t)| t.shape.elem_count() / t.ggml_dtype.block_size() * t.ggml_dtype.type_size())
+        .sum()
+}
+
+/// Refuses, naming both numbers, weights larger than the memory the process could take now,
+/// rather than being killed partway through reading them; says what they take otherwise.
+fn check_fits(need: usize, available: Option<usize>) -> Result<()> {
+    let gb = |b: usize| b as f64 / 1e9;
+    match available {
+        Some(available) if need > available => Err(ModelError::TooLarge {
+            need_gb: gb(need),
+            available_gb: gb(available),
+        }),
+        Some(available) => {
+            tracing::info!(
+                "the model's weights take {:.2} GB of the {:.1} GB available",
+                gb(need),
+                gb(available)
+            );
+            Ok(())
+        }
+        None => Ok(()),
+    }
 }
 
 /// A download cut short still has a valid header; catch it before reading tensors.
@@ -291,4 +333,38 @@ fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> {
     let mut reader = WeightReader::safetensors_dir(dir, &Device::Cpu)?;
     let model = load_model(&mut reader, hp, opts)?;
     Ok((model, tokenizer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_past_the_available_memory_are_refused_naming_both_numbers() {
+        let err = check_fits(18_600_000_000, Some(16_000_000_000)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the model does not fit in memory: its weights take 18.6 GB and 16.0 GB is \
+             available (MemAvailable, or the cgroup's memory.max less what is used)"
+        );
+        assert!(check_fits(18_600_000_000, Some(22_000_000_000)).is_ok());
+        assert!(check_fits(18_600_000_000, None).is_ok());
+    }
+
+    #[test]
+    fn a_mixtures_file_is_counted_by_the_layers_loaded() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/families/qwen3moe/model.gguf");
+        let content = gguf_file::Content::read(&mut std::fs::File::open(path).unwrap()).unwrap();
+        let (all, one) = (
+            gguf_weight_bytes(&content, 2),
+            gguf_weight_bytes(&content, 1),
+        );
+        // f16 experts: 8 x 3 x 32 x 64 x 2 bytes a layer, beside attention and norms.
+        assert!(all - one > 8 * 3 * 32 * 64 * 2, "{all} {one}");
+        assert!(
+            one > 260 * 64 * 2,
+            "the embedding and head are counted: {one}"
+        );
+    }
 }
