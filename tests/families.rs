@@ -35,6 +35,7 @@ const FAMILIES: &[&str] = &[
     "phi3",
     "phi3_longrope",
     "qwen3moe",
+    "qwen2moe",
     "mixtral",
 ];
 
@@ -521,7 +522,7 @@ fn the_engine_drafts_for_every_family_with_a_head_and_a_draft_model() {
 /// its experts, and on every weight type the own kernels run (f16, Q8_0, Q4_0 here).
 #[test]
 fn mixtures_give_a_row_the_same_bits_in_any_company() {
-    for family in ["qwen3moe", "mixtral"] {
+    for family in ["qwen3moe", "qwen2moe", "mixtral"] {
         for dtype in [WeightsDtype::F16, WeightsDtype::Q8_0, WeightsDtype::Q4_0] {
             let (loaded, _dir) = load(family, dtype, None);
             let ids = reference(family).ids;
@@ -630,11 +631,21 @@ fn mixture_files_we_cannot_run_are_refused_by_name() {
             "expert_gating_func",
         ),
         (
-            "a shared expert",
+            "a shared expert in a family without one",
             edit(|md, _| {
-                md.push(("qwen3moe.expert_shared_count".into(), Value::U32(1)));
+                md.push((
+                    "qwen3moe.expert_shared_feed_forward_length".into(),
+                    Value::U32(48),
+                ));
             }),
-            "shared experts",
+            "a shared expert in a 'qwen3moe' model",
+        ),
+        (
+            "more than one shared expert",
+            edit(|md, _| {
+                md.push(("qwen3moe.expert_shared_count".into(), Value::U32(2)));
+            }),
+            "at most one shared expert",
         ),
         (
             "experts in a dense family",

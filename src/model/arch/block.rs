@@ -33,6 +33,9 @@ pub struct Block {
     pub fused_projections: bool,
     /// Which feed-forward the family's layers have.
     pub feedforward: Feedforward,
+    /// A routed layer also has a shared expert every token reads, its output scaled by a
+    /// sigmoid gate (Qwen2-MoE).
+    pub shared_expert: bool,
 }
 
 /// A family's feed-forward: one gated MLP, or a mixture of experts.
@@ -57,6 +60,7 @@ impl Block {
         hf_norm_plus_one: false,
         fused_projections: false,
         feedforward: Feedforward::Dense,
+        shared_expert: false,
     };
 }
 
@@ -72,4 +76,6 @@ pub struct Experts {
     /// The chosen experts' probabilities are divided by their sum (Mixtral, Qwen3-MoE); else
     /// they are the softmax's over all experts.
     pub norm_top_k: bool,
+    /// The width of the shared expert every token reads (0: none).
+    pub shared_ffn_len: usize,
 }

@@ -58,6 +58,19 @@ impl Family {
                 "a '{}' model must state its experts (expert_count, num_experts)",
                 hp.family
             ))),
+            (_, Some(e)) if e.shared_ffn_len > 0 && !self.block.shared_expert => {
+                Err(ModelError::Unsupported(format!(
+                    "a shared expert in a '{}' model (its family has none)",
+                    hp.family
+                )))
+            }
+            (_, Some(e)) if e.shared_ffn_len == 0 && self.block.shared_expert => {
+                Err(ModelError::BadConfig(format!(
+                    "a '{}' model must state its shared expert's width \
+                     (expert_shared_feed_forward_length, shared_expert_intermediate_size)",
+                    hp.family
+                )))
+            }
             _ => Ok(()),
         }
     }
@@ -74,9 +87,6 @@ fn refuse_unread_hf_keys(c: &HfConfig, block: Block) -> Result<()> {
     }
     if let Some(f) = c.partial_rotary_factor.filter(|&f| f != 1.0) {
         return refuse(format!("partial_rotary_factor = {f} (only full rotation)"));
-    }
-    if c.shared_expert_intermediate_size.is_some_and(|n| n > 0) {
-        return refuse("shared_expert_intermediate_size (a shared expert)".into());
     }
     if c.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty()) {
         return refuse("mlp_only_layers (dense layers among routed ones)".into());

@@ -1,5 +1,5 @@
 //! The model families tandem runs, one file each (`llama`, `qwen2`, `qwen3`, `gemma3`,
-//! `phi3`, and the mixtures of experts `qwen3moe` and `mixtral`), over the shared forward,
+//! `phi3`, and the mixtures of experts `qwen3moe`, `qwen2moe` and `mixtral`), over the shared forward,
 //! kernels, attention, KV cache and rope.
 //!
 //! A family is mostly a declared [`block::Block`] (norm placement, activation, biases, q/k
@@ -14,6 +14,7 @@ pub mod llama;
 pub mod mixtral;
 pub mod phi3;
 pub mod qwen2;
+pub mod qwen2moe;
 pub mod qwen3;
 pub mod qwen3moe;
 
@@ -31,6 +32,7 @@ pub const FAMILIES: &[&Family] = &[
     &gemma3::FAMILY,
     &phi3::FAMILY,
     &qwen3moe::FAMILY,
+    &qwen2moe::FAMILY,
     // Its GGUF files are `llama`'s, found above: listed for its Hugging Face names.
     &mixtral::FAMILY,
 ];
@@ -38,7 +40,6 @@ pub const FAMILIES: &[&Family] = &[
 /// Mixtures of experts llama.cpp writes that tandem does not run (yet), named in the refusal
 /// so a user reads why rather than a missing tensor.
 const UNRUN_MIXTURES: &[&str] = &[
-    "qwen2moe",
     "olmoe",
     "gpt-oss",
     "deepseek2",

@@ -70,12 +70,24 @@ impl GatedMlp {
 }
 
 /// A mixture of experts: a router (one logit per expert) and the experts, of which each token
-/// reads `used`.
+/// reads `used`, and where the model has one a shared expert every token reads.
 pub(crate) struct RoutedFfn {
     pub router: Linear,
     pub experts: Vec<GatedMlp>,
     pub used: usize,
     pub renormalize: bool,
+    pub shared: Option<SharedExpert>,
+}
+
+/// An expert every token reads, its output scaled by `sigmoid(gate · x)` (Qwen2-MoE).
+pub(crate) struct SharedExpert {
+    pub mlp: GatedMlp,
+    /// One output: the gate's logit.
+    pub gate: Linear,
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
 }
 
 /// The host rows a feed-forward passes through, kept across a forward's layers.
@@ -89,6 +101,7 @@ pub(crate) struct FfnBuffers {
     members: Vec<Vec<(u32, f32)>>,
     gathered: Vec<f32>,
     expert_out: Vec<f32>,
+    shared_gate: Vec<f32>,
 }
 
 impl RoutedFfn {
@@ -151,6 +164,26 @@ impl RoutedFfn {
                 }
             });
         }
+        if let Some(shared) = &self.shared {
+            timed(Op::Router, || {
+                shared.gate.forward_rows_into(x, rows, &mut b.shared_gate)
+            })?;
+            shared
+                .mlp
+                .forward_rows_into(x, rows, &mut b.expert_out, &mut b.gu, &mut b.act)?;
+            timed(Op::Router, || {
+                let rows_out = out.chunks_exact_mut(hidden);
+                for ((dst, y), &g) in rows_out
+                    .zip(b.expert_out.chunks_exact(hidden))
+                    .zip(&b.shared_gate)
+                {
+                    let s = sigmoid(g);
+                    for (d, v) in dst.iter_mut().zip(y) {
+                        *d += s * v;
+                    }
+                }
+            });
+        }
         Ok(())
     }
 
@@ -182,6 +215,11 @@ impl RoutedFfn {
                 .forward(&x.index_select(&idx, 0)?)?
                 .broadcast_mul(&w)?;
             out = out.index_add(&idx, &y, 0)?;
+        }
+        if let Some(shared) = &self.shared {
+            let g = shared.gate.forward(x)?.to_dtype(x.dtype())?;
+            let s = (g.neg()?.exp()? + 1.0)?.recip()?;
+            out = (out + shared.mlp.forward(x)?.broadcast_mul(&s)?)?;
         }
         Ok(out)
     }
@@ -222,6 +260,11 @@ impl Ffn {
             Self::Dense(m) => vec![&m.gate_up, &m.down],
             Self::Routed(moe) => std::iter::once(&moe.router)
                 .chain(moe.experts.iter().flat_map(|m| [&m.gate_up, &m.down]))
+                .chain(
+                    moe.shared
+                        .iter()
+                        .flat_map(|s| [&s.gate, &s.mlp.gate_up, &s.mlp.down]),
+                )
                 .collect(),
         }
     }
@@ -235,7 +278,10 @@ impl Ffn {
                     .experts
                     .first()
                     .map_or(0, |m| m.gate_up.weight_bytes() + m.down.weight_bytes());
-                moe.router.weight_bytes() + moe.used * expert
+                let shared = moe.shared.as_ref().map_or(0, |s| {
+                    s.gate.weight_bytes() + s.mlp.gate_up.weight_bytes() + s.mlp.down.weight_bytes()
+                });
+                moe.router.weight_bytes() + moe.used * expert + shared
             }
         }
     }
@@ -244,14 +290,24 @@ impl Ffn {
     /// the router), a routed layer's over the `used` experts a token reads.
     pub fn macs_per_token(&self, op: Op) -> usize {
         let macs = |l: &Linear| l.in_features() * l.out_features();
-        let (mlp, times, router) = match self {
-            Self::Dense(m) => (Some(m), 1, None),
-            Self::Routed(moe) => (moe.experts.first(), moe.used, Some(&moe.router)),
+        let (mlp, times, router, shared) = match self {
+            Self::Dense(m) => (Some(m), 1, None, None),
+            Self::Routed(moe) => (
+                moe.experts.first(),
+                moe.used,
+                Some(&moe.router),
+                moe.shared.as_ref(),
+            ),
         };
         match op {
-            Op::GateUpMatmul => times * mlp.map_or(0, |m| macs(&m.gate_up)),
-            Op::DownMatmul => times * mlp.map_or(0, |m| macs(&m.down)),
-            Op::Router => router.map_or(0, macs),
+            Op::GateUpMatmul => {
+                times * mlp.map_or(0, |m| macs(&m.gate_up))
+                    + shared.map_or(0, |s| macs(&s.mlp.gate_up))
+            }
+            Op::DownMatmul => {
+                times * mlp.map_or(0, |m| macs(&m.down)) + shared.map_or(0, |s| macs(&s.mlp.down))
+            }
+            Op::Router => router.map_or(0, macs) + shared.map_or(0, |s| macs(&s.gate)),
             _ => 0,
         }
     }

@@ -12,7 +12,7 @@ use crate::model::kernels::rms_norm::{
 };
 use crate::model::llama::device::ForwardKind;
 use crate::model::llama::embedding::Embedding;
-use crate::model::llama::ffn::{Ffn, FfnBuffers, GatedMlp, RoutedFfn};
+use crate::model::llama::ffn::{Ffn, FfnBuffers, GatedMlp, RoutedFfn, SharedExpert};
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::load::hparams::LlamaHparams;
@@ -158,7 +158,10 @@ impl LayerParts<'_> {
 
     /// Layer `l`'s mixture of experts: its router and each expert's gate|up and down.
     fn routed_ffn(&self, reader: &mut WeightReader, l: usize, e: &Experts) -> Result<Ffn> {
-        let router = self.linear(vec![reader.router(l)?])?;
+        // The router runs in f32 whatever the weight type (llama.cpp's files keep it in f32):
+        // a rounded router would flip near-tied choices, and it is a small part of what a
+        // token reads.
+        let router = Linear::convert(reader.router(l)?, WeightsDtype::F32, self.device, self.kind)?;
         let gates = reader.experts(l, ExpertPart::Gate, e.count)?;
         let ups = reader.experts(l, ExpertPart::Up, e.count)?;
         let downs = reader.experts(l, ExpertPart::Down, e.count)?;
@@ -184,12 +187,50 @@ impl LayerParts<'_> {
                     && m.down.out_features() == hidden
             });
         self.sizes_fit(l, fits)?;
+        let shared = match e.shared_ffn_len {
+            0 => None,
+            width => Some(self.shared_expert(reader, l, width)?),
+        };
         Ok(Ffn::Routed(RoutedFfn {
             router,
             experts,
             used: e.used,
             renormalize: e.norm_top_k,
+            shared,
         }))
+    }
+
+    /// Layer `l`'s shared expert of `width` and its gate (in f32, as the router: a
+    /// `(1, hidden)` row, which llama.cpp's files store as a vector).
+    fn shared_expert(
+        &self,
+        reader: &mut WeightReader,
+        l: usize,
+        width: usize,
+    ) -> Result<SharedExpert> {
+        let hidden = self.hp.hidden_size;
+        let mlp = GatedMlp {
+            gate_up: self.linear(vec![
+                reader.raw(WeightName::SharedGate(l))?,
+                reader.raw(WeightName::SharedUp(l))?,
+            ])?,
+            down: self.linear(vec![reader.raw(WeightName::SharedDown(l))?])?,
+            gelu: self.hp.block.activation == Activation::GeluTanh,
+        };
+        let gate = reader.dense_f32(WeightName::SharedExpertGate(l))?;
+        self.sizes_fit(l, gate.elem_count() == hidden)?;
+        let gate = Linear::convert(
+            RawWeight::Dense(gate.reshape((1, hidden))?),
+            WeightsDtype::F32,
+            self.device,
+            self.kind,
+        )?;
+        let fits = mlp.gate_up.out_features() == 2 * width
+            && mlp.gate_up.in_features() == hidden
+            && mlp.down.in_features() == width
+            && mlp.down.out_features() == hidden;
+        self.sizes_fit(l, fits)?;
+        Ok(SharedExpert { mlp, gate })
     }
 
     fn sizes_fit(&self, l: usize, fits: bool) -> Result<()> {

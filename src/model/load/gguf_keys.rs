@@ -124,13 +124,9 @@ impl<'a> GgufKeys<'a> {
                 self.key("expert_gating_func")
             )));
         }
-        if self.opt_u("expert_shared_count").is_some_and(|n| n > 0)
-            || self
-                .opt_u("expert_shared_feed_forward_length")
-                .is_some_and(|n| n > 0)
-        {
+        if let Some(n) = self.opt_u("expert_shared_count").filter(|&n| n > 1) {
             return Err(ModelError::Unsupported(format!(
-                "{} (shared experts)",
+                "{} = {n} (tandem runs at most one shared expert)",
                 self.key("expert_shared_count")
             )));
         }
@@ -149,6 +145,7 @@ impl<'a> GgufKeys<'a> {
             used: self.u("expert_used_count")?,
             ffn_len,
             norm_top_k,
+            shared_ffn_len: self.opt_u("expert_shared_feed_forward_length").unwrap_or(0),
         }))
     }
 }

@@ -173,6 +173,7 @@ impl HfConfig {
             used: self.num_experts_per_tok.unwrap_or(0),
             ffn_len: self.moe_intermediate_size.unwrap_or(self.intermediate_size),
             norm_top_k: self.norm_topk_prob.unwrap_or(true),
+            shared_ffn_len: self.shared_expert_intermediate_size.unwrap_or(0),
         })
     }
 

@@ -42,6 +42,11 @@ pub enum WeightName {
     Down(usize),
     /// A routed layer's router: one row of logits weights per expert.
     Router(usize),
+    /// A routed layer's shared expert (Qwen2-MoE) and its gate, one logit a token.
+    SharedGate(usize),
+    SharedUp(usize),
+    SharedDown(usize),
+    SharedExpertGate(usize),
 }
 
 /// One of the three matrices of a routed layer's experts.
@@ -103,6 +108,10 @@ impl WeightName {
             Self::AttnPostNorm(l) => format!("blk.{l}.post_attention_norm.weight"),
             Self::FfnPostNorm(l) => format!("blk.{l}.post_ffw_norm.weight"),
             Self::Router(l) => format!("blk.{l}.ffn_gate_inp.weight"),
+            Self::SharedGate(l) => format!("blk.{l}.ffn_gate_shexp.weight"),
+            Self::SharedUp(l) => format!("blk.{l}.ffn_up_shexp.weight"),
+            Self::SharedDown(l) => format!("blk.{l}.ffn_down_shexp.weight"),
+            Self::SharedExpertGate(l) => format!("blk.{l}.ffn_gate_inp_shexp.weight"),
         }
     }
 
@@ -138,6 +147,10 @@ impl WeightName {
             Self::FfnPostNorm(l) => format!("model.layers.{l}.post_feedforward_layernorm.weight"),
             // Mixtral's router is `block_sparse_moe.gate`: `WeightReader::router` tries both.
             Self::Router(l) => format!("model.layers.{l}.mlp.gate.weight"),
+            Self::SharedGate(l) => format!("model.layers.{l}.mlp.shared_expert.gate_proj.weight"),
+            Self::SharedUp(l) => format!("model.layers.{l}.mlp.shared_expert.up_proj.weight"),
+            Self::SharedDown(l) => format!("model.layers.{l}.mlp.shared_expert.down_proj.weight"),
+            Self::SharedExpertGate(l) => format!("model.layers.{l}.mlp.shared_expert_gate.weight"),
         }
     }
 }
