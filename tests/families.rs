@@ -36,6 +36,7 @@ const FAMILIES: &[&str] = &[
     "phi3_longrope",
     "qwen3moe",
     "qwen2moe",
+    "olmoe",
     "mixtral",
 ];
 
@@ -522,7 +523,7 @@ fn the_engine_drafts_for_every_family_with_a_head_and_a_draft_model() {
 /// its experts, and on every weight type the own kernels run (f16, Q8_0, Q4_0 here).
 #[test]
 fn mixtures_give_a_row_the_same_bits_in_any_company() {
-    for family in ["qwen3moe", "qwen2moe", "mixtral"] {
+    for family in ["qwen3moe", "qwen2moe", "olmoe", "mixtral"] {
         for dtype in [WeightsDtype::F16, WeightsDtype::Q8_0, WeightsDtype::Q4_0] {
             let (loaded, _dir) = load(family, dtype, None);
             let ids = reference(family).ids;

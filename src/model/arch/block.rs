@@ -20,6 +20,9 @@ pub struct Block {
     /// Each query and key head is RMS-normed over its own values before rotation (Qwen 3,
     /// Gemma 3).
     pub qk_norm: bool,
+    /// The q/k norms span all the heads' values at once, one weight per value (OLMoE), not
+    /// each head's.
+    pub qk_norm_whole: bool,
     /// The attention output and the MLP output are RMS-normed before their residual adds,
     /// besides the norms before them (Gemma 2 and 3).
     pub sandwich_norms: bool,
@@ -54,6 +57,7 @@ impl Block {
     pub const LLAMA: Block = Block {
         qkv_bias: false,
         qk_norm: false,
+        qk_norm_whole: false,
         sandwich_norms: false,
         activation: Activation::Silu,
         embed_scale: false,

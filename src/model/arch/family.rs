@@ -88,6 +88,9 @@ fn refuse_unread_hf_keys(c: &HfConfig, block: Block) -> Result<()> {
     if let Some(f) = c.partial_rotary_factor.filter(|&f| f != 1.0) {
         return refuse(format!("partial_rotary_factor = {f} (only full rotation)"));
     }
+    if let Some(clip) = c.clip_qkv {
+        return refuse(format!("clip_qkv = {clip}"));
+    }
     if c.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty()) {
         return refuse("mlp_only_layers (dense layers among routed ones)".into());
     }
@@ -119,6 +122,11 @@ pub fn refuse_qwen_sliding_window(c: &HfConfig, _: &mut LlamaHparams) -> Result<
             "config.json use_sliding_window = true (Qwen's windowed layers)".into(),
         ));
     }
+    Ok(())
+}
+
+/// Nothing beyond the keys every family's `config.json` states.
+pub fn no_hf_extras(_: &HfConfig, _: &mut LlamaHparams) -> Result<()> {
     Ok(())
 }
 

@@ -19,6 +19,7 @@ pub const FAMILY: Family = Family {
     block: Block {
         qkv_bias: false,
         qk_norm: true,
+        qk_norm_whole: false,
         sandwich_norms: true,
         activation: Activation::GeluTanh,
         embed_scale: true,

@@ -1,5 +1,5 @@
 //! The model families tandem runs, one file each (`llama`, `qwen2`, `qwen3`, `gemma3`,
-//! `phi3`, and the mixtures of experts `qwen3moe`, `qwen2moe` and `mixtral`), over the shared forward,
+//! `phi3`, and the mixtures of experts `qwen3moe`, `qwen2moe`, `olmoe` and `mixtral`), over the shared forward,
 //! kernels, attention, KV cache and rope.
 //!
 //! A family is mostly a declared [`block::Block`] (norm placement, activation, biases, q/k
@@ -12,6 +12,7 @@ pub mod family;
 pub mod gemma3;
 pub mod llama;
 pub mod mixtral;
+pub mod olmoe;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen2moe;
@@ -33,6 +34,7 @@ pub const FAMILIES: &[&Family] = &[
     &phi3::FAMILY,
     &qwen3moe::FAMILY,
     &qwen2moe::FAMILY,
+    &olmoe::FAMILY,
     // Its GGUF files are `llama`'s, found above: listed for its Hugging Face names.
     &mixtral::FAMILY,
 ];
@@ -40,7 +42,6 @@ pub const FAMILIES: &[&Family] = &[
 /// Mixtures of experts llama.cpp writes that tandem does not run (yet), named in the refusal
 /// so a user reads why rather than a missing tensor.
 const UNRUN_MIXTURES: &[&str] = &[
-    "olmoe",
     "gpt-oss",
     "deepseek2",
     "granitemoe",

@@ -27,6 +27,12 @@ pub const FAMILY: Family = Family {
 /// (`norm_topk_prob` is false in the released models) unless the file states
 /// `expert_weights_norm`.
 fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
+    unnormalized_unless_stated(keys, hp)
+}
+
+/// A mixture's chosen probabilities as the file states (`expert_weights_norm`), else not
+/// renormalised (llama.cpp's rule for Qwen2-MoE and OLMoE files).
+pub(super) fn unnormalized_unless_stated(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
     let stated = keys
         .content
         .metadata

@@ -298,7 +298,11 @@ impl LayerParts<'_> {
                 .as_ref()
                 .is_none_or(|b| b.elem_count() == qkv_out)
             && layer.extras.qk_norm.as_ref().is_none_or(|(q, k)| {
-                q.elem_count() == hp.head_dim && k.elem_count() == hp.head_dim
+                let (q_len, k_len) = match block.qk_norm_whole {
+                    true => (hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim),
+                    false => (hp.head_dim, hp.head_dim),
+                };
+                q.elem_count() == q_len && k.elem_count() == k_len
             });
         self.sizes_fit(l, sizes_fit)?;
         Ok(layer)

@@ -111,6 +111,8 @@ pub struct HfConfig {
     pub decoder_sparse_step: Option<usize>,
     pub mlp_only_layers: Option<Vec<usize>>,
     pub shared_expert_intermediate_size: Option<usize>,
+    /// OLMoE's clamp of queries, keys and values.
+    pub clip_qkv: Option<f32>,
 }
 
 impl HfConfig {

@@ -147,12 +147,15 @@ impl LayerPass<'_, '_> {
             }
             (global, _) => (&self.ropes.global, global),
         };
-        // Per-head RMS norms of queries and keys, before rotation.
+        // RMS norms of queries and keys before rotation, over each head's values or (a
+        // weight as wide as all the heads, OLMoE) over all of them.
         let eps = hp.rms_norm_eps as f32;
         let norm_heads = |t: Tensor, w: Option<&Tensor>, n: usize| -> Result<Tensor> {
             Ok(match w {
                 Some(w) => {
-                    crate::model::kernels::rms_norm::rms_norm(&t.reshape((total * n, hd))?, w, eps)?
+                    let width = w.elem_count();
+                    let rows = total * n * hd / width;
+                    crate::model::kernels::rms_norm::rms_norm(&t.reshape((rows, width))?, w, eps)?
                         .reshape((total, n * hd))?
                 }
                 None => t,
