@@ -603,6 +603,18 @@ fn edit(f: impl Fn(&mut Metadata, &mut Tensors) + 'static) -> Edit {
     Box::new(f)
 }
 
+/// The Qwen3-MoE file's metadata as architecture `arch` states it.
+fn as_architecture(md: &mut Metadata, arch: &str) {
+    for (k, v) in md.iter_mut() {
+        if let Some(rest) = k.strip_prefix("qwen3moe.") {
+            *k = format!("{arch}.{rest}");
+        }
+        if k == "general.architecture" {
+            *v = gguf_file::Value::String(arch.into());
+        }
+    }
+}
+
 fn set(md: &mut [(String, gguf_file::Value)], key: &str, value: gguf_file::Value) {
     md.iter_mut().find(|(k, _)| k == key).unwrap().1 = value;
 }
@@ -650,30 +662,12 @@ fn mixture_files_we_cannot_run_are_refused_by_name() {
         ),
         (
             "experts in a dense family",
-            edit(|md, _| {
-                for (k, v) in md.iter_mut() {
-                    if let Some(rest) = k.strip_prefix("qwen3moe.") {
-                        *k = format!("qwen3.{rest}");
-                    }
-                    if k == "general.architecture" {
-                        *v = Value::String("qwen3".into());
-                    }
-                }
-            }),
+            edit(|md, _| as_architecture(md, "qwen3")),
             "a mixture of 8 experts in a 'qwen3' model",
         ),
         (
             "a mixture family we do not run",
-            edit(|md, _| {
-                for (k, v) in md.iter_mut() {
-                    if let Some(rest) = k.strip_prefix("qwen3moe.") {
-                        *k = format!("gpt-oss.{rest}");
-                    }
-                    if k == "general.architecture" {
-                        *v = Value::String("gpt-oss".into());
-                    }
-                }
-            }),
+            edit(|md, _| as_architecture(md, "gpt-oss")),
             "'gpt-oss' (a mixture of experts tandem does not run yet)",
         ),
         (

@@ -247,27 +247,8 @@ impl WeightReader {
 
     /// A matrix weight, kept in its stored type.
     pub fn raw(&mut self, name: WeightName) -> Result<RawWeight> {
-        match &mut self.store {
-            Store::Gguf {
-                content,
-                reader,
-                path,
-            } => {
-                let key = name.gguf();
-                if !content.tensor_infos.contains_key(&key) {
-                    return Err(ModelError::MissingTensor(format!(
-                        "{key} in {}",
-                        path.display()
-                    )));
-                }
-                let q = content.tensor(reader, &key, &self.device).map_err(|e| {
-                    ModelError::Unreadable {
-                        path: path.clone(),
-                        reason: format!("tensor {key}: {e}"),
-                    }
-                })?;
-                Ok(RawWeight::Quantized(q))
-            }
+        match &self.store {
+            Store::Gguf { .. } => self.gguf_named(&name.gguf()),
             Store::Safetensors(st) => {
                 let key = name.hf(self.hf_sandwich);
                 let t = st
