@@ -14,7 +14,7 @@ use crate::draft::{
 };
 use crate::engine::EngineConfig;
 use crate::model::head::DraftHead;
-use crate::model::load::loader::LoadOptions;
+use crate::model::loaded::LoadOptions;
 use crate::model::{DraftVocab, Llama, LoadedModel, ModelError, ModelSource, WeightsDtype};
 
 #[derive(Debug, thiserror::Error)]

@@ -513,7 +513,11 @@ fn word_at(text: &str, name: &str) -> Vec<usize> {
 /// Whether `text` defines `name` in a way its case allows (see the comment above).
 fn defines(text: &str, name: &str) -> bool {
     let camel = name.starts_with(|c: char| c.is_ascii_uppercase());
-    let items: &[&str] = if camel {
+    let screaming = !name.chars().any(|c| c.is_ascii_lowercase());
+    let items: &[&str] = if camel && screaming {
+        // A SCREAMING_CASE name is a constant or a static.
+        &["const", "static"]
+    } else if camel {
         &["struct", "enum", "trait", "type", "union"]
     } else {
         &[

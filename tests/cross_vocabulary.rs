@@ -19,7 +19,7 @@ use tandem::draft::{
     GreedyAcross, LoadedDrafter, ModelDrafter, PromptLookup, Proposer, Translation,
 };
 use tandem::engine::{Engine, EngineConfig};
-use tandem::model::load::loader::LoadOptions;
+use tandem::model::loaded::LoadOptions;
 use tandem::model::{LoadedModel, ModelSource, WeightsDtype};
 
 fn gemma() -> LoadedModel {

@@ -20,7 +20,7 @@ use common::{
 use tandem::draft::{LoadedDrafter, ModelDrafter, PromptLookup, Proposer};
 use tandem::engine::{generate_speculative, FixedSpeculation, Gamma};
 use tandem::model::llama::expert_trace;
-use tandem::model::load::loader::LoadOptions;
+use tandem::model::loaded::LoadOptions;
 use tandem::model::{BackendChoice, LoadedModel, LogitsRows, ModelSource, WeightsDtype};
 use tandem::model::{Llama, SeqInput};
 use tandem::sampling::{probabilities, Lenience, SamplingParams};

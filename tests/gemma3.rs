@@ -9,7 +9,7 @@ mod common;
 
 use common::{forward_rows, gemma_path, greedy_request, plain_output};
 use tandem::draft::{ModelDrafter, PromptLookup, Proposer};
-use tandem::model::load::loader::LoadOptions;
+use tandem::model::loaded::LoadOptions;
 use tandem::model::{LoadedModel, LogitsRows, ModelSource};
 
 fn load(max_layers: Option<usize>) -> LoadedModel {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use common::{greedy_request, plain_output};
 use tandem::draft::{ModelDrafter, PromptLookup};
 use tandem::engine::{generate_speculative, FixedSpeculation, Gamma};
-use tandem::model::load::loader::LoadOptions;
+use tandem::model::loaded::LoadOptions;
 use tandem::model::synthetic::{make_model, WeightSource};
 use tandem::model::{LoadedModel, LogitsRows, ModelSource, SeqInput, WeightsDtype};
 use tandem::sampling::Lenience;

@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::quantized::gguf_file;
 use tandem::engine::{generate_plain, FinishReason};
-use tandem::model::load::loader::LoadOptions;
+use tandem::model::loaded::LoadOptions;
 use tandem::model::{LoadedModel, ModelError, ModelSource, WeightsDtype};
 use tandem::sampling::SamplingParams;
 

@@ -313,7 +313,7 @@ fn speculative(
 fn greedy_speculative_equals_plain_on_ten_dev_prompts() {
     let target = tensor_model(parity_dtype());
     // The target's first 20 of 30 layers drafting on the same backend: it disagrees often.
-    let draft = common::load_default_with(&tandem::model::load::loader::LoadOptions {
+    let draft = common::load_default_with(&tandem::model::loaded::LoadOptions {
         weights_dtype: WeightsDtype::Q8_0,
         backend: BackendChoice::Candle,
         max_layers: Some(20),

@@ -58,7 +58,7 @@ fn spec_bench_turns() -> Vec<String> {
 fn gemma_content() -> &'static gguf_file::Content {
     static CONTENT: OnceLock<gguf_file::Content> = OnceLock::new();
     CONTENT.get_or_init(|| {
-        let path = tandem::model::load::loader::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
+        let path = tandem::model::loaded::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
         assert!(
             path.is_file(),
             "Gemma-3-270M missing at {}: run scripts/fetch-gemma",
@@ -209,7 +209,7 @@ fn qwen2_pre_tokenizer_gives_llama_cpps_ids() {
 /// such as Gemma's `\n`: neither tokenizer takes that one back).
 #[test]
 fn sentencepiece_with_a_space_prefix_gives_llama_cpps_ids() {
-    let path = tandem::model::load::loader::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
+    let path = tandem::model::loaded::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
     let mut file = std::fs::File::open(&path).expect("open Gemma (scripts/fetch-gemma)");
     let mut content = gguf_file::Content::read(&mut file).expect("read GGUF metadata");
     content

@@ -15,16 +15,25 @@
 //!   bit (`attention`); RMS norms fused with the residual add (`rms_norm`); elementwise work
 //!   over one vectorized exponential (`elementwise`, `fast_exp`); which vector level the CPU gets (`cpu_kernels`) and the row-parallel loop
 //!   (`parallel`).
-//! * `arch/`: the families (Llama and Mistral, Qwen 2, Qwen 3, Gemma 3, Phi-3), one file
-//!   each: the block each declares and the keys only its files carry.
+//! * `spec/`: what a model is, as data, the layer's leaf: its hyperparameters (`hparams`), its
+//!   block as a family declares it, dense or routed feed-forward included (`block`), and its
+//!   rotary embeddings' layout and scaling (`rope`).
+//! * `arch/`: the families (Llama and Mistral, Qwen 2, Qwen 3, Gemma 3, Phi-3, the mixtures
+//!   Qwen3-MoE, Qwen2-MoE, OLMoE and Mixtral), one file each: the block each declares and the
+//!   keys only its files carry.
 //! * `llama/`: the model (every family's forward, named for the block the others vary). Its weights (`weights`), the per-layer weight type (`linear`),
-//!   rotary embeddings (`rope`), the batched forward's inputs and outputs (`batch`), the
+//!   rotary embeddings (`rope`), the feed-forward, dense or routed (`ffn`, the router's choice
+//!   in `routing`, recorded on request by `expert_trace`), the batched forward's inputs and
+//!   outputs (`batch`), the
 //!   forward itself (`model`, the `Llama` type) on tandem's own kernels (`own_forward`) or on
 //!   candle's tensors for GPUs (`tensor_forward`), the device choice (`device`) and
 //!   per-operation timing (`op_profile`).
-//! * `load/`: reading GGUF files and Hugging Face folders (`loader`, `weights`, `hparams` over
-//!   `gguf_keys`, `hf_config` and `rope_config`),
-//!   with weights converted at load time to the type the kernels run.
+//! * `load/`: reading GGUF files and Hugging Face folders: weights by role as the file holds
+//!   them (`weight_roles`, `raw_weight`), the hyperparameters (`hparams` over `gguf_keys` and
+//!   `hf_config`), and the memory the process may use (`host_memory`).
+//! * `loaded`: what the user named resolved to a file or folder and loaded: the family found,
+//!   the memory checked, the model built (weights converted to the type the kernels run) with
+//!   its tokenizer. The one part above the families, the readers and the model.
 //! * `text/`: the tokenizer with incremental decoding (`tokenizer`), the chat template
 //!   (`chat_template`), and the tokens two vocabularies share (`vocab_map`).
 //! * `head/`: draft heads (EAGLE): one decoder layer over the target's own hidden states and
@@ -45,7 +54,9 @@ pub mod head;
 pub mod kernels;
 pub mod llama;
 pub mod load;
+pub mod loaded;
 mod self_check;
+pub mod spec;
 pub mod synthetic;
 pub mod text;
 
@@ -56,7 +67,7 @@ pub use llama::device::{BackendChoice, DeviceSpec, ForwardKind};
 pub use llama::linear::WeightsDtype;
 pub use llama::model::Llama;
 pub use load::hparams::{LlamaHparams, RopeScaling};
-pub use load::loader::{default_model_path, LoadOptions, LoadedModel, ModelSource};
+pub use loaded::{default_model_path, LoadOptions, LoadedModel, ModelSource};
 pub use self_check::check_finite_forward;
 pub use text::chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
 pub use text::tokenizer::{literal_marker, IncrementalDecoder, TextTokenizer, TokenizerError};

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use tandem::model::load::loader::LoadOptions;
+use tandem::model::loaded::LoadOptions;
 use tandem::model::{BackendChoice, DeviceSpec, LoadedModel, ModelSource, WeightsDtype};
 
 pub fn default_model() -> PathBuf {
@@ -19,7 +19,7 @@ pub fn default_model() -> PathBuf {
 
 /// Gemma-3-270M's `Q4_K_M` file, as `scripts/fetch-gemma` leaves it.
 pub fn gemma_path() -> PathBuf {
-    let p = tandem::model::load::loader::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
+    let p = tandem::model::loaded::cache_dir().join("models/gemma-3-270m-Q4_K_M.gguf");
     assert!(
         p.is_file(),
         "Gemma-3-270M is missing at {}: run scripts/fetch-gemma",

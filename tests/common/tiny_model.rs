@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use tandem::model::load::loader::LoadOptions;
+use tandem::model::loaded::LoadOptions;
 use tandem::model::{BackendChoice, Llama, LoadedModel, ModelSource, WeightsDtype};
 use tandem::sampling::SeededRng;
 
@@ -87,7 +87,7 @@ pub fn random_eagle3_head(
         draft_ids: ids,
         taps,
         rope_theta: 10_000.0,
-        rope_scaling: tandem::model::load::hparams::RopeScaling::None,
+        rope_scaling: tandem::model::spec::hparams::RopeScaling::None,
     });
     t
 }

@@ -3,8 +3,8 @@
 
 use candle_core::quantized::gguf_file;
 
-use crate::model::arch::block::{Activation, Block, Feedforward};
 use crate::model::load::hparams::{GgufKeys, HfConfig, LlamaHparams, RopeLayout};
+use crate::model::spec::block::{Activation, Block, Feedforward};
 use crate::model::{ModelError, Result};
 
 pub struct Family {

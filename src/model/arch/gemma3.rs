@@ -2,9 +2,9 @@
 //! gated MLP, embeddings scaled by √hidden, and five of every six layers attending within a
 //! sliding window at their own rope base (10k) while the sixth is global (1M).
 
-use crate::model::arch::block::{Activation, Block, Feedforward};
 use crate::model::arch::family::Family;
 use crate::model::load::hparams::{GgufKeys, HfConfig, LayerWindows, LlamaHparams, RopeLayout};
+use crate::model::spec::block::{Activation, Block, Feedforward};
 use crate::model::{ModelError, Result};
 
 /// Layers per global layer when the file does not say (llama.cpp's and transformers' default).

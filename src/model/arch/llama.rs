@@ -3,9 +3,9 @@
 //! from. llama.cpp writes Mixtral's files under this architecture too (with `expert_count`
 //! and routed tensors), so a Llama GGUF's feed-forward is dense or routed as the file says.
 
-use crate::model::arch::block::{Block, Feedforward};
 use crate::model::arch::family::Family;
 use crate::model::load::hparams::{GgufKeys, HfConfig, LayerWindows, LlamaHparams, RopeLayout};
+use crate::model::spec::block::{Block, Feedforward};
 use crate::model::Result;
 
 pub const FAMILY: Family = Family {

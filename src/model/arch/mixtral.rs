@@ -3,9 +3,9 @@
 //! Hugging Face form; llama.cpp writes its GGUF files as the `llama` architecture, which the
 //! Llama family reads with the experts the file states.
 
-use crate::model::arch::block::{Block, Feedforward};
 use crate::model::arch::family::{no_gguf_extras, Family};
 use crate::model::load::hparams::{HfConfig, LayerWindows, LlamaHparams, RopeLayout};
+use crate::model::spec::block::{Block, Feedforward};
 use crate::model::Result;
 
 pub const FAMILY: Family = Family {

@@ -7,7 +7,6 @@
 //! is written for it only where a description cannot say it. Adding the next family is a file
 //! here, its entry in [`FAMILIES`] and a test against an independent implementation.
 
-pub mod block;
 pub mod family;
 pub mod gemma3;
 pub mod llama;

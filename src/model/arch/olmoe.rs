@@ -2,9 +2,9 @@
 //! values at once (one weight per value), and every layer's feed-forward routed to 8 of 64
 //! experts whose probabilities are not renormalised unless the model says so.
 
-use crate::model::arch::block::{Block, Feedforward};
 use crate::model::arch::family::{no_hf_extras, Family};
 use crate::model::load::hparams::{GgufKeys, LlamaHparams, RopeLayout};
+use crate::model::spec::block::{Block, Feedforward};
 use crate::model::Result;
 
 pub const FAMILY: Family = Family {

@@ -2,12 +2,12 @@
 //! as one tensor, every layer's attention in a sliding window where the config sets one, and
 //! the 128k variants' LongRoPE (per-frequency factors, a cos/sin scale).
 
-use crate::model::arch::block::Block;
 use crate::model::arch::family::Family;
 use crate::model::load::hparams::{
     longrope_attention_factor, GgufKeys, HfConfig, LayerWindows, LlamaHparams, RopeLayout,
     RopeScaling,
 };
+use crate::model::spec::block::Block;
 use crate::model::{ModelError, Result};
 
 pub const FAMILY: Family = Family {

@@ -3,9 +3,9 @@
 //! output a sigmoid gate scales; the chosen experts' probabilities are not renormalised unless
 //! the model says so.
 
-use crate::model::arch::block::{Block, Feedforward};
 use crate::model::arch::family::{refuse_qwen_sliding_window, Family};
 use crate::model::load::hparams::{GgufKeys, LlamaHparams, RopeLayout};
+use crate::model::spec::block::{Block, Feedforward};
 use crate::model::Result;
 
 pub const FAMILY: Family = Family {

@@ -1,8 +1,8 @@
 //! Qwen 3 (dense): Llama's block with each query and key head RMS-normed before rotation.
 
-use crate::model::arch::block::Block;
 use crate::model::arch::family::{no_gguf_extras, refuse_qwen_sliding_window, Family};
 use crate::model::load::hparams::RopeLayout;
+use crate::model::spec::block::Block;
 
 pub const FAMILY: Family = Family {
     gguf: "qwen3",

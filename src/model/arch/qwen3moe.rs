@@ -2,9 +2,9 @@
 //! block (q/k norms) with every layer's feed-forward routed to 8 of 128 experts by a softmax
 //! router whose chosen probabilities are renormalised.
 
-use crate::model::arch::block::{Block, Feedforward};
 use crate::model::arch::family::{no_gguf_extras, refuse_qwen_sliding_window, Family};
 use crate::model::load::hparams::RopeLayout;
+use crate::model::spec::block::{Block, Feedforward};
 
 pub const FAMILY: Family = Family {
     gguf: "qwen3moe",

@@ -22,7 +22,7 @@ use candle_core::safetensors::Load;
 use candle_core::{DType, Device, Tensor};
 
 use super::{eagle3, HeadTensors};
-use crate::model::load::hparams::LlamaHparams;
+use crate::model::spec::hparams::LlamaHparams;
 use crate::model::{ModelError, Result};
 
 const TOKEN_RANK: &str = "tandem.token_rank";

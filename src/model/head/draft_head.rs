@@ -16,7 +16,7 @@ use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
 use crate::model::llama::own_forward::{run_layers, LayerIo};
 use crate::model::llama::rope::Ropes;
 use crate::model::llama::weights::{Layer, LayerExtras};
-use crate::model::load::hparams::LlamaHparams;
+use crate::model::spec::hparams::LlamaHparams;
 use crate::model::{Llama, ModelError, Result};
 
 /// A loaded head, ready to draft for a target.

@@ -29,7 +29,8 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::load::hparams::{rope_scaling_from_hf, RopeScaling};
+use crate::model::load::hf_config::rope_scaling_from_hf;
+use crate::model::spec::rope::RopeScaling;
 use crate::model::{ModelError, Result};
 
 /// What an EAGLE-3 head has beyond an EAGLE head's tensors.

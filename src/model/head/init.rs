@@ -4,7 +4,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::{eagle3::Eagle3Parts, head_hparams, HeadTensors};
-use crate::model::load::hparams::LlamaHparams;
+use crate::model::spec::hparams::LlamaHparams;
 use crate::model::{Llama, Result};
 
 /// `(rows, cols)` uniform in ±1/√cols (PyTorch's default for a linear layer, as EAGLE starts).

@@ -4,7 +4,7 @@
 use candle_core::Tensor;
 
 use super::eagle3::Eagle3Parts;
-use crate::model::load::hparams::LlamaHparams;
+use crate::model::spec::hparams::LlamaHparams;
 
 /// A head's weights in f32 as a checkpoint stores them (Hugging Face layout: `(out, in)`,
 /// q/k rotated by halves), for saving and training.
@@ -39,7 +39,7 @@ pub fn default_head_dir() -> std::path::PathBuf {
     if source.join("config.json").exists() {
         return source;
     }
-    crate::model::load::loader::cache_dir()
+    crate::model::loaded::cache_dir()
         .join("heads")
         .join(DEFAULT_HEAD)
 }
@@ -52,9 +52,9 @@ pub fn head_hparams(target: &LlamaHparams) -> LlamaHparams {
     // The head's layer is a Llama block whatever the target's family.
     LlamaHparams {
         num_layers: 1,
-        rope_layout: crate::model::load::hparams::RopeLayout::HalfSplit,
-        block: crate::model::arch::block::Block::LLAMA,
-        windows: crate::model::load::hparams::LayerWindows::none(),
+        rope_layout: crate::model::spec::hparams::RopeLayout::HalfSplit,
+        block: crate::model::spec::block::Block::LLAMA,
+        windows: crate::model::spec::hparams::LayerWindows::none(),
         attn_scale: None,
         ..target.clone()
     }

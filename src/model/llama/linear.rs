@@ -24,49 +24,8 @@ use crate::model::kernels::q4_gemm::{self, PackedQ4, Q4Format};
 use crate::model::kernels::q8_gemm::{self, PackedQ8};
 use crate::model::llama::device::ForwardKind;
 pub use crate::model::llama::weights_dtype::WeightsDtype;
+pub use crate::model::load::raw_weight::RawWeight;
 use crate::model::{ModelError, Result};
-
-/// A weight as it comes out of a file, before conversion.
-pub enum RawWeight {
-    Quantized(QTensor),
-    Dense(Tensor),
-}
-
-impl RawWeight {
-    fn dims2(&self) -> Result<(usize, usize)> {
-        Ok(match self {
-            Self::Quantized(q) => q.shape().dims2()?,
-            Self::Dense(t) => t.dims2()?,
-        })
-    }
-
-    fn src_dtype(&self) -> GgmlDType {
-        match self {
-            Self::Quantized(q) => q.dtype(),
-            Self::Dense(t) => match t.dtype() {
-                candle_core::DType::F16 => GgmlDType::F16,
-                candle_core::DType::BF16 => GgmlDType::BF16,
-                _ => GgmlDType::F32,
-            },
-        }
-    }
-
-    fn dequantize(&self, device: &Device) -> Result<Tensor> {
-        Ok(match self {
-            Self::Quantized(q) => q.dequantize(device)?,
-            Self::Dense(t) => t.to_dtype(candle_core::DType::F32)?,
-        })
-    }
-
-    fn raw_bytes(&self) -> Result<Vec<u8>> {
-        match self {
-            Self::Quantized(q) => Ok(q.data()?.into_owned()),
-            Self::Dense(_) => Err(ModelError::BadInput(
-                "dense weight has no raw blocks".into(),
-            )),
-        }
-    }
-}
 
 /// The matmul that runs a linear layer.
 enum Kernel {

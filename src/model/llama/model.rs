@@ -18,8 +18,8 @@ use crate::model::llama::linear::WeightsDtype;
 use crate::model::llama::rope::Ropes;
 use crate::model::llama::tensor_forward::TensorRopes;
 use crate::model::llama::weights::LlamaWeights;
-use crate::model::load::hparams::LlamaHparams;
 use crate::model::load::weight_roles::WeightReader;
+use crate::model::spec::hparams::LlamaHparams;
 use crate::model::{ModelError, Result};
 
 /// The per-backend state beside the weights.

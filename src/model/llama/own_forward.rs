@@ -17,7 +17,7 @@ use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout}
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::llama::rope::{RopeTable, Ropes};
 use crate::model::llama::weights::{Layer, LlamaWeights, MlpBuffers};
-use crate::model::load::hparams::LlamaHparams;
+use crate::model::spec::hparams::LlamaHparams;
 use crate::model::Result;
 
 /// The whole model: embeddings, every layer, then the output head over the rows `batch` asks

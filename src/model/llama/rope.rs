@@ -4,7 +4,7 @@
 //! forward has its own position (sequences of different lengths share one pass), and a per-token
 //! scalar loop keeps the result bitwise identical however tokens are batched.
 
-use crate::model::load::hparams::{LayerRope, LlamaHparams, RopeLayout, RopeScaling};
+use crate::model::spec::hparams::{LayerRope, LlamaHparams, RopeLayout, RopeScaling};
 
 /// A model's rope tables: the global one, and the windowed layers' where they rotate at their
 /// own base (Gemma 3's local layers).

@@ -6,7 +6,6 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::arch::block::{Activation, Experts};
 use crate::model::kernels::rms_norm::{
     add_norm_rows, norm_in_place, norm_rows, rms_norm, with_host,
 };
@@ -15,8 +14,9 @@ use crate::model::llama::embedding::Embedding;
 use crate::model::llama::ffn::{Ffn, FfnBuffers, GatedMlp, RoutedFfn, SharedExpert};
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
 use crate::model::llama::op_profile::{timed, Op};
-use crate::model::load::hparams::LlamaHparams;
 use crate::model::load::weight_roles::{ExpertPart, WeightName, WeightReader};
+use crate::model::spec::block::{Activation, Experts};
+use crate::model::spec::hparams::LlamaHparams;
 use crate::model::{ModelError, Result};
 
 pub(crate) struct Layer {

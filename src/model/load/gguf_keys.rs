@@ -3,8 +3,8 @@
 
 use candle_core::quantized::gguf_file;
 
-use crate::model::arch::block::Experts;
-use crate::model::load::rope_config::RopeScaling;
+use crate::model::spec::block::Experts;
+use crate::model::spec::rope::RopeScaling;
 use crate::model::{ModelError, Result};
 
 /// A GGUF's metadata under one architecture's prefix (`gemma3.block_count`), and the file

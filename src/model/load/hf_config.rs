@@ -3,8 +3,8 @@
 
 use serde::Deserialize;
 
-use crate::model::arch::block::Experts;
-use crate::model::load::rope_config::RopeScaling;
+use crate::model::spec::block::Experts;
+use crate::model::spec::rope::RopeScaling;
 use crate::model::{ModelError, Result};
 
 /// A config.json's `rope_scaling` object (a draft head's config reads it too).

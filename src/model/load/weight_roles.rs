@@ -9,7 +9,7 @@ use candle_core::quantized::gguf_file;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::llama::linear::RawWeight;
+use crate::model::load::raw_weight::RawWeight;
 use crate::model::{ModelError, Result};
 
 /// A weight's role in a decoder model of any family.

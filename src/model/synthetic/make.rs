@@ -8,8 +8,8 @@ use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
 use crate::model::llama::linear::RawWeight;
-use crate::model::load::hparams::LlamaHparams;
 use crate::model::load::weight_roles::{WeightName, WeightReader};
+use crate::model::spec::hparams::LlamaHparams;
 use crate::model::synthetic::{Recipe, Shape};
 use crate::model::{ModelError, Result};
 

@@ -14,7 +14,7 @@ use crate::model::head::checkpoint::check_shapes;
 use crate::model::head::init::unit;
 use crate::model::head::{head_hparams, Eagle3Parts, HeadTensors};
 use crate::model::llama::rope::angle_tables;
-use crate::model::load::hparams::LlamaHparams;
+use crate::model::spec::hparams::LlamaHparams;
 use crate::model::{Llama, ModelError, Result};
 
 /// A head under training: its variables, the optimizer, and what its losses read.

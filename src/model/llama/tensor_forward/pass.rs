@@ -8,7 +8,7 @@ use super::rope_tensors::{TensorRope, TensorRopes};
 use crate::model::cache::kv_cache::KvCache;
 use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use crate::model::llama::weights::LlamaWeights;
-use crate::model::load::hparams::LlamaHparams;
+use crate::model::spec::hparams::LlamaHparams;
 use crate::model::Result;
 
 /// The forward over `batch` on the weights' device: the logits rows each sequence asks for,

@@ -4,7 +4,7 @@
 use candle_core::{Device, Tensor};
 
 use crate::model::llama::rope::angle_tables;
-use crate::model::load::hparams::{LayerRope, LlamaHparams, RopeLayout};
+use crate::model::spec::hparams::{LayerRope, LlamaHparams, RopeLayout};
 use crate::model::Result;
 
 /// Rotary tables on the device: `cos[pos][i]`, `sin[pos][i]` for frequency pair `i`.

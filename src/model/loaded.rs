@@ -213,10 +213,10 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> 
         _ => unreadable(path, e),
     })?;
     let len = file.metadata().map_err(|e| unreadable(path, e))?.len();
-    super::gguf_header::check_header(&mut std::io::BufReader::new(&mut file), len)
+    crate::model::load::gguf_header::check_header(&mut std::io::BufReader::new(&mut file), len)
         .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
     file.rewind().map_err(|e| unreadable(path, e))?;
-    let content = super::gguf_header::read_content(&mut file)
+    let content = crate::model::load::gguf_header::read_content(&mut file)
         .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
     check_gguf_complete(path, &content)?;
     let hp = first_layers(crate::model::arch::hparams_from_gguf(&content, path)?, opts);
