@@ -263,8 +263,19 @@ fn gguf_weight_bytes(content: &gguf_file::Content, layers: usize) -> usize {
                 .and_then(|l| l.parse::<usize>().ok());
             block.is_none_or(|l| l < layers)
         })
-        .map(|(_, t)| t.shape.elem_count() / t.ggml_dtype.block_size() * t.ggml_dtype.type_size())
-        .sum()
+        .filter_map(|(_, t)| tensor_bytes(t))
+        .sum::<u64>() as usize
+}
+
+/// A tensor's bytes in the file, in checked arithmetic (a hostile header's dimensions may
+/// overflow): `None` past any size.
+fn tensor_bytes(t: &gguf_file::TensorInfo) -> Option<u64> {
+    let elems = t
+        .shape
+        .dims()
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d as u64))?;
+    (elems / t.ggml_dtype.block_size() as u64).checked_mul(t.ggml_dtype.type_size() as u64)
 }
 
 /// Refuses, naming both numbers, weights larger than the memory the process could take now,
@@ -296,14 +307,8 @@ fn check_gguf_complete(path: &Path, content: &gguf_file::Content) -> Result<()> 
     // Checked arithmetic: a hostile header's dimensions and offsets may overflow.
     let mut end = 0u64;
     for (name, t) in &content.tensor_infos {
-        let elems = t
-            .shape
-            .dims()
-            .iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d as u64));
-        let reach = elems.and_then(|elems| {
-            (elems / t.ggml_dtype.block_size() as u64)
-                .checked_mul(t.ggml_dtype.type_size() as u64)?
+        let reach = tensor_bytes(t).and_then(|bytes| {
+            bytes
                 .checked_add(t.offset)?
                 .checked_add(content.tensor_data_offset)
         });

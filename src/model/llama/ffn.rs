@@ -119,6 +119,17 @@ impl RoutedFfn {
         expert_trace::note(choices, self.used);
     }
 
+    /// Per expert, the rows that chose it (ascending) and their weights.
+    fn group_by_expert(&self, choices: &[Choice], members: &mut Vec<Vec<(u32, f32)>>) {
+        members.resize_with(self.experts.len(), Vec::new);
+        members.iter_mut().for_each(Vec::clear);
+        for (r, row) in choices.chunks_exact(self.used).enumerate() {
+            for c in row {
+                members[c.expert as usize].push((r as u32, c.weight));
+            }
+        }
+    }
+
     fn forward_rows_into(
         &self,
         x: &[f32],
@@ -130,13 +141,7 @@ impl RoutedFfn {
         timed(Op::Router, || -> Result<()> {
             self.router.forward_rows_into(x, rows, &mut b.logits)?;
             self.choose(&b.logits, &mut b.choices);
-            b.members.resize_with(self.experts.len(), Vec::new);
-            b.members.iter_mut().for_each(Vec::clear);
-            for (r, row) in b.choices.chunks_exact(self.used).enumerate() {
-                for c in row {
-                    b.members[c.expert as usize].push((r as u32, c.weight));
-                }
-            }
+            self.group_by_expert(&b.choices, &mut b.members);
             out.clear();
             out.resize(rows * hidden, 0.0);
             Ok(())
@@ -192,22 +197,15 @@ impl RoutedFfn {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let logits = self.router.forward(x)?.to_dtype(DType::F32)?;
         let logits: Vec<f32> = logits.flatten_all()?.to_vec1()?;
-        let mut choices = Vec::new();
+        let (mut choices, mut members) = (Vec::new(), Vec::new());
         self.choose(&logits, &mut choices);
+        self.group_by_expert(&choices, &mut members);
         let mut out = x.zeros_like()?;
-        for (e, expert) in self.experts.iter().enumerate() {
-            let (rows, weights): (Vec<u32>, Vec<f32>) = choices
-                .chunks_exact(self.used)
-                .enumerate()
-                .flat_map(|(r, row)| {
-                    row.iter()
-                        .filter(|c| c.expert as usize == e)
-                        .map(move |c| (r as u32, c.weight))
-                })
-                .unzip();
-            if rows.is_empty() {
+        for (expert, members) in self.experts.iter().zip(members) {
+            if members.is_empty() {
                 continue;
             }
+            let (rows, weights): (Vec<u32>, Vec<f32>) = members.into_iter().unzip();
             let n = rows.len();
             let idx = Tensor::from_vec(rows, n, x.device())?;
             let w = Tensor::from_vec(weights, (n, 1), x.device())?.to_dtype(x.dtype())?;

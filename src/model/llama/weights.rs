@@ -145,23 +145,43 @@ impl LayerParts<'_> {
                 reader.raw(WeightName::Up(l))?,
             ],
         };
+        let down = reader.raw(WeightName::Down(l))?;
+        let mlp = self.gated_mlp(l, gate_up, down, self.hp.intermediate_size)?;
+        Ok(Ffn::Dense(mlp))
+    }
+
+    /// A gated MLP of `width` from its gate|up parts and its down projection, sizes checked.
+    fn gated_mlp(
+        &self,
+        l: usize,
+        gate_up: Vec<RawWeight>,
+        down: RawWeight,
+        width: usize,
+    ) -> Result<GatedMlp> {
         let mlp = GatedMlp {
             gate_up: self.linear(gate_up)?,
-            down: self.linear(vec![reader.raw(WeightName::Down(l))?])?,
+            down: self.linear(vec![down])?,
             gelu: self.hp.block.activation == Activation::GeluTanh,
         };
-        let fits = mlp.gate_up.out_features() == 2 * self.hp.intermediate_size
-            && mlp.down.in_features() == self.hp.intermediate_size;
+        let hidden = self.hp.hidden_size;
+        let fits = mlp.gate_up.out_features() == 2 * width
+            && mlp.gate_up.in_features() == hidden
+            && mlp.down.in_features() == width
+            && mlp.down.out_features() == hidden;
         self.sizes_fit(l, fits)?;
-        Ok(Ffn::Dense(mlp))
+        Ok(mlp)
+    }
+
+    /// A small weight the forward multiplies in f32 whatever the weight type (a router, a
+    /// shared expert's gate; llama.cpp's files keep them in f32): rounded, a router would
+    /// flip near-tied choices, and they are a small part of what a token reads.
+    fn f32_linear(&self, raw: RawWeight) -> Result<Linear> {
+        Linear::convert(raw, WeightsDtype::F32, self.device, self.kind)
     }
 
     /// Layer `l`'s mixture of experts: its router and each expert's gate|up and down.
     fn routed_ffn(&self, reader: &mut WeightReader, l: usize, e: &Experts) -> Result<Ffn> {
-        // The router runs in f32 whatever the weight type (llama.cpp's files keep it in f32):
-        // a rounded router would flip near-tied choices, and it is a small part of what a
-        // token reads.
-        let router = Linear::convert(reader.router(l)?, WeightsDtype::F32, self.device, self.kind)?;
+        let router = self.f32_linear(reader.router(l)?)?;
         let gates = reader.experts(l, ExpertPart::Gate, e.count)?;
         let ups = reader.experts(l, ExpertPart::Up, e.count)?;
         let downs = reader.experts(l, ExpertPart::Down, e.count)?;
@@ -169,23 +189,9 @@ impl LayerParts<'_> {
             .into_iter()
             .zip(ups)
             .zip(downs)
-            .map(|((g, u), d)| {
-                Ok(GatedMlp {
-                    gate_up: self.linear(vec![g, u])?,
-                    down: self.linear(vec![d])?,
-                    gelu: self.hp.block.activation == Activation::GeluTanh,
-                })
-            })
+            .map(|((g, u), d)| self.gated_mlp(l, vec![g, u], d, e.ffn_len))
             .collect::<Result<Vec<_>>>()?;
-        let hidden = self.hp.hidden_size;
-        let fits = router.out_features() == e.count
-            && router.in_features() == hidden
-            && experts.iter().all(|m| {
-                m.gate_up.out_features() == 2 * e.ffn_len
-                    && m.gate_up.in_features() == hidden
-                    && m.down.in_features() == e.ffn_len
-                    && m.down.out_features() == hidden
-            });
+        let fits = router.out_features() == e.count && router.in_features() == self.hp.hidden_size;
         self.sizes_fit(l, fits)?;
         let shared = match e.shared_ffn_len {
             0 => None,
@@ -209,27 +215,15 @@ impl LayerParts<'_> {
         width: usize,
     ) -> Result<SharedExpert> {
         let hidden = self.hp.hidden_size;
-        let mlp = GatedMlp {
-            gate_up: self.linear(vec![
-                reader.raw(WeightName::SharedGate(l))?,
-                reader.raw(WeightName::SharedUp(l))?,
-            ])?,
-            down: self.linear(vec![reader.raw(WeightName::SharedDown(l))?])?,
-            gelu: self.hp.block.activation == Activation::GeluTanh,
-        };
+        let gate_up = vec![
+            reader.raw(WeightName::SharedGate(l))?,
+            reader.raw(WeightName::SharedUp(l))?,
+        ];
+        let down = reader.raw(WeightName::SharedDown(l))?;
+        let mlp = self.gated_mlp(l, gate_up, down, width)?;
         let gate = reader.dense_f32(WeightName::SharedExpertGate(l))?;
         self.sizes_fit(l, gate.elem_count() == hidden)?;
-        let gate = Linear::convert(
-            RawWeight::Dense(gate.reshape((1, hidden))?),
-            WeightsDtype::F32,
-            self.device,
-            self.kind,
-        )?;
-        let fits = mlp.gate_up.out_features() == 2 * width
-            && mlp.gate_up.in_features() == hidden
-            && mlp.down.in_features() == width
-            && mlp.down.out_features() == hidden;
-        self.sizes_fit(l, fits)?;
+        let gate = self.f32_linear(RawWeight::Dense(gate.reshape((1, hidden))?))?;
         Ok(SharedExpert { mlp, gate })
     }
 
