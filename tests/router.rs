@@ -145,7 +145,7 @@ fn hit_rate(before: &[(f64, f64)], after: &[(f64, f64)]) -> f64 {
 #[test]
 fn smg_keeps_the_fleets_hit_rate_routes_the_replicas_answers_and_drops_a_dead_one() {
     let dir = tempfile::tempdir().unwrap();
-    let conversations = env_count("TANDEM_FLEET_CONVERSATIONS").unwrap_or(24);
+    let conversations = env_count("TANDEM_FLEET_CONVERSATIONS").unwrap_or(12);
     let replicas: Vec<Server> = (0..3)
         .map(|_| Server::start_with_threads(1, &["--draft-model", "prompt-lookup"], &[]))
         .collect();

@@ -69,6 +69,9 @@ pub enum CliError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The engine ended a request with a failure part-way.
+    #[error("generation failed: {0}")]
+    Generation(String),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error("reading prompt file {}", .path.display())]

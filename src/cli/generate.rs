@@ -1,9 +1,11 @@
 //! `tandem generate`: one prompt, plain or speculative, streamed to stdout with stats on stderr.
 //!
 //! Why it exists: it is the quickest way to see a model and a drafter work, and the reference
-//! the server's output is checked against. It runs the engine's reference loops directly (no
-//! scheduler), and with `--compare` runs plain decoding of the same prompt in the same process
-//! so the speedup and the outputs' equality are measured side by side.
+//! the server's output is checked against. With a drafter it runs the request through the
+//! engine and its governor, as `serve` does (`governed`); with a fixed `--gamma`, or without a
+//! drafter, the engine's reference loops directly (no scheduler). `--compare` runs plain
+//! decoding of the same prompt the same way in the same process, so the speedup and the
+//! outputs' equality are measured side by side.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -15,11 +17,12 @@ use tandem::config::Config;
 use tandem::draft::{DraftSpec, LoadedDrafter, ModelDrafter, Proposer};
 use tandem::engine::{
     generate_plain, generate_speculative, FixedSpeculation, Gamma, GenerationOutput,
-    GenerationRequest, OutputPiece, SpeculationStats,
+    GenerationRequest, OnOutput, OutputPiece, SpeculationStats,
 };
-use tandem::model::{ChatMessage, LoadedModel, WeightsDtype};
+use tandem::model::{ChatMessage, Llama, LoadedModel, WeightsDtype};
 use tandem::sampling::{Lenience, SamplingParams};
 
+use super::governed::GovernedEngine;
 use super::model_args::{load_model, ModelArgs};
 use super::CliError;
 
@@ -83,9 +86,11 @@ pub struct GenerateArgs {
     /// Linear weight type of a draft model (the same file at another type is a self-drafter).
     #[arg(long, env = "TANDEM_DRAFT_WEIGHTS_DTYPE", default_value = "as-is")]
     draft_weights_dtype: WeightsDtype,
-    /// Drafted tokens per round (γ; alias --spec-length).
-    #[arg(long, alias = "spec-length", default_value_t = 4)]
-    gamma: usize,
+    /// Drafted tokens per round (γ; alias --spec-length): every round drafts this many, in the
+    /// reference loop [default: the governor picks γ per round, or none where drafting does
+    /// not pay, as `serve` does]
+    #[arg(long, alias = "spec-length")]
+    gamma: Option<usize>,
     /// Relaxed acceptance in (0, 1]; 1 keeps the target's distribution exactly.
     #[arg(long, default_value_t = 1.0)]
     lenience: f64,
@@ -102,24 +107,38 @@ pub struct GenerateArgs {
 pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
     let prompt_text = read_prompt(&args)?;
     let sampling = sampling_params(config, &args)?;
-    let spec = fixed_speculation(&args)?;
+    let spec = speculation(&args)?;
     let loaded = load_model(config)?;
     let req = generation_request(config, &args, &loaded, prompt_text, sampling)?;
     let drafter = load_drafter(config, &args, &loaded)?;
     let speculative = drafter.is_some();
     let stream = !args.quiet && !args.json;
+    let target = Arc::new(loaded.model);
+    let runner = match (drafter, spec) {
+        (Some(d), Speculation::Governed(lenience)) => {
+            let threads = tandem::runtime::thread_count(config.runtime.threads);
+            Runner::Governed(GovernedEngine::start(
+                config,
+                threads,
+                Arc::clone(&target),
+                d,
+                lenience,
+            )?)
+        }
+        (Some(d), Speculation::Fixed(spec)) => Runner::Reference {
+            target: &target,
+            fixed: Some((d, spec)),
+        },
+        (None, _) => Runner::Reference {
+            target: &target,
+            fixed: None,
+        },
+    };
     // The run whose output is shown (streamed, its stats printed): the speculative one when
     // there is a drafter.
-    let (out, spec_stats) =
-        run_generation(&loaded, proposer(drafter.as_ref()), &req, spec, stream)?;
+    let (out, spec_stats) = runner.run(&req, speculative, stream)?;
     let compare = if args.compare && speculative {
-        Some(compare_runs(
-            &loaded,
-            drafter.as_ref(),
-            &req,
-            spec,
-            args.compare_runs,
-        )?)
+        Some(compare_runs(&runner, &req, args.compare_runs)?)
     } else {
         None
     };
@@ -174,17 +193,28 @@ fn sampling_params(config: &Config, args: &GenerateArgs) -> Result<SamplingParam
     Ok(sampling)
 }
 
-fn fixed_speculation(args: &GenerateArgs) -> Result<FixedSpeculation, CliError> {
-    Ok(FixedSpeculation {
-        gamma: Gamma::try_from(args.gamma).map_err(|e| CliError::Flag {
+/// How a run with a drafter speculates: governed by the engine, or a fixed γ every round.
+#[derive(Clone, Copy)]
+enum Speculation {
+    Governed(Lenience),
+    Fixed(FixedSpeculation),
+}
+
+fn speculation(args: &GenerateArgs) -> Result<Speculation, CliError> {
+    let lenience = Lenience::try_from(args.lenience).map_err(|e| CliError::Flag {
+        flag: "--lenience",
+        reason: e.to_string(),
+    })?;
+    let Some(gamma) = args.gamma else {
+        return Ok(Speculation::Governed(lenience));
+    };
+    Ok(Speculation::Fixed(FixedSpeculation {
+        gamma: Gamma::try_from(gamma).map_err(|e| CliError::Flag {
             flag: "--gamma",
             reason: e.to_string(),
         })?,
-        lenience: Lenience::try_from(args.lenience).map_err(|e| CliError::Flag {
-            flag: "--lenience",
-            reason: e.to_string(),
-        })?,
-    })
+        lenience,
+    }))
 }
 
 /// The request: the prompt through the chat template (unless `--raw`), tokenized, with the
@@ -224,17 +254,18 @@ fn generation_request(
     })
 }
 
-/// The drafter `--draft-model` names; a head is refused, as this loop has no hidden states.
+/// The drafter `--draft-model` names; a head is refused at a fixed γ, as the reference loop
+/// has no hidden states.
 fn load_drafter(
     config: &Config,
     args: &GenerateArgs,
     loaded: &LoadedModel,
 ) -> Result<Option<LoadedDrafter>, CliError> {
-    if matches!(args.draft_model, DraftSpec::Head { .. }) {
+    if matches!(args.draft_model, DraftSpec::Head { .. }) && args.gamma.is_some() {
         return Err(CliError::Flag {
             flag: "--draft-model",
-            reason: "head: a draft head drafts from the engine's verifications; use \
-                     `tandem serve` or `tandem bench` (generate's loop has no hidden states)"
+            reason: "head: a draft head drafts from the engine's verifications; drop --gamma \
+                     (a fixed γ runs the reference loop, which has no hidden states)"
                 .into(),
         });
     }
@@ -349,17 +380,15 @@ struct Comparison {
 /// decoding's, then timed runs alternate (plain, speculative) so a stall of the machine hits
 /// both modes alike instead of one, and a single slow run moves neither median far.
 fn compare_runs(
-    loaded: &LoadedModel,
-    drafter: Option<&LoadedDrafter>,
+    runner: &Runner<'_>,
     req: &GenerationRequest,
-    spec: FixedSpeculation,
     runs: u32,
 ) -> Result<Comparison, CliError> {
-    let (plain, _) = run_generation(loaded, None, req, spec, false)?;
+    let (plain, _) = runner.run(req, false, false)?;
     let (mut plain_rates, mut spec_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
-        let (p, _) = run_generation(loaded, None, req, spec, false)?;
-        let (s, _) = run_generation(loaded, proposer(drafter), req, spec, false)?;
+        let (p, _) = runner.run(req, false, false)?;
+        let (s, _) = runner.run(req, true, false)?;
         let (p, s) = (p.stats.decode_tokens_per_s(), s.stats.decode_tokens_per_s());
         plain_rates.push(p);
         spec_rates.push(s);
@@ -408,51 +437,79 @@ fn proposer(drafter: Option<&LoadedDrafter>) -> Option<Box<dyn Proposer + '_>> {
     }
 }
 
-/// One generation, plain (`drafter` = None) or speculative, optionally streaming its text.
-fn run_generation(
-    loaded: &LoadedModel,
-    drafter: Option<Box<dyn Proposer + '_>>,
-    req: &GenerationRequest,
-    spec: FixedSpeculation,
-    stream: bool,
-) -> Result<(GenerationOutput, Option<SpeculationStats>), CliError> {
-    let mut cache = loaded.model.new_cache(1);
-    let mut stdout = std::io::stdout().lock();
-    let mut write_err = None;
-    let mut on_output = |piece: OutputPiece<'_>| {
-        if stream && !piece.text.is_empty() {
-            if let Err(e) = stdout
-                .write_all(piece.text.as_bytes())
-                .and_then(|_| stdout.flush())
-            {
-                write_err = Some(e);
-                return false;
+/// Where a generation runs: the reference loops (plain, or a fixed γ), or the engine with
+/// its governor.
+enum Runner<'a> {
+    /// A drafter and its fixed γ, if any.
+    Reference {
+        target: &'a Llama,
+        fixed: Option<(LoadedDrafter, FixedSpeculation)>,
+    },
+    Governed(GovernedEngine),
+}
+
+impl Runner<'_> {
+    /// One generation, speculative (`speculative`, with a drafter) or plain, optionally
+    /// streaming its text.
+    fn run(
+        &self,
+        req: &GenerationRequest,
+        speculative: bool,
+        stream: bool,
+    ) -> Result<(GenerationOutput, Option<SpeculationStats>), CliError> {
+        let mut stdout = std::io::stdout().lock();
+        let mut write_err = None;
+        let mut on_output = |piece: OutputPiece<'_>| {
+            if stream && !piece.text.is_empty() {
+                if let Err(e) = stdout
+                    .write_all(piece.text.as_bytes())
+                    .and_then(|_| stdout.flush())
+                {
+                    write_err = Some(e);
+                    return false;
+                }
             }
+            true
+        };
+        let result = match self {
+            Self::Reference { target, fixed } => match fixed.as_ref().filter(|_| speculative) {
+                Some((d, spec)) => run_reference(
+                    target,
+                    proposer(Some(d)).map(|p| (p, *spec)),
+                    req,
+                    &mut on_output,
+                )?,
+                None => run_reference(target, None, req, &mut on_output)?,
+            },
+            Self::Governed(engine) => {
+                let (out, st) = engine.generate(req, speculative, &mut on_output)?;
+                (out, speculative.then_some(st))
+            }
+        };
+        if let Some(e) = write_err {
+            return Err(CliError::Output(e));
         }
-        true
-    };
-    let result = match drafter {
-        None => (
-            generate_plain(&loaded.model, &mut cache, req, &mut on_output)?,
-            None,
-        ),
-        Some(mut d) => {
-            let (out, st) = generate_speculative(
-                &loaded.model,
-                &mut cache,
-                d.as_mut(),
-                req,
-                spec,
-                &mut on_output,
-            )?;
+        if stream {
+            writeln!(stdout).map_err(CliError::Output)?;
+        }
+        Ok(result)
+    }
+}
+
+/// One generation in the reference loops, plain (no drafter) or at a fixed γ.
+fn run_reference(
+    target: &Llama,
+    drafter: Option<(Box<dyn Proposer + '_>, FixedSpeculation)>,
+    req: &GenerationRequest,
+    on_output: &mut OnOutput<'_>,
+) -> Result<(GenerationOutput, Option<SpeculationStats>), CliError> {
+    let mut cache = target.new_cache(1);
+    Ok(match drafter {
+        None => (generate_plain(target, &mut cache, req, on_output)?, None),
+        Some((mut d, spec)) => {
+            let (out, st) =
+                generate_speculative(target, &mut cache, d.as_mut(), req, spec, on_output)?;
             (out, Some(st))
         }
-    };
-    if let Some(e) = write_err {
-        return Err(CliError::Output(e));
-    }
-    if stream {
-        writeln!(stdout).map_err(CliError::Output)?;
-    }
-    Ok(result)
+    })
 }

@@ -9,6 +9,7 @@ mod command;
 mod error;
 mod forward_bench;
 mod generate;
+mod governed;
 mod health;
 mod make_model;
 mod model_args;
