@@ -13,6 +13,7 @@ mod governed;
 mod health;
 mod make_model;
 mod model_args;
+mod runner;
 mod serve;
 mod stream_bandwidth;
 mod train_head;
