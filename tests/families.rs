@@ -38,6 +38,7 @@ const FAMILIES: &[&str] = &[
     "qwen2moe",
     "olmoe",
     "mixtral",
+    "gpt_oss",
 ];
 
 struct Reference {
@@ -241,6 +242,7 @@ fn family_in_gguf(family: &str) -> &str {
     match family {
         "mistral" | "mixtral" => "llama",
         "phi3_longrope" => "phi3",
+        "gpt_oss" => "gpt-oss",
         f => f,
     }
 }
@@ -523,7 +525,7 @@ fn the_engine_drafts_for_every_family_with_a_head_and_a_draft_model() {
 /// its experts, and on every weight type the own kernels run (f16, Q8_0, Q4_0 here).
 #[test]
 fn mixtures_give_a_row_the_same_bits_in_any_company() {
-    for family in ["qwen3moe", "qwen2moe", "olmoe", "mixtral"] {
+    for family in ["qwen3moe", "qwen2moe", "olmoe", "mixtral", "gpt_oss"] {
         for dtype in [WeightsDtype::F16, WeightsDtype::Q8_0, WeightsDtype::Q4_0] {
             let (loaded, _dir) = load(family, dtype, None);
             let ids = reference(family).ids;
@@ -545,6 +547,64 @@ fn mixtures_give_a_row_the_same_bits_in_any_company() {
             );
         }
     }
+}
+
+/// gpt-oss's experts as llama.cpp quantizes them (`MXFP4_MOE`: MXFP4 experts, Q8_0
+/// projections), read as the file states them: in f32, the logits and experts of
+/// transformers' forward of the file's dequantized weights (`reference-mxfp4.json`); as the
+/// file's types, the experts on the own Q8_0 kernel; a file cut short inside its MXFP4 blocks
+/// refused as truncated.
+#[test]
+fn mxfp4_experts_are_read_exactly_as_the_file_states_them() {
+    let path = fixture("gpt_oss").join("model-mxfp4.gguf");
+    let text = std::fs::read_to_string(fixture("gpt_oss").join("reference-mxfp4.json")).unwrap();
+    let want: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let want_logits: Vec<Vec<f32>> = serde_json::from_value(want["logits"].clone()).unwrap();
+    let want_experts: Vec<Vec<Vec<u32>>> = serde_json::from_value(want["experts"].clone()).unwrap();
+    let ids = reference("gpt_oss").ids;
+    for dtype in [WeightsDtype::F32, WeightsDtype::Auto] {
+        let opts = LoadOptions {
+            weights_dtype: dtype,
+            context_len: 256,
+            ..Default::default()
+        };
+        let loaded = LoadedModel::load(&ModelSource::Gguf(path.clone()), &opts)
+            .unwrap_or_else(|e| panic!("the MXFP4 file loads: {e}"));
+        let model = &loaded.model;
+        let mut cache = model.new_cache(1);
+        let slot = cache.allocate().unwrap();
+        expert_trace::record(true);
+        let got = forward_rows(model, &mut cache, slot, &ids, LogitsRows::All);
+        let routes: Vec<Vec<Vec<u32>>> = expert_trace::take().into_iter().map(|r| r.rows).collect();
+        expert_trace::record(false);
+        if dtype == WeightsDtype::Auto {
+            assert_eq!(model.linear_dtypes(), ["F32", "Q8_0"]);
+            // Activations rounded to 8 bits on the way into every matmul: close, not exact.
+            for (pos, (g, w)) in got.iter().zip(&want_logits).enumerate() {
+                let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(diff < 0.2, "position {pos}: {diff} from the f32 forward");
+            }
+            continue;
+        }
+        assert_eq!(
+            routes, want_experts,
+            "experts chosen per layer and position"
+        );
+        for (pos, (g, w)) in got.iter().zip(&want_logits).enumerate() {
+            let scale = w.iter().fold(1f32, |m, x| m.max(x.abs()));
+            let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                diff <= 2e-5 * scale,
+                "position {pos}: {diff} from transformers"
+            );
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cut = dir.path().join("cut.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
+    let err = load_error(cut);
+    assert!(err.contains("truncated"), "{err}");
 }
 
 /// The Qwen3-MoE fixture's GGUF rewritten: `edit` changes its metadata and tensors.
@@ -667,8 +727,8 @@ fn mixture_files_we_cannot_run_are_refused_by_name() {
         ),
         (
             "a mixture family we do not run",
-            edit(|md, _| as_architecture(md, "gpt-oss")),
-            "'gpt-oss' (a mixture of experts tandem does not run yet)",
+            edit(|md, _| as_architecture(md, "deepseek2")),
+            "'deepseek2' (a mixture of experts tandem does not run yet)",
         ),
         (
             "a stacked expert tensor of the wrong count",

@@ -12,6 +12,7 @@ use crate::model::llama::device::{BackendChoice, DeviceSpec};
 use crate::model::llama::linear::WeightsDtype;
 use crate::model::llama::model::Llama;
 use crate::model::load::hparams::LlamaHparams;
+use crate::model::load::mxfp4::Mxfp4Tensors;
 use crate::model::load::weight_roles::WeightReader;
 use crate::model::text::tokenizer::TextTokenizer;
 use crate::model::{ModelError, Result};
@@ -216,17 +217,18 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> 
     crate::model::load::gguf_header::check_header(&mut std::io::BufReader::new(&mut file), len)
         .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
     file.rewind().map_err(|e| unreadable(path, e))?;
-    let content = crate::model::load::gguf_header::read_content(&mut file)
+    let (content, mxfp4) = crate::model::load::gguf_header::read_content(&mut file)
         .map_err(|e| unreadable(path, format!("not a valid GGUF file: {e}")))?;
-    check_gguf_complete(path, &content)?;
+    let tensors = file_tensors(&content, &mxfp4);
+    check_gguf_complete(path, &tensors, content.tensor_data_offset)?;
     let hp = first_layers(crate::model::arch::hparams_from_gguf(&content, path)?, opts);
     if opts.device == DeviceSpec::Cpu {
         let available = crate::model::load::host_memory::available();
-        check_fits(gguf_weight_bytes(&content, hp.num_layers), available)?;
+        check_fits(gguf_weight_bytes(&tensors, hp.num_layers), available)?;
     }
     let tokenizer =
         TextTokenizer::from_gguf(&content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-    let mut reader = WeightReader::gguf(content, path, &Device::Cpu)?;
+    let mut reader = WeightReader::gguf(content, mxfp4, path, &Device::Cpu)?;
     let model = load_model(&mut reader, hp, opts)?;
     Ok((model, tokenizer))
 }
@@ -250,32 +252,59 @@ fn load_model(reader: &mut WeightReader, hp: LlamaHparams, opts: &LoadOptions) -
     .with_kv_dtype(opts.kv_dtype))
 }
 
-/// The bytes of the file's tensors a model of `layers` layers reads (blocks past them are
-/// not loaded): about what its weights take in memory where their types are kept.
-fn gguf_weight_bytes(content: &gguf_file::Content, layers: usize) -> usize {
-    content
-        .tensor_infos
+/// A tensor of a GGUF file as the checks before loading see it: its name, its bytes in the
+/// file (`None` past any size), what it takes in memory once loaded, and its offset.
+struct FileTensor<'a> {
+    name: &'a str,
+    bytes: Option<u64>,
+    loaded: Option<u64>,
+    offset: u64,
+}
+
+/// Every tensor of the file, candle's types and MXFP4 ones (loaded as Q8_0: twice their bytes).
+fn file_tensors<'a>(
+    content: &'a gguf_file::Content,
+    mxfp4: &'a Mxfp4Tensors,
+) -> Vec<FileTensor<'a>> {
+    let elems = |dims: &[usize]| dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+    let typed = content.tensor_infos.iter().map(|(name, t)| {
+        let bytes = elems(t.shape.dims()).and_then(|n| {
+            (n / t.ggml_dtype.block_size() as u64).checked_mul(t.ggml_dtype.type_size() as u64)
+        });
+        FileTensor {
+            name,
+            bytes,
+            loaded: bytes,
+            offset: t.offset,
+        }
+    });
+    let blocks = mxfp4.iter().map(|(name, t)| {
+        let bytes = elems(&t.dims).and_then(crate::model::load::mxfp4::bytes_of);
+        FileTensor {
+            name,
+            bytes,
+            loaded: bytes.and_then(|b| b.checked_mul(2)),
+            offset: t.offset,
+        }
+    });
+    typed.chain(blocks).collect()
+}
+
+/// The memory the tensors a model of `layers` layers reads take once loaded (blocks past
+/// them are not loaded): their bytes where their types are kept.
+fn gguf_weight_bytes(tensors: &[FileTensor], layers: usize) -> usize {
+    tensors
         .iter()
-        .filter(|(name, _)| {
-            let block = name
+        .filter(|t| {
+            let block = t
+                .name
                 .strip_prefix("blk.")
                 .and_then(|r| r.split('.').next())
                 .and_then(|l| l.parse::<usize>().ok());
             block.is_none_or(|l| l < layers)
         })
-        .filter_map(|(_, t)| tensor_bytes(t))
+        .filter_map(|t| t.loaded)
         .sum::<u64>() as usize
-}
-
-/// A tensor's bytes in the file, in checked arithmetic (a hostile header's dimensions may
-/// overflow): `None` past any size.
-fn tensor_bytes(t: &gguf_file::TensorInfo) -> Option<u64> {
-    let elems = t
-        .shape
-        .dims()
-        .iter()
-        .try_fold(1u64, |a, &d| a.checked_mul(d as u64))?;
-    (elems / t.ggml_dtype.block_size() as u64).checked_mul(t.ggml_dtype.type_size() as u64)
 }
 
 /// Refuses, naming both numbers, weights larger than the memory the process could take now,
@@ -300,22 +329,23 @@ fn check_fits(need: usize, available: Option<usize>) -> Result<()> {
 }
 
 /// A download cut short still has a valid header; catch it before reading tensors.
-fn check_gguf_complete(path: &Path, content: &gguf_file::Content) -> Result<()> {
+fn check_gguf_complete(path: &Path, tensors: &[FileTensor], data_offset: u64) -> Result<()> {
     let len = std::fs::metadata(path)
         .map_err(|e| unreadable(path, e))?
         .len();
     // Checked arithmetic: a hostile header's dimensions and offsets may overflow.
     let mut end = 0u64;
-    for (name, t) in &content.tensor_infos {
-        let reach = tensor_bytes(t).and_then(|bytes| {
-            bytes
-                .checked_add(t.offset)?
-                .checked_add(content.tensor_data_offset)
-        });
+    for t in tensors {
+        let reach = t
+            .bytes
+            .and_then(|bytes| bytes.checked_add(t.offset)?.checked_add(data_offset));
         let Some(reach) = reach else {
             return Err(unreadable(
                 path,
-                format!("tensor {name}'s shape or offset is past any file's size"),
+                format!(
+                    "tensor {}'s shape or offset is past any file's size",
+                    t.name
+                ),
             ));
         };
         end = end.max(reach);
@@ -361,9 +391,11 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/families/qwen3moe/model.gguf");
         let content = gguf_file::Content::read(&mut std::fs::File::open(path).unwrap()).unwrap();
+        let none = Mxfp4Tensors::new();
+        let tensors = file_tensors(&content, &none);
         let (all, one) = (
-            gguf_weight_bytes(&content, 2),
-            gguf_weight_bytes(&content, 1),
+            gguf_weight_bytes(&tensors, 2),
+            gguf_weight_bytes(&tensors, 1),
         );
         // f16 experts: 8 x 3 x 32 x 64 x 2 bytes a layer, beside attention and norms.
         assert!(all - one > 8 * 3 * 32 * 64 * 2, "{all} {one}");

@@ -51,7 +51,7 @@ impl Family {
         match (self.block.feedforward, &hp.experts) {
             (Feedforward::Dense, Some(e)) => Err(ModelError::Unsupported(format!(
                 "a mixture of {} experts in a '{}' model (tandem runs mixtures of experts \
-                 as 'qwen3moe' and Mixtral's 'llama' files)",
+                 as 'qwen3moe', 'qwen2moe', 'olmoe', 'gpt-oss' and Mixtral's 'llama' files)",
                 e.count, hp.family
             ))),
             (Feedforward::Routed, None) => Err(ModelError::BadConfig(format!(
@@ -88,6 +88,16 @@ fn refuse_unread_hf_keys(c: &HfConfig, block: Block) -> Result<()> {
     if let Some(f) = c.partial_rotary_factor.filter(|&f| f != 1.0) {
         return refuse(format!("partial_rotary_factor = {f} (only full rotation)"));
     }
+    if let Some(q) = &c.quantization_config {
+        let method = q
+            .get("quant_method")
+            .and_then(|m| m.as_str())
+            .unwrap_or("?");
+        return refuse(format!(
+            "quantization_config (quant_method '{method}'): tandem reads float safetensors, \
+             or a GGUF file of the model"
+        ));
+    }
     if let Some(clip) = c.clip_qkv {
         return refuse(format!("clip_qkv = {clip}"));
     }
@@ -107,6 +117,8 @@ fn refuse_unread_hf_keys(c: &HfConfig, block: Block) -> Result<()> {
         (_, None) => true,
         (Activation::Silu, Some(a)) => a == "silu" || a == "swish",
         (Activation::GeluTanh, Some(a)) => a == "gelu_pytorch_tanh" || a == "gelu_tanh",
+        // gpt-oss's config names its clamped SwiGLU "silu".
+        (Activation::SwigluOai, Some(a)) => a == "silu",
     };
     if !ok {
         return refuse(format!("activation '{}'", act.unwrap_or_default()));

@@ -26,7 +26,7 @@ pub const FAMILY: Family = Family {
         hf_norm_plus_one: true,
         fused_projections: false,
         feedforward: Feedforward::Dense,
-        shared_expert: false,
+        ..Block::LLAMA
     },
     gguf_rope: RopeLayout::HalfSplit,
     gguf_extras,

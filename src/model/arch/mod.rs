@@ -1,5 +1,6 @@
 //! The model families tandem runs, one file each (`llama`, `qwen2`, `qwen3`, `gemma3`,
-//! `phi3`, and the mixtures of experts `qwen3moe`, `qwen2moe`, `olmoe` and `mixtral`), over the shared forward,
+//! `phi3`, and the mixtures of experts `qwen3moe`, `qwen2moe`, `olmoe`, `mixtral` and
+//! `gpt-oss`), over the shared forward,
 //! kernels, attention, KV cache and rope.
 //!
 //! A family is mostly a declared [`block::Block`] (norm placement, activation, biases, q/k
@@ -9,6 +10,7 @@
 
 pub mod family;
 pub mod gemma3;
+pub mod gpt_oss;
 pub mod llama;
 pub mod mixtral;
 pub mod olmoe;
@@ -34,6 +36,7 @@ pub const FAMILIES: &[&Family] = &[
     &qwen3moe::FAMILY,
     &qwen2moe::FAMILY,
     &olmoe::FAMILY,
+    &gpt_oss::FAMILY,
     // Its GGUF files are `llama`'s, found above: listed for its Hugging Face names.
     &mixtral::FAMILY,
 ];
@@ -41,7 +44,6 @@ pub const FAMILIES: &[&Family] = &[
 /// Mixtures of experts llama.cpp writes that tandem does not run (yet), named in the refusal
 /// so a user reads why rather than a missing tensor.
 const UNRUN_MIXTURES: &[&str] = &[
-    "gpt-oss",
     "deepseek2",
     "granitemoe",
     "dbrx",

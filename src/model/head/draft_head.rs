@@ -92,7 +92,8 @@ impl DraftHead {
             ffn: Ffn::Dense(GatedMlp {
                 gate_up: linear(vec![&tensors.gate, &tensors.up])?,
                 down: linear(vec![&tensors.down])?,
-                gelu: false,
+                act: crate::model::spec::block::Activation::Silu,
+                biases: None,
             }),
             extras: LayerExtras::default(),
         };

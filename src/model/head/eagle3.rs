@@ -248,6 +248,22 @@ pub(super) fn describe(p: &Eagle3Parts, config: &mut serde_json::Value) -> Resul
             "high_freq_factor": high_freq_factor,
             "original_max_position_embeddings": original_max_position_embeddings,
         }),
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            truncate,
+        } => serde_json::json!({
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+            "beta_fast": beta_fast,
+            "beta_slow": beta_slow,
+            "attention_factor": attention_factor,
+            "truncate": truncate,
+        }),
     };
     if !p.taps.is_empty() {
         let ids = p

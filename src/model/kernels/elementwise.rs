@@ -185,6 +185,31 @@ pub(crate) fn gelu_gate_rows(gu: &[f32], inter: usize, out: &mut [f32]) {
     gate_rows(gu, inter, out, gelu_mul)
 }
 
+/// gpt-oss's SwiGLU: the sigmoid's slope (`swiglu_alpha`) and the clamp on gate and up
+/// (`swiglu_limit`).
+pub const SWIGLU_OAI_ALPHA: f32 = 1.702;
+pub const SWIGLU_OAI_LIMIT: f32 = 7.0;
+
+/// gpt-oss's clamped SwiGLU for one row: `g = min(gate, 7)`,
+/// `(clamp(up, ±7) + 1) · g · σ(1.702 · g)`, `σ` as in [`silu_times`].
+pub fn swiglu_oai_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    use self::{SWIGLU_OAI_ALPHA as ALPHA, SWIGLU_OAI_LIMIT as LIMIT};
+    assert!(gate.len() == up.len() && up.len() == out.len());
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let g = g.min(LIMIT);
+        let z = ALPHA * g;
+        let e = softmax_exp(-z.abs());
+        let d = 1.0 + e;
+        let s = if z >= 0.0 { g / d } else { (g * e) / d };
+        *o = s * (u.clamp(-LIMIT, LIMIT) + 1.0);
+    }
+}
+
+/// [`silu_gate_rows`] with gpt-oss's clamped SwiGLU ([`swiglu_oai_mul`]).
+pub(crate) fn swiglu_oai_gate_rows(gu: &[f32], inter: usize, out: &mut [f32]) {
+    gate_rows(gu, inter, out, swiglu_oai_mul)
+}
+
 struct SiluGate;
 
 impl candle_core::CustomOp1 for SiluGate {
@@ -262,6 +287,33 @@ mod tests {
         let mut nan = [0f32; 9];
         silu_mul(&[f32::NAN; 9], &[1.0; 9], &mut nan);
         assert!(nan.iter().all(|x| x.is_nan()));
+    }
+
+    #[test]
+    fn swiglu_oai_clamps_gate_and_up_and_is_close_to_the_exact_one() {
+        let g: Vec<f32> = inputs().into_iter().filter(|x| x.abs() < 40.0).collect();
+        let u: Vec<f32> = (0..g.len())
+            .map(|i| -12.0 + (i % 97) as f32 * 0.25)
+            .collect();
+        let mut out = vec![0f32; g.len()];
+        swiglu_oai_mul(&g, &u, &mut out);
+        for i in 0..g.len() {
+            let gx = (g[i] as f64).min(7.0);
+            let ux = (u[i] as f64).clamp(-7.0, 7.0);
+            let exact = gx / (1.0 + (-1.702 * gx).exp()) * (ux + 1.0);
+            let err = (out[i] as f64 - exact).abs();
+            assert!(
+                err <= 4e-6 * exact.abs() + 1e-30,
+                "g = {}, u = {}: {} vs {exact}",
+                g[i],
+                u[i],
+                out[i]
+            );
+        }
+        // Past the limit neither input moves the output.
+        let mut a = [0f32; 2];
+        swiglu_oai_mul(&[7.0, 9.5], &[-7.0, -30.0], &mut a);
+        assert_eq!(a[0].to_bits(), a[1].to_bits());
     }
 
     #[test]

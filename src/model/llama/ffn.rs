@@ -9,19 +9,34 @@
 
 use candle_core::{DType, Tensor};
 
-use crate::model::kernels::elementwise::{gelu_gate_rows, silu_gate, silu_gate_rows};
+use crate::model::kernels::elementwise::{
+    gelu_gate_rows, silu_gate, silu_gate_rows, swiglu_oai_gate_rows, SWIGLU_OAI_ALPHA,
+    SWIGLU_OAI_LIMIT,
+};
+use crate::model::kernels::rms_norm::with_host;
 use crate::model::llama::expert_trace;
 use crate::model::llama::linear::Linear;
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::llama::routing::{route, Choice};
+use crate::model::spec::block::Activation;
 use crate::model::Result;
 
 /// `down(act(gate) · up)`, gate|up fused in one matmul.
 pub(crate) struct GatedMlp {
     pub gate_up: Linear,
     pub down: Linear,
-    /// GELU-tanh (Gemma) instead of SiLU.
-    pub gelu: bool,
+    pub act: Activation,
+    /// Biases added to gate|up's and down's outputs (gpt-oss's experts), in f32.
+    pub biases: Option<(Tensor, Tensor)>,
+}
+
+/// `bias` added to every row of `rows` (host rows of `bias.len()` values).
+fn add_bias_rows(rows: &mut [f32], bias: &Tensor) -> Result<()> {
+    Ok(with_host(bias, |b| {
+        for r in rows.chunks_exact_mut(b.len()) {
+            r.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        }
+    })?)
 }
 
 impl GatedMlp {
@@ -42,30 +57,51 @@ impl GatedMlp {
             self.gate_up.forward_rows_into(x, rows, gu)
         })?;
         let inter = self.width();
-        timed(Op::Elementwise, || {
-            act.resize(rows * inter, 0.0);
-            if self.gelu {
-                gelu_gate_rows(gu, inter, act)
-            } else {
-                silu_gate_rows(gu, inter, act)
+        timed(Op::Elementwise, || -> Result<()> {
+            if let Some((gate_up, _)) = &self.biases {
+                add_bias_rows(gu, gate_up)?;
             }
-        });
+            act.resize(rows * inter, 0.0);
+            match self.act {
+                Activation::Silu => silu_gate_rows(gu, inter, act),
+                Activation::GeluTanh => gelu_gate_rows(gu, inter, act),
+                Activation::SwigluOai => swiglu_oai_gate_rows(gu, inter, act),
+            }
+            Ok(())
+        })?;
         timed(Op::DownMatmul, || {
             self.down.forward_rows_into(act, rows, out)
-        })
+        })?;
+        match &self.biases {
+            Some((_, down)) => timed(Op::Elementwise, || add_bias_rows(out, down)),
+            None => Ok(()),
+        }
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gu = timed(Op::GateUpMatmul, || self.gate_up.forward(x))?;
+        let mut gu = timed(Op::GateUpMatmul, || self.gate_up.forward(x))?;
+        if let Some((gate_up, _)) = &self.biases {
+            gu = gu.broadcast_add(&gate_up.to_dtype(gu.dtype())?)?;
+        }
         let act = timed(Op::Elementwise, || {
-            if self.gelu {
-                let inter = gu.dim(1)? / 2;
-                gu.narrow(1, 0, inter)?.gelu()? * gu.narrow(1, inter, inter)?
-            } else {
-                silu_gate(&gu)
+            let inter = gu.dim(1)? / 2;
+            let (gate, up) = (gu.narrow(1, 0, inter)?, gu.narrow(1, inter, inter)?);
+            match self.act {
+                Activation::Silu => silu_gate(&gu),
+                Activation::GeluTanh => gate.gelu()? * up,
+                Activation::SwigluOai => {
+                    let g = gate.minimum(SWIGLU_OAI_LIMIT as f64)?;
+                    let s = candle_nn::ops::sigmoid(&g.affine(SWIGLU_OAI_ALPHA as f64, 0.0)?)?;
+                    let u = up.clamp(-SWIGLU_OAI_LIMIT as f64, SWIGLU_OAI_LIMIT as f64)?;
+                    (g * s)? * (u + 1.0)?
+                }
             }
         })?;
-        timed(Op::DownMatmul, || self.down.forward(&act))
+        let down = timed(Op::DownMatmul, || self.down.forward(&act))?;
+        Ok(match &self.biases {
+            Some((_, bias)) => down.broadcast_add(&bias.to_dtype(down.dtype())?)?,
+            None => down,
+        })
     }
 }
 
@@ -73,6 +109,8 @@ impl GatedMlp {
 /// reads `used`, and where the model has one a shared expert every token reads.
 pub(crate) struct RoutedFfn {
     pub router: Linear,
+    /// Added to the router's logits (gpt-oss), in f32.
+    pub router_bias: Option<Tensor>,
     pub experts: Vec<GatedMlp>,
     pub used: usize,
     pub renormalize: bool,
@@ -140,6 +178,9 @@ impl RoutedFfn {
         let hidden = self.router.in_features();
         timed(Op::Router, || -> Result<()> {
             self.router.forward_rows_into(x, rows, &mut b.logits)?;
+            if let Some(bias) = &self.router_bias {
+                add_bias_rows(&mut b.logits, bias)?;
+            }
             self.choose(&b.logits, &mut b.choices);
             self.group_by_expert(&b.choices, &mut b.members);
             out.clear();
@@ -195,7 +236,10 @@ impl RoutedFfn {
     /// The same on a device: routing on the host (one logit row per token), each expert over
     /// its rows, added into the output in ascending expert order.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let logits = self.router.forward(x)?.to_dtype(DType::F32)?;
+        let mut logits = self.router.forward(x)?.to_dtype(DType::F32)?;
+        if let Some(bias) = &self.router_bias {
+            logits = logits.broadcast_add(&bias.to_device(logits.device())?)?;
+        }
         let logits: Vec<f32> = logits.flatten_all()?.to_vec1()?;
         let (mut choices, mut members) = (Vec::new(), Vec::new());
         self.choose(&logits, &mut choices);

@@ -138,7 +138,8 @@ pub(crate) fn run_layers(
         timed(Op::Rope, || rows.rotate(&mut qkv, ropes.for_layer(hp, l)));
         timed(Op::CacheWrite, || rows.append(&qkv, cache, l))?;
         timed(Op::Attention, || {
-            rows.attend(&qkv, &mut q, cache, (l, hp.window(l)), &mut attn_out)
+            let sinks = layer.extras.sinks.as_deref();
+            rows.attend(&qkv, &mut q, cache, (l, hp.window(l), sinks), &mut attn_out)
         })?;
         layer.after_attention_rows(&mut xs, &attn_out, eps, &mut h, &mut mlp)?;
     }
@@ -253,7 +254,7 @@ impl QkvRows<'_, '_> {
         qkv: &[f32],
         q: &mut Vec<f32>,
         cache: &KvCache,
-        (l, window): (usize, Option<usize>),
+        (l, window, sinks): (usize, Option<usize>, Option<&[f32]>),
         attn_out: &mut [f32],
     ) -> Result<()> {
         let (shape, q_dim) = (self.shape, self.shape.q_dim());
@@ -277,6 +278,7 @@ impl QkvRows<'_, '_> {
                 start: s.start_pos,
                 tree: tree.as_ref(),
                 window,
+                sinks,
             };
             match cache.layer(s.slot, l)? {
                 LayerKv::F32 { keys, values } => at.attend(q, keys, values, out),
@@ -289,12 +291,13 @@ impl QkvRows<'_, '_> {
 }
 
 /// One sequence's new tokens in one layer's attention: where they start, whether they form a
-/// tree, and the window the layer attends within.
+/// tree, the window the layer attends within and its heads' sinks.
 struct Span<'a> {
     shape: AttnShape,
     start: usize,
     tree: Option<&'a TreeLayout>,
     window: Option<usize>,
+    sinks: Option<&'a [f32]>,
 }
 
 impl Span<'_> {
@@ -308,8 +311,10 @@ impl Span<'_> {
             (Some(w), tree) if start + deepest + 1 > w => {
                 self.attend_windowed(w, tree, q, keys, values, out)
             }
-            (_, None) => causal_attention(shape, q, keys, values, start, out),
-            (_, Some((_, paths))) => tree_attention(shape, q, keys, values, start, paths, out),
+            (_, None) => causal_attention(shape, q, keys, values, (start, self.sinks), out),
+            (_, Some((_, paths))) => {
+                tree_attention(shape, q, keys, values, (start, self.sinks), paths, out)
+            }
         }
     }
 
@@ -341,7 +346,7 @@ impl Span<'_> {
                     qi,
                     &keys[lo * kv_dim..],
                     &values[lo * kv_dim..],
-                    start + i - lo,
+                    (start + i - lo, self.sinks),
                     oi,
                 ),
                 Some((_, paths)) => {
@@ -357,7 +362,7 @@ impl Span<'_> {
                         qi,
                         &keys[first * kv_dim..],
                         &values[first * kv_dim..],
-                        start - first,
+                        (start - first, self.sinks),
                         &[path],
                         oi,
                     )

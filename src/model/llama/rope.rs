@@ -88,7 +88,53 @@ pub fn inv_freqs(hp: &LlamaHparams, max_positions: usize) -> Vec<f32> {
                 })
                 .collect()
         }
+        &RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } => yarn_freqs(
+            &base,
+            (hp.rope_theta, d),
+            factor,
+            original_max_position_embeddings,
+            (beta_fast, beta_slow, truncate),
+        ),
     }
+}
+
+/// YaRN's frequencies (transformers' `_compute_yarn_parameters`, llama.cpp's
+/// `ggml_rope_yarn_corr_dims` and ramp): dimension pair `i` keeps its frequency below the
+/// correction range `[low, high]`, takes it divided by `factor` above it, and a linear blend
+/// in between.
+fn yarn_freqs(
+    base: &[f32],
+    (theta, dim): (f32, usize),
+    factor: f32,
+    original: usize,
+    (beta_fast, beta_slow, truncate): (f32, f32, bool),
+) -> Vec<f32> {
+    // The dimension at which a frequency turns `rotations` times over the original context.
+    let correction_dim = |rotations: f32| {
+        dim as f32 * (original as f32 / (rotations * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * theta.ln())
+    };
+    let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, high) = (low.max(0.0), high.min(dim as f32 - 1.0));
+    let span = if high == low { 0.001 } else { high - low };
+    base.iter()
+        .enumerate()
+        .map(|(i, &freq)| {
+            let ramp = ((i as f32 - low) / span).clamp(0.0, 1.0);
+            let extrapolation = 1.0 - ramp;
+            freq / factor * (1.0 - extrapolation) + freq * extrapolation
+        })
+        .collect()
 }
 
 /// `cos` and `sin` of every position's angle for every frequency pair, position-major
@@ -98,6 +144,9 @@ pub fn angle_tables(hp: &LlamaHparams, max_positions: usize) -> (usize, Vec<f32>
     let half = freqs.len();
     let mscale = match hp.rope_scaling {
         RopeScaling::LongRope {
+            attention_factor, ..
+        }
+        | RopeScaling::Yarn {
             attention_factor, ..
         } => attention_factor,
         _ => 1.0,

@@ -15,7 +15,7 @@ use crate::model::llama::ffn::{Ffn, FfnBuffers, GatedMlp, RoutedFfn, SharedExper
 use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::load::weight_roles::{ExpertPart, WeightName, WeightReader};
-use crate::model::spec::block::{Activation, Experts};
+use crate::model::spec::block::Experts;
 use crate::model::spec::hparams::LlamaHparams;
 use crate::model::{ModelError, Result};
 
@@ -40,6 +40,10 @@ pub(crate) struct LayerExtras {
     pub qk_norm: Option<(Tensor, Tensor)>,
     /// The norms of attention's and the MLP's outputs before their residual adds.
     pub post_norms: Option<(Tensor, Tensor)>,
+    /// The output projection's bias (gpt-oss).
+    pub o_bias: Option<Tensor>,
+    /// Each attention head's sink logit (gpt-oss), on the host: attention reads them there.
+    pub sinks: Option<Vec<f32>>,
 }
 
 impl Layer {
@@ -74,6 +78,15 @@ impl Layer {
         let rows = attn.len() / self.o.in_features();
         let MlpBuffers { o, down, ffn } = bufs;
         timed(Op::OutMatmul, || self.o.forward_rows_into(attn, rows, o))?;
+        if let Some(bias) = &self.extras.o_bias {
+            timed(Op::OutMatmul, || {
+                with_host(bias, |b| {
+                    for r in o.chunks_exact_mut(b.len()) {
+                        r.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+                    }
+                })
+            })?;
+        }
         if let Some((after_attn, _)) = &self.extras.post_norms {
             timed(Op::Norm, || norm_in_place(after_attn, o, eps, scratch))?;
         }
@@ -98,6 +111,9 @@ impl Layer {
     pub fn after_attention(&self, x: &Tensor, attn: &Tensor, eps: f32) -> Result<Tensor> {
         let post = self.extras.post_norms.as_ref();
         let mut o = timed(Op::OutMatmul, || self.o.forward(attn))?;
+        if let Some(bias) = &self.extras.o_bias {
+            o = o.broadcast_add(&bias.to_dtype(o.dtype())?)?;
+        }
         if let Some((after_attn, _)) = post {
             o = timed(Op::Norm, || rms_norm(&o, after_attn, eps))?;
         }
@@ -161,7 +177,8 @@ impl LayerParts<'_> {
         let mlp = GatedMlp {
             gate_up: self.linear(gate_up)?,
             down: self.linear(vec![down])?,
-            gelu: self.hp.block.activation == Activation::GeluTanh,
+            act: self.hp.block.activation,
+            biases: None,
         };
         let hidden = self.hp.hidden_size;
         let fits = mlp.gate_up.out_features() == 2 * width
@@ -185,20 +202,34 @@ impl LayerParts<'_> {
         let gates = reader.experts(l, ExpertPart::Gate, e.count)?;
         let ups = reader.experts(l, ExpertPart::Up, e.count)?;
         let downs = reader.experts(l, ExpertPart::Down, e.count)?;
-        let experts = gates
+        let mut experts = gates
             .into_iter()
             .zip(ups)
             .zip(downs)
             .map(|((g, u), d)| self.gated_mlp(l, vec![g, u], d, e.ffn_len))
             .collect::<Result<Vec<_>>>()?;
-        let fits = router.out_features() == e.count && router.in_features() == self.hp.hidden_size;
+        let hidden = self.hp.hidden_size;
+        let fits = router.out_features() == e.count && router.in_features() == hidden;
         self.sizes_fit(l, fits)?;
+        let mut router_bias = None;
+        if self.hp.block.ffn_and_out_bias {
+            let bias = reader.dense_f32(WeightName::RouterBias(l))?;
+            self.sizes_fit(l, bias.elem_count() == e.count)?;
+            router_bias = Some(bias.flatten_all()?.to_device(self.device)?);
+            for (mlp, (gate_up, down)) in experts.iter_mut().zip(reader.expert_biases(l, e.count)?)
+            {
+                let fits = gate_up.elem_count() == 2 * e.ffn_len && down.elem_count() == hidden;
+                self.sizes_fit(l, fits)?;
+                mlp.biases = Some((gate_up, down));
+            }
+        }
         let shared = match e.shared_ffn_len {
             0 => None,
             width => Some(self.shared_expert(reader, l, width)?),
         };
         Ok(Ffn::Routed(RoutedFfn {
             router,
+            router_bias,
             experts,
             used: e.used,
             renormalize: e.norm_top_k,
@@ -272,6 +303,19 @@ impl LayerParts<'_> {
                 self.norm(reader, WeightName::FfnPostNorm(l))?,
             ));
         }
+        if block.ffn_and_out_bias {
+            let bias = reader.dense_f32(WeightName::OBias(l))?;
+            self.sizes_fit(l, bias.elem_count() == hp.hidden_size)?;
+            extras.o_bias = Some(bias.flatten_all()?.to_device(self.device)?);
+        }
+        if block.attn_sinks {
+            let sinks: Vec<f32> = reader
+                .dense_f32(WeightName::Sinks(l))?
+                .flatten_all()?
+                .to_vec1()?;
+            self.sizes_fit(l, sinks.len() == hp.num_heads)?;
+            extras.sinks = Some(sinks);
+        }
         let layer = Layer {
             attn_norm: Some(self.norm(reader, WeightName::AttnNorm(l))?),
             qkv: self.linear(qkv)?,
@@ -344,7 +388,7 @@ impl LlamaWeights {
                 hp.vocab_size, hp.hidden_size
             )));
         }
-        reader.set_sandwich_names(hp.block.sandwich_norms);
+        reader.set_block_names(&hp.block);
         let parts = LayerParts {
             hp,
             weights_dtype,

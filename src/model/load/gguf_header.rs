@@ -6,10 +6,12 @@
 //! value the reader relies on is checked; [`read_content`] also turns any panic left in the
 //! reader into an error.
 
-use std::io::{Read, Seek};
+use std::io::{Read, Seek, SeekFrom};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use candle_core::quantized::gguf_file;
+
+use crate::model::load::mxfp4::{Mxfp4Tensor, Mxfp4Tensors, GGML_TYPE_MXFP4};
 
 /// GGUF metadata value types (the GGUF spec's numbering).
 const STRING: u32 = 8;
@@ -75,8 +77,88 @@ fn check_alignment(ty: u32, value: Option<u64>) -> Result<(), HeaderError> {
     Ok(())
 }
 
-/// Reads candle's view of the file, turning a panic inside the reader into an error.
-pub fn read_content<R: Read + Seek>(r: &mut R) -> Result<gguf_file::Content, String> {
+/// Reads candle's view of the file from its start, turning a panic inside the reader into an
+/// error, and its MXFP4 tensors apart: candle refuses a type it does not know, so the header
+/// it reads is a copy with their type changed, and their entries are taken out of its view
+/// (each named once: in the view, or among the MXFP4 tensors).
+pub fn read_content<R: Read + Seek>(
+    r: &mut R,
+) -> Result<(gguf_file::Content, Mxfp4Tensors), String> {
+    let file_len = r.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
+    r.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    let found =
+        find_mxfp4(&mut std::io::BufReader::new(&mut *r), file_len).map_err(|e| e.to_string())?;
+    r.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    let Some(found) = found.filter(|f| !f.tensors.is_empty()) else {
+        return Ok((read_candle(r)?, Mxfp4Tensors::new()));
+    };
+    let mut header = vec![0u8; found.header_len as usize];
+    r.read_exact(&mut header).map_err(|e| e.to_string())?;
+    for (_, _, type_at) in &found.tensors {
+        // Q8_0: any type candle knows; the entry leaves its view below.
+        header[*type_at as usize..][..4].copy_from_slice(&8u32.to_le_bytes());
+    }
+    let mut content = read_candle(&mut std::io::Cursor::new(header))?;
+    let mut mxfp4 = Mxfp4Tensors::new();
+    for (name, tensor, _) in found.tensors {
+        content.tensor_infos.remove(&name);
+        mxfp4.insert(name, tensor);
+    }
+    Ok((content, mxfp4))
+}
+
+/// The MXFP4 tensors of a header and where its type fields are, and the header's length.
+struct Found {
+    header_len: u64,
+    tensors: Vec<(String, Mxfp4Tensor, u64)>,
+}
+
+/// Walks the header to its tensor entries and lists the MXFP4 ones (`None` for a file that
+/// is no GGUF: candle's reader says why).
+fn find_mxfp4<R: Read>(r: &mut R, file_len: u64) -> Result<Option<Found>, HeaderError> {
+    let mut w = Walker { r, left: file_len };
+    if w.bytes(4)? != b"GGUF" {
+        return Ok(None);
+    }
+    let version = w.u32()?;
+    let count = |w: &mut Walker<R>| match version {
+        1 => w.u32().map(u64::from),
+        _ => w.u64(),
+    };
+    let (tensors, kvs) = (count(&mut w)?, count(&mut w)?);
+    for _ in 0..kvs {
+        w.string(version)?;
+        let ty = w.u32()?;
+        w.skip_value(ty, version, 0)?;
+    }
+    let mut found = Vec::new();
+    for _ in 0..tensors {
+        let name = w.string(version)?;
+        let n_dims = w.u32()?;
+        if n_dims > 4 {
+            return Err(HeaderError::Malformed(format!(
+                "tensor {name} has {n_dims} dimensions"
+            )));
+        }
+        let mut dims = (0..n_dims)
+            .map(|_| count(&mut w).map(|d| d as usize))
+            .collect::<Result<Vec<_>, _>>()?;
+        let type_at = file_len - w.left;
+        let ty = w.u32()?;
+        let offset = w.u64()?;
+        if ty == GGML_TYPE_MXFP4 {
+            dims.reverse();
+            found.push((name, Mxfp4Tensor { dims, offset }, type_at));
+        }
+    }
+    Ok(Some(Found {
+        header_len: file_len - w.left,
+        tensors: found,
+    }))
+}
+
+/// candle's reader, a panic inside it turned into an error.
+fn read_candle<R: Read + Seek>(r: &mut R) -> Result<gguf_file::Content, String> {
     match catch_unwind(AssertUnwindSafe(|| gguf_file::Content::read(r))) {
         Ok(Ok(content)) => Ok(content),
         Ok(Err(e)) => Err(e.to_string()),
@@ -253,7 +335,7 @@ mod tests {
                 "{e}"
             );
             // And candle's reader, which divides by it, no longer panics past it.
-            let read = read_content(&mut std::io::Cursor::new(&file));
+            let read = read_content(&mut std::io::Cursor::new(&file)).map(|(c, _)| c);
             if bad == 0 {
                 assert!(read.unwrap_err().contains("GGUF reader failed"));
             }

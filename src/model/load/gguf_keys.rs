@@ -4,7 +4,7 @@
 use candle_core::quantized::gguf_file;
 
 use crate::model::spec::block::Experts;
-use crate::model::spec::rope::RopeScaling;
+use crate::model::spec::rope::{yarn_attention_factor, RopeScaling};
 use crate::model::{ModelError, Result};
 
 /// A GGUF's metadata under one architecture's prefix (`gemma3.block_count`), and the file
@@ -103,6 +103,15 @@ impl<'a> GgufKeys<'a> {
                     .unwrap_or(8192),
             }),
             Some("linear") if factor != 1.0 => Ok(RopeScaling::Linear { factor }),
+            Some("yarn") => Ok(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: self.u("rope.scaling.original_context_length")?,
+                beta_fast: self.f("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+                beta_slow: self.f("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+                attention_factor: yarn_attention_factor(factor)
+                    * self.f("rope.scaling.attn_factor").unwrap_or(1.0),
+                truncate: true,
+            }),
             Some("none") | Some("linear") | None => Ok(RopeScaling::None),
             Some(other) => Err(ModelError::Unsupported(format!(
                 "rope scaling type '{other}' ({} GGUF)",

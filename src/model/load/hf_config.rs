@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use crate::model::spec::block::Experts;
-use crate::model::spec::rope::RopeScaling;
+use crate::model::spec::rope::{yarn_attention_factor, RopeScaling};
 use crate::model::{ModelError, Result};
 
 /// A config.json's `rope_scaling` object (a draft head's config reads it too).
@@ -43,6 +43,27 @@ impl HfRopeScaling {
                     "rope_scaling longrope needs short_factor and long_factor".into(),
                 )),
             },
+            "yarn" => {
+                if self.mscale.is_some() || self.mscale_all_dim.is_some() {
+                    return Err(ModelError::Unsupported(
+                        "rope_scaling yarn with mscale / mscale_all_dim (DeepSeek's)".into(),
+                    ));
+                }
+                let factor = self.factor.unwrap_or(1.0);
+                Ok(RopeScaling::Yarn {
+                    factor,
+                    // Filled from the config around it where absent (`HfConfig`).
+                    original_max_position_embeddings: self
+                        .original_max_position_embeddings
+                        .unwrap_or(0),
+                    beta_fast: self.beta_fast.unwrap_or(32.0),
+                    beta_slow: self.beta_slow.unwrap_or(1.0),
+                    attention_factor: self
+                        .attention_factor
+                        .unwrap_or_else(|| yarn_attention_factor(factor)),
+                    truncate: self.truncate.unwrap_or(true),
+                })
+            }
             "default" | "" => Ok(RopeScaling::None),
             other => Err(ModelError::Unsupported(format!(
                 "rope_scaling.rope_type '{other}'"
@@ -62,6 +83,11 @@ struct HfRopeScaling {
     short_factor: Option<Vec<f32>>,
     long_factor: Option<Vec<f32>>,
     attention_factor: Option<f32>,
+    beta_fast: Option<f32>,
+    beta_slow: Option<f32>,
+    truncate: Option<bool>,
+    mscale: Option<f32>,
+    mscale_all_dim: Option<f32>,
 }
 
 /// A `config.json`: the keys every family shares, and the ones some read.
@@ -113,6 +139,11 @@ pub struct HfConfig {
     pub shared_expert_intermediate_size: Option<usize>,
     /// OLMoE's clamp of queries, keys and values.
     pub clip_qkv: Option<f32>,
+    /// gpt-oss's clamp of its SwiGLU's gate and up, and its sigmoid's slope.
+    pub swiglu_limit: Option<f32>,
+    pub swiglu_alpha: Option<f32>,
+    /// Weights stored quantized by a scheme of transformers' (GPTQ, AWQ, gpt-oss's MXFP4).
+    pub quantization_config: Option<serde_json::Value>,
 }
 
 impl HfConfig {

@@ -78,6 +78,18 @@ impl LlamaHparams {
                 *attention_factor = longrope_attention_factor(max, *original);
             }
         }
+        if let RopeScaling::Yarn {
+            original_max_position_embeddings: original,
+            ..
+        } = &mut rope_scaling
+        {
+            if *original == 0 {
+                *original = c
+                    .original_max_position_embeddings
+                    .or(c.max_position_embeddings)
+                    .unwrap_or(4096);
+            }
+        }
         let num_kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
         Ok(Self {
             family: c.model_type.clone().unwrap_or_default(),

@@ -2,14 +2,16 @@
 //! so the model builder asks for "layer 3's q projection" and not for a format's tensor name.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
+use crate::model::load::mxfp4::{self, Mxfp4Tensors};
 use crate::model::load::raw_weight::RawWeight;
+use crate::model::spec::block::Block;
 use crate::model::{ModelError, Result};
 
 /// A weight's role in a decoder model of any family.
@@ -47,6 +49,12 @@ pub enum WeightName {
     SharedUp(usize),
     SharedDown(usize),
     SharedExpertGate(usize),
+    /// The output projection's bias (gpt-oss).
+    OBias(usize),
+    /// One sink logit per attention head (gpt-oss).
+    Sinks(usize),
+    /// The router's bias, one per expert (gpt-oss).
+    RouterBias(usize),
 }
 
 /// One of the three matrices of a routed layer's experts.
@@ -112,6 +120,9 @@ impl WeightName {
             Self::SharedUp(l) => format!("blk.{l}.ffn_up_shexp.weight"),
             Self::SharedDown(l) => format!("blk.{l}.ffn_down_shexp.weight"),
             Self::SharedExpertGate(l) => format!("blk.{l}.ffn_gate_inp_shexp.weight"),
+            Self::OBias(l) => format!("blk.{l}.attn_output.bias"),
+            Self::Sinks(l) => format!("blk.{l}.attn_sinks.weight"),
+            Self::RouterBias(l) => format!("blk.{l}.ffn_gate_inp.bias"),
         }
     }
 
@@ -151,6 +162,9 @@ impl WeightName {
             Self::SharedUp(l) => format!("model.layers.{l}.mlp.shared_expert.up_proj.weight"),
             Self::SharedDown(l) => format!("model.layers.{l}.mlp.shared_expert.down_proj.weight"),
             Self::SharedExpertGate(l) => format!("model.layers.{l}.mlp.shared_expert_gate.weight"),
+            Self::OBias(l) => format!("model.layers.{l}.self_attn.o_proj.bias"),
+            Self::Sinks(l) => format!("model.layers.{l}.self_attn.sinks"),
+            Self::RouterBias(l) => format!("model.layers.{l}.mlp.router.bias"),
         }
     }
 }
@@ -158,6 +172,8 @@ impl WeightName {
 enum Store {
     Gguf {
         content: gguf_file::Content,
+        /// The tensors of a type candle does not read (`load::mxfp4`).
+        mxfp4: Mxfp4Tensors,
         reader: BufReader<File>,
         path: PathBuf,
     },
@@ -169,6 +185,8 @@ pub struct WeightReader {
     device: Device,
     /// Hugging Face names follow the sandwich-norm naming (see [`WeightName`]).
     hf_sandwich: bool,
+    /// GGUF names the norm before the MLP `post_attention_norm` (gpt-oss).
+    gguf_ffn_norm_post_attention: bool,
 }
 
 /// The `*.safetensors` files of a folder, sorted; none is an error naming the folder.
@@ -192,7 +210,12 @@ pub(crate) fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 impl WeightReader {
-    pub fn gguf(content: gguf_file::Content, path: &Path, device: &Device) -> Result<Self> {
+    pub fn gguf(
+        content: gguf_file::Content,
+        mxfp4: Mxfp4Tensors,
+        path: &Path,
+        device: &Device,
+    ) -> Result<Self> {
         let file = File::open(path).map_err(|e| ModelError::Unreadable {
             path: path.to_owned(),
             reason: e.to_string(),
@@ -200,11 +223,13 @@ impl WeightReader {
         Ok(Self {
             store: Store::Gguf {
                 content,
+                mxfp4,
                 reader: BufReader::new(file),
                 path: path.to_owned(),
             },
             device: device.clone(),
             hf_sandwich: false,
+            gguf_ffn_norm_post_attention: false,
         })
     }
 
@@ -221,12 +246,25 @@ impl WeightReader {
             store: Store::Safetensors(st),
             device: device.clone(),
             hf_sandwich: false,
+            gguf_ffn_norm_post_attention: false,
         })
     }
 
-    /// Names Hugging Face tensors as a block with sandwich norms does.
-    pub fn set_sandwich_names(&mut self, sandwich: bool) {
-        self.hf_sandwich = sandwich;
+    /// Names tensors as the block does: Hugging Face's with sandwich norms (Gemma), GGUF's
+    /// MLP norm after attention's (gpt-oss).
+    pub fn set_block_names(&mut self, block: &Block) {
+        self.hf_sandwich = block.sandwich_norms;
+        self.gguf_ffn_norm_post_attention = block.gguf_ffn_norm_post_attention;
+    }
+
+    /// A weight's name in this store's file.
+    fn gguf_name(&self, name: WeightName) -> String {
+        match name {
+            WeightName::FfnNorm(l) if self.gguf_ffn_norm_post_attention => {
+                WeightName::AttnPostNorm(l).gguf()
+            }
+            _ => name.gguf(),
+        }
     }
 
     /// Whether the weights come from a Hugging Face folder (not a GGUF file).
@@ -240,7 +278,10 @@ impl WeightReader {
 
     pub fn has(&self, name: WeightName) -> bool {
         match &self.store {
-            Store::Gguf { content, .. } => content.tensor_infos.contains_key(&name.gguf()),
+            Store::Gguf { content, mxfp4, .. } => {
+                let key = self.gguf_name(name);
+                content.tensor_infos.contains_key(&key) || mxfp4.contains_key(&key)
+            }
             Store::Safetensors(st) => st.get(&name.hf(self.hf_sandwich)).is_ok(),
         }
     }
@@ -248,7 +289,7 @@ impl WeightReader {
     /// A matrix weight, kept in its stored type.
     pub fn raw(&mut self, name: WeightName) -> Result<RawWeight> {
         match &self.store {
-            Store::Gguf { .. } => self.gguf_named(&name.gguf()),
+            Store::Gguf { .. } => self.gguf_named(&self.gguf_name(name)),
             Store::Safetensors(st) => {
                 let key = name.hf(self.hf_sandwich);
                 let t = st
@@ -268,12 +309,15 @@ impl WeightReader {
         })
     }
 
-    /// A routed layer's router, by either family's Hugging Face name.
+    /// A routed layer's router, by any family's Hugging Face name (Qwen-MoE's `mlp.gate`,
+    /// Mixtral's `block_sparse_moe.gate`, gpt-oss's `mlp.router`).
     pub fn router(&mut self, l: usize) -> Result<RawWeight> {
         if let Store::Safetensors(st) = &self.store {
-            let mixtral = format!("model.layers.{l}.block_sparse_moe.gate.weight");
-            if st.get(&mixtral).is_ok() {
-                return Ok(RawWeight::Dense(st.load(&mixtral, &self.device)?));
+            for other in ["block_sparse_moe.gate", "mlp.router"] {
+                let key = format!("model.layers.{l}.{other}.weight");
+                if st.get(&key).is_ok() {
+                    return Ok(RawWeight::Dense(st.load(&key, &self.device)?));
+                }
             }
         }
         self.raw(WeightName::Router(l))
@@ -287,10 +331,15 @@ impl WeightReader {
         match &mut self.store {
             Store::Gguf {
                 content,
+                mxfp4,
                 reader,
                 path,
             } => {
                 let stacked = format!("blk.{l}.ffn_{}_exps.weight", part.gguf());
+                if let Some(t) = mxfp4.get(&stacked) {
+                    let base = content.tensor_data_offset + t.offset;
+                    return mxfp4_experts(reader, path, (&stacked, &t.dims, base), count);
+                }
                 let Some(info) = content.tensor_infos.get(&stacked) else {
                     let one = |e: usize| format!("blk.{l}.ffn_{}.{e}.weight", part.gguf());
                     if !content.tensor_infos.contains_key(&one(0)) {
@@ -332,6 +381,10 @@ impl WeightReader {
                     .collect()
             }
             Store::Safetensors(st) => {
+                let fused = format!("model.layers.{l}.mlp.experts.gate_up_proj");
+                if st.get(&fused).is_ok() {
+                    return stacked_hf_experts(st, l, part, count, &self.device);
+                }
                 let mixtral = st
                     .get(&format!("model.layers.{l}.block_sparse_moe.gate.weight"))
                     .is_ok();
@@ -351,16 +404,67 @@ impl WeightReader {
         }
     }
 
+    /// Each of layer `l`'s `count` experts' biases (gpt-oss), expert 0 first: gate|up's
+    /// (gate first, `2 · width`) and down's, in f32.
+    pub fn expert_biases(&mut self, l: usize, count: usize) -> Result<Vec<(Tensor, Tensor)>> {
+        let (gate, up, down) = match &self.store {
+            Store::Gguf { .. } => {
+                let mut part = |p: &str| {
+                    let key = format!("blk.{l}.ffn_{p}_exps.bias");
+                    self.gguf_named(&key)?.dequantize(&Device::Cpu)
+                };
+                (part("gate")?, part("up")?, part("down")?)
+            }
+            Store::Safetensors(st) => {
+                let load = |name: &str| -> Result<Tensor> {
+                    let key = format!("model.layers.{l}.mlp.experts.{name}");
+                    let t = st
+                        .load(&key, &Device::Cpu)
+                        .map_err(|_| ModelError::MissingTensor(key))?;
+                    Ok(t.to_dtype(DType::F32)?)
+                };
+                let gate_up = load("gate_up_proj_bias")?;
+                let (experts, both) = gate_up.dims2()?;
+                // Gate and up alternate along the last dimension.
+                let pairs = gate_up.reshape((experts, both / 2, 2))?;
+                let half = |i| -> Result<Tensor> { Ok(pairs.narrow(2, i, 1)?.squeeze(2)?) };
+                (half(0)?, half(1)?, load("down_proj_bias")?)
+            }
+        };
+        let rows = |t: &Tensor| -> Result<usize> { Ok(t.dims2()?.0) };
+        if [rows(&gate)?, rows(&up)?, rows(&down)?] != [count; 3] {
+            return Err(ModelError::BadConfig(format!(
+                "layer {l}'s expert biases are not one per expert ({count})"
+            )));
+        }
+        (0..count)
+            .map(|e| {
+                let gate_up = Tensor::cat(&[gate.get(e)?, up.get(e)?], 0)?;
+                Ok((
+                    gate_up.to_device(&self.device)?,
+                    down.get(e)?.to_device(&self.device)?,
+                ))
+            })
+            .collect()
+    }
+
     /// A GGUF tensor by its name.
     fn gguf_named(&mut self, key: &str) -> Result<RawWeight> {
         let Store::Gguf {
             content,
+            mxfp4,
             reader,
             path,
         } = &mut self.store
         else {
             return Err(ModelError::MissingTensor(key.to_owned()));
         };
+        if let Some(t) = mxfp4.get(key) {
+            let base = content.tensor_data_offset + t.offset;
+            let mut one =
+                mxfp4_experts(reader, path, (key, &[&[1], &t.dims[..]].concat(), base), 1)?;
+            return Ok(one.remove(0));
+        }
         if !content.tensor_infos.contains_key(key) {
             return Err(ModelError::MissingTensor(format!(
                 "{key} in {}",
@@ -375,4 +479,80 @@ impl WeightReader {
                 reason: format!("tensor {key}: {e}"),
             })
     }
+}
+
+/// `count` experts' `(out, in)` weights from a stacked MXFP4 tensor `(name, dims, start)`
+/// (dims `(experts, out, in)`, its blocks from byte `start` of the file), each read alone.
+fn mxfp4_experts(
+    reader: &mut BufReader<File>,
+    path: &Path,
+    (name, dims, start): (&str, &[usize], u64),
+    count: usize,
+) -> Result<Vec<RawWeight>> {
+    let unreadable = |reason: String| ModelError::Unreadable {
+        path: path.to_owned(),
+        reason: format!("tensor {name}: {reason}"),
+    };
+    let &[n, out, inp] = dims else {
+        return Err(unreadable(format!(
+            "MXFP4 of shape {dims:?}: (experts, out, in) or (out, in)"
+        )));
+    };
+    if n != count || !inp.is_multiple_of(mxfp4::BLOCK) {
+        return Err(unreadable(format!(
+            "{n} MXFP4 experts of {out}x{inp} (the file states {count}; rows of whole blocks)"
+        )));
+    }
+    let bytes = out * inp / mxfp4::BLOCK * mxfp4::BLOCK_BYTES;
+    (0..count)
+        .map(|e| {
+            let mut buf = vec![0u8; bytes];
+            reader
+                .seek(std::io::SeekFrom::Start(start + (e * bytes) as u64))
+                .and_then(|_| reader.read_exact(&mut buf))
+                .map_err(|err| unreadable(format!("expert {e}: {err}")))?;
+            mxfp4::weight(&buf, (out, inp))
+        })
+        .collect()
+}
+
+/// One part of each of layer `l`'s experts from transformers' stacked gpt-oss parameters:
+/// `gate_up_proj` `(experts, hidden, 2 · width)` with gate and up alternating along its last
+/// dimension, `down_proj` `(experts, width, hidden)`; each returned `(out, in)`.
+fn stacked_hf_experts(
+    st: &MmapedSafetensors,
+    l: usize,
+    part: ExpertPart,
+    count: usize,
+    device: &Device,
+) -> Result<Vec<RawWeight>> {
+    let name = match part {
+        ExpertPart::Down => "down_proj",
+        ExpertPart::Gate | ExpertPart::Up => "gate_up_proj",
+    };
+    let key = format!("model.layers.{l}.mlp.experts.{name}");
+    let t = st
+        .load(&key, device)
+        .map_err(|_| ModelError::MissingTensor(key.clone()))?;
+    let (n, rows, cols) = t.dims3()?;
+    if n != count {
+        return Err(ModelError::BadConfig(format!(
+            "{key} holds {n} experts, the config states {count}"
+        )));
+    }
+    (0..count)
+        .map(|e| {
+            let m = t.get(e)?;
+            let m = match part {
+                ExpertPart::Down => m,
+                ExpertPart::Gate | ExpertPart::Up => {
+                    let i = usize::from(part == ExpertPart::Up);
+                    m.reshape((rows, cols / 2, 2))?
+                        .narrow(2, i, 1)?
+                        .squeeze(2)?
+                }
+            };
+            Ok(RawWeight::Dense(m.t()?.contiguous()?))
+        })
+        .collect()
 }

@@ -10,6 +10,9 @@ pub enum Activation {
     Silu,
     /// `gelu_tanh(gate) · up` (Gemma).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: `(clamp(up, ±7) + 1) · g · σ(1.702 · g)` with
+    /// `g = min(gate, 7)`.
+    SwigluOai,
 }
 
 /// A family's block, as far as it differs from Llama's.
@@ -39,6 +42,15 @@ pub struct Block {
     /// A routed layer also has a shared expert every token reads, its output scaled by a
     /// sigmoid gate (Qwen2-MoE).
     pub shared_expert: bool,
+    /// The output projection, the router and every expert's projections add biases
+    /// (gpt-oss).
+    pub ffn_and_out_bias: bool,
+    /// Each attention head has a learned sink: one more logit in its softmax's denominator,
+    /// with no value (gpt-oss).
+    pub attn_sinks: bool,
+    /// llama.cpp's files name the norm before the MLP `post_attention_norm` (gpt-oss), as
+    /// Hugging Face's do, not `ffn_norm`.
+    pub gguf_ffn_norm_post_attention: bool,
 }
 
 /// A family's feed-forward: one gated MLP, or a mixture of experts.
@@ -65,6 +77,9 @@ impl Block {
         fused_projections: false,
         feedforward: Feedforward::Dense,
         shared_expert: false,
+        ffn_and_out_bias: false,
+        attn_sinks: false,
+        gguf_ffn_norm_post_attention: false,
     };
 }
 

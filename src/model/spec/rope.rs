@@ -24,6 +24,28 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_max_position_embeddings: usize,
     },
+    /// YaRN (gpt-oss): each frequency blended between itself (where it turns more than
+    /// `beta_fast` times over the original context) and itself divided by `factor` (fewer than
+    /// `beta_slow` times), linearly in between, and cos/sin scaled by `attention_factor`.
+    Yarn {
+        factor: f32,
+        original_max_position_embeddings: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        attention_factor: f32,
+        /// The blend's ends are rounded out to whole dimensions (llama.cpp; transformers'
+        /// default); gpt-oss's own code does not round them.
+        truncate: bool,
+    },
+}
+
+/// YaRN's default cos/sin scale: `0.1 · ln(factor) + 1` (1 where `factor ≤ 1`).
+pub fn yarn_attention_factor(factor: f32) -> f32 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * factor.ln() + 1.0
+    }
 }
 
 /// How q/k head dimensions are paired for rotation. GGUF converters permute q/k weights so that

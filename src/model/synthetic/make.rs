@@ -9,7 +9,6 @@ use candle_core::{Device, Tensor};
 
 use crate::model::llama::linear::RawWeight;
 use crate::model::load::weight_roles::{WeightName, WeightReader};
-use crate::model::spec::hparams::LlamaHparams;
 use crate::model::synthetic::{Recipe, Shape};
 use crate::model::{ModelError, Result};
 
@@ -57,11 +56,11 @@ pub fn make_model(
             let content = read_content(path)?;
             let hp = crate::model::arch::hparams_from_gguf(&content, path)?;
             let md = content.metadata.clone();
-            let reader = WeightReader::gguf(content, path, &Device::Cpu)?;
+            let reader = WeightReader::gguf(content, Default::default(), path, &Device::Cpu)?;
             (
                 md,
                 Weights::Model {
-                    hp,
+                    layers: hp.num_layers,
                     reader: Box::new(reader),
                 },
             )
@@ -123,7 +122,7 @@ enum Weights {
         rng: Uniform,
     },
     Model {
-        hp: LlamaHparams,
+        layers: usize,
         reader: Box<WeightReader>,
     },
 }
@@ -132,7 +131,7 @@ impl Weights {
     fn layers_and_tied(&self) -> (usize, bool) {
         match self {
             Self::Random { shape, .. } => (shape.layers, shape.tied),
-            Self::Model { hp, reader } => (hp.num_layers, !reader.has(WeightName::Output)),
+            Self::Model { layers, reader } => (*layers, !reader.has(WeightName::Output)),
         }
     }
 

@@ -230,6 +230,16 @@ pub(super) fn accumulate_values_heads<T: KvElement>(
     }
 }
 
+/// [`softmax_weights`], its sum joined by `exp(sink − max)` where the head has a sink: the
+/// softmax over the scores and the sink, of which only the scores carry values.
+pub(super) fn softmax_sum(scores: &mut [f32], sink: Option<f32>) -> f32 {
+    let Some(sink) = sink else {
+        return softmax_weights(scores);
+    };
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    softmax_weights(scores) + (sink - max).exp()
+}
+
 /// `out = (even + odd) · inv` from [`accumulate_values`]' sums.
 pub(super) fn finish_values(acc: &[f32], inv: f32, out: &mut [f32]) {
     let (even, odd) = acc.split_at(out.len());
@@ -274,12 +284,15 @@ const KEY_CHUNK: usize = 64;
 /// and each extra query token of a verification re-read it, ~0.6 ms a token (measured with
 /// `forward-bench`), before queries shared a run. Neither the split nor the grouping changes a
 /// unit's arithmetic.
+///
+/// `sinks` (gpt-oss): one logit per query head that joins each softmax's denominator with no
+/// value, so a head may attend to nothing.
 pub fn causal_attention<T: KvElement>(
     shape: AttnShape,
     q: &[f32],
     keys: &[T],
     values: &[T],
-    start_pos: usize,
+    (start_pos, sinks): (usize, Option<&[f32]>),
     out: &mut [f32],
 ) {
     let AttnShape {
@@ -355,7 +368,8 @@ pub fn causal_attention<T: KvElement>(
         });
         let mut inv = [0f32; MAX_GROUP];
         for (m, u) in members.clone().enumerate() {
-            inv[m] = 1f32 / softmax_weights(&mut scores[m * stride..][..seen_of(u)]);
+            let sink = sinks.map(|s| s[unit(u).1]);
+            inv[m] = 1f32 / softmax_sum(&mut scores[m * stride..][..seen_of(u)], sink);
         }
         acc.clear();
         acc.resize(nm * 2 * head_dim, 0.0);

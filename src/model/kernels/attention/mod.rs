@@ -39,7 +39,9 @@ pub use shared::KvElement;
 pub use tree_attention::tree_attention;
 
 // The loops `tree` and the tests share with the causal call.
-use causal::{accumulate_values, finish_values, scaled_dots, softmax_weights};
+#[cfg(test)]
+use causal::softmax_weights;
+use causal::{accumulate_values, finish_values, scaled_dots, softmax_sum};
 #[cfg(test)]
 use causal::{accumulate_values_heads, scaled_dots_heads};
 #[cfg(all(test, target_arch = "x86_64"))]

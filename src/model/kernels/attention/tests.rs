@@ -234,9 +234,9 @@ fn an_f16_cache_gives_the_bits_of_its_values_in_f32() {
         let widen = |v: &[f16]| -> Vec<f32> { v.iter().map(|x| x.to_f32()).collect() };
         let (keys32, values32) = (widen(&keys16), widen(&values16));
         let mut from16 = vec![0f32; n_new * q_dim];
-        causal_attention(shape, &q, &keys16, &values16, start, &mut from16);
+        causal_attention(shape, &q, &keys16, &values16, (start, None), &mut from16);
         let mut from32 = vec![0f32; n_new * q_dim];
-        causal_attention(shape, &q, &keys32, &values32, start, &mut from32);
+        causal_attention(shape, &q, &keys32, &values32, (start, None), &mut from32);
         assert_eq!(bits(&from16), bits(&from32), "start {start}, {n_new} new");
     }
 }
@@ -267,7 +267,7 @@ fn heads_computed_together_give_each_heads_own_result() {
                 .map(|i| val(i * 5 + 1))
                 .collect();
             let mut ours = vec![0f32; n_new * q_dim];
-            causal_attention(shape, &q, &keys, &values, start, &mut ours);
+            causal_attention(shape, &q, &keys, &values, (start, None), &mut ours);
             let mut want = vec![0f32; n_new * q_dim];
             for i in 0..n_new {
                 for h in 0..num_heads {
@@ -287,6 +287,82 @@ fn heads_computed_together_give_each_heads_own_result() {
             );
         }
     }
+}
+
+/// Attention sinks (gpt-oss): each head's output is the softmax over its scores and its sink
+/// logit, of which only the scores carry values, computed here in f64 by that definition; a
+/// sink of -inf is no sink at all (the same bits), and a tree's chain gives the causal bits.
+#[test]
+fn sinks_join_each_heads_softmax_without_a_value() {
+    use super::{causal_attention, tree_attention, AttnShape};
+    let shape = AttnShape {
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let (start, n_new) = (40, 5);
+    let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+    let q: Vec<f32> = (0..n_new * q_dim).map(|i| 3.0 * val(i * 11 + 2)).collect();
+    let keys: Vec<f32> = (0..(start + n_new) * kv_dim)
+        .map(|i| val(i * 7 + 3))
+        .collect();
+    let values: Vec<f32> = (0..(start + n_new) * kv_dim)
+        .map(|i| val(i * 5 + 1))
+        .collect();
+    let run = |sinks: Option<&[f32]>| {
+        let mut out = vec![0f32; n_new * q_dim];
+        causal_attention(shape, &q, &keys, &values, (start, sinks), &mut out);
+        out
+    };
+    let sinks = [0.5f32, -2.0, 3.0, 40.0];
+    let ours = run(Some(&sinks));
+    for i in 0..n_new {
+        for (h, &sink) in sinks.iter().enumerate() {
+            let kv = h / 2 * 64;
+            let qv = &q[i * q_dim + h * 64..][..64];
+            let scores: Vec<f64> = (0..start + i + 1)
+                .map(|j| {
+                    let k = &keys[j * kv_dim + kv..][..64];
+                    qv.iter()
+                        .zip(k)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        / 8.0
+                })
+                .collect();
+            let max = scores.iter().copied().fold(sink as f64, f64::max);
+            let total: f64 =
+                scores.iter().map(|s| (s - max).exp()).sum::<f64>() + (sink as f64 - max).exp();
+            for d in 0..64 {
+                let want: f64 = scores
+                    .iter()
+                    .enumerate()
+                    .map(|(j, s)| (s - max).exp() / total * values[j * kv_dim + kv + d] as f64)
+                    .sum();
+                let got = ours[i * q_dim + h * 64 + d] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "query {i}, head {h}, value {d}: {got} against {want}"
+                );
+            }
+        }
+    }
+    // A sink far above every score leaves the head almost nothing to attend to.
+    let last_head = &ours[(n_new - 1) * q_dim + 3 * 64..][..64];
+    assert!(last_head.iter().all(|v| v.abs() < 1e-6), "{last_head:?}");
+    assert_eq!(bits(&run(Some(&[f32::NEG_INFINITY; 4]))), bits(&run(None)));
+    let paths: Vec<Vec<usize>> = (0..n_new).map(|i| (0..=i).collect()).collect();
+    let mut tree = vec![0f32; n_new * q_dim];
+    tree_attention(
+        shape,
+        &q,
+        &keys,
+        &values,
+        (start, Some(&sinks)),
+        &paths,
+        &mut tree,
+    );
+    assert_eq!(bits(&tree), bits(&ours));
 }
 
 type Dots = fn(&[f32], &[f32], usize, usize, f32, &mut [f32]);

@@ -9,18 +9,18 @@
 //! verifying the accepted path as a chain would.
 
 use super::KvElement;
-use super::{accumulate_values, finish_values, scaled_dots, softmax_weights, AttnShape};
+use super::{accumulate_values, finish_values, scaled_dots, softmax_sum, AttnShape};
 
 /// Attention for the tree nodes whose queries are `q` (`n * q_dim`, rotated at their depths),
 /// their keys and values appended after the first `start_pos` rows of `keys`/`values` in input
 /// order. `paths[k]` lists node `k`'s ancestors and itself as input indices, from the first
-/// input token down.
+/// input token down. `sinks`: as [`super::causal_attention`]'s.
 pub fn tree_attention<T: KvElement>(
     shape: AttnShape,
     q: &[f32],
     keys: &[T],
     values: &[T],
-    start_pos: usize,
+    (start_pos, sinks): (usize, Option<&[f32]>),
     paths: &[Vec<usize>],
     out: &mut [f32],
 ) {
@@ -63,7 +63,7 @@ pub fn tree_attention<T: KvElement>(
                 &mut scores[start_pos + d..][..1],
             );
         }
-        let inv = 1f32 / softmax_weights(scores);
+        let inv = 1f32 / softmax_sum(scores, sinks.map(|s| s[h]));
         acc.clear();
         acc.resize(2 * head_dim, 0.0);
         accumulate_values(&scores[..start_pos], values, kv_dim, kv_off, acc);

@@ -15,7 +15,7 @@ pub(crate) const ROW_WISE_MAX: usize = 16;
 
 /// Head counts of one attention, its score scale, and the window its layer attends within.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Heads {
+pub(crate) struct Heads<'a> {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
@@ -23,9 +23,12 @@ pub(crate) struct Heads {
     pub scale: f64,
     /// A query sees itself and the `window - 1` positions before it.
     pub window: Option<usize>,
+    /// Each head's sink logit, `(num_kv_heads, groups, 1)` (gpt-oss): one more softmax
+    /// column with no value.
+    pub sinks: Option<&'a Tensor>,
 }
 
-impl Heads {
+impl Heads<'_> {
     fn groups(&self) -> usize {
         self.num_heads / self.num_kv_heads
     }
@@ -44,7 +47,7 @@ impl Heads {
 /// `start..start + n` over `keys` and `values` (`(kv_heads, start + n, head_dim)`, any float
 /// type); returns `(n, num_heads * head_dim)` in f32.
 pub(crate) fn attend(
-    heads: Heads,
+    heads: Heads<'_>,
     q: &Tensor,
     keys: &Tensor,
     values: &Tensor,
@@ -71,7 +74,7 @@ pub(crate) fn attend(
 /// of the cache before the tree, per node and layer: fine for the few off-chain nodes a tree
 /// has, and the price of exactness here).
 pub(crate) fn attend_tree(
-    heads: Heads,
+    heads: Heads<'_>,
     q: &Tensor,
     keys: &Tensor,
     values: &Tensor,
@@ -108,7 +111,7 @@ pub(crate) fn attend_tree(
 
 /// One query row over the first `visible` positions.
 fn attend_one(
-    heads: Heads,
+    heads: Heads<'_>,
     q: &Tensor,
     keys: &Tensor,
     values: &Tensor,
@@ -120,14 +123,14 @@ fn attend_one(
     let k = keys.narrow(1, lo, visible - lo)?;
     let v = values.narrow(1, lo, visible - lo)?;
     let scores = (q.matmul(&k.t()?)? * heads.scale())?;
-    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+    let probs = softmax_with_sinks(&scores, heads.sinks.cloned())?;
     let out = probs.matmul(&v)?;
     Ok(out.reshape((1, heads.num_heads * heads.head_dim))?)
 }
 
 /// All rows at once: row `t` sees positions `..= start + t`.
 fn attend_masked(
-    heads: Heads,
+    heads: Heads<'_>,
     q: &Tensor,
     keys: &Tensor,
     values: &Tensor,
@@ -156,11 +159,31 @@ fn attend_masked(
     }
     let mask = Tensor::from_vec(mask, (n * g, len), q.device())?;
     let scores = (q.matmul(&keys.t()?)? * heads.scale())?.broadcast_add(&mask)?;
-    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+    let sinks = heads
+        .sinks
+        .map(|s| -> Result<Tensor> {
+            let s = s.reshape((kvh, 1, g, 1))?.broadcast_as((kvh, n, g, 1))?;
+            Ok(s.reshape((kvh, n * g, 1))?)
+        })
+        .transpose()?;
+    let probs = softmax_with_sinks(&scores, sinks)?;
     let out = probs.matmul(values)?;
     Ok(out
         .reshape((kvh, n, g, hd))?
         .transpose(0, 1)?
         .contiguous()?
         .reshape((n, heads.num_heads * hd))?)
+}
+
+/// The softmax over the last dimension of `scores`, with a sink column beside them where the
+/// heads have sinks (shaped as `scores` but one column), dropped again after: the sinks
+/// take their share of each row and carry no value.
+fn softmax_with_sinks(scores: &Tensor, sinks: Option<Tensor>) -> Result<Tensor> {
+    let Some(sinks) = sinks else {
+        return Ok(candle_nn::ops::softmax_last_dim(scores)?);
+    };
+    let last = scores.rank() - 1;
+    let width = scores.dim(last)?;
+    let joined = Tensor::cat(&[scores, &sinks.to_dtype(scores.dtype())?], last)?;
+    Ok(candle_nn::ops::softmax_last_dim(&joined)?.narrow(last, 0, width)?)
 }

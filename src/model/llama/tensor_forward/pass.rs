@@ -63,7 +63,21 @@ pub(crate) fn forward(
         if let Some(bias) = &layer.extras.qkv_bias {
             qkv = qkv.broadcast_add(bias)?;
         }
-        let attn = pass.attention(&qkv, layer.extras.qk_norm.as_ref(), cache, l)?;
+        let sinks = layer
+            .extras
+            .sinks
+            .as_ref()
+            .map(|s| {
+                let (kvh, g) = (hp.num_kv_heads, hp.num_heads / hp.num_kv_heads);
+                Tensor::from_slice(s, (kvh, g, 1), x.device())
+            })
+            .transpose()?;
+        let attn = pass.attention(
+            &qkv,
+            (layer.extras.qk_norm.as_ref(), sinks.as_ref()),
+            cache,
+            l,
+        )?;
         x = layer.after_attention(&x, &attn, eps)?;
     }
     let (rows, ranges) = logits_rows(batch);
@@ -126,7 +140,7 @@ impl LayerPass<'_, '_> {
     fn attention(
         &self,
         qkv: &Tensor,
-        qk_norm: Option<&(Tensor, Tensor)>,
+        (qk_norm, sinks): (Option<&(Tensor, Tensor)>, Option<&Tensor>),
         cache: &mut KvCache,
         l: usize,
     ) -> Result<Tensor> {
@@ -140,6 +154,7 @@ impl LayerPass<'_, '_> {
             head_dim: hd,
             scale: hp.attn_scale.map_or(1.0 / (hd as f64).sqrt(), f64::from),
             window: hp.window(l),
+            sinks,
         };
         let (rope, (cos, sin)): (&TensorRope, _) = match self.angles {
             (_, Some(local)) if self.ropes.is_local(hp, l) => {

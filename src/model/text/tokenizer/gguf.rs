@@ -24,6 +24,11 @@ use crate::model::text::chat_template::ChatTemplate;
 /// Llama 3's split regex, as in its `tokenizer.json`.
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// o200k's (GPT-4o, gpt-oss; llama.cpp's `gpt-4o`, as its tokenizer.json states it): a word
+/// keeps its leading capitals and a trailing contraction, digits go in threes, and a run of
+/// punctuation keeps trailing newlines and slashes.
+const GPT4O_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// Qwen 2's (and 2.5's, 3's): Llama 3's with every digit on its own.
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -242,6 +247,7 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerSpec, TokenizerError> {
         },
         "llama-bpe" | "llama3" | "llama-v3" | "smaug-bpe" => regex_then_bytes(LLAMA3_REGEX, true)?,
         "qwen2" | "deepseek-r1-qwen" => regex_then_bytes(QWEN2_REGEX, false)?,
+        "gpt-4o" | "llama4" => regex_then_bytes(GPT4O_REGEX, false)?,
         other => return Err(TokenizerError::UnsupportedPreTokenizer(other.to_owned())),
     };
     Ok(spec)
@@ -409,6 +415,19 @@ mod tests {
         assert_eq!(
             splits("qwen2", "Hello'VE world 12345\n\n  foo"),
             ["Hello", "'VE", "Ġworld", "Ġ", "1", "2", "3", "4", "5", "ĊĊ", "Ġ", "Ġfoo"]
+        );
+    }
+
+    /// The pieces Python's `regex` module gives with the same pattern.
+    #[test]
+    fn gpt4o_keeps_capitals_and_contractions_in_words_and_slashes_after_punctuation() {
+        assert_eq!(
+            splits("gpt-4o", "Hello'VE world 12345\n\n  foo"),
+            ["Hello'VE", "Ġworld", "Ġ", "123", "45", "ĊĊ", "Ġ", "Ġfoo"]
+        );
+        assert_eq!(
+            splits("gpt-4o", "HTTPServer's URLs/ok?\n"),
+            ["HTTPServer's", "ĠURLs", "/ok", "?Ċ"]
         );
     }
 
