@@ -11,6 +11,7 @@ use super::logprobs_json::{chat_content, CompletionLogprobs};
 use super::tool_fields::{call_id, call_json};
 use crate::constraint::tools::{parse_calls, ToolStream};
 use crate::engine::{Completion, FinishReason, SourceRun, Usage};
+use crate::model::text::harmony::HarmonySplit;
 use crate::model::TextTokenizer;
 use crate::sampling::TokenLogprob;
 
@@ -54,6 +55,9 @@ pub(super) struct Report {
     pub constraint_field: Option<&'static str>,
     /// `speculative.token_sources`: each choice carries runs of its text by who wrote them.
     pub token_sources: bool,
+    /// Chat with a model answering in harmony's channels (gpt-oss): the analysis channel is
+    /// `reasoning_content`, the rest `content`, the markup neither.
+    pub harmony: bool,
 }
 
 impl Report {
@@ -163,6 +167,8 @@ pub(super) struct ChoiceOut {
     sources: Vec<Value>,
     /// With tools: the answer's text split into text and calls as it streams.
     pub tool_stream: ToolStream,
+    /// With a harmony model: the answer's text split into reasoning and content.
+    pub harmony: HarmonySplit,
 }
 
 impl ChoiceOut {
@@ -304,6 +310,19 @@ impl ResponseMeta {
                             "finish_reason": finish,
                         })
                     }
+                    Endpoint::Chat if self.report.harmony => {
+                        let (reasoning, content) = HarmonySplit::split(&text);
+                        let mut message = json!({"role": "assistant", "content": content});
+                        if !reasoning.is_empty() {
+                            message["reasoning_content"] = reasoning.into();
+                        }
+                        json!({
+                            "index": index,
+                            "message": message,
+                            "logprobs": logprobs,
+                            "finish_reason": finish,
+                        })
+                    }
                     Endpoint::Chat => json!({
                         "index": index,
                         "message": {"role": "assistant", "content": text},
@@ -354,6 +373,17 @@ impl ResponseMeta {
         json!({
             "id": self.id, "object": self.object(true), "created": self.created,
             "model": self.model, "choices": [choice],
+        })
+    }
+
+    /// A streamed chunk of choice `index`'s reasoning (a harmony model's analysis channel).
+    pub(super) fn reasoning_chunk(&self, index: usize, text: &str, logprobs: Value) -> Value {
+        json!({
+            "id": self.id, "object": self.object(true), "created": self.created,
+            "model": self.model, "choices": [{
+                "index": index, "delta": {"reasoning_content": text}, "logprobs": logprobs,
+                "finish_reason": null,
+            }],
         })
     }
 

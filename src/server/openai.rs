@@ -272,6 +272,10 @@ async fn respond(
         }
     }
     let token_sources = requests[0].speculative.token_sources;
+    let harmony = endpoint == Endpoint::Chat && loaded.tokenizer.answers_in_harmony();
+    if harmony {
+        refuse_with_harmony(constraint_field, token_sources)?;
+    }
     if token_sources && reporting.tools.as_ref().is_some_and(Tools::active) {
         return Err(ApiError::invalid_param(
             "speculative.token_sources",
@@ -306,6 +310,7 @@ async fn respond(
             tools: reporting.tools.as_ref().is_some_and(Tools::active),
             constraint_field,
             token_sources,
+            harmony,
         },
     };
     if params.stream == Some(true) {
@@ -317,6 +322,27 @@ async fn respond(
         return Ok(stream_response(meta, events, include_usage, state.cutoff()));
     }
     answer_in_full(state, meta, events, constraint_field).await
+}
+
+/// What a chat request to a model answering in harmony's channels (gpt-oss) cannot have
+/// yet: a constraint (tools, `response_format`, a grammar) would shape its reasoning channel
+/// too, and token sources would mark the channels' markup.
+fn refuse_with_harmony(
+    constraint_field: Option<&'static str>,
+    token_sources: bool,
+) -> Result<(), ApiError> {
+    let field = match (constraint_field, token_sources) {
+        (Some(field), _) => field,
+        (None, true) => "speculative.token_sources",
+        (None, false) => return Ok(()),
+    };
+    Err(ApiError::invalid_param(
+        field,
+        format!(
+            "{field} cannot go with this model: it answers in harmony's channels (gpt-oss), \
+             reasoning then answer, and tandem does not yet constrain or mark them apart."
+        ),
+    ))
 }
 
 /// A request may hold no more sequences (its prompts times `n`) than the engine has room for.

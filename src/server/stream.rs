@@ -18,6 +18,7 @@ use super::error::ApiError;
 use super::tool_fields::{call_id, call_json};
 use crate::constraint::tools::StreamPiece;
 use crate::engine::{EngineEvent, EventStream, FinishReason, Usage};
+use crate::model::text::harmony::Piece;
 
 /// The finish reason of a choice the server ended (shutdown), as vLLM spells it.
 const ABORTED: &str = "abort";
@@ -108,6 +109,25 @@ impl StreamState {
         self.finished = true;
     }
 
+    /// A harmony model's pieces of choice `index` as chunks: reasoning as
+    /// `reasoning_content`, the rest as `content`; the logprobs go with the first (alone when
+    /// the pieces are only markup).
+    fn send_harmony(&mut self, index: usize, pieces: Vec<Piece>, logprobs: Value) {
+        let mut lp = Some(logprobs).filter(|v| !v.is_null());
+        for piece in pieces {
+            let logprobs = lp.take().unwrap_or(Value::Null);
+            let c = match piece {
+                Piece::Reasoning(t) => self.meta.reasoning_chunk(index, &t, logprobs),
+                Piece::Content(t) => self.meta.chunk(index, Some(&t), false, logprobs, None),
+            };
+            self.out.push_back(data(&c));
+        }
+        if let Some(logprobs) = lp {
+            let c = self.meta.chunk(index, None, false, logprobs, None);
+            self.out.push_back(data(&c));
+        }
+    }
+
     fn take(&mut self, index: usize, ev: Option<EngineEvent>) {
         match ev {
             Some(EngineEvent::Output {
@@ -158,6 +178,9 @@ impl StreamState {
                         let c = self.meta.chunk(index, None, false, lp, None);
                         self.out.push_back(data(&c));
                     }
+                } else if self.meta.report.harmony {
+                    let pieces = choice.harmony.push(&delta);
+                    self.send_harmony(index, pieces, lp);
                 } else if !delta.is_empty() || has_logprobs || runs.is_some() {
                     let c = self.meta.chunk(index, Some(&delta), false, lp, None);
                     self.out
@@ -168,6 +191,10 @@ impl StreamState {
                 self.span
                     .in_scope(|| log_finished(finish, &usage, self.started));
                 let mut reason = finish.as_openai();
+                if self.meta.report.harmony {
+                    let pieces = self.choices[index].harmony.finish();
+                    self.send_harmony(index, pieces, Value::Null);
+                }
                 if self.meta.report.tools {
                     let stream = &mut self.choices[index].tool_stream;
                     if let Some(rest) = stream.finish() {

@@ -1,3 +1,4 @@
 pub mod chat_template;
+pub mod harmony;
 pub mod tokenizer;
 pub mod vocab_map;

@@ -43,4 +43,8 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
     "<|end_of_text|>",
     "</s>",
     "<end_of_turn>",
+    // gpt-oss (harmony): the answer is done, or a tool is called. Its `<|end|>` only ends one
+    // message of an answer, so it is not here.
+    "<|return|>",
+    "<|call|>",
 ];

@@ -137,4 +137,12 @@ impl TextTokenizer {
     pub fn is_special(&self, id: u32) -> bool {
         self.special_ids.contains(&id)
     }
+
+    /// Whether the model answers in harmony's channels (gpt-oss): its vocabulary has harmony's
+    /// markers as special tokens.
+    pub fn answers_in_harmony(&self) -> bool {
+        crate::model::text::harmony::SPECIAL_TOKENS
+            .iter()
+            .all(|t| self.token_to_id(t).is_some_and(|id| self.is_special(id)))
+    }
 }
