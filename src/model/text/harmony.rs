@@ -57,18 +57,26 @@ impl HarmonySplit {
         while at < rest.len() {
             let tail = &rest[at..];
             match self.sink {
-                None => match tail.find(MESSAGE) {
-                    Some(i) => {
-                        self.header.push_str(&tail[..i]);
-                        self.sink = Some(route(&self.header));
-                        self.header.clear();
-                        at += i + MESSAGE.len();
+                None => {
+                    // The marker may have begun in an earlier piece: look in the whole header.
+                    let mut from = self.header.len().saturating_sub(MESSAGE.len() - 1);
+                    while !self.header.is_char_boundary(from) {
+                        from -= 1;
                     }
-                    None => {
-                        self.header.push_str(tail);
-                        at = rest.len();
+                    self.header.push_str(tail);
+                    match self.header[from..].find(MESSAGE) {
+                        Some(i) => {
+                            let end = from + i;
+                            // What followed the marker in this piece is the body's start.
+                            let body_len = self.header.len() - end - MESSAGE.len();
+                            self.header.truncate(end);
+                            self.sink = Some(route(&self.header));
+                            self.header.clear();
+                            at = rest.len() - body_len;
+                        }
+                        None => at = rest.len(),
                     }
-                },
+                }
                 Some(sink) => match first_end(tail) {
                     Some((i, marker)) => {
                         emit(&mut out, sink, &tail[..i]);
@@ -170,22 +178,22 @@ fn partial_marker(text: &str) -> usize {
 mod tests {
     use super::*;
 
-    const ANSWER: &str = "<|channel|>analysis<|message|>User asks 2+2. Simple.<|end|>\
-        <|start|>assistant<|channel|>final<|message|>2 + 2 = 4.";
+    const ANSWER: &str = "<|channel|>analysis<|message|>User asks 2+2. Simple ✓.<|end|>\
+        <|start|>assistant<|channel|>final<|message|>2 + 2 = 4 (vier, quatre, четыре).";
 
     #[test]
     fn analysis_is_reasoning_and_final_is_content_without_markup() {
         assert_eq!(
             HarmonySplit::split(ANSWER),
             (
-                "User asks 2+2. Simple.".to_string(),
-                "2 + 2 = 4.".to_string()
+                "User asks 2+2. Simple ✓.".to_string(),
+                "2 + 2 = 4 (vier, quatre, четыре).".to_string()
             )
         );
         // The end markers, whichever ends the answer.
         for end in ["<|return|>", "<|end|>", "<|call|>"] {
             let (_, content) = HarmonySplit::split(&format!("{ANSWER}{end}"));
-            assert_eq!(content, "2 + 2 = 4.");
+            assert_eq!(content, "2 + 2 = 4 (vier, quatre, четыре).");
         }
     }
 
