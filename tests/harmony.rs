@@ -59,32 +59,12 @@ fn alphabet() -> Vec<char> {
 }
 
 fn tokenizer_json() -> String {
-    let mut vocab = serde_json::Map::new();
-    for (i, c) in alphabet().iter().enumerate() {
-        vocab.insert(c.to_string(), i.into());
-    }
-    let mut added = Vec::new();
-    for (i, t) in SPECIALS.iter().chain(&WORDS).enumerate() {
-        vocab.insert(t.to_string(), (256 + i).into());
-        added.push(
-            json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": i < SPECIALS.len()}),
-        );
-    }
-    for i in 256 + SPECIALS.len() + WORDS.len()..VOCAB {
-        vocab.insert(format!("<pad{i}>"), i.into());
-    }
-    json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-        "post_processor": null,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-            "vocab": vocab, "merges": []}
-    })
-    .to_string()
+    let added: Vec<(&str, bool)> = SPECIALS
+        .iter()
+        .map(|t| (*t, true))
+        .chain(WORDS.iter().map(|t| (*t, false)))
+        .collect();
+    common::byte_level_tokenizer_json(VOCAB, &[], &added)
 }
 
 /// The answer, token after token, from the template's last token (`assistant`).

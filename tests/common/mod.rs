@@ -35,6 +35,6 @@ pub use requests::{engine_request, fixed_gamma, generation_request, greedy_reque
 pub use runs::{complete_together, one_at_a_time, plain_output, runtime, speculation_equals_plain};
 #[allow(unused_imports)]
 pub use tiny_model::{
-    load_tiny, load_tiny_on, random_eagle3_head, write_tiny_blend, write_tiny_llama,
-    write_tiny_tokenizer, write_tiny_tokenizer_swapped, TinySpec,
+    byte_level_tokenizer_json, load_tiny, load_tiny_on, random_eagle3_head, write_tiny_blend,
+    write_tiny_llama, write_tiny_tokenizer, write_tiny_tokenizer_swapped, TinySpec,
 };

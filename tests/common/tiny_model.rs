@@ -103,6 +103,17 @@ fn random(rng: &mut SeededRng, shape: &[usize], scale: f32) -> Tensor {
 /// A byte-level BPE tokenizer.json with no merges: 256 byte tokens, then `<s>` and `</s>`, then
 /// padding tokens up to `vocab`; each pair of `swaps` trades its two byte tokens' ids.
 fn tiny_tokenizer_json(vocab: usize, swaps: &[(usize, usize)]) -> String {
+    byte_level_tokenizer_json(vocab, swaps, &[("<s>", true), ("</s>", true)])
+}
+
+/// A byte-level BPE tokenizer.json with no merges: 256 byte tokens (each pair of `swaps`
+/// trading ids), then the `added` tokens (text, whether special) from id 256, then padding
+/// tokens up to `vocab`.
+pub fn byte_level_tokenizer_json(
+    vocab: usize,
+    swaps: &[(usize, usize)],
+    added: &[(&str, bool)],
+) -> String {
     let alphabet = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet();
     let mut chars: Vec<char> = alphabet.into_iter().collect();
     chars.sort();
@@ -113,19 +124,18 @@ fn tiny_tokenizer_json(vocab: usize, swaps: &[(usize, usize)]) -> String {
     for (i, c) in chars.iter().enumerate() {
         v.insert(c.to_string(), (i as u32).into());
     }
-    let specials = ["<s>", "</s>"];
-    for (j, s) in specials.iter().enumerate() {
+    for (j, (s, _)) in added.iter().enumerate() {
         v.insert(s.to_string(), (256 + j as u32).into());
     }
-    for i in 258..vocab {
+    for i in 256 + added.len()..vocab {
         v.insert(format!("<pad{i}>"), (i as u32).into());
     }
-    let added: Vec<serde_json::Value> = specials
+    let added: Vec<serde_json::Value> = added
         .iter()
         .enumerate()
-        .map(|(j, s)| {
+        .map(|(j, (s, special))| {
             serde_json::json!({"id": 256 + j, "content": s, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": true})
+                "rstrip": false, "normalized": false, "special": special})
         })
         .collect();
     serde_json::json!({
