@@ -552,7 +552,7 @@ fn mixtures_give_a_row_the_same_bits_in_any_company() {
 /// gpt-oss's experts as llama.cpp quantizes them (`MXFP4_MOE`: MXFP4 experts, Q8_0
 /// projections), read as the file states them: in f32, the logits and experts of
 /// transformers' forward of the file's dequantized weights (`reference-mxfp4.json`); as the
-/// file's types, the experts on the own Q8_0 kernel; a file cut short inside its MXFP4 blocks
+/// file's types, the experts as Q5_0 on the own 5-bit kernel; a file cut short inside its MXFP4 blocks
 /// refused as truncated.
 #[test]
 fn mxfp4_experts_are_read_exactly_as_the_file_states_them() {
@@ -578,7 +578,7 @@ fn mxfp4_experts_are_read_exactly_as_the_file_states_them() {
         let routes: Vec<Vec<Vec<u32>>> = expert_trace::take().into_iter().map(|r| r.rows).collect();
         expert_trace::record(false);
         if dtype == WeightsDtype::Auto {
-            assert_eq!(model.linear_dtypes(), ["F32", "Q8_0"]);
+            assert_eq!(model.linear_dtypes(), ["F32", "Q5_0", "Q8_0"]);
             // Activations rounded to 8 bits on the way into every matmul: close, not exact.
             for (pos, (g, w)) in got.iter().zip(&want_logits).enumerate() {
                 let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));

@@ -12,7 +12,7 @@ use crate::model::llama::device::{BackendChoice, DeviceSpec};
 use crate::model::llama::linear::WeightsDtype;
 use crate::model::llama::model::Llama;
 use crate::model::load::hparams::LlamaHparams;
-use crate::model::load::mxfp4::Mxfp4Tensors;
+use crate::model::load::mxfp4::{self, Mxfp4Tensors};
 use crate::model::load::weight_roles::WeightReader;
 use crate::model::text::tokenizer::TextTokenizer;
 use crate::model::{ModelError, Result};
@@ -261,7 +261,8 @@ struct FileTensor<'a> {
     offset: u64,
 }
 
-/// Every tensor of the file, candle's types and MXFP4 ones (loaded as Q8_0: twice their bytes).
+/// Every tensor of the file, candle's types and MXFP4 ones (loaded as Q5_0: 22 bytes a block
+/// of their 17).
 fn file_tensors<'a>(
     content: &'a gguf_file::Content,
     mxfp4: &'a Mxfp4Tensors,
@@ -279,11 +280,14 @@ fn file_tensors<'a>(
         }
     });
     let blocks = mxfp4.iter().map(|(name, t)| {
-        let bytes = elems(&t.dims).and_then(crate::model::load::mxfp4::bytes_of);
+        let bytes = elems(&t.dims).and_then(mxfp4::bytes_of);
         FileTensor {
             name,
             bytes,
-            loaded: bytes.and_then(|b| b.checked_mul(2)),
+            loaded: bytes.and_then(|b| {
+                let blocks = b / mxfp4::BLOCK_BYTES as u64;
+                blocks.checked_mul(mxfp4::Q5_0_BYTES as u64)
+            }),
             offset: t.offset,
         }
     });

@@ -4,11 +4,12 @@
 //! Why it exists: candle's GGUF reader refuses the whole file at the first tensor of a type
 //! it does not know, so these tensors are found in the header here (`gguf_header`) and read
 //! by their offsets. A block's values, doubled, are the integers `0, ±1, ±2, ±3, ±4, ±6, ±8,
-//! ±12` and its scale, halved, a power of two, so each block is exactly a Q8_0 block (32
-//! 8-bit integers and an f16 scale) wherever that power of two is an f16: the weights then
-//! run on the own Q8_0 kernel with every value as the file states it, at twice the file's
-//! bytes. A tensor with a scale f16 cannot hold (never seen in a real file) is widened to f32
-//! instead, exactly.
+//! ±12` and its scale, halved, a power of two, so each block is exactly a Q5_0 block (32
+//! values `d · (q − 16)` with 5-bit `q`, and an f16 scale `d`) wherever that power of two is
+//! an f16: the weights then run on the own 4/5-bit kernel (`q4_gemm`) with every value as the
+//! file states it, at 22 bytes a block against the file's 17 (Q8_0 would take 34). A tensor
+//! with a scale f16 cannot hold (never seen in a real file) is widened to f32 instead,
+//! exactly.
 
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType};
 use candle_core::{Device, Tensor};
@@ -24,8 +25,8 @@ pub const BLOCK: usize = 32;
 /// Bytes a block: the scale's exponent, then 16 bytes of nibbles (value `j` in byte `j`'s
 /// low nibble, value `j + 16` in its high one).
 pub const BLOCK_BYTES: usize = 17;
-/// Bytes of a Q8_0 block: an f16 scale and 32 signed bytes.
-const Q8_0_BYTES: usize = 34;
+/// Bytes of a Q5_0 block: an f16 scale, the 32 fifth bits, 16 bytes of low nibbles.
+pub const Q5_0_BYTES: usize = 22;
 
 /// Twice the E2M1 value of each nibble (ggml's `kvalues_mxfp4`).
 const DOUBLED_E2M1: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
@@ -70,10 +71,12 @@ fn value(block: &[u8], j: usize) -> f32 {
     doubled(block, j) as f32 * half_scale(block[0])
 }
 
-/// The blocks as Q8_0 blocks holding the same values, or `None` where a scale with nonzero
-/// values is no f16.
-fn to_q8_0(bytes: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(bytes.len() / BLOCK_BYTES * Q8_0_BYTES);
+/// The blocks as Q5_0 blocks holding the same values, or `None` where a scale with nonzero
+/// values is no f16. Q5_0 (ggml's `block_q5_0`): value `j` is `d · (q_j − 16)`, `q_j`'s low
+/// four bits in byte `j mod 16` (low nibble for `j < 16`, high for the rest) and its fifth in
+/// bit `j` of a little-endian `u32`.
+fn to_q5_0(bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(bytes.len() / BLOCK_BYTES * Q5_0_BYTES);
     for block in bytes.chunks_exact(BLOCK_BYTES) {
         let scale = half_scale(block[0]);
         let qs: [i8; BLOCK] = std::array::from_fn(|j| doubled(block, j));
@@ -83,17 +86,21 @@ fn to_q8_0(bytes: &[u8]) -> Option<Vec<u8>> {
             (false, true) => f16::ZERO,
             (false, false) => return None,
         };
+        // Doubled E2M1 values lie in -12..=12: `q = value + 16` in 4..=28 fits 5 bits.
+        let q: [u8; BLOCK] = std::array::from_fn(|j| (qs[j] + 16) as u8);
+        let high = (0..BLOCK).fold(0u32, |h, j| h | (u32::from(q[j] >> 4) << j));
         out.extend_from_slice(&d.to_bits().to_le_bytes());
-        out.extend(qs.iter().map(|&q| q as u8));
+        out.extend_from_slice(&high.to_le_bytes());
+        out.extend((0..BLOCK / 2).map(|j| (q[j] & 0x0f) | ((q[j + BLOCK / 2] & 0x0f) << 4)));
     }
     Some(out)
 }
 
-/// An `(out, inp)` weight from its MXFP4 blocks: Q8_0 blocks of the same values, or f32.
+/// An `(out, inp)` weight from its MXFP4 blocks: Q5_0 blocks of the same values, or f32.
 pub fn weight(bytes: &[u8], (out, inp): (usize, usize)) -> Result<RawWeight> {
     debug_assert_eq!(bytes.len(), out * inp / BLOCK * BLOCK_BYTES);
-    if let Some(q8) = to_q8_0(bytes) {
-        let q = qtensor_from_ggml(GgmlDType::Q8_0, &q8, vec![out, inp], &Device::Cpu)?;
+    if let Some(q5) = to_q5_0(bytes) {
+        let q = qtensor_from_ggml(GgmlDType::Q5_0, &q5, vec![out, inp], &Device::Cpu)?;
         return Ok(RawWeight::Quantized(q));
     }
     let values: Vec<f32> = bytes
@@ -128,7 +135,7 @@ mod tests {
     }
 
     #[test]
-    fn blocks_become_q8_0_blocks_of_exactly_their_values() {
+    fn blocks_become_q5_0_blocks_of_exactly_their_values() {
         let nibbles: [u8; 32] = std::array::from_fn(|j| (j * 7 % 16) as u8);
         // Scales 2^-7 (a real file's), 2^-24 and 2^15 (f16's ends), and a zero block whose
         // scale f16 cannot hold.
@@ -138,7 +145,7 @@ mod tests {
         }
         bytes.extend(block(3, &[0; 32]));
         let w = weight(&bytes, (2, 64)).unwrap();
-        assert_eq!(w.src_dtype(), GgmlDType::Q8_0);
+        assert_eq!(w.src_dtype(), GgmlDType::Q5_0);
         let got = values(&w);
         let e2m1 = [
             0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
