@@ -288,3 +288,58 @@ fn gpt_oss_template_renders_harmony_turns() {
         "{text}"
     );
 }
+
+/// `reasoning_effort` reaches a chat template that reads it (gpt-oss's writes it into its
+/// system header) and is refused by name where the template would ignore it or the value is
+/// not one of OpenAI's three; with gpt-oss's own template the answer still comes apart.
+#[test]
+fn reasoning_effort_reaches_a_template_that_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path());
+    let model = dir.path().to_str().unwrap();
+    let plain = Server::start(&["--model", model, "--weights-dtype", "f32"], &[]);
+    let mut req = ask(false);
+    req["reasoning_effort"] = "high".into();
+    let r = post_json(&plain.addr, "/v1/chat/completions", &req);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "reasoning_effort");
+    drop(plain);
+
+    let template =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates/gpt-oss.jinja");
+    let server = Server::start(
+        &[
+            "--model",
+            model,
+            "--weights-dtype",
+            "f32",
+            "--chat-template",
+            template.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let addr = &server.addr;
+    for effort in ["low", "high"] {
+        req["reasoning_effort"] = effort.into();
+        let rendered = post_json(addr, "/v1/chat/completions/render", &req);
+        assert_eq!(rendered.status, 200, "{}", rendered.text());
+        let ids = rendered.json()["token_ids"].clone();
+        let text = post_json(addr, "/detokenize", &json!({"tokens": ids})).json()["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(text.contains(&format!("Reasoning: {effort}\n")), "{text}");
+    }
+    req["reasoning_effort"] = "extreme".into();
+    let r = post_json(addr, "/v1/chat/completions", &req);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "reasoning_effort");
+    req["reasoning_effort"] = "low".into();
+    let r = post_json(addr, "/v1/chat/completions", &req);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let message = &r.json()["choices"][0]["message"];
+    assert_eq!(
+        (&message["reasoning_content"], &message["content"]),
+        (&json!("Think"), &json!("Go!"))
+    );
+}

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
+use crate::model::text::chat_template::TemplateOptions;
 use crate::model::{ChatMessage, ChatTemplateError, TextTokenizer};
 
 /// Renders at once.
@@ -75,6 +76,7 @@ impl ChatRenderer {
         tokenizer: &Arc<TextTokenizer>,
         messages: Vec<ChatMessage>,
         add_generation_prompt: bool,
+        options: TemplateOptions,
     ) -> Result<String, RenderFailure> {
         let stopped = crate::memory_budget::stopped_threads();
         if stopped >= MAX_STOPPED {
@@ -102,7 +104,7 @@ impl ChatRenderer {
                         ChatTemplateError::Render("the model has no chat template".into())
                     })?;
                     crate::memory_budget::with_budget(RENDER_MEMORY, || {
-                        template.render(&messages, add_generation_prompt)
+                        template.render_with(&messages, add_generation_prompt, &options)
                     })
                 }));
                 let _ = reply.send(rendered);

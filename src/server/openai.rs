@@ -29,6 +29,7 @@ use super::{read_body, AppState};
 use crate::constraint::tools::Tools;
 use crate::constraint::{CompiledConstraint, ConstraintSpec};
 use crate::engine::{EngineRequest, EventStream};
+use crate::model::text::chat_template::TemplateOptions;
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let loaded = state.ready()?;
@@ -151,8 +152,40 @@ pub(super) async fn chat_request_prompt(
 ) -> Result<(Vec<u32>, Option<Tools>), ApiError> {
     let tools = read_tools(req.tools, req.tool_choice.as_ref(), req.parallel_tool_calls)?;
     let turns = chat_turns(req.messages, tools.as_ref())?;
-    let prompt = chat_prompt(loaded, &turns, true, true).await?;
+    let options = TemplateOptions {
+        reasoning_effort: read_reasoning_effort(loaded, req.reasoning_effort)?,
+    };
+    let prompt = chat_prompt(loaded, &turns, (true, true), options).await?;
     Ok((prompt, tools))
+}
+
+/// `reasoning_effort` as a template reads it: `low`, `medium` or `high`, and only for a model
+/// whose chat template reads it (gpt-oss's); set for another it would change nothing.
+fn read_reasoning_effort(
+    loaded: &Loaded,
+    effort: Option<String>,
+) -> Result<Option<String>, ApiError> {
+    let Some(effort) = effort else {
+        return Ok(None);
+    };
+    if !["low", "medium", "high"].contains(&effort.as_str()) {
+        return Err(ApiError::invalid_param(
+            "reasoning_effort",
+            format!("reasoning_effort is `low`, `medium` or `high`, not `{effort}`."),
+        ));
+    }
+    let reads = loaded
+        .tokenizer
+        .chat_template()
+        .is_some_and(|t| t.reads_reasoning_effort());
+    if !reads {
+        return Err(ApiError::invalid_param(
+            "reasoning_effort",
+            "This model's chat template does not read reasoning_effort (gpt-oss's does); \
+             leave it out.",
+        ));
+    }
+    Ok(Some(effort))
 }
 
 pub async fn chat_completions(

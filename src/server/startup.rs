@@ -106,7 +106,10 @@ async fn check_chat_template(
         return Ok(());
     }
     let hello = vec![ChatMessage::new("user", "Hello!")];
-    match templates.render(tokenizer, hello, true).await {
+    match templates
+        .render(tokenizer, hello, true, Default::default())
+        .await
+    {
         Ok(text) if !text.is_empty() => Ok(()),
         Ok(_) => Err(ServerError::Startup(
             "the chat template renders an empty prompt for a one-message conversation".into(),

@@ -65,7 +65,7 @@ pub async fn tokenize(
         (None, None, Some(messages)) => {
             let turns = chat_turns(Some(messages), None)?;
             let opening = req.add_generation_prompt.unwrap_or(true);
-            chat_prompt(loaded, &turns, opening, add_special).await?
+            chat_prompt(loaded, &turns, (opening, add_special), Default::default()).await?
         }
         (None, None, None) => {
             return Err(ApiError::invalid(

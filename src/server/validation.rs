@@ -17,6 +17,7 @@ use super::AppState;
 use crate::config::GenerationDefaults;
 use crate::constraint::tools::{call_text, response_text, Tools};
 use crate::engine::{EngineRequest, GenerationRequest};
+use crate::model::text::chat_template::TemplateOptions;
 use crate::model::{literal_marker, ChatMessage, ChatTemplateError};
 use crate::sampling::SamplingParams;
 
@@ -180,8 +181,8 @@ fn earlier_call_text(i: usize, k: usize, call: &ToolCallIn) -> Result<String, Ap
 pub(super) async fn chat_prompt(
     loaded: &Loaded,
     turns: &[ChatMessage],
-    add_generation_prompt: bool,
-    add_bos: bool,
+    (add_generation_prompt, add_bos): (bool, bool),
+    options: TemplateOptions,
 ) -> Result<Vec<u32>, ApiError> {
     let tok = &loaded.tokenizer;
     if tok.chat_template().is_none() {
@@ -208,7 +209,7 @@ pub(super) async fn chat_prompt(
         .collect();
     let text = loaded
         .templates
-        .render(&loaded.tokenizer, escaped, add_generation_prompt)
+        .render(&loaded.tokenizer, escaped, add_generation_prompt, options)
         .await
         .map_err(|e| match e {
             RenderFailure::Template(ChatTemplateError::Render(_)) => {

@@ -74,11 +74,18 @@ pub struct ChatRequest {
     pub tools: Option<Vec<ToolIn>>,
     pub tool_choice: Option<serde_json::Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// OpenAI's reasoning effort, handed to a chat template that reads it (gpt-oss's).
+    pub reasoning_effort: Option<String>,
 }
 
 impl EndpointFields for ChatRequest {
-    const FIELDS: &'static [&'static str] =
-        &["messages", "tools", "tool_choice", "parallel_tool_calls"];
+    const FIELDS: &'static [&'static str] = &[
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "reasoning_effort",
+    ];
 }
 
 impl MessageContent {

@@ -21,4 +21,4 @@ mod tojson;
 
 pub use message::ChatMessage;
 pub use strftime::strftime;
-pub use template::{ChatTemplate, ChatTemplateError};
+pub use template::{ChatTemplate, ChatTemplateError, TemplateOptions};

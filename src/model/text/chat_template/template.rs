@@ -68,6 +68,15 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// The template reads `reasoning_effort` (gpt-oss's writes it into its system header).
+    reads_reasoning_effort: bool,
+}
+
+/// What a request may hand a template besides the conversation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TemplateOptions {
+    /// OpenAI's `reasoning_effort` (`low`, `medium`, `high`), for templates that read it.
+    pub reasoning_effort: Option<String>,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -104,6 +113,7 @@ impl ChatTemplate {
             env,
             bos_token,
             eos_token,
+            reads_reasoning_effort: source.contains("reasoning_effort"),
         })
     }
 
@@ -113,6 +123,22 @@ impl ChatTemplate {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        self.render_with(messages, add_generation_prompt, &TemplateOptions::default())
+    }
+
+    /// Whether the template reads `reasoning_effort` (a request's setting would otherwise be
+    /// ignored: refuse it instead).
+    pub fn reads_reasoning_effort(&self) -> bool {
+        self.reads_reasoning_effort
+    }
+
+    /// [`Self::render`] with a request's `options` in the template's context.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        options: &TemplateOptions,
     ) -> Result<String, ChatTemplateError> {
         let template = self
             .env
@@ -126,6 +152,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => token(&self.bos_token),
             eos_token => token(&self.eos_token),
+            reasoning_effort => token(&options.reasoning_effort),
         };
         let mut out = BoundedText {
             text: Vec::new(),
