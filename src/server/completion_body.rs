@@ -138,6 +138,7 @@ fn usage_json(u: &Usage) -> Value {
 }
 
 /// What one output event (or a whole finished choice) brings a choice.
+#[derive(Clone, Copy)]
 pub(super) struct OutputShare<'a> {
     pub text: &'a str,
     pub tokens: &'a [u32],

@@ -20,6 +20,7 @@ mod loads;
 mod logprobs_json;
 pub mod openai;
 mod page;
+mod reasoning_fields;
 mod reload;
 mod render;
 mod request_body;

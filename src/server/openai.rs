@@ -19,6 +19,7 @@ use tracing::Instrument;
 use super::api_keys::Tenant;
 use super::completion_body::{log_finished, now_secs, Echo, Endpoint, Report, ResponseMeta};
 use super::error::ApiError;
+use super::reasoning_fields::{read_reasoning_effort, refuse_with_harmony};
 use super::schema::{parse_request, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use super::startup::Loaded;
 use super::stream::stream_response;
@@ -157,35 +158,6 @@ pub(super) async fn chat_request_prompt(
     };
     let prompt = chat_prompt(loaded, &turns, (true, true), options).await?;
     Ok((prompt, tools))
-}
-
-/// `reasoning_effort` as a template reads it: `low`, `medium` or `high`, and only for a model
-/// whose chat template reads it (gpt-oss's); set for another it would change nothing.
-fn read_reasoning_effort(
-    loaded: &Loaded,
-    effort: Option<String>,
-) -> Result<Option<String>, ApiError> {
-    let Some(effort) = effort else {
-        return Ok(None);
-    };
-    if !["low", "medium", "high"].contains(&effort.as_str()) {
-        return Err(ApiError::invalid_param(
-            "reasoning_effort",
-            format!("reasoning_effort is `low`, `medium` or `high`, not `{effort}`."),
-        ));
-    }
-    let reads = loaded
-        .tokenizer
-        .chat_template()
-        .is_some_and(|t| t.reads_reasoning_effort());
-    if !reads {
-        return Err(ApiError::invalid_param(
-            "reasoning_effort",
-            "This model's chat template does not read reasoning_effort (gpt-oss's does); \
-             leave it out.",
-        ));
-    }
-    Ok(Some(effort))
 }
 
 pub async fn chat_completions(
@@ -355,27 +327,6 @@ async fn respond(
         return Ok(stream_response(meta, events, include_usage, state.cutoff()));
     }
     answer_in_full(state, meta, events, constraint_field).await
-}
-
-/// What a chat request to a model answering in harmony's channels (gpt-oss) cannot have
-/// yet: a constraint (tools, `response_format`, a grammar) would shape its reasoning channel
-/// too, and token sources would mark the channels' markup.
-fn refuse_with_harmony(
-    constraint_field: Option<&'static str>,
-    token_sources: bool,
-) -> Result<(), ApiError> {
-    let field = match (constraint_field, token_sources) {
-        (Some(field), _) => field,
-        (None, true) => "speculative.token_sources",
-        (None, false) => return Ok(()),
-    };
-    Err(ApiError::invalid_param(
-        field,
-        format!(
-            "{field} cannot go with this model: it answers in harmony's channels (gpt-oss), \
-             reasoning then answer, and tandem does not yet constrain or mark them apart."
-        ),
-    ))
 }
 
 /// A request may hold no more sequences (its prompts times `n`) than the engine has room for.

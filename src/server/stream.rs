@@ -137,92 +137,16 @@ impl StreamState {
                 prompt_logprobs,
                 sources,
             }) => {
-                let choice = &mut self.choices[index];
-                let delta = choice.absorb(
-                    &self.meta,
-                    index,
-                    OutputShare {
-                        text: &text,
-                        tokens: &tokens,
-                        logprobs: &logprobs,
-                        prompt_logprobs: &prompt_logprobs,
-                        sources: &sources,
-                    },
-                );
-                let mut lp = choice.take_logprobs(&self.meta);
-                // Token sources are refused with tools: their runs go with the text chunk.
-                let runs = choice.take_sources(&self.meta);
-                let has_logprobs = self.meta.report.logprobs
-                    && (!logprobs.is_empty() || !prompt_logprobs.is_empty());
-                if self.meta.report.tools {
-                    let mut sent = false;
-                    for piece in choice.tool_stream.push(&delta) {
-                        let c = match piece {
-                            StreamPiece::Text(t) => {
-                                self.meta.chunk(index, Some(&t), false, lp.take(), None)
-                            }
-                            StreamPiece::Call(call) => {
-                                let k = choice.tool_stream.released - 1;
-                                let id = call_id(&self.meta.id, index, k);
-                                self.meta.tool_chunk(
-                                    index,
-                                    call_json(&call, &id, Some(k)),
-                                    lp.take(),
-                                )
-                            }
-                        };
-                        self.out.push_back(data(&c));
-                        sent = true;
-                    }
-                    if !sent && has_logprobs {
-                        let c = self.meta.chunk(index, None, false, lp, None);
-                        self.out.push_back(data(&c));
-                    }
-                } else if self.meta.report.harmony {
-                    let pieces = choice.harmony.push(&delta);
-                    self.send_harmony(index, pieces, lp);
-                } else if !delta.is_empty() || has_logprobs || runs.is_some() {
-                    let c = self.meta.chunk(index, Some(&delta), false, lp, None);
-                    self.out
-                        .push_back(data(&ResponseMeta::with_sources(c, runs)));
-                }
+                let share = OutputShare {
+                    text: &text,
+                    tokens: &tokens,
+                    logprobs: &logprobs,
+                    prompt_logprobs: &prompt_logprobs,
+                    sources: &sources,
+                };
+                self.take_output(index, share);
             }
-            Some(EngineEvent::Done { finish, usage }) => {
-                self.span
-                    .in_scope(|| log_finished(finish, &usage, self.started));
-                let mut reason = finish.as_openai();
-                if self.meta.report.harmony {
-                    let pieces = self.choices[index].harmony.finish();
-                    self.send_harmony(index, pieces, Value::Null);
-                }
-                if self.meta.report.tools {
-                    let stream = &mut self.choices[index].tool_stream;
-                    if let Some(rest) = stream.finish() {
-                        let c = self
-                            .meta
-                            .chunk(index, Some(&rest), false, Value::Null, None);
-                        self.out.push_back(data(&c));
-                    }
-                    if stream.is_calls() && finish == FinishReason::Stop {
-                        reason = "tool_calls";
-                    }
-                }
-                let c = self
-                    .meta
-                    .chunk(index, None, false, Value::Null, Some(reason));
-                self.out.push_back(data(&c));
-                self.usages[index] = Some(usage);
-                self.events[index] = None;
-                if self.events.iter().all(Option::is_none) {
-                    if self.include_usage {
-                        let usages: Vec<Usage> = self.usages.iter().flatten().cloned().collect();
-                        let usage = total_usage(&usages, self.meta.report.choices_per_prompt);
-                        self.out.push_back(data(&self.meta.usage_chunk(&usage)));
-                    }
-                    self.out.push_back(Event::default().data("[DONE]"));
-                    self.finished = true;
-                }
-            }
+            Some(EngineEvent::Done { finish, usage }) => self.take_done(index, finish, usage),
             Some(EngineEvent::Failed(f)) => {
                 self.span
                     .in_scope(|| tracing::warn!(error = %f.message, "generation failed"));
@@ -230,6 +154,86 @@ impl StreamState {
                 self.fail(e);
             }
             None => self.fail(ApiError::internal("The engine stopped.")),
+        }
+    }
+
+    /// One output event of choice `index` as chunks: text, tool calls or a harmony model's
+    /// reasoning and content, with their logprobs and token sources.
+    fn take_output(&mut self, index: usize, share: OutputShare<'_>) {
+        let choice = &mut self.choices[index];
+        let delta = choice.absorb(&self.meta, index, share);
+        let mut lp = choice.take_logprobs(&self.meta);
+        // Token sources are refused with tools: their runs go with the text chunk.
+        let runs = choice.take_sources(&self.meta);
+        let has_logprobs = self.meta.report.logprobs
+            && (!share.logprobs.is_empty() || !share.prompt_logprobs.is_empty());
+        if self.meta.report.tools {
+            let mut sent = false;
+            for piece in choice.tool_stream.push(&delta) {
+                let c = match piece {
+                    StreamPiece::Text(t) => {
+                        self.meta.chunk(index, Some(&t), false, lp.take(), None)
+                    }
+                    StreamPiece::Call(call) => {
+                        let k = choice.tool_stream.released - 1;
+                        let id = call_id(&self.meta.id, index, k);
+                        self.meta
+                            .tool_chunk(index, call_json(&call, &id, Some(k)), lp.take())
+                    }
+                };
+                self.out.push_back(data(&c));
+                sent = true;
+            }
+            if !sent && has_logprobs {
+                let c = self.meta.chunk(index, None, false, lp, None);
+                self.out.push_back(data(&c));
+            }
+        } else if self.meta.report.harmony {
+            let pieces = choice.harmony.push(&delta);
+            self.send_harmony(index, pieces, lp);
+        } else if !delta.is_empty() || has_logprobs || runs.is_some() {
+            let c = self.meta.chunk(index, Some(&delta), false, lp, None);
+            self.out
+                .push_back(data(&ResponseMeta::with_sources(c, runs)));
+        }
+    }
+
+    /// Choice `index` ended: what its splitters held back, its finish reason, and once every
+    /// choice has ended the usage and `[DONE]`.
+    fn take_done(&mut self, index: usize, finish: FinishReason, usage: Usage) {
+        self.span
+            .in_scope(|| log_finished(finish, &usage, self.started));
+        let mut reason = finish.as_openai();
+        if self.meta.report.harmony {
+            let pieces = self.choices[index].harmony.finish();
+            self.send_harmony(index, pieces, Value::Null);
+        }
+        if self.meta.report.tools {
+            let stream = &mut self.choices[index].tool_stream;
+            if let Some(rest) = stream.finish() {
+                let c = self
+                    .meta
+                    .chunk(index, Some(&rest), false, Value::Null, None);
+                self.out.push_back(data(&c));
+            }
+            if stream.is_calls() && finish == FinishReason::Stop {
+                reason = "tool_calls";
+            }
+        }
+        let c = self
+            .meta
+            .chunk(index, None, false, Value::Null, Some(reason));
+        self.out.push_back(data(&c));
+        self.usages[index] = Some(usage);
+        self.events[index] = None;
+        if self.events.iter().all(Option::is_none) {
+            if self.include_usage {
+                let usages: Vec<Usage> = self.usages.iter().flatten().cloned().collect();
+                let usage = total_usage(&usages, self.meta.report.choices_per_prompt);
+                self.out.push_back(data(&self.meta.usage_chunk(&usage)));
+            }
+            self.out.push_back(Event::default().data("[DONE]"));
+            self.finished = true;
         }
     }
 }

@@ -185,6 +185,19 @@ pub(crate) fn gelu_gate_rows(gu: &[f32], inter: usize, out: &mut [f32]) {
     gate_rows(gu, inter, out, gelu_mul)
 }
 
+/// `bias` (a contiguous f32 tensor on the CPU) added to every host row of `rows`, each
+/// `bias.len()` values: the projections' biases.
+pub(crate) fn add_bias_rows(
+    rows: &mut [f32],
+    bias: &candle_core::Tensor,
+) -> candle_core::Result<()> {
+    crate::model::kernels::rms_norm::with_host(bias, |b| {
+        for r in rows.chunks_exact_mut(b.len()) {
+            r.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        }
+    })
+}
+
 /// gpt-oss's SwiGLU: the sigmoid's slope (`swiglu_alpha`) and the clamp on gate and up
 /// (`swiglu_limit`).
 pub const SWIGLU_OAI_ALPHA: f32 = 1.702;

@@ -10,10 +10,9 @@
 use candle_core::{DType, Tensor};
 
 use crate::model::kernels::elementwise::{
-    gelu_gate_rows, silu_gate, silu_gate_rows, swiglu_oai_gate_rows, SWIGLU_OAI_ALPHA,
-    SWIGLU_OAI_LIMIT,
+    add_bias_rows, gelu_gate_rows, silu_gate, silu_gate_rows, swiglu_oai_gate_rows,
+    SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT,
 };
-use crate::model::kernels::rms_norm::with_host;
 use crate::model::llama::expert_trace;
 use crate::model::llama::linear::Linear;
 use crate::model::llama::op_profile::{timed, Op};
@@ -28,15 +27,6 @@ pub(crate) struct GatedMlp {
     pub act: Activation,
     /// Biases added to gate|up's and down's outputs (gpt-oss's experts), in f32.
     pub biases: Option<(Tensor, Tensor)>,
-}
-
-/// `bias` added to every row of `rows` (host rows of `bias.len()` values).
-fn add_bias_rows(rows: &mut [f32], bias: &Tensor) -> Result<()> {
-    Ok(with_host(bias, |b| {
-        for r in rows.chunks_exact_mut(b.len()) {
-            r.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-        }
-    })?)
 }
 
 impl GatedMlp {
@@ -73,7 +63,7 @@ impl GatedMlp {
             self.down.forward_rows_into(act, rows, out)
         })?;
         match &self.biases {
-            Some((_, down)) => timed(Op::Elementwise, || add_bias_rows(out, down)),
+            Some((_, down)) => Ok(timed(Op::Elementwise, || add_bias_rows(out, down))?),
             None => Ok(()),
         }
     }

@@ -12,7 +12,8 @@ use crate::model::kernels::attention::KvElement;
 use crate::model::kernels::attention::{
     causal_attention, prefetch_cache, tree_attention, AttnShape,
 };
-use crate::model::kernels::rms_norm::{norm_in_place, with_host};
+use crate::model::kernels::elementwise::add_bias_rows;
+use crate::model::kernels::rms_norm::norm_in_place;
 use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use crate::model::llama::op_profile::{timed, Op};
 use crate::model::llama::rope::{RopeTable, Ropes};
@@ -199,11 +200,7 @@ impl QkvRows<'_, '_> {
         let (q_dim, kv_dim) = (self.shape.q_dim(), self.shape.kv_dim());
         let row = self.row();
         if let Some(bias) = &layer.extras.qkv_bias {
-            with_host(bias, |bias| {
-                for r in qkv.chunks_exact_mut(row) {
-                    r.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
-                }
-            })?;
+            add_bias_rows(qkv, bias)?;
         }
         if let Some((qn, kn)) = &layer.extras.qk_norm {
             scratch.resize(q_dim.max(kv_dim), 0.0);

@@ -6,6 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::model::kernels::elementwise::add_bias_rows;
 use crate::model::kernels::rms_norm::{
     add_norm_rows, norm_in_place, norm_rows, rms_norm, with_host,
 };
@@ -79,13 +80,7 @@ impl Layer {
         let MlpBuffers { o, down, ffn } = bufs;
         timed(Op::OutMatmul, || self.o.forward_rows_into(attn, rows, o))?;
         if let Some(bias) = &self.extras.o_bias {
-            timed(Op::OutMatmul, || {
-                with_host(bias, |b| {
-                    for r in o.chunks_exact_mut(b.len()) {
-                        r.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-                    }
-                })
-            })?;
+            timed(Op::OutMatmul, || add_bias_rows(o, bias))?;
         }
         if let Some((after_attn, _)) = &self.extras.post_norms {
             timed(Op::Norm, || norm_in_place(after_attn, o, eps, scratch))?;

@@ -1,3 +1,4 @@
+mod expert_stacks;
 pub(crate) mod gguf_header;
 pub mod gguf_keys;
 pub mod hf_config;

@@ -2,14 +2,15 @@
 //! so the model builder asks for "layer 3's q projection" and not for a format's tensor name.
 
 use std::fs::File;
-use std::io::{BufReader, Read, Seek};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::load::mxfp4::{self, Mxfp4Tensors};
+use crate::model::load::expert_stacks::{mxfp4_experts, stacked_hf_experts, StackedPart};
+use crate::model::load::mxfp4::Mxfp4Tensors;
 use crate::model::load::raw_weight::RawWeight;
 use crate::model::spec::block::Block;
 use crate::model::{ModelError, Result};
@@ -383,7 +384,12 @@ impl WeightReader {
             Store::Safetensors(st) => {
                 let fused = format!("model.layers.{l}.mlp.experts.gate_up_proj");
                 if st.get(&fused).is_ok() {
-                    return stacked_hf_experts(st, l, part, count, &self.device);
+                    let (name, stacked) = match part {
+                        ExpertPart::Gate => ("gate_up_proj", StackedPart::Alternate(0)),
+                        ExpertPart::Up => ("gate_up_proj", StackedPart::Alternate(1)),
+                        ExpertPart::Down => ("down_proj", StackedPart::Whole),
+                    };
+                    return stacked_hf_experts(st, (l, name, stacked), count, &self.device);
                 }
                 let mixtral = st
                     .get(&format!("model.layers.{l}.block_sparse_moe.gate.weight"))
@@ -479,80 +485,4 @@ impl WeightReader {
                 reason: format!("tensor {key}: {e}"),
             })
     }
-}
-
-/// `count` experts' `(out, in)` weights from a stacked MXFP4 tensor `(name, dims, start)`
-/// (dims `(experts, out, in)`, its blocks from byte `start` of the file), each read alone.
-fn mxfp4_experts(
-    reader: &mut BufReader<File>,
-    path: &Path,
-    (name, dims, start): (&str, &[usize], u64),
-    count: usize,
-) -> Result<Vec<RawWeight>> {
-    let unreadable = |reason: String| ModelError::Unreadable {
-        path: path.to_owned(),
-        reason: format!("tensor {name}: {reason}"),
-    };
-    let &[n, out, inp] = dims else {
-        return Err(unreadable(format!(
-            "MXFP4 of shape {dims:?}: (experts, out, in) or (out, in)"
-        )));
-    };
-    if n != count || !inp.is_multiple_of(mxfp4::BLOCK) {
-        return Err(unreadable(format!(
-            "{n} MXFP4 experts of {out}x{inp} (the file states {count}; rows of whole blocks)"
-        )));
-    }
-    let bytes = out * inp / mxfp4::BLOCK * mxfp4::BLOCK_BYTES;
-    (0..count)
-        .map(|e| {
-            let mut buf = vec![0u8; bytes];
-            reader
-                .seek(std::io::SeekFrom::Start(start + (e * bytes) as u64))
-                .and_then(|_| reader.read_exact(&mut buf))
-                .map_err(|err| unreadable(format!("expert {e}: {err}")))?;
-            mxfp4::weight(&buf, (out, inp))
-        })
-        .collect()
-}
-
-/// One part of each of layer `l`'s experts from transformers' stacked gpt-oss parameters:
-/// `gate_up_proj` `(experts, hidden, 2 · width)` with gate and up alternating along its last
-/// dimension, `down_proj` `(experts, width, hidden)`; each returned `(out, in)`.
-fn stacked_hf_experts(
-    st: &MmapedSafetensors,
-    l: usize,
-    part: ExpertPart,
-    count: usize,
-    device: &Device,
-) -> Result<Vec<RawWeight>> {
-    let name = match part {
-        ExpertPart::Down => "down_proj",
-        ExpertPart::Gate | ExpertPart::Up => "gate_up_proj",
-    };
-    let key = format!("model.layers.{l}.mlp.experts.{name}");
-    let t = st
-        .load(&key, device)
-        .map_err(|_| ModelError::MissingTensor(key.clone()))?;
-    let (n, rows, cols) = t.dims3()?;
-    if n != count {
-        return Err(ModelError::BadConfig(format!(
-            "{key} holds {n} experts, the config states {count}"
-        )));
-    }
-    (0..count)
-        .map(|e| {
-            let m = t.get(e)?;
-            let m = match part {
-                ExpertPart::Down => m,
-                ExpertPart::Gate | ExpertPart::Up => {
-                    let i = usize::from(part == ExpertPart::Up);
-                    m.reshape((rows, cols / 2, 2))?
-                        .narrow(2, i, 1)?
-                        .squeeze(2)?
-                }
-            };
-            Ok(RawWeight::Dense(m.t()?.contiguous()?))
-        })
-        .collect()
 }

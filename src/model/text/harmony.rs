@@ -115,15 +115,20 @@ impl HarmonySplit {
         let mut split = Self::default();
         let mut pieces = split.push(text);
         pieces.extend(split.finish());
-        let (mut reasoning, mut content) = (String::new(), String::new());
-        for p in pieces {
-            match p {
-                Piece::Reasoning(t) => reasoning.push_str(&t),
-                Piece::Content(t) => content.push_str(&t),
-            }
-        }
-        (reasoning, content)
+        join(pieces)
     }
+}
+
+/// Pieces gathered into all their reasoning and all their content.
+fn join(pieces: Vec<Piece>) -> (String, String) {
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for p in pieces {
+        match p {
+            Piece::Reasoning(t) => reasoning.push_str(&t),
+            Piece::Content(t) => content.push_str(&t),
+        }
+    }
+    (reasoning, content)
 }
 
 /// A header's channel decides where its body goes: `analysis` is reasoning, anything else
@@ -208,14 +213,7 @@ mod tests {
                 pieces.extend(split.push(&chunk.iter().collect::<String>()));
             }
             pieces.extend(split.finish());
-            let (mut r, mut c) = (String::new(), String::new());
-            for p in pieces {
-                match p {
-                    Piece::Reasoning(t) => r.push_str(&t),
-                    Piece::Content(t) => c.push_str(&t),
-                }
-            }
-            assert_eq!((r, c), want, "pieces of {size} characters");
+            assert_eq!(join(pieces), want, "pieces of {size} characters");
         }
     }
 
