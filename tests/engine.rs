@@ -370,17 +370,16 @@ fn overload_and_oversized_prompts_are_refused_before_any_work() {
             assert_eq!(c.tokens.len(), 150);
         }
         // Finished sequences give their room back: two at once fit again, a third does not.
+        // The two are long enough that neither can finish before the third is submitted.
+        let long = engine_request(greedy_request(vec![1, 2, 3], 150, &[]), GammaPolicy::Off);
         let short = engine_request(greedy_request(vec![1, 2, 3], 4, &[]), GammaPolicy::Off);
-        let again = engine
-            .submit_batch(vec![short.clone(); 2], 1)
-            .await
-            .unwrap();
+        let again = engine.submit_batch(vec![long; 2], 1).await.unwrap();
         assert!(matches!(
             engine.submit(short.clone()).await,
             Err(EngineError::Overloaded { .. })
         ));
         for s in again {
-            assert_eq!(s.collect().await.unwrap().tokens.len(), 4);
+            assert_eq!(s.collect().await.unwrap().tokens.len(), 150);
         }
         // A batch larger than the whole engine is refused as invalid, not as overloaded.
         assert!(matches!(
