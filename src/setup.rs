@@ -15,7 +15,7 @@ use crate::draft::{
 use crate::engine::EngineConfig;
 use crate::model::head::DraftHead;
 use crate::model::loaded::LoadOptions;
-use crate::model::{DraftVocab, Llama, LoadedModel, ModelError, ModelSource, WeightsDtype};
+use crate::model::{Decoder, DraftVocab, LoadedModel, ModelError, ModelSource, WeightsDtype};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
@@ -245,7 +245,7 @@ fn refuse_reduced_vocab_across(config: &Config) -> Result<(), SetupError> {
 /// ships only inside its head, and the reduced projection runs on the CPU, so asking for it
 /// elsewhere is refused with the key named.
 fn reduce_draft_vocab(
-    model: &Llama,
+    model: &Decoder,
     config: &Config,
 ) -> Result<(Option<Arc<DraftVocab>>, String), SetupError> {
     let k = config.speculation.draft_model_vocab;

@@ -1,10 +1,10 @@
 //! The shape of the library, checked from its sources: layers only point down, and no two
-//! files import each other, directly or around a circle.
+//! files (nor two of the model layer's folders) import each other, directly or around a circle.
 //!
 //! Why it exists: the layering (model, sampling, constraint, draft, engine, server) is what lets each part
 //! be tested and replaced alone, and it erodes one convenient `use` at a time. This test reads
 //! every `use` of the library's non-test code, resolves it to the file that defines what it
-//! names (through re-exports: `super::Llama` is `model/llama/model.rs`, not `model/mod.rs`),
+//! names (through re-exports: `super::Decoder` is `model/decoder/model.rs`, not `model/mod.rs`),
 //! and fails on an arrow that points up a layer or closes a circle. A re-export (`pub use`) is
 //! a door, not a dependency of the file that has it: it is followed, never an arrow itself.
 
@@ -375,6 +375,45 @@ fn no_file_imports_one_that_imports_it_back() {
     assert!(circles.is_empty(), "import circles: {circles:#?}");
 }
 
+/// The model layer's folders (`spec`, `load`, `arch`, `decoder`, `kernels`, ...) form a
+/// hierarchy too: the hyperparameters and block description in `spec` are the leaf the readers,
+/// the families and the forward all use, so that none of them needs another's folder back.
+#[test]
+fn the_model_layers_folders_never_import_each_other_around_a_circle() {
+    let folder_of = |file: &str| {
+        let parts: Vec<&str> = file.split('/').collect();
+        (parts.len() > 2 && parts[0] == "model").then(|| parts[1].to_string())
+    };
+    let mut folders: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, tos) in arrows(&sources()) {
+        let Some(a) = folder_of(&from) else { continue };
+        for to in tos {
+            if let Some(b) = folder_of(&to).filter(|b| *b != a) {
+                folders.entry(a.clone()).or_default().insert(b);
+            }
+        }
+    }
+    assert!(
+        folders.get("spec").is_none_or(|t| t.is_empty()),
+        "spec is the leaf: {folders:#?}"
+    );
+    for (start, _) in folders.iter() {
+        let mut stack = vec![start.clone()];
+        let mut seen = BTreeSet::new();
+        while let Some(at) = stack.pop() {
+            for next in folders.get(&at).into_iter().flatten() {
+                assert!(
+                    next != start,
+                    "model/{start}/ reaches itself through model/{at}/: {folders:#?}"
+                );
+                if seen.insert(next.clone()) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn the_resolver_sees_real_arrows() {
     // The checks above pass vacuously if nothing resolves: the engine's scheduler does import
@@ -387,8 +426,8 @@ fn the_resolver_sees_real_arrows() {
         .any(|f| f.starts_with("engine/governor/")));
     assert!(from("engine/scheduler/round.rs").contains("engine/scheduler/round_plan.rs"));
     assert!(from("engine/handle.rs").contains("engine/calibration.rs"));
-    // Through a re-export: `crate::model::Llama` is defined in `model/llama/model.rs`.
-    assert!(from("engine/verifier.rs").contains("model/llama/model.rs"));
+    // Through a re-export: `crate::model::Decoder` is defined in `model/decoder/model.rs`.
+    assert!(from("engine/verifier.rs").contains("model/decoder/model.rs"));
     assert!(
         !from("engine/verifier.rs").contains("model/mod.rs"),
         "{:?}",

@@ -6,11 +6,11 @@
 mod common;
 
 use tandem::model::{
-    Kept, KvCache, KvDtype, Llama, LoadedModel, LogitsRows, SeqInput, WeightsDtype,
+    Decoder, Kept, KvCache, KvDtype, LoadedModel, LogitsRows, SeqInput, WeightsDtype,
 };
 
 /// k tokens in one forward (all rows) == k one-token forwards, after a shared prefix.
-fn multi_token_equals_single_steps(model: &Llama, prefix: &[u32], tail: &[u32]) {
+fn multi_token_equals_single_steps(model: &Decoder, prefix: &[u32], tail: &[u32]) {
     let mut cache = model.new_cache(2);
     let a = cache.allocate().unwrap();
     let b = cache.allocate().unwrap();
@@ -40,7 +40,7 @@ fn multi_token_equals_single_steps(model: &Llama, prefix: &[u32], tail: &[u32]) 
 }
 
 /// Truncating and re-feeding gives the same logits as a fresh run.
-fn truncate_and_refeed_equals_fresh(model: &Llama, prompt: &[u32], wrong: &[u32], right: &[u32]) {
+fn truncate_and_refeed_equals_fresh(model: &Decoder, prompt: &[u32], wrong: &[u32], right: &[u32]) {
     let mut cache = model.new_cache(2);
     let a = cache.allocate().unwrap();
     common::forward_rows(model, &mut cache, a, prompt, LogitsRows::None);
@@ -164,7 +164,7 @@ fn f16_kv_cache_stays_close_to_f32_on_the_real_model() {
         .model
         .with_kv_dtype(KvDtype::F16);
     let tokens = common::random_tokens(21, 300, 49152);
-    let logits = |m: &Llama| {
+    let logits = |m: &Decoder| {
         let mut cache = m.new_cache(1);
         let s = cache.allocate().unwrap();
         let mut rows = Vec::new();

@@ -23,13 +23,13 @@ use tandem::engine::{
 };
 use tandem::model::head::train::{random_head, TrainSettings};
 use tandem::model::head::{load_head, save_head, DraftHead, HeadTensors};
-use tandem::model::{FeatureTaps, Kept, Llama, WeightsDtype};
+use tandem::model::{Decoder, FeatureTaps, Kept, WeightsDtype};
 use tandem::sampling::SamplingParams;
 use tandem::train::{answer_jobs, answer_prompts, train_head, Answer, TrainOptions};
 
 /// The tiny target (its folder kept alive with it).
-fn target() -> &'static (tempfile::TempDir, Arc<Llama>) {
-    static T: OnceLock<(tempfile::TempDir, Arc<Llama>)> = OnceLock::new();
+fn target() -> &'static (tempfile::TempDir, Arc<Decoder>) {
+    static T: OnceLock<(tempfile::TempDir, Arc<Decoder>)> = OnceLock::new();
     T.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         common::write_tiny_llama(dir.path(), &common::TinySpec::default());
@@ -795,7 +795,7 @@ fn features_come_out_of_the_forward_on_both_backends() {
     let (dir, own) = target();
     let tensor = common::load_tiny_on(dir.path(), WeightsDtype::F32, BackendChoice::Candle).model;
     let tokens = common::random_tokens(3, 12, 256);
-    let run_taps = |m: &Llama, taps: &FeatureTaps| {
+    let run_taps = |m: &Decoder, taps: &FeatureTaps| {
         let mut cache = m.new_cache(1);
         cache.allocate_slot(0).unwrap();
         let input = SeqInput {
@@ -808,7 +808,7 @@ fn features_come_out_of_the_forward_on_both_backends() {
         let (logits, features) = m.forward_with_features(&mut cache, &[input], taps).unwrap();
         (logits.seq_rows(0).unwrap(), features.seq(0).to_vec())
     };
-    let run = |m: &Llama| run_taps(m, &FeatureTaps::LastNormed);
+    let run = |m: &Decoder| run_taps(m, &FeatureTaps::LastNormed);
     let (logits, features) = run(own);
     let h = own.hparams().hidden_size;
     assert_eq!(features.len(), tokens.len() * h);

@@ -22,7 +22,7 @@ use tandem::engine::{
     Completion, Engine, EngineConfig, EngineError, EngineEvent, FinishReason, GammaPolicy,
     SpeculationKnobs, TreeNodes,
 };
-use tandem::model::{BackendChoice, ForwardKind, Llama, LoadedModel, WeightsDtype};
+use tandem::model::{BackendChoice, Decoder, ForwardKind, LoadedModel, WeightsDtype};
 use tandem::sampling::{RequestGate, SamplingParams};
 
 fn load(spec: &common::TinySpec, dtype: WeightsDtype) -> (tempfile::TempDir, LoadedModel) {
@@ -42,11 +42,13 @@ fn load_on(
 
 /// The tiny target (seed 7) and a tiny model of the same shape with other weights (seed 99),
 /// which as a drafter mostly disagrees with it; the directories hold their files.
-fn target_and_other() -> ([tempfile::TempDir; 2], Arc<Llama>, Arc<Llama>) {
+fn target_and_other() -> ([tempfile::TempDir; 2], Arc<Decoder>, Arc<Decoder>) {
     target_and_other_on(BackendChoice::Auto)
 }
 
-fn target_and_other_on(backend: BackendChoice) -> ([tempfile::TempDir; 2], Arc<Llama>, Arc<Llama>) {
+fn target_and_other_on(
+    backend: BackendChoice,
+) -> ([tempfile::TempDir; 2], Arc<Decoder>, Arc<Decoder>) {
     let (d1, target) = load_on(&common::TinySpec::untied(7), WeightsDtype::F32, backend);
     let (d2, other) = load_on(&common::TinySpec::untied(99), WeightsDtype::F32, backend);
     ([d1, d2], Arc::new(target.model), Arc::new(other.model))
@@ -407,7 +409,7 @@ fn price_table(per_token: f64, draft: f64, max_width: usize) -> CostModel {
 /// One greedy request through an engine that prices rounds with `costs`; returns its stats.
 fn governed(
     rt: &tokio::runtime::Runtime,
-    target: Arc<Llama>,
+    target: Arc<Decoder>,
     source: LoadedDrafter,
     costs: CostModel,
     prompt: Vec<u32>,
@@ -449,7 +451,7 @@ fn governor_speculates_only_where_its_prices_say_it_pays() {
     let max_width = EngineConfig::default().max_seqs * (EngineConfig::default().gamma_limit + 1);
     let (_dirs, target, other) = target_and_other();
     let twice = |source: &dyn Fn() -> LoadedDrafter,
-                 target: &Arc<Llama>,
+                 target: &Arc<Decoder>,
                  costs: &CostModel,
                  prompt: &[u32]| {
         let runs: Vec<_> = (0..2)
@@ -471,7 +473,7 @@ fn governor_speculates_only_where_its_prices_say_it_pays() {
     };
     let cheap_drafts = price_table(0.1, 0.1, max_width);
     let prompt = prompts(1)[0].clone();
-    let model = |m: &Arc<Llama>, name: &str| {
+    let model = |m: &Arc<Decoder>, name: &str| {
         let (m, name) = (Arc::clone(m), name.to_string());
         move || LoadedDrafter::Model {
             model: Arc::clone(&m),
@@ -516,8 +518,8 @@ fn governor_speculates_only_where_its_prices_say_it_pays() {
 /// An engine with pipelining on (one thread per worker) and `draft` as its draft model.
 fn start_pipelined(
     rt: &tokio::runtime::Runtime,
-    target: &Arc<Llama>,
-    draft: Arc<Llama>,
+    target: &Arc<Decoder>,
+    draft: Arc<Decoder>,
     name: &str,
 ) -> Engine {
     let source = LoadedDrafter::Model {
@@ -678,7 +680,7 @@ fn confidence_gated_drafting_keeps_greedy_output_and_drafts_less() {
 /// run is made what the target itself says after the whole prompt (found by substituting its
 /// output until the prompt reproduces it, or as close as that gets), so an older match's
 /// continuation, an alternative, is the one the walk takes.
-fn forked_prompts(target: &Llama, n: usize) -> Vec<Vec<u32>> {
+fn forked_prompts(target: &Decoder, n: usize) -> Vec<Vec<u32>> {
     let build = |runs: &[Vec<u32>]| {
         let mut p = Vec::new();
         for r in runs.iter().chain(runs) {

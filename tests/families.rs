@@ -19,10 +19,10 @@ use common::{
 };
 use tandem::draft::{LoadedDrafter, ModelDrafter, PromptLookup, Proposer};
 use tandem::engine::{generate_speculative, FixedSpeculation, Gamma};
-use tandem::model::llama::expert_trace;
+use tandem::model::decoder::expert_trace;
 use tandem::model::loaded::LoadOptions;
 use tandem::model::{BackendChoice, LoadedModel, LogitsRows, ModelSource, WeightsDtype};
-use tandem::model::{Llama, SeqInput};
+use tandem::model::{Decoder, SeqInput};
 use tandem::sampling::{probabilities, Lenience, SamplingParams};
 
 /// The fixture folders: one per family, and Phi-3 again with the 128k variants' LongRoPE.
@@ -343,7 +343,7 @@ fn greedy_speculation_equals_plain_decoding_in_every_family() {
 }
 
 /// The exact distribution of plain sampling's next token after `context`.
-fn next_distribution(model: &Llama, params: &SamplingParams, context: &[u32]) -> Vec<f32> {
+fn next_distribution(model: &Decoder, params: &SamplingParams, context: &[u32]) -> Vec<f32> {
     let mut cache = model.new_cache(1);
     let slot = cache.allocate().unwrap();
     let input = SeqInput {

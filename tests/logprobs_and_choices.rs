@@ -12,14 +12,14 @@ use common::{chat_prompt, engine_request, fixed_gamma, generation_request, greed
 use tandem::draft::LoadedDrafter;
 use tandem::draft::PromptLookup;
 use tandem::engine::{Completion, Engine, EngineConfig, EngineRequest, GammaPolicy};
-use tandem::model::{Llama, WeightsDtype};
+use tandem::model::{Decoder, WeightsDtype};
 use tandem::sampling::{SamplingParams, TokenLogprob};
 
 const TOP: usize = 5;
 
 fn start(
     rt: &tokio::runtime::Runtime,
-    target: &Arc<Llama>,
+    target: &Arc<Decoder>,
     draft: Option<LoadedDrafter>,
 ) -> Engine {
     rt.block_on(Engine::start(
@@ -150,7 +150,7 @@ fn greedy_logprobs_are_the_same_bits_with_speculation_on_and_off() {
 
 /// Prompt lookup, and the same file at f16 drafting for its Q4_1 self (a draft model that
 /// mostly agrees with the target, so both accepted and rejected drafts occur).
-fn drafters(f16: &Arc<Llama>) -> [(&'static str, LoadedDrafter); 2] {
+fn drafters(f16: &Arc<Decoder>) -> [(&'static str, LoadedDrafter); 2] {
     [
         (
             "prompt-lookup",

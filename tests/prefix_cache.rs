@@ -13,7 +13,7 @@ use tandem::draft::LoadedDrafter;
 use tandem::draft::PromptLookup;
 use tandem::engine::{Completion, Engine, EngineConfig, EngineRequest, GammaPolicy};
 use tandem::model::cache::prefix_store::common_prefix;
-use tandem::model::{ChatMessage, Llama, TextTokenizer, WeightsDtype};
+use tandem::model::{ChatMessage, Decoder, TextTokenizer, WeightsDtype};
 use tandem::sampling::TokenLogprob;
 
 fn render(tok: &TextTokenizer, turns: &[ChatMessage]) -> Vec<u32> {
@@ -23,7 +23,7 @@ fn render(tok: &TextTokenizer, turns: &[ChatMessage]) -> Vec<u32> {
 
 fn start(
     rt: &tokio::runtime::Runtime,
-    target: &Arc<Llama>,
+    target: &Arc<Decoder>,
     draft: Option<LoadedDrafter>,
     prefix_cache: bool,
     max_seqs: usize,

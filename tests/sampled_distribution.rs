@@ -50,7 +50,7 @@ use tandem::engine::{
 };
 use tandem::model::head::train::random_head;
 use tandem::model::head::DraftHead;
-use tandem::model::{Llama, LogitsRows, SeqInput, WeightsDtype};
+use tandem::model::{Decoder, LogitsRows, SeqInput, WeightsDtype};
 use tandem::sampling::{apply_penalties, probabilities, Lenience, SamplingParams};
 
 const VOCAB: usize = 6;
@@ -119,7 +119,7 @@ fn processors() -> [(&'static str, SamplingParams); 2] {
 /// The target's processed distribution after `generated`, exactly as plain sampling sees it
 /// (under `grammar`'s mask after `generated`, when constrained).
 fn next_distribution(
-    target: &Llama,
+    target: &Decoder,
     params: &SamplingParams,
     generated: &[u32],
     grammar: Option<&CompiledConstraint>,
@@ -154,7 +154,7 @@ fn next_distribution(
 /// The exact distribution of the first three tokens of plain sampling (constrained by
 /// `grammar`, when given).
 fn exact_plain(
-    target: &Llama,
+    target: &Decoder,
     params: &SamplingParams,
     grammar: Option<&CompiledConstraint>,
 ) -> BTreeMap<Triple, f64> {
@@ -226,7 +226,7 @@ impl Arm {
     }
 }
 
-fn plain_arm(target: &Llama, params: &SamplingParams, seeds: u64) -> Arm {
+fn plain_arm(target: &Decoder, params: &SamplingParams, seeds: u64) -> Arm {
     let mut arm = Arm::default();
     for i in 0..N {
         let sampling = SamplingParams {
@@ -243,8 +243,8 @@ fn plain_arm(target: &Llama, params: &SamplingParams, seeds: u64) -> Arm {
 }
 
 fn loop_arm(
-    target: &Llama,
-    draft: &Llama,
+    target: &Decoder,
+    draft: &Decoder,
     params: &SamplingParams,
     gamma: usize,
     lenience: f32,
@@ -370,8 +370,8 @@ fn tiny_grammar(tokenizer: &Arc<tandem::model::TextTokenizer>) -> CompiledConstr
 
 fn start_engine(
     rt: &tokio::runtime::Runtime,
-    target: &Arc<Llama>,
-    draft: &Arc<Llama>,
+    target: &Arc<Decoder>,
+    draft: &Arc<Decoder>,
     pipeline: bool,
     max_seqs: usize,
 ) -> Engine {
@@ -381,8 +381,8 @@ fn start_engine(
 /// An engine whose draft model drafts through `translation` (`None`: the same vocabulary).
 fn start_engine_across(
     rt: &tokio::runtime::Runtime,
-    target: &Arc<Llama>,
-    (draft, translation): (&Arc<Llama>, Option<Arc<tandem::draft::Translation>>),
+    target: &Arc<Decoder>,
+    (draft, translation): (&Arc<Decoder>, Option<Arc<tandem::draft::Translation>>),
     pipeline: bool,
     max_seqs: usize,
 ) -> Engine {

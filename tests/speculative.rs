@@ -10,16 +10,16 @@ use tandem::engine::{
     generate_speculative, FinishReason, FixedSpeculation, Gamma, GenerationOutput,
     GenerationRequest,
 };
-use tandem::model::{Llama, WeightsDtype};
+use tandem::model::{Decoder, WeightsDtype};
 use tandem::sampling::Lenience;
 
-fn plain(target: &Llama, req: &GenerationRequest) -> (Vec<u32>, FinishReason) {
+fn plain(target: &Decoder, req: &GenerationRequest) -> (Vec<u32>, FinishReason) {
     let out = plain_output(target, req);
     (out.tokens, out.finish)
 }
 
 fn speculative(
-    target: &Llama,
+    target: &Decoder,
     drafter: &mut dyn Proposer,
     req: &GenerationRequest,
     gamma: usize,
@@ -30,7 +30,7 @@ fn speculative(
 
 /// Speculative output plus the text streamed through the callback.
 fn speculative_output(
-    target: &Llama,
+    target: &Decoder,
     drafter: &mut dyn Proposer,
     req: &GenerationRequest,
     gamma: usize,

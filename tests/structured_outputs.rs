@@ -14,7 +14,7 @@ use tandem::constraint::{ConstraintSpec, ConstraintVocabulary};
 use tandem::draft::LoadedDrafter;
 use tandem::draft::PromptLookup;
 use tandem::engine::{Engine, EngineConfig, EngineRequest, GammaPolicy, TreeNodes};
-use tandem::model::{Llama, TextTokenizer, WeightsDtype};
+use tandem::model::{Decoder, TextTokenizer, WeightsDtype};
 
 fn text(tok: &TextTokenizer, tokens: &[u32], eos: &[u32]) -> String {
     let body: Vec<u32> = tokens
@@ -48,7 +48,7 @@ fn constrained_greedy_output_is_identical_with_speculation_and_forced_tokens_sta
     let blend = Arc::new(common::load_tiny(blend_dir.path(), WeightsDtype::F32).model);
     let tok = Arc::clone(&loaded.tokenizer);
     let eos = tok.eos_ids().to_vec();
-    let target: Arc<Llama> = Arc::new(loaded.model);
+    let target: Arc<Decoder> = Arc::new(loaded.model);
     let vocab = ConstraintVocabulary::new(Arc::clone(&tok), target.hparams().vocab_size).unwrap();
     let grammar = ConstraintSpec::Lark(
         "start: \"{\\\"a\\\": \" NUM \", \\\"b\\\": \" WORD \"}\"\nNUM: /[0-9]{1,3}/\nWORD: /\"[a-z]{1,6}\"/\n"

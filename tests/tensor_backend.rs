@@ -1,4 +1,4 @@
-//! The tensor backend (the Llama forward on candle tensors, the path a GPU runs) checked on
+//! The tensor backend (the decoder forward on candle tensors, the path a GPU runs) checked on
 //! candle's CPU device (or `TANDEM_TEST_DEVICE`, which scripts/gpu-check sets to the GPU)
 //! against the own kernels, on the real default model:
 //!
@@ -21,7 +21,7 @@ use common::{greedy_request, plain_output};
 use tandem::draft::{ModelDrafter, PromptLookup, Proposer};
 use tandem::engine::{generate_speculative, FixedSpeculation, Gamma, GenerationRequest};
 use tandem::model::{
-    BackendChoice, DeviceSpec, ForwardKind, Kept, KvDtype, Llama, LoadedModel, LogitsRows,
+    BackendChoice, Decoder, DeviceSpec, ForwardKind, Kept, KvDtype, LoadedModel, LogitsRows,
     WeightsDtype,
 };
 use tandem::sampling::Lenience;
@@ -74,7 +74,7 @@ fn real_text(model: &LoadedModel, len: usize) -> Vec<u32> {
 }
 
 /// Feeds `tokens` in chunks of the given widths (cycled), every row's logits back.
-fn chunked_logits(model: &Llama, tokens: &[u32], widths: &[usize]) -> Vec<Vec<f32>> {
+fn chunked_logits(model: &Decoder, tokens: &[u32], widths: &[usize]) -> Vec<Vec<f32>> {
     let mut cache = model.new_cache(1);
     let slot = cache.allocate().unwrap();
     let mut rows = Vec::new();
@@ -294,7 +294,7 @@ fn cache_algebra_holds_on_the_tensor_backend() {
 }
 
 fn speculative(
-    target: &Llama,
+    target: &Decoder,
     drafter: &mut dyn Proposer,
     req: &GenerationRequest,
     gamma: usize,

@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 use crate::constraint::ConstraintVocabulary;
 use crate::draft::{DraftSpec, LoadedDrafter};
 use crate::engine::{Engine, EngineConfig, Gamma, SpeculationSettings};
-use crate::model::{Llama, TextTokenizer};
+use crate::model::{Decoder, TextTokenizer};
 
 use super::mode::{EngineKey, Mode};
 use super::options::BenchOptions;
@@ -25,7 +25,7 @@ use super::BenchError;
 
 /// The models a benchmark runs on.
 pub struct BenchModels {
-    pub target: Arc<Llama>,
+    pub target: Arc<Decoder>,
     pub tokenizer: Arc<TextTokenizer>,
     /// The draft model, for `draft` modes.
     pub draft: Option<LoadedDrafter>,

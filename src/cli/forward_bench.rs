@@ -10,9 +10,9 @@
 use clap::Args;
 
 use tandem::config::Config;
-use tandem::model::llama::expert_trace;
-use tandem::model::llama::op_profile::{self, Op};
-use tandem::model::{Kept, KvCache, Llama, LogitsRows, SeqInput};
+use tandem::model::decoder::expert_trace;
+use tandem::model::decoder::op_profile::{self, Op};
+use tandem::model::{Decoder, Kept, KvCache, LogitsRows, SeqInput};
 use tandem::sampling::rejection::{accept_sampled, DraftDist};
 use tandem::sampling::{probabilities, Lenience, SamplingParams, SeededRng};
 
@@ -93,7 +93,7 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
 /// A cache filled to `depth` in one slot: every timed forward runs against it and is rolled
 /// back to it.
 struct ForwardTimer<'a> {
-    model: &'a Llama,
+    model: &'a Decoder,
     cache: KvCache,
     slot: usize,
     depth: usize,
@@ -103,7 +103,7 @@ struct ForwardTimer<'a> {
 
 impl<'a> ForwardTimer<'a> {
     /// A cache with `--depth` tokens in it, once the widest forward is known to fit after them.
-    fn fill(model: &'a Llama, args: &ForwardBenchArgs) -> Result<Self, CliError> {
+    fn fill(model: &'a Decoder, args: &ForwardBenchArgs) -> Result<Self, CliError> {
         let mut cache = model.new_cache(1);
         let slot = cache.allocate().ok_or(CliError::NoCacheSlot)?;
         let max_k = args.tokens.iter().copied().max().unwrap_or(1);
@@ -290,7 +290,7 @@ fn print_breakdown(timer: &mut ForwardTimer<'_>, wide: usize) -> Result<(), CliE
 
 /// One row per operation: its times at 1 and `wide` tokens, a token's marginal cost and its
 /// share, and a matmul's against the kernel's `peak` multiply-add rate.
-fn print_op_rows(model: &Llama, one: &[(Op, f64)], many: &[(Op, f64)], wide: usize, peak: f64) {
+fn print_op_rows(model: &Decoder, one: &[(Op, f64)], many: &[(Op, f64)], wide: usize, peak: f64) {
     let macs = model.macs_per_token();
     let extra_total: f64 = one
         .iter()
@@ -324,7 +324,7 @@ fn print_op_rows(model: &Llama, one: &[(Op, f64)], many: &[(Op, f64)], wide: usi
 /// The best time in seconds of sampling (softmax at temperature 1 over each row) and the
 /// acceptance rule, on `wide` rows of the vocabulary's size: what the verifier adds after the
 /// forward.
-fn time_sampling(model: &Llama, wide: usize, repeats: usize) -> Result<f64, CliError> {
+fn time_sampling(model: &Decoder, wide: usize, repeats: usize) -> Result<f64, CliError> {
     let vocab = model.hparams().vocab_size;
     let rows: Vec<Vec<f32>> = (0..wide)
         .map(|r| {
@@ -359,7 +359,7 @@ fn time_sampling(model: &Llama, wide: usize, repeats: usize) -> Result<f64, CliE
 /// The median time of one draft step of the head in `dir` (`default`: the default model's)
 /// after `depth` positions, in ms: one position in, its draft logits out.
 fn time_head_step(
-    model: &Llama,
+    model: &Decoder,
     dir: &str,
     draft_vocab: usize,
     depth: usize,

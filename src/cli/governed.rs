@@ -16,7 +16,7 @@ use tandem::engine::{
     Engine, EngineEvent, EngineRequest, FinishReason, GammaPolicy, GenerationOutput,
     GenerationRequest, GenerationStats, OutputPiece, RequestSpeculation, SpeculationStats,
 };
-use tandem::model::Llama;
+use tandem::model::Decoder;
 use tandem::sampling::Lenience;
 
 use super::CliError;
@@ -34,7 +34,7 @@ impl GovernedEngine {
     pub fn start(
         config: &Config,
         threads: usize,
-        target: Arc<Llama>,
+        target: Arc<Decoder>,
         drafter: LoadedDrafter,
         lenience: Lenience,
     ) -> Result<Self, CliError> {

@@ -10,7 +10,7 @@ use tandem::engine::{
     generate_plain, generate_speculative, FixedSpeculation, GenerationOutput, GenerationRequest,
     OnOutput, OutputPiece, SpeculationStats,
 };
-use tandem::model::Llama;
+use tandem::model::Decoder;
 
 use super::governed::GovernedEngine;
 use super::CliError;
@@ -42,7 +42,7 @@ fn proposer(drafter: Option<&LoadedDrafter>) -> Option<Box<dyn Proposer + '_>> {
 pub enum Runner<'a> {
     /// A drafter and its fixed γ, if any.
     Reference {
-        target: &'a Llama,
+        target: &'a Decoder,
         fixed: Option<(LoadedDrafter, FixedSpeculation)>,
     },
     Governed(GovernedEngine),
@@ -98,7 +98,7 @@ impl Runner<'_> {
 
 /// One generation in the reference loops, plain (no drafter) or at a fixed γ.
 fn run_reference(
-    target: &Llama,
+    target: &Decoder,
     drafter: Option<(Box<dyn Proposer + '_>, FixedSpeculation)>,
     req: &GenerationRequest,
     on_output: &mut OnOutput<'_>,

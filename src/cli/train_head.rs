@@ -14,7 +14,7 @@ use tandem::bench::progress::ProgressBar;
 use tandem::bench::BenchPrompt;
 use tandem::config::Config;
 use tandem::model::head::train::TrainSettings;
-use tandem::model::{ChatMessage, ChatTemplate, Llama, TextTokenizer};
+use tandem::model::{ChatMessage, ChatTemplate, Decoder, TextTokenizer};
 use tandem::train::{
     answer_jobs, answer_prompts, finished_turn, train_head, user_turn_opening, Answer, AnswerJob,
     TrainOptions, TrainReport,
@@ -185,7 +185,7 @@ fn flag(flag: &'static str, reason: String) -> CliError {
 /// data shares.
 struct Answerer<'a> {
     rt: tokio::runtime::Runtime,
-    target: &'a Arc<Llama>,
+    target: &'a Arc<Decoder>,
     tok: &'a TextTokenizer,
     template: &'a ChatTemplate,
     threads: usize,

@@ -17,7 +17,7 @@ use super::draw::{draw_draft, DrawLane, DrawScratch};
 use super::stepping::{draft_in_steps, Lane, Stepper};
 use super::{DraftError, DraftJob, DraftTiming, PromptLookup};
 use crate::model::head::{DraftHead, HeadStep};
-use crate::model::{Kept, KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{Decoder, Kept, KvCache, LogitsRows, SeqInput};
 
 /// One sequence's head state.
 struct HeadSeq {
@@ -31,7 +31,7 @@ struct HeadSeq {
 
 pub struct HeadDrafter {
     head: Arc<DraftHead>,
-    target: Arc<Llama>,
+    target: Arc<Decoder>,
     cache: KvCache,
     seqs: HashMap<u64, HeadSeq>,
     scratch: DrawScratch,
@@ -55,7 +55,7 @@ pub(super) struct HeadStepRows {
 
 impl HeadDrafter {
     /// A drafter for up to `slots` sequences at once.
-    pub fn new(head: Arc<DraftHead>, target: Arc<Llama>, slots: usize) -> Self {
+    pub fn new(head: Arc<DraftHead>, target: Arc<Decoder>, slots: usize) -> Self {
         let cache = head.new_cache(slots.max(1));
         Self {
             head,
@@ -76,7 +76,7 @@ impl HeadDrafter {
         self
     }
 
-    pub fn target(&self) -> &Arc<Llama> {
+    pub fn target(&self) -> &Arc<Decoder> {
         &self.target
     }
 

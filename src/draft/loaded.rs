@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::{DraftOrigin, DraftOrigins, DraftSpec, PromptLookup, Translation};
 use crate::model::head::DraftHead;
-use crate::model::{DraftVocab, FeatureTaps, Llama};
+use crate::model::{Decoder, DraftVocab, FeatureTaps};
 
 /// A loaded drafter; `Option<LoadedDrafter>` is `None` for plain decoding.
 #[derive(Clone)]
@@ -19,7 +19,7 @@ pub enum LoadedDrafter {
     PromptLookup(PromptLookup),
     /// A draft model (a separate file, or the target's first layers).
     Model {
-        model: Arc<Llama>,
+        model: Arc<Decoder>,
         /// The reduced vocabulary it drafts over (`None`: its whole vocabulary).
         vocab: Option<Arc<DraftVocab>>,
         /// How it drafts for a target of another vocabulary (`None`: the same one).

@@ -16,13 +16,13 @@ use super::translation::{GreedyAcross, Translation, Translator};
 use super::{DraftError, DraftJob, DraftTiming, PromptLookup, Proposal, Proposer};
 use crate::model::cache::prefix_store::PrefixStore;
 use crate::model::{
-    BatchLogits, DraftVocab, FeatureTaps, Kept, KvCache, Llama, LogitsRows, ModelError, SeqInput,
+    BatchLogits, Decoder, DraftVocab, FeatureTaps, Kept, KvCache, LogitsRows, ModelError, SeqInput,
     WeightsDtype,
 };
 use crate::sampling::{DraftGate, SamplingParams, SeededRng};
 
-/// `M` is how the model is held: `&Llama` for one generation, `Arc<Llama>` in the engine.
-pub struct ModelDrafter<M: Deref<Target = Llama>> {
+/// `M` is how the model is held: `&Decoder` for one generation, `Arc<Decoder>` in the engine.
+pub struct ModelDrafter<M: Deref<Target = Decoder>> {
     pub(super) model: M,
     pub(super) name: String,
     pub(super) cache: KvCache,
@@ -50,7 +50,7 @@ pub struct ModelDrafter<M: Deref<Target = Llama>> {
 /// it holds when fewer), projected through `model`'s own output-head rows; `None` for the
 /// whole vocabulary (`k` = 0, no ranking, or one covering every token).
 pub fn reduced_vocab(
-    model: &Llama,
+    model: &Decoder,
     ranking: &[u32],
     k: usize,
 ) -> Result<Option<DraftVocab>, DraftError> {
@@ -82,7 +82,7 @@ pub(super) enum StepLogits {
     Reduced((Vec<f32>, usize)),
 }
 
-impl<M: Deref<Target = Llama>> ModelDrafter<M> {
+impl<M: Deref<Target = Decoder>> ModelDrafter<M> {
     /// A drafter for one sequence at a time (the [`Proposer`] interface).
     pub fn new(model: M, name: impl Into<String>) -> Self {
         Self::with_slots(model, name, 1)
@@ -215,7 +215,7 @@ impl<M: Deref<Target = Llama>> ModelDrafter<M> {
 
 /// A draft model steps over token feeds; its rows are the whole vocabulary's or, with a
 /// reduced draft vocabulary, projected onto it from the last normed states.
-impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
+impl<M: Deref<Target = Decoder>> Stepper for ModelDrafter<M> {
     type Feed = Feed;
     type Step = StepLogits;
 
@@ -381,7 +381,7 @@ impl<M: Deref<Target = Llama>> Stepper for ModelDrafter<M> {
     }
 }
 
-impl<M: Deref<Target = Llama>> Proposer for ModelDrafter<M> {
+impl<M: Deref<Target = Decoder>> Proposer for ModelDrafter<M> {
     fn name(&self) -> String {
         self.name.clone()
     }

@@ -11,10 +11,10 @@ use std::ops::Deref;
 use super::model_drafter::ModelDrafter;
 use super::DraftError;
 use crate::model::cache::prefix_store::common_prefix;
-use crate::model::{Kept, Llama};
+use crate::model::{Decoder, Kept};
 use crate::telemetry;
 
-impl<M: Deref<Target = Llama>> ModelDrafter<M> {
+impl<M: Deref<Target = Decoder>> ModelDrafter<M> {
     /// Forgets a sequence. What its slot holds is stored in the prefix cache when `keep` and
     /// the prefix cache are on (and the tokens it holds are known); the slot is freed.
     pub fn end(&mut self, seq: u64, keep: bool) {

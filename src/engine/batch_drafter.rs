@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::messages::{DraftBatchResult, DraftItem, DraftOutcome};
 use crate::draft::{DraftError, DraftJob, DraftTiming, HeadDrafter, ModelDrafter, Proposal};
-use crate::model::Llama;
+use crate::model::Decoder;
 use crate::sampling::{DraftGate, SamplingParams, SeededRng};
 
 /// A drafter as the Drafter actor's compute worker holds it (see the module docs).
@@ -41,7 +41,7 @@ pub trait BatchDrafter: Send {
     ) -> Result<Vec<DraftTiming>, DraftError>;
 }
 
-impl BatchDrafter for ModelDrafter<Arc<Llama>> {
+impl BatchDrafter for ModelDrafter<Arc<Decoder>> {
     /// Every sequence's drafts in one batched draft per step.
     fn draft(&mut self, items: Vec<DraftItem>) -> DraftBatchResult {
         // Everything but the last (unverified) token of each context stands.

@@ -15,7 +15,7 @@ use super::messages::{
 };
 use super::worker::ComputeWorker;
 use crate::draft::{DraftError, DraftTiming, HeadDrafter, LoadedDrafter, ModelDrafter};
-use crate::model::Llama;
+use crate::model::Decoder;
 
 #[derive(Actor)]
 pub struct Drafter {
@@ -29,7 +29,7 @@ impl Drafter {
     /// `target`: the model a draft head drafts for (its embedding and output head).
     pub fn new(
         drafter: LoadedDrafter,
-        target: Arc<Llama>,
+        target: Arc<Decoder>,
         threads: usize,
         max_seqs: usize,
         prefix_cache: Option<usize>,

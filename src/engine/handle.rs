@@ -22,7 +22,7 @@ use super::scheduler::{DraftForesight, Scheduler, SchedulerConfig};
 use super::speculation_settings::{LiveSpeculation, SpeculationSettings};
 use super::verifier::Verifier;
 use crate::draft::LoadedDrafter;
-use crate::model::Llama;
+use crate::model::Decoder;
 
 /// Engine settings. The config file's `[engine]` table is read straight into this type (the
 /// fields it does not hold are skipped and filled in by `setup`).
@@ -120,7 +120,7 @@ impl Engine {
     /// Starts the actors and their compute workers, and measures the costs the governor needs
     /// (target forwards of 1..=γmax+1 tokens, one draft step).
     pub async fn start(
-        target: Arc<Llama>,
+        target: Arc<Decoder>,
         draft: Option<LoadedDrafter>,
         mut cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
@@ -414,7 +414,7 @@ async fn measure_costs(
 /// The bytes the target's prefix cache and a draft model's may hold (0 with the cache off).
 fn prefix_budgets(
     cfg: &EngineConfig,
-    target: &Llama,
+    target: &Decoder,
     draft: Option<&LoadedDrafter>,
 ) -> (usize, usize) {
     if !cfg.prefix_cache {

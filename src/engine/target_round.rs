@@ -15,14 +15,15 @@ use super::messages::{
 };
 use crate::draft::Proposal;
 use crate::model::{
-    BatchFeatures, BatchLogits, FeatureTaps, Kept, KvCache, Llama, LogitsRows, ModelError, SeqInput,
+    BatchFeatures, BatchLogits, Decoder, FeatureTaps, Kept, KvCache, LogitsRows, ModelError,
+    SeqInput,
 };
 use crate::sampling::tree::TreeOutcome;
 use crate::sampling::{apply_penalties, token_logprob, Sampler, SamplingError, SeededRng};
 
 /// What the verifier's worker owns.
 pub struct TargetState {
-    pub(super) model: Arc<Llama>,
+    pub(super) model: Arc<Decoder>,
     pub(super) cache: KvCache,
     pub(super) scratch: Scratch,
     pub(super) sampler: Sampler,

@@ -19,7 +19,7 @@ use super::target_round::run_batch;
 pub use super::target_round::TargetState;
 use super::worker::ComputeWorker;
 use crate::model::cache::prefix_store::{PrefixStore, PrefixStoreStats};
-use crate::model::{FeatureTaps, Kept, Llama, LogitsRows, SeqInput};
+use crate::model::{Decoder, FeatureTaps, Kept, LogitsRows, SeqInput};
 use crate::sampling::Sampler;
 use crate::telemetry;
 
@@ -32,7 +32,7 @@ impl Verifier {
     /// `features`: outcomes carry these hidden states of the positions that stand.
     /// `prefix_budget`: bytes the target's prefix cache may hold.
     pub fn new(
-        model: Arc<Llama>,
+        model: Arc<Decoder>,
         slots: usize,
         threads: usize,
         features: Option<FeatureTaps>,

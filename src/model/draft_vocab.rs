@@ -11,9 +11,9 @@
 
 use candle_core::{Device, Tensor};
 
-use super::llama::batch::BatchFeatures;
-use super::llama::device::ForwardKind;
-use super::llama::linear::{Linear, RawWeight, WeightsDtype};
+use super::decoder::batch::BatchFeatures;
+use super::decoder::device::ForwardKind;
+use super::decoder::linear::{Linear, RawWeight, WeightsDtype};
 use super::{ModelError, Result};
 
 /// The target ids of a reduced draft vocabulary (in rank order) and the output head's rows for

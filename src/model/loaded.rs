@@ -8,10 +8,10 @@ use candle_core::quantized::gguf_file;
 use candle_core::Device;
 
 use crate::model::cache::kv_cache::KvDtype;
-use crate::model::llama::device::{BackendChoice, DeviceSpec};
-use crate::model::llama::linear::WeightsDtype;
-use crate::model::llama::model::Llama;
-use crate::model::load::hparams::LlamaHparams;
+use crate::model::decoder::device::{BackendChoice, DeviceSpec};
+use crate::model::decoder::linear::WeightsDtype;
+use crate::model::decoder::model::Decoder;
+use crate::model::load::hparams::Hparams;
 use crate::model::load::mxfp4::{self, Mxfp4Tensors};
 use crate::model::load::weight_roles::WeightReader;
 use crate::model::text::tokenizer::TextTokenizer;
@@ -175,7 +175,7 @@ impl Default for LoadOptions {
 }
 
 pub struct LoadedModel {
-    pub model: Llama,
+    pub model: Decoder,
     pub tokenizer: std::sync::Arc<TextTokenizer>,
     pub source: ModelSource,
 }
@@ -194,7 +194,7 @@ impl LoadedModel {
     }
 }
 
-fn first_layers(mut hp: LlamaHparams, opts: &LoadOptions) -> LlamaHparams {
+fn first_layers(mut hp: Hparams, opts: &LoadOptions) -> Hparams {
     if let Some(k) = opts.max_layers {
         hp.num_layers = hp.num_layers.min(k.max(1));
     }
@@ -208,7 +208,7 @@ fn unreadable(path: &Path, e: impl std::fmt::Display) -> ModelError {
     }
 }
 
-fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> {
+fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Decoder, TextTokenizer)> {
     let mut file = std::fs::File::open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => ModelError::NotFound(path.to_owned()),
         _ => unreadable(path, e),
@@ -235,13 +235,13 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> 
 
 /// Opens the device and builds the model for the chosen forward there (weights are read on the
 /// CPU and moved).
-fn load_model(reader: &mut WeightReader, hp: LlamaHparams, opts: &LoadOptions) -> Result<Llama> {
+fn load_model(reader: &mut WeightReader, hp: Hparams, opts: &LoadOptions) -> Result<Decoder> {
     let kind = opts
         .backend
         .resolve(opts.device)
         .map_err(ModelError::Device)?;
     let device = opts.device.open()?;
-    Ok(Llama::load_on(
+    Ok(Decoder::load_on(
         reader,
         hp,
         opts.weights_dtype,
@@ -363,7 +363,7 @@ fn check_gguf_complete(path: &Path, tensors: &[FileTensor], data_offset: u64) ->
     Ok(())
 }
 
-fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<(Llama, TextTokenizer)> {
+fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<(Decoder, TextTokenizer)> {
     let config_path = dir.join("config.json");
     let json = std::fs::read_to_string(&config_path).map_err(|e| unreadable(&config_path, e))?;
     let hp = first_layers(crate::model::arch::hparams_from_hf(&json)?, opts);

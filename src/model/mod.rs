@@ -1,6 +1,6 @@
 //! The model layer: token ids in, logits out, and the text on either side of them.
 //!
-//! It exists so that everything above it (sampling, drafters, the engine) sees one Llama
+//! It exists so that everything above it (sampling, drafters, the engine) sees one decoder
 //! forward that is batch-invariant: a token's logits are the same bits whether it is decoded
 //! alone, verified with drafts, or batched with other sequences, which is what lets
 //! speculative decoding reproduce plain greedy decoding exactly. candle supplies the tensors,
@@ -21,11 +21,11 @@
 //! * `arch/`: the families (Llama and Mistral, Qwen 2, Qwen 3, Gemma 3, Phi-3, the mixtures
 //!   Qwen3-MoE, Qwen2-MoE, OLMoE and Mixtral), one file each: the block each declares and the
 //!   keys only its files carry.
-//! * `llama/`: the model (every family's forward, named for the block the others vary). Its weights (`weights`), the per-layer weight type (`linear`),
+//! * `decoder/`: the shared decoder that runs every family's forward. Its weights (`weights`), the per-layer weight type (`linear`),
 //!   rotary embeddings (`rope`), the feed-forward, dense or routed (`ffn`, the router's choice
 //!   in `routing`, recorded on request by `expert_trace`), the batched forward's inputs and
 //!   outputs (`batch`), the
-//!   forward itself (`model`, the `Llama` type) on tandem's own kernels (`own_forward`) or on
+//!   forward itself (`model`, the `Decoder` type) on tandem's own kernels (`own_forward`) or on
 //!   candle's tensors for GPUs (`tensor_forward`), the device choice (`device`) and
 //!   per-operation timing (`op_profile`).
 //! * `load/`: reading GGUF files and Hugging Face folders: weights by role as the file holds
@@ -49,10 +49,10 @@ pub mod arch;
 pub mod cache;
 pub mod draft_vocab;
 pub use draft_vocab::DraftVocab;
+pub mod decoder;
 mod error;
 pub mod head;
 pub mod kernels;
-pub mod llama;
 pub mod load;
 pub mod loaded;
 mod self_check;
@@ -61,12 +61,14 @@ pub mod synthetic;
 pub mod text;
 
 pub use cache::kv_cache::{Kept, KvCache, KvDtype};
+pub use decoder::batch::{
+    BatchFeatures, BatchLogits, FeatureTaps, LogitsRows, SeqInput, TREE_ROOT,
+};
+pub use decoder::device::{BackendChoice, DeviceSpec, ForwardKind};
+pub use decoder::linear::WeightsDtype;
+pub use decoder::model::Decoder;
 pub use error::{ModelError, Result};
-pub use llama::batch::{BatchFeatures, BatchLogits, FeatureTaps, LogitsRows, SeqInput, TREE_ROOT};
-pub use llama::device::{BackendChoice, DeviceSpec, ForwardKind};
-pub use llama::linear::WeightsDtype;
-pub use llama::model::Llama;
-pub use load::hparams::{LlamaHparams, RopeScaling};
+pub use load::hparams::{Hparams, RopeScaling};
 pub use loaded::{default_model_path, LoadOptions, LoadedModel, ModelSource};
 pub use self_check::check_finite_forward;
 pub use text::chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};

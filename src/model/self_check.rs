@@ -5,11 +5,11 @@
 //! does not match its type, an offset off by a byte, NaN scales). Such a model loads, and
 //! without this every request would fail with non-finite logits while `/health` said ok.
 
-use super::{FeatureTaps, Llama, LogitsRows, ModelError, Result, SeqInput};
+use super::{Decoder, FeatureTaps, LogitsRows, ModelError, Result, SeqInput};
 
 /// Runs `tokens` (ids the model has) through a fresh cache and checks every hidden state
 /// between layers and every logit; an error names the first place a value is NaN or infinite.
-pub fn check_finite_forward(model: &Llama, tokens: &[u32]) -> Result<()> {
+pub fn check_finite_forward(model: &Decoder, tokens: &[u32]) -> Result<()> {
     let layers = model.hparams().num_layers;
     let hidden = model.hparams().hidden_size;
     let mut cache = model.new_cache(1);

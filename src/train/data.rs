@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::engine::{Engine, EngineConfig, EngineRequest, GenerationRequest, RequestSpeculation};
 use crate::model::cache::prefix_store::common_prefix;
-use crate::model::{FeatureTaps, Kept, KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{Decoder, FeatureTaps, Kept, KvCache, LogitsRows, SeqInput};
 use crate::sampling::SamplingParams;
 
 /// One prompt and the target's answer to it, as one token sequence.
@@ -49,7 +49,7 @@ pub fn answer_jobs(prompts: &[Vec<u32>], sampled: usize, seed: u64) -> Vec<Answe
 /// `temperature`. They are decoded by the engine, `concurrency` at a time (a sequence's
 /// tokens do not depend on its batch); `progress(done, total)` as they finish, in order.
 pub async fn answer_prompts(
-    target: Arc<Llama>,
+    target: Arc<Decoder>,
     jobs: &[AnswerJob],
     (max_tokens, eos_ids): (usize, &[u32]),
     temperature: f32,
@@ -129,7 +129,7 @@ pub fn token_rank(answers: &[Answer], vocab: usize) -> Vec<u32> {
 /// (a question's answers share its prompt; a second turn, its first), so `texts` in sorted
 /// order costs each shared prefix once.
 pub struct FeatureRunner<'a> {
-    target: &'a Llama,
+    target: &'a Decoder,
     taps: FeatureTaps,
     cache: KvCache,
     last: Vec<u32>,
@@ -138,7 +138,7 @@ pub struct FeatureRunner<'a> {
 
 impl<'a> FeatureRunner<'a> {
     /// A runner of the features `taps` names.
-    pub fn new(target: &'a Llama, taps: FeatureTaps) -> Result<Self, TrainError> {
+    pub fn new(target: &'a Decoder, taps: FeatureTaps) -> Result<Self, TrainError> {
         let mut cache = target.new_cache(1);
         cache.allocate_slot(0)?;
         Ok(Self {

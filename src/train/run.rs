@@ -15,7 +15,7 @@ use crate::model::head::train::{
     random_eagle3_head, random_head, HeadTrainer, Losses, TrainSample, TrainSettings,
 };
 use crate::model::head::{load_head, save_head, HeadTensors};
-use crate::model::{FeatureTaps, Llama, LlamaHparams};
+use crate::model::{Decoder, FeatureTaps, Hparams};
 
 fn layout_name(eagle3: bool) -> &'static str {
     if eagle3 {
@@ -80,7 +80,7 @@ const STATE_FILE: &str = "train_state.json";
 /// Trains (or resumes training) a head for `target` on `answers`; `progress(done, total,
 /// what)` as it goes.
 pub fn train_head(
-    target: &Llama,
+    target: &Decoder,
     answers: &[Answer],
     opts: &TrainOptions,
     progress: &mut dyn FnMut(usize, usize, &str),
@@ -131,7 +131,7 @@ pub fn train_head(
 /// The head training starts from: the folder's own checkpoint when resuming (with the seed it
 /// was trained with), `--init`'s head, or random weights.
 fn starting_head(
-    target: &Llama,
+    target: &Decoder,
     answers: &[Answer],
     opts: &TrainOptions,
     state: &TrainState,
@@ -159,7 +159,7 @@ fn starting_head(
 /// A head of random weights in the run's layout, its draft vocabulary the answers' most
 /// frequent tokens.
 fn random_start(
-    target: &Llama,
+    target: &Decoder,
     answers: &[Answer],
     opts: &TrainOptions,
 ) -> Result<HeadTensors, TrainError> {
@@ -188,7 +188,7 @@ fn random_start(
 }
 
 /// The target's states the head trains on.
-fn feature_taps(init: &HeadTensors, hp: &LlamaHparams) -> FeatureTaps {
+fn feature_taps(init: &HeadTensors, hp: &Hparams) -> FeatureTaps {
     // EAGLE-3 trains on its taps and the target's last state (for the target's distribution).
     match &init.eagle3 {
         Some(p) => {
@@ -205,7 +205,7 @@ fn feature_taps(init: &HeadTensors, hp: &LlamaHparams) -> FeatureTaps {
 
 /// Every answer's tokens and the target's features over them, in the answers' order.
 fn training_samples(
-    target: &Llama,
+    target: &Decoder,
     answers: &[Answer],
     taps: FeatureTaps,
     opts: &TrainOptions,
@@ -242,7 +242,7 @@ fn training_samples(
 /// The training loop's state from epoch to epoch: the trainer, the samples split into
 /// training and held-out ones, and the steps this run has taken (the warm-up's clock).
 struct Epochs<'a> {
-    target: &'a Llama,
+    target: &'a Decoder,
     opts: &'a TrainOptions,
     trainer: HeadTrainer,
     samples: Vec<TrainSample>,
@@ -314,7 +314,7 @@ fn learning_rate_at(settings: &TrainSettings, step: usize, total: usize, run_ste
 /// The mean losses over `which` samples (position-weighted).
 fn mean_losses(
     trainer: &mut HeadTrainer,
-    target: &Llama,
+    target: &Decoder,
     samples: &[TrainSample],
     which: &[usize],
 ) -> Result<Losses, TrainError> {

@@ -1,11 +1,11 @@
 //! Checks on the model's forward that several test files run on different models and
 //! backends: batching, and token trees against the linear forward of their paths.
 
-use tandem::model::{Kept, KvCache, Llama, LogitsRows, SeqInput};
+use tandem::model::{Decoder, Kept, KvCache, LogitsRows, SeqInput};
 
 /// One sequence's forward from its slot's current length; the rows asked for.
 pub fn forward_rows(
-    model: &Llama,
+    model: &Decoder,
     cache: &mut KvCache,
     slot: usize,
     tokens: &[u32],
@@ -29,7 +29,7 @@ pub fn forward_rows(
 }
 
 /// One forward over several sequences of different lengths == each sequence alone.
-pub fn batched_equals_alone(model: &Llama, seqs: &[(Vec<u32>, Vec<u32>)]) {
+pub fn batched_equals_alone(model: &Decoder, seqs: &[(Vec<u32>, Vec<u32>)]) {
     let mut cache = model.new_cache(seqs.len() * 2);
     let mut alone = Vec::new();
     let mut slots = Vec::new();
@@ -82,7 +82,7 @@ pub fn tree_path(parents: &[u32], k: usize) -> Vec<usize> {
 /// cache as feeding that path alone would (the next tokens' logits are the same bits).
 /// `same` compares two rows (bitwise for the own kernels).
 pub fn tree_equals_its_paths(
-    model: &Llama,
+    model: &Decoder,
     prefix: &[u32],
     tokens: &[u32],
     parents: &[u32],

@@ -9,7 +9,7 @@ use tandem::engine::{
     generate_plain, generate_speculative, Completion, Engine, EngineRequest, FixedSpeculation,
     Gamma, GenerationOutput, GenerationRequest,
 };
-use tandem::model::Llama;
+use tandem::model::Decoder;
 use tandem::sampling::Lenience;
 
 /// The tokio runtime engine tests drive the engine from: two workers, like the machine's cores.
@@ -29,7 +29,7 @@ pub fn one_at_a_time() -> MutexGuard<'static, ()> {
 }
 
 /// `req` decoded plainly by `model` alone, in a cache of its own.
-pub fn plain_output(model: &Llama, req: &GenerationRequest) -> GenerationOutput {
+pub fn plain_output(model: &Decoder, req: &GenerationRequest) -> GenerationOutput {
     let mut cache = model.new_cache(1);
     generate_plain(model, &mut cache, req, &mut |_| true).unwrap()
 }
@@ -38,7 +38,7 @@ pub fn plain_output(model: &Llama, req: &GenerationRequest) -> GenerationOutput 
 /// plain decoding's tokens; returns the drafts accepted and rejected over every run (so a
 /// caller can require both branches of the rule to have been taken).
 pub fn speculation_equals_plain<'a>(
-    target: &Llama,
+    target: &Decoder,
     drafters: &mut dyn FnMut() -> Vec<Box<dyn Proposer + 'a>>,
     req: &GenerationRequest,
     gammas: &[usize],

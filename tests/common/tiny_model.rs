@@ -7,7 +7,7 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 use tandem::model::loaded::LoadOptions;
-use tandem::model::{BackendChoice, Llama, LoadedModel, ModelSource, WeightsDtype};
+use tandem::model::{BackendChoice, Decoder, LoadedModel, ModelSource, WeightsDtype};
 use tandem::sampling::SeededRng;
 
 /// Shape of a tiny Llama-3.2-style model: GQA, llama3 rope scaling, tied embeddings.
@@ -53,7 +53,7 @@ impl TinySpec {
 /// ties them to its embedding, so that some drafts stand), tapping the inputs of layers `taps`
 /// (empty: the default ones).
 pub fn random_eagle3_head(
-    target: &Llama,
+    target: &Decoder,
     intermediate: usize,
     seed: u64,
     ids: Vec<u32>,

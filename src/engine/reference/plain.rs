@@ -9,13 +9,13 @@ use crate::engine::error::EngineError;
 use crate::engine::request::{
     FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput,
 };
-use crate::model::{KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{Decoder, KvCache, LogitsRows, SeqInput};
 use crate::sampling::{Sampler, SeededRng};
 
 /// Decodes `req` in a fresh cache slot (freed before returning). `on_output` sees each token
 /// as it is produced.
 pub fn generate_plain(
-    model: &Llama,
+    model: &Decoder,
     cache: &mut KvCache,
     req: &GenerationRequest,
     on_output: &mut OnOutput<'_>,
@@ -26,7 +26,7 @@ pub fn generate_plain(
 }
 
 fn decode_in_slot(
-    model: &Llama,
+    model: &Decoder,
     cache: &mut KvCache,
     slot: usize,
     req: &GenerationRequest,

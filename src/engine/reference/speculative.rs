@@ -16,7 +16,7 @@ use crate::engine::gamma::{gamma_cap, Gamma};
 use crate::engine::request::{
     FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput, SpeculationStats,
 };
-use crate::model::{Kept, KvCache, Llama, LogitsRows, SeqInput};
+use crate::model::{Decoder, Kept, KvCache, LogitsRows, SeqInput};
 use crate::sampling::{Lenience, Sampler, SeededRng};
 
 /// The speculation of one reference run: a fixed γ and lenience for every round.
@@ -30,7 +30,7 @@ pub struct FixedSpeculation {
 
 /// Decodes `req` speculatively in a fresh target cache slot (freed before returning).
 pub fn generate_speculative(
-    target: &Llama,
+    target: &Decoder,
     cache: &mut KvCache,
     drafter: &mut dyn Proposer,
     req: &GenerationRequest,
@@ -43,7 +43,7 @@ pub fn generate_speculative(
 }
 
 fn run(
-    target: &Llama,
+    target: &Decoder,
     cache: &mut KvCache,
     slot: usize,
     drafter: &mut dyn Proposer,
@@ -132,7 +132,7 @@ fn run(
 
 /// Prefill and the first token, exactly as plain decoding does.
 fn first_token(
-    target: &Llama,
+    target: &Decoder,
     cache: &mut KvCache,
     slot: usize,
     req: &GenerationRequest,
@@ -162,7 +162,7 @@ struct RoundBuffers {
 
 /// What one round works on.
 struct Round<'a> {
-    target: &'a Llama,
+    target: &'a Decoder,
     cache: &'a mut KvCache,
     slot: usize,
     drafter: &'a mut dyn Proposer,

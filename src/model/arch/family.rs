@@ -3,7 +3,7 @@
 
 use candle_core::quantized::gguf_file;
 
-use crate::model::load::hparams::{GgufKeys, HfConfig, LlamaHparams, RopeLayout};
+use crate::model::load::hparams::{GgufKeys, HfConfig, Hparams, RopeLayout};
 use crate::model::spec::block::{Activation, Block, Feedforward};
 use crate::model::{ModelError, Result};
 
@@ -18,9 +18,9 @@ pub struct Family {
     /// Llama's to interleaved pairs and leaves the others' halves split).
     pub gguf_rope: RopeLayout,
     /// Sets what only this family's GGUF states (windows, per-layer rope), or refuses it.
-    pub gguf_extras: fn(&GgufKeys, &mut LlamaHparams) -> Result<()>,
+    pub gguf_extras: fn(&GgufKeys, &mut Hparams) -> Result<()>,
     /// Sets what only this family's `config.json` states, or refuses it.
-    pub hf_extras: fn(&HfConfig, &mut LlamaHparams) -> Result<()>,
+    pub hf_extras: fn(&HfConfig, &mut Hparams) -> Result<()>,
 }
 
 impl Family {
@@ -28,18 +28,18 @@ impl Family {
         &self,
         content: &gguf_file::Content,
         path: &std::path::Path,
-    ) -> Result<LlamaHparams> {
+    ) -> Result<Hparams> {
         let keys = GgufKeys::new(content, path);
-        let mut hp = LlamaHparams::from_gguf_keys(&keys, self.block, self.gguf_rope)?;
+        let mut hp = Hparams::from_gguf_keys(&keys, self.block, self.gguf_rope)?;
         (self.gguf_extras)(&keys, &mut hp)?;
         self.check_feedforward(&hp)?;
         hp.validate()?;
         Ok(hp)
     }
 
-    pub fn hparams_from_hf(&self, config: &HfConfig) -> Result<LlamaHparams> {
+    pub fn hparams_from_hf(&self, config: &HfConfig) -> Result<Hparams> {
         refuse_unread_hf_keys(config, self.block)?;
-        let mut hp = LlamaHparams::from_hf(config, self.block)?;
+        let mut hp = Hparams::from_hf(config, self.block)?;
         (self.hf_extras)(config, &mut hp)?;
         self.check_feedforward(&hp)?;
         hp.validate()?;
@@ -47,7 +47,7 @@ impl Family {
     }
 
     /// A file's experts (or their absence) against what the family's layers have.
-    fn check_feedforward(&self, hp: &LlamaHparams) -> Result<()> {
+    fn check_feedforward(&self, hp: &Hparams) -> Result<()> {
         match (self.block.feedforward, &hp.experts) {
             (Feedforward::Dense, Some(e)) => Err(ModelError::Unsupported(format!(
                 "a mixture of {} experts in a '{}' model (tandem runs mixtures of experts \
@@ -128,7 +128,7 @@ fn refuse_unread_hf_keys(c: &HfConfig, block: Block) -> Result<()> {
 
 /// Qwen's sliding window (layers past `max_window_layers`) is off in every released model; a
 /// config that turns it on is refused rather than run without it.
-pub fn refuse_qwen_sliding_window(c: &HfConfig, _: &mut LlamaHparams) -> Result<()> {
+pub fn refuse_qwen_sliding_window(c: &HfConfig, _: &mut Hparams) -> Result<()> {
     if c.use_sliding_window == Some(true) {
         return Err(ModelError::Unsupported(
             "config.json use_sliding_window = true (Qwen's windowed layers)".into(),
@@ -138,11 +138,11 @@ pub fn refuse_qwen_sliding_window(c: &HfConfig, _: &mut LlamaHparams) -> Result<
 }
 
 /// Nothing beyond the keys every family's `config.json` states.
-pub fn no_hf_extras(_: &HfConfig, _: &mut LlamaHparams) -> Result<()> {
+pub fn no_hf_extras(_: &HfConfig, _: &mut Hparams) -> Result<()> {
     Ok(())
 }
 
 /// Nothing beyond the keys every family's GGUF states.
-pub fn no_gguf_extras(_: &GgufKeys, _: &mut LlamaHparams) -> Result<()> {
+pub fn no_gguf_extras(_: &GgufKeys, _: &mut Hparams) -> Result<()> {
     Ok(())
 }

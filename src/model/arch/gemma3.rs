@@ -3,7 +3,7 @@
 //! sliding window at their own rope base (10k) while the sixth is global (1M).
 
 use crate::model::arch::family::Family;
-use crate::model::load::hparams::{GgufKeys, HfConfig, LayerWindows, LlamaHparams, RopeLayout};
+use crate::model::load::hparams::{GgufKeys, HfConfig, Hparams, LayerWindows, RopeLayout};
 use crate::model::spec::block::{Activation, Block, Feedforward};
 use crate::model::{ModelError, Result};
 
@@ -33,7 +33,7 @@ pub const FAMILY: Family = Family {
     hf_extras,
 };
 
-fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
+fn gguf_extras(keys: &GgufKeys, hp: &mut Hparams) -> Result<()> {
     if keys.f("final_logit_softcapping").is_some_and(|c| c > 0.0) {
         return Err(ModelError::Unsupported(
             "gemma3.final_logit_softcapping".into(),
@@ -63,7 +63,7 @@ fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
     Ok(())
 }
 
-fn hf_extras(c: &HfConfig, hp: &mut LlamaHparams) -> Result<()> {
+fn hf_extras(c: &HfConfig, hp: &mut Hparams) -> Result<()> {
     if c.use_bidirectional_attention == Some(true) {
         return Err(ModelError::Unsupported(
             "config.json use_bidirectional_attention = true (an embedding model, not a decoder)"

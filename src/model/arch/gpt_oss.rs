@@ -7,7 +7,7 @@
 
 use crate::model::arch::family::Family;
 use crate::model::kernels::elementwise::{SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT};
-use crate::model::load::hparams::{GgufKeys, HfConfig, LayerWindows, LlamaHparams, RopeLayout};
+use crate::model::load::hparams::{GgufKeys, HfConfig, Hparams, LayerWindows, RopeLayout};
 use crate::model::spec::block::{Activation, Block, Feedforward};
 use crate::model::{ModelError, Result};
 
@@ -34,13 +34,13 @@ pub const FAMILY: Family = Family {
 };
 
 /// The softmax over the chosen experts' logits is the renormalised softmax over all of them.
-fn routed_softmax_over_chosen(hp: &mut LlamaHparams) {
+fn routed_softmax_over_chosen(hp: &mut Hparams) {
     if let Some(e) = &mut hp.experts {
         e.norm_top_k = true;
     }
 }
 
-fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
+fn gguf_extras(keys: &GgufKeys, hp: &mut Hparams) -> Result<()> {
     routed_softmax_over_chosen(hp);
     if let Some(size) = keys.opt_u("attention.sliding_window").filter(|&w| w > 0) {
         hp.windows = LayerWindows::pattern(size, PATTERN, hp.num_layers);
@@ -53,7 +53,7 @@ fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
     Ok(())
 }
 
-fn hf_extras(c: &HfConfig, hp: &mut LlamaHparams) -> Result<()> {
+fn hf_extras(c: &HfConfig, hp: &mut Hparams) -> Result<()> {
     routed_softmax_over_chosen(hp);
     if let Some(limit) = c.swiglu_limit.filter(|&l| l != SWIGLU_OAI_LIMIT) {
         return Err(ModelError::Unsupported(format!(

@@ -4,7 +4,7 @@
 //! and routed tensors), so a Llama GGUF's feed-forward is dense or routed as the file says.
 
 use crate::model::arch::family::Family;
-use crate::model::load::hparams::{GgufKeys, HfConfig, LayerWindows, LlamaHparams, RopeLayout};
+use crate::model::load::hparams::{GgufKeys, HfConfig, Hparams, LayerWindows, RopeLayout};
 use crate::model::spec::block::{Block, Feedforward};
 use crate::model::Result;
 
@@ -21,14 +21,14 @@ pub const FAMILY: Family = Family {
     hf_extras,
 };
 
-fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
+fn gguf_extras(keys: &GgufKeys, hp: &mut Hparams) -> Result<()> {
     if let Some(w) = keys.opt_u("attention.sliding_window").filter(|&w| w > 0) {
         hp.windows = LayerWindows::all(w);
     }
     Ok(())
 }
 
-fn hf_extras(c: &HfConfig, hp: &mut LlamaHparams) -> Result<()> {
+fn hf_extras(c: &HfConfig, hp: &mut Hparams) -> Result<()> {
     if let Some(w) = c.sliding_window.filter(|&w| w > 0) {
         hp.windows = LayerWindows::all(w);
     }

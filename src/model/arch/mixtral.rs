@@ -4,7 +4,7 @@
 //! Llama family reads with the experts the file states.
 
 use crate::model::arch::family::{no_gguf_extras, Family};
-use crate::model::load::hparams::{HfConfig, LayerWindows, LlamaHparams, RopeLayout};
+use crate::model::load::hparams::{HfConfig, Hparams, LayerWindows, RopeLayout};
 use crate::model::spec::block::{Block, Feedforward};
 use crate::model::Result;
 
@@ -23,7 +23,7 @@ pub const FAMILY: Family = Family {
 
 /// Mixtral always renormalises its chosen experts' probabilities; its config may set a window
 /// (Mistral's, off in the released models).
-fn hf_extras(c: &HfConfig, hp: &mut LlamaHparams) -> Result<()> {
+fn hf_extras(c: &HfConfig, hp: &mut Hparams) -> Result<()> {
     if let Some(e) = &mut hp.experts {
         e.norm_top_k = true;
     }

@@ -22,7 +22,7 @@ pub mod qwen3moe;
 
 use candle_core::quantized::gguf_file;
 
-use crate::model::load::hparams::{GgufKeys, HfConfig, LlamaHparams};
+use crate::model::load::hparams::{GgufKeys, HfConfig, Hparams};
 use crate::model::{ModelError, Result};
 use family::Family;
 
@@ -72,10 +72,7 @@ fn names(f: impl Fn(&Family) -> Vec<&'static str>) -> String {
 }
 
 /// The hyperparameters of a GGUF file of any family here.
-pub fn hparams_from_gguf(
-    content: &gguf_file::Content,
-    path: &std::path::Path,
-) -> Result<LlamaHparams> {
+pub fn hparams_from_gguf(content: &gguf_file::Content, path: &std::path::Path) -> Result<Hparams> {
     let arch = GgufKeys::new(content, path).arch;
     let family = FAMILIES.iter().find(|f| f.gguf == arch).ok_or_else(|| {
         let what = match UNRUN_MIXTURES.contains(&arch.as_str()) {
@@ -92,7 +89,7 @@ pub fn hparams_from_gguf(
 
 /// The hyperparameters of a Hugging Face `config.json` of any family here, found by its
 /// `architectures`, else its `model_type`.
-pub fn hparams_from_hf(json: &str) -> Result<LlamaHparams> {
+pub fn hparams_from_hf(json: &str) -> Result<Hparams> {
     let config = HfConfig::parse(json)?;
     let by_arch = config.architectures.as_ref().and_then(|a| a.first());
     let family = match (by_arch, &config.model_type) {

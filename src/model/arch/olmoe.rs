@@ -3,7 +3,7 @@
 //! experts whose probabilities are not renormalised unless the model says so.
 
 use crate::model::arch::family::{no_hf_extras, Family};
-use crate::model::load::hparams::{GgufKeys, LlamaHparams, RopeLayout};
+use crate::model::load::hparams::{GgufKeys, Hparams, RopeLayout};
 use crate::model::spec::block::{Block, Feedforward};
 use crate::model::Result;
 
@@ -24,6 +24,6 @@ pub const FAMILY: Family = Family {
 
 /// llama.cpp runs these files without renormalising the chosen experts' probabilities unless
 /// the file states `expert_weights_norm`.
-fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
+fn gguf_extras(keys: &GgufKeys, hp: &mut Hparams) -> Result<()> {
     crate::model::arch::qwen2moe::unnormalized_unless_stated(keys, hp)
 }

@@ -4,8 +4,7 @@
 
 use crate::model::arch::family::Family;
 use crate::model::load::hparams::{
-    longrope_attention_factor, GgufKeys, HfConfig, LayerWindows, LlamaHparams, RopeLayout,
-    RopeScaling,
+    longrope_attention_factor, GgufKeys, HfConfig, Hparams, LayerWindows, RopeLayout, RopeScaling,
 };
 use crate::model::spec::block::Block;
 use crate::model::{ModelError, Result};
@@ -23,7 +22,7 @@ pub const FAMILY: Family = Family {
     hf_extras,
 };
 
-fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
+fn gguf_extras(keys: &GgufKeys, hp: &mut Hparams) -> Result<()> {
     let long = keys.f32_tensor("rope_factors_long.weight")?;
     let short = keys.f32_tensor("rope_factors_short.weight")?;
     match (short, long) {
@@ -53,7 +52,7 @@ fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
     Ok(())
 }
 
-fn hf_extras(c: &HfConfig, hp: &mut LlamaHparams) -> Result<()> {
+fn hf_extras(c: &HfConfig, hp: &mut Hparams) -> Result<()> {
     if !matches!(
         hp.rope_scaling,
         RopeScaling::None | RopeScaling::LongRope { .. }

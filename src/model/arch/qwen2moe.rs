@@ -4,7 +4,7 @@
 //! the model says so.
 
 use crate::model::arch::family::{refuse_qwen_sliding_window, Family};
-use crate::model::load::hparams::{GgufKeys, LlamaHparams, RopeLayout};
+use crate::model::load::hparams::{GgufKeys, Hparams, RopeLayout};
 use crate::model::spec::block::{Block, Feedforward};
 use crate::model::Result;
 
@@ -26,13 +26,13 @@ pub const FAMILY: Family = Family {
 /// llama.cpp runs these files without renormalising the chosen experts' probabilities
 /// (`norm_topk_prob` is false in the released models) unless the file states
 /// `expert_weights_norm`.
-fn gguf_extras(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
+fn gguf_extras(keys: &GgufKeys, hp: &mut Hparams) -> Result<()> {
     unnormalized_unless_stated(keys, hp)
 }
 
 /// A mixture's chosen probabilities as the file states (`expert_weights_norm`), else not
 /// renormalised (llama.cpp's rule for Qwen2-MoE and OLMoE files).
-pub(super) fn unnormalized_unless_stated(keys: &GgufKeys, hp: &mut LlamaHparams) -> Result<()> {
+pub(super) fn unnormalized_unless_stated(keys: &GgufKeys, hp: &mut Hparams) -> Result<()> {
     let stated = keys
         .content
         .metadata

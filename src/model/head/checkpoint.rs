@@ -22,7 +22,7 @@ use candle_core::safetensors::Load;
 use candle_core::{DType, Device, Tensor};
 
 use super::{eagle3, HeadTensors};
-use crate::model::spec::hparams::LlamaHparams;
+use crate::model::spec::hparams::Hparams;
 use crate::model::{ModelError, Result};
 
 const TOKEN_RANK: &str = "tandem.token_rank";
@@ -129,7 +129,7 @@ pub fn load_head(dir: &Path) -> Result<HeadTensors> {
 /// Writes `t` as a head folder for a target of shape `target`: `config.json` and
 /// `model.safetensors` in the layout [`load_head`] reads, weights in f16 (as EAGLE heads are
 /// published; a head loads back as exactly the f16 values written).
-pub fn save_head(dir: &Path, t: &HeadTensors, target: &LlamaHparams) -> Result<()> {
+pub fn save_head(dir: &Path, t: &HeadTensors, target: &Hparams) -> Result<()> {
     let io = |e: std::io::Error| ModelError::Unreadable {
         path: dir.to_owned(),
         reason: e.to_string(),
@@ -185,7 +185,7 @@ pub fn save_head(dir: &Path, t: &HeadTensors, target: &LlamaHparams) -> Result<(
 
 /// Every tensor's shape against the target's (`hp`, the head's shape), naming the first key
 /// that does not fit; the token ranking must name target tokens.
-pub(super) fn check_shapes(t: &HeadTensors, hp: &LlamaHparams) -> Result<()> {
+pub(super) fn check_shapes(t: &HeadTensors, hp: &Hparams) -> Result<()> {
     let h = hp.hidden_size;
     let (q_dim, kv_dim) = (hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim);
     let inter = t.gate.dim(0).unwrap_or(0);

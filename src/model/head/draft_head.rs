@@ -8,20 +8,20 @@ use candle_core::{Device, Tensor};
 use super::tensors::{head_hparams, HeadTensors};
 use super::{checkpoint, eagle3};
 use crate::model::cache::kv_cache::{KvCache, KvDtype};
+use crate::model::decoder::batch::{logits_rows, FeatureTaps, SeqInput};
+use crate::model::decoder::device::ForwardKind;
+use crate::model::decoder::ffn::{Ffn, GatedMlp};
+use crate::model::decoder::linear::{Linear, RawWeight, WeightsDtype};
+use crate::model::decoder::own_forward::{run_layers, LayerIo};
+use crate::model::decoder::rope::Ropes;
+use crate::model::decoder::weights::{Layer, LayerExtras};
 use crate::model::draft_vocab::DraftVocab;
-use crate::model::llama::batch::{logits_rows, FeatureTaps, SeqInput};
-use crate::model::llama::device::ForwardKind;
-use crate::model::llama::ffn::{Ffn, GatedMlp};
-use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
-use crate::model::llama::own_forward::{run_layers, LayerIo};
-use crate::model::llama::rope::Ropes;
-use crate::model::llama::weights::{Layer, LayerExtras};
-use crate::model::spec::hparams::LlamaHparams;
-use crate::model::{Llama, ModelError, Result};
+use crate::model::spec::hparams::Hparams;
+use crate::model::{Decoder, ModelError, Result};
 
 /// A loaded head, ready to draft for a target.
 pub struct DraftHead {
-    hp: LlamaHparams,
+    hp: Hparams,
     tensors: HeadTensors,
     fc: Linear,
     layers: Vec<Layer>,
@@ -54,7 +54,7 @@ impl DraftHead {
     /// tensors.
     pub fn new(
         mut tensors: HeadTensors,
-        target: &Llama,
+        target: &Decoder,
         dtype: WeightsDtype,
         draft_vocab: usize,
     ) -> Result<Self> {
@@ -180,7 +180,7 @@ impl DraftHead {
     /// as the next position's input state.
     pub fn forward(
         &self,
-        target: &Llama,
+        target: &Decoder,
         cache: &mut KvCache,
         batch: &[SeqInput],
         features: &[f32],

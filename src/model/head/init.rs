@@ -4,8 +4,8 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::{eagle3::Eagle3Parts, head_hparams, HeadTensors};
-use crate::model::spec::hparams::LlamaHparams;
-use crate::model::{Llama, Result};
+use crate::model::spec::hparams::Hparams;
+use crate::model::{Decoder, Result};
 
 /// `(rows, cols)` uniform in ±1/√cols (PyTorch's default for a linear layer, as EAGLE starts).
 fn uniform(state: &mut u64, rows: usize, cols: usize) -> Result<Tensor> {
@@ -17,7 +17,7 @@ fn uniform(state: &mut u64, rows: usize, cols: usize) -> Result<Tensor> {
 }
 
 /// A fresh head for `target`: every matrix uniform in ±1/√in, the norm at one.
-pub fn random_head(target: &LlamaHparams, intermediate: usize, seed: u64) -> Result<HeadTensors> {
+pub fn random_head(target: &Hparams, intermediate: usize, seed: u64) -> Result<HeadTensors> {
     let hp = head_hparams(target);
     let h = hp.hidden_size;
     let (q_dim, kv_dim) = (hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim);
@@ -42,7 +42,7 @@ pub fn random_head(target: &LlamaHparams, intermediate: usize, seed: u64) -> Res
 /// target's rows of them), tapping the default layers: `fc` over three taps and q/k/v over
 /// `[embedding, g]` uniform as [`random_head`]'s matrices, the norms at one.
 pub fn random_eagle3_head(
-    target: &Llama,
+    target: &Decoder,
     intermediate: usize,
     seed: u64,
     draft_ids: Vec<u32>,

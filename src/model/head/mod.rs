@@ -9,7 +9,7 @@
 //! position's input feature while a chain is drafted. The head keeps its own one-layer KV
 //! cache, in slots like the target's.
 //!
-//! It exists as its own type (not a one-layer `Llama`) because its input is not a token and its
+//! It exists as its own type (not a one-layer `Decoder`) because its input is not a token and its
 //! output head is borrowed: the target's embedding and output weights are read from the target
 //! at every step, so a head file holds only its own layer and projection.
 

@@ -4,7 +4,7 @@
 use candle_core::Tensor;
 
 use super::eagle3::Eagle3Parts;
-use crate::model::spec::hparams::LlamaHparams;
+use crate::model::spec::hparams::Hparams;
 
 /// A head's weights in f32 as a checkpoint stores them (Hugging Face layout: `(out, in)`,
 /// q/k rotated by halves), for saving and training.
@@ -48,9 +48,9 @@ pub fn default_head_dir() -> std::path::PathBuf {
 pub const DEFAULT_HEAD: &str = "SmolLM2-135M-Instruct";
 
 /// The head's shape: its layer's sizes (those of a target layer) and the target's vocabulary.
-pub fn head_hparams(target: &LlamaHparams) -> LlamaHparams {
+pub fn head_hparams(target: &Hparams) -> Hparams {
     // The head's layer is a Llama block whatever the target's family.
-    LlamaHparams {
+    Hparams {
         num_layers: 1,
         rope_layout: crate::model::spec::hparams::RopeLayout::HalfSplit,
         block: crate::model::spec::block::Block::LLAMA,

@@ -6,11 +6,11 @@
 pub use crate::model::load::gguf_keys::GgufKeys;
 pub use crate::model::load::hf_config::{rope_scaling_from_hf, HfConfig};
 use crate::model::spec::block::Block;
-pub use crate::model::spec::hparams::{LayerRope, LayerWindows, LlamaHparams, MAX_EXPERTS};
+pub use crate::model::spec::hparams::{Hparams, LayerRope, LayerWindows, MAX_EXPERTS};
 pub use crate::model::spec::rope::{longrope_attention_factor, RopeLayout, RopeScaling};
 use crate::model::{ModelError, Result};
 
-impl LlamaHparams {
+impl Hparams {
     /// The hyperparameters every family's GGUF states under `{arch}.*`, for a family whose
     /// block is `block` and whose converter pairs rope dimensions as `rope_layout`: what is
     /// left to a family's own file is its extras (windows, per-layer rope).

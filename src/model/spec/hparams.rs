@@ -12,7 +12,7 @@ use crate::model::{ModelError, Result};
 pub const MAX_EXPERTS: usize = 1024;
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct LlamaHparams {
+pub struct Hparams {
     /// The family, as its files name it (GGUF `general.architecture`, or `model_type`).
     pub family: String,
     /// What the family's decoder block does beyond Llama's.
@@ -39,7 +39,7 @@ pub struct LlamaHparams {
     pub experts: Option<Experts>,
 }
 
-impl LlamaHparams {
+impl Hparams {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(ModelError::BadConfig(m));
         if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_layers == 0 {

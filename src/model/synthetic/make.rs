@@ -7,7 +7,7 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
-use crate::model::llama::linear::RawWeight;
+use crate::model::decoder::linear::RawWeight;
 use crate::model::load::weight_roles::{WeightName, WeightReader};
 use crate::model::synthetic::{Recipe, Shape};
 use crate::model::{ModelError, Result};

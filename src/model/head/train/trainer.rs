@@ -10,16 +10,16 @@ use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use super::sample::{Losses, TrainSample};
 use super::settings::TrainSettings;
 use super::vars::HeadVars;
+use crate::model::decoder::rope::angle_tables;
 use crate::model::head::checkpoint::check_shapes;
 use crate::model::head::init::unit;
 use crate::model::head::{head_hparams, Eagle3Parts, HeadTensors};
-use crate::model::llama::rope::angle_tables;
-use crate::model::spec::hparams::LlamaHparams;
-use crate::model::{Llama, ModelError, Result};
+use crate::model::spec::hparams::Hparams;
+use crate::model::{Decoder, ModelError, Result};
 
 /// A head under training: its variables, the optimizer, and what its losses read.
 pub struct HeadTrainer {
-    pub(super) hp: LlamaHparams,
+    pub(super) hp: Hparams,
     pub(super) vars: HeadVars,
     /// An EAGLE-3 head's parts that are not trained (its vocabulary, taps, RoPE).
     eagle3: Option<Eagle3Parts>,
@@ -39,7 +39,7 @@ impl HeadTrainer {
     /// `init.token_rank` (0 or more than it holds: the whole vocabulary).
     pub fn new(
         init: HeadTensors,
-        target: &Llama,
+        target: &Decoder,
         draft_vocab: usize,
         settings: TrainSettings,
     ) -> Result<Self> {
@@ -95,7 +95,7 @@ impl HeadTrainer {
     /// reading the first's row `r` and the token after position `start + r + 1` there.
     pub fn drafting_states(
         &self,
-        target: &Llama,
+        target: &Decoder,
         sample: &TrainSample,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let w = self.feature_width();
@@ -115,7 +115,7 @@ impl HeadTrainer {
     /// step.
     pub fn step(
         &mut self,
-        target: &Llama,
+        target: &Decoder,
         sample: &TrainSample,
         learning_rate: f64,
     ) -> Result<Losses> {
@@ -145,13 +145,13 @@ impl HeadTrainer {
     }
 
     /// The losses of one sequence without noise or a step (held-out evaluation).
-    pub fn evaluate(&mut self, target: &Llama, sample: &TrainSample) -> Result<Losses> {
+    pub fn evaluate(&mut self, target: &Decoder, sample: &TrainSample) -> Result<Losses> {
         Ok(self.losses(target, sample, false)?.1)
     }
 
     fn losses(
         &mut self,
-        target: &Llama,
+        target: &Decoder,
         sample: &TrainSample,
         noised: bool,
     ) -> Result<(Tensor, Losses)> {
@@ -238,7 +238,7 @@ impl HeadTrainer {
     }
 
     /// The target's normed last state over rows of features (what its output head reads).
-    fn target_states(&self, target: &Llama, features: &Tensor) -> Result<Tensor> {
+    fn target_states(&self, target: &Decoder, features: &Tensor) -> Result<Tensor> {
         let h = self.hp.hidden_size;
         match &self.vars.eagle3 {
             None => Ok(features.clone()),

@@ -15,7 +15,7 @@ pub enum WeightsDtype {
     /// and convert float ones (F32, F16, BF16) to Q8_0: the file's own numbers where its
     /// publisher chose a quantization, the fast 8-bit kernel where it did not. The default
     /// model steps 1.6–1.8x faster as-is than converted to Q8_0, on exactly its weights.
-    /// On a GPU, f16 (`Llama::load_on`: candle's quantized kernels there are not
+    /// On a GPU, f16 (`Decoder::load_on`: candle's quantized kernels there are not
     /// batch-invariant).
     Auto,
     F32,

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::llama::linear::RawWeight;
+use crate::model::decoder::linear::RawWeight;
 use crate::model::{ModelError, Result};
 
 pub(crate) enum Embedding {

@@ -9,14 +9,14 @@
 
 use candle_core::{DType, Tensor};
 
+use crate::model::decoder::expert_trace;
+use crate::model::decoder::linear::Linear;
+use crate::model::decoder::op_profile::{timed, Op};
+use crate::model::decoder::routing::{route, Choice};
 use crate::model::kernels::elementwise::{
     add_bias_rows, gelu_gate_rows, silu_gate, silu_gate_rows, swiglu_oai_gate_rows,
     SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT,
 };
-use crate::model::llama::expert_trace;
-use crate::model::llama::linear::Linear;
-use crate::model::llama::op_profile::{timed, Op};
-use crate::model::llama::routing::{route, Choice};
 use crate::model::spec::block::Activation;
 use crate::model::Result;
 

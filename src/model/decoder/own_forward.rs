@@ -8,25 +8,25 @@
 use candle_core::{Device, Tensor};
 
 use crate::model::cache::kv_cache::{KvCache, LayerKv};
+use crate::model::decoder::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
+use crate::model::decoder::op_profile::{timed, Op};
+use crate::model::decoder::rope::{RopeTable, Ropes};
+use crate::model::decoder::weights::{DecoderWeights, Layer, MlpBuffers};
 use crate::model::kernels::attention::KvElement;
 use crate::model::kernels::attention::{
     causal_attention, prefetch_cache, tree_attention, AttnShape,
 };
 use crate::model::kernels::elementwise::add_bias_rows;
 use crate::model::kernels::rms_norm::norm_in_place;
-use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
-use crate::model::llama::op_profile::{timed, Op};
-use crate::model::llama::rope::{RopeTable, Ropes};
-use crate::model::llama::weights::{Layer, LlamaWeights, MlpBuffers};
-use crate::model::spec::hparams::LlamaHparams;
+use crate::model::spec::hparams::Hparams;
 use crate::model::Result;
 
 /// The whole model: embeddings, every layer, then the output head over the rows `batch` asks
 /// for. Also returns the last layer's output for every row (before the final norm), and the
 /// input of each layer in `taps` (a draft head's features).
 pub(crate) fn forward(
-    w: &LlamaWeights,
-    hp: &LlamaHparams,
+    w: &DecoderWeights,
+    hp: &Hparams,
     rope: &Ropes,
     cache: &mut KvCache,
     batch: &[SeqInput],
@@ -67,7 +67,7 @@ pub(crate) struct LayerIo<'a> {
 /// last layer's output and the inputs of the layers `io.taps` names.
 pub(crate) fn run_layers(
     layers: &[Layer],
-    hp: &LlamaHparams,
+    hp: &Hparams,
     ropes: &Ropes,
     cache: &mut KvCache,
     batch: &[SeqInput],

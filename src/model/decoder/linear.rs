@@ -17,13 +17,13 @@ use std::sync::Arc;
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
+use crate::model::decoder::device::ForwardKind;
+pub use crate::model::decoder::weights_dtype::WeightsDtype;
 use crate::model::kernels::f16_gemm::{self, PackedF16};
 use crate::model::kernels::kquant_gemm::{self, KFormat, PackedK};
 use crate::model::kernels::packed_gemm::{PackedLinear, PackedWeight};
 use crate::model::kernels::q4_gemm::{self, PackedQ4, Q4Format};
 use crate::model::kernels::q8_gemm::{self, PackedQ8};
-use crate::model::llama::device::ForwardKind;
-pub use crate::model::llama::weights_dtype::WeightsDtype;
 pub use crate::model::load::raw_weight::RawWeight;
 use crate::model::{ModelError, Result};
 

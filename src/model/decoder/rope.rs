@@ -4,7 +4,7 @@
 //! forward has its own position (sequences of different lengths share one pass), and a per-token
 //! scalar loop keeps the result bitwise identical however tokens are batched.
 
-use crate::model::spec::hparams::{LayerRope, LlamaHparams, RopeLayout, RopeScaling};
+use crate::model::spec::hparams::{Hparams, LayerRope, RopeLayout, RopeScaling};
 
 /// A model's rope tables: the global one, and the windowed layers' where they rotate at their
 /// own base (Gemma 3's local layers).
@@ -14,7 +14,7 @@ pub struct Ropes {
 }
 
 impl Ropes {
-    pub fn new(hp: &LlamaHparams, max_positions: usize) -> Self {
+    pub fn new(hp: &Hparams, max_positions: usize) -> Self {
         Self {
             global: RopeTable::new(hp, max_positions),
             local: hp.local_rope().map(|l| RopeTable::new(&l, max_positions)),
@@ -22,7 +22,7 @@ impl Ropes {
     }
 
     /// The table layer `l` rotates with.
-    pub fn for_layer(&self, hp: &LlamaHparams, l: usize) -> &RopeTable {
+    pub fn for_layer(&self, hp: &Hparams, l: usize) -> &RopeTable {
         match (hp.layer_rope(l), &self.local) {
             (LayerRope::Local, Some(local)) => local,
             _ => &self.global,
@@ -40,7 +40,7 @@ pub struct RopeTable {
 
 /// Inverse frequencies for a model instance of `max_positions`, with the configured scaling
 /// (Llama 3's wavelength-dependent one, linear, or LongRoPE's per-frequency factors).
-pub fn inv_freqs(hp: &LlamaHparams, max_positions: usize) -> Vec<f32> {
+pub fn inv_freqs(hp: &Hparams, max_positions: usize) -> Vec<f32> {
     let d = hp.head_dim;
     let base: Vec<f32> = (0..d)
         .step_by(2)
@@ -139,7 +139,7 @@ fn yarn_freqs(
 
 /// `cos` and `sin` of every position's angle for every frequency pair, position-major
 /// (`half` pairs a position): the tables both backends rotate with.
-pub fn angle_tables(hp: &LlamaHparams, max_positions: usize) -> (usize, Vec<f32>, Vec<f32>) {
+pub fn angle_tables(hp: &Hparams, max_positions: usize) -> (usize, Vec<f32>, Vec<f32>) {
     let freqs = inv_freqs(hp, max_positions);
     let half = freqs.len();
     let mscale = match hp.rope_scaling {
@@ -164,7 +164,7 @@ pub fn angle_tables(hp: &LlamaHparams, max_positions: usize) -> (usize, Vec<f32>
 }
 
 impl RopeTable {
-    pub fn new(hp: &LlamaHparams, max_positions: usize) -> Self {
+    pub fn new(hp: &Hparams, max_positions: usize) -> Self {
         let (half, cos, sin) = angle_tables(hp, max_positions);
         Self {
             half,

@@ -3,8 +3,8 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::model::llama::rope::angle_tables;
-use crate::model::spec::hparams::{LayerRope, LlamaHparams, RopeLayout};
+use crate::model::decoder::rope::angle_tables;
+use crate::model::spec::hparams::{Hparams, LayerRope, RopeLayout};
 use crate::model::Result;
 
 /// Rotary tables on the device: `cos[pos][i]`, `sin[pos][i]` for frequency pair `i`.
@@ -15,7 +15,7 @@ pub(crate) struct TensorRope {
 }
 
 impl TensorRope {
-    pub fn new(hp: &LlamaHparams, max_positions: usize, device: &Device) -> Result<Self> {
+    pub fn new(hp: &Hparams, max_positions: usize, device: &Device) -> Result<Self> {
         let (half, cos, sin) = angle_tables(hp, max_positions);
         Ok(Self {
             cos: Tensor::from_vec(cos, (max_positions, half), device)?,
@@ -41,7 +41,7 @@ pub(crate) struct TensorRopes {
 }
 
 impl TensorRopes {
-    pub fn new(hp: &LlamaHparams, max_positions: usize, device: &Device) -> Result<Self> {
+    pub fn new(hp: &Hparams, max_positions: usize, device: &Device) -> Result<Self> {
         Ok(Self {
             global: TensorRope::new(hp, max_positions, device)?,
             local: hp
@@ -52,7 +52,7 @@ impl TensorRopes {
     }
 
     /// Whether layer `l` rotates with the local table.
-    pub(super) fn is_local(&self, hp: &LlamaHparams, l: usize) -> bool {
+    pub(super) fn is_local(&self, hp: &Hparams, l: usize) -> bool {
         self.local.is_some() && hp.layer_rope(l) == LayerRope::Local
     }
 }

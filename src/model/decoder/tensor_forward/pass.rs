@@ -6,16 +6,16 @@ use candle_core::{Device, Tensor};
 use super::attention::{attend, attend_tree, Heads};
 use super::rope_tensors::{TensorRope, TensorRopes};
 use crate::model::cache::kv_cache::KvCache;
-use crate::model::llama::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
-use crate::model::llama::weights::LlamaWeights;
-use crate::model::spec::hparams::LlamaHparams;
+use crate::model::decoder::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
+use crate::model::decoder::weights::DecoderWeights;
+use crate::model::spec::hparams::Hparams;
 use crate::model::Result;
 
 /// The forward over `batch` on the weights' device: the logits rows each sequence asks for,
 /// the last layer's output, and the inputs of the layers `taps` names.
 pub(crate) fn forward(
-    w: &LlamaWeights,
-    hp: &LlamaHparams,
+    w: &DecoderWeights,
+    hp: &Hparams,
     ropes: &TensorRopes,
     cache: &mut KvCache,
     batch: &[SeqInput],
@@ -97,7 +97,7 @@ pub(crate) fn forward(
 /// tree token's at its depth).
 fn rope_rows(
     rope: &TensorRope,
-    hp: &LlamaHparams,
+    hp: &Hparams,
     batch: &[SeqInput],
     trees: &[Option<TreeLayout>],
     device: &Device,
@@ -126,7 +126,7 @@ fn rope_rows(
 
 /// What every layer's attention reads: the batch, its trees and its tokens' rotary rows.
 struct LayerPass<'a, 'b> {
-    hp: &'a LlamaHparams,
+    hp: &'a Hparams,
     ropes: &'a TensorRopes,
     /// The global table's rows, and the local one's where the model has it.
     angles: (&'a (Tensor, Tensor), Option<&'a (Tensor, Tensor)>),

@@ -6,7 +6,7 @@
 
 use std::cell::RefCell;
 
-use crate::model::llama::routing::Choice;
+use crate::model::decoder::routing::Choice;
 
 thread_local! {
     static ROUTES: RefCell<Option<Vec<LayerRoutes>>> = const { RefCell::new(None) };

@@ -1,4 +1,4 @@
-//! The Llama model as the layers above see it: one forward that runs new tokens of many
+//! The decoder as the layers above see it: one forward that runs new tokens of many
 //! sequences at once, each against its own KV cache slot and start position, and returns only
 //! the logits rows the caller asks for.
 //!
@@ -12,14 +12,14 @@ use candle_core::{DType, Device, Tensor};
 
 use super::{own_forward, tensor_forward};
 use crate::model::cache::kv_cache::{KvCache, KvDtype};
-use crate::model::llama::batch::{BatchFeatures, BatchLogits, FeatureTaps, SeqInput};
-use crate::model::llama::device::ForwardKind;
-use crate::model::llama::linear::WeightsDtype;
-use crate::model::llama::rope::Ropes;
-use crate::model::llama::tensor_forward::TensorRopes;
-use crate::model::llama::weights::LlamaWeights;
+use crate::model::decoder::batch::{BatchFeatures, BatchLogits, FeatureTaps, SeqInput};
+use crate::model::decoder::device::ForwardKind;
+use crate::model::decoder::linear::WeightsDtype;
+use crate::model::decoder::rope::Ropes;
+use crate::model::decoder::tensor_forward::TensorRopes;
+use crate::model::decoder::weights::DecoderWeights;
 use crate::model::load::weight_roles::WeightReader;
-use crate::model::spec::hparams::LlamaHparams;
+use crate::model::spec::hparams::Hparams;
 use crate::model::{ModelError, Result};
 
 /// The per-backend state beside the weights.
@@ -28,23 +28,23 @@ enum Backend {
     Tensor(TensorRopes),
 }
 
-pub struct Llama {
-    hp: LlamaHparams,
+pub struct Decoder {
+    hp: Hparams,
     device: Device,
-    weights: LlamaWeights,
+    weights: DecoderWeights,
     backend: Backend,
     context_len: usize,
     weights_dtype: WeightsDtype,
     kv_dtype: KvDtype,
 }
 
-impl Llama {
+impl Decoder {
     /// Builds the model on the CPU's own kernels, converting every linear weight to
     /// `weights_dtype`. `context_len` caps the positions (and so the KV cache) this instance
     /// supports.
     pub fn load(
         reader: &mut WeightReader,
-        hp: LlamaHparams,
+        hp: Hparams,
         weights_dtype: WeightsDtype,
         context_len: usize,
     ) -> Result<Self> {
@@ -61,7 +61,7 @@ impl Llama {
     /// Builds the model for the forward `kind` on `device` (the own kernels need the CPU).
     pub fn load_on(
         reader: &mut WeightReader,
-        hp: LlamaHparams,
+        hp: Hparams,
         weights_dtype: WeightsDtype,
         context_len: usize,
         device: &Device,
@@ -81,7 +81,7 @@ impl Llama {
             WeightsDtype::Auto if !device.is_cpu() => WeightsDtype::F16,
             dtype => dtype,
         };
-        let weights = LlamaWeights::load(reader, &hp, weights_dtype, device, kind)?;
+        let weights = DecoderWeights::load(reader, &hp, weights_dtype, device, kind)?;
         let quantized = weights.layers.first().is_some_and(|l| {
             l.qkv
                 .dtypes()
@@ -111,7 +111,7 @@ impl Llama {
         })
     }
 
-    /// Sets the element type of the caches [`Llama::new_cache`] makes.
+    /// Sets the element type of the caches [`Decoder::new_cache`] makes.
     pub fn with_kv_dtype(mut self, kv_dtype: KvDtype) -> Self {
         self.kv_dtype = kv_dtype;
         self
@@ -121,7 +121,7 @@ impl Llama {
         self.kv_dtype
     }
 
-    pub fn hparams(&self) -> &LlamaHparams {
+    pub fn hparams(&self) -> &Hparams {
         &self.hp
     }
 
@@ -168,7 +168,7 @@ impl Llama {
     }
 
     /// Multiply-adds per token of each kind of matmul, summed over the layers.
-    pub fn macs_per_token(&self) -> Vec<(crate::model::llama::op_profile::Op, usize)> {
+    pub fn macs_per_token(&self) -> Vec<(crate::model::decoder::op_profile::Op, usize)> {
         self.weights.macs_per_token()
     }
 
@@ -271,7 +271,7 @@ impl Llama {
             }
             if !s.parents.is_empty() {
                 let ordered = s.parents.len() == s.tokens.len()
-                    && s.parents[0] == crate::model::llama::batch::TREE_ROOT
+                    && s.parents[0] == crate::model::decoder::batch::TREE_ROOT
                     && s.parents
                         .iter()
                         .enumerate()
@@ -282,7 +282,7 @@ impl Llama {
                         "slot {}: a tree input needs one parent per token, the first {} and \
                          each other an earlier token's index",
                         s.slot,
-                        crate::model::llama::batch::TREE_ROOT
+                        crate::model::decoder::batch::TREE_ROOT
                     )));
                 }
             }
@@ -297,7 +297,7 @@ impl Llama {
         Ok(self.forward_inner(cache, batch, &[])?.0)
     }
 
-    /// [`Llama::forward`], and every new token's hidden states that `taps` names: the features
+    /// [`Decoder::forward`], and every new token's hidden states that `taps` names: the features
     /// a draft head drafts from.
     pub fn forward_with_features(
         &self,

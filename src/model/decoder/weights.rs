@@ -1,4 +1,4 @@
-//! A Llama checkpoint's weights as a forward needs them: the embedding, per layer the norms and
+//! A checkpoint's weights as a forward needs them: the embedding, per layer the norms and
 //! the fused projections (q/k/v, gate/up), the final norm and the output head.
 //!
 //! Both backends load through here; only where the weights end up (host or device) and which
@@ -6,18 +6,18 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::model::decoder::device::ForwardKind;
+use crate::model::decoder::embedding::Embedding;
+use crate::model::decoder::ffn::{Ffn, FfnBuffers, GatedMlp, RoutedFfn, SharedExpert};
+use crate::model::decoder::linear::{Linear, RawWeight, WeightsDtype};
+use crate::model::decoder::op_profile::{timed, Op};
 use crate::model::kernels::elementwise::add_bias_rows;
 use crate::model::kernels::rms_norm::{
     add_norm_rows, norm_in_place, norm_rows, rms_norm, with_host,
 };
-use crate::model::llama::device::ForwardKind;
-use crate::model::llama::embedding::Embedding;
-use crate::model::llama::ffn::{Ffn, FfnBuffers, GatedMlp, RoutedFfn, SharedExpert};
-use crate::model::llama::linear::{Linear, RawWeight, WeightsDtype};
-use crate::model::llama::op_profile::{timed, Op};
 use crate::model::load::weight_roles::{ExpertPart, WeightName, WeightReader};
 use crate::model::spec::block::Experts;
-use crate::model::spec::hparams::LlamaHparams;
+use crate::model::spec::hparams::Hparams;
 use crate::model::{ModelError, Result};
 
 pub(crate) struct Layer {
@@ -124,7 +124,7 @@ impl Layer {
 
 /// What loading a layer needs besides the file.
 struct LayerParts<'a> {
-    hp: &'a LlamaHparams,
+    hp: &'a Hparams,
     weights_dtype: WeightsDtype,
     device: &'a Device,
     kind: ForwardKind,
@@ -352,7 +352,7 @@ pub(crate) struct MlpBuffers {
     ffn: FfnBuffers,
 }
 
-pub(crate) struct LlamaWeights {
+pub(crate) struct DecoderWeights {
     pub embed: Embedding,
     pub layers: Vec<Layer>,
     pub norm: Tensor,
@@ -361,12 +361,12 @@ pub(crate) struct LlamaWeights {
     pub output_tied: bool,
 }
 
-impl LlamaWeights {
+impl DecoderWeights {
     /// Reads every weight (on the CPU), converts linear weights to `weights_dtype` and places
     /// them on `device` for the forward `kind`.
     pub fn load(
         reader: &mut WeightReader,
-        hp: &LlamaHparams,
+        hp: &Hparams,
         weights_dtype: WeightsDtype,
         device: &Device,
         kind: ForwardKind,
@@ -420,7 +420,7 @@ impl LlamaWeights {
 
     /// The first layer's input rows for `ids` (checked against the vocabulary), in f32 on
     /// `device`: the embedding rows, scaled where the family scales them.
-    pub fn input_rows(&self, hp: &LlamaHparams, ids: &[u32], device: &Device) -> Result<Tensor> {
+    pub fn input_rows(&self, hp: &Hparams, ids: &[u32], device: &Device) -> Result<Tensor> {
         let rows = self.embed.rows(ids, device)?;
         Ok(match hp.block.embed_scale {
             true => rows.affine((hp.hidden_size as f32).sqrt() as f64, 0.0)?,
