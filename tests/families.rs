@@ -521,6 +521,48 @@ fn the_engine_drafts_for_every_family_with_a_head_and_a_draft_model() {
     }
 }
 
+/// The engine's target worker counts the distinct experts each routed layer of a forward read
+/// (what the governor prices a mixture's verification by): a step reads its row's experts,
+/// rows of one token repeated read no more, varied rows read more; a dense model's forwards
+/// count none.
+#[test]
+fn the_target_worker_counts_the_experts_each_forward_reads() {
+    use std::sync::Arc;
+    use tandem::engine::verifier::Verifier;
+    let rt = common::runtime();
+    for family in ["qwen3moe", "mixtral", "llama"] {
+        let (loaded, _dir) = load(family, WeightsDtype::F32, None);
+        let h = loaded.model.hparams().clone();
+        let verifier = Verifier::new(Arc::new(loaded.model), 1, 1, None, 0).unwrap();
+        let apart = rt
+            .block_on(verifier.calibrate(0, vec![1, 5], 1, false))
+            .unwrap();
+        let alike = rt
+            .block_on(verifier.calibrate(0, vec![5], 1, true))
+            .unwrap();
+        let Some(e) = h.experts else {
+            assert!(apart.iter().chain(&alike).all(|t| t.reads.is_empty()));
+            continue;
+        };
+        for t in apart.iter().chain(&alike) {
+            assert_eq!(t.reads.len(), h.num_layers, "{family}: one count a layer");
+        }
+        let all_used = |reads: &[u16]| reads.iter().all(|&r| r as usize == e.used);
+        assert!(all_used(&apart[0].reads), "{family}: {:?}", apart[0].reads);
+        assert!(all_used(&alike[0].reads), "{family}: {:?}", alike[0].reads);
+        let most = e.count.min(5 * e.used);
+        assert!(
+            apart[1]
+                .reads
+                .iter()
+                .all(|&r| (e.used..=most).contains(&(r as usize)))
+                && apart[1].reads.iter().any(|&r| r as usize > e.used),
+            "{family}: {:?}",
+            apart[1].reads
+        );
+    }
+}
+
 /// A mixture's rows grouped by expert: a row's bits are the same alone, among rows that share
 /// its experts, and on every weight type the own kernels run (f16, Q8_0, Q4_0 here).
 #[test]

@@ -6,9 +6,9 @@ use kameo::actor::ActorRef;
 
 use super::drafter::Drafter;
 use super::error::EngineError;
-use super::governor::CostModel;
+use super::governor::{CostModel, ExpertPrices};
 use super::messages::MeasureDraftCosts;
-use super::verifier::Verifier;
+use super::verifier::{TimedForward, Verifier};
 use crate::draft::DraftTiming;
 
 /// The widest target forward timed at start-up; wider ones are extrapolated until measured.
@@ -33,16 +33,39 @@ fn verify_widths(max_seqs: usize, gamma_limit: usize) -> Vec<usize> {
 }
 
 /// A cost model for forwards up to a whole batch of full verifications, with the target's
-/// forwards timed on its first slot (free at start-up).
+/// forwards timed on its first slot (free at start-up). A mixture's forwards are priced by
+/// the experts they read (`experts`): the price of one read from the widest lone verification
+/// timed twice, its rows choosing alike and apart.
 pub(super) async fn calibrate_target(
     verifier: &Verifier,
     max_seqs: usize,
     gamma_limit: usize,
+    experts: Option<ExpertPrices>,
 ) -> Result<CostModel, EngineError> {
     let mut costs = CostModel::new(max_seqs * (gamma_limit + 1));
     let widths = verify_widths(max_seqs, gamma_limit);
-    for (w, secs) in verifier.calibrate(0, widths, REPEATS).await? {
-        costs.record_verify(secs, w);
+    let timed = verifier.calibrate(0, widths, REPEATS, false).await?;
+    if let Some(mut prices) = experts {
+        let probe = gamma_limit + 1;
+        let apart = timed.iter().find(|t| t.width == probe);
+        let alike = verifier.calibrate(0, vec![probe], REPEATS, true).await?;
+        if let (Some(apart), Some(alike)) = (apart, alike.first()) {
+            let total = |t: &TimedForward| t.reads.iter().map(|&r| r as usize).sum::<usize>();
+            prices.set_per_expert((total(apart), apart.seconds), (total(alike), alike.seconds));
+            tracing::debug!(
+                width = probe,
+                apart_ms = apart.seconds * 1e3,
+                apart_reads = total(apart),
+                alike_ms = alike.seconds * 1e3,
+                alike_reads = total(alike),
+                per_expert_us = prices.per_expert() * 1e6,
+                "expert reads calibrated"
+            );
+        }
+        costs.price_experts(prices);
+    }
+    for t in &timed {
+        costs.record_forward(t.seconds, t.width, &t.reads);
     }
     Ok(costs)
 }

@@ -13,7 +13,7 @@ use super::drafter::Drafter;
 use super::error::EngineError;
 use super::event_stream::EventStream;
 use super::gamma::{Gamma, GammaPolicy};
-use super::governor::{CostModel, GovernorConfig};
+use super::governor::{CostModel, ExpertPrices, GovernorConfig};
 use super::liveness::{EngineHealth, Liveness};
 use super::messages::*;
 use super::prefix_budget::{prefix_budget_bytes, split_budget};
@@ -168,7 +168,7 @@ impl Engine {
             &cfg,
             &verifier,
             drafter.as_ref(),
-            context_len,
+            (context_len, expert_prices(&target)),
         )
         .await?;
         let cache = CacheManager::spawn(CacheManager::new(
@@ -390,6 +390,14 @@ fn foresight_for(draft: Option<&LoadedDrafter>) -> Option<DraftForesight> {
     DraftForesight::new(d.lookup()?, !alone)
 }
 
+/// A mixture of experts' target: its forwards priced by the experts they read, every layer
+/// routed.
+fn expert_prices(target: &Decoder) -> Option<ExpertPrices> {
+    let h = target.hparams();
+    h.experts
+        .map(|e| ExpertPrices::new(e.count, e.used, h.num_layers))
+}
+
 /// The governor's costs: the configured `table`, or target forwards of 1..=γmax+1 tokens and
 /// one draft step measured now (provisional until rounds refine them).
 async fn measure_costs(
@@ -397,12 +405,12 @@ async fn measure_costs(
     cfg: &EngineConfig,
     verifier: &Verifier,
     drafter: Option<&ActorRef<Drafter>>,
-    context_len: usize,
+    (context_len, experts): (usize, Option<ExpertPrices>),
 ) -> Result<CostModel, EngineError> {
     if let Some(table) = table {
         return Ok(table.freeze());
     }
-    let mut costs = calibrate_target(verifier, cfg.max_seqs, cfg.gamma_limit).await?;
+    let mut costs = calibrate_target(verifier, cfg.max_seqs, cfg.gamma_limit, experts).await?;
     if let Some(d) = drafter {
         calibrate_drafter(d, cfg.gamma_limit, context_len, &mut costs).await?;
     }

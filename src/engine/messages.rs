@@ -267,6 +267,9 @@ pub struct TargetBatchResult {
     /// Per item: its outcome, or its sequence id and what went wrong.
     pub outcomes: Vec<Result<TargetOutcome, (u64, Failure)>>,
     pub seconds: f64,
+    /// A mixture's forward: the distinct experts each routed layer read (empty for a dense
+    /// model).
+    pub expert_reads: Vec<u16>,
 }
 
 /// Verifier: give slot `to` the first `len` cached tokens of slot `from` (a choice of a

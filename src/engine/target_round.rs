@@ -14,6 +14,7 @@ use super::messages::{
     Failure, TargetBatchResult, TargetItem, TargetOutcome, TargetWork, TreeWalk, NON_FINITE_LOGITS,
 };
 use crate::draft::Proposal;
+use crate::model::decoder::expert_trace;
 use crate::model::{
     BatchFeatures, BatchLogits, Decoder, FeatureTaps, Kept, KvCache, LogitsRows, ModelError,
     SeqInput,
@@ -76,8 +77,11 @@ pub(super) fn run_batch(
     s: &mut TargetState,
     items: Vec<TargetItem>,
 ) -> Result<TargetBatchResult, EngineError> {
+    expert_trace::count_reads();
     let start = Instant::now();
     let (logits, features) = forward(s, &items)?;
+    let mut expert_reads = Vec::new();
+    expert_trace::take_reads(&mut expert_reads);
     let outcomes = items
         .into_iter()
         .enumerate()
@@ -86,6 +90,7 @@ pub(super) fn run_batch(
     Ok(TargetBatchResult {
         outcomes,
         seconds: start.elapsed().as_secs_f64(),
+        expert_reads,
     })
 }
 

@@ -19,6 +19,7 @@ use super::target_round::run_batch;
 pub use super::target_round::TargetState;
 use super::worker::ComputeWorker;
 use crate::model::cache::prefix_store::{PrefixStore, PrefixStoreStats};
+use crate::model::decoder::expert_trace;
 use crate::model::{Decoder, FeatureTaps, Kept, LogitsRows, SeqInput};
 use crate::sampling::Sampler;
 use crate::telemetry;
@@ -54,17 +55,29 @@ impl Verifier {
     }
 
     /// Times target forwards of each of `widths` new tokens at a small depth on `slot` (free
-    /// at start-up), best of `repeats`, for the governor's cost model: `(width, seconds)`.
+    /// at start-up), best of `repeats`, for the governor's cost model. `alike`: every token the
+    /// same, so a mixture's rows all choose the same experts (made-up varied text otherwise,
+    /// whose rows choose nearly as uniform routing would).
     pub async fn calibrate(
         &self,
         slot: usize,
         widths: Vec<usize>,
         repeats: usize,
-    ) -> Result<Vec<(usize, f64)>, EngineError> {
+        alike: bool,
+    ) -> Result<Vec<TimedForward>, EngineError> {
         self.worker
-            .run(move |s| calibrate(s, slot, &widths, repeats))
+            .run(move |s| calibrate(s, slot, &widths, repeats, alike))
             .await?
     }
+}
+
+/// A start-up forward: its width, its best time, and the distinct experts each routed layer of
+/// a mixture read in it.
+#[derive(Clone, Debug)]
+pub struct TimedForward {
+    pub width: usize,
+    pub seconds: f64,
+    pub reads: Vec<u16>,
 }
 
 fn calibrate(
@@ -72,7 +85,8 @@ fn calibrate(
     slot: usize,
     widths: &[usize],
     repeats: usize,
-) -> Result<Vec<(usize, f64)>, EngineError> {
+    alike: bool,
+) -> Result<Vec<TimedForward>, EngineError> {
     let vocab = s.model.hparams().vocab_size as u32;
     let max_len = s.cache.max_len();
     let widths: Vec<usize> = widths
@@ -84,9 +98,15 @@ fn calibrate(
     let depth = 32.min(s.cache.max_len().saturating_sub(max_width + 1));
     s.cache.allocate_slot(slot)?;
     let ids: Vec<u32> = (0..depth.max(1) + max_width)
-        .map(|i| (i as u32 * 7919 + 13) % vocab)
+        .map(|i| {
+            if alike {
+                13 % vocab
+            } else {
+                (i as u32 * 7919 + 13) % vocab
+            }
+        })
         .collect();
-    let run = |s: &mut TargetState| -> Result<Vec<(usize, f64)>, EngineError> {
+    let run = |s: &mut TargetState| -> Result<Vec<TimedForward>, EngineError> {
         s.model.forward(
             &mut s.cache,
             &[SeqInput {
@@ -98,25 +118,34 @@ fn calibrate(
             }],
         )?;
         let base = s.cache.len(slot)?;
-        let mut best = vec![f64::INFINITY; widths.len()];
+        let mut best: Vec<TimedForward> = widths
+            .iter()
+            .map(|&width| TimedForward {
+                width,
+                seconds: f64::INFINITY,
+                reads: Vec::new(),
+            })
+            .collect();
         for _ in 0..repeats.max(1) {
-            for (b, &w) in best.iter_mut().zip(&widths) {
+            for b in best.iter_mut() {
+                expert_trace::count_reads();
                 let t = Instant::now();
                 s.model.forward(
                     &mut s.cache,
                     &[SeqInput {
                         slot,
                         start_pos: base,
-                        tokens: &ids[base..base + w],
+                        tokens: &ids[base..base + b.width],
                         logits: LogitsRows::All,
                         parents: &[],
                     }],
                 )?;
-                *b = b.min(t.elapsed().as_secs_f64());
+                b.seconds = b.seconds.min(t.elapsed().as_secs_f64());
+                expert_trace::take_reads(&mut b.reads);
                 s.cache.keep(slot, Kept::First(base))?;
             }
         }
-        Ok(widths.iter().copied().zip(best).collect())
+        Ok(best)
     };
     let result = run(s);
     s.cache.free(slot)?;

@@ -2,6 +2,7 @@
 //! each width, and the forecasts built from them. Timing noise on a shared machine only ever adds,
 //! so every price is the least of a short window of measurements.
 
+use super::expert_prices::ExpertPrices;
 use super::ledger::DraftingLedger;
 use super::round_bias::RoundBias;
 
@@ -76,6 +77,11 @@ pub struct CostModel {
     round_bias: RoundBias,
     /// What drafting has saved lately, net: the budget exploring spends.
     ledger: DraftingLedger,
+    /// A mixture of experts' target: `verify` holds each width's price without its expert
+    /// reads, which are priced here by the experts a forward of that width is expected to read.
+    experts: Option<ExpertPrices>,
+    /// Start-up is over ([`CostModel::mark_provisional`]): forwards recorded now are live.
+    live: bool,
     /// Set by [`CostModel::freeze`]: measurements no longer change any price.
     frozen: bool,
 }
@@ -96,6 +102,8 @@ impl CostModel {
             draft_bias: 1.0,
             round_bias: RoundBias::default(),
             ledger: DraftingLedger::default(),
+            experts: None,
+            live: false,
             frozen: false,
         }
     }
@@ -120,6 +128,7 @@ impl CostModel {
         if self.frozen {
             return;
         }
+        self.live = true;
         self.verify_start_up = self.verify.iter().map(CostEstimate::get).collect();
         for c in self
             .draft_first
@@ -285,6 +294,35 @@ impl CostModel {
         }
     }
 
+    /// Prices a mixture's target forwards by the experts they read from now on (start-up, before
+    /// any forward is recorded).
+    pub fn price_experts(&mut self, prices: ExpertPrices) {
+        self.experts = Some(prices);
+    }
+
+    pub fn expert_prices(&self) -> Option<&ExpertPrices> {
+        self.experts.as_ref()
+    }
+
+    /// A target forward of `width` tokens that took `seconds` and read `reads[l]` distinct
+    /// experts in routed layer `l` (empty for a dense model): a mixture's routing is learned
+    /// from it, and its width's price kept without the reads it happened to make.
+    pub fn record_forward(&mut self, seconds: f64, width: usize, reads: &[u16]) {
+        if self.frozen {
+            return;
+        }
+        // Reads not counted (a forward run where nothing counts them) are taken as expected.
+        let seconds = match &mut self.experts {
+            Some(e) if !reads.is_empty() => {
+                e.record(width, reads, self.live);
+                (seconds - e.seconds_of(reads)).max(0.0)
+            }
+            Some(e) => (seconds - e.seconds(width)).max(0.0),
+            None => seconds,
+        };
+        self.record_verify(seconds, width);
+    }
+
     /// Seconds of `steps` draft steps of `seqs` sequences together, once any step is measured:
     /// the first step at its own price, the rest at the later steps' (each standing in for the
     /// other until measured). A batch size not measured yet is interpolated between its nearest
@@ -358,7 +396,8 @@ impl CostModel {
         let floor = (1..width.min(n + 1))
             .filter_map(fresher)
             .fold(0.0, f64::max);
-        Some(cap.max(floor))
+        let experts = self.experts.as_ref().map_or(0.0, |e| e.seconds(width));
+        Some(cap.max(floor) + experts)
     }
 
     fn verify_interpolated(&self, width: usize) -> Option<f64> {

@@ -11,6 +11,7 @@
 mod branches;
 mod config;
 mod costs;
+mod expert_prices;
 mod governor_state;
 mod ledger;
 mod planner;
@@ -22,6 +23,7 @@ pub use branches::{
 };
 pub use config::GovernorConfig;
 pub use costs::{CostEstimate, CostModel};
+pub use expert_prices::ExpertPrices;
 pub use governor_state::{AcceptanceRate, Governor, KindRates, DRAFT_KINDS};
 pub use planner::{
     expected_speedup, expected_tokens, forecast_round, plan_round, recheck_prices, solo_rate,

@@ -68,7 +68,7 @@ impl Scheduler {
         // Drafts of a next round made during this one wait for its outcome.
         let (ahead_secs, mut guessed) = self.take_drafts(ahead?, &batch.guesses);
         self.counters.rounds += 1;
-        let Some(result) = target? else {
+        let Some(mut result) = target? else {
             for ending in batch.ended {
                 self.end_sequence(ending).await;
             }
@@ -80,6 +80,7 @@ impl Scheduler {
         let times = RoundTimes {
             draft: draft_timing,
             verify_seconds: result.seconds,
+            expert_reads: std::mem::take(&mut result.expert_reads),
             mask_seconds: batch.mask_seconds,
             round_seconds: round_start.elapsed().as_secs_f64(),
         };
@@ -307,7 +308,7 @@ impl Scheduler {
         if decode_only {
             self.learned
                 .costs
-                .record_verify(times.verify_seconds, width);
+                .record_forward(times.verify_seconds, width, &times.expert_reads);
         }
     }
 

@@ -34,6 +34,8 @@ impl Overlap {
 pub(super) struct RoundTimes {
     pub draft: DraftTiming,
     pub verify_seconds: f64,
+    /// A mixture's target: the distinct experts each routed layer read in the forward.
+    pub expert_reads: Vec<u16>,
     /// Constrained sequences' grammar work (drafts checked, forced tokens, masks).
     pub mask_seconds: f64,
     pub round_seconds: f64,
@@ -53,6 +55,7 @@ pub(super) fn log_forecast(f: &RoundForecast, t: &RoundTimes, drafting_net: f64)
         catch_up_tokens = t.draft.catch_up_tokens,
         forecast_verify_ms = f.verify * 1e3,
         verify_ms = t.verify_seconds * 1e3,
+        experts_read = t.expert_reads.iter().map(|&r| r as usize).sum::<usize>(),
         mask_ms = t.mask_seconds * 1e3,
         round_ms = t.round_seconds * 1e3,
         drafting_bias = f.bias,

@@ -156,6 +156,7 @@ impl RoutedFfn {
                 members[c.expert as usize].push((r as u32, c.weight));
             }
         }
+        expert_trace::note_reads(|| members.iter().filter(|m| !m.is_empty()).count());
     }
 
     fn forward_rows_into(

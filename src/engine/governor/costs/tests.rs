@@ -246,3 +246,54 @@ fn a_frozen_table_ignores_every_measurement() {
     assert_ne!(unfrozen.draft_seconds(3, 1), before.1);
     assert!(unfrozen.drafting_bias() > 1.0);
 }
+
+/// A mixture target (2 routed layers, 8 of 128 experts a row): a width's forward costs its
+/// dense part plus 0.1 ms an expert read. Start-up's made-up text reads as uniform routing
+/// would; live rounds of text whose rows share experts make every width cheaper, those not
+/// run live too, by the reads they are expected to save.
+#[test]
+fn a_mixtures_widths_are_priced_by_the_experts_they_are_expected_to_read() {
+    let per_expert = 1e-4;
+    let dense = |w: usize| 1e-3 + 1e-4 * (w - 1) as f64;
+    let uniform = |w: usize| (128.0 * (1.0 - (1.0 - 8.0 / 128.0_f64).powi(w as i32))).round();
+    let mut c = CostModel::new(9);
+    let mut prices = ExpertPrices::new(128, 8, 2);
+    prices.set_per_expert(
+        (2 * uniform(9) as usize, 0.02),
+        (16, 0.02 - per_expert * (2.0 * uniform(9) - 16.0)),
+    );
+    c.price_experts(prices);
+    for w in 1..=9 {
+        let reads = [uniform(w) as u16; 2];
+        c.record_forward(dense(w) + per_expert * 2.0 * uniform(w), w, &reads);
+    }
+    c.mark_provisional();
+    let start_up: Vec<f64> = (1..=9).map(|w| c.verify_seconds(w).unwrap()).collect();
+    for w in 1..=9 {
+        // Within an expert a layer: the union's share is learned from rounded counts.
+        let want = dense(w) + per_expert * 2.0 * uniform(w);
+        assert!((start_up[w - 1] - want).abs() < 2.0 * per_expert, "w={w}");
+    }
+    // Live: 3 rows read 10 experts a layer, not ~22.
+    for _ in 0..3 {
+        c.record_forward(dense(3) + per_expert * 20.0, 3, &[10, 10]);
+    }
+    assert!((c.verify_seconds(3).unwrap() - (dense(3) + per_expert * 20.0)).abs() < 1e-9);
+    let nine = c.verify_seconds(9).unwrap();
+    let expected_reads = c.expert_prices().unwrap().expected_reads(9);
+    assert!(expected_reads < 2.0 * uniform(9) * 0.6, "{expected_reads}");
+    assert!(nine < start_up[8] * 0.7, "{nine} against {}", start_up[8]);
+    assert!(nine > c.verify_seconds(3).unwrap());
+    // A step's price keeps its row's experts whatever the text.
+    assert!((c.verify_seconds(1).unwrap() - (dense(1) + per_expert * 16.0)).abs() < 1e-9);
+}
+
+/// A dense target is priced as before: no expert prices, reads ignored.
+#[test]
+fn a_dense_targets_forwards_are_priced_by_width_alone() {
+    let mut c = CostModel::new(4);
+    c.record_forward(1e-3, 1, &[]);
+    c.record_forward(1.5e-3, 2, &[]);
+    assert_eq!(c.verify_seconds(2), Some(1.5e-3));
+    assert!(c.expert_prices().is_none());
+}
