@@ -5,7 +5,8 @@ use std::io::Seek;
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file;
-use candle_core::Device;
+use candle_core::quantized::GgmlDType;
+use candle_core::{DType, Device};
 
 use crate::model::cache::kv_cache::KvDtype;
 use crate::model::decoder::device::{BackendChoice, DeviceSpec};
@@ -223,8 +224,8 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<(Decoder, TextTokenizer)
     check_gguf_complete(path, &tensors, content.tensor_data_offset)?;
     let hp = first_layers(crate::model::arch::hparams_from_gguf(&content, path)?, opts);
     if opts.device == DeviceSpec::Cpu {
-        let available = crate::model::load::host_memory::available();
-        check_fits(gguf_weight_bytes(&tensors, hp.num_layers), available)?;
+        let need = gguf_weight_bytes(&tensors, hp.num_layers, opts.weights_dtype);
+        check_fits(need, crate::model::load::host_memory::available())?;
     }
     let tokenizer =
         TextTokenizer::from_gguf(&content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
@@ -253,62 +254,102 @@ fn load_model(reader: &mut WeightReader, hp: Hparams, opts: &LoadOptions) -> Res
 }
 
 /// A tensor of a GGUF file as the checks before loading see it: its name, its bytes in the
-/// file (`None` past any size), what it takes in memory once loaded, and its offset.
+/// file (`None` past any size), the type it is read as (MXFP4 as Q5_0), its shape (rows
+/// last) and its offset.
 struct FileTensor<'a> {
     name: &'a str,
     bytes: Option<u64>,
-    loaded: Option<u64>,
+    read_as: GgmlDType,
+    dims: &'a [usize],
     offset: u64,
 }
 
-/// Every tensor of the file, candle's types and MXFP4 ones (loaded as Q5_0: 22 bytes a block
+/// Every tensor of the file, candle's types and MXFP4 ones (read as Q5_0: 22 bytes a block
 /// of their 17).
 fn file_tensors<'a>(
     content: &'a gguf_file::Content,
     mxfp4: &'a Mxfp4Tensors,
 ) -> Vec<FileTensor<'a>> {
-    let elems = |dims: &[usize]| dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
     let typed = content.tensor_infos.iter().map(|(name, t)| {
-        let bytes = elems(t.shape.dims()).and_then(|n| {
+        let bytes = elements(t.shape.dims()).and_then(|n| {
             (n / t.ggml_dtype.block_size() as u64).checked_mul(t.ggml_dtype.type_size() as u64)
         });
         FileTensor {
             name,
             bytes,
-            loaded: bytes,
+            read_as: t.ggml_dtype,
+            dims: t.shape.dims(),
             offset: t.offset,
         }
     });
-    let blocks = mxfp4.iter().map(|(name, t)| {
-        let bytes = elems(&t.dims).and_then(mxfp4::bytes_of);
-        FileTensor {
-            name,
-            bytes,
-            loaded: bytes.and_then(|b| {
-                let blocks = b / mxfp4::BLOCK_BYTES as u64;
-                blocks.checked_mul(mxfp4::Q5_0_BYTES as u64)
-            }),
-            offset: t.offset,
-        }
+    let blocks = mxfp4.iter().map(|(name, t)| FileTensor {
+        name,
+        bytes: elements(&t.dims).and_then(mxfp4::bytes_of),
+        read_as: GgmlDType::Q5_0,
+        dims: &t.dims,
+        offset: t.offset,
     });
     typed.chain(blocks).collect()
 }
 
-/// The memory the tensors a model of `layers` layers reads take once loaded (blocks past
-/// them are not loaded): their bytes where their types are kept.
-fn gguf_weight_bytes(tensors: &[FileTensor], layers: usize) -> usize {
+fn elements(dims: &[usize]) -> Option<u64> {
+    dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+}
+
+/// What a tensor of type `dtype` takes once loaded as `want` makes it: a matrix (experts'
+/// stacks too) in the type its rows convert to, anything else (norms, biases, sinks) in f32.
+fn loaded_bytes(dtype: GgmlDType, dims: &[usize], want: WeightsDtype) -> Option<u64> {
+    let elems = elements(dims)?;
+    let k = match dims {
+        [.., rows, k] if *rows > 1 => *k,
+        _ => return elems.checked_mul(4),
+    };
+    let to = want.target(dtype, k);
+    (elems / to.block_size() as u64).checked_mul(to.type_size() as u64)
+}
+
+/// The block (layer) a tensor belongs to, by GGUF's `blk.N.` or Hugging Face's `layers.N.`.
+fn layer_of(name: &str) -> Option<usize> {
+    let mut parts = name.split('.');
+    while let Some(p) = parts.next() {
+        if p == "blk" || p == "layers" {
+            return parts.next()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// The memory the tensors of a model of `layers` layers take once loaded as `want` makes
+/// them (blocks past them are not loaded).
+fn weight_bytes<'a>(tensors: impl Iterator<Item = (&'a str, Option<u64>)>, layers: usize) -> usize {
     tensors
-        .iter()
-        .filter(|t| {
-            let block = t
-                .name
-                .strip_prefix("blk.")
-                .and_then(|r| r.split('.').next())
-                .and_then(|l| l.parse::<usize>().ok());
-            block.is_none_or(|l| l < layers)
-        })
-        .filter_map(|t| t.loaded)
+        .filter(|(name, _)| layer_of(name).is_none_or(|l| l < layers))
+        .filter_map(|(_, bytes)| bytes)
         .sum::<u64>() as usize
+}
+
+fn gguf_weight_bytes(tensors: &[FileTensor], layers: usize, want: WeightsDtype) -> usize {
+    let loaded = tensors
+        .iter()
+        .map(|t| (t.name, loaded_bytes(t.read_as, t.dims, want)));
+    weight_bytes(loaded, layers)
+}
+
+/// A safetensors folder's weights once loaded: float tensors as `want` converts them, any
+/// other type as the file holds it.
+fn safetensors_weight_bytes(reader: &WeightReader, layers: usize, want: WeightsDtype) -> usize {
+    let shapes = reader.safetensors_shapes();
+    let loaded = shapes.iter().map(|(name, dtype, dims)| {
+        let bytes = match dtype {
+            Some(DType::F32) => loaded_bytes(GgmlDType::F32, dims, want),
+            Some(DType::F16) => loaded_bytes(GgmlDType::F16, dims, want),
+            Some(DType::BF16) => loaded_bytes(GgmlDType::BF16, dims, want),
+            Some(other) => elements(dims).and_then(|n| n.checked_mul(other.size_in_bytes() as u64)),
+            None => None,
+        };
+        (name.as_str(), bytes)
+    });
+    weight_bytes(loaded, layers)
 }
 
 /// Refuses, naming both numbers, weights larger than the memory the process could take now,
@@ -370,6 +411,10 @@ fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<(Decoder, TextTokenizer)> {
     let tokenizer =
         TextTokenizer::from_hf_dir(dir).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let mut reader = WeightReader::safetensors_dir(dir, &Device::Cpu)?;
+    if opts.device == DeviceSpec::Cpu {
+        let need = safetensors_weight_bytes(&reader, hp.num_layers, opts.weights_dtype);
+        check_fits(need, crate::model::load::host_memory::available())?;
+    }
     let model = load_model(&mut reader, hp, opts)?;
     Ok((model, tokenizer))
 }
@@ -391,6 +436,59 @@ mod tests {
     }
 
     #[test]
+    fn tensors_are_counted_in_the_type_they_load_as() {
+        let (q8, f16) = (WeightsDtype::Q8_0, WeightsDtype::AsIs);
+        let square = [4096, 4096];
+        let n = 4096 * 4096;
+        assert_eq!(loaded_bytes(GgmlDType::F16, &square, f16), Some(n * 2));
+        assert_eq!(loaded_bytes(GgmlDType::F16, &square, q8), Some(n / 32 * 34));
+        assert_eq!(
+            loaded_bytes(GgmlDType::BF16, &square, WeightsDtype::Auto),
+            Some(n / 32 * 34)
+        );
+        // Rows Q4_K cannot block (576 values) become Q4_0; rows no block fits, f32.
+        assert_eq!(
+            loaded_bytes(GgmlDType::F32, &[64, 576], WeightsDtype::Q4K),
+            Some(64 * 576 / 32 * 18)
+        );
+        assert_eq!(
+            loaded_bytes(GgmlDType::F16, &[64, 100], q8),
+            Some(64 * 100 * 4)
+        );
+        // Norms and biases in f32; a stack of experts as its matrices.
+        assert_eq!(loaded_bytes(GgmlDType::F16, &[4096], q8), Some(4096 * 4));
+        assert_eq!(
+            loaded_bytes(GgmlDType::Q4K, &[128, 768, 2048], WeightsDtype::Auto),
+            Some(128 * 768 * 2048 / 256 * 144)
+        );
+        assert_eq!(loaded_bytes(GgmlDType::F32, &[usize::MAX, 4], q8), None);
+        assert_eq!(layer_of("blk.3.ffn_gate_exps.weight"), Some(3));
+        assert_eq!(
+            layer_of("model.layers.12.mlp.experts.0.up_proj.weight"),
+            Some(12)
+        );
+        assert_eq!(layer_of("model.embed_tokens.weight"), None);
+        assert_eq!(layer_of("token_embd.weight"), None);
+    }
+
+    #[test]
+    fn a_safetensors_folder_is_counted_by_the_layers_and_type_it_loads_as() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/families/qwen3moe");
+        let reader = WeightReader::safetensors_dir(&dir, &Device::Cpu).unwrap();
+        let count = |layers, want| safetensors_weight_bytes(&reader, layers, want);
+        let (f32_all, f32_one) = (count(2, WeightsDtype::F32), count(1, WeightsDtype::F32));
+        // f32 experts: 8 x 3 x 32 x 64 x 4 bytes a layer, beside attention and norms.
+        assert!(
+            f32_all - f32_one > 8 * 3 * 32 * 64 * 4,
+            "{f32_all} {f32_one}"
+        );
+        // As Q8_0, matrices take 34 bytes for 32 values: under a third of f32's.
+        let q8 = count(2, WeightsDtype::Q8_0);
+        assert!(q8 * 3 < f32_all && q8 * 4 > f32_all, "{q8} {f32_all}");
+    }
+
+    #[test]
     fn a_mixtures_file_is_counted_by_the_layers_loaded() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/families/qwen3moe/model.gguf");
@@ -398,8 +496,8 @@ mod tests {
         let none = Mxfp4Tensors::new();
         let tensors = file_tensors(&content, &none);
         let (all, one) = (
-            gguf_weight_bytes(&tensors, 2),
-            gguf_weight_bytes(&tensors, 1),
+            gguf_weight_bytes(&tensors, 2, WeightsDtype::AsIs),
+            gguf_weight_bytes(&tensors, 1, WeightsDtype::AsIs),
         );
         // f16 experts: 8 x 3 x 32 x 64 x 2 bytes a layer, beside attention and norms.
         assert!(all - one > 8 * 3 * 32 * 64 * 2, "{all} {one}");

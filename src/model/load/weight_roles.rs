@@ -251,6 +251,22 @@ impl WeightReader {
         })
     }
 
+    /// A safetensors folder's tensors as the memory check sees them: name, element type
+    /// (`None` for one candle does not read) and shape. Empty for a GGUF file.
+    pub fn safetensors_shapes(&self) -> Vec<(String, Option<DType>, Vec<usize>)> {
+        match &self.store {
+            Store::Safetensors(st) => st
+                .tensors()
+                .into_iter()
+                .map(|(name, view)| {
+                    let dtype = DType::try_from(view.dtype()).ok();
+                    (name, dtype, view.shape().to_vec())
+                })
+                .collect(),
+            Store::Gguf { .. } => Vec::new(),
+        }
+    }
+
     /// Names tensors as the block does: Hugging Face's with sandwich norms (Gemma), GGUF's
     /// MLP norm after attention's (gpt-oss).
     pub fn set_block_names(&mut self, block: &Block) {
