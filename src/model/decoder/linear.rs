@@ -315,14 +315,16 @@ impl Linear {
         self.parts().into_iter().map(|(t, _)| t).collect()
     }
 
-    /// Bytes of the weight in its ggml types: what a forward must at least stream from memory.
+    /// Bytes of the weight in its ggml types (or fewer, where the kernel packs it smaller):
+    /// what a forward must at least stream from memory.
     pub fn weight_bytes(&self) -> usize {
+        let typed = || {
+            self.out_features * self.in_features / self.dtype.block_size() * self.dtype.type_size()
+        };
         match &self.kernel {
             Kernel::Split(runs) => runs.iter().map(|r| r.weight_bytes()).sum(),
-            _ => {
-                self.out_features * self.in_features / self.dtype.block_size()
-                    * self.dtype.type_size()
-            }
+            Kernel::Packed(p) => p.0.packed_bytes().unwrap_or_else(typed),
+            Kernel::Candle(_) => typed(),
         }
     }
 

@@ -21,6 +21,11 @@ pub trait PackedWeight: Send + Sync {
     fn matmul(&self, x: &[f32], m: usize, dst: &mut [f32]);
     /// The kernel's name, for reports.
     fn kernel_name(&self) -> &'static str;
+    /// Bytes the packed weight holds where they are fewer than its ggml type's (4-bit E2M1
+    /// codes of MXFP4 experts read as Q5_0): what a forward streams.
+    fn packed_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A packed weight applied to candle tensors as a custom op.

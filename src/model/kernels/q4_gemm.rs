@@ -22,6 +22,11 @@
 //! `m · da · Σ a`, blocks in order. Each output element is thus computed the same way whatever
 //! the number of rows (batch invariance), and the AVX2, AVX-VNNI and AVX-512 VNNI paths give
 //! the same bits.
+//!
+//! MXFP4 experts (gpt-oss) reach this kernel as Q5_0 blocks of exactly their values
+//! (`load/mxfp4`): doubled E2M1 values, 15 of the 32 a 5-bit block can hold. Such a weight is
+//! packed as 4-bit codes instead, each looked up (`vpshufb`) as its value plus 12, so `q` runs
+//! 0..24 with `m = -12 · d`: the same weights from 20 bytes a column's block, not 24.
 
 use std::sync::OnceLock;
 
@@ -97,8 +102,21 @@ struct Tiles<const H: usize> {
 pub struct PackedQ4 {
     four: Option<Tiles<0>>,
     five: Option<Tiles<64>>,
+    /// 5-bit blocks whose every value is a doubled E2M1 value (MXFP4 experts read as Q5_0):
+    /// 4-bit codes into [`E2M1_LOOKUP`].
+    e2m1: Option<Tiles<0>>,
     n: usize,
     k: usize,
+}
+
+/// MXFP4's E2M1 values doubled (integers), by 4-bit code, plus 12: unsigned, at most 24. A
+/// tile of codes is `d · lookup[code] − 12 d`.
+const E2M1_LOOKUP: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
+
+/// The code of a doubled E2M1 value, if it is one.
+fn e2m1_code(value: i32) -> Option<u8> {
+    let code = E2M1_LOOKUP.iter().position(|&l| l as i32 - 12 == value)?;
+    Some(code as u8)
 }
 
 /// Whether this CPU runs the kernel (and `TANDEM_DISABLE_Q4_GEMM` is not set).
@@ -117,14 +135,79 @@ impl PackedQ4 {
         if k == 0 || !k.is_multiple_of(QK) || bytes.len() != n * (k / QK) * block_bytes {
             return None;
         }
-        let (mut four, mut five) = (None, None);
+        let (mut four, mut five, mut e2m1) = (None, None, None);
         if format.five_bits() {
-            five = Some(pack::<64>(format, bytes, n, k)?);
+            let tiles = pack::<64>(format, bytes, n, k)?;
+            match (format == Q4Format::Q5_0)
+                .then(|| as_e2m1(&tiles))
+                .flatten()
+            {
+                Some(codes) => e2m1 = Some(codes),
+                None => five = Some(tiles),
+            }
         } else {
             four = Some(pack::<0>(format, bytes, n, k)?);
         }
-        Some(Self { four, five, n, k })
+        Some(Self {
+            four,
+            five,
+            e2m1,
+            n,
+            k,
+        })
     }
+
+    /// Whether the weights run as 4-bit E2M1 codes (MXFP4's values, 20 bytes a column's block
+    /// in the tiles against Q5_0's 24).
+    pub fn is_e2m1(&self) -> bool {
+        self.e2m1.is_some()
+    }
+}
+
+/// Q5_0 tiles as E2M1 codes, when every value `q − 16` is a doubled E2M1 value and every
+/// minimum `−12 d` is exact in f16: the same weights, read from 4 bits a value.
+fn as_e2m1(t: &Tiles<64>) -> Option<Tiles<0>> {
+    let kb = t.k / QK;
+    let mut out = Vec::with_capacity(t.tiles.len());
+    for (index, tile) in t.tiles.iter().enumerate() {
+        // Columns past `n` pad the last tile: zeros, left as zeros.
+        let cols = (t.n - index / kb * TILE_N).min(TILE_N);
+        let mut codes = Tile::<0> {
+            scales: tile.scales,
+            mins: [0; TILE_N],
+            qs: [0; QK * TILE_N / 2],
+            qh: [],
+        };
+        for c in 0..cols {
+            let d = f16::from_bits(tile.scales[c]).to_f32();
+            let m = f16::from_f32(-12.0 * d);
+            if m.to_f32() != -12.0 * d {
+                return None;
+            }
+            codes.mins[c] = m.to_bits();
+        }
+        // Byte `(g / 2) · 64 + c · 4 + j` holds groups g and g + 1 of (column c, value j); the
+        // fifth bits of both are bits g and g + 1 of `qh[c · 4 + j]`.
+        for (byte, &q) in tile.qs.iter().enumerate() {
+            if (byte % 64) / 4 >= cols {
+                continue;
+            }
+            let high = tile.qh[byte % 64];
+            let mut packed = 0u8;
+            for half in 0..2 {
+                let g = 2 * (byte / 64) + half;
+                let q5 = ((q >> (4 * half)) & 0x0f) | (((high >> g) & 1) << 4);
+                packed |= e2m1_code(q5 as i32 - 16)? << (4 * half);
+            }
+            codes.qs[byte] = packed;
+        }
+        out.push(codes);
+    }
+    Some(Tiles {
+        tiles: out,
+        n: t.n,
+        k: t.k,
+    })
 }
 
 /// Every column's blocks of `bytes` in tiles.
@@ -197,13 +280,20 @@ impl PackedQ4 {
             let m = f16::from_bits(tile.mins[c]).to_f32();
             f16::from_bits(tile.scales[c]).to_f32() * q as f32 + m
         }
-        match (&self.four, &self.five) {
-            (Some(w), _) => {
+        match (&self.four, &self.five, &self.e2m1) {
+            (Some(w), _, _) => {
                 tile_driver::unpack_with(self.n, self.k, |b, c, i| value(&w.tiles[b], c, i))
             }
-            (_, Some(w)) => {
+            (_, Some(w), _) => {
                 tile_driver::unpack_with(self.n, self.k, |b, c, i| value(&w.tiles[b], c, i))
             }
+            (_, _, Some(w)) => tile_driver::unpack_with(self.n, self.k, |b, c, i| {
+                let tile = &w.tiles[b];
+                let (g, j) = (i / 4, i % 4);
+                let code = (tile.qs[(g / 2) * 64 + c * 4 + j] >> (4 * (g % 2))) & 0x0f;
+                let m = f16::from_bits(tile.mins[c]).to_f32();
+                f16::from_bits(tile.scales[c]).to_f32() * E2M1_LOOKUP[code as usize] as f32 + m
+            }),
             _ => unreachable!("packed weights hold one kind of tile"),
         }
     }
@@ -219,7 +309,16 @@ impl PackedWeight for PackedQ4 {
     }
 
     fn kernel_name(&self) -> &'static str {
-        "q4-gemm"
+        if self.is_e2m1() {
+            "q4-gemm-e2m1"
+        } else {
+            "q4-gemm"
+        }
+    }
+
+    fn packed_bytes(&self) -> Option<usize> {
+        let t = self.e2m1.as_ref()?;
+        Some(t.tiles.len() * std::mem::size_of::<Tile<0>>())
     }
 
     fn matmul(&self, x: &[f32], m: usize, dst: &mut [f32]) {
@@ -245,16 +344,18 @@ fn matmul_on(w: &PackedQ4, x: &[f32], m: usize, dst: &mut [f32], isa: DotIsa) {
             .zip(&q.scales)
             .map(|(&sum, &da)| da * sum as f32)
             .collect();
-        match (&w.four, &w.five) {
-            (Some(t), _) => run(t, q, &row_sums, m, dst, isa),
-            (_, Some(t)) => run(t, q, &row_sums, m, dst, isa),
+        match (&w.four, &w.five, &w.e2m1) {
+            (Some(t), _, _) => run::<0, false>(t, q, &row_sums, m, dst, isa),
+            (_, Some(t), _) => run::<64, false>(t, q, &row_sums, m, dst, isa),
+            (_, _, Some(t)) => run::<0, true>(t, q, &row_sums, m, dst, isa),
             _ => unreachable!("packed weights hold one kind of tile"),
         }
     })
 }
 
 /// Runs `isa`'s tile kernel over every (column tile, row chunk) of the output, in parallel.
-fn run<const H: usize>(
+/// `L`: the nibbles are E2M1 codes, looked up in [`E2M1_LOOKUP`].
+fn run<const H: usize, const L: bool>(
     w: &Tiles<H>,
     q: &QuantRows,
     row_sums: &[f32],
@@ -271,9 +372,9 @@ fn run<const H: usize>(
         // `rows_per_load` rows.
         unsafe {
             match isa {
-                DotIsa::Avx2 => with_const_rows!(rows, tile_kernel_avx2::<H>(args)),
-                DotIsa::AvxVnni => with_const_rows!(rows, tile_kernel_vnni::<H>(args)),
-                DotIsa::Avx512Vnni => with_const_rows!(rows, tile_kernel_vnni512::<H>(args)),
+                DotIsa::Avx2 => with_const_rows!(rows, tile_kernel_avx2::<H, L>(args)),
+                DotIsa::AvxVnni => with_const_rows!(rows, tile_kernel_vnni::<H, L>(args)),
+                DotIsa::Avx512Vnni => with_const_rows!(rows, tile_kernel_vnni512::<H, L>(args)),
             }
         }
     });
@@ -296,11 +397,17 @@ macro_rules! tile_kernel_256 {
     ($name:ident, $features:literal, $dot4:expr, $widen:expr) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        unsafe fn $name<const H: usize, const R: usize>((w, q, row_sums, t, r0, dst): TileArgs<H>) {
+        unsafe fn $name<const H: usize, const L: bool, const R: usize>(
+            (w, q, row_sums, t, r0, dst): TileArgs<H>,
+        ) {
             use std::arch::x86_64::*;
             use $crate::model::kernels::tile_driver::bit_to_4_256;
             let kb = w.k / QK;
             let (low, bit4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+            let table = E2M1_LOOKUP.as_ptr() as *const __m128i;
+            let lookup = _mm256_broadcastsi128_si256(_mm_loadu_si128(table));
+            // Values past 15 (5-bit, or looked up) need a block's sum in two halves.
+            let halves = H > 0 || L;
             let cols = (w.n - t * TILE_N).min(TILE_N);
             for h in 0..cols.div_ceil(8) {
                 let mut acc = [_mm256_setzero_ps(); R];
@@ -331,7 +438,11 @@ macro_rules! tile_kernel_256 {
                             lo = _mm256_or_si256(lo, fifth(2 * p));
                             hi = _mm256_or_si256(hi, fifth(2 * p + 1));
                         }
-                        let sums = &mut iacc[if H > 0 { p / 2 } else { 0 }];
+                        if L {
+                            lo = _mm256_shuffle_epi8(lookup, lo);
+                            hi = _mm256_shuffle_epi8(lookup, hi);
+                        }
+                        let sums = &mut iacc[if halves { p / 2 } else { 0 }];
                         for (r, ia) in sums.iter_mut().enumerate() {
                             let a = q.group(r0 + r, b, 2 * p);
                             *ia = $dot4(*ia, lo, _mm256_set1_epi32(a.read_unaligned()));
@@ -346,7 +457,7 @@ macro_rules! tile_kernel_256 {
                         let row_block = q.at(r0 + r, b);
                         let scale = _mm256_mul_ps(sc, _mm256_set1_ps(q.scales[row_block]));
                         let mut sum = $widen(iacc[0][r]);
-                        if H > 0 {
+                        if halves {
                             sum = _mm256_add_epi32(sum, $widen(iacc[1][r]));
                         }
                         *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *a);
@@ -367,7 +478,8 @@ macro_rules! tile_kernel_256 {
 // (activations round to -127..127), and a lane takes 8 of them a block (4 vectors, low and
 // high nibbles), at most 30,480 < 32,768, so the 16-bit adds are exact and one `madd` a block
 // replaces a `madd` and an add per product. With 5-bit values a pair sum reaches
-// 2 · 31 · 127 = 7874, so a block's sum is two halves of at most 31,496, widened apart.
+// 2 · 31 · 127 = 7874, so a block's sum is two halves of at most 31,496, widened apart; with
+// looked-up E2M1 values (at most 24) two halves of at most 24,384.
 tile_kernel_256!(
     tile_kernel_avx2,
     "avx2,fma,f16c",
@@ -394,7 +506,7 @@ tile_kernel_256!(
 /// bounds check per row.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn tile_kernel_vnni512<const H: usize, const R: usize>(
+unsafe fn tile_kernel_vnni512<const H: usize, const L: bool, const R: usize>(
     (w, q, row_sums, t, r0, dst): TileArgs<H>,
 ) {
     use std::arch::x86_64::*;
@@ -402,6 +514,7 @@ unsafe fn tile_kernel_vnni512<const H: usize, const R: usize>(
     let kb = w.k / QK;
     debug_assert!(r0 + R <= q.m && w.tiles.len() >= (t + 1) * kb);
     let (low, bit4) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x10));
+    let lookup = _mm512_broadcast_i32x4(_mm_loadu_si128(E2M1_LOOKUP.as_ptr() as *const __m128i));
     let bytes = std::mem::size_of::<Tile<H>>();
     let tiles = w.tiles.as_ptr().add(t * kb);
     let mut acc = [_mm512_setzero_ps(); R];
@@ -430,6 +543,10 @@ unsafe fn tile_kernel_vnni512<const H: usize, const R: usize>(
                 let fifth = |g| _mm512_and_si512(tile_driver::bit_to_4_512(high, g), bit4);
                 lo = _mm512_or_si512(lo, fifth(2 * p));
                 hi = _mm512_or_si512(hi, fifth(2 * p + 1));
+            }
+            if L {
+                lo = _mm512_shuffle_epi8(lookup, lo);
+                hi = _mm512_shuffle_epi8(lookup, hi);
             }
             for r in 0..R {
                 let a = acts.add(r * QK + p * 8) as *const i32;

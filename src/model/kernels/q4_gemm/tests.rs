@@ -36,9 +36,13 @@ fn reference(w: &PackedQ4, x: &[f32], m: usize) -> Vec<f32> {
                 let at = q.at(r, b);
                 let (mut sum, mut d, mut mn) = (0i32, 0u16, 0u16);
                 for i in 0..QK {
-                    let (v, dd, mm) = match (&w.four, &w.five) {
-                        (Some(t4), _) => parts(t4, t * kb + b, c, i),
-                        (_, Some(t5)) => parts(t5, t * kb + b, c, i),
+                    let (v, dd, mm) = match (&w.four, &w.five, &w.e2m1) {
+                        (Some(t4), _, _) => parts(t4, t * kb + b, c, i),
+                        (_, Some(t5), _) => parts(t5, t * kb + b, c, i),
+                        (_, _, Some(codes)) => {
+                            let (code, d, m) = parts(codes, t * kb + b, c, i);
+                            (E2M1_LOOKUP[code as usize], d, m)
+                        }
                         _ => unreachable!(),
                     };
                     sum += v as i32 * q.qs[at * QK + i] as i32;
@@ -179,4 +183,97 @@ fn refuses_shapes_it_cannot_pack() {
     assert!(PackedQ4::from_gguf_bytes(Q4Format::Q5_0, &[0; 18], 1, 32).is_none());
     assert!(PackedQ4::from_gguf_bytes(Q4Format::Q5_0, &[0; 22], 1, 32).is_some());
     assert!(PackedQ4::from_gguf_bytes(Q4Format::Q5_1, &[0; 24], 1, 32).is_some());
+}
+
+/// Q5_0 bytes of an `(n, k)` weight holding what MXFP4 holds (`load/mxfp4` writes them so):
+/// doubled E2M1 values (0, ±1, ±2, ±3, ±4, ±6, ±8, ±12) times a power-of-two scale, codes
+/// drawn from `seed` (`all`: every value that code), and the values.
+fn e2m1_as_q5_0(seed: u64, n: usize, k: usize, all: Option<u8>) -> (Vec<u8>, Vec<f32>) {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = |bound: u64| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) % bound
+    };
+    let (mut bytes, mut values) = (Vec::new(), Vec::new());
+    for _ in 0..n * (k / QK) {
+        let d = f16::from_f32(2f32.powi(-(next(8) as i32) - 2));
+        let q: Vec<u8> = (0..QK)
+            .map(|_| {
+                let code = all.unwrap_or_else(|| next(16) as u8);
+                (E2M1_LOOKUP[code as usize] as i32 - 12 + 16) as u8
+            })
+            .collect();
+        bytes.extend_from_slice(&d.to_le_bytes());
+        let high = q
+            .iter()
+            .enumerate()
+            .fold(0u32, |h, (i, &v)| h | (u32::from(v >> 4) << i));
+        bytes.extend_from_slice(&high.to_le_bytes());
+        bytes.extend((0..QK / 2).map(|i| (q[i] & 0x0f) | ((q[i + 16] & 0x0f) << 4)));
+        values.extend(q.iter().map(|&v| d.to_f32() * (v as f32 - 16.0)));
+    }
+    (bytes, values)
+}
+
+#[test]
+fn mxfp4_values_read_as_q5_0_run_as_4_bit_codes_with_the_same_weights() {
+    if !available() {
+        panic!("these tests need an x86-64 CPU with AVX2, FMA and F16C (every CI machine)");
+    }
+    for (n, k) in [(44usize, 128usize), (37, 64)] {
+        let (bytes, values) = e2m1_as_q5_0(7, n, k, None);
+        let packed = PackedQ4::from_gguf_bytes(Q4Format::Q5_0, &bytes, n, k).unwrap();
+        assert!(packed.is_e2m1());
+        assert_eq!(packed.unpack(), values);
+        let m = 11;
+        let x = random(15, m * k);
+        let want = reference(&packed, &x, m);
+        for isa in DotIsa::available() {
+            let mut ours = vec![0f32; m * n];
+            matmul_on(&packed, &x, m, &mut ours, isa);
+            let same = ours
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{isa:?} differs from the reference's bits");
+        }
+        assert_rows_and_isas_agree(n, k, |x, m, dst, isa| matmul_on(&packed, x, m, dst, isa));
+    }
+    // One value off E2M1's grid (5) keeps the whole weight 5-bit.
+    let (mut bytes, _) = e2m1_as_q5_0(8, 16, 64, None);
+    bytes[6] = (bytes[6] & 0xf0) | 5;
+    bytes[2] &= !1;
+    let five = PackedQ4::from_gguf_bytes(Q4Format::Q5_0, &bytes, 16, 64).unwrap();
+    assert!(!five.is_e2m1());
+}
+
+#[test]
+fn the_largest_e2m1_values_do_not_saturate() {
+    // Every weight 12 d (looked up as 24) against activations at ±127: the AVX2 path's
+    // 16-bit pair sums at their largest.
+    let (n, k) = (8usize, 64usize);
+    let (bytes, values) = e2m1_as_q5_0(9, n, k, Some(7));
+    let packed = PackedQ4::from_gguf_bytes(Q4Format::Q5_0, &bytes, n, k).unwrap();
+    assert!(packed.is_e2m1());
+    for x in [vec![1.0f32; k], vec![-1.0; k]] {
+        for isa in DotIsa::available() {
+            let mut out = vec![0f32; n];
+            matmul_on(&packed, &x, 1, &mut out, isa);
+            for (c, &o) in out.iter().enumerate() {
+                let want: f32 = values[c * k..(c + 1) * k]
+                    .iter()
+                    .zip(&x)
+                    .map(|(w, v)| w * v)
+                    .sum();
+                assert!(
+                    (o - want).abs() < 1e-3 * want.abs().max(1.0),
+                    "{isa:?}: {o} vs {want}"
+                );
+            }
+        }
+    }
 }
