@@ -1,6 +1,7 @@
 //! A model that answers in harmony's channels (gpt-oss's format) through the API: its analysis
 //! channel is `reasoning_content`, its final channel `content`, and no markup reaches either,
-//! whole or streamed; the Responses API's text is the final channel alone; constraints and
+//! whole or streamed; the Responses API gives the analysis channel as a `reasoning` item before
+//! the final channel's message, and takes it back as input; constraints and
 //! token sources, which would shape or mark the reasoning too, are refused by name.
 //!
 //! The model is built here to write one harmony answer: a Mistral-style layer whose window of 2
@@ -217,20 +218,49 @@ fn reasoning_and_content_come_apart_without_markup() {
     }
     assert_eq!((reasoning.as_str(), content.as_str()), ("Think", "Go!"));
 
-    let response = post_json(
+    // The Responses API: the reasoning as a `reasoning` item before the answer's message,
+    // whole and streamed; the output sent back as input continues the conversation.
+    let ask_responses = |stream: bool| json!({"input": "2+2?", "max_output_tokens": 40, "temperature": 0, "stream": stream});
+    let response = post_json(addr, "/v1/responses", &ask_responses(false));
+    assert_eq!(response.status, 200, "{}", response.text());
+    let output = response.json()["output"].clone();
+    assert_eq!(output[0]["type"], "reasoning", "{output}");
+    assert_eq!(output[0]["content"][0]["text"], "Think");
+    assert_eq!(output[1]["type"], "message");
+    assert_eq!(output[1]["content"][0]["text"], "Go!");
+    assert_eq!(output.as_array().unwrap().len(), 2);
+    let streamed = post_json(addr, "/v1/responses", &ask_responses(true));
+    assert_eq!(streamed.status, 200);
+    let (mut reasoning, mut content, mut done) = (String::new(), String::new(), Value::Null);
+    for data in streamed.sse_data() {
+        let event: Value = serde_json::from_str(&data).unwrap();
+        match event["type"].as_str().unwrap() {
+            "response.reasoning_text.delta" => reasoning.push_str(event["delta"].as_str().unwrap()),
+            "response.output_text.delta" => content.push_str(event["delta"].as_str().unwrap()),
+            "response.completed" => done = event["response"]["output"].clone(),
+            _ => {}
+        }
+    }
+    assert_eq!((reasoning.as_str(), content.as_str()), ("Think", "Go!"));
+    // The same items as unstreamed (each response has ids of its own).
+    let without_ids = |items: &Value| {
+        let mut items = items.clone();
+        for item in items.as_array_mut().unwrap() {
+            item.as_object_mut().unwrap().remove("id");
+        }
+        items
+    };
+    assert_eq!(without_ids(&done), without_ids(&output));
+    let mut input = vec![json!({"role": "user", "content": "2+2?"})];
+    input.extend(output.as_array().unwrap().iter().cloned());
+    input.push(json!({"role": "user", "content": "And 3+3?"}));
+    let again = post_json(
         addr,
         "/v1/responses",
-        &json!({"input": "2+2?", "max_output_tokens": 40, "temperature": 0}),
+        &json!({"input": input, "max_output_tokens": 40, "temperature": 0}),
     );
-    assert_eq!(response.status, 200, "{}", response.text());
-    let text: String = response.json()["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|item| item["content"].as_array().cloned().unwrap_or_default())
-        .filter_map(|part| part["text"].as_str().map(str::to_string))
-        .collect();
-    assert_eq!(text, "Go!");
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(again.json()["output"][1]["content"][0]["text"], "Go!");
 
     for (field, body) in [
         (
@@ -269,6 +299,16 @@ fn gpt_oss_template_renders_harmony_turns() {
         ChatMessage::new("user", "And 3+3?"),
     ];
     let text = template.render(&messages, true).unwrap();
+    // An assistant turn's reasoning (chat's `reasoning_content`, a Responses reasoning item)
+    // reaches the template as `thinking`, which it writes where harmony keeps it: here, the
+    // last turn of a conversation rendered without a generation prompt.
+    let mut answered = messages[..3].to_vec();
+    answered[2].thinking = Some("Add two and two.".into());
+    let with_thinking = template.render(&answered, false).unwrap();
+    assert!(
+        with_thinking.contains("<|channel|>analysis<|message|>Add two and two.<|end|>"),
+        "{with_thinking}"
+    );
     assert!(text.starts_with("<|start|>system<|message|>"), "{text}");
     assert!(text.contains("Reasoning: medium"), "{text}");
     assert!(
@@ -303,6 +343,17 @@ fn reasoning_effort_reaches_a_template_that_reads_it() {
     let r = post_json(&plain.addr, "/v1/chat/completions", &req);
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "reasoning_effort");
+    // The Responses API's `reasoning.effort` is the same setting, refused in its own words.
+    let effort = json!({"input": "2+2?", "reasoning": {"effort": "high"}});
+    let r = post_json(&plain.addr, "/v1/responses", &effort);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "reasoning.effort");
+    // Only an assistant turn carries reasoning.
+    let mut user_reasons = ask(false);
+    user_reasons["messages"][0]["reasoning_content"] = "no".into();
+    let r = post_json(&plain.addr, "/v1/chat/completions", &user_reasons);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "messages[0].reasoning_content");
     drop(plain);
 
     let template =
@@ -330,6 +381,8 @@ fn reasoning_effort_reaches_a_template_that_reads_it() {
             .to_string();
         assert!(text.contains(&format!("Reasoning: {effort}\n")), "{text}");
     }
+    let r = post_json(addr, "/v1/responses", &effort);
+    assert_eq!(r.status, 200, "{}", r.text());
     req["reasoning_effort"] = "extreme".into();
     let r = post_json(addr, "/v1/chat/completions", &req);
     assert_eq!(r.status, 400, "{}", r.text());

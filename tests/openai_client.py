@@ -438,7 +438,7 @@ def responses(client, model: str) -> None:
     try:
         client.responses.create(model=model, input="hi", reasoning={"effort": "low"})
     except openai.BadRequestError as e:
-        assert e.body["param"] == "reasoning", e.body
+        assert e.body["param"] == "reasoning.effort", e.body
     else:
         raise AssertionError("reasoning settings were accepted")
 

@@ -317,7 +317,7 @@ fn responses_follow_the_chat_path_stream_continue_call_tools_and_refuse_by_name(
     for (body, param) in [
         (
             json!({"input": "x", "reasoning": {"effort": "low"}}),
-            "reasoning",
+            "reasoning.effort",
         ),
         (
             json!({"input": "x", "tools": [{"type": "web_search"}]}),

@@ -13,10 +13,6 @@ use super::error::ApiError;
 /// refused with why (`null` asks for nothing and passes).
 const REFUSED: &[(&str, &str)] = &[
     (
-        "reasoning",
-        "Reasoning settings are not supported: the served models answer directly.",
-    ),
-    (
         "background",
         "Background responses are not supported; wait for the response or stream it.",
     ),
@@ -97,6 +93,7 @@ const PASSED: &[&str] = &[
 /// other field is refused by name rather than ignored.
 const KNOWN: &[&str] = &[
     "input",
+    "reasoning",
     "instructions",
     "max_output_tokens",
     "tools",
@@ -168,6 +165,9 @@ pub fn chat_form(req: &Map<String, Value>, earlier: &[Value]) -> Result<ChatForm
     if let Some(choice) = req.get("tool_choice").filter(|v| !v.is_null()) {
         body.insert("tool_choice".into(), chat_tool_choice(choice)?);
     }
+    if let Some(effort) = reasoning_effort(req.get("reasoning"))? {
+        body.insert("reasoning_effort".into(), effort);
+    }
     if let Some(text) = req.get("text").filter(|v| !v.is_null()) {
         if let Some(format) = response_format(text)? {
             body.insert("response_format".into(), format);
@@ -213,6 +213,69 @@ fn refuse_unsupported(req: &Map<String, Value>) -> Result<(), ApiError> {
     }
 }
 
+/// `reasoning`'s effort, for chat's `reasoning_effort` (which a chat template that reads it
+/// takes, and which is refused by name elsewhere). Summaries are not made: the reasoning comes
+/// whole, as a `reasoning` output item.
+fn reasoning_effort(reasoning: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let r = match reasoning {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(r)) => r,
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "reasoning",
+                "`reasoning` must be an object.",
+            ))
+        }
+    };
+    for (key, value) in r {
+        match key.as_str() {
+            "effort" => {}
+            "summary" | "generate_summary" if !value.is_null() => {
+                return Err(ApiError::invalid_param(
+                    &format!("reasoning.{key}"),
+                    "Reasoning summaries are not made: a model's reasoning comes whole, as a \
+                     `reasoning` output item.",
+                ))
+            }
+            "summary" | "generate_summary" => {}
+            other => {
+                return Err(ApiError::invalid_param(
+                    &format!("reasoning.{other}"),
+                    format!("Unknown field `reasoning.{other}`."),
+                ))
+            }
+        }
+    }
+    Ok(r.get("effort").filter(|v| !v.is_null()).cloned())
+}
+
+/// A `reasoning` input item's text: its `reasoning_text` parts, joined.
+fn reasoning_text(item: &Map<String, Value>, at: &str) -> Result<String, ApiError> {
+    let parts = match item.get("content") {
+        None | Some(Value::Null) => return Ok(String::new()),
+        Some(Value::Array(parts)) => parts,
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                &format!("{at}.content"),
+                format!("`{at}.content` must be a list of reasoning_text parts."),
+            ))
+        }
+    };
+    let mut text = String::new();
+    for (k, part) in parts.iter().enumerate() {
+        match (part["type"].as_str(), part["text"].as_str()) {
+            (Some("reasoning_text"), Some(t)) => text.push_str(t),
+            _ => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.content[{k}]"),
+                    format!("`{at}.content[{k}]` must be a reasoning_text part with its text."),
+                ))
+            }
+        }
+    }
+    Ok(text)
+}
+
 /// The input (a string, or a list of items) as chat messages.
 fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
     let items = match input {
@@ -226,6 +289,8 @@ fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
         }
     };
     let mut out: Vec<Value> = Vec::with_capacity(items.len());
+    // A reasoning item's text, for the assistant turn that follows it.
+    let mut reasoning: Option<(String, String)> = None;
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         let Value::Object(item) = item else {
@@ -240,8 +305,24 @@ fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
         } else {
             "item_reference"
         };
-        match item.get("type").and_then(Value::as_str).unwrap_or(untyped) {
-            "message" => out.push(message(item, &at)?),
+        let kind = item.get("type").and_then(Value::as_str).unwrap_or(untyped);
+        let pending = reasoning.take();
+        if let Some((from, _)) = &pending {
+            let assistant = kind == "function_call"
+                || (kind == "message" && item.get("role") == Some(&json!("assistant")));
+            if !assistant {
+                return Err(misplaced_reasoning(from));
+            }
+        }
+        match kind {
+            "message" => {
+                let mut m = message(item, &at)?;
+                if let Some((_, text)) = pending {
+                    m["reasoning_content"] = json!(text);
+                }
+                out.push(m);
+            }
+            "reasoning" => reasoning = Some((at.clone(), reasoning_text(item, &at)?)),
             "function_call" => {
                 let call = json!({
                     "id": string_field(item, "call_id", &at)?,
@@ -266,6 +347,10 @@ fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
                     }
                     _ => out.push(json!({"role": "assistant", "tool_calls": [call]})),
                 }
+                if let (Some((_, text)), Some(turn)) = (pending, out.last_mut()) {
+                    let had = turn["reasoning_content"].as_str().unwrap_or("").to_string();
+                    turn["reasoning_content"] = json!(had + &text);
+                }
             }
             "function_call_output" => out.push(json!({
                 "role": "tool",
@@ -277,13 +362,27 @@ fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
                     &format!("{at}.type"),
                     format!(
                         "Input items of type `{other}` are not supported: send messages, \
-                         function_call and function_call_output items."
+                         reasoning, function_call and function_call_output items."
                     ),
                 ))
             }
         }
     }
+    if let Some((from, _)) = reasoning {
+        return Err(misplaced_reasoning(&from));
+    }
     Ok(out)
+}
+
+/// A reasoning item not followed by the assistant turn it belongs to.
+fn misplaced_reasoning(at: &str) -> ApiError {
+    ApiError::invalid_param(
+        at,
+        format!(
+            "`{at}` is a reasoning item: it must come right before the assistant message or \
+             function_call it belongs to."
+        ),
+    )
 }
 
 /// A message item: its role (`developer` is the system's) and its text.
@@ -434,6 +533,7 @@ pub fn responses_param(chat_param: &str) -> String {
         "messages" => "input".into(),
         "max_tokens" => "max_output_tokens".into(),
         "response_format" => "text.format".into(),
+        "reasoning_effort" => "reasoning.effort".into(),
         _ => format!("{head}{}", rest.replacen(".function.", ".", 1)),
     }
 }

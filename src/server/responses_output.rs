@@ -1,5 +1,5 @@
 //! A chat completion's answer in the Responses API's shapes: the response object (its output
-//! items: a message of `output_text`, `function_call`s), its usage, and the semantic events of
+//! items: a model's `reasoning`, a message of `output_text`, `function_call`s), its usage, and the semantic events of
 //! a streamed response, made from the chat stream's chunks as they come.
 //!
 //! Why it exists: the Responses API serves what chat completions generate; this is where the
@@ -66,6 +66,10 @@ impl ResponseHead {
     fn call_item_id(&self, index: usize) -> String {
         format!("fc_{}_{index}", self.id)
     }
+
+    fn reasoning_id(&self, index: usize) -> String {
+        format!("rs_{}_{index}", self.id)
+    }
 }
 
 /// A response's status from the chat choice's finish reason.
@@ -95,8 +99,9 @@ pub fn usage_of(chat: &Value) -> Value {
     })
 }
 
-/// The output items of a chat completion's message: its text as one message item (when it has
-/// text, or no calls) with its token source runs when asked for, then one item per tool call.
+/// The output items of a chat completion's message: its reasoning (a model that answers in
+/// harmony's channels) as a reasoning item, its text as one message item (when it has text, or
+/// no calls) with its token source runs when asked for, then one item per tool call.
 pub fn output_items(
     head: &ResponseHead,
     message: &Value,
@@ -104,12 +109,18 @@ pub fn output_items(
     status: &str,
 ) -> Vec<Value> {
     let mut items = Vec::new();
+    if let Some(reasoning) = message["reasoning_content"]
+        .as_str()
+        .filter(|r| !r.is_empty())
+    {
+        items.push(reasoning_item(head, 0, reasoning));
+    }
     let text = message["content"].as_str().unwrap_or("");
     let calls = message["tool_calls"]
         .as_array()
         .map_or(&[][..], Vec::as_slice);
     if !text.is_empty() || calls.is_empty() {
-        items.push(message_item(head, 0, text, sources, status));
+        items.push(message_item(head, items.len(), text, sources, status));
     }
     for call in calls {
         items.push(call_item(
@@ -122,6 +133,16 @@ pub fn output_items(
         ));
     }
     items
+}
+
+/// A reasoning item: the model's reasoning whole, as `reasoning_text` (no summary is made).
+fn reasoning_item(head: &ResponseHead, index: usize, text: &str) -> Value {
+    json!({
+        "type": "reasoning",
+        "id": head.reasoning_id(index),
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+    })
 }
 
 fn message_item(
@@ -167,8 +188,8 @@ fn call_item(
     })
 }
 
-/// A response's output as the assistant's chat turn: what a later `previous_response_id`
-/// continues from.
+/// A response's output as the assistant's chat turn (its reasoning as `reasoning_content`):
+/// what a later `previous_response_id` continues from.
 pub fn chat_turn(output: &[Value]) -> Value {
     let text: String = output
         .iter()
@@ -188,11 +209,24 @@ pub fn chat_turn(output: &[Value]) -> Value {
     if !calls.is_empty() {
         turn["tool_calls"] = Value::Array(calls);
     }
+    let reasoning: String = output
+        .iter()
+        .filter(|i| i["type"] == "reasoning")
+        .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["text"].as_str().map(str::to_string))
+        .collect();
+    if !reasoning.is_empty() {
+        turn["reasoning_content"] = json!(reasoning);
+    }
     turn
 }
 
 /// The one output item being streamed (the API finishes an item before it adds the next).
 enum Open {
+    Reasoning {
+        index: usize,
+        text: String,
+    },
     Message {
         index: usize,
         text: String,
@@ -261,6 +295,12 @@ impl EventTranslator {
         };
         let delta = &choice["delta"];
         let runs = choice["token_sources"].as_array();
+        if let Some(text) = delta["reasoning_content"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+        {
+            out.extend(self.reasoning_delta(text));
+        }
         if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
             if !matches!(self.open, Some(Open::Message { .. })) {
                 out.extend(self.close_open("completed"));
@@ -317,6 +357,33 @@ impl EventTranslator {
         out
     }
 
+    /// A piece of the model's reasoning: the reasoning item opened first if it is not.
+    fn reasoning_delta(&mut self, piece: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let index = self.output.len();
+        let id = self.head.reasoning_id(index);
+        if !matches!(self.open, Some(Open::Reasoning { .. })) {
+            out.extend(self.close_open("completed"));
+            let item = json!({"type": "reasoning", "id": id, "summary": [], "content": []});
+            out.push(self.event(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+            ));
+            self.open = Some(Open::Reasoning {
+                index,
+                text: String::new(),
+            });
+        }
+        if let Some(Open::Reasoning { text, .. }) = self.open.as_mut() {
+            text.push_str(piece);
+        }
+        out.push(self.event(
+            "response.reasoning_text.delta",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "delta": piece}),
+        ));
+        out
+    }
+
     fn call_delta(&mut self, call: &Value) -> Vec<Value> {
         let mut out = Vec::new();
         let k = call["index"].as_u64().unwrap_or(0) as usize;
@@ -358,12 +425,14 @@ impl EventTranslator {
     /// response object.
     pub fn finish(&mut self) -> (Vec<Value>, Value) {
         let status = status_of(self.finish.as_deref().unwrap_or("stop"));
+        let mut out = Vec::new();
+        if matches!(self.open, Some(Open::Reasoning { .. })) {
+            out.extend(self.close_open("completed"));
+        }
         // An answer of no text and no calls is still one (empty) message, as unstreamed.
-        let mut out = if self.open.is_none() && self.output.is_empty() {
-            self.open_message()
-        } else {
-            Vec::new()
-        };
+        if self.open.is_none() && self.output.iter().all(|i| i["type"] == "reasoning") {
+            out.extend(self.open_message());
+        }
         out.extend(self.close_open(status));
         let response =
             self.head
@@ -384,6 +453,20 @@ impl EventTranslator {
         };
         let mut out = Vec::new();
         match item {
+            Open::Reasoning { index, text } => {
+                let id = self.head.reasoning_id(index);
+                out.push(self.event(
+                    "response.reasoning_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                           "text": text}),
+                ));
+                let item = reasoning_item(&self.head, index, &text);
+                out.push(self.event(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item.clone()}),
+                ));
+                self.output.push(item);
+            }
             Open::Message {
                 index,
                 text,

@@ -110,8 +110,15 @@ pub(super) fn chat_turns(
             content.push_str(&earlier_call_text(i, k, &call)?);
             call_ids.extend(call.id);
         }
+        if m.reasoning_content.is_some() && m.role != "assistant" {
+            return Err(ApiError::invalid_param(
+                &format!("messages[{i}].reasoning_content"),
+                "Only assistant messages carry reasoning_content.",
+            ));
+        }
         let mut turn = ChatMessage::new(role, content);
         turn.name = m.name;
+        turn.thinking = m.reasoning_content;
         turns.push(turn);
     }
     if turns.iter().all(|t| t.content.trim().is_empty()) {
@@ -192,9 +199,11 @@ pub(super) async fn chat_prompt(
              --chat-template FILE).",
         ));
     }
-    let literals = turns
-        .iter()
-        .flat_map(|t| std::iter::once(t.content.as_str()).chain(t.name.as_deref()));
+    let literals = turns.iter().flat_map(|t| {
+        std::iter::once(t.content.as_str())
+            .chain(t.name.as_deref())
+            .chain(t.thinking.as_deref())
+    });
     let marker = literal_marker(literals);
     let escaped: Vec<ChatMessage> = turns
         .iter()
@@ -205,6 +214,10 @@ pub(super) async fn chat_prompt(
                 .name
                 .as_deref()
                 .map(|n| tok.escape_control_text(n, marker)),
+            thinking: t
+                .thinking
+                .as_deref()
+                .map(|r| tok.escape_control_text(r, marker)),
         })
         .collect();
     let text = loaded

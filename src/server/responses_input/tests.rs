@@ -113,8 +113,28 @@ fn what_tandem_does_not_do_is_refused_by_name() {
         (json!({}), "input"),
         (json!({"input": 3}), "input"),
         (
-            json!({"input": "x", "reasoning": {"effort": "low"}}),
-            "reasoning",
+            json!({"input": "x", "reasoning": {"summary": "auto"}}),
+            "reasoning.summary",
+        ),
+        (
+            json!({"input": "x", "reasoning": {"depth": 2}}),
+            "reasoning.depth",
+        ),
+        (json!({"input": "x", "reasoning": "high"}), "reasoning"),
+        (
+            json!({"input": [{"type": "reasoning", "content": []},
+                             {"role": "user", "content": "x"}]}),
+            "input[0]",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": "x"},
+                             {"type": "reasoning", "content": []}]}),
+            "input[1]",
+        ),
+        (
+            json!({"input": [{"type": "reasoning", "content": [{"type": "summary_text"}]},
+                             {"role": "assistant", "content": "x"}]}),
+            "input[0].content[0]",
         ),
         (json!({"input": "x", "background": true}), "background"),
         (
@@ -157,7 +177,7 @@ fn what_tandem_does_not_do_is_refused_by_name() {
         (json!({"input": [{"id": "msg_1"}]}), "input[0].type"),
         (
             json!({"input": [{"type": "reasoning", "summary": []}]}),
-            "input[0].type",
+            "input[0]",
         ),
         (
             json!({"input": [{"role": "robot", "content": "x"}]}),
@@ -197,4 +217,44 @@ fn chat_field_names_in_errors_are_told_in_the_responses_api_s_words() {
         "tools[1].parameters"
     );
     assert_eq!(responses_param("temperature"), "temperature");
+}
+
+/// A model's reasoning, as the Responses API returns it (a `reasoning` item before the answer),
+/// goes back to the assistant turn it came with as `reasoning_content`; `reasoning.effort` is
+/// chat's `reasoning_effort`.
+#[test]
+fn reasoning_items_join_their_assistant_turn_and_effort_is_chats() {
+    let think = |t: &str| {
+        json!({"type": "reasoning", "id": "rs_1", "summary": [],
+                                 "content": [{"type": "reasoning_text", "text": t}]})
+    };
+    let f = chat_form(
+        &req(
+            json!({"reasoning": {"effort": "high", "summary": null}, "input": [
+                {"role": "user", "content": "q"},
+                think("Think"),
+                {"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "Go!"}]},
+                {"role": "user", "content": "again"},
+                think("Call"),
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "one"},
+            ]}),
+        ),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(f.body["reasoning_effort"], "high");
+    assert_eq!(
+        f.body["messages"],
+        json!([
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "Go!", "reasoning_content": "Think"},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "reasoning_content": "Call", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "one"},
+        ])
+    );
+    assert_eq!(responses_param("reasoning_effort"), "reasoning.effort");
 }

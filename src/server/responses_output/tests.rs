@@ -164,3 +164,66 @@ fn a_cut_stream_is_incomplete_an_empty_one_one_message_and_a_failure_failed() {
         "grammar_too_complex: too complex"
     );
 }
+
+/// A model's reasoning (chat's `reasoning_content`) is a `reasoning` item before the message,
+/// whole and streamed, with the same ids; a later turn continues with it as the assistant's.
+#[test]
+fn reasoning_is_an_item_before_the_answer_whole_and_streamed() {
+    let h = head();
+    let message = json!({"role": "assistant", "reasoning_content": "Think", "content": "Go!"});
+    let items = output_items(&h, &message, None, "completed");
+    assert_eq!(
+        items[0],
+        json!({"type": "reasoning", "id": "rs_resp-1_0", "summary": [],
+               "content": [{"type": "reasoning_text", "text": "Think"}]})
+    );
+    assert_eq!(items[1]["id"], "msg_resp-1_1");
+    assert_eq!(items[1]["content"][0]["text"], "Go!");
+    assert_eq!(
+        chat_turn(&items),
+        json!({"role": "assistant", "content": "Go!", "reasoning_content": "Think"})
+    );
+
+    let mut t = EventTranslator::new(head());
+    let mut events = t.start();
+    events.extend(t.chunk(&chunk(json!({"reasoning_content": "Th"}), None)));
+    events.extend(t.chunk(&chunk(json!({"reasoning_content": "ink"}), None)));
+    events.extend(t.chunk(&chunk(json!({"content": "Go!"}), Some("stop"))));
+    let (end, response) = t.finish();
+    events.extend(end);
+    assert_eq!(
+        kinds(&events),
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.reasoning_text.delta",
+            "response.reasoning_text.delta",
+            "response.reasoning_text.done",
+            "response.output_item.done",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    assert_eq!(events[5]["text"], "Think");
+    assert_eq!(events[5]["item_id"], "rs_resp-1_0");
+    assert_eq!(response["output"], json!(items));
+
+    // Reasoning alone still answers with one (empty) message after it, as unstreamed.
+    let mut t = EventTranslator::new(head());
+    t.chunk(&chunk(json!({"reasoning_content": "Hmm"}), Some("length")));
+    let (_, response) = t.finish();
+    let unstreamed = output_items(
+        &head(),
+        &json!({"reasoning_content": "Hmm", "content": ""}),
+        None,
+        "incomplete",
+    );
+    assert_eq!(response["output"], json!(unstreamed));
+    assert_eq!(response["output"][1]["type"], "message");
+}

@@ -33,6 +33,9 @@ pub struct ChatMessageIn {
     pub tool_call_id: Option<String>,
     /// The speaker's name, handed to the chat template as `name`.
     pub name: Option<String>,
+    /// An assistant turn's reasoning (as answered in `reasoning_content`), handed to the chat
+    /// template as `thinking`: gpt-oss's writes it where its format keeps it.
+    pub reasoning_content: Option<String>,
 }
 
 /// A tool call of an earlier assistant turn, as the client sends it back.

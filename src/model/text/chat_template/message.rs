@@ -13,6 +13,10 @@ pub struct ChatMessage {
     /// The speaker's name (OpenAI's `name`), for templates that write it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's reasoning, as the client sent it back (chat's `reasoning_content`,
+    /// a Responses `reasoning` item), for templates that write it (gpt-oss's `thinking`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 impl ChatMessage {
@@ -21,6 +25,7 @@ impl ChatMessage {
             role: role.into(),
             content: content.into(),
             name: None,
+            thinking: None,
         }
     }
 }
