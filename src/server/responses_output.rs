@@ -191,12 +191,15 @@ fn call_item(
 /// A response's output as the assistant's chat turn (its reasoning as `reasoning_content`):
 /// what a later `previous_response_id` continues from.
 pub fn chat_turn(output: &[Value]) -> Value {
-    let text: String = output
-        .iter()
-        .filter(|i| i["type"] == "message")
-        .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
-        .filter_map(|p| p["text"].as_str().map(str::to_string))
-        .collect();
+    // The text of every content part of the items of one type, joined.
+    let text_of = |kind: &str| -> String {
+        output
+            .iter()
+            .filter(|i| i["type"] == kind)
+            .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p["text"].as_str().map(str::to_string))
+            .collect()
+    };
     let calls: Vec<Value> = output
         .iter()
         .filter(|i| i["type"] == "function_call")
@@ -205,16 +208,11 @@ pub fn chat_turn(output: &[Value]) -> Value {
                    "function": {"name": i["name"], "arguments": i["arguments"]}})
         })
         .collect();
-    let mut turn = json!({"role": "assistant", "content": text});
+    let mut turn = json!({"role": "assistant", "content": text_of("message")});
     if !calls.is_empty() {
         turn["tool_calls"] = Value::Array(calls);
     }
-    let reasoning: String = output
-        .iter()
-        .filter(|i| i["type"] == "reasoning")
-        .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
-        .filter_map(|p| p["text"].as_str().map(str::to_string))
-        .collect();
+    let reasoning = text_of("reasoning");
     if !reasoning.is_empty() {
         turn["reasoning_content"] = json!(reasoning);
     }
