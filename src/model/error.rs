@@ -43,3 +43,13 @@ pub enum ModelError {
 }
 
 pub type Result<T> = std::result::Result<T, ModelError>;
+
+impl ModelError {
+    /// A file or folder that could not be read as a model, and why.
+    pub fn unreadable(path: &std::path::Path, reason: impl std::fmt::Display) -> Self {
+        Self::Unreadable {
+            path: path.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+}

@@ -34,6 +34,8 @@
 //! * `loaded`: what the user named resolved to a file or folder and loaded: the family found,
 //!   the memory checked, the model built (weights converted to the type the kernels run) with
 //!   its tokenizer. The one part above the families, the readers and the model.
+//! * `preload_checks`: what `loaded` checks before reading tensors: a GGUF file complete, the
+//!   weights within the memory the process could take, counted in the types they load as.
 //! * `text/`: the tokenizer with incremental decoding (`tokenizer`), the chat template
 //!   (`chat_template`), and the tokens two vocabularies share (`vocab_map`).
 //! * `head/`: draft heads (EAGLE): one decoder layer over the target's own hidden states and
@@ -55,6 +57,7 @@ pub mod head;
 pub mod kernels;
 pub mod load;
 pub mod loaded;
+pub mod preload_checks;
 mod self_check;
 pub mod spec;
 pub mod synthetic;

@@ -9,6 +9,9 @@ use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 
+mod reasoning;
+use reasoning::{misplaced_reasoning, reasoning_effort, reasoning_text};
+
 /// Fields of the Responses API that tandem does not do, and chat's names for its own, each
 /// refused with why (`null` asks for nothing and passes).
 const REFUSED: &[(&str, &str)] = &[
@@ -213,69 +216,6 @@ fn refuse_unsupported(req: &Map<String, Value>) -> Result<(), ApiError> {
     }
 }
 
-/// `reasoning`'s effort, for chat's `reasoning_effort` (which a chat template that reads it
-/// takes, and which is refused by name elsewhere). Summaries are not made: the reasoning comes
-/// whole, as a `reasoning` output item.
-fn reasoning_effort(reasoning: Option<&Value>) -> Result<Option<Value>, ApiError> {
-    let r = match reasoning {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Object(r)) => r,
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                "reasoning",
-                "`reasoning` must be an object.",
-            ))
-        }
-    };
-    for (key, value) in r {
-        match key.as_str() {
-            "effort" => {}
-            "summary" | "generate_summary" if !value.is_null() => {
-                return Err(ApiError::invalid_param(
-                    &format!("reasoning.{key}"),
-                    "Reasoning summaries are not made: a model's reasoning comes whole, as a \
-                     `reasoning` output item.",
-                ))
-            }
-            "summary" | "generate_summary" => {}
-            other => {
-                return Err(ApiError::invalid_param(
-                    &format!("reasoning.{other}"),
-                    format!("Unknown field `reasoning.{other}`."),
-                ))
-            }
-        }
-    }
-    Ok(r.get("effort").filter(|v| !v.is_null()).cloned())
-}
-
-/// A `reasoning` input item's text: its `reasoning_text` parts, joined.
-fn reasoning_text(item: &Map<String, Value>, at: &str) -> Result<String, ApiError> {
-    let parts = match item.get("content") {
-        None | Some(Value::Null) => return Ok(String::new()),
-        Some(Value::Array(parts)) => parts,
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                &format!("{at}.content"),
-                format!("`{at}.content` must be a list of reasoning_text parts."),
-            ))
-        }
-    };
-    let mut text = String::new();
-    for (k, part) in parts.iter().enumerate() {
-        match (part["type"].as_str(), part["text"].as_str()) {
-            (Some("reasoning_text"), Some(t)) => text.push_str(t),
-            _ => {
-                return Err(ApiError::invalid_param(
-                    &format!("{at}.content[{k}]"),
-                    format!("`{at}.content[{k}]` must be a reasoning_text part with its text."),
-                ))
-            }
-        }
-    }
-    Ok(text)
-}
-
 /// The input (a string, or a list of items) as chat messages.
 fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
     let items = match input {
@@ -372,17 +312,6 @@ fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
         return Err(misplaced_reasoning(&from));
     }
     Ok(out)
-}
-
-/// A reasoning item not followed by the assistant turn it belongs to.
-fn misplaced_reasoning(at: &str) -> ApiError {
-    ApiError::invalid_param(
-        at,
-        format!(
-            "`{at}` is a reasoning item: it must come right before the assistant message or \
-             function_call it belongs to."
-        ),
-    )
 }
 
 /// A message item: its role (`developer` is the system's) and its text.
