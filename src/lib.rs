@@ -17,6 +17,7 @@ pub mod engine;
 pub mod logging;
 pub mod memory_budget;
 pub mod model;
+pub mod price_identity;
 pub mod runtime;
 pub mod sampling;
 pub mod server;

@@ -339,6 +339,7 @@ pub fn engine_config(config: &Config, threads: usize) -> EngineConfig {
         draft_threads: or_runtime(e.draft_threads),
         speculation: config.speculation.settings,
         stall_after_rounds: stall_after_rounds_for_tests(),
+        price_memory: crate::price_identity::price_memory(config),
         ..e.clone()
     }
 }

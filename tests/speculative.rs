@@ -342,6 +342,73 @@ fn generate_with_a_drafter_is_governed_unless_gamma_is_fixed() {
 }
 
 #[test]
+fn governed_generate_remembers_its_prices_and_checks_them_before_trusting_them() {
+    let model = common::default_model();
+    let cache = tempfile::tempdir().unwrap();
+    let run = |remember: &str| -> (serde_json::Value, String) {
+        let out = common::tandem_command()
+            .env("TANDEM_CACHE", cache.path())
+            .args(["generate", "--model", model.to_str().unwrap()])
+            .args([
+                "--prompt",
+                "Name the days of the week, then name them again.",
+            ])
+            .args([
+                "--max-tokens",
+                "32",
+                "--draft-model",
+                "prompt-lookup",
+                "--json",
+            ])
+            .args(["--remember-prices", remember])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        (serde_json::from_slice(&out.stdout).unwrap(), stderr)
+    };
+    let (first, log) = run("true");
+    assert!(log.contains("governor: prices measured"), "{log}");
+    let files: Vec<_> = std::fs::read_dir(cache.path().join("governor"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = &files[0];
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+    let identity = saved["identity"].as_str().unwrap();
+    assert!(
+        identity.contains("SmolLM2-135M-Instruct.Q4_1.gguf") && identity.contains("cores"),
+        "{identity}"
+    );
+    assert!(
+        saved["remembered"]["reference"].as_array().unwrap().len() == 2,
+        "{saved}"
+    );
+
+    // Checked and trusted, or found off on a busy machine and measured again: either way the
+    // file was read, and the output is the same.
+    let (second, log) = run("true");
+    assert!(log.contains("governor: prices remembered"), "{log}");
+    assert_eq!(second["tokens"], first["tokens"]);
+
+    // A damaged file is measured over, and replaced with a whole one.
+    std::fs::write(file, "{\"version\": 1, \"identity\": ").unwrap();
+    let (third, log) = run("true");
+    assert!(log.contains("governor: prices measured"), "{log}");
+    assert_eq!(third["tokens"], first["tokens"]);
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+    assert_eq!(saved["version"], 1);
+
+    // Off: neither read nor written.
+    let before = std::fs::read(file).unwrap();
+    let (fourth, log) = run("false");
+    assert!(log.contains("governor: prices measured"), "{log}");
+    assert_eq!(fourth["tokens"], first["tokens"]);
+    assert_eq!(std::fs::read(file).unwrap(), before);
+}
+
+#[test]
 fn a_self_drafter_must_have_fewer_layers_than_the_target() {
     common::default_model();
     let out = common::tandem_command()

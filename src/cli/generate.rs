@@ -15,7 +15,8 @@ use clap::Args;
 use tandem::config::Config;
 use tandem::draft::{DraftSpec, LoadedDrafter};
 use tandem::engine::{
-    FixedSpeculation, Gamma, GenerationOutput, GenerationRequest, SpeculationStats,
+    FixedSpeculation, Gamma, GenerationOutput, GenerationRequest, PricesFrom, SpeculationStats,
+    StartUpPrices,
 };
 use tandem::model::{ChatMessage, LoadedModel, WeightsDtype};
 use tandem::sampling::{Lenience, SamplingParams};
@@ -98,6 +99,10 @@ pub struct GenerateArgs {
     /// `--compare-runs` times each, alternating, and the medians and the spread are printed.
     #[arg(long)]
     compare: bool,
+    /// With the governor (no --gamma): keep its prices and acceptance in the cache directory
+    /// and start from them next time (checked first) [default: engine.remember_prices, true].
+    #[arg(long, env = "TANDEM_REMEMBER_PRICES")]
+    remember_prices: Option<bool>,
     /// Timed runs of each mode for `--compare` (after one warm-up run of each).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     compare_runs: u32,
@@ -116,13 +121,14 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
     let runner = match (drafter, spec) {
         (Some(d), Speculation::Governed(lenience)) => {
             let threads = tandem::runtime::thread_count(config.runtime.threads);
-            Runner::Governed(GovernedEngine::start(
-                config,
-                threads,
-                Arc::clone(&target),
-                d,
-                lenience,
-            )?)
+            let mut config = config.clone();
+            if let Some(v) = args.remember_prices {
+                config.engine.remember_prices = v;
+            }
+            let governed =
+                GovernedEngine::start(&config, threads, Arc::clone(&target), d, lenience)?;
+            print_start_up(governed.start_up_prices());
+            Runner::Governed(governed)
         }
         (Some(d), Speculation::Fixed(spec)) => Runner::Reference {
             target: &target,
@@ -321,6 +327,17 @@ fn print_json(
         v["outputs_match"] = (c.plain_tokens == out.tokens).into();
     }
     println!("{v}");
+}
+
+/// Where the governor's prices came from, and what start-up spent on them.
+fn print_start_up(p: StartUpPrices) {
+    let how = match p.from {
+        PricesFrom::Table => "given as a table",
+        PricesFrom::Measured => "measured",
+        PricesFrom::Remembered => "remembered, checked",
+        PricesFrom::Remeasured => "remembered but off on this machine now, measured",
+    };
+    eprintln!("governor: prices {how} in {:.2} s", p.seconds);
 }
 
 /// The stats lines on stderr: the run's, speculation's and the comparison's.

@@ -52,6 +52,11 @@ impl GovernedEngine {
         })
     }
 
+    /// Where the governor's first prices came from.
+    pub fn start_up_prices(&self) -> tandem::engine::StartUpPrices {
+        self.engine.start_up_prices()
+    }
+
     /// Runs `req`, speculating (`speculate`) as the governor decides or decoding plainly, with
     /// its text handed to `on_output` as it is released; the output, its timing (prefill: to
     /// the first token; decode: the rest) and the speculation counters.

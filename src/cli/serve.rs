@@ -68,6 +68,10 @@ pub struct ServeArgs {
     /// [default: engine.pipeline, false].
     #[arg(long, env = "TANDEM_PIPELINE")]
     pipeline: Option<bool>,
+    /// Keep the speculation governor's prices and acceptance in the cache directory and start
+    /// from them next time (checked first) [default: engine.remember_prices, true].
+    #[arg(long, env = "TANDEM_REMEMBER_PRICES")]
+    remember_prices: Option<bool>,
     /// An API key the inference API takes (`Authorization: Bearer KEY`); repeat for more.
     /// Added to server.api_keys and TANDEM_API_KEY; prefer those or --api-keys-file, since
     /// a flag shows in the process list [default: none, the API is open].
@@ -144,6 +148,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.pipeline {
             eng.pipeline = v;
+        }
+        if let Some(v) = self.remember_prices {
+            eng.remember_prices = v;
         }
         if let Some(v) = self.stall_timeout_seconds {
             eng.stall_timeout_seconds = v;

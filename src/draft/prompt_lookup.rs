@@ -130,7 +130,7 @@ impl PromptLookup {
 
 /// A draft's kind after a match of `ngram` tokens: 1 and 2 apart, 3 for 3 or more (longer
 /// matches stand about as often as 3-token ones).
-fn kind_of_match(ngram: usize) -> u8 {
+pub(super) fn kind_of_match(ngram: usize) -> u8 {
     ngram.min(3) as u8
 }
 

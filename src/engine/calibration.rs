@@ -4,10 +4,15 @@
 
 use kameo::actor::ActorRef;
 
+use std::time::Instant;
+
 use super::drafter::Drafter;
 use super::error::EngineError;
-use super::governor::{CostModel, ExpertPrices};
+use super::governor::{
+    check_widths, still_holds, ConfidenceRates, CostModel, ExpertPrices, KindRates, Remembered,
+};
 use super::messages::MeasureDraftCosts;
+use super::price_memory::MemoryFile;
 use super::verifier::{TimedForward, Verifier};
 use crate::draft::DraftTiming;
 
@@ -18,6 +23,114 @@ const MAX_WIDTH: usize = 64;
 const CATCH_UP_CONTEXTS: [usize; 2] = [32, 256];
 /// Each width is timed this many times, the best kept.
 const REPEATS: usize = 2;
+/// Steps run untimed before anything is timed: a fresh process's first forwards run up to
+/// 1.8x a warm step (caches, the threads' first wake-ups), and a price taken then would be
+/// that process's, not the machine's.
+const WARM_UP_STEPS: usize = 8;
+
+/// Where the governor's first prices came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PricesFrom {
+    /// A configured price table (tests, simulations).
+    Table,
+    /// Timed at this start: nothing remembered.
+    Measured,
+    /// Remembered from an earlier run, and the forwards timed now ran at its prices.
+    Remembered,
+    /// Remembered, but the forwards timed now did not run at its prices (another machine, a
+    /// busy one): timed anew; what drafts did is still remembered.
+    Remeasured,
+}
+
+/// How the governor's start-up went: where its prices came from, and the seconds it took.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StartUpPrices {
+    pub from: PricesFrom,
+    pub seconds: f64,
+}
+
+/// Target and drafter settings start-up timing needs.
+pub(super) struct Timing<'a> {
+    pub verifier: &'a Verifier,
+    pub drafter: Option<&'a ActorRef<Drafter>>,
+    pub max_seqs: usize,
+    pub gamma_limit: usize,
+    pub context_len: usize,
+    pub experts: Option<ExpertPrices>,
+}
+
+/// What the governor starts from: the configured `table` (frozen), a remembered table that
+/// still holds on this machine, or prices timed now; and the acceptance remembered, if any
+/// (else a pooled guess of one half).
+pub(super) async fn start_up_learning(
+    table: Option<CostModel>,
+    t: Timing<'_>,
+    memory: Option<&MemoryFile>,
+) -> Result<(Remembered, StartUpPrices), EngineError> {
+    let started = Instant::now();
+    let fresh = |costs| Remembered {
+        costs,
+        reference: Vec::new(),
+        acceptance: KindRates::new(0.5),
+        chain_rates: ConfidenceRates::default(),
+        branch_rates: ConfidenceRates::default(),
+    };
+    let done = |from| StartUpPrices {
+        from,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    if let Some(table) = table {
+        return Ok((fresh(table.freeze()), done(PricesFrom::Table)));
+    }
+    let width = t.max_seqs * (t.gamma_limit + 1);
+    let remembered = memory
+        .and_then(MemoryFile::load)
+        .filter(|r| r.costs.max_width() == width && !r.costs.is_frozen());
+    let Some(mut remembered) = remembered else {
+        let (costs, reference) = measure(&t).await?;
+        let mut fresh = fresh(costs);
+        fresh.reference = reference;
+        return Ok((fresh, done(PricesFrom::Measured)));
+    };
+    warm_up(t.verifier).await?;
+    let now = check_forwards(&t).await?;
+    let holds = still_holds(&remembered.reference, &now);
+    tracing::debug!(?now, then = ?remembered.reference, holds, "remembered prices checked");
+    if !holds {
+        (remembered.costs, remembered.reference) = measure(&t).await?;
+        return Ok((remembered, done(PricesFrom::Remeasured)));
+    }
+    remembered.costs.mark_provisional();
+    Ok((remembered, done(PricesFrom::Remembered)))
+}
+
+/// The check's forwards ([`check_widths`]), each the best of a few.
+async fn check_forwards(t: &Timing<'_>) -> Result<Vec<(usize, f64)>, EngineError> {
+    let timed = t
+        .verifier
+        .calibrate(0, check_widths(t.gamma_limit), REPEATS + 1, false)
+        .await?;
+    Ok(timed.iter().map(|f| (f.width, f.seconds)).collect())
+}
+
+/// Runs the target's first steps of this process untimed.
+async fn warm_up(verifier: &Verifier) -> Result<(), EngineError> {
+    verifier.calibrate(0, vec![1], WARM_UP_STEPS, false).await?;
+    Ok(())
+}
+
+/// Every price timed now, provisional until rounds refine them, and the check's forwards
+/// timed after them (what a later start compares its own with).
+async fn measure(t: &Timing<'_>) -> Result<(CostModel, Vec<(usize, f64)>), EngineError> {
+    warm_up(t.verifier).await?;
+    let mut costs =
+        calibrate_target(t.verifier, t.max_seqs, t.gamma_limit, t.experts.clone()).await?;
+    if let Some(d) = t.drafter {
+        calibrate_drafter(d, t.gamma_limit, t.context_len, &mut costs).await?;
+    }
+    costs.mark_provisional();
+    Ok((costs, check_forwards(t).await?))
+}
 
 /// The widths timed at start-up: every width a lone request can verify, then a few points up
 /// to a whole batch of full verifications (interpolated between).
@@ -36,7 +149,7 @@ fn verify_widths(max_seqs: usize, gamma_limit: usize) -> Vec<usize> {
 /// forwards timed on its first slot (free at start-up). A mixture's forwards are priced by
 /// the experts they read (`experts`): the price of one read from the widest lone verification
 /// timed twice, its rows choosing alike and apart.
-pub(super) async fn calibrate_target(
+async fn calibrate_target(
     verifier: &Verifier,
     max_seqs: usize,
     gamma_limit: usize,
@@ -71,7 +184,7 @@ pub(super) async fn calibrate_target(
 }
 
 /// Times the drafter's steps and catch-ups at a short and a long context into `costs`.
-pub(super) async fn calibrate_drafter(
+async fn calibrate_drafter(
     drafter: &ActorRef<Drafter>,
     gamma_limit: usize,
     context_len: usize,

@@ -8,7 +8,7 @@ use kameo::mailbox;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::cache_manager::CacheManager;
-use super::calibration::{calibrate_drafter, calibrate_target};
+use super::calibration::{start_up_learning, PricesFrom, StartUpPrices, Timing};
 use super::drafter::Drafter;
 use super::error::EngineError;
 use super::event_stream::EventStream;
@@ -17,6 +17,7 @@ use super::governor::{CostModel, ExpertPrices, GovernorConfig};
 use super::liveness::{EngineHealth, Liveness};
 use super::messages::*;
 use super::prefix_budget::{prefix_budget_bytes, split_budget};
+use super::price_memory::{MemoryFile, PriceMemory};
 use super::request::{check_request, EngineRequest};
 use super::scheduler::{DraftForesight, Scheduler, SchedulerConfig};
 use super::speculation_settings::{LiveSpeculation, SpeculationSettings};
@@ -76,6 +77,14 @@ pub struct EngineConfig {
     /// simulations; a server measures its machine.
     #[serde(skip)]
     pub costs: Option<CostModel>,
+    /// Keep what the governor learns (prices, acceptance by kind of draft) in the cache
+    /// directory and start from it next time, checked first against two timed forwards
+    /// (`engine.remember_prices`; `setup` fills in [`EngineConfig::price_memory`] from it).
+    pub remember_prices: bool,
+    /// Where the governor's learning is kept, and for what (none: every start measures anew
+    /// and starts from a pooled guess of acceptance).
+    #[serde(skip)]
+    pub price_memory: Option<PriceMemory>,
 }
 
 impl Default for EngineConfig {
@@ -96,6 +105,8 @@ impl Default for EngineConfig {
             speculation: SpeculationSettings::default(),
             governor: GovernorConfig::default(),
             costs: None,
+            remember_prices: true,
+            price_memory: None,
         }
     }
 }
@@ -114,6 +125,7 @@ pub struct Engine {
     context_len: usize,
     has_drafter: bool,
     max_seqs: usize,
+    start_up: StartUpPrices,
 }
 
 impl Engine {
@@ -151,6 +163,7 @@ impl Engine {
             target_budget,
         )?;
         let has_drafter = draft.is_some();
+        let draft_name = draft.as_ref().map(LoadedDrafter::name);
         let draft_cache = draft.as_ref().is_some_and(LoadedDrafter::keeps_a_cache);
         register_prefix_caches(cfg.prefix_cache, draft_cache, (target_budget, draft_budget));
         let drafter = match draft {
@@ -163,14 +176,35 @@ impl Engine {
             )?)),
             None => None,
         };
-        let costs = measure_costs(
-            cfg.costs.take(),
-            &cfg,
-            &verifier,
-            drafter.as_ref(),
-            (context_len, expert_prices(&target)),
-        )
-        .await?;
+        let memory = cfg
+            .price_memory
+            .as_ref()
+            .filter(|_| cfg.remember_prices)
+            .map(|m| MemoryFile::new(m, &engine_identity(&cfg, draft_name.as_deref())));
+        let timing = Timing {
+            verifier: &verifier,
+            drafter: drafter.as_ref(),
+            max_seqs: cfg.max_seqs,
+            gamma_limit: cfg.gamma_limit,
+            context_len,
+            experts: expert_prices(&target),
+        };
+        let (learned, start_up) =
+            start_up_learning(cfg.costs.take(), timing, memory.as_ref()).await?;
+        let mut memory = memory;
+        if let Some(m) = memory
+            .as_mut()
+            .filter(|_| start_up.from != PricesFrom::Remembered)
+        {
+            m.set_reference(learned.reference.clone());
+            m.save_start_up(&learned);
+        }
+        tracing::info!(
+            prices = ?start_up.from,
+            seconds = start_up.seconds,
+            memory = ?memory.as_ref().map(|m| m.path().display().to_string()),
+            "governor ready"
+        );
         let cache = CacheManager::spawn(CacheManager::new(
             slots,
             cfg.kv_capacity_tokens.unwrap_or(cfg.max_seqs * context_len),
@@ -201,7 +235,7 @@ impl Engine {
                 drafter,
                 cache.clone(),
                 settings.clone(),
-                costs,
+                (learned, memory),
                 Arc::clone(&liveness),
             ),
             mailbox::unbounded(),
@@ -218,6 +252,7 @@ impl Engine {
             context_len,
             has_drafter,
             max_seqs: cfg.max_seqs,
+            start_up,
         })
     }
 
@@ -233,6 +268,12 @@ impl Engine {
 
     pub fn has_drafter(&self) -> bool {
         self.has_drafter
+    }
+
+    /// Where the governor's first prices came from (timed, remembered, a table) and the
+    /// seconds start-up spent on them.
+    pub fn start_up_prices(&self) -> StartUpPrices {
+        self.start_up
     }
 
     /// Sequences decoded together (also the most choices one request may ask for).
@@ -398,24 +439,22 @@ fn expert_prices(target: &Decoder) -> Option<ExpertPrices> {
         .map(|e| ExpertPrices::new(e.count, e.used, h.num_layers))
 }
 
-/// The governor's costs: the configured `table`, or target forwards of 1..=γmax+1 tokens and
-/// one draft step measured now (provisional until rounds refine them).
-async fn measure_costs(
-    table: Option<CostModel>,
-    cfg: &EngineConfig,
-    verifier: &Verifier,
-    drafter: Option<&ActorRef<Drafter>>,
-    (context_len, experts): (usize, Option<ExpertPrices>),
-) -> Result<CostModel, EngineError> {
-    if let Some(table) = table {
-        return Ok(table.freeze());
-    }
-    let mut costs = calibrate_target(verifier, cfg.max_seqs, cfg.gamma_limit, experts).await?;
-    if let Some(d) = drafter {
-        calibrate_drafter(d, cfg.gamma_limit, context_len, &mut costs).await?;
-    }
-    costs.mark_provisional();
-    Ok(costs)
+/// The engine's own settings a remembered price table and acceptance depend on, as text
+/// (the model files, machine and build are the caller's part of the identity).
+fn engine_identity(cfg: &EngineConfig, drafter: Option<&str>) -> String {
+    format!(
+        "engine max_seqs={} gamma_limit={} prefill_chunk={} pipeline={} threads={}/{} \
+         prefix_cache={}\nspeculation {:?}\ndrafter {}",
+        cfg.max_seqs,
+        cfg.gamma_limit,
+        cfg.prefill_chunk,
+        cfg.pipeline,
+        cfg.target_threads,
+        cfg.draft_threads,
+        cfg.prefix_cache,
+        cfg.speculation,
+        drafter.unwrap_or("none"),
+    )
 }
 
 /// The prefix caches' series exist from start-up: the target's, and a draft model's.

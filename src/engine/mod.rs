@@ -25,6 +25,7 @@ pub mod liveness;
 mod lookup_drafter;
 pub mod messages;
 pub mod prefix_budget;
+pub mod price_memory;
 pub mod reference;
 pub mod request;
 pub mod scheduler;
@@ -39,6 +40,7 @@ mod watchdog;
 pub mod worker;
 
 pub use batch_drafter::BatchDrafter;
+pub use calibration::{PricesFrom, StartUpPrices};
 pub use error::EngineError;
 pub use event_stream::{Completion, EventStream};
 pub use gamma::{gamma_cap, Gamma, GammaPolicy, InvalidGamma};
@@ -47,6 +49,7 @@ pub use liveness::EngineHealth;
 pub use messages::{
     CacheStats, EngineEvent, Failure, SchedulerStats, GRAMMAR_TOO_COMPLEX, NON_FINITE_LOGITS,
 };
+pub use price_memory::PriceMemory;
 pub use reference::{generate_plain, generate_speculative, FixedSpeculation};
 pub use request::{
     EngineRequest, FinishReason, GenerationOutput, GenerationRequest, GenerationStats, OnOutput,

@@ -202,6 +202,8 @@ impl Server {
             .env_remove("TANDEM_ADMIN_TOKEN")
             .env_remove("TANDEM_API_KEY")
             .env_remove("TANDEM_API_KEYS_FILE")
+            // Each server measures its own prices and learns from no earlier test's drafts.
+            .env("TANDEM_REMEMBER_PRICES", "false")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

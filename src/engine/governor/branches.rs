@@ -24,7 +24,7 @@ use crate::sampling::tree::TREE_ROOT;
 /// a draft model's probability, or prompt lookup's agreement after a 1-, 2- or 3-token
 /// match), learned from verified rounds and decayed, starting from the confidence itself as
 /// a prior. The scheduler keeps one for chains' nodes and one for trees' alternatives.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ConfidenceRates {
     tried: [[f64; BUCKETS]; KINDS],
     accepted: [[f64; BUCKETS]; KINDS],

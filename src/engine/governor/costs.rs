@@ -12,7 +12,7 @@ use super::round_bias::RoundBias;
 /// drifts such as attention growing with the context. (A median would hold a deep-context
 /// price after long prompts for rounds the planner then declines to draft, so the price would
 /// never be re-measured.)
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct CostEstimate {
     recent: [f64; Self::WINDOW],
     len: usize,
@@ -45,7 +45,7 @@ impl CostEstimate {
 /// Measured costs, in seconds: one draft step by how many sequences draft together, the
 /// drafter's catching up per context token by how many tokens it takes in at once, and target
 /// forwards by width (new tokens of every sequence in the forward together).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct CostModel {
     /// `draft_first[n - 1]`: the first draft step of a round of `n` sequences together.
     draft_first: Vec<CostEstimate>,
@@ -81,8 +81,11 @@ pub struct CostModel {
     /// reads, which are priced here by the experts a forward of that width is expected to read.
     experts: Option<ExpertPrices>,
     /// Start-up is over ([`CostModel::mark_provisional`]): forwards recorded now are live.
+    /// Not remembered: a remembered table starts provisional again.
+    #[serde(skip)]
     live: bool,
     /// Set by [`CostModel::freeze`]: measurements no longer change any price.
+    #[serde(skip)]
     frozen: bool,
 }
 
@@ -139,6 +142,12 @@ impl CostModel {
         {
             c.provisional = c.len > 0;
         }
+    }
+
+    /// Forwards as wide as this table prices by measurement (wider ones are extrapolated): a
+    /// remembered table is taken only for an engine of the same widths.
+    pub fn max_width(&self) -> usize {
+        self.verify.len()
     }
 
     /// Time spent on `steps` draft steps of `seqs` sequences together, `first` of it on the
@@ -450,7 +459,7 @@ impl CostModel {
 }
 
 /// A straight line of draft-step seconds over context depth, from `depth` on.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 struct DepthLine {
     depth: f64,
     step: f64,

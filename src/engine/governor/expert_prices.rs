@@ -15,7 +15,7 @@
 /// uniform independent routing; 0 is every row choosing what the first chose. The union of
 /// `w` rows is then `count · (1 − (1 − used/count) · (1 − used·share/count)^(w−1))`, which
 /// this inverts to learn `share` from a forward's width and reads.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 struct LayerShare {
     share: f64,
     /// Learned from live forwards (start-up's forwards run made-up text: replaced by the
@@ -27,7 +27,7 @@ struct LayerShare {
 /// on the latest forward: a few rounds follow a change of text.
 const LEARNING_RATE: f64 = 0.25;
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ExpertPrices {
     /// Experts per layer, and how many each row uses.
     count: usize,

@@ -13,7 +13,7 @@
 //! nothing pays, hope costs about [`DraftingLedger::BUDGET`] of the decoding time at most.
 
 /// Net seconds that drafting saved against plain decoding, decayed per second of decoding.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct DraftingLedger {
     net: f64,
 }

@@ -13,7 +13,7 @@
 
 /// A decayed mean of measured over forecast seconds per round, starting at 1 (on the mark)
 /// with the weight of a few rounds.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 struct OverForecast {
     sum: f64,
     weight: f64,
@@ -49,7 +49,7 @@ impl OverForecast {
 /// Measured over forecast seconds for rounds in which someone drafted and for plain rounds,
 /// both of the decoding alone (a prompt chunk in the forward, or a catch-up on what the
 /// drafter missed, is no part of it: a catch-up is an investment the plan weighs apart).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RoundBias {
     drafting: OverForecast,
     plain: OverForecast,

@@ -67,6 +67,7 @@ impl Scheduler {
                 self.report_peer_error("drafter", &e);
             }
         }
+        self.remember_learning();
     }
 
     /// Forgets everything the prefix cache holds, the target's and a draft model's.
@@ -212,6 +213,13 @@ impl Scheduler {
         telemetry::record_admitted(q.request.generation.prompt.len());
         let choices = q.events.len();
         let live = self.settings.get();
+        // Rehearsed once for all the choices: they share the prompt.
+        let rehearsal = self
+            .cfg
+            .foresight
+            .as_ref()
+            .map(|f| f.rehearse(&q.request.generation.prompt));
+        tracing::debug!(id = q.id, ?rehearsal, "prompt rehearsed");
         let seed = q
             .request
             .generation
@@ -240,7 +248,11 @@ impl Scheduler {
                 emitter: Emitter::new(&request.generation),
                 draft_rng: SeededRng::new(seed ^ 0x9E37_79B9_7F4A_7C15),
                 accept_rng: SeededRng::new(seed),
-                governor: Governor::starting_from(self.cfg.governor, &self.learned.acceptance),
+                governor: Governor::starting_from(
+                    self.cfg.governor,
+                    &self.learned.acceptance,
+                    rehearsal.as_ref(),
+                ),
                 spec: SpeculationStats::default(),
                 group: usize::from(group),
                 max_context: self.cfg.context_len,

@@ -7,7 +7,7 @@
 //! too short where the text is copied and too long where it is not. The scan that finds the
 //! match is the drafter's own, pure and cheap next to a forward, so the scheduler runs it too.
 
-use crate::draft::PromptLookup;
+use crate::draft::{PromptLookup, Rehearsal};
 
 /// What the scheduler can tell of a sequence's next draft.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +30,11 @@ pub struct DraftForesight {
 }
 
 impl DraftForesight {
+    /// How the drafter's lookup would have fared on `prompt` (see [`Rehearsal`]).
+    pub fn rehearse(&self, prompt: &[u32]) -> Rehearsal {
+        self.lookup.rehearse(prompt)
+    }
+
     /// For a drafter that looks only in the request's own text (not `suffix`, whose store of
     /// earlier requests the scheduler does not see).
     pub fn new(lookup: PromptLookup, model_otherwise: bool) -> Option<Self> {

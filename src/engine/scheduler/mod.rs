@@ -19,6 +19,7 @@ mod constrain;
 mod drafting;
 mod foresight;
 mod outcome;
+mod remember;
 mod round;
 mod round_clock;
 pub mod round_plan;

@@ -14,10 +14,11 @@ use crate::draft::DraftOrigins;
 use crate::engine::cache_manager::CacheManager;
 use crate::engine::drafter::Drafter;
 use crate::engine::governor::{
-    ConfidenceRates, CostModel, GovernorConfig, KindRates, SpeedupEstimate,
+    ConfidenceRates, CostModel, GovernorConfig, KindRates, Remembered, SpeedupEstimate,
 };
 use crate::engine::liveness::Liveness;
 use crate::engine::messages::{Failure, Step};
+use crate::engine::price_memory::MemoryFile;
 use crate::engine::request::FinishReason;
 use crate::engine::speculation_settings::LiveSpeculation;
 use crate::engine::verifier::Verifier;
@@ -64,6 +65,8 @@ pub(super) struct Learned {
     /// Decoding rounds since anyone drafted (prices are re-measured after many: see
     /// `governor::recheck_prices`).
     pub(super) rounds_without_drafts: u64,
+    /// Where what is learned here is kept for the next start (none: not kept).
+    pub(super) memory: Option<MemoryFile>,
 }
 
 /// What rounds did, counted (see [`Scheduler::counters`]).
@@ -106,9 +109,13 @@ impl Scheduler {
         drafter: Option<ActorRef<Drafter>>,
         cache: ActorRef<CacheManager>,
         settings: LiveSpeculation,
-        costs: CostModel,
+        (start, memory): (Remembered, Option<MemoryFile>),
         liveness: Arc<Liveness>,
     ) -> Self {
+        let memory = memory.map(|mut m| {
+            m.set_reference(start.reference);
+            m
+        });
         Self {
             cfg,
             verifier,
@@ -120,12 +127,13 @@ impl Scheduler {
             next_id: 0,
             step_scheduled: false,
             learned: Learned {
-                costs,
+                costs: start.costs,
                 speedup: SpeedupEstimate::default(),
-                acceptance: KindRates::new(0.5),
-                chain_rates: ConfidenceRates::default(),
-                branch_rates: ConfidenceRates::default(),
+                acceptance: start.acceptance,
+                chain_rates: start.chain_rates,
+                branch_rates: start.branch_rates,
                 rounds_without_drafts: 0,
+                memory,
             },
             counters: RoundCounters::default(),
             liveness,
