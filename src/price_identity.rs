@@ -48,15 +48,7 @@ pub fn price_memory(config: &Config) -> Option<PriceMemory> {
 
 /// The CPU's model name, the vector instructions the kernels use, and the cores.
 fn machine() -> String {
-    let name = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let name = crate::model::kernels::cpu_kernels::cpu_name();
     let level =
         crate::model::kernels::cpu_kernels::vector_level().unwrap_or_else(|| "portable".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());

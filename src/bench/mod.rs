@@ -32,15 +32,7 @@ pub use tables::{render_cache_notes, render_drafters, render_tables};
 
 /// What the machine is, for the record.
 pub fn machine_json(threads: usize) -> Value {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let cpu = crate::model::kernels::cpu_kernels::cpu_name();
     json!({
         "cpu": cpu,
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),

@@ -11,6 +11,21 @@ use crate::model::kernels::tile_driver::DotIsa;
 pub const PORTABLE_WARNING: &str = "CPU kernels: portable (this CPU lacks AVX2/FMA/F16C, or \
      TANDEM_DISABLE_AVX2 is set): candle's matmuls and scalar attention, about 10x slower";
 
+/// The CPU's model name as the kernel reports it (`/proc/cpuinfo`'s `model name`), or the
+/// architecture where there is none: what a benchmark record and a remembered price table
+/// name the machine by.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
 /// The vector instructions the kernels use on this CPU, for the start-up log: e.g.
 /// `"AVX2+FMA+F16C, AVX-512F, AVX-512 VNNI"`, or `None` when they run without AVX2 (the CPU
 /// lacks it, or `TANDEM_DISABLE_AVX2` is set).
