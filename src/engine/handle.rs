@@ -13,7 +13,7 @@ use super::drafter::Drafter;
 use super::error::EngineError;
 use super::event_stream::EventStream;
 use super::gamma::{Gamma, GammaPolicy};
-use super::governor::{CostModel, ExpertPrices, GovernorConfig};
+use super::governor::{CostModel, ExpertPrices, GovernorConfig, Remembered};
 use super::liveness::{EngineHealth, Liveness};
 use super::messages::*;
 use super::prefix_budget::{prefix_budget_bytes, split_budget};
@@ -136,13 +136,7 @@ impl Engine {
         draft: Option<LoadedDrafter>,
         mut cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
-        if cfg.max_seqs == 0 || cfg.gamma_limit == 0 {
-            return Err(EngineError::InvalidRequest(
-                "engine.max_seqs and engine.max_gamma must be at least 1".into(),
-            ));
-        }
-        let settings = LiveSpeculation::new(cfg.speculation, cfg.gamma_limit)
-            .map_err(|e| EngineError::InvalidRequest(format!("speculation.{e}")))?;
+        let settings = live_settings(&cfg)?;
         let context_len = target.context_len();
         let slots = cfg.max_seqs;
         let (target_budget, draft_budget) = prefix_budgets(&cfg, &target, draft.as_ref());
@@ -176,11 +170,6 @@ impl Engine {
             )?)),
             None => None,
         };
-        let memory = cfg
-            .price_memory
-            .as_ref()
-            .filter(|_| cfg.remember_prices)
-            .map(|m| MemoryFile::new(m, &engine_identity(&cfg, draft_name.as_deref())));
         let timing = Timing {
             verifier: &verifier,
             drafter: drafter.as_ref(),
@@ -189,22 +178,8 @@ impl Engine {
             context_len,
             experts: expert_prices(&target),
         };
-        let (learned, start_up) =
-            start_up_learning(cfg.costs.take(), timing, memory.as_ref()).await?;
-        let mut memory = memory;
-        if let Some(m) = memory
-            .as_mut()
-            .filter(|_| start_up.from != PricesFrom::Remembered)
-        {
-            m.set_reference(learned.reference.clone());
-            m.save_start_up(&learned);
-        }
-        tracing::info!(
-            prices = ?start_up.from,
-            seconds = start_up.seconds,
-            memory = ?memory.as_ref().map(|m| m.path().display().to_string()),
-            "governor ready"
-        );
+        let (learned, memory, start_up) =
+            start_governor(&mut cfg, timing, draft_name.as_deref()).await?;
         let cache = CacheManager::spawn(CacheManager::new(
             slots,
             cfg.kv_capacity_tokens.unwrap_or(cfg.max_seqs * context_len),
@@ -437,6 +412,46 @@ fn expert_prices(target: &Decoder) -> Option<ExpertPrices> {
     let h = target.hparams();
     h.experts
         .map(|e| ExpertPrices::new(e.count, e.used, h.num_layers))
+}
+
+/// The live speculation settings an engine of `cfg` starts with, once its sizes are checked.
+fn live_settings(cfg: &EngineConfig) -> Result<LiveSpeculation, EngineError> {
+    if cfg.max_seqs == 0 || cfg.gamma_limit == 0 {
+        return Err(EngineError::InvalidRequest(
+            "engine.max_seqs and engine.max_gamma must be at least 1".into(),
+        ));
+    }
+    LiveSpeculation::new(cfg.speculation, cfg.gamma_limit)
+        .map_err(|e| EngineError::InvalidRequest(format!("speculation.{e}")))
+}
+
+/// What the governor starts from (remembered and still holding, or measured now) and the file
+/// its learning is kept in from here on: saved at once when start-up had to measure, so a
+/// server stopped before its first request still starts faster next time.
+async fn start_governor(
+    cfg: &mut EngineConfig,
+    timing: Timing<'_>,
+    drafter: Option<&str>,
+) -> Result<(Remembered, Option<MemoryFile>, StartUpPrices), EngineError> {
+    let mut memory = cfg
+        .price_memory
+        .as_ref()
+        .filter(|_| cfg.remember_prices)
+        .map(|m| MemoryFile::new(m, &engine_identity(cfg, drafter)));
+    let (learned, start_up) = start_up_learning(cfg.costs.take(), timing, memory.as_ref()).await?;
+    if let Some(m) = memory.as_mut() {
+        m.set_reference(learned.reference.clone());
+        if start_up.from != PricesFrom::Remembered {
+            m.save_start_up(&learned);
+        }
+    }
+    tracing::info!(
+        prices = ?start_up.from,
+        seconds = start_up.seconds,
+        memory = ?memory.as_ref().map(|m| m.path().display().to_string()),
+        "governor ready"
+    );
+    Ok((learned, memory, start_up))
 }
 
 /// The engine's own settings a remembered price table and acceptance depend on, as text

@@ -112,10 +112,6 @@ impl Scheduler {
         (start, memory): (Remembered, Option<MemoryFile>),
         liveness: Arc<Liveness>,
     ) -> Self {
-        let memory = memory.map(|mut m| {
-            m.set_reference(start.reference);
-            m
-        });
         Self {
             cfg,
             verifier,

@@ -22,6 +22,18 @@ fn chunk(delta: Value, finish: Option<&str>) -> Value {
     json!({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 }
 
+/// Every event of a stream of `chunks`, from `response.created` to its end, and the response.
+fn stream(chunks: &[Value]) -> (Vec<Value>, Value) {
+    let mut t = EventTranslator::new(head());
+    let mut events = t.start();
+    for c in chunks {
+        events.extend(t.chunk(c));
+    }
+    let (end, response) = t.finish();
+    events.extend(end);
+    (events, response)
+}
+
 fn kinds(events: &[Value]) -> Vec<String> {
     events
         .iter()
@@ -76,29 +88,26 @@ fn a_chat_answer_becomes_output_items_usage_and_a_status() {
 
 #[test]
 fn a_streamed_answer_gives_the_semantic_events_in_order() {
-    let mut t = EventTranslator::new(head());
-    let mut events = t.start();
-    events.extend(t.chunk(&chunk(json!({"role": "assistant", "content": ""}), None)));
-    events.extend(t.chunk(&chunk(json!({"content": "Hel"}), None)));
-    events.extend(t.chunk(&chunk(json!({"content": "lo"}), None)));
-    events.extend(t.chunk(&chunk(
-        json!({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
-                               "function": {"name": "f", "arguments": ""}}]}),
-        None,
-    )));
-    events.extend(t.chunk(&chunk(
-        json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\""}}]}),
-        None,
-    )));
-    events.extend(t.chunk(&chunk(
-        json!({"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]}),
-        None,
-    )));
-    events.extend(t.chunk(&chunk(json!({}), Some("tool_calls"))));
-    events.extend(t.chunk(&json!({"choices": [], "usage": {"prompt_tokens": 4,
-                                  "completion_tokens": 6}})));
-    let (end, response) = t.finish();
-    events.extend(end);
+    let (events, response) = stream(&[
+        chunk(json!({"role": "assistant", "content": ""}), None),
+        chunk(json!({"content": "Hel"}), None),
+        chunk(json!({"content": "lo"}), None),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                   "function": {"name": "f", "arguments": ""}}]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\""}}]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]}),
+            None,
+        ),
+        chunk(json!({}), Some("tool_calls")),
+        json!({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 6}}),
+    ]);
     assert_eq!(
         kinds(&events),
         [
@@ -184,13 +193,11 @@ fn reasoning_is_an_item_before_the_answer_whole_and_streamed() {
         json!({"role": "assistant", "content": "Go!", "reasoning_content": "Think"})
     );
 
-    let mut t = EventTranslator::new(head());
-    let mut events = t.start();
-    events.extend(t.chunk(&chunk(json!({"reasoning_content": "Th"}), None)));
-    events.extend(t.chunk(&chunk(json!({"reasoning_content": "ink"}), None)));
-    events.extend(t.chunk(&chunk(json!({"content": "Go!"}), Some("stop"))));
-    let (end, response) = t.finish();
-    events.extend(end);
+    let (events, response) = stream(&[
+        chunk(json!({"reasoning_content": "Th"}), None),
+        chunk(json!({"reasoning_content": "ink"}), None),
+        chunk(json!({"content": "Go!"}), Some("stop")),
+    ]);
     assert_eq!(
         kinds(&events),
         [
