@@ -5,7 +5,10 @@
 //! head (EAGLE, drafting from the target's own features; alone, after prompt lookup, and an
 //! EAGLE-3 head over its own reduced vocabulary) four at once, and a draft model of another
 //! vocabulary (two of the six tokens only the target has, two others only the drafter: it
-//! proposes the four shared ones, by token-level intersection), for γ = 1, 3 and 5, with
+//! proposes the four shared ones, by token-level intersection), and drafters proposing their
+//! likeliest tokens as point masses instead of draws (the draft model, the draft head, and
+//! the drafter of another vocabulary string-level: its own likeliest tokens' text in the
+//! target's tokens), for γ = 1, 3 and 5, with
 //! temperature alone and with every processor together (top-k, top-p, min-p, a repetition
 //! penalty, a logit bias).
 //!
@@ -25,8 +28,8 @@
 //! state after the tokens before it).
 //!
 //! Statistics. Each comparison pools sequences expected fewer than 5 times and takes Pearson's
-//! chi-square p-value. All 44 comparisons (36 speculative arms, the two plain ones that check
-//! the reference itself, and the six constrained arms below) must have p ≥ 1e-3 / 44, so the whole test raises a false alarm with
+//! chi-square p-value. All 77 comparisons (69 speculative arms, the two plain ones that check
+//! the reference itself, and the six constrained arms below) must have p ≥ 1e-3 / 77, so the whole test raises a false alarm with
 //! probability at most 1e-3 per draw of seeds (Bonferroni). With N = 3000 requests an arm, about
 //! 74 cells remain after pooling with temperature alone and 17 with every processor; at that
 //! threshold each comparison then detects, with probability ≥ 0.99, any deviation whose
@@ -43,7 +46,7 @@ use std::sync::Arc;
 use common::stats::{goodness_of_fit, Fit};
 use common::{engine_request, fixed_gamma, generation_request, plain_output};
 use tandem::constraint::{CompiledConstraint, ConstraintSpec, ConstraintVocabulary};
-use tandem::draft::ModelDrafter;
+use tandem::draft::{GreedyAcross, ModelDrafter};
 use tandem::engine::{
     generate_speculative, Engine, EngineConfig, EngineRequest, FixedSpeculation, Gamma,
     GammaPolicy, SpeculationStats,
@@ -51,7 +54,7 @@ use tandem::engine::{
 use tandem::model::head::train::random_head;
 use tandem::model::head::DraftHead;
 use tandem::model::{Decoder, LogitsRows, SeqInput, WeightsDtype};
-use tandem::sampling::{apply_penalties, probabilities, Lenience, SamplingParams};
+use tandem::sampling::{apply_penalties, probabilities, Lenience, SampledDrafts, SamplingParams};
 
 const VOCAB: usize = 6;
 const PROMPT: [u32; 4] = [1, 5, 3, 2];
@@ -60,10 +63,11 @@ const N: u64 = 3000;
 /// One prefill token, then a first round of up to γ = 5 drafts and its correction or bonus.
 const MAX_TOKENS: usize = 7;
 const GAMMAS: [usize; 3] = [1, 3, 5];
-/// 9 paths (trees, the head alone and after prompt lookup, an EAGLE-3 head, another
-/// vocabulary, three of them) × 3 γ × 2 processor settings, plain sampling under both
+/// 12 paths (trees, the head alone and after prompt lookup, an EAGLE-3 head, another
+/// vocabulary, three of them, and three proposing likeliest tokens) × 3 γ × 2 processor
+/// settings but string-level likeliest tokens under every processor, plain sampling under both
 /// settings, and 3 constrained arms (the plain reference, pipelined, 4 at once) under both.
-const COMPARISONS: usize = 62;
+const COMPARISONS: usize = 77;
 const FALSE_ALARM: f64 = 1e-3;
 
 type Triple = [u32; 3];
@@ -272,7 +276,8 @@ fn loop_arm(
 }
 
 /// `N` requests through `engine`, `at_once` in flight together, each with up to `tree_nodes`
-/// alternatives beside its chain (the caller checks how much first rounds drafted).
+/// alternatives beside its chain, its drafts drawn from the drafter's distribution (the
+/// caller checks how much first rounds drafted).
 fn engine_arm(
     rt: &tokio::runtime::Runtime,
     engine: &Engine,
@@ -285,9 +290,28 @@ fn engine_arm(
         gamma: fixed_gamma(gamma),
         lenience: Some(Lenience::EXACT),
         tree_nodes: Some(tandem::engine::TreeNodes::within(tree_nodes, 8).unwrap()),
+        sampled_drafts: Some(SampledDrafts::Sample),
         ..Default::default()
     };
     requests_arm(rt, engine, params, (speculation, None), at_once, seeds)
+}
+
+/// `N` requests through `engine`, 4 in flight together, whose drafter proposes its likeliest
+/// tokens as point masses rather than draws from its distribution.
+fn likeliest_arm(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    params: &SamplingParams,
+    gamma: usize,
+    seeds: u64,
+) -> Arm {
+    let speculation = tandem::engine::RequestSpeculation {
+        gamma: fixed_gamma(gamma),
+        lenience: Some(Lenience::EXACT),
+        sampled_drafts: Some(SampledDrafts::Likeliest),
+        ..Default::default()
+    };
+    requests_arm(rt, engine, params, (speculation, None), 4, seeds)
 }
 
 /// `N` constrained requests through `engine`, `at_once` in flight together, under `gamma`
@@ -432,7 +456,10 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
     )
     .unwrap();
     assert_eq!(translation.columns().target_ids(), [0, 1, 2, 3]);
-    let across = (&Arc::new(across.model), Some(Arc::new(translation)));
+    let across_model = Arc::new(across.model);
+    // String-level: the drafter's own likeliest tokens, their text in the target's tokens.
+    let string_level = translation.clone().with_greedy(GreedyAcross::StringLevel);
+    let across = (&across_model, Some(Arc::new(translation)));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -456,6 +483,13 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
             4,
         ),
     ];
+    let string_level_engine = start_engine_across(
+        &rt,
+        &target,
+        (&across_model, Some(Arc::new(string_level))),
+        false,
+        4,
+    );
     // A draft head (untrained: it disagrees with the target often) on the target's features.
     let head_tensors = random_head(target.hparams(), 64, 21).unwrap();
     let head = Arc::new(DraftHead::new(head_tensors, &target, WeightsDtype::F32, 0).unwrap());
@@ -535,13 +569,46 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
             let eagle3 = engine_arm(&rt, &eagle3_engine, &params, (gamma, 0), 4, next_seeds())
                 .check_drafted(gamma);
             arms.push(("4 at once, EAGLE-3 head", eagle3));
+            // The drafter's likeliest tokens, proposed as point masses.
+            let likeliest = likeliest_arm(&rt, &engines[2].1, &params, gamma, next_seeds())
+                .check_drafted(gamma);
+            arms.push(("4 at once, likeliest tokens", likeliest));
+            let likeliest_head =
+                likeliest_arm(&rt, &head_engine, &params, gamma, next_seeds()).check_drafted(gamma);
+            arms.push(("4 at once, draft head's likeliest tokens", likeliest_head));
+            // (Its text in the target's tokens may come to fewer tokens than it drafted, or
+            // none: two of its bytes are tokens past the target's rows. The acceptance check
+            // below sees that it drafted. Its own likeliest tokens know nothing of the
+            // request's processors, whose masks and bias refuse nearly all of them (2% stood
+            // at γ = 3): an arm that never rejects proves nothing, so temperature alone.)
+            if name == "temperature" {
+                let string_level =
+                    likeliest_arm(&rt, &string_level_engine, &params, gamma, next_seeds());
+                arms.push((
+                    "4 at once, another vocabulary's likeliest tokens, string-level",
+                    string_level,
+                ));
+            }
             for (path, arm) in arms {
                 let rate = arm.stats.acceptance_rate();
                 // (A tree's alternatives count as drafts too: its rate is lower by design. The
-                // untrained head's chains drift from the target as they grow: 0.1 at γ = 5.)
-                let least = if path.contains("head") { 0.1 } else { 0.2 };
+                // untrained head's chains drift from the target as they grow: 0.1 at γ = 5. On
+                // this tiny random pair the likeliest token is the target's less often than a
+                // draw is at temperature alone (0.17 at γ = 3), and more often under every
+                // processor, whose target rows are peaked (0.92): a rejection there still
+                // comes every dozen drafts.)
+                let least = if path.contains("head") || path.contains("likeliest") {
+                    0.1
+                } else {
+                    0.2
+                };
+                let most = if path.contains("likeliest") {
+                    0.97
+                } else {
+                    0.9
+                };
                 assert!(
-                    arm.stats.tree_rounds > 0 || (least..0.9).contains(&rate),
+                    arm.stats.tree_rounds > 0 || (least..most).contains(&rate),
                     "{name}, γ = {gamma}, {path}: the drafter must disagree often but not \
                      always, acceptance {rate:.2}"
                 );

@@ -6,7 +6,7 @@
 
 use crate::draft::{canonical_drafter_name, DraftSpec, GreedyAcross, PromptLookup};
 use crate::engine::{Gamma, GammaPolicy, TreeNodes};
-use crate::sampling::{Lenience, RequestGate};
+use crate::sampling::{Lenience, RequestGate, SampledDrafts};
 
 use super::BenchError;
 
@@ -80,6 +80,8 @@ pub struct Mode {
     pub confidence_pricing: Option<bool>,
     /// Each request's `tree_nodes` (`None`: the server's, 0 by default).
     pub tree_nodes: Option<TreeNodes>,
+    /// Each request's `sampled_drafts` (`None`: the server's, `auto` by default).
+    pub sampled_drafts: Option<SampledDrafts>,
     /// What the answers are held to.
     pub structured: Structured,
 }
@@ -188,6 +190,7 @@ impl Mode {
             gate: RequestGate::default(),
             confidence_pricing: None,
             tree_nodes: None,
+            sampled_drafts: None,
             structured: Structured::Free,
         }
     }
@@ -242,6 +245,9 @@ impl Mode {
                 self.tree_nodes = Some(n);
             }
             "ngram" => self.set_ngrams(v, bad)?,
+            "sampled" | "sampled_drafts" => {
+                self.sampled_drafts = Some(v.parse().map_err(|e| bad(format!("sampled {e}")))?);
+            }
             "cross_vocabulary" if self.drafts_with_a_model() => {
                 self.cross_vocabulary = Some(v.parse().map_err(bad)?);
             }
@@ -253,7 +259,7 @@ impl Mode {
             other => {
                 return Err(bad(format!(
                     "unknown setting `{other}` (gamma, lenience, pipeline, tree, confidence, \
-                     ngram, cross_vocabulary, use_egag, egag_threshold, egag_ema_beta, \
+                     ngram, sampled, cross_vocabulary, use_egag, egag_threshold, egag_ema_beta, \
                      draft_p_min, prefix_cache, structured)"
                 )))
             }

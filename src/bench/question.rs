@@ -139,6 +139,7 @@ fn engine_request(
             gate: job.mode.gate,
             confidence_pricing: job.mode.confidence_pricing,
             tree_nodes: job.mode.tree_nodes,
+            sampled_drafts: job.mode.sampled_drafts,
             token_sources: false,
         },
         logprobs: None,

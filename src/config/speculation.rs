@@ -118,6 +118,7 @@ mod tests {
     use crate::config::Config;
     use crate::draft::{DraftSpec, GreedyAcross, PromptLookup};
     use crate::model::WeightsDtype;
+    use crate::sampling::SampledDrafts;
 
     #[test]
     fn settings_are_checked_by_the_engine_rules_and_name_the_key() {
@@ -156,12 +157,20 @@ mod tests {
             ("draft_p_min = nan", "speculation.draft_p_min"),
             ("tree_nodes = 8", "speculation.tree_nodes"),
             ("tree_nodes = -1", "tree_nodes"),
+            ("sampled_drafts = \"greedy\"", "speculation.sampled_drafts"),
+            ("sampled_drafts = 1", "sampled_drafts"),
         ] {
             let e = Config::from_toml(&format!("[speculation]\n{text}")).unwrap_err();
             assert!(e.to_string().contains(key), "{text}: {e}");
         }
         let c = Config::from_toml("[speculation]\ntree_nodes = 7").unwrap();
         assert_eq!(c.speculation.settings.tree_nodes.get(), 7);
+        assert_eq!(c.speculation.settings.sampled_drafts, SampledDrafts::Auto);
+        let c = Config::from_toml("[speculation]\nsampled_drafts = \"likeliest\"").unwrap();
+        assert_eq!(
+            c.speculation.settings.sampled_drafts,
+            SampledDrafts::Likeliest
+        );
         let c = Config::from_toml("[speculation]\nuse_egag = true\negag_threshold = 0.25").unwrap();
         let g = c.speculation.settings.gate;
         assert!(g.use_egag && g.egag_threshold == 0.25 && g.egag_ema_beta == 0.5);

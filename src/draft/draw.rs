@@ -102,7 +102,13 @@ pub(super) fn draw_draft(
         argmax(&s.logits)?
     } else {
         job.out.dists.extend_from_slice(&s.probs);
-        sample_from(&s.probs, job.rng.next_f64())
+        if job.likeliest {
+            // A point mass, the same whatever the round's draws: the rule stays exact.
+            job.out.point_masses = true;
+            argmax(&s.probs)?
+        } else {
+            sample_from(&s.probs, job.rng.next_f64())
+        }
     };
     if job.tree_nodes > 0 || job.confidence {
         if greedy && !job.gate.is_on() {
@@ -162,6 +168,7 @@ mod tests {
                     tree_nodes: 0,
                     grammar: None,
                     lookup: true,
+                    likeliest: false,
                     result: Ok(()),
                 };
                 let lane = DrawLane {

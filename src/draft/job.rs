@@ -34,6 +34,9 @@ pub struct DraftJob<'a> {
     /// A drafter that drafts prompt lookup's match first may do so this round; `false`: the
     /// scheduler judged its model likelier to be right here than this match.
     pub lookup: bool,
+    /// A sampled request's drafts are the drafter's likeliest tokens, proposed as point masses
+    /// (`SampledDrafts::Likeliest`), not draws from its distribution. Greedy ones always are.
+    pub likeliest: bool,
     pub result: Result<(), DraftError>,
 }
 

@@ -149,13 +149,14 @@ impl<M: Deref<Target = Decoder>> ModelDrafter<M> {
     }
 
     /// Whether `job` drafts the model's own best tokens and proposes their text in the
-    /// target's tokens (string-level): a translating drafter set to, for a greedy request
-    /// whose drafts nothing else reads (no grammar, tree, gate or confidences).
+    /// target's tokens (string-level): a translating drafter set to, for a request whose
+    /// drafts are point masses (greedy, or sampled proposing its likeliest tokens) and that
+    /// nothing else reads (no grammar, tree, gate or confidences).
     fn drafts_own_tokens(&self, job: &DraftJob) -> bool {
         self.translator
             .as_ref()
             .is_some_and(|t| t.translation().greedy() == GreedyAcross::StringLevel)
-            && job.params.is_greedy()
+            && (job.params.is_greedy() || job.likeliest)
             && job.grammar.is_none()
             && job.tree_nodes == 0
             && !job.confidence
@@ -322,6 +323,7 @@ impl<M: Deref<Target = Decoder>> Stepper for ModelDrafter<M> {
                 match &self.translator {
                     Some(t) if self.drafts_own_tokens(job) => {
                         // The drafter's own best token; a control token ends the draft.
+                        job.out.point_masses = true;
                         let best = crate::sampling::argmax(&row)?;
                         Ok((!t.translation().is_draft_control(best)).then_some(best))
                     }
@@ -410,6 +412,7 @@ impl<M: Deref<Target = Decoder>> Proposer for ModelDrafter<M> {
             confidence: false,
             tree_nodes: 0,
             lookup: true,
+            likeliest: false,
             result: Ok(()),
         }];
         self.propose_batch(&mut jobs);

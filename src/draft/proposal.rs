@@ -17,6 +17,10 @@ pub struct Proposal {
     pub tokens: Vec<u32>,
     /// Flat `rows * vocab` probabilities for the first `rows` nodes; empty for point masses.
     pub dists: Vec<f32>,
+    /// The drafts are the drafter's likeliest tokens under sampling, verified as point masses
+    /// (`SampledDrafts::Likeliest`); `dists` then holds the distributions they were the
+    /// likeliest of, read only to measure what drawing from them would have kept.
+    pub point_masses: bool,
     pub vocab: usize,
     /// Empty for a chain; one parent per node for a tree.
     pub parents: Vec<u32>,
@@ -35,6 +39,7 @@ impl Proposal {
     pub fn clear(&mut self) {
         self.tokens.clear();
         self.dists.clear();
+        self.point_masses = false;
         self.parents.clear();
         self.confidence.clear();
         self.confidence_kind = 0;
@@ -153,8 +158,18 @@ impl Proposal {
         }
     }
 
-    /// Draft distribution of token `i`, or `None` for a point mass.
+    /// Draft distribution of token `i` as the acceptance rule reads it, or `None` for a point
+    /// mass.
     pub fn dist(&self, i: usize) -> Option<&[f32]> {
+        if self.point_masses {
+            return None;
+        }
+        self.drawn_from(i)
+    }
+
+    /// The distribution token `i` was drawn from or was the likeliest of, if the drafter had
+    /// one.
+    pub fn drawn_from(&self, i: usize) -> Option<&[f32]> {
         if i < self.dist_rows() {
             Some(&self.dists[i * self.vocab..(i + 1) * self.vocab])
         } else {
@@ -229,11 +244,19 @@ mod tests {
             parents: vec![TREE_ROOT, 0, 1, TREE_ROOT, 1, 3],
             confidence: vec![0.9, 0.8, 0.7, 0.5, 0.4, 0.3],
             confidence_kind: 0,
+            point_masses: false,
         };
         assert_eq!(p.chain_len(), 3);
         assert_eq!(p.input_parents(), vec![u32::MAX, 0, 1, 2, 0, 2, 4]);
         assert_eq!(p.dist(2), Some(&[6.0, 7.0, 8.0][..]));
         assert_eq!(p.dist(3), None);
+        // Likeliest tokens keep their rows for measuring, but the rule reads point masses.
+        let likeliest = Proposal {
+            point_masses: true,
+            ..p.clone()
+        };
+        assert_eq!(likeliest.dist(0), None);
+        assert_eq!(likeliest.drawn_from(2), Some(&[6.0, 7.0, 8.0][..]));
         // Dropping node 1 drops 2 and 4 (its subtree); 5 stays under 3.
         let mut q = p.clone();
         q.retain_nodes(&[true, false, true, true, true, true]);

@@ -11,8 +11,8 @@ use crate::draft::Proposal;
 use crate::sampling::rejection::{accept_greedy, accept_sampled, DraftDist, RoundOutcome};
 use crate::sampling::tree::{accept_tree_greedy, accept_tree_sampled, DraftTree, TreeOutcome};
 use crate::sampling::{
-    apply_penalties, argmax, probabilities, token_logprob, Lenience, SamplingParams, SeededRng,
-    TokenLogprob,
+    apply_penalties, argmax, probabilities, token_logprob, Lenience, ProposalEvidence,
+    SamplingParams, SeededRng, TokenLogprob,
 };
 
 /// How a constrained sequence's grammar reaches the rows the target computed for it.
@@ -147,6 +147,35 @@ pub fn verify(
         }
     }
     Ok(outcome)
+}
+
+/// What a sampled chain's verification says about proposing the drafter's likeliest tokens
+/// against drawing from its distribution ([`ProposalEvidence`]), read from the rows [`verify`]
+/// just processed in `s`: every position verified in the context both proposals share (the
+/// first, and each after a draft that stood). `None` for greedy requests and for proposals
+/// made without a drafter's distribution (prompt lookup's copies: nothing to choose).
+pub fn proposal_evidence(
+    params: &SamplingParams,
+    proposal: &Proposal,
+    accepted: usize,
+    lenience: Lenience,
+    s: &Scratch,
+) -> Option<ProposalEvidence> {
+    let drafted = proposal.tokens.len();
+    let from_model = proposal.point_masses || proposal.dist_rows() > 0;
+    if params.is_greedy() || proposal.is_tree() || !from_model || drafted == 0 {
+        return None;
+    }
+    let mut e = ProposalEvidence::default();
+    for i in 0..=accepted.min(drafted - 1) {
+        let p = s.target_probs.get(i)?;
+        match proposal.drawn_from(i) {
+            Some(q) => e.add_distribution(q, p, lenience),
+            None if proposal.point_masses => e.add_point(proposal.tokens[i], p, lenience),
+            None => break,
+        }
+    }
+    (e.rows > 0).then_some(e)
 }
 
 /// Exact greedy verification against a [`RowGrammar::Checked`] grammar: row by row, the
@@ -313,4 +342,58 @@ pub fn verify_tree(
         }
     }
     Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sampled 2-token chain over 3 tokens whose first draft stood: both proposals are
+    /// measured at positions 0 and 1 (the context they share), never past the rejection.
+    fn verified(proposal: &Proposal, params: &SamplingParams) -> Option<ProposalEvidence> {
+        let mut s = Scratch::default();
+        s.target_probs = vec![
+            vec![0.6, 0.3, 0.1],
+            vec![0.2, 0.2, 0.6],
+            vec![1.0, 0.0, 0.0],
+        ];
+        proposal_evidence(params, proposal, 1, Lenience::EXACT, &s)
+    }
+
+    #[test]
+    fn a_sampled_chain_is_measured_where_both_proposals_share_the_context() {
+        let t08 = SamplingParams {
+            temperature: 0.8,
+            ..SamplingParams::default()
+        };
+        let drawn = Proposal {
+            tokens: vec![1, 2],
+            dists: vec![0.2, 0.7, 0.1, 0.1, 0.1, 0.8],
+            vocab: 3,
+            ..Proposal::default()
+        };
+        let e = verified(&drawn, &t08).unwrap();
+        assert_eq!((e.rows, e.sampled_rows), (2, 2));
+        // Σ min(q, p): 0.2 + 0.3 + 0.1, then 0.1 + 0.1 + 0.6; the likeliest: p(1), then p(2).
+        assert!((e.sampled - 1.4).abs() < 1e-6, "{e:?}");
+        assert!((e.likeliest - 0.9).abs() < 1e-6, "{e:?}");
+        // The likeliest proposed string-level, without its distribution: only its own.
+        let points = Proposal {
+            tokens: vec![0, 2],
+            vocab: 3,
+            point_masses: true,
+            ..Proposal::default()
+        };
+        let e = verified(&points, &t08).unwrap();
+        assert_eq!((e.rows, e.sampled_rows, e.sampled), (2, 0, 0.0));
+        assert!((e.likeliest - 1.2).abs() < 1e-6, "{e:?}");
+        // Prompt lookup's copies, and greedy requests: nothing to choose.
+        let copies = Proposal {
+            tokens: vec![0, 2],
+            vocab: 3,
+            ..Proposal::default()
+        };
+        assert_eq!(verified(&copies, &t08), None);
+        assert_eq!(verified(&drawn, &SamplingParams::greedy()), None);
+    }
 }

@@ -169,6 +169,7 @@ fn calibration_job<'a>(
         tree_nodes: 0,
         grammar: None,
         lookup: true,
+        likeliest: false,
         result: Ok(()),
     }
 }
@@ -204,6 +205,7 @@ fn draft_jobs(
                 tree_nodes: it.tree_nodes,
                 grammar: it.grammar.as_mut(),
                 lookup: it.lookup,
+                likeliest: it.likeliest,
                 result: Ok(()),
             });
         }

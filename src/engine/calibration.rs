@@ -9,7 +9,8 @@ use std::time::Instant;
 use super::drafter::Drafter;
 use super::error::EngineError;
 use super::governor::{
-    check_widths, still_holds, ConfidenceRates, CostModel, ExpertPrices, KindRates, Remembered,
+    check_widths, still_holds, ConfidenceRates, CostModel, ExpertPrices, PooledAcceptance,
+    Remembered,
 };
 use super::messages::MeasureDraftCosts;
 use super::price_memory::MemoryFile;
@@ -71,7 +72,7 @@ pub(super) async fn start_up_learning(
     let fresh = |costs| Remembered {
         costs,
         reference: Vec::new(),
-        acceptance: KindRates::new(0.5),
+        acceptance: PooledAcceptance::new(0.5),
         chain_rates: ConfidenceRates::default(),
         branch_rates: ConfidenceRates::default(),
     };

@@ -9,7 +9,9 @@ use super::token_source::SourceRun;
 use crate::constraint::{ConstraintError, SequenceConstraint};
 use crate::draft::{DraftTiming, Proposal};
 use crate::model::cache::prefix_store::PrefixStoreStats;
-use crate::sampling::{DraftGate, Lenience, SamplingParams, SeededRng, TokenLogprob};
+use crate::sampling::{
+    DraftGate, Lenience, ProposalEvidence, SamplingParams, SeededRng, TokenLogprob,
+};
 use crate::telemetry;
 
 /// What a request's stream yields: output pieces, then exactly one `Done` or `Failed`.
@@ -229,6 +231,9 @@ pub struct TargetOutcome {
     /// stood, when the drafter judged its nodes (kind: `Proposal::confidence_kind`).
     pub tried_chain: Vec<(f32, bool)>,
     pub confidence_kind: u8,
+    /// What a sampled chain's verified rows say about proposing the drafter's likeliest
+    /// tokens against drawing from it (`None`: nothing to choose).
+    pub proposal_evidence: Option<ProposalEvidence>,
     /// The sampled token (PrefillLast, Verify).
     pub next_token: Option<u32>,
     pub rng: SeededRng,
@@ -345,6 +350,8 @@ pub struct DraftItem {
     pub features: Vec<(usize, Vec<f32>)>,
     /// A drafter that drafts prompt lookup's match first may do so (see `DraftJob::lookup`).
     pub lookup: bool,
+    /// Propose the drafter's likeliest tokens as point masses (see `DraftJob::likeliest`).
+    pub likeliest: bool,
 }
 
 pub struct DraftOutcome {

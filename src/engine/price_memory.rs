@@ -28,7 +28,7 @@ pub struct PriceMemory {
 }
 
 /// The file layout's version: a file of another version is ignored.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// Saved at most this often while requests finish (always after the first).
 const SAVE_EVERY: Duration = Duration::from_secs(30);
@@ -176,7 +176,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::governor::{ConfidenceRates, CostModel, KindRates};
+    use crate::engine::governor::{ConfidenceRates, CostModel, PooledAcceptance};
 
     fn remembered(step: f64) -> Remembered {
         let mut costs = CostModel::new(4);
@@ -184,7 +184,7 @@ mod tests {
         Remembered {
             costs,
             reference: vec![(1, step)],
-            acceptance: KindRates::new(0.3),
+            acceptance: PooledAcceptance::new(0.3),
             chain_rates: ConfidenceRates::default(),
             branch_rates: ConfidenceRates::default(),
         }
@@ -207,7 +207,7 @@ mod tests {
         assert!(!file.due(Instant::now()), "saved just now");
         let back = file.load().expect("loads");
         assert_eq!(back.costs.verify_seconds(1), Some(0.004));
-        assert_eq!(back.acceptance, KindRates::new(0.3));
+        assert_eq!(back.acceptance, PooledAcceptance::new(0.3));
 
         let other = MemoryFile::new(&memory(dir.path(), "model b"), "engine 1");
         assert_ne!(other.path(), file.path());
@@ -235,7 +235,7 @@ mod tests {
         assert!(file.load().is_none(), "half a file");
         std::fs::write(file.path(), text.replace("model a", "model b")).unwrap();
         assert!(file.load().is_none(), "another identity under this name");
-        std::fs::write(file.path(), text.replace("\"version\":1", "\"version\":0")).unwrap();
+        std::fs::write(file.path(), text.replace("\"version\":2", "\"version\":1")).unwrap();
         assert!(file.load().is_none(), "another version");
         std::fs::write(file.path(), &text).unwrap();
         assert!(file.load().is_some());

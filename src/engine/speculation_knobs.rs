@@ -14,7 +14,7 @@ use super::speculation_settings::{
     LiveSpeculation, RequestSpeculation, SettingsError, SpeculationSettings,
 };
 use super::tree_nodes::TreeNodes;
-use crate::sampling::{DraftGate, FloatRule, Lenience, RequestGate};
+use crate::sampling::{DraftGate, FloatRule, Lenience, RequestGate, SampledDrafts};
 
 /// The speculation knobs, written once for every place that sets them: the admin API's `PUT`
 /// body, the config file's `[speculation]` table, the CLI's flags, and a request's
@@ -43,6 +43,8 @@ pub struct SpeculationKnobs {
     pub draft_p_min: Option<f64>,
     pub confidence_pricing: Option<bool>,
     pub tree_nodes: Option<usize>,
+    /// `auto`, `sample` or `likeliest` (see [`SampledDrafts`]).
+    pub sampled_drafts: Option<String>,
     /// A request's output option, not a setting: report who wrote each output token.
     pub token_sources: Option<bool>,
 }
@@ -124,6 +126,7 @@ impl SpeculationKnobs {
             gate,
             confidence_pricing: self.confidence_pricing,
             tree_nodes,
+            sampled_drafts: self.sampled_drafts()?,
             token_sources: self.token_sources.unwrap_or(false),
         })
     }
@@ -180,12 +183,23 @@ impl SpeculationKnobs {
             s.tree_nodes = TreeNodes::within(v, gamma_limit)
                 .map_err(|e| SettingsError::new("tree_nodes", e))?;
         }
+        if let Some(v) = self.sampled_drafts()? {
+            s.sampled_drafts = v;
+        }
         s.validate(gamma_limit)?;
         Ok(s)
     }
 }
 
 impl SpeculationKnobs {
+    fn sampled_drafts(&self) -> Result<Option<SampledDrafts>, SettingsError> {
+        self.sampled_drafts
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| SettingsError::new("sampled_drafts", e))
+    }
+
     /// The confidence gate's knobs as an override of a gate, each given one checked by its
     /// rule as sent and as narrowed.
     fn gate_override(&self) -> Result<RequestGate, SettingsError> {

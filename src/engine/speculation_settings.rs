@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::gamma::{Gamma, GammaPolicy, RoundGamma};
 use super::tree_nodes::TreeNodes;
-use crate::sampling::{DraftGate, Lenience, RequestGate};
+use crate::sampling::{DraftGate, Lenience, RequestGate, SampledDrafts};
 
 /// The server-wide speculation policy.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -41,6 +41,9 @@ pub struct SpeculationSettings {
     /// The most alternative nodes a round may add beside its drafted chain, verified with it
     /// as one token tree (0: chains only). The governor keeps only those forecast to pay.
     pub tree_nodes: TreeNodes,
+    /// How a sampled request's draft model or head proposes: drawn from its distribution, its
+    /// likeliest tokens as point masses, or whichever its verified positions say keeps more.
+    pub sampled_drafts: SampledDrafts,
 }
 
 impl Default for SpeculationSettings {
@@ -58,6 +61,7 @@ impl Default for SpeculationSettings {
             gate: DraftGate::OFF,
             confidence_pricing: false,
             tree_nodes: TreeNodes::NONE,
+            sampled_drafts: SampledDrafts::Auto,
         }
     }
 }
@@ -76,6 +80,7 @@ pub struct RoundSpeculation {
     pub confidence_pricing: bool,
     /// Alternative nodes a round may add beside its chain (0 under lenient acceptance).
     pub tree_nodes: usize,
+    pub sampled_drafts: SampledDrafts,
 }
 
 /// A bad setting: `key` names it the way the config file and the admin API do.
@@ -237,6 +242,7 @@ pub struct RequestSpeculation {
     pub gate: RequestGate,
     pub confidence_pricing: Option<bool>,
     pub tree_nodes: Option<TreeNodes>,
+    pub sampled_drafts: Option<SampledDrafts>,
     /// Report who wrote each output token (`token_sources`): an output option of the request,
     /// which changes nothing it generates.
     pub token_sources: bool,
@@ -261,6 +267,7 @@ impl SpeculationSettings {
             } else {
                 0
             },
+            sampled_drafts: request.sampled_drafts.unwrap_or(self.sampled_drafts),
         }
     }
 }

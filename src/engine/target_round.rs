@@ -8,7 +8,7 @@ use crate::model::cache::prefix_store::PrefixStore;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::acceptance::{verify, verify_tree, Scratch, VerifyInput};
+use super::acceptance::{proposal_evidence, verify, verify_tree, Scratch, VerifyInput};
 use super::error::EngineError;
 use super::messages::{
     Failure, TargetBatchResult, TargetItem, TargetOutcome, TargetWork, TreeWalk, NON_FINITE_LOGITS,
@@ -197,6 +197,7 @@ fn empty_outcome(it: &TargetItem) -> TargetOutcome {
         tree: None,
         tried_chain: Vec::new(),
         confidence_kind: it.proposal.confidence_kind,
+        proposal_evidence: None,
         next_token: None,
         rng: it.rng.clone(),
         logprobs: Vec::new(),
@@ -315,6 +316,13 @@ fn accept_chain(
     out.accepted_tokens = it.tokens[1..1 + outcome.accepted].to_vec();
     out.next_token = Some(outcome.next_token);
     out.tried_chain = tried_chain(&it.proposal, outcome.accepted);
+    out.proposal_evidence = proposal_evidence(
+        &it.params,
+        &it.proposal,
+        outcome.accepted,
+        lenience,
+        &s.scratch,
+    );
     Ok(Standing {
         rows: (0..=outcome.accepted).collect(),
         cut: Cut::Chain,

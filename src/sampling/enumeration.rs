@@ -145,6 +145,15 @@ pub(crate) fn lenient_round_outcomes(
     l: f32,
 ) -> Vec<(Vec<u32>, f64)> {
     let qd: Vec<DraftDist> = q.iter().map(|r| DraftDist::Full(r)).collect();
+    outcomes_of(drafts, &qd, p, l)
+}
+
+/// Every outcome of one exact round whose drafts are point masses (deterministic proposals).
+pub(crate) fn point_mass_round_outcomes(drafts: &[u32], p: &[Vec<f32>]) -> Vec<(Vec<u32>, f64)> {
+    outcomes_of(drafts, &vec![DraftDist::PointMass; drafts.len()], p, 1.0)
+}
+
+fn outcomes_of(drafts: &[u32], qd: &[DraftDist], p: &[Vec<f32>], l: f32) -> Vec<(Vec<u32>, f64)> {
     let pr: Vec<&[f32]> = p.iter().map(Vec::as_slice).collect();
     let mut e = Enumerator::default();
     let mut scratch = Vec::new();
@@ -153,7 +162,7 @@ pub(crate) fn lenient_round_outcomes(
         e.start();
         let o = accept_sampled_with(
             drafts,
-            &qd,
+            qd,
             &pr,
             Lenience::try_from(l).unwrap(),
             &mut e,

@@ -11,6 +11,7 @@ pub(crate) mod enumeration;
 mod error;
 mod float_rule;
 mod lenience;
+mod likeliest;
 mod logits;
 mod logprobs;
 pub mod rejection;
@@ -24,6 +25,7 @@ pub use draft_gate::{
 pub use error::SamplingError;
 pub use float_rule::{serialize_widened, widen, FloatRule, OutOfRange};
 pub use lenience::{InvalidLenience, Lenience};
+pub use likeliest::{ProposalEvidence, SampledDrafts};
 pub use logits::{
     apply_penalties, argmax, probabilities, sample_from, Sampler, SamplingParams, LOGIT_BIAS_RANGE,
     PENALTY_RANGE, REPETITION_PENALTY_RANGE,

@@ -123,6 +123,14 @@ fn describe_speculation() {
         SPEC_TREE_NODES,
         "Drafted nodes of each tree round, chain and alternatives together."
     );
+    describe_counter!(
+        SPEC_SAMPLED_POSITIONS,
+        "Sampled requests' verified draft positions measured for each proposal: drawn from the drafter's distribution (drawn), or its likeliest token (likeliest)."
+    );
+    describe_counter!(
+        SPEC_SAMPLED_STAND,
+        "Summed probability, in thousandths, that each proposal's draft stands at those positions: over 1000 x spec_sampled_positions_total, how often it would stand."
+    );
 }
 
 /// Structured outputs: constrained requests, forced drafts, the grammar's cost.

@@ -6,6 +6,8 @@
 
 use metrics::{counter, gauge, histogram};
 
+use crate::sampling::ProposalEvidence;
+
 use super::names::*;
 use super::vllm_aliases::{record_vllm_prefix_lookup, set_vllm_kv_usage, set_vllm_queue};
 
@@ -128,6 +130,19 @@ pub fn record_tree_round(nodes: usize, branched: bool) {
     counter!(SPEC_TREE_ROUNDS).increment(1);
     counter!(SPEC_TREE_BRANCH_ACCEPTS).increment(u64::from(branched));
     histogram!(SPEC_TREE_NODES).record(nodes as f64);
+}
+
+/// A sampled round's measure of both proposals at its verified positions.
+pub fn record_proposal_evidence(e: &ProposalEvidence) {
+    for (proposal, positions, stand) in [
+        ("drawn", e.sampled_rows, e.sampled),
+        ("likeliest", e.rows, e.likeliest),
+    ] {
+        counter!(SPEC_SAMPLED_POSITIONS, "proposal" => proposal).increment(u64::from(positions));
+        // Counters are integers: the probability in thousandths.
+        counter!(SPEC_SAMPLED_STAND, "proposal" => proposal)
+            .increment((stand * 1000.0).round() as u64);
+    }
 }
 
 /// Position labels as static strings (low cardinality: γ is bounded; the last one is "15+").

@@ -52,6 +52,7 @@ fn drafted(columns: &SharedColumns, draft_p: &[f32], params: &SamplingParams) ->
         tree_nodes: 0,
         grammar: None,
         lookup: true,
+        likeliest: false,
         result: Ok(()),
     };
     let lane = DrawLane {

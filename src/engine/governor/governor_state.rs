@@ -4,7 +4,9 @@
 
 use super::config::GovernorConfig;
 use super::planner::{Candidate, Choice};
+use super::proposal_rates::{PooledClass, ProposalRates};
 use crate::draft::Rehearsal;
+use crate::sampling::ProposalEvidence;
 
 /// A decayed acceptance rate: accepted / (accepted + rejected) over recent drafts, with two
 /// pseudo-drafts at a prior rate so a first round does not decide everything.
@@ -126,6 +128,8 @@ impl KindRates {
 pub struct Governor {
     cfg: GovernorConfig,
     rates: KindRates,
+    /// Under sampling: how often drawn drafts and the drafter's likeliest tokens stand.
+    proposals: ProposalRates,
     plain_steps: usize,
     /// Plain steps before the next probe.
     probe_wait: usize,
@@ -143,19 +147,24 @@ impl Governor {
     /// lately on other requests. Starting every request at one half would make each one
     /// decode plainly until probes proved the drafter, even when it is nearly always right.
     pub fn with_prior(cfg: GovernorConfig, prior: f64) -> Self {
-        Self::starting_from(cfg, &KindRates::new(prior), None)
+        let pooled = PooledClass {
+            rates: KindRates::new(prior),
+            proposals: ProposalRates::default(),
+        };
+        Self::starting_from(cfg, &pooled, None)
     }
 
-    /// A governor whose estimates start where the server's pooled ones stand (each kind of
-    /// draft at its own rate).
+    /// A governor whose estimates start where the server's pooled ones for the request's
+    /// temperature class stand (each kind of draft at its own rate).
     pub fn starting_from(
         cfg: GovernorConfig,
-        pooled: &KindRates,
+        pooled: &PooledClass,
         rehearsed: Option<&Rehearsal>,
     ) -> Self {
         Self {
             cfg,
-            rates: KindRates::starting_from(pooled, rehearsed),
+            rates: KindRates::starting_from(&pooled.rates, rehearsed),
+            proposals: ProposalRates::starting_from(&pooled.proposals),
             plain_steps: 0,
             probe_wait: cfg.probe_every.max(1),
             probed: false,
@@ -170,6 +179,16 @@ impl Governor {
     /// The estimate for drafts of `kind` (every draft's when `None`: not known beforehand).
     pub fn alpha_of(&self, kind: Option<u8>) -> f64 {
         self.rates.get(kind)
+    }
+
+    /// A sampled round's measure of both proposals (see [`ProposalRates`]).
+    pub fn record_proposals(&mut self, e: &ProposalEvidence) {
+        self.proposals.record(e, self.cfg.decay);
+    }
+
+    /// Whether a sampled request's drafter should propose its likeliest tokens.
+    pub fn prefers_likeliest(&self) -> bool {
+        self.proposals.prefers_likeliest()
     }
 
     /// Records a round of a drafter with one kind of draft (kind 0): see
@@ -239,6 +258,13 @@ mod tests {
     use crate::engine::governor::plan_round;
     use crate::engine::governor::test_support::{costs, solo};
 
+    fn class(rates: KindRates) -> PooledClass {
+        PooledClass {
+            rates,
+            proposals: ProposalRates::default(),
+        }
+    }
+
     #[test]
     fn a_new_request_starts_from_what_the_drafter_achieved_lately() {
         let c = costs(0.45, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5]);
@@ -269,7 +295,8 @@ mod tests {
             tried: [0, 30, 1, 40],
             stood: [0, 0, 1, 36],
         };
-        let g = Governor::starting_from(GovernorConfig::default(), &pooled, Some(&rehearsal));
+        let g =
+            Governor::starting_from(GovernorConfig::default(), &class(pooled), Some(&rehearsal));
         // 0 of 30 and 36 of 40, each weighed as one draft against the prior's two.
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
         assert!(
@@ -296,7 +323,7 @@ mod tests {
         assert!(g.alpha_of(Some(1)) > 0.75, "{}", g.alpha_of(Some(1)));
         // Without a rehearsal, or an empty one, the pooled rates as they were.
         for r in [None, Some(&Rehearsal::default())] {
-            let g = Governor::starting_from(GovernorConfig::default(), &pooled, r);
+            let g = Governor::starting_from(GovernorConfig::default(), &class(pooled), r);
             assert_eq!(g.alpha_of(Some(3)), 0.5);
             assert_eq!(g.alpha(), 0.5);
         }
@@ -331,7 +358,7 @@ mod tests {
             pooled.record(0, 3, 3, 0.995);
             pooled.record(2, 3, 0, 0.995);
         }
-        let fresh = Governor::starting_from(GovernorConfig::default(), &pooled, None);
+        let fresh = Governor::starting_from(GovernorConfig::default(), &class(pooled), None);
         assert!(fresh.alpha_of(Some(0)) > 0.9, "{}", fresh.alpha_of(Some(0)));
         assert!(fresh.alpha_of(Some(2)) < 0.1, "{}", fresh.alpha_of(Some(2)));
         assert_eq!(fresh.alpha_of(Some(3)), 0.5);

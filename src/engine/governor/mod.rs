@@ -15,6 +15,7 @@ mod expert_prices;
 mod governor_state;
 mod ledger;
 mod planner;
+mod proposal_rates;
 mod remembered;
 mod round_bias;
 mod speedup;
@@ -30,6 +31,7 @@ pub use planner::{
     expected_speedup, expected_tokens, forecast_round, plan_round, recheck_prices, solo_rate,
     Candidate, Choice, RoundForecast, RECHECK_AFTER_ROUNDS,
 };
+pub use proposal_rates::{PooledAcceptance, PooledClass, ProposalRates, TEMPERATURE_CLASSES};
 pub use remembered::{check_widths, still_holds, Remembered, PRICE_TOLERANCE};
 pub use speedup::SpeedupEstimate;
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::branches::ConfidenceRates;
 use super::costs::CostModel;
-use super::governor_state::KindRates;
+use super::proposal_rates::PooledAcceptance;
 
 /// A remembered price table is trusted when each check forward timed at start-up took within
 /// this factor of what it took when the table was measured, either way. A fresh process's
@@ -28,8 +28,9 @@ pub struct Remembered {
     /// a later start times the same forwards the same way and trusts `costs` only if they
     /// still run at these.
     pub reference: Vec<(usize, f64)>,
-    /// Every request's drafts together, by kind: where a new request's governor starts.
-    pub acceptance: KindRates,
+    /// Every request's drafts together, by temperature class and kind: where a new request's
+    /// governor starts.
+    pub acceptance: PooledAcceptance,
     pub chain_rates: ConfidenceRates,
     pub branch_rates: ConfidenceRates,
 }
@@ -69,8 +70,22 @@ mod tests {
 
     #[test]
     fn a_table_survives_saving_and_restoring_with_its_prices() {
-        let mut acceptance = KindRates::new(0.5);
-        acceptance.record(1, 4, 0, 0.995);
+        let mut acceptance = PooledAcceptance::new(0.5);
+        let sampled = crate::sampling::SamplingParams {
+            temperature: 0.8,
+            ..Default::default()
+        };
+        let class = acceptance.class_mut(&sampled);
+        class.rates.record(1, 4, 0, 0.995);
+        class.proposals.record(
+            &crate::sampling::ProposalEvidence {
+                rows: 5,
+                sampled: 1.0,
+                sampled_rows: 5,
+                likeliest: 4.0,
+            },
+            0.995,
+        );
         let r = Remembered {
             costs: table(),
             reference: vec![(1, 0.002), (9, 0.004)],
@@ -95,9 +110,16 @@ mod tests {
         assert_eq!(back.acceptance, r.acceptance);
         assert_eq!(back.reference, r.reference);
         assert!(
-            back.acceptance.get(Some(1)) < 0.5,
-            "a kind's own rate is kept"
+            back.acceptance.class(&sampled).rates.get(Some(1)) < 0.5,
+            "a kind's own rate is kept, in its temperature class"
         );
+        assert!(back
+            .acceptance
+            .class(&sampled)
+            .proposals
+            .prefers_likeliest());
+        let greedy = crate::sampling::SamplingParams::greedy();
+        assert_eq!(back.acceptance.class(&greedy).rates.get(Some(1)), 0.5);
         assert!(!back.costs.is_frozen());
     }
 

@@ -250,7 +250,7 @@ impl Scheduler {
                 accept_rng: SeededRng::new(seed),
                 governor: Governor::starting_from(
                     self.cfg.governor,
-                    &self.learned.acceptance,
+                    self.learned.acceptance.class(&request.generation.sampling),
                     rehearsal.as_ref(),
                 ),
                 spec: SpeculationStats::default(),

@@ -17,7 +17,7 @@ use crate::engine::messages::{DraftItem, DraftOutcome, EngineEvent, TargetItem, 
 use crate::engine::request::{EngineRequest, FinishReason, SpeculationStats};
 use crate::engine::speculation_settings::{RoundSpeculation, SpeculationSettings};
 use crate::engine::token_source::{SourceRuns, TokenSource};
-use crate::sampling::{Lenience, SeededRng, TokenLogprob};
+use crate::sampling::{Lenience, SampledDrafts, SeededRng, TokenLogprob};
 
 /// A request waiting for slots: one per choice, all admitted together.
 pub(super) struct Queued {
@@ -187,7 +187,19 @@ impl Sequence {
             grammar: self.constraint.as_ref().map(SequenceConstraint::fork),
             features: self.features.clone(),
             lookup: true,
+            likeliest: self.proposes_likeliest(),
         }
+    }
+
+    /// Whether this sampled request's drafter proposes its likeliest tokens this round, as
+    /// its settings say or, left to the server (`auto`), as its verified positions say.
+    fn proposes_likeliest(&self) -> bool {
+        !self.request.generation.sampling.is_greedy()
+            && match self.round.sampled_drafts {
+                SampledDrafts::Sample => false,
+                SampledDrafts::Likeliest => true,
+                SampledDrafts::Auto => self.governor.prefers_likeliest(),
+            }
     }
 
     /// A draft of the next round made while `drafts` are verified: from the context with every

@@ -59,7 +59,7 @@ impl Scheduler {
                 }
                 let p = &mut it.proposal;
                 p.to_chain();
-                let sampled_chain = !it.params.is_greedy() && p.dist_rows() > 0;
+                let sampled_chain = !it.params.is_greedy() && p.dist(0).is_some();
                 if !sampled_chain {
                     let valid = c.valid_prefix(&p.tokens);
                     p.keep_chain_prefix(valid);

@@ -170,9 +170,15 @@ fn count_decoding_round(
     };
     let kind = o.confidence_kind;
     s.governor.record_round_of(kind, chain, chain_accepted);
-    learned
-        .acceptance
+    let class = learned.acceptance.class_mut(&s.request.generation.sampling);
+    class
+        .rates
         .record(kind, chain, chain_accepted, POOLED_ACCEPTANCE_DECAY);
+    if let Some(e) = &o.proposal_evidence {
+        s.governor.record_proposals(e);
+        class.proposals.record(e, POOLED_ACCEPTANCE_DECAY);
+        telemetry::record_proposal_evidence(e);
+    }
     if let Some(t) = &o.tree {
         s.spec.tree_rounds += 1;
         s.spec.tree_nodes += t.nodes;

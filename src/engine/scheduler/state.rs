@@ -14,7 +14,7 @@ use crate::draft::DraftOrigins;
 use crate::engine::cache_manager::CacheManager;
 use crate::engine::drafter::Drafter;
 use crate::engine::governor::{
-    ConfidenceRates, CostModel, GovernorConfig, KindRates, Remembered, SpeedupEstimate,
+    ConfidenceRates, CostModel, GovernorConfig, PooledAcceptance, Remembered, SpeedupEstimate,
 };
 use crate::engine::liveness::Liveness;
 use crate::engine::messages::{Failure, Step};
@@ -57,7 +57,7 @@ pub(super) struct Learned {
     pub(super) costs: CostModel,
     pub(super) speedup: SpeedupEstimate,
     /// Every request's drafts together, by kind: where a new request's governor starts.
-    pub(super) acceptance: KindRates,
+    pub(super) acceptance: PooledAcceptance,
     /// How often chains' nodes and trees' alternatives stand when tried, by the drafter's
     /// confidence.
     pub(super) chain_rates: ConfidenceRates,

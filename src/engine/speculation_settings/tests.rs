@@ -38,6 +38,33 @@ fn one_resolution_for_drafting_verifying_and_trees() {
     };
     assert!(live.for_round(&pricing, 0).confidence_pricing);
     assert!(!live.for_round(&none, 0).confidence_pricing);
+    // How sampled drafts are proposed: the server's, unless the request set its own.
+    assert_eq!(live.for_round(&none, 0).sampled_drafts, SampledDrafts::Auto);
+    let sample = SpeculationKnobs {
+        sampled_drafts: Some("sample".into()),
+        ..Default::default()
+    };
+    let live = sample.apply(&live, 8).unwrap();
+    assert_eq!(
+        live.for_round(&none, 0).sampled_drafts,
+        SampledDrafts::Sample
+    );
+    let likeliest = SpeculationKnobs {
+        sampled_drafts: Some("likeliest".into()),
+        ..Default::default()
+    }
+    .for_request(8)
+    .unwrap();
+    assert_eq!(
+        live.for_round(&likeliest, 0).sampled_drafts,
+        SampledDrafts::Likeliest
+    );
+    let bad = SpeculationKnobs {
+        sampled_drafts: Some("best".into()),
+        ..Default::default()
+    };
+    assert_eq!(bad.for_request(8).unwrap_err().key, "sampled_drafts");
+    assert_eq!(bad.apply(&live, 8).unwrap_err().key, "sampled_drafts");
 }
 
 #[test]

@@ -14,8 +14,10 @@
 //!   than p/l.
 
 use crate::sampling::enumeration::{
-    dist, draft_sequences, extend_plainly, lenient_round_outcomes, round_outcomes,
+    dist, draft_sequences, extend_plainly, lenient_round_outcomes, point_mass_round_outcomes,
+    round_outcomes,
 };
+use crate::sampling::row_scan::first_max;
 
 #[test]
 fn accept_sampled_is_exact_for_every_gamma_up_to_four() {
@@ -70,6 +72,55 @@ fn accept_sampled_is_exact_for_every_gamma_up_to_four() {
         }
     }
     assert_eq!(cases, 66);
+}
+
+/// A sampled request whose drafter proposes its likeliest tokens (`SampledDrafts::Likeliest`):
+/// each draft is the argmax of q after the drafts before it, one deterministic chain, verified
+/// as point masses. The round, then plain sampling, is exactly plain sampling, whether the
+/// drafter agrees with the target or not (q = p, q peaked elsewhere, q flat).
+#[test]
+fn a_chain_of_likeliest_tokens_verified_as_point_masses_is_exact() {
+    let mut cases = 0;
+    for gamma in 1..=4usize {
+        for vocab in [3usize, 4, 5] {
+            for (case, (p_kind, q_kind)) in [(0, 0), (1, 0), (0, 1), (2, 1), (1, 2), (0, 9)]
+                .into_iter()
+                .enumerate()
+            {
+                let seed = (gamma * 100 + vocab * 10 + case) as u64 ^ 0x5EED;
+                let p = move |ctx: &[u32]| dist(seed, ctx, vocab, p_kind);
+                let q = move |ctx: &[u32]| {
+                    if q_kind == 9 {
+                        dist(seed, ctx, vocab, p_kind)
+                    } else {
+                        dist(seed ^ 0xABCD, ctx, vocab, q_kind)
+                    }
+                };
+                let mut drafts = Vec::new();
+                for _ in 0..gamma {
+                    let (best, _) = first_max(&q(&drafts)).unwrap();
+                    drafts.push(best as u32);
+                }
+                let p_rows: Vec<Vec<f32>> = (0..=gamma).map(|i| p(&drafts[..i])).collect();
+                let mut got = std::collections::BTreeMap::new();
+                for (emitted, pw) in point_mass_round_outcomes(&drafts, &p_rows) {
+                    extend_plainly(&emitted, gamma + 1, pw, &p, &mut got);
+                }
+                let mut want = std::collections::BTreeMap::new();
+                extend_plainly(&[], gamma + 1, 1.0, &p, &mut want);
+                for (seq, &w) in &want {
+                    let g = got.get(seq).copied().unwrap_or(0.0);
+                    assert!(
+                        (g - w).abs() < 1e-6,
+                        "γ={gamma} V={vocab} case {case} {seq:?}: round {g}, plain {w}"
+                    );
+                }
+                assert!(got.keys().all(|k| want.contains_key(k)));
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 72);
 }
 
 #[test]
