@@ -81,6 +81,68 @@ fn top_p_keeps_the_smallest_nucleus() {
     assert_eq!(p, vec![1.0, 0.0, 0.0]);
 }
 
+/// Top-p's nucleus found among the tokens above a floor is the one a sort of the whole row
+/// finds: flat rows, peaked ones, ties, masked tokens, a large vocabulary, shares near 0 and 1.
+#[test]
+fn top_p_keeps_what_a_full_sort_keeps() {
+    /// The kept tokens, or `None` where the cut falls within rounding of the share (the row
+    /// is normalized here, not where `probabilities` cuts it).
+    fn by_full_sort(probs: &[f32], top_p: f32) -> Option<Vec<bool>> {
+        let mut order: Vec<u32> = (0..probs.len() as u32).collect();
+        order.sort_unstable_by(|a, b| {
+            probs[*b as usize]
+                .total_cmp(&probs[*a as usize])
+                .then(a.cmp(b))
+        });
+        let total: f64 = order.iter().map(|&i| f64::from(probs[i as usize])).sum();
+        let (mut cum, mut keep) = (0f64, order.len());
+        let want = f64::from(top_p) * total;
+        for (n, &i) in order.iter().enumerate() {
+            let before = cum;
+            cum += f64::from(probs[i as usize]);
+            if (cum - want).abs() < 1e-5 * total || (before - want).abs() < 1e-5 * total {
+                return None;
+            }
+            if cum >= want {
+                keep = n + 1;
+                break;
+            }
+        }
+        let mut kept = vec![false; probs.len()];
+        for &i in &order[..keep] {
+            kept[i as usize] = true;
+        }
+        Some(kept)
+    }
+    let mut rng = SeededRng::new(41);
+    let mut checked = 0;
+    for case in 0..60 {
+        let vocab = [5usize, 300, 50_000][case % 3];
+        let spread = [0.1f32, 2.0, 8.0][(case / 3) % 3];
+        let logits: Vec<f32> = (0..vocab)
+            .map(|i| match (case % 4, i % 7) {
+                (0, 0) => f32::NEG_INFINITY,
+                // Ties: a few values only.
+                (1, _) => (rng.next_f64() * 4.0).floor() as f32,
+                _ => (rng.next_f64() as f32 - 0.5) * spread * 10.0,
+            })
+            .collect();
+        for top_p in [0.05f32, 0.5, 0.9, 0.999] {
+            let sampling = SamplingParams { top_p, ..params() };
+            let kept: Vec<bool> = probs_of(&logits, &sampling)
+                .iter()
+                .map(|&p| p > 0.0)
+                .collect();
+            let softmax = probs_of(&logits, &params());
+            if let Some(want) = by_full_sort(&softmax, top_p) {
+                assert_eq!(kept, want, "case {case}, top_p {top_p}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 200, "{checked} cuts checked");
+}
+
 #[test]
 fn min_p_drops_tokens_below_fraction_of_top() {
     let logits = [0.6f32.ln(), 0.3f32.ln(), 0.1f32.ln()];

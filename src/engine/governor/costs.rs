@@ -144,6 +144,29 @@ impl CostModel {
         }
     }
 
+    /// The table worth keeping past a restart: as live rounds left it, but the target's
+    /// forwards at their start-up prices. Live rounds price each width at whatever depth it
+    /// last ran (a 2-token verification of Gemma 3 beside an 800-token prompt cost 1.7 steps),
+    /// and a width not run again keeps that price: remembered, it priced drafting for a fresh
+    /// server's short requests at another request's depth, and 30 first requests drafted
+    /// nothing. Start-up times every width on one short context, as a later start times its
+    /// check forwards. The round bias is measured against live prices, so it starts afresh.
+    pub fn to_remember(&self) -> CostModel {
+        let mut kept = self.clone();
+        if !self.verify_start_up.is_empty() {
+            for (c, start) in kept.verify.iter_mut().zip(&self.verify_start_up) {
+                *c = CostEstimate::default();
+                if let Some(v) = start {
+                    c.record(*v);
+                }
+            }
+            kept.verify_stamp.iter_mut().for_each(|s| *s = 0);
+            kept.verify_clock = 0;
+        }
+        kept.round_bias = RoundBias::default();
+        kept
+    }
+
     /// Forwards as wide as this table prices by measurement (wider ones are extrapolated): a
     /// remembered table is taken only for an engine of the same widths.
     pub fn max_width(&self) -> usize {

@@ -186,6 +186,12 @@ impl Governor {
         self.proposals.record(e, self.cfg.decay);
     }
 
+    /// How often a drawn draft and the drafter's likeliest token would stand, by this request's
+    /// positions so far.
+    pub fn proposal_rates(&self) -> (f64, f64) {
+        self.proposals.rates()
+    }
+
     /// Whether a sampled request's drafter should propose its likeliest tokens.
     pub fn prefers_likeliest(&self) -> bool {
         self.proposals.prefers_likeliest()

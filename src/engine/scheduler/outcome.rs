@@ -176,6 +176,14 @@ fn count_decoding_round(
         .record(kind, chain, chain_accepted, POOLED_ACCEPTANCE_DECAY);
     if let Some(e) = &o.proposal_evidence {
         s.governor.record_proposals(e);
+        let (drawn, likeliest) = s.governor.proposal_rates();
+        tracing::debug!(
+            seq = o.seq,
+            positions = e.rows,
+            drawn,
+            likeliest,
+            "sampled proposals: how often each would stand"
+        );
         class.proposals.record(e, POOLED_ACCEPTANCE_DECAY);
         telemetry::record_proposal_evidence(e);
     }

@@ -19,7 +19,7 @@ impl Scheduler {
             return;
         }
         let snapshot = Remembered {
-            costs: learned.costs.clone(),
+            costs: learned.costs.to_remember(),
             reference: memory.reference().to_vec(),
             acceptance: learned.acceptance,
             chain_rates: learned.chain_rates.clone(),

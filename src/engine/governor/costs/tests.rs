@@ -297,3 +297,27 @@ fn a_dense_targets_forwards_are_priced_by_width_alone() {
     assert_eq!(c.verify_seconds(2), Some(1.5e-3));
     assert!(c.expert_prices().is_none());
 }
+
+#[test]
+fn a_remembered_table_keeps_the_widths_start_up_prices_not_a_deep_requests() {
+    let mut c = CostModel::new(4);
+    for (w, s) in [(1, 0.010), (2, 0.012), (3, 0.013), (4, 0.014)] {
+        c.record_verify(s, w);
+    }
+    c.mark_provisional();
+    // A long prompt's rounds: every width dearer, the 2-token verification most.
+    c.record_verify(0.0135, 1);
+    c.record_verify(0.0234, 2);
+    c.record_round_forecast(true, 0.02, 0.03);
+    assert_eq!(c.verify_seconds(2), Some(0.0234));
+    let kept = c.to_remember();
+    for (w, s) in [(1, 0.010), (2, 0.012), (3, 0.013), (4, 0.014)] {
+        assert_eq!(kept.verify_seconds(w), Some(s), "width {w}");
+    }
+    assert_eq!(
+        kept.drafting_bias(),
+        1.0,
+        "measured against live prices: afresh"
+    );
+    assert!(c.drafting_bias() > 1.0, "the live table keeps its own");
+}
