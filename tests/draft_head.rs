@@ -433,6 +433,7 @@ fn four_drafts<'a>(
         tree_nodes: 0,
         grammar: None,
         lookup,
+        likeliest: false,
         result: Ok(()),
     }
 }

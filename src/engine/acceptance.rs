@@ -351,12 +351,14 @@ mod tests {
     /// A sampled 2-token chain over 3 tokens whose first draft stood: both proposals are
     /// measured at positions 0 and 1 (the context they share), never past the rejection.
     fn verified(proposal: &Proposal, params: &SamplingParams) -> Option<ProposalEvidence> {
-        let mut s = Scratch::default();
-        s.target_probs = vec![
-            vec![0.6, 0.3, 0.1],
-            vec![0.2, 0.2, 0.6],
-            vec![1.0, 0.0, 0.0],
-        ];
+        let s = Scratch {
+            target_probs: vec![
+                vec![0.6, 0.3, 0.1],
+                vec![0.2, 0.2, 0.6],
+                vec![1.0, 0.0, 0.0],
+            ],
+            ..Scratch::default()
+        };
         proposal_evidence(params, proposal, 1, Lenience::EXACT, &s)
     }
 
