@@ -100,7 +100,7 @@ fn top_p_keeps_what_a_full_sort_keeps() {
         for (n, &i) in order.iter().enumerate() {
             let before = cum;
             cum += f64::from(probs[i as usize]);
-            if (cum - want).abs() < 1e-5 * total || (before - want).abs() < 1e-5 * total {
+            if (cum - want).abs() < 1e-6 * total || (before - want).abs() < 1e-6 * total {
                 return None;
             }
             if cum >= want {

@@ -4,7 +4,7 @@
 
 use super::config::GovernorConfig;
 use super::planner::{Candidate, Choice};
-use super::proposal_rates::{PooledClass, ProposalRates};
+use super::proposal_rates::{a_rate, ProposalRates};
 use crate::draft::Rehearsal;
 use crate::sampling::ProposalEvidence;
 
@@ -23,11 +23,7 @@ impl AcceptanceRate {
         Self {
             accepted: 0.0,
             rejected: 0.0,
-            prior: if prior.is_finite() {
-                prior.clamp(0.0, 1.0)
-            } else {
-                0.5
-            },
+            prior: a_rate(prior),
         }
     }
 
@@ -121,6 +117,15 @@ impl KindRates {
             r.record(drafted, accepted, decay);
         }
     }
+}
+
+/// What every request of one temperature class drafted lately.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PooledClass {
+    /// Acceptance by kind of draft: where a new request's governor starts.
+    pub rates: KindRates,
+    /// Where a new request's choice of proposal starts (sampled classes).
+    pub proposals: ProposalRates,
 }
 
 /// One request's governor: its acceptance rates, and when it last speculated.

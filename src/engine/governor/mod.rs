@@ -15,6 +15,7 @@ mod expert_prices;
 mod governor_state;
 mod ledger;
 mod planner;
+mod pooled;
 mod proposal_rates;
 mod remembered;
 mod round_bias;
@@ -26,12 +27,13 @@ pub use branches::{
 pub use config::GovernorConfig;
 pub use costs::{CostEstimate, CostModel};
 pub use expert_prices::ExpertPrices;
-pub use governor_state::{AcceptanceRate, Governor, KindRates, DRAFT_KINDS};
+pub use governor_state::{AcceptanceRate, Governor, KindRates, PooledClass, DRAFT_KINDS};
 pub use planner::{
     expected_speedup, expected_tokens, forecast_round, plan_round, recheck_prices, solo_rate,
     Candidate, Choice, RoundForecast, RECHECK_AFTER_ROUNDS,
 };
-pub use proposal_rates::{PooledAcceptance, PooledClass, ProposalRates, TEMPERATURE_CLASSES};
+pub use pooled::{PooledAcceptance, TEMPERATURE_CLASSES};
+pub use proposal_rates::ProposalRates;
 pub use remembered::{check_widths, still_holds, Remembered, PRICE_TOLERANCE};
 pub use speedup::SpeedupEstimate;
 

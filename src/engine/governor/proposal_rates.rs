@@ -1,19 +1,26 @@
-//! Which proposal a sampled request's drafter makes (its distribution's draws, or its likeliest
-//! tokens as point masses), and acceptance pooled across requests by temperature.
+//! Which proposal a sampled request's drafter makes: its distribution's draws, or its likeliest
+//! tokens as point masses.
 //!
-//! Why it exists: what a drafter's drafts keep under sampling depends on the temperature and on
-//! how the drafter proposes. A greedy request's acceptance says little about one at T = 0.8,
-//! so a new request starts from the recent acceptance of requests in its own temperature class
-//! ([`PooledAcceptance`]). And each verified position measures both proposals at once
+//! Why it exists: what a drafter's drafts keep under sampling depends on how it proposes, and
+//! neither proposal is better everywhere. Each verified position measures both at once
 //! (`ProposalEvidence`), so a request proposes whichever keeps more drafts
-//! ([`ProposalRates::prefers_likeliest`]), starting from what its class measured.
+//! ([`ProposalRates::prefers_likeliest`]), starting from what requests at its temperature
+//! measured (`PooledAcceptance`).
 
-use super::governor_state::KindRates;
-use crate::sampling::{ProposalEvidence, SamplingParams};
+use crate::sampling::ProposalEvidence;
 
 /// Pseudo-positions at the pooled means a request's proposal rates start with: its own
 /// verified positions soon lead.
 const PROPOSAL_PRIOR_WEIGHT: f64 = 2.0;
+
+/// `prior` as a rate: clamped to [0, 1], one half if it is not a number.
+pub(super) fn a_rate(prior: f64) -> f64 {
+    if prior.is_finite() {
+        prior.clamp(0.0, 1.0)
+    } else {
+        0.5
+    }
+}
 
 /// A decayed mean of per-position probabilities, starting at a prior worth
 /// [`PROPOSAL_PRIOR_WEIGHT`] positions.
@@ -29,11 +36,7 @@ impl DecayedMean {
         Self {
             sum: 0.0,
             weight: 0.0,
-            prior: if prior.is_finite() {
-                prior.clamp(0.0, 1.0)
-            } else {
-                0.5
-            },
+            prior: a_rate(prior),
         }
     }
 
@@ -95,71 +98,9 @@ impl ProposalRates {
     }
 }
 
-/// The temperatures that bound the classes of [`PooledAcceptance`] above greedy: a class holds
-/// the temperatures below its bound (the last, every one above).
-const TEMPERATURE_BOUNDS: [f32; 2] = [0.6, 1.0];
-/// Greedy, then one class per bound, then the rest.
-pub const TEMPERATURE_CLASSES: usize = TEMPERATURE_BOUNDS.len() + 2;
-
-/// What every request of one temperature class drafted lately.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PooledClass {
-    /// Acceptance by kind of draft: where a new request's governor starts.
-    pub rates: KindRates,
-    /// Where a new request's choice of proposal starts (sampled classes).
-    pub proposals: ProposalRates,
-}
-
-/// Acceptance pooled across requests, kept apart by temperature class: greedy, below 0.6,
-/// below 1, and 1 or more. At T = 0.8 prompt lookup's copies stood 50% of the time where
-/// greedy ones stood 81% (Gemma-3-270M); pooled together, a sampled request would start on
-/// greedy's hope and pay for it.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PooledAcceptance {
-    classes: [PooledClass; TEMPERATURE_CLASSES],
-}
-
-impl PooledAcceptance {
-    /// Every class at `prior`, with no evidence.
-    pub fn new(prior: f64) -> Self {
-        Self {
-            classes: [PooledClass {
-                rates: KindRates::new(prior),
-                proposals: ProposalRates::default(),
-            }; TEMPERATURE_CLASSES],
-        }
-    }
-
-    /// The class of requests sampled with `params`.
-    pub fn class(&self, params: &SamplingParams) -> &PooledClass {
-        &self.classes[class_of(params)]
-    }
-
-    pub fn class_mut(&mut self, params: &SamplingParams) -> &mut PooledClass {
-        &mut self.classes[class_of(params)]
-    }
-}
-
-fn class_of(params: &SamplingParams) -> usize {
-    if params.is_greedy() {
-        return 0;
-    }
-    1 + TEMPERATURE_BOUNDS
-        .iter()
-        .take_while(|&&b| params.temperature >= b)
-        .count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn at(temperature: f32) -> SamplingParams {
-        SamplingParams {
-            temperature,
-            ..SamplingParams::default()
-        }
-    }
 
     fn evidence(rows: u32, sampled: f64, likeliest: f64) -> ProposalEvidence {
         ProposalEvidence {
@@ -197,20 +138,5 @@ mod tests {
         assert!(r.prefers_likeliest());
         r.record(&evidence(8, 0.9, 0.5), 0.97);
         assert!(!r.prefers_likeliest(), "{:?}", r.rates());
-    }
-
-    #[test]
-    fn temperatures_fall_in_their_classes() {
-        let mut p = PooledAcceptance::new(0.5);
-        p.class_mut(&at(0.8)).rates.record(1, 4, 0, 0.995);
-        assert!(p.class(&at(0.7)).rates.get(Some(1)) < 0.5);
-        for t in [0.0, 0.3, 1.0, 1.5] {
-            assert_eq!(p.class(&at(t)).rates.get(Some(1)), 0.5, "T = {t}");
-        }
-        assert_eq!(class_of(&SamplingParams::greedy()), 0);
-        assert_eq!(
-            [0.3, 0.6, 0.99, 1.0, 2.0].map(|t| class_of(&at(t))),
-            [1, 2, 2, 3, 3]
-        );
     }
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::branches::ConfidenceRates;
 use super::costs::CostModel;
-use super::proposal_rates::PooledAcceptance;
+use super::pooled::PooledAcceptance;
 
 /// A remembered price table is trusted when each check forward timed at start-up took within
 /// this factor of what it took when the table was measured, either way. A fresh process's
