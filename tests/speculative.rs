@@ -376,6 +376,7 @@ fn governed_generate_remembers_its_prices_and_checks_them_before_trusting_them()
     assert_eq!(files.len(), 1, "{files:?}");
     let file = &files[0];
     let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+    let version = saved["version"].clone();
     let identity = saved["identity"].as_str().unwrap();
     assert!(
         identity.contains("SmolLM2-135M-Instruct.Q4_1.gguf") && identity.contains("cores"),
@@ -393,12 +394,12 @@ fn governed_generate_remembers_its_prices_and_checks_them_before_trusting_them()
     assert_eq!(second["tokens"], first["tokens"]);
 
     // A damaged file is measured over, and replaced with a whole one.
-    std::fs::write(file, "{\"version\": 1, \"identity\": ").unwrap();
+    std::fs::write(file, format!("{{\"version\": {version}, \"identity\": ")).unwrap();
     let (third, log) = run("true");
     assert!(log.contains("governor: prices measured"), "{log}");
     assert_eq!(third["tokens"], first["tokens"]);
     let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
-    assert_eq!(saved["version"], 1);
+    assert_eq!(saved["version"], version);
 
     // Off: neither read nor written.
     let before = std::fs::read(file).unwrap();
