@@ -19,22 +19,20 @@ use crate::sampling::enumeration::{
 };
 use crate::sampling::row_scan::first_max;
 
-/// A target's and a drafter's context-dependent distributions over `vocab` tokens, of the
-/// given kinds (see `dist`); drafter kind 9 is the target itself (q = p).
-fn target_and_drafter(
-    seed: u64,
-    vocab: usize,
-    (p_kind, q_kind): (u64, u64),
-) -> (impl Fn(&[u32]) -> Vec<f32>, impl Fn(&[u32]) -> Vec<f32>) {
-    let p = move |ctx: &[u32]| dist(seed, ctx, vocab, p_kind);
-    let q = move |ctx: &[u32]| {
+/// The target's context-dependent distribution over `vocab` tokens, of `kind` (see `dist`).
+fn target(seed: u64, vocab: usize, kind: u64) -> impl Fn(&[u32]) -> Vec<f32> {
+    move |ctx: &[u32]| dist(seed, ctx, vocab, kind)
+}
+
+/// The drafter's, of `q_kind`; kind 9 is the target itself (q = p).
+fn drafter(seed: u64, vocab: usize, (p_kind, q_kind): (u64, u64)) -> impl Fn(&[u32]) -> Vec<f32> {
+    move |ctx: &[u32]| {
         if q_kind == 9 {
             dist(seed, ctx, vocab, p_kind)
         } else {
             dist(seed ^ 0xABCD, ctx, vocab, q_kind)
         }
-    };
-    (p, q)
+    }
 }
 
 #[test]
@@ -50,7 +48,10 @@ fn accept_sampled_is_exact_for_every_gamma_up_to_four() {
                 .enumerate()
             {
                 let seed = (gamma * 100 + vocab * 10 + case) as u64;
-                let (p, q) = target_and_drafter(seed, vocab, (p_kind, q_kind));
+                let (p, q) = (
+                    target(seed, vocab, p_kind),
+                    drafter(seed, vocab, (p_kind, q_kind)),
+                );
                 let mut got = std::collections::BTreeMap::new();
                 for (drafts, w) in draft_sequences(gamma, &q) {
                     let q_rows: Vec<Vec<f32>> = (0..gamma).map(|i| q(&drafts[..i])).collect();
@@ -98,7 +99,10 @@ fn a_chain_of_likeliest_tokens_verified_as_point_masses_is_exact() {
                 .enumerate()
             {
                 let seed = (gamma * 100 + vocab * 10 + case) as u64 ^ 0x5EED;
-                let (p, q) = target_and_drafter(seed, vocab, (p_kind, q_kind));
+                let (p, q) = (
+                    target(seed, vocab, p_kind),
+                    drafter(seed, vocab, (p_kind, q_kind)),
+                );
                 let mut drafts = Vec::new();
                 for _ in 0..gamma {
                     let (best, _) = first_max(&q(&drafts)).unwrap();
