@@ -340,6 +340,7 @@ pub fn engine_config(config: &Config, threads: usize) -> EngineConfig {
         speculation: config.speculation.settings,
         stall_after_rounds: stall_after_rounds_for_tests(),
         price_memory: crate::price_identity::price_memory(config),
+        context_from_model: config.model.context_length == 0,
         ..e.clone()
     }
 }

@@ -535,10 +535,10 @@ fn the_target_worker_counts_the_experts_each_forward_reads() {
         let h = loaded.model.hparams().clone();
         let verifier = Verifier::new(Arc::new(loaded.model), 1, 1, None, 0).unwrap();
         let apart = rt
-            .block_on(verifier.calibrate(0, vec![1, 5], 1, false))
+            .block_on(verifier.calibrate(0, vec![1, 5], (32, 1), false))
             .unwrap();
         let alike = rt
-            .block_on(verifier.calibrate(0, vec![5], 1, true))
+            .block_on(verifier.calibrate(0, vec![5], (32, 1), true))
             .unwrap();
         let Some(e) = h.experts else {
             assert!(apart.iter().chain(&alike).all(|t| t.reads.is_empty()));

@@ -278,8 +278,7 @@ fn loop_arm(
 /// `N` requests through `engine`, `at_once` in flight together, each with up to `tree_nodes`
 /// alternatives beside its chain, its drafts drawn from the drafter's distribution (the
 /// caller checks how much first rounds drafted).
-fn engine_arm(
-    rt: &tokio::runtime::Runtime,
+async fn engine_arm(
     engine: &Engine,
     params: &SamplingParams,
     (gamma, tree_nodes): (usize, usize),
@@ -293,31 +292,24 @@ fn engine_arm(
         sampled_drafts: Some(SampledDrafts::Sample),
         ..Default::default()
     };
-    requests_arm(rt, engine, params, (speculation, None), at_once, seeds)
+    requests_arm(engine, params, (speculation, None), at_once, seeds).await
 }
 
 /// `N` requests through `engine`, 4 in flight together, whose drafter proposes its likeliest
 /// tokens as point masses rather than draws from its distribution.
-fn likeliest_arm(
-    rt: &tokio::runtime::Runtime,
-    engine: &Engine,
-    params: &SamplingParams,
-    gamma: usize,
-    seeds: u64,
-) -> Arm {
+async fn likeliest_arm(engine: &Engine, params: &SamplingParams, gamma: usize, seeds: u64) -> Arm {
     let speculation = tandem::engine::RequestSpeculation {
         gamma: fixed_gamma(gamma),
         lenience: Some(Lenience::EXACT),
         sampled_drafts: Some(SampledDrafts::Likeliest),
         ..Default::default()
     };
-    requests_arm(rt, engine, params, (speculation, None), 4, seeds)
+    requests_arm(engine, params, (speculation, None), 4, seeds).await
 }
 
 /// `N` constrained requests through `engine`, `at_once` in flight together, under `gamma`
 /// (`GammaPolicy::Off`: constrained plain sampling on the engine).
-fn constrained_arm(
-    rt: &tokio::runtime::Runtime,
+async fn constrained_arm(
     engine: &Engine,
     params: &SamplingParams,
     (gamma, grammar): (GammaPolicy, &CompiledConstraint),
@@ -329,19 +321,11 @@ fn constrained_arm(
         lenience: Some(Lenience::EXACT),
         ..Default::default()
     };
-    requests_arm(
-        rt,
-        engine,
-        params,
-        (speculation, Some(grammar)),
-        at_once,
-        seeds,
-    )
+    requests_arm(engine, params, (speculation, Some(grammar)), at_once, seeds).await
 }
 
 /// `N` requests through `engine` under `speculation` (and `grammar`), `at_once` in flight.
-fn requests_arm(
-    rt: &tokio::runtime::Runtime,
+async fn requests_arm(
     engine: &Engine,
     params: &SamplingParams,
     (speculation, grammar): (
@@ -352,29 +336,27 @@ fn requests_arm(
     seeds: u64,
 ) -> Arm {
     let mut arm = Arm::default();
-    rt.block_on(async {
-        for batch in 0..N / at_once {
-            let mut streams = Vec::new();
-            for j in 0..at_once {
-                let sampling = SamplingParams {
-                    seed: Some(seeds + batch * at_once + j),
-                    ..params.clone()
-                };
-                let generation = generation_request(PROMPT.to_vec(), MAX_TOKENS, sampling, &[]);
-                let req = EngineRequest {
-                    speculative: speculation,
-                    constraint: grammar.cloned(),
-                    ..engine_request(generation, speculation.gamma)
-                };
-                streams.push(engine.submit(req).await.unwrap());
-            }
-            for s in streams {
-                let done = s.collect().await.unwrap();
-                arm.add_any(&done.tokens, &done.usage.speculative);
-                arm.drafted_each.push(done.usage.speculative.draft_tokens);
-            }
+    for batch in 0..N / at_once {
+        let mut streams = Vec::new();
+        for j in 0..at_once {
+            let sampling = SamplingParams {
+                seed: Some(seeds + batch * at_once + j),
+                ..params.clone()
+            };
+            let generation = generation_request(PROMPT.to_vec(), MAX_TOKENS, sampling, &[]);
+            let req = EngineRequest {
+                speculative: speculation,
+                constraint: grammar.cloned(),
+                ..engine_request(generation, speculation.gamma)
+            };
+            streams.push(engine.submit(req).await.unwrap());
         }
-    });
+        for s in streams {
+            let done = s.collect().await.unwrap();
+            arm.add_any(&done.tokens, &done.usage.speculative);
+            arm.drafted_each.push(done.usage.speculative.draft_tokens);
+        }
+    }
     arm
 }
 
@@ -431,6 +413,12 @@ fn start_engine_across(
 
 #[test]
 fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
+    // Candle's pool with no workers: its tensor operations (the tiny model's) run on the
+    // thread that calls them. The pool serves one caller at a time and its callers spin while
+    // they wait, so the engines' workers, running their arms at once, would spend their time
+    // waiting on each other there (measured: two thirds of the test's CPU time). Set before
+    // anything starts the pool; this binary's only test.
+    std::env::set_var("CANDLE_NUM_THREADS", "1");
     // The loops on this thread run the tiny model's forwards here rather than on candle's
     // spinning pool, which the engines' own compute threads would be competing with.
     tandem::model::kernels::parallel::set_inline(true);
@@ -541,49 +529,95 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
             &goodness_of_fit(&plain.counts, &exact),
         );
         for gamma in GAMMAS {
-            let mut arms = vec![(
-                "single-request loop",
-                loop_arm(&target, &draft, &params, gamma, 1.0, next_seeds()),
-            )];
-            for (path, engine, at_once) in &engines {
-                let arm = engine_arm(&rt, engine, &params, (gamma, 0), *at_once, next_seeds())
-                    .check_drafted(gamma);
-                arms.push((path, arm));
-            }
-            // Token trees: the drafter's runners-up beside its sampled chain, 4 at once.
-            let trees = engine_arm(&rt, &engines[2].1, &params, (gamma, 2), 4, next_seeds())
-                .check_drafted(gamma);
+            // Every arm's seeds first, in a fixed order; then the arms on different engines
+            // run at once (each engine's own arms one after another): a tiny model's requests
+            // wait on the actors' hand-offs far more than on the cores, and one arm at a time
+            // left them idle most of the time.
+            let s: [u64; 12] = std::array::from_fn(|_| next_seeds());
+            let p = &params;
+            let across_arm = async {
+                // (Its text in the target's tokens may come to fewer tokens than it drafted,
+                // or none: two of its bytes are tokens past the target's rows. The acceptance
+                // check below sees that it drafted. Its own likeliest tokens know nothing of
+                // the request's processors, whose masks and bias refuse nearly all of them (2%
+                // stood at γ = 3): an arm that never rejects proves nothing, so temperature
+                // alone.)
+                match name {
+                    "temperature" => {
+                        Some(likeliest_arm(&string_level_engine, p, gamma, s[10]).await)
+                    }
+                    _ => None,
+                }
+            };
+            // (The loop runs the model on this thread, where candle's own tensor operations
+            // wake its pool, whose spinning workers would take a core from the engines.)
+            let looped = loop_arm(&target, &draft, p, gamma, 1.0, s[0]);
+            let ((batched, pipelined, other_vocab, (four, (trees, likeliest))), more) = rt
+                .block_on(async {
+                    tokio::join!(
+                        async {
+                            tokio::join!(
+                                engine_arm(&engines[0].1, p, (gamma, 0), 1, s[1]),
+                                engine_arm(&engines[1].1, p, (gamma, 0), 1, s[2]),
+                                engine_arm(&engines[3].1, p, (gamma, 0), 4, s[4]),
+                                // The "4 at once" engine's chains, then token trees, then
+                                // likeliest tokens.
+                                async {
+                                    let e = &engines[2].1;
+                                    let chains = engine_arm(e, p, (gamma, 0), 4, s[3]).await;
+                                    let trees = engine_arm(e, p, (gamma, 2), 4, s[5]).await;
+                                    let likeliest = likeliest_arm(e, p, gamma, s[6]).await;
+                                    (chains, (trees, likeliest))
+                                },
+                            )
+                        },
+                        async {
+                            tokio::join!(
+                                async {
+                                    let head =
+                                        engine_arm(&head_engine, p, (gamma, 0), 4, s[7]).await;
+                                    (head, likeliest_arm(&head_engine, p, gamma, s[8]).await)
+                                },
+                                engine_arm(&hybrid_engine, p, (gamma, 0), 4, s[9]),
+                                engine_arm(&eagle3_engine, p, (gamma, 0), 4, s[11]),
+                                across_arm,
+                            )
+                        },
+                    )
+                });
+            let ((head, likeliest_head), hybrid, eagle3, string_level) = more;
+            let trees = trees.check_drafted(gamma);
             assert!(
                 trees.stats.tree_rounds > 0 && trees.stats.tree_branch_accepts > 0,
                 "{name}, γ = {gamma}: trees verified and alternatives taken: {:?}",
                 trees.stats
             );
-            arms.push(("4 at once, token trees", trees));
-            let head = engine_arm(&rt, &head_engine, &params, (gamma, 0), 4, next_seeds())
-                .check_drafted(gamma);
-            arms.push(("4 at once, draft head", head));
-            // (Prompt lookup's match may be shorter than γ: its first rounds draft at least one.)
-            let hybrid = engine_arm(&rt, &hybrid_engine, &params, (gamma, 0), 4, next_seeds())
-                .check_drafted(1);
-            arms.push(("4 at once, draft head after prompt lookup", hybrid));
-            let eagle3 = engine_arm(&rt, &eagle3_engine, &params, (gamma, 0), 4, next_seeds())
-                .check_drafted(gamma);
-            arms.push(("4 at once, EAGLE-3 head", eagle3));
-            // The drafter's likeliest tokens, proposed as point masses.
-            let likeliest = likeliest_arm(&rt, &engines[2].1, &params, gamma, next_seeds())
-                .check_drafted(gamma);
-            arms.push(("4 at once, likeliest tokens", likeliest));
-            let likeliest_head =
-                likeliest_arm(&rt, &head_engine, &params, gamma, next_seeds()).check_drafted(gamma);
-            arms.push(("4 at once, draft head's likeliest tokens", likeliest_head));
-            // (Its text in the target's tokens may come to fewer tokens than it drafted, or
-            // none: two of its bytes are tokens past the target's rows. The acceptance check
-            // below sees that it drafted. Its own likeliest tokens know nothing of the
-            // request's processors, whose masks and bias refuse nearly all of them (2% stood
-            // at γ = 3): an arm that never rejects proves nothing, so temperature alone.)
-            if name == "temperature" {
-                let string_level =
-                    likeliest_arm(&rt, &string_level_engine, &params, gamma, next_seeds());
+            let mut arms = vec![
+                ("single-request loop", looped),
+                (engines[0].0, batched.check_drafted(gamma)),
+                (engines[1].0, pipelined.check_drafted(gamma)),
+                (engines[2].0, four.check_drafted(gamma)),
+                (engines[3].0, other_vocab.check_drafted(gamma)),
+                ("4 at once, token trees", trees),
+                ("4 at once, draft head", head.check_drafted(gamma)),
+                // (Prompt lookup's match may be shorter than γ: its first rounds draft at
+                // least one.)
+                (
+                    "4 at once, draft head after prompt lookup",
+                    hybrid.check_drafted(1),
+                ),
+                ("4 at once, EAGLE-3 head", eagle3.check_drafted(gamma)),
+                // The drafter's likeliest tokens, proposed as point masses.
+                (
+                    "4 at once, likeliest tokens",
+                    likeliest.check_drafted(gamma),
+                ),
+                (
+                    "4 at once, draft head's likeliest tokens",
+                    likeliest_head.check_drafted(gamma),
+                ),
+            ];
+            if let Some(string_level) = string_level {
                 arms.push((
                     "4 at once, another vocabulary's likeliest tokens, string-level",
                     string_level,
@@ -622,24 +656,28 @@ fn sampled_speculation_is_plain_sampling_on_every_engine_path() {
         // the draft model's chain verified whole (γ = 3), against exact constrained sampling.
         let exact_constrained = exact_plain(&target, &params, Some(&grammar));
         let arms = [
-            ("constrained, plain", &engines[2].1, GammaPolicy::Off, 4),
-            (
-                "constrained, pipelined engine",
-                &engines[1].1,
-                fixed_gamma(3),
-                1,
-            ),
-            ("constrained, 4 at once", &engines[2].1, fixed_gamma(3), 4),
+            ("constrained, plain", GammaPolicy::Off),
+            ("constrained, pipelined engine", fixed_gamma(3)),
+            ("constrained, 4 at once", fixed_gamma(3)),
         ];
-        for (path, engine, gamma, at_once) in arms {
-            let arm = constrained_arm(
-                &rt,
-                engine,
-                &params,
-                (gamma, &grammar),
-                at_once,
-                next_seeds(),
-            );
+        let seeds3: [u64; 3] = std::array::from_fn(|_| next_seeds());
+        let p = &params;
+        let g = &grammar;
+        let (pipelined, (plain, four)) = rt.block_on(async {
+            tokio::join!(
+                constrained_arm(&engines[1].1, p, (fixed_gamma(3), g), 1, seeds3[1]),
+                async {
+                    let plain =
+                        constrained_arm(&engines[2].1, p, (GammaPolicy::Off, g), 4, seeds3[0])
+                            .await;
+                    let four =
+                        constrained_arm(&engines[2].1, p, (fixed_gamma(3), g), 4, seeds3[2]).await;
+                    (plain, four)
+                },
+            )
+        });
+        let done = [plain, pipelined, four];
+        for ((path, gamma), arm) in arms.into_iter().zip(done) {
             if gamma != GammaPolicy::Off {
                 let s = &arm.stats;
                 // (With every processor, `"` is too unlikely for the forced `&` to come up.)

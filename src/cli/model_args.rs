@@ -28,8 +28,8 @@ pub struct ModelArgs {
     /// Compute threads, 0 = every core [default: runtime.threads, 0].
     #[arg(long, env = "TANDEM_THREADS")]
     threads: Option<usize>,
-    /// Most tokens (prompt + output) one sequence may hold, capped by the model's own maximum
-    /// [default: model.context_length, 4096].
+    /// Most tokens (prompt + output) one sequence may hold, capped by the model's own maximum;
+    /// 0 = the model's own, as memory allows [default: model.context_length, 0].
     #[arg(long, env = "TANDEM_CONTEXT_LENGTH")]
     context_length: Option<usize>,
     /// KV cache element type of both models: f16 or f32 [default: model.kv_cache_dtype, f16].

@@ -127,8 +127,11 @@ impl Config {
                 return invalid("model.chat_template", format!("{path}: {e}"));
             }
         }
-        if self.model.context_length < 2 {
-            return invalid("model.context_length", "must be >= 2".into());
+        if self.model.context_length == 1 {
+            return invalid(
+                "model.context_length",
+                "must be 0 (the model's own maximum) or >= 2".into(),
+            );
         }
         let g = &self.generation;
         if g.max_tokens == 0 {

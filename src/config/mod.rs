@@ -22,7 +22,7 @@ mod tests {
     fn embedded_default_is_valid() {
         let c = Config::embedded();
         assert_eq!(c.model.path, "default");
-        assert!(c.model.context_length >= 2);
+        assert_eq!(c.model.context_length, 0, "the model's own maximum");
     }
 
     #[test]
@@ -35,6 +35,8 @@ mod tests {
         assert!(e.to_string().contains("model.kv_cache_dtype"), "{e}");
         let c = Config::from_toml("[model]\nkv_cache_dtype = \"F32\"").unwrap();
         assert_eq!(c.kv_cache_dtype(), KvDtype::F32);
+        let e = Config::from_toml("[model]\ncontext_length = 1").unwrap_err();
+        assert!(e.to_string().contains("model.context_length"), "{e}");
         let e = Config::from_toml("[model]\nbogus = 1").unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
         let e = Config::from_toml("[generation]\nmax_tokens = \"many\"").unwrap_err();

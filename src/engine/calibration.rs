@@ -22,6 +22,13 @@ const MAX_WIDTH: usize = 64;
 /// Context lengths the drafter's catch-up is timed at: a short context prices draft steps and
 /// small catch-ups, a long one the catch-up of a real prompt.
 const CATCH_UP_CONTEXTS: [usize; 2] = [32, 256];
+/// The context depth width prices are timed and kept at.
+const SHALLOW_DEPTH: usize = 32;
+/// The depth lone verifications are timed at again, for how their prices grow with depth: deep
+/// enough that attention's share stands out of the timing noise (at depth 512 a SmolLM2 step
+/// costs about 1.3x one at 32, an 8-token verification 2x), shallow enough that start-up's
+/// prefill of it takes a fraction of a second.
+const DEEP_DEPTH: usize = 512;
 /// Each width is timed this many times, the best kept.
 const REPEATS: usize = 2;
 /// Steps run untimed before anything is timed: a fresh process's first forwards run up to
@@ -109,14 +116,21 @@ pub(super) async fn start_up_learning(
 async fn check_forwards(t: &Timing<'_>) -> Result<Vec<(usize, f64)>, EngineError> {
     let timed = t
         .verifier
-        .calibrate(0, check_widths(t.gamma_limit), REPEATS + 1, false)
+        .calibrate(
+            0,
+            check_widths(t.gamma_limit),
+            (SHALLOW_DEPTH, REPEATS + 1),
+            false,
+        )
         .await?;
     Ok(timed.iter().map(|f| (f.width, f.seconds)).collect())
 }
 
 /// Runs the target's first steps of this process untimed.
 async fn warm_up(verifier: &Verifier) -> Result<(), EngineError> {
-    verifier.calibrate(0, vec![1], WARM_UP_STEPS, false).await?;
+    verifier
+        .calibrate(0, vec![1], (SHALLOW_DEPTH, WARM_UP_STEPS), false)
+        .await?;
     Ok(())
 }
 
@@ -158,11 +172,15 @@ async fn calibrate_target(
 ) -> Result<CostModel, EngineError> {
     let mut costs = CostModel::new(max_seqs * (gamma_limit + 1));
     let widths = verify_widths(max_seqs, gamma_limit);
-    let timed = verifier.calibrate(0, widths, REPEATS, false).await?;
+    let timed = verifier
+        .calibrate(0, widths, (SHALLOW_DEPTH, REPEATS), false)
+        .await?;
     if let Some(mut prices) = experts {
         let probe = gamma_limit + 1;
         let apart = timed.iter().find(|t| t.width == probe);
-        let alike = verifier.calibrate(0, vec![probe], REPEATS, true).await?;
+        let alike = verifier
+            .calibrate(0, vec![probe], (SHALLOW_DEPTH, REPEATS), true)
+            .await?;
         if let (Some(apart), Some(alike)) = (apart, alike.first()) {
             let total = |t: &TimedForward| t.reads.iter().map(|&r| r as usize).sum::<usize>();
             prices.set_per_expert((total(apart), apart.seconds), (total(alike), alike.seconds));
@@ -179,9 +197,53 @@ async fn calibrate_target(
         costs.price_experts(prices);
     }
     for t in &timed {
-        costs.record_forward(t.seconds, t.width, &t.reads);
+        costs.record_forward(t.seconds, &[(t.width, t.depth)], &t.reads);
     }
+    calibrate_depth(verifier, gamma_limit, &timed, &mut costs).await?;
     Ok(costs)
+}
+
+/// Times a lone request's verify widths again `DEEP_DEPTH` context tokens deep, for how a
+/// forward's price grows with its rows' depth (`CostModel::record_verify_depths`). A mixture's
+/// forwards are compared without their expert reads, which do not depend on depth.
+async fn calibrate_depth(
+    verifier: &Verifier,
+    gamma_limit: usize,
+    shallow: &[TimedForward],
+    costs: &mut CostModel,
+) -> Result<(), EngineError> {
+    let lone: Vec<usize> = (1..=gamma_limit + 1).collect();
+    let deep = verifier
+        .calibrate(0, lone.clone(), (DEEP_DEPTH, REPEATS), false)
+        .await?;
+    let at = |timed: &[TimedForward]| -> (usize, Vec<(usize, f64)>) {
+        let depth = timed.first().map_or(0, |t| t.depth);
+        let prices = timed
+            .iter()
+            .filter(|t| lone.contains(&t.width))
+            .map(|t| {
+                let reads = costs
+                    .expert_prices()
+                    .map_or(0.0, |e| e.seconds_of(&t.reads));
+                (t.width, t.seconds - reads)
+            })
+            .collect();
+        (depth, prices)
+    };
+    let (d0, near) = at(shallow);
+    let (d1, far) = at(&deep);
+    costs.record_verify_depths((d0, &near), (d1, &far));
+    for ((w, s0), (_, s1)) in near.iter().zip(&far) {
+        tracing::debug!(
+            width = w,
+            d0,
+            d1,
+            shallow_ms = s0 * 1e3,
+            deep_ms = s1 * 1e3,
+            "verify depth calibrated"
+        );
+    }
+    Ok(())
 }
 
 /// Times the drafter's steps and catch-ups at a short and a long context into `costs`.

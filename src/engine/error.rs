@@ -30,6 +30,13 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("the prompt has {prompt} tokens but the context holds {context}")]
     PromptTooLong { prompt: usize, context: usize },
+    #[error("model.context_length: one sequence of {context} tokens needs {need_gb:.2} GB of KV cache, and {available_gb:.2} GB of memory is available after loading (the caches may take 80% of it, less the prefix cache); set model.context_length (--context-length) to at most {fits}, or free memory")]
+    ContextTooLong {
+        context: usize,
+        need_gb: f64,
+        available_gb: f64,
+        fits: usize,
+    },
     #[error("no free KV cache slot")]
     NoFreeSlot,
     #[error("drafter: {0}")]

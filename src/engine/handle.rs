@@ -14,6 +14,7 @@ use super::error::EngineError;
 use super::event_stream::EventStream;
 use super::gamma::{Gamma, GammaPolicy};
 use super::governor::{CostModel, ExpertPrices, GovernorConfig, Remembered};
+use super::kv_room::{plan_kv_room, KvNeeds, KvRoom};
 use super::liveness::{EngineHealth, Liveness};
 use super::messages::*;
 use super::prefix_budget::{prefix_budget_bytes, split_budget};
@@ -44,9 +45,14 @@ pub struct EngineConfig {
     /// `runtime.threads`, which `setup` fills in).
     pub target_threads: usize,
     pub draft_threads: usize,
-    /// KV capacity in tokens over all sequences (default: every slot full).
+    /// KV capacity in tokens over all sequences (default: every slot full, as far as memory
+    /// holds them: `kv_room`).
     #[serde(skip)]
     pub kv_capacity_tokens: Option<usize>,
+    /// The target's context is the model's own maximum (`model.context_length = 0`), which
+    /// start-up may lower to what memory holds; a configured one it refuses instead.
+    #[serde(skip)]
+    pub context_from_model: bool,
     /// The largest γ any round may draft (`engine.max_gamma` in the config file): verification
     /// costs are measured up to it at start and KV headroom is reserved for it. The live
     /// settings' range (`gamma_min..=gamma_max`) stays within it.
@@ -97,6 +103,7 @@ impl Default for EngineConfig {
             target_threads: 2,
             draft_threads: 2,
             kv_capacity_tokens: None,
+            context_from_model: false,
             gamma_limit: 8,
             prefix_cache: true,
             prefix_cache_mib: None,
@@ -137,9 +144,10 @@ impl Engine {
         mut cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
         let settings = live_settings(&cfg)?;
-        let context_len = target.context_len();
         let slots = cfg.max_seqs;
         let (target_budget, draft_budget) = prefix_budgets(&cfg, &target, draft.as_ref());
+        let room = kv_room(&cfg, &target, draft.as_ref(), target_budget + draft_budget)?;
+        let context_len = room.context_len;
         // A head drafts from the target's features of each round: it drafts after the
         // verification, never beside it.
         let features = draft.as_ref().and_then(LoadedDrafter::feature_taps);
@@ -182,7 +190,7 @@ impl Engine {
             start_governor(&mut cfg, timing, draft_name.as_deref()).await?;
         let cache = CacheManager::spawn(CacheManager::new(
             slots,
-            cfg.kv_capacity_tokens.unwrap_or(cfg.max_seqs * context_len),
+            cfg.kv_capacity_tokens.unwrap_or(room.capacity_tokens),
             draft_cache,
         ));
         let liveness = Liveness::new(
@@ -489,6 +497,49 @@ fn prefix_budgets(
         _ => None,
     };
     split_budget(budget, cache.bytes_per_token(), draft_bpt)
+}
+
+/// How long a sequence may grow and how many tokens the caches may hold together (see
+/// `kv_room`), logged: the memory a token takes and what the caches may reach.
+fn kv_room(
+    cfg: &EngineConfig,
+    target: &Decoder,
+    draft: Option<&LoadedDrafter>,
+    prefix_bytes: usize,
+) -> Result<KvRoom, EngineError> {
+    let cache = target.new_cache(0);
+    let target_bpt = cache.bytes_per_token();
+    let draft_bpt = match draft {
+        Some(LoadedDrafter::Model { model, .. }) => model.new_cache(0).bytes_per_token(),
+        _ => 0,
+    };
+    let available = (!cache.is_on_device())
+        .then(crate::model::load::host_memory::available)
+        .flatten()
+        .map(|a| a.saturating_sub(prefix_bytes));
+    let room = plan_kv_room(KvNeeds {
+        bytes_per_token: target_bpt + draft_bpt,
+        context_len: target.context_len(),
+        from_model: cfg.context_from_model,
+        max_seqs: cfg.max_seqs,
+        available,
+    })?;
+    if room.context_len < target.context_len() {
+        tracing::warn!(
+            model_max = target.context_len(),
+            context = room.context_len,
+            "the model's own context does not fit one sequence's KV cache in memory: lowered"
+        );
+    }
+    tracing::info!(
+        context = room.context_len,
+        target_kv_bytes_per_token = target_bpt,
+        draft_kv_bytes_per_token = draft_bpt,
+        capacity_tokens = room.capacity_tokens,
+        capacity_gb = (room.capacity_tokens * (target_bpt + draft_bpt)) as f64 / 1e9,
+        "KV caches"
+    );
+    Ok(room)
 }
 
 fn register_prefix_caches(on: bool, draft_cache: bool, (target, draft): (usize, usize)) {

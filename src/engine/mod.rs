@@ -21,6 +21,7 @@ mod event_stream;
 pub mod gamma;
 pub mod governor;
 pub mod handle;
+mod kv_room;
 pub mod liveness;
 mod lookup_drafter;
 pub mod messages;

@@ -28,7 +28,7 @@ pub struct PriceMemory {
 }
 
 /// The file layout's version: a file of another version is ignored.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 /// Saved at most this often while requests finish (always after the first).
 const SAVE_EVERY: Duration = Duration::from_secs(30);
@@ -180,7 +180,7 @@ mod tests {
 
     fn remembered(step: f64) -> Remembered {
         let mut costs = CostModel::new(4);
-        costs.record_forward(step, 1, &[]);
+        costs.record_forward(step, &[(1, 0)], &[]);
         Remembered {
             costs,
             reference: vec![(1, step)],

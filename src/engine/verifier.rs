@@ -54,28 +54,30 @@ impl Verifier {
         })
     }
 
-    /// Times target forwards of each of `widths` new tokens at a small depth on `slot` (free
-    /// at start-up), best of `repeats`, for the governor's cost model. `alike`: every token the
+    /// Times target forwards of each of `widths` new tokens `depth` context tokens deep (less
+    /// where the cache is shorter) on `slot` (free at start-up), best of `repeats`, for the
+    /// governor's cost model. `alike`: every token the
     /// same, so a mixture's rows all choose the same experts (made-up varied text otherwise,
     /// whose rows choose nearly as uniform routing would).
     pub async fn calibrate(
         &self,
         slot: usize,
         widths: Vec<usize>,
-        repeats: usize,
+        (depth, repeats): (usize, usize),
         alike: bool,
     ) -> Result<Vec<TimedForward>, EngineError> {
         self.worker
-            .run(move |s| calibrate(s, slot, &widths, repeats, alike))
+            .run(move |s| calibrate(s, slot, &widths, (depth, repeats), alike))
             .await?
     }
 }
 
-/// A start-up forward: its width, its best time, and the distinct experts each routed layer of
-/// a mixture read in it.
+/// A start-up forward: its width, the context tokens before it, its best time, and the distinct
+/// experts each routed layer of a mixture read in it.
 #[derive(Clone, Debug)]
 pub struct TimedForward {
     pub width: usize,
+    pub depth: usize,
     pub seconds: f64,
     pub reads: Vec<u16>,
 }
@@ -84,7 +86,7 @@ fn calibrate(
     s: &mut TargetState,
     slot: usize,
     widths: &[usize],
-    repeats: usize,
+    (depth, repeats): (usize, usize),
     alike: bool,
 ) -> Result<Vec<TimedForward>, EngineError> {
     let vocab = s.model.hparams().vocab_size as u32;
@@ -95,7 +97,7 @@ fn calibrate(
         .filter(|&w| w > 0 && w < max_len)
         .collect();
     let max_width = widths.iter().copied().max().unwrap_or(0);
-    let depth = 32.min(s.cache.max_len().saturating_sub(max_width + 1));
+    let depth = depth.min(s.cache.max_len().saturating_sub(max_width + 1));
     s.cache.allocate_slot(slot)?;
     let ids: Vec<u32> = (0..depth.max(1) + max_width)
         .map(|i| {
@@ -122,6 +124,7 @@ fn calibrate(
             .iter()
             .map(|&width| TimedForward {
                 width,
+                depth: base,
                 seconds: f64::INFINITY,
                 reads: Vec::new(),
             })

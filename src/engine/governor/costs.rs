@@ -5,6 +5,7 @@
 use super::expert_prices::ExpertPrices;
 use super::ledger::DraftingLedger;
 use super::round_bias::RoundBias;
+use super::verify_depth::VerifyDepth;
 
 /// A measured cost: the least of the last few measurements. Timing noise on a shared machine
 /// only ever adds (preemption, another process's burst can turn a 40 µs forward into 5 ms),
@@ -62,8 +63,13 @@ pub struct CostModel {
     /// How a draft step's price grows with the context it attends over, from start-up steps
     /// timed at two depths: the floor under the price of a step at a given depth.
     draft_depth: Option<DepthLine>,
-    /// `verify[w - 1]`: a target forward of `w` new tokens in all.
+    /// `verify[w - 1]`: a target forward of `w` new tokens in all, its rows at the depth
+    /// `verify_depth` keeps prices at (live forwards are recorded less what their depth added).
     verify: Vec<CostEstimate>,
+    /// How a forward's price grows with its rows' context depths, from start-up forwards timed
+    /// at two depths (`None` until then: every depth priced alike).
+    #[serde(default)]
+    verify_depth: Option<VerifyDepth>,
     /// The start-up prices of `verify`, set by [`CostModel::mark_provisional`].
     verify_start_up: Vec<Option<f64>>,
     /// `verify_stamp[w - 1]`: when width `w` was last measured (a count of measurements).
@@ -99,6 +105,7 @@ impl CostModel {
             catch_up_size: Vec::new(),
             draft_depth: None,
             verify: vec![CostEstimate::default(); max_width.max(1)],
+            verify_depth: None,
             verify_start_up: Vec::new(),
             verify_stamp: vec![0; max_width.max(1)],
             verify_clock: 0,
@@ -225,20 +232,23 @@ impl CostModel {
         self.round_bias.get()
     }
 
-    /// A decoding round (no prompt chunk) of `seconds` that gave `tokens` tokens to
-    /// `sequences` sequences, `drafted` or not, into the ledger of what drafting saved: the
-    /// round's tokens at what a plain round of as many sequences costs as it runs, less its
-    /// seconds (catch-ups included: they are what exploring spends).
+    /// A decoding round (no prompt chunk) of `seconds` that gave `tokens` tokens to the
+    /// sequences of `rows` (each one's `(tokens verified, context tokens before them)`),
+    /// `drafted` or not, into the ledger of what drafting saved: the round's tokens at what a
+    /// plain round of those sequences costs as it runs at their depths, less its seconds
+    /// (catch-ups included: they are what exploring spends).
     pub fn record_decode_round(
         &mut self,
         drafted: bool,
-        (tokens, sequences): (usize, usize),
+        (tokens, rows): (usize, &[(usize, usize)]),
         seconds: f64,
     ) {
+        let sequences = rows.len();
         if self.frozen || sequences == 0 {
             return;
         }
-        let gain = match (drafted, self.verify_seconds(sequences)) {
+        let plain = self.verify_seconds_with(sequences, rows.iter().map(|&(_, d)| (1, d)));
+        let gain = match (drafted, plain) {
             (true, Some(plain)) => {
                 let per_token = plain * self.round_bias.plain() / sequences as f64;
                 tokens as f64 * per_token - seconds
@@ -303,6 +313,47 @@ impl CostModel {
         }
     }
 
+    /// Target forwards timed at two context depths (`(depth, [(width, seconds)])` each): how
+    /// their price grows with depth (see `VerifyDepth`), for every forward priced from now on.
+    /// Width prices are kept at the shallow depth, where start-up times them.
+    pub fn record_verify_depths(
+        &mut self,
+        shallow: (usize, &[(usize, f64)]),
+        deep: (usize, &[(usize, f64)]),
+    ) {
+        if !self.frozen {
+            self.verify_depth = VerifyDepth::from_timings(shallow, deep);
+        }
+    }
+
+    /// What `rows` (each sequence's `(new tokens, context tokens before them)`) add to a
+    /// forward's price over the same widths at the depth width prices are kept at (0 when not
+    /// measured; negative for shallower rows).
+    pub fn depth_seconds(&self, rows: impl IntoIterator<Item = (usize, usize)>) -> f64 {
+        self.verify_depth
+            .as_ref()
+            .map_or(0.0, |d| d.extra_seconds(rows))
+    }
+
+    /// Seconds of a target forward of `rows` (each sequence's `(new tokens, context tokens
+    /// before them)`): its width's price with what its rows' depths add, never less than half
+    /// the width's price (a forward cannot get much cheaper than its weights).
+    pub fn forward_seconds(&self, rows: &[(usize, usize)]) -> Option<f64> {
+        let width = rows.iter().map(|&(w, _)| w).sum();
+        self.verify_seconds_with(width, rows.iter().copied())
+    }
+
+    /// Seconds of a target forward of `width` new tokens in all, of which `rows` (each
+    /// sequence's `(new tokens, context tokens before them)`) attend over known depths.
+    pub fn verify_seconds_with(
+        &self,
+        width: usize,
+        rows: impl IntoIterator<Item = (usize, usize)>,
+    ) -> Option<f64> {
+        let base = self.verify_seconds(width)?;
+        Some((base + self.depth_seconds(rows)).max(0.5 * base))
+    }
+
     /// Time of a target forward of `width` new tokens. A forward of `width` tokens slower than
     /// `width` one-token forwards is noise (it could have run as that many single steps), and
     /// is not kept: it would be the width's only live price until the width runs again, and a
@@ -336,13 +387,15 @@ impl CostModel {
         self.experts.as_ref()
     }
 
-    /// A target forward of `width` tokens that took `seconds` and read `reads[l]` distinct
-    /// experts in routed layer `l` (empty for a dense model): a mixture's routing is learned
-    /// from it, and its width's price kept without the reads it happened to make.
-    pub fn record_forward(&mut self, seconds: f64, width: usize, reads: &[u16]) {
+    /// A target forward of `rows` (each sequence's `(new tokens, context tokens before them)`)
+    /// that took `seconds` and read `reads[l]` distinct experts in routed layer `l` (empty for
+    /// a dense model): a mixture's routing is learned from it, and its width's price kept
+    /// without the reads it happened to make, and at the reference depth.
+    pub fn record_forward(&mut self, seconds: f64, rows: &[(usize, usize)], reads: &[u16]) {
         if self.frozen {
             return;
         }
+        let width = rows.iter().map(|&(w, _)| w).sum();
         // Reads not counted (a forward run where nothing counts them) are taken as expected.
         let seconds = match &mut self.experts {
             Some(e) if !reads.is_empty() => {
@@ -352,7 +405,10 @@ impl CostModel {
             Some(e) => (seconds - e.seconds(width)).max(0.0),
             None => seconds,
         };
-        self.record_verify(seconds, width);
+        // Never below half of what it took: a depth line measured on a noisy start-up could
+        // otherwise take a deep forward's whole price away.
+        let at_reference = (seconds - self.depth_seconds(rows.iter().copied())).max(0.5 * seconds);
+        self.record_verify(at_reference, width);
     }
 
     /// Seconds of `steps` draft steps of `seqs` sequences together, once any step is measured:

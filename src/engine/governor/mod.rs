@@ -20,6 +20,7 @@ mod proposal_rates;
 mod remembered;
 mod round_bias;
 mod speedup;
+mod verify_depth;
 
 pub use branches::{
     acceptance_by_node, keep_alternatives, keep_chain, ConfidenceRates, RoundPrice, TreeOffer,

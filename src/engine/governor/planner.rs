@@ -195,26 +195,31 @@ fn could_save(
     Some(best)
 }
 
-/// The best tokens per plain step's time a lone sequence could expect from drafts that stand
-/// at rate `alpha`, over γ in `1..=gamma_max`: the drafts' own steps priced, and the seconds
-/// of catch-up the drafter first needs, when `drafted` is `Some(catch-up)` (a model's or a
-/// head's drafts), free when `None` (prompt lookup's scan). `None` until the costs are
-/// measured. It compares kinds of draft a round could make: a model's or a head's guesses
-/// against a short match's copy, which costs no draft step and leaves the model behind.
+/// The best tokens per plain step's time a lone sequence `depth` context tokens deep (0: not
+/// known) could expect from drafts that stand at rate `alpha`, over γ in `1..=gamma_max`: the
+/// drafts' own steps priced, and the seconds of catch-up the drafter first needs, when
+/// `drafted` is `Some(catch-up)` (a model's or a head's drafts), free when `None` (prompt
+/// lookup's scan). `None` until the costs are measured. It compares kinds of draft a round
+/// could make: a model's or a head's guesses against a short match's copy, which costs no
+/// draft step and leaves the model behind.
 pub fn solo_rate(
     alpha: f64,
     gamma_max: usize,
-    drafted: Option<f64>,
+    (drafted, depth): (Option<f64>, usize),
     costs: &CostModel,
 ) -> Option<f64> {
-    let plain = costs.verify_seconds(1)?;
+    let at_depth = |w: usize| {
+        let rows = (depth > 0).then_some((w, depth));
+        costs.verify_seconds_with(w, rows)
+    };
+    let plain = at_depth(1)?;
     let mut best = None::<f64>;
     for g in 1..=gamma_max.max(1) {
         let (draft, catch_up) = match drafted {
             Some(catch_up) => (costs.draft_seconds(g, 1)?, catch_up),
             None => (0.0, 0.0),
         };
-        let round = (costs.verify_seconds(g + 1)? + draft) * costs.drafting_bias() + catch_up;
+        let round = (at_depth(g + 1)? + draft) * costs.drafting_bias() + catch_up;
         let rate = expected_tokens(alpha, g) * plain / round;
         best = Some(best.map_or(rate, |b| b.max(rate)));
     }
@@ -353,7 +358,13 @@ pub fn forecast_round(
     f.draft = f
         .draft
         .max(f.steps as f64 * costs.draft_step_floor(deepest));
-    f.verify = costs.verify_seconds(f.width)?;
+    // Each sequence's rows at its own depth (0: not known, priced as measured).
+    let rows = candidates
+        .iter()
+        .zip(plan)
+        .filter(|(c, _)| c.depth > 0)
+        .map(|(c, &g)| (g + 1, c.depth));
+    f.verify = costs.verify_seconds_with(f.width, rows)?;
     if f.drafting > 0 {
         f.bias = costs.drafting_bias();
     }

@@ -61,7 +61,7 @@ mod tests {
     fn table() -> CostModel {
         let mut c = CostModel::new(9);
         for w in 1..=9 {
-            c.record_forward(0.002 + 0.0002 * w as f64, w, &[]);
+            c.record_forward(0.002 + 0.0002 * w as f64, &[(w, 0)], &[]);
         }
         c.record_draft(0.003, 0.001, 3, 1);
         c.record_catch_up(0.02, 40);

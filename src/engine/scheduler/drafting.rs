@@ -117,10 +117,12 @@ impl Scheduler {
                     // measured.
                     let lag = s.context.len().saturating_sub(s.drafter_seen + 2);
                     let catch_up = self.learned.costs.catch_up_seconds(lag);
+                    let depth = s.context.len() - 1;
                     f.next(&s.context, |k| {
                         let alpha = s.governor.alpha_of(Some(k));
                         let drafted = (k == 0).then_some(catch_up);
-                        solo_rate(alpha, gamma_max, drafted, &self.learned.costs).unwrap_or(alpha)
+                        solo_rate(alpha, gamma_max, (drafted, depth), &self.learned.costs)
+                            .unwrap_or(alpha)
                     })
                 }
                 None => NextDraft::Unknown,

@@ -38,7 +38,9 @@ struct TargetRound {
     mask_seconds: f64,
     /// Every item verifies drafts (no prompt chunk): the forward prices verification.
     decode_only: bool,
-    width: usize,
+    /// Each item's `(tokens, context tokens before them)`: the forward's width, and the depths
+    /// its rows attend over.
+    rows: Vec<(usize, usize)>,
     /// What each sequence sent: its chunk length, or its drafts.
     sent: HashMap<u64, (usize, Vec<u32>)>,
 }
@@ -88,12 +90,16 @@ impl Scheduler {
             &times,
             drafting.forecast.filter(|_| !pipelined),
             draft_secs + ahead_secs,
-            (batch.decode_only, batch.width),
+            (batch.decode_only, &batch.rows),
         );
         if batch.decode_only {
             let drafted =
                 draft_secs + ahead_secs > 0.0 || batch.sent.values().any(|s| !s.1.is_empty());
-            self.record_gain(drafted, &result.outcomes, times.round_seconds);
+            self.record_gain(
+                drafted,
+                &result.outcomes,
+                (&batch.rows, times.round_seconds),
+            );
         }
         let mut ended = batch.ended;
         for outcome in result.outcomes {
@@ -211,7 +217,10 @@ impl Scheduler {
                 .collect(),
             mask_seconds,
             decode_only: items.iter().all(|i| i.work == TargetWork::Verify),
-            width: items.iter().map(|i| i.tokens.len()).sum(),
+            rows: items
+                .iter()
+                .map(|i| (i.tokens.len(), i.start_pos))
+                .collect(),
             sent: items
                 .iter()
                 .map(|i| {
@@ -276,7 +285,7 @@ impl Scheduler {
         times: &RoundTimes,
         forecast: Option<RoundForecast>,
         draft_secs: f64,
-        (decode_only, width): (bool, usize),
+        (decode_only, rows): (bool, &[(usize, usize)]),
     ) {
         if let Some(f) = forecast {
             // Only rounds whose drafter stepped: a round drafted by prompt lookup's scan alone
@@ -308,27 +317,26 @@ impl Scheduler {
         if decode_only {
             self.learned
                 .costs
-                .record_forward(times.verify_seconds, width, &times.expert_reads);
+                .record_forward(times.verify_seconds, rows, &times.expert_reads);
         }
     }
 
     /// What a decoding round gave, into the ledger of what drafting saved: its tokens (drafts
-    /// that stood and the target's own) against its seconds.
+    /// that stood and the target's own) against its seconds; `rows` as in `TargetRound`.
     fn record_gain(
         &mut self,
         drafted: bool,
         outcomes: &[Result<TargetOutcome, (u64, Failure)>],
-        seconds: f64,
+        (rows, seconds): (&[(usize, usize)], f64),
     ) {
-        let (tokens, sequences) = outcomes
+        let tokens = outcomes
             .iter()
             .filter_map(|o| o.as_ref().ok())
-            .fold((0, 0), |(t, n), o| {
-                (t + o.accepted + usize::from(o.next_token.is_some()), n + 1)
-            });
+            .map(|o| o.accepted + usize::from(o.next_token.is_some()))
+            .sum();
         self.learned
             .costs
-            .record_decode_round(drafted, (tokens, sequences), seconds);
+            .record_decode_round(drafted, (tokens, rows), seconds);
     }
 
     /// After the outcomes: the speed-up estimate, waiting choices started, sequences ended.

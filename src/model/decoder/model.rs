@@ -41,7 +41,7 @@ pub struct Decoder {
 impl Decoder {
     /// Builds the model on the CPU's own kernels, converting every linear weight to
     /// `weights_dtype`. `context_len` caps the positions (and so the KV cache) this instance
-    /// supports.
+    /// supports; 0 takes the model's own maximum.
     pub fn load(
         reader: &mut WeightReader,
         hp: Hparams,
@@ -72,7 +72,11 @@ impl Decoder {
                 "the own kernels run on the CPU only; use the candle backend on a GPU".into(),
             ));
         }
-        let context_len = context_len.min(hp.max_position_embeddings).max(1);
+        let context_len = match context_len {
+            0 => hp.max_position_embeddings,
+            n => n.min(hp.max_position_embeddings),
+        }
+        .max(1);
         // On a GPU candle's quantized matmuls are not batch-invariant: measured on an H200, a
         // 5-token forward's rows differ from single steps, and greedy speculative output left
         // plain decoding's on 7 of 13 categories. Dense f16 through cuBLAS kept them equal and

@@ -265,7 +265,7 @@ fn a_mixtures_widths_are_priced_by_the_experts_they_are_expected_to_read() {
     c.price_experts(prices);
     for w in 1..=9 {
         let reads = [uniform(w) as u16; 2];
-        c.record_forward(dense(w) + per_expert * 2.0 * uniform(w), w, &reads);
+        c.record_forward(dense(w) + per_expert * 2.0 * uniform(w), &[(w, 0)], &reads);
     }
     c.mark_provisional();
     let start_up: Vec<f64> = (1..=9).map(|w| c.verify_seconds(w).unwrap()).collect();
@@ -276,7 +276,7 @@ fn a_mixtures_widths_are_priced_by_the_experts_they_are_expected_to_read() {
     }
     // Live: 3 rows read 10 experts a layer, not ~22.
     for _ in 0..3 {
-        c.record_forward(dense(3) + per_expert * 20.0, 3, &[10, 10]);
+        c.record_forward(dense(3) + per_expert * 20.0, &[(3, 0)], &[10, 10]);
     }
     assert!((c.verify_seconds(3).unwrap() - (dense(3) + per_expert * 20.0)).abs() < 1e-9);
     let nine = c.verify_seconds(9).unwrap();
@@ -292,8 +292,8 @@ fn a_mixtures_widths_are_priced_by_the_experts_they_are_expected_to_read() {
 #[test]
 fn a_dense_targets_forwards_are_priced_by_width_alone() {
     let mut c = CostModel::new(4);
-    c.record_forward(1e-3, 1, &[]);
-    c.record_forward(1.5e-3, 2, &[]);
+    c.record_forward(1e-3, &[(1, 0)], &[]);
+    c.record_forward(1.5e-3, &[(2, 0)], &[]);
     assert_eq!(c.verify_seconds(2), Some(1.5e-3));
     assert!(c.expert_prices().is_none());
 }
@@ -320,4 +320,66 @@ fn a_remembered_table_keeps_the_widths_start_up_prices_not_a_deep_requests() {
         "measured against live prices: afresh"
     );
     assert!(c.drafting_bias() > 1.0, "the live table keeps its own");
+}
+
+/// A table whose lone widths were timed at depth 32 and again at 544: a step grows by 1 ms a
+/// 1000 tokens, a 5-token verification by 4 ms.
+fn priced_at_depth() -> CostModel {
+    let shallow = [(1, 0.010), (2, 0.011), (3, 0.012), (4, 0.013), (5, 0.014)];
+    let mut c = CostModel::new(5);
+    for (w, s) in shallow {
+        c.record_forward(s, &[(w, 32)], &[]);
+    }
+    let deep: Vec<(usize, f64)> = shallow
+        .iter()
+        .map(|&(w, s)| (w, s + 0.000512 * (1.0 + 0.75 * (w - 1) as f64)))
+        .collect();
+    c.record_verify_depths((32, &shallow), (544, &deep));
+    c
+}
+
+#[test]
+fn a_verifications_price_follows_its_rows_depth() {
+    let c = priced_at_depth();
+    // At the reference depth, the width's own price.
+    assert_eq!(c.forward_seconds(&[(5, 32)]), Some(0.014));
+    // 1000 tokens deeper: a step 1 ms dearer, a 5-token verification 4 ms.
+    let step = c.forward_seconds(&[(1, 1032)]).unwrap();
+    let five = c.forward_seconds(&[(5, 1032)]).unwrap();
+    assert!((step - 0.011).abs() < 1e-9, "{step}");
+    assert!((five - 0.018).abs() < 1e-9, "{five}");
+    // Two sequences in one forward each pay their own depth.
+    let pair = c.forward_seconds(&[(1, 1032), (1, 32)]).unwrap();
+    assert!((pair - (c.verify_seconds(2).unwrap() + 0.001)).abs() < 1e-9);
+    // So the same drafts are worth less deep in a context: relative to its own step, the
+    // 5-token round costs 1.4x near the start and 1.64x at depth 1032.
+    let near = c.forward_seconds(&[(5, 32)]).unwrap() / c.forward_seconds(&[(1, 32)]).unwrap();
+    assert!(five / step > near + 0.2);
+}
+
+#[test]
+fn a_deep_forward_is_recorded_at_the_reference_depth() {
+    let mut c = priced_at_depth();
+    c.mark_provisional();
+    // A live 5-token verification at depth 2032 took what the line says plus 10%: kept at
+    // depth 32 as the width's price, it is the shallow price plus 10% of the deep one's.
+    let deep_price = 0.014 + 0.004 * 2.0;
+    c.record_forward(deep_price * 1.1, &[(5, 2032)], &[]);
+    let kept = c.verify_seconds(5).unwrap();
+    assert!((kept - (0.014 + 0.1 * deep_price)).abs() < 1e-9, "{kept}");
+    // A short request priced afterwards is not charged the deep request's attention.
+    assert!(c.forward_seconds(&[(5, 64)]).unwrap() < 0.0175);
+}
+
+#[test]
+fn the_plain_round_a_drafted_round_is_weighed_against_runs_at_its_depth() {
+    let mut c = priced_at_depth();
+    // A drafted round at depth 2032 gave 2 tokens in 27 ms; plain steps there cost 12 ms
+    // each: it lost 3 ms (priced at depth 32 it would have lost 7).
+    c.record_decode_round(true, (2, &[(5, 2032)]), 0.027);
+    assert!(
+        (c.drafting_net() + 0.003).abs() < 1e-9,
+        "{}",
+        c.drafting_net()
+    );
 }

@@ -192,14 +192,14 @@ fn hope_waits_while_drafting_has_lost_more_than_it_saved() {
     // 150 s over the request: worth the catch-up.
     assert_eq!(plan_round(&[probe(0.3)], 0, &c, 1.05), vec![1]);
     // A round that drafted gave 3 tokens in 2 s: it saved a second against plain steps.
-    c.record_decode_round(true, (3, 1), 2.0);
+    c.record_decode_round(true, (3, &[(3, 0)]), 2.0);
     assert!(
         (c.drafting_net() - 1.0).abs() < 1e-9,
         "{}",
         c.drafting_net()
     );
     // Then drafting lost 2 s: one round of 3 s gave a single token.
-    c.record_decode_round(true, (1, 1), 3.0);
+    c.record_decode_round(true, (1, &[(3, 0)]), 3.0);
     assert!(!c.may_explore(), "{}", c.drafting_net());
     // Now the probe is priced at its own 30%, where nothing pays.
     assert_eq!(plan_round(&[probe(0.3)], 0, &c, 1.05), vec![0]);
@@ -217,13 +217,13 @@ fn hope_waits_while_drafting_has_lost_more_than_it_saved() {
     assert!(plan_round(&[good], 0, &c, 1.05)[0] > 0);
     // Enough plain decoding wears the loss down, and hope comes back.
     for _ in 0..80 {
-        c.record_decode_round(false, (1, 1), 1.0);
+        c.record_decode_round(false, (1, &[(1, 0)]), 1.0);
     }
     assert!(c.may_explore(), "{}", c.drafting_net());
     assert_eq!(plan_round(&[probe(0.3)], 0, &c, 1.05), vec![1]);
     // A frozen table keeps no ledger.
     let mut frozen = linear_costs(50.0).freeze();
-    frozen.record_decode_round(true, (1, 1), 30.0);
+    frozen.record_decode_round(true, (1, &[(1, 0)]), 30.0);
     assert!(frozen.may_explore() && frozen.drafting_net() == 0.0);
 }
 
@@ -391,8 +391,8 @@ fn prices_that_forbid_drafting_are_measured_again_after_a_while() {
 fn a_kind_of_draft_is_worth_its_tokens_over_its_costs() {
     // A draft step costs a fifth of a step; verifying 2-9 tokens 1.05x-1.8x.
     let c = costs(0.2, &[1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]);
-    let free = |alpha| solo_rate(alpha, 8, None, &c).unwrap();
-    let stepped = |alpha| solo_rate(alpha, 8, Some(0.0), &c).unwrap();
+    let free = |alpha| solo_rate(alpha, 8, (None, 0), &c).unwrap();
+    let stepped = |alpha| solo_rate(alpha, 8, (Some(0.0), 0), &c).unwrap();
     // The best γ's tokens per step: at 50% and no draft cost, γ = 2 gives 1.75 for 1.1.
     assert!((free(0.5) - 1.75 / 1.1).abs() < 1e-9, "{}", free(0.5));
     // The same acceptance with draft steps to pay is worth less; a little more acceptance
@@ -402,11 +402,41 @@ fn a_kind_of_draft_is_worth_its_tokens_over_its_costs() {
     assert!(stepped(0.8) > free(0.5));
     // Never below a plain step's worth at γ = 1 for free drafts: a draft costs nothing.
     assert!(free(0.0) > 0.9);
-    assert!(solo_rate(0.5, 8, Some(0.0), &CostModel::new(9)).is_none());
+    assert!(solo_rate(0.5, 8, (Some(0.0), 0), &CostModel::new(9)).is_none());
     // A drafter that must first catch up on the text a match's copies wrote (a draft model
     // after prompt lookup's rounds) is worth less by that catch-up: at three steps' worth of
     // it, a match accepted half the time is worth more than drafts that nearly always stand.
-    let behind = |alpha| solo_rate(alpha, 8, Some(3.0), &c).unwrap();
+    let behind = |alpha| solo_rate(alpha, 8, (Some(3.0), 0), &c).unwrap();
     assert!(behind(0.8) < stepped(0.8));
     assert!(behind(0.95) < free(0.5));
+}
+
+#[test]
+fn drafting_that_pays_near_the_start_of_a_context_is_declined_deep_in_one() {
+    // Prompt lookup's free drafts (no draft step) at 40% acceptance; widths 1-4 timed at depth
+    // 32 (1.0-1.3) and at 544, where attention made each wider row dearer per token of depth.
+    let shallow = [(1, 1.0), (2, 1.1), (3, 1.2), (4, 1.3)];
+    let deep: Vec<(usize, f64)> = shallow
+        .iter()
+        .map(|&(w, s)| (w, s + 0.2 * w as f64))
+        .collect();
+    let mut c = costs(0.0, &shallow.map(|(_, s)| s));
+    c.record_verify_depths((32, &shallow), (544, &deep));
+    let at = |depth| Candidate {
+        alpha: 0.4,
+        choice: Choice::Free { min: 1, max: 3 },
+        catch_up: 0,
+        remaining: 1000,
+        depth,
+    };
+    assert!(plan_round(&[at(40)], 0, &c, 1.02)[0] > 0);
+    // 2000 tokens deep a step costs 1.78, a 2-token verification 2.66: 1.4 tokens for 1.49
+    // steps, and wider is worse.
+    assert_eq!(plan_round(&[at(2032)], 0, &c, 1.02), vec![0]);
+    // Priced by width alone (no depth line), the same request would draft.
+    let flat = costs(0.0, &shallow.map(|(_, s)| s));
+    assert!(plan_round(&[at(2032)], 0, &flat, 1.02)[0] > 0);
+    // A kind's solo rate says the same.
+    assert!(solo_rate(0.4, 3, (None, 2032), &c).unwrap() < 1.0);
+    assert!(solo_rate(0.4, 3, (None, 40), &c).unwrap() > 1.02);
 }

@@ -272,18 +272,72 @@ pub(super) fn simd_available() -> bool {
 /// chunk starts at an even key (see [`accumulate_values`]).
 const KEY_CHUNK: usize = 64;
 
+/// Keys of one segment: a query's keys are taken in segments of this many, at fixed absolute
+/// positions (`0..SEGMENT`, `SEGMENT..2 SEGMENT`, ...), each with its own softmax (its own
+/// maximum, sum and value sums), merged by [`merge_segments`] in segment order. The
+/// segments of a deep context are the unit of work the threads share (flash-decoding): a
+/// step's few heads alone would leave a thread idle (SmolLM2's three key-value heads on two
+/// threads) or read a key-value head's cache on both (Gemma 3's one). Where the segments fall
+/// depends only on the query's position, never on the threads or on the tokens beside it, so
+/// a row's bits stay what they are alone. A context of at most this many keys is one segment,
+/// whose softmax is the plain one. A multiple of [`KEY_CHUNK`].
+pub(super) const SEGMENT: usize = 512;
+
+/// One segment's softmax, for [`merge_segments`]: the segment's greatest score, the sum of its
+/// weights (each `softmax_exp(score − max)`), and the weighted sums of its values.
+pub(super) struct SegmentPart<'a> {
+    pub max: f32,
+    pub sum: f32,
+    pub values: &'a [f32],
+}
+
+/// Merges a query's segments, in order, into its attention output: each segment's sums are
+/// scaled to the greatest maximum, `softmax_exp(max − greatest)` (exactly 1 for the segment
+/// holding it), and added by one fused multiply-add each, in segment order; a sink joins the
+/// denominator as in [`softmax_sum`]. One segment gives `values / sum`, the plain softmax's
+/// bits.
+pub(super) fn merge_segments<'a>(
+    parts: impl Iterator<Item = SegmentPart<'a>> + Clone,
+    sink: Option<f32>,
+    out: &mut [f32],
+) {
+    let greatest = parts.clone().fold(f32::NEG_INFINITY, |m, p| m.max(p.max));
+    let mut sum = 0f32;
+    out.fill(0.0);
+    for p in parts {
+        let scale = if p.max == greatest {
+            1.0
+        } else {
+            crate::model::kernels::fast_exp::softmax_exp(p.max - greatest)
+        };
+        sum = p.sum.mul_add(scale, sum);
+        for (o, v) in out.iter_mut().zip(p.values) {
+            *o = v.mul_add(scale, *o);
+        }
+    }
+    if let Some(sink) = sink {
+        sum += (sink - greatest).exp();
+    }
+    let inv = 1f32 / sum;
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+
 /// Attention for queries at absolute positions `start_pos..start_pos + n_new`.
 ///
 /// `q`: `n_new * q_dim` (already rotated); `keys`/`values`: the sequence's whole cache,
 /// `(start_pos + n_new) * kv_dim`, new tokens included; `out`: `n_new * q_dim`.
-/// Work is split over (query, head) units on candle's thread pool, ordered by key-value head
-/// first, then query, then head, so consecutive units read the same keys and values: runs of
-/// up to [`MAX_GROUP`] of them are computed together, key chunk by key chunk, and each key and
-/// value row is read from memory once per run instead of once per query and head. The reads,
-/// not the arithmetic, bound attention at depth: a depth-800 cache is 37 MB of keys and values,
-/// and each extra query token of a verification re-read it, ~0.6 ms a token (measured with
-/// `forward-bench`), before queries shared a run. Neither the split nor the grouping changes a
-/// unit's arithmetic.
+/// Work is split over (run, segment) items on candle's thread pool: (query, head) units are
+/// ordered by key-value head first, then query, then head, and runs of up to [`MAX_GROUP`]
+/// consecutive units sharing a key-value head are computed together, key chunk by key chunk,
+/// so each key and value row of a segment is read from memory once per run instead of once
+/// per query and head. The reads, not the arithmetic, bound attention at depth: a depth-800
+/// cache is 37 MB of keys and values, and each extra query token of a verification re-read
+/// it, ~0.6 ms a token (measured with `forward-bench`), before queries shared a run. A query
+/// that sees more than one segment ([`SEGMENT`]) has each segment's softmax kept apart and
+/// merged after every segment is done. Neither the split nor the grouping changes a unit's
+/// arithmetic.
 ///
 /// `sinks` (gpt-oss): one logit per query head that joins each softmax's denominator with no
 /// value, so a head may attend to nothing.
@@ -314,27 +368,41 @@ pub fn causal_attention<T: KvElement>(
         let (kvh, r) = (u / per_kv_head, u % per_kv_head);
         (r / group, kvh * group + r % group)
     };
+    let seen_of = |u: usize| start_pos + unit(u).0 + 1;
+    let segments = (start_pos + n_new).div_ceil(SEGMENT);
     let out_ptr = out.as_mut_ptr() as usize;
+    // Each unit's segments' softmaxes, `[max, sum, value sums...]`, where it has more than one.
+    let part_len = head_dim + 2;
+    let part_at = |u: usize, g: usize| (u * segments + g) * part_len;
 
     thread_local! {
         // Per-thread score and value-sum buffers, kept across calls so decoding does not
-        // allocate per layer.
+        // allocate per layer; and the calling thread's segment parts.
         static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
             const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+        static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     // Units `members` (in order, so the last query sees the most keys), all reading key-value
-    // head `kvh`. Member `m`'s scores start at `m * stride`.
-    let attend = |members: std::ops::Range<usize>, scores: &mut Vec<f32>, acc: &mut Vec<f32>| {
+    // head `kvh`, over segment `g`'s keys. Member `m`'s scores start at `m * stride`.
+    let attend = |(members, g): (std::ops::Range<usize>, usize),
+                  parts: usize,
+                  scores: &mut Vec<f32>,
+                  acc: &mut Vec<f32>| {
         let nm = members.len();
         let kv_off = (members.start / per_kv_head) * head_dim;
-        let seen_of = |u: usize| start_pos + unit(u).0 + 1;
-        let stride = seen_of(members.end - 1);
+        let first = g * SEGMENT;
+        // Keys of the segment unit `u` sees.
+        let in_segment = |u: usize| seen_of(u).min(first + SEGMENT).saturating_sub(first);
+        let stride = in_segment(members.end - 1);
+        if stride == 0 {
+            return;
+        }
         // Key chunk by key chunk, so a chunk is read once for all members, and within a
         // chunk the heads of one query (which see the same keys) side by side: calls
         // `f(first member, heads, its unit, first key, keys in the chunk)` for each run of
         // such members that sees the chunk.
         let each_chunk = |f: &mut dyn FnMut(usize, usize, usize, usize, usize)| {
-            for j0 in (0..stride).step_by(KEY_CHUNK) {
+            for j0 in (first..first + stride).step_by(KEY_CHUNK) {
                 let mut m = 0;
                 while m < nm {
                     let u = members.start + m;
@@ -361,21 +429,37 @@ pub fn causal_attention<T: KvElement>(
                 &keys[j0 * kv_dim..],
                 (kv_dim, kv_off),
                 scale,
-                &mut scores[m * stride + j0..],
+                &mut scores[m * stride + j0 - first..],
                 stride,
                 len,
             );
         });
+        // A unit of one segment: its softmax's inverse sum; of several: its segment's max
+        // and sum, into its part.
         let mut inv = [0f32; MAX_GROUP];
         for (m, u) in members.clone().enumerate() {
-            let sink = sinks.map(|s| s[unit(u).1]);
-            inv[m] = 1f32 / softmax_sum(&mut scores[m * stride..][..seen_of(u)], sink);
+            let s = &mut scores[m * stride..][..in_segment(u)];
+            if s.is_empty() {
+                continue;
+            }
+            if seen_of(u) <= SEGMENT {
+                inv[m] = 1f32 / softmax_sum(s, sinks.map(|k| k[unit(u).1]));
+            } else {
+                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum = softmax_weights(s);
+                // SAFETY: each (unit, segment) part is written by the one item that holds
+                // both, and read only after every item is done.
+                let part = unsafe {
+                    std::slice::from_raw_parts_mut((parts as *mut f32).add(part_at(u, g)), 2)
+                };
+                part.copy_from_slice(&[max, sum]);
+            }
         }
         acc.clear();
         acc.resize(nm * 2 * head_dim, 0.0);
         each_chunk(&mut |m, heads, _, j0, len| {
             accumulate_values_heads(
-                &scores[m * stride + j0..],
+                &scores[m * stride + j0 - first..],
                 stride,
                 len,
                 heads,
@@ -385,37 +469,111 @@ pub fn causal_attention<T: KvElement>(
             );
         });
         for (m, u) in members.enumerate() {
-            let (i, h) = unit(u);
-            // SAFETY: each (query, head) unit writes only its own head_dim-long span of `out`,
-            // and every unit belongs to exactly one call.
-            let o = unsafe {
-                std::slice::from_raw_parts_mut(
-                    (out_ptr as *mut f32).add(i * q_dim + h * head_dim),
-                    head_dim,
-                )
-            };
-            finish_values(&acc[m * 2 * head_dim..][..2 * head_dim], inv[m], o);
+            if in_segment(u) == 0 {
+                continue;
+            }
+            let sums = &acc[m * 2 * head_dim..][..2 * head_dim];
+            if seen_of(u) <= SEGMENT {
+                let (i, h) = unit(u);
+                // SAFETY: each (query, head) unit writes only its own head_dim-long span of
+                // `out`, and a unit of one segment belongs to exactly one item.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        (out_ptr as *mut f32).add(i * q_dim + h * head_dim),
+                        head_dim,
+                    )
+                };
+                finish_values(sums, inv[m], o);
+            } else {
+                // SAFETY: as for the max and sum above.
+                let part = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        (parts as *mut f32).add(part_at(u, g) + 2),
+                        head_dim,
+                    )
+                };
+                let (even, odd) = sums.split_at(head_dim);
+                for ((p, e), o) in part.iter_mut().zip(even).zip(odd) {
+                    *p = e + o;
+                }
+            }
         }
     };
-    let run_units = |range: std::ops::Range<usize>, scores: &mut Vec<f32>, acc: &mut Vec<f32>| {
-        let mut u = range.start;
-        while u < range.end {
-            // The rest of this key-value head's units, within the range, at most MAX_GROUP.
-            let kv_end = (u / per_kv_head + 1) * per_kv_head;
-            let end = kv_end.min(u + MAX_GROUP).min(range.end);
-            attend(u..end, scores, acc);
-            u = end;
+    // Items: each key-value head's units, MAX_GROUP at a time (a run), by segment. The pool
+    // hands out items, not units: handed units (a chunk of a sixteenth of them), a run would
+    // only group the few units of one grab, and a step's heads would each read their shared
+    // keys apart.
+    let runs_per_kv = per_kv_head.div_ceil(MAX_GROUP);
+    let item = |it: usize| {
+        let (r, g) = (it / segments, it % segments);
+        let (kvh, i) = (r / runs_per_kv, r % runs_per_kv);
+        let start = kvh * per_kv_head + i * MAX_GROUP;
+        (start..(start + MAX_GROUP).min((kvh + 1) * per_kv_head), g)
+    };
+    let items = num_kv_heads * runs_per_kv * segments;
+    let deep = start_pos + n_new > SEGMENT;
+    PARTS.with_borrow_mut(|parts| {
+        if deep {
+            parts.resize(units * segments * part_len, 0.0);
         }
-    };
-    let run = |range: std::ops::Range<usize>| {
-        BUFFERS.with_borrow_mut(|(scores, acc)| run_units(range, scores, acc))
-    };
-    if units * (start_pos + n_new) < PARALLEL_WORK {
-        run(0..units);
-    } else {
-        crate::model::kernels::parallel::for_each_chunk(units, run);
-    }
+        let parts = parts.as_mut_ptr() as usize;
+        let run = |range: std::ops::Range<usize>| {
+            BUFFERS.with_borrow_mut(|(scores, acc)| {
+                range.for_each(|it| attend(item(it), parts, scores, acc))
+            })
+        };
+        let small = units * (start_pos + n_new) < PARALLEL_WORK;
+        if small {
+            run(0..items);
+        } else {
+            crate::model::kernels::parallel::for_each_chunk(items, run);
+        }
+        if !deep {
+            return;
+        }
+        let merge = |range: std::ops::Range<usize>| {
+            for u in range {
+                let seen = seen_of(u);
+                if seen <= SEGMENT {
+                    continue;
+                }
+                // SAFETY: every item is done; parts are only read now.
+                let all = unsafe {
+                    std::slice::from_raw_parts(
+                        (parts as *const f32).add(part_at(u, 0)),
+                        segments * part_len,
+                    )
+                };
+                let each = all
+                    .chunks_exact(part_len)
+                    .take(seen.div_ceil(SEGMENT))
+                    .map(|p| SegmentPart {
+                        max: p[0],
+                        sum: p[1],
+                        values: &p[2..],
+                    });
+                let (i, h) = unit(u);
+                // SAFETY: each unit writes only its own head_dim-long span of `out`.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        (out_ptr as *mut f32).add(i * q_dim + h * head_dim),
+                        head_dim,
+                    )
+                };
+                merge_segments(each, sinks.map(|k| k[h]), o);
+            }
+        };
+        if small || units * segments * head_dim < MERGE_ALONE {
+            merge(0..units);
+        } else {
+            crate::model::kernels::parallel::for_each_chunk(units, merge);
+        }
+    });
 }
+
+/// Below this many (unit, segment, element) triples a call's segments are merged on the
+/// calling thread: a step's few heads cost less than waking the pool.
+const MERGE_ALONE: usize = 1 << 16;
 
 /// The most bytes of keys (and as many of values) [`prefetch_cache`] asks for: a shallow
 /// context's whole cache, while a deep one, whose reads the prefetchers follow on their own,

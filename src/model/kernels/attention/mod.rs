@@ -39,10 +39,9 @@ pub use shared::KvElement;
 pub use tree_attention::tree_attention;
 
 // The loops `tree` and the tests share with the causal call.
-#[cfg(test)]
-use causal::softmax_weights;
-use causal::{accumulate_values, finish_values, scaled_dots, softmax_sum};
+use causal::{accumulate_values, finish_values, scaled_dots, softmax_sum, softmax_weights};
 #[cfg(test)]
 use causal::{accumulate_values_heads, scaled_dots_heads};
+use causal::{merge_segments, SegmentPart, SEGMENT};
 #[cfg(all(test, target_arch = "x86_64"))]
 use causal::{simd_available, wide_available};

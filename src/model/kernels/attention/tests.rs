@@ -549,3 +549,118 @@ fn heads_side_by_side_give_each_head_its_own_bits() {
         }
     }
 }
+
+/// A hash of `i` in `[-0.5, 0.5)`, with no period a cache could line up with (`val` repeats
+/// every 2000 elements, so a deep cache of it holds the same rows in every segment).
+fn noise(i: usize) -> f32 {
+    let x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+}
+
+/// Past one segment of keys, each query's output is its segments' softmaxes merged
+/// (`merge_segments`, checked here against the plain softmax in f64); a row's bits are the
+/// same computed alone, beside others, or as a tree's chain, with and without sinks; and a
+/// query within the first segment keeps the plain softmax's bits in a deep call.
+#[test]
+fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
+    use super::{causal_attention, tree_attention, AttnShape, SEGMENT};
+    let shape = AttnShape {
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+    };
+    let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+    let total = 2 * SEGMENT + 300;
+    let keys: Vec<half::f16> = (0..total * kv_dim)
+        .map(|i| half::f16::from_f32(noise(2 * i)))
+        .collect();
+    let values: Vec<half::f16> = (0..total * kv_dim)
+        .map(|i| half::f16::from_f32(noise(2 * i + 1)))
+        .collect();
+    let q_at = |pos: usize| -> Vec<f32> {
+        (0..q_dim)
+            .map(|i| 6.0 * noise(1 << 40 | (pos * q_dim + i)))
+            .collect()
+    };
+    let sinks = [0.5f32, -2.0, 3.0, 1.0, 0.0, -1.0, 2.0, 0.25, -0.5];
+    // Queries at `start..start + n`, one call.
+    let call = |start: usize, n: usize, sinks: Option<&[f32]>| {
+        let q: Vec<f32> = (start..start + n).flat_map(q_at).collect();
+        let mut out = vec![0f32; n * q_dim];
+        let kv = (start + n) * kv_dim;
+        causal_attention(
+            shape,
+            &q,
+            &keys[..kv],
+            &values[..kv],
+            (start, sinks),
+            &mut out,
+        );
+        out
+    };
+    for sinks in [None, Some(&sinks[..])] {
+        // 8 queries across the first segment's end, then the second's, then deep in the third.
+        for start in [SEGMENT - 4, 2 * SEGMENT - 3, total - 8] {
+            let together = call(start, 8, sinks);
+            for i in 0..8 {
+                let alone = call(start + i, 1, sinks);
+                assert_eq!(
+                    bits(&together[i * q_dim..][..q_dim]),
+                    bits(&alone),
+                    "query {} alone and beside 7 others",
+                    start + i
+                );
+            }
+            let q: Vec<f32> = (start..start + 8).flat_map(q_at).collect();
+            let paths: Vec<Vec<usize>> = (0..8).map(|i| (0..=i).collect()).collect();
+            let mut tree = vec![0f32; 8 * q_dim];
+            let kv = (start + 8) * kv_dim;
+            tree_attention(
+                shape,
+                &q,
+                &keys[..kv],
+                &values[..kv],
+                (start, sinks),
+                &paths,
+                &mut tree,
+            );
+            assert_eq!(bits(&tree), bits(&together), "a tree's chain at {start}");
+        }
+        // A 700-token prefill from nothing: its first queries (one segment) keep the plain
+        // softmax's bits, as a shallow call computes them.
+        let prefill = call(0, SEGMENT + 188, sinks);
+        let shallow = call(0, 40, sinks);
+        assert_eq!(bits(&prefill[..40 * q_dim]), bits(&shallow));
+    }
+    // Against the softmax over all keys in f64.
+    let pos = total - 1;
+    let out = call(pos, 1, Some(&sinks));
+    let q = q_at(pos);
+    for (h, &sink) in sinks.iter().enumerate() {
+        let kv = h / 3 * 64;
+        let scores: Vec<f64> = (0..=pos)
+            .map(|j| {
+                (0..64)
+                    .map(|d| q[h * 64 + d] as f64 * keys[j * kv_dim + kv + d].to_f64())
+                    .sum::<f64>()
+                    / 8.0
+            })
+            .collect();
+        let max = scores.iter().copied().fold(sink as f64, f64::max);
+        let total_weight: f64 =
+            scores.iter().map(|s| (s - max).exp()).sum::<f64>() + (sink as f64 - max).exp();
+        for d in 0..64 {
+            let want: f64 = scores
+                .iter()
+                .enumerate()
+                .map(|(j, s)| (s - max).exp() / total_weight * values[j * kv_dim + kv + d].to_f64())
+                .sum();
+            let got = out[h * 64 + d] as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "head {h}, value {d}: {got} against {want}"
+            );
+        }
+    }
+}

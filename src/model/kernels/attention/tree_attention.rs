@@ -5,11 +5,15 @@
 //! order the path's own forward would hold them (cache rows, then the path from the root down),
 //! each score is the same `dot`, the softmax runs over the same score array, and each value
 //! goes into the even or odd running sum by its index in that order, with the same fused
-//! multiply-add the chunked kernels use. So greedy verification of a tree emits exactly what
-//! verifying the accepted path as a chain would.
+//! multiply-add the chunked kernels use; past one segment of keys, each segment's softmax is
+//! kept apart and merged as the causal kernel merges them. So greedy verification of a tree
+//! emits exactly what verifying the accepted path as a chain would.
 
 use super::KvElement;
-use super::{accumulate_values, finish_values, scaled_dots, softmax_sum, AttnShape};
+use super::{
+    accumulate_values, finish_values, merge_segments, scaled_dots, softmax_sum, softmax_weights,
+    AttnShape, SegmentPart, SEGMENT,
+};
 
 /// Attention for the tree nodes whose queries are `q` (`n * q_dim`, rotated at their depths),
 /// their keys and values appended after the first `start_pos` rows of `keys`/`values` in input
@@ -63,24 +67,6 @@ pub fn tree_attention<T: KvElement>(
                 &mut scores[start_pos + d..][..1],
             );
         }
-        let inv = 1f32 / softmax_sum(scores, sinks.map(|s| s[h]));
-        acc.clear();
-        acc.resize(2 * head_dim, 0.0);
-        accumulate_values(&scores[..start_pos], values, kv_dim, kv_off, acc);
-        let (even, odd) = acc.split_at_mut(head_dim);
-        for (d, &r) in path.iter().enumerate() {
-            let j = start_pos + d;
-            let w = scores[j];
-            let v = &values[(start_pos + r) * kv_dim + kv_off..][..head_dim];
-            let sums = if j.is_multiple_of(2) {
-                &mut *even
-            } else {
-                &mut *odd
-            };
-            for (o, x) in sums.iter_mut().zip(v) {
-                *o = w.mul_add(x.widen(), *o);
-            }
-        }
         // SAFETY: each (node, head) unit writes only its own head_dim-long span of `out`, and
         // every unit runs exactly once.
         let o = unsafe {
@@ -89,7 +75,62 @@ pub fn tree_attention<T: KvElement>(
                 head_dim,
             )
         };
-        finish_values(acc, inv, o);
+        let sink = sinks.map(|s| s[h]);
+        // Keys `range`'s weighted values into `acc` (even and odd sums), as the chunked
+        // kernels add them: the cache's rows by `accumulate_values`, the path's one by one.
+        let add_values = |range: std::ops::Range<usize>, weights: &[f32], acc: &mut [f32]| {
+            let cached = range.start..range.end.min(start_pos);
+            if !cached.is_empty() {
+                let base = &values[cached.start * kv_dim..];
+                accumulate_values(&weights[..cached.len()], base, kv_dim, kv_off, acc);
+            }
+            let (even, odd) = acc.split_at_mut(head_dim);
+            for j in range.start.max(start_pos)..range.end {
+                let w = weights[j - range.start];
+                let sums = if j.is_multiple_of(2) {
+                    &mut *even
+                } else {
+                    &mut *odd
+                };
+                let row = &values[(start_pos + path[j - start_pos]) * kv_dim + kv_off..];
+                for (o, x) in sums.iter_mut().zip(&row[..head_dim]) {
+                    *o = w.mul_add(x.widen(), *o);
+                }
+            }
+        };
+        if seen <= SEGMENT {
+            let inv = 1f32 / softmax_sum(scores, sink);
+            acc.clear();
+            acc.resize(2 * head_dim, 0.0);
+            add_values(0..seen, scores, acc);
+            finish_values(acc, inv, o);
+            return;
+        }
+        // Segments as the causal kernel takes them: each its own softmax and value sums
+        // (`acc` holds them one after another), merged in order.
+        let segments = seen.div_ceil(SEGMENT);
+        let part_len = head_dim + 2;
+        acc.clear();
+        acc.resize(segments * part_len + 2 * head_dim, 0.0);
+        let (parts, sums) = acc.split_at_mut(segments * part_len);
+        for (g, part) in parts.chunks_exact_mut(part_len).enumerate() {
+            let range = g * SEGMENT..seen.min((g + 1) * SEGMENT);
+            let weights = &mut scores[range.clone()];
+            part[0] = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            part[1] = softmax_weights(weights);
+            sums.fill(0.0);
+            add_values(range.clone(), &scores[range], sums);
+            let (even, odd) = sums.split_at(head_dim);
+            for ((p, e), d) in part[2..].iter_mut().zip(even).zip(odd) {
+                *p = e + d;
+            }
+        }
+        let each = parts.chunks_exact(part_len).map(|p| SegmentPart {
+            max: p[0],
+            sum: p[1],
+            values: &p[2..],
+        });
+        merge_segments(each, sink, o);
     };
     let run = |range: std::ops::Range<usize>| {
         BUFFERS.with_borrow_mut(|(scores, acc)| range.for_each(|u| attend(u, scores, acc)))
