@@ -26,8 +26,8 @@ const CATCH_UP_CONTEXTS: [usize; 2] = [32, 256];
 const SHALLOW_DEPTH: usize = 32;
 /// The depth lone verifications are timed at again, for how their prices grow with depth: deep
 /// enough that attention's share stands out of the timing noise (at depth 512 a SmolLM2 step
-/// costs about 1.3x one at 32, an 8-token verification 2x), shallow enough that start-up's
-/// prefill of it takes a fraction of a second.
+/// costs about 1.3x one at 32, an 8-token verification 2x). The context is copies of a short
+/// one's keys and values (`Verifier::calibrate`), so its depth costs start-up no prefill.
 const DEEP_DEPTH: usize = 512;
 /// Each width is timed this many times, the best kept.
 const REPEATS: usize = 2;

@@ -82,6 +82,9 @@ pub struct TimedForward {
     pub reads: Vec<u16>,
 }
 
+/// The most context tokens a calibration runs through the model (see `calibrate`).
+const PREFILLED: usize = 32;
+
 fn calibrate(
     s: &mut TargetState,
     slot: usize,
@@ -109,16 +112,25 @@ fn calibrate(
         })
         .collect();
     let run = |s: &mut TargetState| -> Result<Vec<TimedForward>, EngineError> {
+        // The first tokens run through the model; a deeper context is filled with copies of
+        // their keys and values: attention costs the same whatever the keys hold, and a
+        // 512-token prefill would add most of a second to start-up.
+        let computed = depth.clamp(1, PREFILLED);
         s.model.forward(
             &mut s.cache,
             &[SeqInput {
                 slot,
                 start_pos: 0,
-                tokens: &ids[..depth.max(1)],
+                tokens: &ids[..computed],
                 logits: LogitsRows::None,
                 parents: &[],
             }],
         )?;
+        let copies = s.cache.read_run(slot, 0, computed)?;
+        while s.cache.len(slot)? < depth {
+            let more = (depth - s.cache.len(slot)?).min(computed);
+            s.cache.append_run(slot, &copies, more)?;
+        }
         let base = s.cache.len(slot)?;
         let mut best: Vec<TimedForward> = widths
             .iter()

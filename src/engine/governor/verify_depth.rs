@@ -11,20 +11,25 @@
 //! sequence sits from that depth. The slopes come from start-up forwards timed at a shallow
 //! and a deep context.
 
-/// Seconds per context token that each sequence's forward of a given width adds, from the
-/// start-up forwards timed at two depths: `slopes` by width, ascending.
+/// Seconds per context token that each sequence's forward of `width` tokens adds, from the
+/// start-up forwards timed at two depths: a straight line over the width, `base + per_width ·
+/// width`, fitted to every width timed at both depths.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct VerifyDepth {
     /// The depth the width prices are kept at (where start-up timed them).
     depth: f64,
-    slopes: Vec<(usize, f64)>,
+    base: f64,
+    per_width: f64,
 }
 
 impl VerifyDepth {
     /// From widths timed at depth `shallow.0` and again at `deep.0`: `(width, seconds)` each.
-    /// A width timed at one depth only is left out; a slope never falls below nothing (noise),
-    /// nor below a narrower width's (a wider forward reads at least what a narrower one does).
-    /// `None` without a width timed at both depths, or with the depths out of order.
+    /// Each width's growth per context token is a difference of two timings, and one noisy
+    /// timing (a step that ran cold, another process's burst) would move its width a lot: a
+    /// line through all of them that one width cannot pull is what is kept, never falling
+    /// with the width (a wider forward reads at least what a narrower one does). A width timed at one depth
+    /// only is left out. `None` without a width timed at both depths, or with the depths out
+    /// of order.
     pub fn from_timings(
         shallow: (usize, &[(usize, f64)]),
         deep: (usize, &[(usize, f64)]),
@@ -33,46 +38,44 @@ impl VerifyDepth {
             return None;
         }
         let span = (deep.0 - shallow.0) as f64;
-        let mut slopes: Vec<(usize, f64)> = shallow
+        let points: Vec<(f64, f64)> = shallow
             .1
             .iter()
             .filter_map(|&(w, s0)| {
                 let &(_, s1) = deep.1.iter().find(|&&(dw, _)| dw == w)?;
-                (w > 0 && s0.is_finite() && s1.is_finite()).then_some((w, (s1 - s0) / span))
+                (w > 0 && s0.is_finite() && s1.is_finite()).then_some((w as f64, (s1 - s0) / span))
             })
             .collect();
-        slopes.sort_by_key(|&(w, _)| w);
-        slopes.dedup_by_key(|&mut (w, _)| w);
-        let mut floor = 0.0_f64;
-        for (_, s) in slopes.iter_mut() {
-            floor = floor.max(*s);
-            *s = floor;
+        if points.is_empty() {
+            return None;
         }
-        (!slopes.is_empty()).then_some(Self {
+        // Theil-Sen: the median of the slopes between every two widths, then the median
+        // intercept under it. Half the widths would have to be off to move it far, where a
+        // least-squares line follows one cold timing (a step 5 ms slow made every width's
+        // growth 2-3x its own).
+        let mut pair_slopes: Vec<f64> = points
+            .iter()
+            .enumerate()
+            .flat_map(|(i, a)| {
+                points[i + 1..]
+                    .iter()
+                    .map(move |b| (b.1 - a.1) / (b.0 - a.0))
+            })
+            .collect();
+        let per_width = median(&mut pair_slopes).unwrap_or(0.0).max(0.0);
+        let mut intercepts: Vec<f64> = points.iter().map(|p| p.1 - per_width * p.0).collect();
+        let base = median(&mut intercepts).unwrap_or(0.0);
+        Some(Self {
             depth: shallow.0 as f64,
-            slopes,
+            base,
+            per_width,
         })
     }
 
-    /// Seconds per context token of one sequence's forward of `width` tokens: measured,
-    /// interpolated between the nearest timed widths, as the narrowest one's below it, and in
-    /// proportion to the widest one's past it.
+    /// Seconds per context token of one sequence's forward of `width` tokens (never below
+    /// nothing).
     pub fn slope(&self, width: usize) -> f64 {
-        let Some(&(last_w, last)) = self.slopes.last() else {
-            return 0.0;
-        };
-        if width >= last_w {
-            return last * width as f64 / last_w as f64;
-        }
-        let above = self.slopes.iter().position(|&(w, _)| w >= width);
-        match above {
-            Some(0) | None => self.slopes[0].1,
-            Some(i) => {
-                let (w0, s0) = self.slopes[i - 1];
-                let (w1, s1) = self.slopes[i];
-                s0 + (s1 - s0) * (width - w0) as f64 / (w1 - w0) as f64
-            }
-        }
+        (self.base + self.per_width * width as f64).max(0.0)
     }
 
     /// What a forward's `rows` (each sequence's `(new tokens, context tokens before them)`)
@@ -83,6 +86,20 @@ impl VerifyDepth {
             .map(|(w, d)| self.slope(w) * (d as f64 - self.depth))
             .sum()
     }
+}
+
+/// The middle of `v` (the mean of the middle two for an even count); `None` when empty.
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
 }
 
 #[cfg(test)]
@@ -98,13 +115,12 @@ mod tests {
     }
 
     #[test]
-    fn slopes_are_read_off_two_depths_and_interpolated_between_widths() {
+    fn slopes_are_read_off_two_depths_along_a_line_over_the_width() {
         let l = line();
         assert!((l.slope(1) - 0.001).abs() < 1e-12);
         assert!((l.slope(5) - 0.004).abs() < 1e-12);
         assert!((l.slope(3) - 0.0025).abs() < 1e-12);
-        // Past the widest timed width, in proportion to it.
-        assert!((l.slope(10) - 0.008).abs() < 1e-12);
+        assert!((l.slope(9) - 0.007).abs() < 1e-12);
     }
 
     #[test]
@@ -117,15 +133,29 @@ mod tests {
     }
 
     #[test]
-    fn noise_never_makes_depth_cheaper_or_a_wider_row_cheaper_than_a_narrower() {
-        let l = VerifyDepth::from_timings(
-            (32, &[(1, 1.0), (2, 1.2), (4, 1.3)]),
-            (544, &[(1, 0.9), (2, 1.712), (4, 1.5)]),
-        )
-        .unwrap();
-        assert_eq!(l.slope(1), 0.0);
-        assert!((l.slope(2) - 0.001).abs() < 1e-12);
-        assert!((l.slope(4) - 0.001).abs() < 1e-12);
+    fn one_noisy_timing_moves_the_line_little_and_never_makes_width_cheaper() {
+        // Nine widths growing 1 µs + 0.5 µs a width per context token; the step's deep
+        // timing ran 5 ms slow (a cold cache), as a real start-up's did.
+        let truth = |w: usize| 1e-6 + 0.5e-6 * w as f64;
+        let shallow: Vec<(usize, f64)> = (1..=9).map(|w| (w, 0.008 + 0.0003 * w as f64)).collect();
+        let deep: Vec<(usize, f64)> = shallow
+            .iter()
+            .map(|&(w, s)| (w, s + truth(w) * 480.0 + if w == 1 { 0.005 } else { 0.0 }))
+            .collect();
+        let l = VerifyDepth::from_timings((32, &shallow), (512, &deep)).unwrap();
+        for w in 1..=9 {
+            let off = (l.slope(w) - truth(w)).abs() / truth(w);
+            assert!(off < 0.01, "width {w}: {} against {}", l.slope(w), truth(w));
+        }
+        // Deep forwards that ran faster than shallow ones are noise: no width gets cheaper
+        // with depth, and wider ones not cheaper than narrower ones.
+        let faster: Vec<(usize, f64)> = shallow
+            .iter()
+            .map(|&(w, s)| (w, s - 0.001 * w as f64))
+            .collect();
+        let l = VerifyDepth::from_timings((32, &shallow), (512, &faster)).unwrap();
+        assert!((1..=9).all(|w| l.slope(w) == 0.0 || l.slope(w + 1) >= l.slope(w)));
+        assert!((1..=9).all(|w| l.slope(w) >= 0.0));
     }
 
     #[test]
@@ -133,5 +163,8 @@ mod tests {
         assert!(VerifyDepth::from_timings((32, &[(1, 1.0)]), (544, &[(2, 2.0)])).is_none());
         assert!(VerifyDepth::from_timings((544, &[(1, 1.0)]), (32, &[(1, 2.0)])).is_none());
         assert!(VerifyDepth::from_timings((32, &[(1, 1.0)]), (32, &[(1, 2.0)])).is_none());
+        // One width alone: its own growth for every width.
+        let one = VerifyDepth::from_timings((32, &[(1, 1.0)]), (544, &[(1, 1.512)])).unwrap();
+        assert!((one.slope(4) - 0.001).abs() < 1e-12);
     }
 }

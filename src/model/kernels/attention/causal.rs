@@ -293,9 +293,9 @@ pub(super) struct SegmentPart<'a> {
 
 /// Merges a query's segments, in order, into its attention output: each segment's sums are
 /// scaled to the greatest maximum, `softmax_exp(max − greatest)` (exactly 1 for the segment
-/// holding it), and added by one fused multiply-add each, in segment order; a sink joins the
-/// denominator as in [`softmax_sum`]. One segment gives `values / sum`, the plain softmax's
-/// bits.
+/// holding it), and added in segment order; a sink joins the denominator as in
+/// [`softmax_sum`]. (A query of one segment never comes here: its output is the plain
+/// softmax's, computed in one pass.)
 pub(super) fn merge_segments<'a>(
     parts: impl Iterator<Item = SegmentPart<'a>> + Clone,
     sink: Option<f32>,
@@ -310,9 +310,11 @@ pub(super) fn merge_segments<'a>(
         } else {
             crate::model::kernels::fast_exp::softmax_exp(p.max - greatest)
         };
-        sum = p.sum.mul_add(scale, sum);
+        // A product and a sum, not a fused multiply-add: the build's baseline has no FMA
+        // instruction, and `mul_add` there is a library call per element.
+        sum += p.sum * scale;
         for (o, v) in out.iter_mut().zip(p.values) {
-            *o = v.mul_add(scale, *o);
+            *o += v * scale;
         }
     }
     if let Some(sink) = sink {
