@@ -14,7 +14,7 @@ use super::error::EngineError;
 use super::event_stream::EventStream;
 use super::gamma::{Gamma, GammaPolicy};
 use super::governor::{CostModel, ExpertPrices, GovernorConfig, Remembered};
-use super::kv_room::{plan_kv_room, KvNeeds, KvRoom};
+use super::kv_room;
 use super::liveness::{EngineHealth, Liveness};
 use super::messages::*;
 use super::prefix_budget::{prefix_budget_bytes, split_budget};
@@ -146,7 +146,11 @@ impl Engine {
         let settings = live_settings(&cfg)?;
         let slots = cfg.max_seqs;
         let (target_budget, draft_budget) = prefix_budgets(&cfg, &target, draft.as_ref());
-        let room = kv_room(&cfg, &target, draft.as_ref(), target_budget + draft_budget)?;
+        let room = kv_room::room_for(
+            (&target, draft.as_ref()),
+            (cfg.max_seqs, cfg.context_from_model),
+            target_budget + draft_budget,
+        )?;
         let context_len = room.context_len;
         // A head drafts from the target's features of each round: it drafts after the
         // verification, never beside it.
@@ -497,49 +501,6 @@ fn prefix_budgets(
         _ => None,
     };
     split_budget(budget, cache.bytes_per_token(), draft_bpt)
-}
-
-/// How long a sequence may grow and how many tokens the caches may hold together (see
-/// `kv_room`), logged: the memory a token takes and what the caches may reach.
-fn kv_room(
-    cfg: &EngineConfig,
-    target: &Decoder,
-    draft: Option<&LoadedDrafter>,
-    prefix_bytes: usize,
-) -> Result<KvRoom, EngineError> {
-    let cache = target.new_cache(0);
-    let target_bpt = cache.bytes_per_token();
-    let draft_bpt = match draft {
-        Some(LoadedDrafter::Model { model, .. }) => model.new_cache(0).bytes_per_token(),
-        _ => 0,
-    };
-    let available = (!cache.is_on_device())
-        .then(crate::model::load::host_memory::available)
-        .flatten()
-        .map(|a| a.saturating_sub(prefix_bytes));
-    let room = plan_kv_room(KvNeeds {
-        bytes_per_token: target_bpt + draft_bpt,
-        context_len: target.context_len(),
-        from_model: cfg.context_from_model,
-        max_seqs: cfg.max_seqs,
-        available,
-    })?;
-    if room.context_len < target.context_len() {
-        tracing::warn!(
-            model_max = target.context_len(),
-            context = room.context_len,
-            "the model's own context does not fit one sequence's KV cache in memory: lowered"
-        );
-    }
-    tracing::info!(
-        context = room.context_len,
-        target_kv_bytes_per_token = target_bpt,
-        draft_kv_bytes_per_token = draft_bpt,
-        capacity_tokens = room.capacity_tokens,
-        capacity_gb = (room.capacity_tokens * (target_bpt + draft_bpt)) as f64 / 1e9,
-        "KV caches"
-    );
-    Ok(room)
 }
 
 fn register_prefix_caches(on: bool, draft_cache: bool, (target, draft): (usize, usize)) {

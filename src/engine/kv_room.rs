@@ -10,6 +10,8 @@
 //! is lowered (the model's own, by default) or refused (one the configuration asked for).
 
 use super::error::EngineError;
+use crate::draft::LoadedDrafter;
+use crate::model::Decoder;
 
 /// The share of the memory available after loading that the KV caches may take: the rest is
 /// for activations, the prefix cache's copies in flight, the server and the machine.
@@ -70,6 +72,49 @@ pub fn plan_kv_room(n: KvNeeds) -> Result<KvRoom, EngineError> {
         context_len: lowered,
         capacity_tokens: fits,
     })
+}
+
+/// How long a sequence may grow and how many tokens the caches may hold together for these
+/// models (`max_seqs` sequences, the context the model's own when `from_model`), logged: the
+/// memory a token takes and what the caches may reach.
+pub(super) fn room_for(
+    (target, draft): (&Decoder, Option<&LoadedDrafter>),
+    (max_seqs, from_model): (usize, bool),
+    prefix_bytes: usize,
+) -> Result<KvRoom, EngineError> {
+    let cache = target.new_cache(0);
+    let target_bpt = cache.bytes_per_token();
+    let draft_bpt = match draft {
+        Some(LoadedDrafter::Model { model, .. }) => model.new_cache(0).bytes_per_token(),
+        _ => 0,
+    };
+    let available = (!cache.is_on_device())
+        .then(crate::model::load::host_memory::available)
+        .flatten()
+        .map(|a| a.saturating_sub(prefix_bytes));
+    let room = plan_kv_room(KvNeeds {
+        bytes_per_token: target_bpt + draft_bpt,
+        context_len: target.context_len(),
+        from_model,
+        max_seqs,
+        available,
+    })?;
+    if room.context_len < target.context_len() {
+        tracing::warn!(
+            model_max = target.context_len(),
+            context = room.context_len,
+            "the model's own context does not fit one sequence's KV cache in memory: lowered"
+        );
+    }
+    tracing::info!(
+        context = room.context_len,
+        target_kv_bytes_per_token = target_bpt,
+        draft_kv_bytes_per_token = draft_bpt,
+        capacity_tokens = room.capacity_tokens,
+        capacity_gb = (room.capacity_tokens * (target_bpt + draft_bpt)) as f64 / 1e9,
+        "KV caches"
+    );
+    Ok(room)
 }
 
 #[cfg(test)]

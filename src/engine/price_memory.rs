@@ -235,7 +235,12 @@ mod tests {
         assert!(file.load().is_none(), "half a file");
         std::fs::write(file.path(), text.replace("model a", "model b")).unwrap();
         assert!(file.load().is_none(), "another identity under this name");
-        std::fs::write(file.path(), text.replace("\"version\":2", "\"version\":1")).unwrap();
+        let (now, before) = (
+            format!("\"version\":{VERSION}"),
+            format!("\"version\":{}", VERSION - 1),
+        );
+        assert!(text.contains(&now), "{text}");
+        std::fs::write(file.path(), text.replace(&now, &before)).unwrap();
         assert!(file.load().is_none(), "another version");
         std::fs::write(file.path(), &text).unwrap();
         assert!(file.load().is_some());

@@ -4,6 +4,7 @@
 //! dispatching to the scalar, AVX2 or AVX-512 form.
 
 use super::scalar;
+use super::segments::{merge_segments, SegmentPart, SEGMENT};
 use super::shared::KvElement;
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
@@ -271,60 +272,6 @@ pub(super) fn simd_available() -> bool {
 /// are 16 KiB, read from memory once and from L1 by the group's other heads. Even, so each
 /// chunk starts at an even key (see [`accumulate_values`]).
 const KEY_CHUNK: usize = 64;
-
-/// Keys of one segment: a query's keys are taken in segments of this many, at fixed absolute
-/// positions (`0..SEGMENT`, `SEGMENT..2 SEGMENT`, ...), each with its own softmax (its own
-/// maximum, sum and value sums), merged by [`merge_segments`] in segment order. The
-/// segments of a deep context are the unit of work the threads share (flash-decoding): a
-/// step's few heads alone would leave a thread idle (SmolLM2's three key-value heads on two
-/// threads) or read a key-value head's cache on both (Gemma 3's one). Where the segments fall
-/// depends only on the query's position, never on the threads or on the tokens beside it, so
-/// a row's bits stay what they are alone. A context of at most this many keys is one segment,
-/// whose softmax is the plain one. A multiple of [`KEY_CHUNK`].
-pub(super) const SEGMENT: usize = 512;
-
-/// One segment's softmax, for [`merge_segments`]: the segment's greatest score, the sum of its
-/// weights (each `softmax_exp(score − max)`), and the weighted sums of its values.
-pub(super) struct SegmentPart<'a> {
-    pub max: f32,
-    pub sum: f32,
-    pub values: &'a [f32],
-}
-
-/// Merges a query's segments, in order, into its attention output: each segment's sums are
-/// scaled to the greatest maximum, `softmax_exp(max − greatest)` (exactly 1 for the segment
-/// holding it), and added in segment order; a sink joins the denominator as in
-/// [`softmax_sum`]. (A query of one segment never comes here: its output is the plain
-/// softmax's, computed in one pass.)
-pub(super) fn merge_segments<'a>(
-    parts: impl Iterator<Item = SegmentPart<'a>> + Clone,
-    sink: Option<f32>,
-    out: &mut [f32],
-) {
-    let greatest = parts.clone().fold(f32::NEG_INFINITY, |m, p| m.max(p.max));
-    let mut sum = 0f32;
-    out.fill(0.0);
-    for p in parts {
-        let scale = if p.max == greatest {
-            1.0
-        } else {
-            crate::model::kernels::fast_exp::softmax_exp(p.max - greatest)
-        };
-        // A product and a sum, not a fused multiply-add: the build's baseline has no FMA
-        // instruction, and `mul_add` there is a library call per element.
-        sum += p.sum * scale;
-        for (o, v) in out.iter_mut().zip(p.values) {
-            *o += v * scale;
-        }
-    }
-    if let Some(sink) = sink {
-        sum += (sink - greatest).exp();
-    }
-    let inv = 1f32 / sum;
-    for o in out.iter_mut() {
-        *o *= inv;
-    }
-}
 
 /// Attention for queries at absolute positions `start_pos..start_pos + n_new`.
 ///

@@ -21,7 +21,8 @@
 //! The scalar definitions are in `scalar`, the vector kernels in `avx2` and `avx512` (one file
 //! per instruction set), and what they all share (the element type, the fixed lane reductions,
 //! the softmax exponential) in `shared`, which imports none of them; `causal` holds the public
-//! call and chooses a kernel, `tree` a token tree's attention over its paths.
+//! call and chooses a kernel, `tree` a token tree's attention over its paths, and `segments`
+//! how both take a deep context's keys in fixed segments and merge them.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -29,6 +30,7 @@ mod avx2;
 mod avx512;
 mod causal;
 mod scalar;
+mod segments;
 mod shared;
 #[cfg(test)]
 mod tests;
@@ -42,6 +44,6 @@ pub use tree_attention::tree_attention;
 use causal::{accumulate_values, finish_values, scaled_dots, softmax_sum, softmax_weights};
 #[cfg(test)]
 use causal::{accumulate_values_heads, scaled_dots_heads};
-use causal::{merge_segments, SegmentPart, SEGMENT};
 #[cfg(all(test, target_arch = "x86_64"))]
 use causal::{simd_available, wide_available};
+use segments::{merge_segments, SegmentPart, SEGMENT};
