@@ -172,16 +172,7 @@ impl Engine {
         let draft_name = draft.as_ref().map(LoadedDrafter::name);
         let draft_cache = draft.as_ref().is_some_and(LoadedDrafter::keeps_a_cache);
         register_prefix_caches(cfg.prefix_cache, draft_cache, (target_budget, draft_budget));
-        let drafter = match draft {
-            Some(source) => Some(Drafter::spawn(Drafter::new(
-                source,
-                Arc::clone(&target),
-                cfg.draft_threads,
-                slots,
-                cfg.prefix_cache.then_some(draft_budget),
-            )?)),
-            None => None,
-        };
+        let drafter = spawn_drafter(draft, &target, &cfg, draft_budget)?;
         let timing = Timing {
             verifier: &verifier,
             drafter: drafter.as_ref(),
@@ -501,6 +492,25 @@ fn prefix_budgets(
         _ => None,
     };
     split_budget(budget, cache.bytes_per_token(), draft_bpt)
+}
+
+/// The Drafter actor for `draft` (none without a drafter), with its share of the prefix cache.
+fn spawn_drafter(
+    draft: Option<LoadedDrafter>,
+    target: &Arc<Decoder>,
+    cfg: &EngineConfig,
+    draft_budget: usize,
+) -> Result<Option<ActorRef<Drafter>>, EngineError> {
+    let Some(source) = draft else {
+        return Ok(None);
+    };
+    Ok(Some(Drafter::spawn(Drafter::new(
+        source,
+        Arc::clone(target),
+        cfg.draft_threads,
+        cfg.max_seqs,
+        cfg.prefix_cache.then_some(draft_budget),
+    )?)))
 }
 
 fn register_prefix_caches(on: bool, draft_cache: bool, (target, draft): (usize, usize)) {

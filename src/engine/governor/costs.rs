@@ -329,22 +329,16 @@ impl CostModel {
     /// What `rows` (each sequence's `(new tokens, context tokens before them)`) add to a
     /// forward's price over the same widths at the depth width prices are kept at (0 when not
     /// measured; negative for shallower rows).
-    pub fn depth_seconds(&self, rows: impl IntoIterator<Item = (usize, usize)>) -> f64 {
+    fn depth_seconds(&self, rows: impl IntoIterator<Item = (usize, usize)>) -> f64 {
         self.verify_depth
             .as_ref()
             .map_or(0.0, |d| d.extra_seconds(rows))
     }
 
-    /// Seconds of a target forward of `rows` (each sequence's `(new tokens, context tokens
-    /// before them)`): its width's price with what its rows' depths add, never less than half
-    /// the width's price (a forward cannot get much cheaper than its weights).
-    pub fn forward_seconds(&self, rows: &[(usize, usize)]) -> Option<f64> {
-        let width = rows.iter().map(|&(w, _)| w).sum();
-        self.verify_seconds_with(width, rows.iter().copied())
-    }
-
     /// Seconds of a target forward of `width` new tokens in all, of which `rows` (each
-    /// sequence's `(new tokens, context tokens before them)`) attend over known depths.
+    /// sequence's `(new tokens, context tokens before them)`) attend over known depths: the
+    /// width's price with what the rows' depths add, never less than half the width's price
+    /// (a forward cannot get much cheaper than its weights).
     pub fn verify_seconds_with(
         &self,
         width: usize,

@@ -322,6 +322,11 @@ fn a_remembered_table_keeps_the_widths_start_up_prices_not_a_deep_requests() {
     assert!(c.drafting_bias() > 1.0, "the live table keeps its own");
 }
 
+/// A forward of `rows` (each sequence's `(new tokens, depth)`) as `c` prices it.
+fn forward(c: &CostModel, rows: &[(usize, usize)]) -> Option<f64> {
+    c.verify_seconds_with(rows.iter().map(|r| r.0).sum(), rows.iter().copied())
+}
+
 /// A table whose lone widths were timed at depth 32 and again at 544: a step grows by 1 ms a
 /// 1000 tokens, a 5-token verification by 4 ms.
 fn priced_at_depth() -> CostModel {
@@ -342,18 +347,18 @@ fn priced_at_depth() -> CostModel {
 fn a_verifications_price_follows_its_rows_depth() {
     let c = priced_at_depth();
     // At the reference depth, the width's own price.
-    assert_eq!(c.forward_seconds(&[(5, 32)]), Some(0.014));
+    assert_eq!(forward(&c, &[(5, 32)]), Some(0.014));
     // 1000 tokens deeper: a step 1 ms dearer, a 5-token verification 4 ms.
-    let step = c.forward_seconds(&[(1, 1032)]).unwrap();
-    let five = c.forward_seconds(&[(5, 1032)]).unwrap();
+    let step = forward(&c, &[(1, 1032)]).unwrap();
+    let five = forward(&c, &[(5, 1032)]).unwrap();
     assert!((step - 0.011).abs() < 1e-9, "{step}");
     assert!((five - 0.018).abs() < 1e-9, "{five}");
     // Two sequences in one forward each pay their own depth.
-    let pair = c.forward_seconds(&[(1, 1032), (1, 32)]).unwrap();
+    let pair = forward(&c, &[(1, 1032), (1, 32)]).unwrap();
     assert!((pair - (c.verify_seconds(2).unwrap() + 0.001)).abs() < 1e-9);
     // So the same drafts are worth less deep in a context: relative to its own step, the
     // 5-token round costs 1.4x near the start and 1.64x at depth 1032.
-    let near = c.forward_seconds(&[(5, 32)]).unwrap() / c.forward_seconds(&[(1, 32)]).unwrap();
+    let near = forward(&c, &[(5, 32)]).unwrap() / forward(&c, &[(1, 32)]).unwrap();
     assert!(five / step > near + 0.2);
 }
 
@@ -368,7 +373,7 @@ fn a_deep_forward_is_recorded_at_the_reference_depth() {
     let kept = c.verify_seconds(5).unwrap();
     assert!((kept - (0.014 + 0.1 * deep_price)).abs() < 1e-9, "{kept}");
     // A short request priced afterwards is not charged the deep request's attention.
-    assert!(c.forward_seconds(&[(5, 64)]).unwrap() < 0.0175);
+    assert!(forward(&c, &[(5, 64)]).unwrap() < 0.0175);
 }
 
 #[test]
