@@ -138,31 +138,58 @@ fn real_model_q8_0_f16_and_its_own_q4_1() {
     }
 }
 
-/// An f16 cache rounds keys and values once, as they are stored, so the algebra above holds
-/// bit for bit with it too: on the tiny model (f32 and 4-bit weights) and the real one.
+/// f16 and q8_0 caches round keys and values once, as they are stored, so the algebra above
+/// holds bit for bit with them too: on the tiny model (f32 and 4-bit weights) and the real one.
 #[test]
-fn f16_kv_cache_keeps_the_algebra() {
+fn rounded_kv_caches_keep_the_algebra() {
     let dir = wide_tiny_model();
-    for dtype in [WeightsDtype::F32, WeightsDtype::Q4_0] {
-        let mut loaded = common::load_tiny(dir.path(), dtype);
-        loaded.model = loaded.model.with_kv_dtype(KvDtype::F16);
-        check_all(&loaded, 256);
+    for kv in [KvDtype::F16, KvDtype::Q8_0] {
+        for dtype in [WeightsDtype::F32, WeightsDtype::Q4_0] {
+            let mut loaded = common::load_tiny(dir.path(), dtype);
+            loaded.model = loaded.model.with_kv_dtype(kv);
+            check_all(&loaded, 256);
+        }
+        let mut loaded = common::load_default(WeightsDtype::F16);
+        loaded.model = loaded.model.with_kv_dtype(kv);
+        assert_eq!(loaded.model.new_cache(1).dtype(), kv);
+        check_all(&loaded, 49152);
     }
-    let mut loaded = common::load_default(WeightsDtype::F16);
-    loaded.model = loaded.model.with_kv_dtype(KvDtype::F16);
-    assert_eq!(loaded.model.new_cache(1).dtype(), KvDtype::F16);
-    check_all(&loaded, 49152);
 }
 
-/// The f16 cache stays close to the f32 one on the real model: over a 300-token context every
-/// position's logits are within a small distance of the f32 cache's, and the top token agrees
-/// nearly everywhere (random tokens make many near-ties, so not always).
+/// The f16 and q8_0 caches stay close to the f32 one on the real model: over a 300-token
+/// context every position's logits are within a small distance of the f32 cache's, and the top
+/// token agrees nearly everywhere (random tokens make many near-ties, so not always).
 #[test]
-fn f16_kv_cache_stays_close_to_f32_on_the_real_model() {
+fn rounded_kv_caches_stay_close_to_f32_on_the_real_model() {
     let f32_model = common::load_default(WeightsDtype::F16).model;
-    let f16_model = common::load_default(WeightsDtype::F16)
-        .model
-        .with_kv_dtype(KvDtype::F16);
+    for (kv, (tolerance, agree_pct)) in [(KvDtype::F16, F16_BOUNDS), (KvDtype::Q8_0, Q8_BOUNDS)] {
+        let rounded = common::load_default(WeightsDtype::F16)
+            .model
+            .with_kv_dtype(kv);
+        let drift = logit_drift(&f32_model, &rounded);
+        eprintln!("{kv}: {drift:?}");
+        assert!(
+            drift.worst < tolerance,
+            "{kv}: largest logit difference {drift:?}"
+        );
+        assert!(
+            drift.agree * 100 >= drift.positions * agree_pct,
+            "{kv}: top token agrees at {drift:?}"
+        );
+    }
+}
+
+#[derive(Debug)]
+struct Drift {
+    /// Largest logit difference at any position.
+    worst: f32,
+    /// Positions whose top token is the same.
+    agree: usize,
+    positions: usize,
+}
+
+/// How far `b`'s logits lie from `a`'s over a 300-token context of random tokens.
+fn logit_drift(a_model: &Decoder, b_model: &Decoder) -> Drift {
     let tokens = common::random_tokens(21, 300, 49152);
     let logits = |m: &Decoder| {
         let mut cache = m.new_cache(1);
@@ -179,7 +206,7 @@ fn f16_kv_cache_stays_close_to_f32_on_the_real_model() {
         }
         rows
     };
-    let (a, b) = (logits(&f32_model), logits(&f16_model));
+    let (a, b) = (logits(a_model), logits(b_model));
     let argmax = |r: &[f32]| {
         r.iter()
             .enumerate()
@@ -198,31 +225,46 @@ fn f16_kv_cache_stays_close_to_f32_on_the_real_model() {
         worst = worst.max(diff);
         agree += usize::from(argmax(x) == argmax(y));
     }
-    assert!(a != b, "the f16 cache must really round");
-    assert!(worst < TOLERANCE, "largest logit difference {worst}");
-    assert!(
-        agree * 100 >= a.len() * 97,
-        "top token agrees at {agree} of {}",
-        a.len()
-    );
+    assert!(a != b, "the cache must really round");
+    Drift {
+        worst,
+        agree,
+        positions: a.len(),
+    }
 }
 
-/// Largest logit difference allowed between the two caches over the test's 300 positions:
-/// measured 0.075 (logits span about ±20), with the top token agreeing at 299 of 300; this
-/// leaves room for other machines' kernels, while a cache that rounded to fewer bits, or
-/// mixed up positions, moves logits by whole units.
-const TOLERANCE: f32 = 0.25;
+/// Largest logit difference allowed between an f16 and the f32 cache over the test's 300
+/// positions, and the least share (percent) of positions whose top token agrees: measured 0.077
+/// (logits span about ±20) and 299 of 300; this leaves room for other machines' kernels, while
+/// a cache that rounded to fewer bits, or mixed up positions, moves logits by whole units.
+const F16_BOUNDS: (f32, usize) = (0.25, 97);
+
+/// The same for q8_0: measured 0.62 and 288 of 300 (random tokens make many near-ties).
+const Q8_BOUNDS: (f32, usize) = (1.5, 93);
 
 #[test]
-fn an_f16_cache_holds_half_the_bytes() {
-    let (_dir, loaded) = tiny_f32();
-    let f32_cache = loaded.model.new_cache(1);
-    let model = loaded.model.with_kv_dtype(KvDtype::F16);
+fn rounded_caches_hold_half_and_nine_thirty_seconds_of_the_bytes() {
+    let dir = wide_tiny_model();
+    let f32_bytes = common::load_tiny(dir.path(), WeightsDtype::F32)
+        .model
+        .new_cache(1)
+        .bytes_per_token();
+    for (kv, parts) in [(KvDtype::F16, (1, 2)), (KvDtype::Q8_0, (9, 32))] {
+        let model = common::load_tiny(dir.path(), WeightsDtype::F32)
+            .model
+            .with_kv_dtype(kv);
+        check_bytes(&model, f32_bytes, parts);
+    }
+}
+
+/// A cache holds `parts.0 / parts.1` of an f32 cache's bytes a token, keeps its memory when it
+/// is truncated, and grows by at least that per token.
+fn check_bytes(model: &Decoder, f32_bytes: usize, parts: (usize, usize)) {
     let mut cache = model.new_cache(1);
-    assert_eq!(2 * cache.bytes_per_token(), f32_cache.bytes_per_token());
+    assert_eq!(parts.1 * cache.bytes_per_token(), parts.0 * f32_bytes);
     let a = cache.allocate().unwrap();
     common::forward_rows(
-        &model,
+        model,
         &mut cache,
         a,
         &common::random_tokens(1, 10, 256),
@@ -342,4 +384,38 @@ fn bad_forward_inputs_are_rejected_and_leave_the_cache_alone() {
         3,
         "failed forwards must not change the cache"
     );
+}
+
+/// q8_0 runs on the own CPU kernels, in blocks of 32 that do not straddle heads: a model on
+/// candle's tensors, or with another head size, is refused at load with the setting named.
+#[test]
+fn a_q8_0_cache_is_refused_where_it_cannot_run() {
+    use tandem::model::{BackendChoice, LoadOptions, ModelSource};
+    let load = |dir: &std::path::Path, backend| {
+        LoadedModel::load(
+            &ModelSource::HfDir(dir.to_owned()),
+            &LoadOptions {
+                kv_dtype: KvDtype::Q8_0,
+                backend,
+                context_len: 256,
+                ..Default::default()
+            },
+        )
+        .err()
+        .map(|e| e.to_string())
+    };
+    let narrow = tempfile::tempdir().unwrap();
+    common::write_tiny_llama(narrow.path(), &common::TinySpec::default());
+    let e = load(narrow.path(), BackendChoice::Auto).expect("head size 16 is refused");
+    assert!(
+        e.contains("kv_cache_dtype q8_0") && e.contains("is 16"),
+        "{e}"
+    );
+    let wide = wide_tiny_model();
+    let e = load(wide.path(), BackendChoice::Candle).expect("candle's tensors are refused");
+    assert!(
+        e.contains("kv_cache_dtype q8_0") && e.contains("own CPU kernels"),
+        "{e}"
+    );
+    assert_eq!(load(wide.path(), BackendChoice::Own), None);
 }

@@ -194,6 +194,35 @@ fn real_model_greedy_parity_on_spec_bench() {
     );
 }
 
+/// A q8_0 cache keeps greedy speculation exact: both models' caches q8_0, on three dev prompts
+/// and one past two attention segments (the prompts joined), both drafters.
+#[test]
+fn real_model_greedy_parity_with_q8_0_caches() {
+    use tandem::model::{KvDtype, LoadOptions};
+    let load = |weights_dtype| {
+        common::load_default_with(&LoadOptions {
+            weights_dtype,
+            kv_dtype: KvDtype::Q8_0,
+            ..Default::default()
+        })
+    };
+    let (target, draft) = (load(WeightsDtype::AsIs), load(WeightsDtype::Q8_0));
+    let mut prompts = common::spec_bench_prompts(&target, 6);
+    let deep: Vec<u32> = prompts.concat().into_iter().take(1000).collect();
+    assert!(deep.len() > 512, "{} tokens", deep.len());
+    prompts.truncate(3);
+    prompts.push(deep);
+    for (i, prompt) in prompts.into_iter().enumerate() {
+        let req = greedy_request(prompt, 24, target.tokenizer.eos_ids());
+        let (want, _) = plain(&target.model, &req);
+        let mut model_drafter = ModelDrafter::new(&draft.model, "q8_0 self-draft");
+        let (got, _, _) = speculative(&target.model, &mut model_drafter, &req, 4);
+        assert_eq!(got, want, "draft model, prompt {i}");
+        let (got, _, _) = speculative(&target.model, &mut PromptLookup::default(), &req, 5);
+        assert_eq!(got, want, "prompt lookup, prompt {i}");
+    }
+}
+
 /// A stop string that completes inside a round ends the output exactly where plain decoding
 /// ends it: same tokens, same text (stop string excluded), nothing past it streamed.
 #[test]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 
 use crate::model::cache::kv_cache::KvDtype;
-use crate::model::decoder::device::{BackendChoice, DeviceSpec};
+use crate::model::decoder::device::{BackendChoice, DeviceSpec, ForwardKind};
 use crate::model::decoder::linear::WeightsDtype;
 use crate::model::decoder::model::Decoder;
 use crate::model::load::hparams::Hparams;
@@ -237,6 +237,7 @@ fn load_model(reader: &mut WeightReader, hp: Hparams, opts: &LoadOptions) -> Res
         .backend
         .resolve(opts.device)
         .map_err(ModelError::Device)?;
+    check_kv_dtype(opts.kv_dtype, kind, &hp)?;
     let device = opts.device.open()?;
     Ok(Decoder::load_on(
         reader,
@@ -247,6 +248,30 @@ fn load_model(reader: &mut WeightReader, hp: Hparams, opts: &LoadOptions) -> Res
         kind,
     )?
     .with_kv_dtype(opts.kv_dtype))
+}
+
+/// A q8_0 cache runs on the own CPU kernels only, in blocks of 32 that must not straddle
+/// heads.
+fn check_kv_dtype(kv_dtype: KvDtype, kind: ForwardKind, hp: &Hparams) -> Result<()> {
+    if kv_dtype != KvDtype::Q8_0 {
+        return Ok(());
+    }
+    if kind != ForwardKind::Own {
+        return Err(ModelError::BadConfig(
+            "kv_cache_dtype q8_0 runs on the own CPU kernels only (backend own, device cpu); \
+             this model runs on candle's tensors: use f16 or f32"
+                .into(),
+        ));
+    }
+    if !hp.head_dim.is_multiple_of(KvDtype::Q8_BLOCK) {
+        return Err(ModelError::BadConfig(format!(
+            "kv_cache_dtype q8_0 needs a head size that is a multiple of {}; this model's is {}: \
+             use f16 or f32",
+            KvDtype::Q8_BLOCK,
+            hp.head_dim
+        )));
+    }
+    Ok(())
 }
 
 fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<(Decoder, TextTokenizer)> {

@@ -12,7 +12,7 @@ use crate::model::decoder::batch::{logits_rows, BatchLogits, SeqInput, TreeLayou
 use crate::model::decoder::op_profile::{timed, Op};
 use crate::model::decoder::rope::{RopeTable, Ropes};
 use crate::model::decoder::weights::{DecoderWeights, Layer, MlpBuffers};
-use crate::model::kernels::attention::KvElement;
+use crate::model::kernels::attention::KvRows;
 use crate::model::kernels::attention::{
     causal_attention, prefetch_cache, tree_attention, AttnShape,
 };
@@ -113,6 +113,7 @@ pub(crate) fn run_layers(
             match cache.layer(s.slot, l)? {
                 LayerKv::F32 { keys, values } => prefetch_cache(keys, values),
                 LayerKv::F16 { keys, values } => prefetch_cache(keys, values),
+                LayerKv::Q8 { keys, values } => prefetch_cache(keys, values),
             }
         }
         timed(Op::Norm, || layer.attn_input_rows(&xs, eps, &mut h))?;
@@ -280,6 +281,7 @@ impl QkvRows<'_, '_> {
             match cache.layer(s.slot, l)? {
                 LayerKv::F32 { keys, values } => at.attend(q, keys, values, out),
                 LayerKv::F16 { keys, values } => at.attend(q, keys, values, out),
+                LayerKv::Q8 { keys, values } => at.attend(q, keys, values, out),
             }
             offset += n;
         }
@@ -298,7 +300,7 @@ struct Span<'a> {
 }
 
 impl Span<'_> {
-    fn attend<T: KvElement>(&self, q: &[f32], keys: &[T], values: &[T], out: &mut [f32]) {
+    fn attend<K: KvRows>(&self, q: &[f32], keys: K, values: K, out: &mut [f32]) {
         let (shape, start) = (self.shape, self.start);
         let deepest = match self.tree {
             Some((depths, _)) => depths.iter().copied().max().unwrap_or(0),
@@ -319,13 +321,13 @@ impl Span<'_> {
     /// from the window's first key, as a token decoded alone at `p` sees them (so the same
     /// bits however tokens are batched). A tree node sees the window's cache rows, then the
     /// part of its path inside the window.
-    fn attend_windowed<T: KvElement>(
+    fn attend_windowed<K: KvRows>(
         &self,
         w: usize,
         tree: Option<&TreeLayout>,
         q: &[f32],
-        keys: &[T],
-        values: &[T],
+        keys: K,
+        values: K,
         out: &mut [f32],
     ) {
         let (shape, start) = (self.shape, self.start);
@@ -341,8 +343,8 @@ impl Span<'_> {
                 None => causal_attention(
                     shape,
                     qi,
-                    &keys[lo * kv_dim..],
-                    &values[lo * kv_dim..],
+                    keys.skip(lo * kv_dim),
+                    values.skip(lo * kv_dim),
                     (start + i - lo, self.sinks),
                     oi,
                 ),
@@ -357,8 +359,8 @@ impl Span<'_> {
                     tree_attention(
                         shape,
                         qi,
-                        &keys[first * kv_dim..],
-                        &values[first * kv_dim..],
+                        keys.skip(first * kv_dim),
+                        values.skip(first * kv_dim),
                         (start - first, self.sinks),
                         &[path],
                         oi,

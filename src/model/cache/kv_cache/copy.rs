@@ -1,7 +1,6 @@
 //! A slot's first tokens copied into another slot: sequences sharing a prompt (a request's
 //! choices, or a running sequence's start) are prefilled once.
 
-use super::host::LayerBuf;
 use super::slots::{Slot, SlotStore};
 use super::KvCache;
 use crate::model::{ModelError, Result};
@@ -49,17 +48,8 @@ impl KvCache {
                     .zip(src_keys)
                     .chain(values.iter_mut().zip(src_values))
                 {
-                    match (d, s) {
-                        (LayerBuf::F32(d), LayerBuf::F32(s)) => {
-                            d.clear();
-                            d.extend_from_slice(&s[..n]);
-                        }
-                        (LayerBuf::F16(d), LayerBuf::F16(s)) => {
-                            d.clear();
-                            d.extend_from_slice(&s[..n]);
-                        }
-                        _ => unreachable!("a cache's slots all have its type"),
-                    }
+                    d.truncate(0);
+                    d.extend_same(s, n);
                 }
                 Ok(())
             }

@@ -1,4 +1,5 @@
-//! The KV cache's element type: f16 (the default, half the reads and the memory) or f32.
+//! The KV cache's element type: f16 (the default, half the reads and the memory), f32, or
+//! q8_0 (8-bit integers with one scale per 32 elements, about a quarter of f32's bytes).
 
 use std::str::FromStr;
 
@@ -10,13 +11,22 @@ pub enum KvDtype {
     F32,
     /// Rounded to half precision (to nearest, ties to even) when appended.
     F16,
+    /// Each block of 32 elements rounded to `scale · q` when appended: `q` an integer in
+    /// −127..=127, `scale` the block's largest magnitude over 127 rounded to f16 (so `scale · q`
+    /// is exact in f32), held as f32 beside the block.
+    Q8_0,
 }
 
 impl KvDtype {
-    pub fn size_of(self) -> usize {
+    /// Elements one q8_0 scale covers.
+    pub const Q8_BLOCK: usize = 32;
+
+    /// Bytes `elements` take (for q8_0, a multiple of [`Self::Q8_BLOCK`]).
+    pub fn bytes_for(self, elements: usize) -> usize {
         match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
+            KvDtype::F32 => 4 * elements,
+            KvDtype::F16 => 2 * elements,
+            KvDtype::Q8_0 => elements + 4 * elements.div_ceil(Self::Q8_BLOCK),
         }
     }
 }
@@ -28,7 +38,10 @@ impl FromStr for KvDtype {
         match s.to_ascii_lowercase().as_str() {
             "f32" => Ok(KvDtype::F32),
             "f16" => Ok(KvDtype::F16),
-            _ => Err(format!("unknown KV cache type {s:?} (expected f32 or f16)")),
+            "q8_0" => Ok(KvDtype::Q8_0),
+            _ => Err(format!(
+                "unknown KV cache type {s:?} (expected f32, f16 or q8_0)"
+            )),
         }
     }
 }
@@ -38,6 +51,7 @@ impl std::fmt::Display for KvDtype {
         f.write_str(match self {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
+            KvDtype::Q8_0 => "q8_0",
         })
     }
 }

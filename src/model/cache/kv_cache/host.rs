@@ -1,15 +1,18 @@
 //! One slot's keys and values in host memory (the own CPU forward's cache): per layer a growing
-//! buffer of f32 or f16 elements, token-major, whose capacity is kept across truncation.
+//! buffer of f32, f16 or q8_0 elements, token-major, whose capacity is kept across truncation.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
+use super::q8::Q8Buf;
 use super::KvDtype;
+use crate::model::kernels::attention::Q8Rows;
 
 /// One layer's keys or values, `len * kv_dim` elements in use.
 pub(super) enum LayerBuf {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    Q8(Q8Buf),
 }
 
 impl LayerBuf {
@@ -17,6 +20,7 @@ impl LayerBuf {
         match dtype {
             KvDtype::F32 => LayerBuf::F32(Vec::new()),
             KvDtype::F16 => LayerBuf::F16(Vec::new()),
+            KvDtype::Q8_0 => LayerBuf::Q8(Q8Buf::default()),
         }
     }
 
@@ -24,6 +28,7 @@ impl LayerBuf {
         match self {
             LayerBuf::F32(v) => v.len(),
             LayerBuf::F16(v) => v.len(),
+            LayerBuf::Q8(v) => v.len(),
         }
     }
 
@@ -31,6 +36,7 @@ impl LayerBuf {
         match self {
             LayerBuf::F32(v) => v.truncate(len),
             LayerBuf::F16(v) => v.truncate(len),
+            LayerBuf::Q8(v) => v.truncate(len),
         }
     }
 
@@ -38,6 +44,7 @@ impl LayerBuf {
         match self {
             LayerBuf::F32(v) if v.capacity() < want => v.reserve_exact(want - v.len()),
             LayerBuf::F16(v) if v.capacity() < want => v.reserve_exact(want - v.len()),
+            LayerBuf::Q8(v) => v.reserve_total(want),
             _ => {}
         }
     }
@@ -47,6 +54,7 @@ impl LayerBuf {
         match self {
             LayerBuf::F32(v) => v.copy_within(from * dim..(from + 1) * dim, to * dim),
             LayerBuf::F16(v) => v.copy_within(from * dim..(from + 1) * dim, to * dim),
+            LayerBuf::Q8(v) => v.move_row(dim, from, to),
         }
     }
 
@@ -54,6 +62,7 @@ impl LayerBuf {
         match self {
             LayerBuf::F32(v) => v.capacity() * 4,
             LayerBuf::F16(v) => v.capacity() * 2,
+            LayerBuf::Q8(v) => v.capacity_bytes(),
         }
     }
 
@@ -62,6 +71,7 @@ impl LayerBuf {
         match self {
             LayerBuf::F32(v) => LayerBuf::F32(v[a..b].to_vec()),
             LayerBuf::F16(v) => LayerBuf::F16(v[a..b].to_vec()),
+            LayerBuf::Q8(v) => LayerBuf::Q8(v.copy_range(a, b)),
         }
     }
 
@@ -78,6 +88,7 @@ impl LayerBuf {
                 v.shrink_to_fit();
                 LayerBuf::F16(tail)
             }
+            LayerBuf::Q8(v) => LayerBuf::Q8(v.split_off(at)),
         }
     }
 
@@ -86,6 +97,7 @@ impl LayerBuf {
         match (self, src) {
             (LayerBuf::F32(d), LayerBuf::F32(s)) => d.extend_from_slice(&s[..n]),
             (LayerBuf::F16(d), LayerBuf::F16(s)) => d.extend_from_slice(&s[..n]),
+            (LayerBuf::Q8(d), LayerBuf::Q8(s)) => d.extend_same(s, n),
             _ => unreachable!("a cache's buffers all have its type"),
         }
     }
@@ -98,12 +110,23 @@ impl LayerBuf {
                 v.resize(start + src.len(), f16::ZERO);
                 v[start..].convert_from_f32_slice(src);
             }
+            LayerBuf::Q8(v) => v.extend(src),
         }
     }
 }
 
 /// One layer's cached keys and values, in the cache's element type.
 pub(crate) enum LayerKv<'a> {
-    F32 { keys: &'a [f32], values: &'a [f32] },
-    F16 { keys: &'a [f16], values: &'a [f16] },
+    F32 {
+        keys: &'a [f32],
+        values: &'a [f32],
+    },
+    F16 {
+        keys: &'a [f16],
+        values: &'a [f16],
+    },
+    Q8 {
+        keys: Q8Rows<'a>,
+        values: Q8Rows<'a>,
+    },
 }

@@ -3,11 +3,11 @@
 //!
 //! Memory laid out token-major (`[pos][kv_head][head_dim]`), so appending a round's tokens is a
 //! copy and dropping rejected tokens is a length change that keeps the allocation for reuse.
-//! Elements are f32 or f16 ([`KvDtype`]): attention over a deep cache is bound by reading it,
-//! and f16 halves both the reads and the memory a sequence holds (llama.cpp's default cache
-//! type too). Keys and values are rounded to f16 once, when they are appended, so a token's
-//! cached values are the same bits however it was batched: greedy parity does not depend on
-//! the type.
+//! Elements are f32, f16 or q8_0 ([`KvDtype`]): attention over a deep cache is bound by
+//! reading it, and f16 halves both the reads and the memory a sequence holds (llama.cpp's
+//! default cache type too), q8_0 (`q8`) about quarters them. Keys and values are rounded once,
+//! when they are appended, so a token's cached values are the same bits however it was
+//! batched: greedy parity does not depend on the type.
 //!
 //! The memory is host buffers (`host`) for the own CPU forward or device tensors (`device`)
 //! for the tensor backend, so the engine sees one cache type whichever forward fills it:
@@ -21,6 +21,7 @@ mod dtype;
 mod forward_writes;
 mod host;
 mod keep;
+mod q8;
 mod run;
 mod slots;
 

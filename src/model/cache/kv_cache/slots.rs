@@ -43,6 +43,10 @@ impl KvCache {
         max_len: usize,
         dtype: KvDtype,
     ) -> Self {
+        assert!(
+            dtype != KvDtype::Q8_0 || kv_dim.is_multiple_of(KvDtype::Q8_BLOCK),
+            "a q8_0 cache's rows are whole blocks of 32"
+        );
         Self {
             num_layers,
             kv_dim,
@@ -70,7 +74,9 @@ impl KvCache {
             head_dim,
             dtype: match dtype {
                 KvDtype::F32 => DType::F32,
-                KvDtype::F16 => DType::F16,
+                // Refused at load (`kv_cache_dtype`); f16 keeps a caller who got past that
+                // working.
+                KvDtype::F16 | KvDtype::Q8_0 => DType::F16,
             },
             device: device.clone(),
         });
@@ -193,7 +199,7 @@ impl KvCache {
 
     /// Bytes one token occupies across all layers (keys and values).
     pub fn bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.kv_dim * self.dtype.size_of()
+        2 * self.num_layers * self.dtype.bytes_for(self.kv_dim)
     }
 
     pub(super) fn slot(&self, slot: usize) -> Result<&Slot> {

@@ -6,11 +6,13 @@ use candle_core::{Device, Tensor};
 
 use super::*;
 use crate::model::cache::kv_cache::LayerKv;
+use crate::model::kernels::attention::KvRows;
 use crate::model::{Kept, KvDtype};
 
 const LAYERS: usize = 2;
 const KV_HEADS: usize = 2;
-const HEAD_DIM: usize = 3;
+// 32 elements a row: one q8_0 block.
+const HEAD_DIM: usize = 16;
 const KV_DIM: usize = KV_HEADS * HEAD_DIM;
 
 /// A position's value in layer `layer`, element `e`: depends on every token up to it.
@@ -80,6 +82,11 @@ fn contents(cache: &KvCache, slot: usize) -> Vec<Vec<f32>> {
                     out.push(keys.iter().map(|x| x.to_f32()).collect());
                     out.push(values.iter().map(|x| x.to_f32()).collect());
                 }
+                LayerKv::Q8 { keys, values } => {
+                    for rows in [keys, values] {
+                        out.push((0..rows.elements()).map(|i| rows.get(i)).collect());
+                    }
+                }
             }
         }
     }
@@ -95,6 +102,10 @@ fn caches() -> Vec<(&'static str, KvCache)> {
         (
             "host f16",
             KvCache::new(LAYERS, KV_DIM, 6, 256, KvDtype::F16),
+        ),
+        (
+            "host q8_0",
+            KvCache::new(LAYERS, KV_DIM, 6, 256, KvDtype::Q8_0),
         ),
         (
             "device f32",

@@ -1,31 +1,36 @@
 //! AVX2 forms of the attention kernels (`scaled_dots`, `softmax_weights`, `accumulate_values`):
-//! eight lanes a register, with f16 keys and values widened by F16C as they load. Each output
+//! eight lanes a register, with f16 keys and values widened by F16C as they load (q8 ones by
+//! a sign extension, a conversion and one multiply by their scale). Each output
 //! is computed with exactly the scalar definitions' arithmetic in `scalar.rs` (the same fused
 //! chains in the same order, the same fixed reductions), so results are bitwise those of the
 //! scalar path.
 
 use std::arch::x86_64::*;
 
-use super::shared::{accumulate_values_at_width, lane_sum, reduce_eight_keys, KvElement};
+use super::shared::{accumulate_values_at_width, lane_sum, reduce_eight_keys, KvForm, KvRows};
 use crate::model::kernels::fast_exp::{exp8 as exp, softmax_exp};
 
-/// Eight elements from `p` as f32.
+/// Elements `i..i + 8` of `rows` as f32 (for q8, `i` a multiple of 8, so one scale).
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn load8<T: KvElement>(p: *const T) -> __m256 {
-    if T::HALF {
-        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
-    } else {
-        _mm256_loadu_ps(p.cast())
+unsafe fn load8<K: KvRows>(rows: K, i: usize) -> __m256 {
+    let p = rows.base();
+    match K::FORM {
+        KvForm::F32 => _mm256_loadu_ps(p.cast::<f32>().add(i)),
+        KvForm::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<u16>().add(i).cast())),
+        KvForm::Q8 => {
+            let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(i).cast()));
+            _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(rows.scale(i)))
+        }
     }
 }
 
 /// See `super::scaled_dots`; `q.len()` is a multiple of 16 and every key read is inside `keys`
 /// (the caller checks both).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn scaled_dots<T: KvElement>(
+pub(super) unsafe fn scaled_dots<K: KvRows>(
     q: &[f32],
-    keys: &[T],
+    keys: K,
     stride: usize,
     offset: usize,
     scale: f32,
@@ -33,18 +38,18 @@ pub(super) unsafe fn scaled_dots<T: KvElement>(
 ) {
     let blocks = q.len() / 16;
     let qp = q.as_ptr();
-    let kp = keys.as_ptr().add(offset);
+    let kp = offset;
     let n = scores.len();
     let sv = _mm256_set1_ps(scale);
     // One key's sixteen lanes as two registers (`lo`: elements 0-7 of each block, `hi`:
     // 8-15), folded into one.
-    let key_lanes = |k: *const T| {
+    let key_lanes = |k: usize| {
         let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for c in 0..blocks {
-            lo = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(c * 16)), load8(k.add(c * 16)), lo);
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(c * 16)), load8(keys, k + c * 16), lo);
             hi = _mm256_fmadd_ps(
                 _mm256_loadu_ps(qp.add(c * 16 + 8)),
-                load8(k.add(c * 16 + 8)),
+                load8(keys, k + c * 16 + 8),
                 hi,
             );
         }
@@ -61,9 +66,9 @@ pub(super) unsafe fn scaled_dots<T: KvElement>(
                 let q0 = _mm256_loadu_ps(qp.add(c * 16));
                 let q1 = _mm256_loadu_ps(qp.add(c * 16 + 8));
                 for i in 0..4 {
-                    let k = kp.add((j + half * 4 + i) * stride + c * 16);
-                    lo[i] = _mm256_fmadd_ps(q0, load8(k), lo[i]);
-                    hi[i] = _mm256_fmadd_ps(q1, load8(k.add(8)), hi[i]);
+                    let k = kp + (j + half * 4 + i) * stride + c * 16;
+                    lo[i] = _mm256_fmadd_ps(q0, load8(keys, k), lo[i]);
+                    hi[i] = _mm256_fmadd_ps(q1, load8(keys, k + 8), hi[i]);
                 }
             }
             for i in 0..4 {
@@ -76,7 +81,7 @@ pub(super) unsafe fn scaled_dots<T: KvElement>(
     }
     while j < n {
         let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), key_lanes(kp.add(j * stride)));
+        _mm256_storeu_ps(lanes.as_mut_ptr(), key_lanes(kp + j * stride));
         scores[j] = lane_sum(&lanes) * scale;
         j += 1;
     }

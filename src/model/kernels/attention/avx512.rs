@@ -11,16 +11,20 @@
 
 use std::arch::x86_64::*;
 
-use super::shared::{accumulate_values_at_width, lane_sum, reduce_eight_keys, KvElement};
+use super::shared::{accumulate_values_at_width, lane_sum, reduce_eight_keys, KvForm, KvRows};
 
-/// Sixteen elements from `p` as f32.
+/// Elements `i..i + 16` of `rows` as f32 (for q8, `i` a multiple of 16, so one scale).
 #[target_feature(enable = "avx512f,avx512vl,f16c")]
 #[inline]
-unsafe fn load16<T: KvElement>(p: *const T) -> __m512 {
-    if T::HALF {
-        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
-    } else {
-        _mm512_loadu_ps(p.cast())
+unsafe fn load16<K: KvRows>(rows: K, i: usize) -> __m512 {
+    let p = rows.base();
+    match K::FORM {
+        KvForm::F32 => _mm512_loadu_ps(p.cast::<f32>().add(i)),
+        KvForm::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast::<u16>().add(i).cast())),
+        KvForm::Q8 => {
+            let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(i).cast()));
+            _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(rows.scale(i)))
+        }
     }
 }
 
@@ -35,9 +39,9 @@ unsafe fn halves_sum(z: __m512) -> __m256 {
 /// See `super::scaled_dots`; `q.len()` is a multiple of 16 and every key read is inside
 /// `keys` (the caller checks both).
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-pub(super) unsafe fn scaled_dots<T: KvElement>(
+pub(super) unsafe fn scaled_dots<K: KvRows>(
     q: &[f32],
-    keys: &[T],
+    keys: K,
     stride: usize,
     offset: usize,
     scale: f32,
@@ -45,7 +49,7 @@ pub(super) unsafe fn scaled_dots<T: KvElement>(
 ) {
     let blocks = q.len() / 16;
     let qp = q.as_ptr();
-    let kp = keys.as_ptr().add(offset);
+    let kp = offset;
     let n = scores.len();
     let sv = _mm256_set1_ps(scale);
     let mut j = 0;
@@ -54,7 +58,7 @@ pub(super) unsafe fn scaled_dots<T: KvElement>(
         for c in 0..blocks {
             let qz = _mm512_loadu_ps(qp.add(c * 16));
             for (i, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(qz, load16(kp.add((j + i) * stride + c * 16)), *a);
+                *a = _mm512_fmadd_ps(qz, load16(keys, kp + (j + i) * stride + c * 16), *a);
             }
         }
         let folded: [__m256; 8] = std::array::from_fn(|i| halves_sum(acc[i]));
@@ -63,10 +67,14 @@ pub(super) unsafe fn scaled_dots<T: KvElement>(
         j += 8;
     }
     while j < n {
-        let k = kp.add(j * stride);
+        let k = kp + j * stride;
         let mut acc = _mm512_setzero_ps();
         for c in 0..blocks {
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(c * 16)), load16(k.add(c * 16)), acc);
+            acc = _mm512_fmadd_ps(
+                _mm512_loadu_ps(qp.add(c * 16)),
+                load16(keys, k + c * 16),
+                acc,
+            );
         }
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), halves_sum(acc));
@@ -91,9 +99,9 @@ accumulate_values_at_width! {
 /// checks).
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-pub(super) unsafe fn scaled_dots_shared<T: KvElement, const M: usize>(
+pub(super) unsafe fn scaled_dots_shared<K: KvRows, const M: usize>(
     q: &[f32],
-    keys: &[T],
+    keys: K,
     stride: usize,
     offset: usize,
     scale: f32,
@@ -104,7 +112,7 @@ pub(super) unsafe fn scaled_dots_shared<T: KvElement, const M: usize>(
     let dim = q.len() / M;
     let blocks = dim / 16;
     let qp = q.as_ptr();
-    let kp = keys.as_ptr().add(offset);
+    let kp = offset;
     let sp = scores.as_mut_ptr();
     let sv = _mm256_set1_ps(scale);
     let mut j = 0;
@@ -115,7 +123,7 @@ pub(super) unsafe fn scaled_dots_shared<T: KvElement, const M: usize>(
             let qz: [__m512; M] =
                 std::array::from_fn(|m| _mm512_loadu_ps(qp.add(m * dim + c * 16)));
             for i in 0..8 {
-                let k = load16(kp.add((j + i) * stride + c * 16));
+                let k = load16(keys, kp + (j + i) * stride + c * 16);
                 for m in 0..M {
                     acc[m][i] = _mm512_fmadd_ps(qz[m], k, acc[m][i]);
                 }
@@ -151,11 +159,11 @@ pub(super) unsafe fn scaled_dots_shared<T: KvElement, const M: usize>(
 /// checks).
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)]
-pub(super) unsafe fn accumulate_values_shared<T: KvElement, const M: usize>(
+pub(super) unsafe fn accumulate_values_shared<K: KvRows, const M: usize>(
     weights: &[f32],
     weight_stride: usize,
     n: usize,
-    values: &[T],
+    values: K,
     stride: usize,
     offset: usize,
     acc: &mut [f32],
@@ -164,7 +172,7 @@ pub(super) unsafe fn accumulate_values_shared<T: KvElement, const M: usize>(
     let dim = acc.len() / (2 * M);
     let (wp, ap) = (weights.as_ptr(), acc.as_mut_ptr());
     for block in 0..dim / BLOCK {
-        let vp = values.as_ptr().add(offset + block * BLOCK);
+        let vp = offset + block * BLOCK;
         let sums = |m: usize, odd: usize| ap.add(m * 2 * dim + odd * dim + block * BLOCK);
         // 8 M accumulators (24 at M = 3); the weights are broadcast from memory.
         let mut even: [[__m512; 4]; M] = std::array::from_fn(|m| {
@@ -175,9 +183,9 @@ pub(super) unsafe fn accumulate_values_shared<T: KvElement, const M: usize>(
         });
         let mut j = 0;
         while j + 2 <= n {
-            let (ve, vo) = (vp.add(j * stride), vp.add((j + 1) * stride));
+            let (ve, vo) = (vp + j * stride, vp + (j + 1) * stride);
             for r in 0..4 {
-                let (e, o) = (load16(ve.add(16 * r)), load16(vo.add(16 * r)));
+                let (e, o) = (load16(values, ve + 16 * r), load16(values, vo + 16 * r));
                 for m in 0..M {
                     let w = wp.add(m * weight_stride + j);
                     even[m][r] = _mm512_fmadd_ps(_mm512_set1_ps(*w), e, even[m][r]);
@@ -187,9 +195,9 @@ pub(super) unsafe fn accumulate_values_shared<T: KvElement, const M: usize>(
             j += 2;
         }
         if j < n {
-            let ve = vp.add(j * stride);
+            let ve = vp + j * stride;
             for r in 0..4 {
-                let e = load16(ve.add(16 * r));
+                let e = load16(values, ve + 16 * r);
                 for m in 0..M {
                     let w = _mm512_set1_ps(*wp.add(m * weight_stride + j));
                     even[m][r] = _mm512_fmadd_ps(w, e, even[m][r]);

@@ -5,7 +5,7 @@
 
 use super::scalar;
 use super::segments::{merge_segments, SegmentPart, SEGMENT};
-use super::shared::KvElement;
+use super::shared::{KvForm, KvRows};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
 
@@ -33,9 +33,9 @@ impl AttnShape {
 /// with their eight-lane reductions done in registers (a transpose by shuffles and horizontal
 /// adds that pairs the lanes as `lane_sum` does): bitwise the same scores as the scalar path,
 /// whatever the number of keys or the instruction set.
-pub(super) fn scaled_dots<T: KvElement>(
+pub(super) fn scaled_dots<K: KvRows>(
     q: &[f32],
-    keys: &[T],
+    keys: K,
     stride: usize,
     offset: usize,
     scale: f32,
@@ -48,7 +48,8 @@ pub(super) fn scaled_dots<T: KvElement>(
             // inside `keys`, as the slicing of the scalar path below would check (asserted
             // once here).
             assert!(
-                scores.is_empty() || (scores.len() - 1) * stride + offset + q.len() <= keys.len()
+                scores.is_empty()
+                    || (scores.len() - 1) * stride + offset + q.len() <= keys.elements()
             );
             unsafe {
                 if wide_available() {
@@ -87,9 +88,9 @@ pub(super) fn softmax_weights(scores: &mut [f32]) -> f32 {
 /// one let the vector paths keep twice as many independent accumulators in flight; they keep
 /// a block of sums in registers while they stream the values (32 on AVX2, 64 on AVX-512), with
 /// the same operations per element in the same order as the scalar path.
-pub(super) fn accumulate_values<T: KvElement>(
+pub(super) fn accumulate_values<K: KvRows>(
     weights: &[f32],
-    values: &[T],
+    values: K,
     stride: usize,
     offset: usize,
     acc: &mut [f32],
@@ -99,7 +100,8 @@ pub(super) fn accumulate_values<T: KvElement>(
     {
         if dim.is_multiple_of(32) && simd_available() {
             assert!(
-                weights.is_empty() || (weights.len() - 1) * stride + offset + dim <= values.len()
+                weights.is_empty()
+                    || (weights.len() - 1) * stride + offset + dim <= values.elements()
             );
             // SAFETY: AVX2 (and for the wide path AVX-512) was checked; every value read is
             // inside `values` (asserted above), every sum inside `acc`.
@@ -120,7 +122,7 @@ pub(super) fn accumulate_values<T: KvElement>(
 /// the AVX-512 kernels keep 8 accumulators a head in registers (32 of them in all).
 const SHARED_HEADS: usize = 3;
 
-/// Calls the AVX-512 kernel `$kernel::<T, M>(args)` with the const `M` equal to `$heads`
+/// Calls the AVX-512 kernel `$kernel::<K, M>(args)` with the const `M` equal to `$heads`
 /// (2 or 3), so each head count gets a kernel whose loops over heads are unrolled.
 #[cfg(target_arch = "x86_64")]
 macro_rules! with_const_heads {
@@ -137,10 +139,10 @@ macro_rules! with_const_heads {
 /// `scores[m * score_stride..][..n]`. Every score is the bits [`scaled_dots`] gives it; the
 /// AVX-512 path loads and widens each key once for all the heads.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn scaled_dots_heads<T: KvElement>(
+pub(super) fn scaled_dots_heads<K: KvRows>(
     q: &[f32],
     heads: usize,
-    keys: &[T],
+    keys: K,
     (stride, offset): (usize, usize),
     scale: f32,
     scores: &mut [f32],
@@ -153,13 +155,13 @@ pub(super) fn scaled_dots_heads<T: KvElement>(
     #[cfg(target_arch = "x86_64")]
     {
         if heads > 1 && dim.is_multiple_of(16) && simd_available() && wide_available() {
-            assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.len());
+            assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.elements());
             // SAFETY: AVX-512 was checked; every key read is inside `keys` and every score
             // written inside `scores` (asserted above).
             unsafe {
                 with_const_heads!(
                     heads,
-                    scaled_dots_shared::<T>(
+                    scaled_dots_shared::<K>(
                         q,
                         keys,
                         stride,
@@ -185,12 +187,12 @@ pub(super) fn scaled_dots_heads<T: KvElement>(
 /// `acc[m * 2 * dim..][..2 * dim]`. Every sum is the bits [`accumulate_values`] gives it; the
 /// AVX-512 path loads and widens each value once for all the heads.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn accumulate_values_heads<T: KvElement>(
+pub(super) fn accumulate_values_heads<K: KvRows>(
     weights: &[f32],
     weight_stride: usize,
     n: usize,
     heads: usize,
-    values: &[T],
+    values: K,
     (stride, offset): (usize, usize),
     acc: &mut [f32],
 ) {
@@ -200,13 +202,13 @@ pub(super) fn accumulate_values_heads<T: KvElement>(
     #[cfg(target_arch = "x86_64")]
     {
         if heads > 1 && dim.is_multiple_of(64) && simd_available() && wide_available() {
-            assert!(n == 0 || (n - 1) * stride + offset + dim <= values.len());
+            assert!(n == 0 || (n - 1) * stride + offset + dim <= values.elements());
             // SAFETY: AVX-512 was checked; every value read is inside `values`, every weight
             // inside `weights` and every sum inside `acc` (asserted above).
             unsafe {
                 with_const_heads!(
                     heads,
-                    accumulate_values_shared::<T>(
+                    accumulate_values_shared::<K>(
                         weights,
                         weight_stride,
                         n,
@@ -290,11 +292,11 @@ const KEY_CHUNK: usize = 64;
 ///
 /// `sinks` (gpt-oss): one logit per query head that joins each softmax's denominator with no
 /// value, so a head may attend to nothing.
-pub fn causal_attention<T: KvElement>(
+pub fn causal_attention<K: KvRows>(
     shape: AttnShape,
     q: &[f32],
-    keys: &[T],
-    values: &[T],
+    keys: K,
+    values: K,
     (start_pos, sinks): (usize, Option<&[f32]>),
     out: &mut [f32],
 ) {
@@ -307,7 +309,7 @@ pub fn causal_attention<T: KvElement>(
     let kv_dim = shape.kv_dim();
     let n_new = q.len() / q_dim;
     debug_assert_eq!(out.len(), q.len());
-    debug_assert!(keys.len() >= (start_pos + n_new) * kv_dim);
+    debug_assert!(keys.elements() >= (start_pos + n_new) * kv_dim);
     let group = num_heads / num_kv_heads;
     let scale = 1f32 / (head_dim as f32).sqrt();
     let units = n_new * num_heads;
@@ -375,7 +377,7 @@ pub fn causal_attention<T: KvElement>(
             scaled_dots_heads(
                 &q[i * q_dim + h * head_dim..][..heads * head_dim],
                 heads,
-                &keys[j0 * kv_dim..],
+                keys.skip(j0 * kv_dim),
                 (kv_dim, kv_off),
                 scale,
                 &mut scores[m * stride + j0 - first..],
@@ -412,7 +414,7 @@ pub fn causal_attention<T: KvElement>(
                 stride,
                 len,
                 heads,
-                &values[j0 * kv_dim..],
+                values.skip(j0 * kv_dim),
                 (kv_dim, kv_off),
                 &mut acc[m * 2 * head_dim..][..heads * 2 * head_dim],
             );
@@ -533,11 +535,16 @@ const PREFETCH_BYTES: usize = 64 << 10;
 /// before the layer's q/k/v matmul, they arrive while it streams the weights, where attention
 /// would otherwise wait on memory for each key row it reads (a forward's other layers have
 /// evicted them).
-pub fn prefetch_cache<T: KvElement>(keys: &[T], values: &[T]) {
+pub fn prefetch_cache<K: KvRows>(keys: K, values: K) {
     #[cfg(target_arch = "x86_64")]
-    for buf in [keys, values] {
-        let bytes = std::mem::size_of_val(buf).min(PREFETCH_BYTES);
-        let base = buf.as_ptr() as *const i8;
+    for rows in [keys, values] {
+        let element_bytes = match K::FORM {
+            KvForm::F32 => 4,
+            KvForm::F16 => 2,
+            KvForm::Q8 => 1,
+        };
+        let bytes = (rows.elements() * element_bytes).min(PREFETCH_BYTES);
+        let base = rows.base() as *const i8;
         for line in (0..bytes).step_by(64) {
             // SAFETY: a prefetch never faults, and the address is inside `buf`.
             unsafe {

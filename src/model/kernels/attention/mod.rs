@@ -13,10 +13,11 @@
 //! forward: separate multiply and add, a scalar eight-lane reduction per key, and one libm
 //! call per key.
 //!
-//! Keys and values are f32 or f16 ([`KvElement`]); f16 ones are widened to f32 as they are
-//! loaded (exactly, and by one instruction on the vector paths), so the arithmetic and its bits
-//! are those of f32 keys and values holding the same numbers, while a deep cache, whose reads
-//! bound attention, is half the bytes.
+//! Keys and values are f32, f16 or q8_0 ([`KvRows`]); f16 and q8_0 ones are widened to f32 as
+//! they are loaded (exactly: f16 by one instruction on the vector paths, q8_0 as its byte times
+//! its block's scale, a product f32 holds exactly), so the arithmetic and its bits are those of
+//! f32 keys and values holding the same numbers, while a deep cache, whose reads bound
+//! attention, is half the bytes (f16) or about a quarter (q8_0).
 //!
 //! The scalar definitions are in `scalar`, the vector kernels in `avx2` and `avx512` (one file
 //! per instruction set), and what they all share (the element type, the fixed lane reductions,
@@ -37,7 +38,7 @@ mod tests;
 mod tree_attention;
 
 pub use causal::{causal_attention, prefetch_cache, AttnShape};
-pub use shared::KvElement;
+pub use shared::{KvRows, Q8Rows};
 pub use tree_attention::tree_attention;
 
 // The loops `tree` and the tests share with the causal call.

@@ -2,22 +2,22 @@
 //! reproduces exactly, and the path taken where no vector kernel applies (no AVX2, or a head
 //! size that is not a multiple of the vector block).
 
-use super::shared::{lane_sum, KvElement};
+use super::shared::{lane_sum, KvRows};
 use crate::model::kernels::fast_exp::softmax_exp;
 
 /// Dot product as sixteen lanes of fused multiply-add chains (element `i` of every 16-element
 /// block in lane `i`), folded to eight (`lane i + lane i+8`) and summed in a fixed order: the
 /// same bits for the same inputs wherever it is called, and what the vector paths compute
 /// (AVX-512 as one 16-lane register, AVX2 as two 8-lane ones).
+/// `b` is the `a.len()` elements of `rows` from element `at`.
 #[inline]
-pub(super) fn dot<T: KvElement>(a: &[f32], b: &[T]) -> f32 {
+pub(super) fn dot<K: KvRows>(a: &[f32], rows: K, at: usize) -> f32 {
     let mut acc = [0f32; 16];
     let ca = a.chunks_exact(16);
-    let cb = b.chunks_exact(16);
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
+    let ra = ca.remainder();
+    for (c, x) in ca.enumerate() {
         for l in 0..16 {
-            acc[l] = x[l].mul_add(y[l].widen(), acc[l]);
+            acc[l] = x[l].mul_add(rows.get(at + c * 16 + l), acc[l]);
         }
     }
     let folded: [f32; 8] = std::array::from_fn(|l| acc[l] + acc[l + 8]);
@@ -25,25 +25,26 @@ pub(super) fn dot<T: KvElement>(a: &[f32], b: &[T]) -> f32 {
     if ra.is_empty() {
         return sum;
     }
+    let tail_at = at + a.len() - ra.len();
     let mut tail = 0f32;
-    for (x, y) in ra.iter().zip(rb) {
-        tail = x.mul_add(y.widen(), tail);
+    for (i, x) in ra.iter().enumerate() {
+        tail = x.mul_add(rows.get(tail_at + i), tail);
     }
     sum + tail
 }
 
 /// The scalar form of [`super::scaled_dots`]: `scores[j] = dot(q, key j) * scale`.
-pub(super) fn scaled_dots<T: KvElement>(
+pub(super) fn scaled_dots<K: KvRows>(
     q: &[f32],
-    keys: &[T],
+    keys: K,
     stride: usize,
     offset: usize,
     scale: f32,
     scores: &mut [f32],
 ) {
     for (j, s) in scores.iter_mut().enumerate() {
-        let k = &keys[j * stride + offset..j * stride + offset + q.len()];
-        *s = dot(q, k) * scale;
+        assert!(j * stride + offset + q.len() <= keys.elements());
+        *s = dot(q, keys, j * stride + offset) * scale;
     }
 }
 
@@ -68,9 +69,9 @@ pub(super) fn softmax_weights(scores: &mut [f32]) -> f32 {
 
 /// The scalar form of [`super::accumulate_values`]: one fused multiply-add per element, key
 /// `j` into the even sum when `j` is even, else into the odd one.
-pub(super) fn accumulate_values<T: KvElement>(
+pub(super) fn accumulate_values<K: KvRows>(
     weights: &[f32],
-    values: &[T],
+    values: K,
     stride: usize,
     offset: usize,
     acc: &mut [f32],
@@ -78,10 +79,11 @@ pub(super) fn accumulate_values<T: KvElement>(
     let dim = acc.len() / 2;
     let (even, odd) = acc.split_at_mut(dim);
     for (j, &w) in weights.iter().enumerate() {
-        let v = &values[j * stride + offset..][..dim];
+        let at = j * stride + offset;
+        assert!(at + dim <= values.elements());
         let sums = if j % 2 == 0 { &mut *even } else { &mut *odd };
-        for (o, vd) in sums.iter_mut().zip(v) {
-            *o = w.mul_add(vd.widen(), *o);
+        for (d, o) in sums.iter_mut().enumerate() {
+            *o = w.mul_add(values.get(at + d), *o);
         }
     }
 }

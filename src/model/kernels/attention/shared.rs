@@ -1,30 +1,121 @@
 //! What the attention kernels share, so that the scalar definitions and the vector kernels
-//! agree bit for bit: the element type they read ([`KvElement`]), the fixed eight-lane
+//! agree bit for bit: the rows they read ([`KvRows`]: f32, f16 or q8_0), the fixed eight-lane
 //! reduction ([`lane_sum`], and [`reduce_eight_keys`] for eight keys in registers); the
 //! softmax exponential is `crate::model::kernels::fast_exp`'s; and `accumulate_values`
 //! written once for the AVX2 and AVX-512 widths. A leaf: it imports no kernel.
 
-/// An element of a KV cache as attention reads it.
-pub trait KvElement: Copy + Send + Sync + 'static {
-    /// IEEE half precision (else f32): the vector paths widen it as they load.
-    const HALF: bool;
-    /// The value as f32 (exact for both types).
-    fn widen(self) -> f32;
+/// How a [`KvRows`] stores its elements.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum KvForm {
+    F32,
+    /// IEEE half precision: the vector paths widen it as they load, by one instruction.
+    F16,
+    /// Signed bytes, each 32 of them (from the view's first row) with one f32 scale: an
+    /// element is `scale · q`, exact in f32 (see [`Q8Rows`]).
+    Q8,
 }
 
-impl KvElement for f32 {
-    const HALF: bool = false;
-    #[inline]
-    fn widen(self) -> f32 {
-        self
+/// A layer's cached keys or values as attention reads them, token-major: element `i` (counted
+/// from the view's start) widened to f32. Every form widens exactly, so the arithmetic on
+/// widened elements, and its bits, are those of f32 rows holding the same numbers.
+pub trait KvRows: Copy + Send + Sync {
+    const FORM: KvForm;
+    /// Elements from the view's start.
+    fn elements(self) -> usize;
+    /// The view from element `from` on.
+    fn skip(self, from: usize) -> Self;
+    /// Element `i` as f32.
+    fn get(self, i: usize) -> f32;
+    /// Where element 0 is stored: f32, f16 bits or i8, as `FORM` says.
+    fn base(self) -> *const u8;
+    /// The q8 scale of element `i` (0 for other forms).
+    ///
+    /// # Safety
+    /// `i` is inside the view.
+    unsafe fn scale(self, i: usize) -> f32;
+}
+
+macro_rules! float_rows {
+    ($t:ty, $form:ident, $widen:expr) => {
+        impl KvRows for &[$t] {
+            const FORM: KvForm = KvForm::$form;
+            #[inline]
+            fn elements(self) -> usize {
+                self.len()
+            }
+            #[inline]
+            fn skip(self, from: usize) -> Self {
+                &self[from..]
+            }
+            #[inline]
+            fn get(self, i: usize) -> f32 {
+                $widen(self[i])
+            }
+            #[inline]
+            fn base(self) -> *const u8 {
+                self.as_ptr().cast()
+            }
+            #[inline]
+            unsafe fn scale(self, _: usize) -> f32 {
+                0.0
+            }
+        }
+    };
+}
+float_rows!(f32, F32, |x: f32| x);
+float_rows!(half::f16, F16, |x: half::f16| x.to_f32());
+
+/// A q8_0 cache's keys or values: `quants[i]` scaled by `scales[i / 32]` (indices from the
+/// buffer's first element), viewed from element `start`.
+#[derive(Clone, Copy, Debug)]
+pub struct Q8Rows<'a> {
+    quants: &'a [i8],
+    scales: &'a [f32],
+    start: usize,
+}
+
+impl<'a> Q8Rows<'a> {
+    /// Elements per scale.
+    pub const BLOCK: usize = 32;
+
+    /// The whole buffer; `scales` covers every element (one per started block of 32).
+    pub fn new(quants: &'a [i8], scales: &'a [f32]) -> Self {
+        assert!(quants.len().div_ceil(Self::BLOCK) <= scales.len());
+        Self {
+            quants,
+            scales,
+            start: 0,
+        }
     }
 }
 
-impl KvElement for half::f16 {
-    const HALF: bool = true;
+impl KvRows for Q8Rows<'_> {
+    const FORM: KvForm = KvForm::Q8;
     #[inline]
-    fn widen(self) -> f32 {
-        self.to_f32()
+    fn elements(self) -> usize {
+        self.quants.len() - self.start
+    }
+    #[inline]
+    fn skip(self, from: usize) -> Self {
+        assert!(from <= self.elements());
+        Self {
+            start: self.start + from,
+            ..self
+        }
+    }
+    #[inline]
+    fn get(self, i: usize) -> f32 {
+        let at = self.start + i;
+        f32::from(self.quants[at]) * self.scales[at / Self::BLOCK]
+    }
+    #[inline]
+    fn base(self) -> *const u8 {
+        // In bounds: `skip` keeps `start` at most the length.
+        self.quants.as_ptr().wrapping_add(self.start).cast()
+    }
+    #[inline]
+    unsafe fn scale(self, i: usize) -> f32 {
+        *self.scales.get_unchecked((self.start + i) / Self::BLOCK)
     }
 }
 
@@ -61,15 +152,15 @@ pub(super) unsafe fn reduce_eight_keys(
 /// `accumulate_values` for one vector width (AVX2's 8 lanes, AVX-512's 16): each 4-register
 /// block of the even and odd value sums takes the weighted value rows two at a time, the same
 /// fused multiply-adds in the same order at either width (and as the scalar definition), so the
-/// results are the same bits. `$load` reads one register of `T` as f32.
+/// results are the same bits. `$load(rows, i)` reads one register from element `i` as f32.
 macro_rules! accumulate_values_at_width {
     ($(#[$doc:meta])* $features:literal, $vec:ty, $w:literal, $loadu:ident, $storeu:ident,
      $set1:ident, $fmadd:ident, $load:ident) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn accumulate_values<T: KvElement>(
+        pub(super) unsafe fn accumulate_values<K: KvRows>(
             weights: &[f32],
-            values: &[T],
+            values: K,
             stride: usize,
             offset: usize,
             acc: &mut [f32],
@@ -78,7 +169,7 @@ macro_rules! accumulate_values_at_width {
             let dim = acc.len() / 2;
             let n = weights.len();
             for block in 0..dim / BLOCK {
-                let vp = values.as_ptr().add(offset + block * BLOCK);
+                let vp = offset + block * BLOCK;
                 let ep = acc.as_mut_ptr().add(block * BLOCK);
                 let op = acc.as_mut_ptr().add(dim + block * BLOCK);
                 let mut even: [$vec; 4] = std::array::from_fn(|r| $loadu(ep.add(r * $w)));
@@ -86,18 +177,18 @@ macro_rules! accumulate_values_at_width {
                 let mut j = 0;
                 while j + 2 <= n {
                     let (we, wo) = ($set1(weights[j]), $set1(weights[j + 1]));
-                    let (ve, vo) = (vp.add(j * stride), vp.add((j + 1) * stride));
+                    let (ve, vo) = (vp + j * stride, vp + (j + 1) * stride);
                     for r in 0..4 {
-                        even[r] = $fmadd(we, $load(ve.add(r * $w)), even[r]);
-                        odd[r] = $fmadd(wo, $load(vo.add(r * $w)), odd[r]);
+                        even[r] = $fmadd(we, $load(values, ve + r * $w), even[r]);
+                        odd[r] = $fmadd(wo, $load(values, vo + r * $w), odd[r]);
                     }
                     j += 2;
                 }
                 if j < n {
                     let we = $set1(weights[j]);
-                    let ve = vp.add(j * stride);
+                    let ve = vp + j * stride;
                     for (r, e) in even.iter_mut().enumerate() {
-                        *e = $fmadd(we, $load(ve.add(r * $w)), *e);
+                        *e = $fmadd(we, $load(values, ve + r * $w), *e);
                     }
                 }
                 for r in 0..4 {

@@ -1,7 +1,7 @@
 //! Every kernel against the scalar definitions, bit for bit, and the whole attention call.
 
 use super::scalar::dot;
-use super::{accumulate_values, finish_values, scaled_dots, softmax_weights, KvElement};
+use super::{accumulate_values, finish_values, scaled_dots, softmax_weights, KvRows};
 use crate::model::kernels::fast_exp::softmax_exp;
 
 fn val(i: usize) -> f32 {
@@ -13,10 +13,10 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// `out = (Σ_{j even} weights[j] · value j + Σ_{j odd} weights[j] · value j) · inv` in one go.
-fn weighted_values<T: KvElement>(
+fn weighted_values<K: KvRows>(
     weights: &[f32],
     inv: f32,
-    values: &[T],
+    values: K,
     stride: usize,
     offset: usize,
     out: &mut [f32],
@@ -50,7 +50,9 @@ type ValuePath = fn(&[f32], f32, &[f32], usize, usize, &mut [f32]);
 /// name: accumulated in one go or in chunks of 6 keys, then finished.
 fn value_paths() -> Vec<(&'static str, ValuePath)> {
     let mut paths: Vec<(&'static str, ValuePath)> = vec![
-        ("dispatch", weighted_values),
+        ("dispatch", |w, i, v, s, o, out| {
+            weighted_values(w, i, v, s, o, out)
+        }),
         ("dispatch, chunked", |w, i, v, s, o, out| {
             let mut acc = vec![0f32; 2 * out.len()];
             for (c, ws) in w.chunks(6).enumerate() {
@@ -86,9 +88,9 @@ fn check_value_sums(name: &str, path: ValuePath, multiple_of: usize) {
         let (stride, offset) = (3 * dim, dim);
         let values: Vec<f32> = (0..n * stride).map(val).collect();
         let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
-        let want = value_sums_by_definition(&weights, 0.37, &values, stride, offset, dim);
+        let want = value_sums_by_definition(&weights, 0.37, values.as_slice(), stride, offset, dim);
         let mut ours = vec![0f32; dim];
-        path(&weights, 0.37, &values, stride, offset, &mut ours);
+        path(&weights, 0.37, values.as_slice(), stride, offset, &mut ours);
         assert_eq!(bits(&ours), bits(&want), "{name}: {dim} outputs, {n} keys");
     }
 }
@@ -141,6 +143,146 @@ fn half_and_wide(n: usize, k: usize) -> (Vec<half::f16>, Vec<f32>) {
     (h, w)
 }
 
+/// q8_0 rows (`scale · q`) and the same numbers in f32.
+struct Q8 {
+    quants: Vec<i8>,
+    scales: Vec<f32>,
+    wide: Vec<f32>,
+}
+
+impl Q8 {
+    /// `n` elements (a multiple of 32): bytes over the whole range, scales that are f16 numbers
+    /// of several magnitudes.
+    fn of(n: usize, k: usize) -> Self {
+        let quants: Vec<i8> = (0..n).map(|i| (noise(i * k + 1) * 254.0) as i8).collect();
+        let scales: Vec<f32> = (0..n.div_ceil(32))
+            .map(|b| half::f16::from_f32(0.002 + noise(b * k + 9).abs() * 0.03).to_f32())
+            .collect();
+        let wide = (0..n)
+            .map(|i| f32::from(quants[i]) * scales[i / 32])
+            .collect();
+        Self {
+            quants,
+            scales,
+            wide,
+        }
+    }
+
+    fn rows(&self) -> super::Q8Rows<'_> {
+        super::Q8Rows::new(&self.quants, &self.scales)
+    }
+}
+
+/// q8_0 keys and values give the bits of f32 ones holding their numbers on every path this CPU
+/// runs: the scalar loops (head size 40), AVX2 and AVX-512, alone and through the whole
+/// attention call (a step, a verification, a prefill, past one segment, and a tree).
+#[test]
+fn q8_keys_and_values_give_the_bits_of_their_f32_values_on_every_path() {
+    for dim in [128, 64, 48, 40] {
+        for n in [1, 8, 23, 64] {
+            let (stride, offset) = (3 * dim, dim);
+            let q: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
+            let (kq, vq) = (Q8::of(n * stride, 7), Q8::of(n * stride, 5));
+            let mut want = vec![0f32; n];
+            scaled_dots(&q, kq.wide.as_slice(), stride, offset, 0.125, &mut want);
+            let mut got = vec![0f32; n];
+            scaled_dots(&q, kq.rows(), stride, offset, 0.125, &mut got);
+            assert_eq!(bits(&got), bits(&want), "scores: head size {dim}, {n} keys");
+            let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
+            let want_values =
+                value_sums_by_definition(&weights, 0.37, &vq.wide, stride, offset, dim);
+            let mut got_values = vec![0f32; dim];
+            weighted_values(&weights, 0.37, vq.rows(), stride, offset, &mut got_values);
+            assert_eq!(bits(&got_values), bits(&want_values), "values: {dim}, {n}");
+            #[cfg(target_arch = "x86_64")]
+            {
+                let mut acc = vec![0f32; 2 * dim];
+                if super::simd_available() && dim % 16 == 0 {
+                    unsafe {
+                        super::avx2::scaled_dots(&q, kq.rows(), stride, offset, 0.125, &mut got)
+                    };
+                    assert_eq!(bits(&got), bits(&want), "avx2 scores: {dim}, {n}");
+                }
+                if super::simd_available() && dim % 32 == 0 {
+                    unsafe {
+                        super::avx2::accumulate_values(
+                            &weights,
+                            vq.rows(),
+                            stride,
+                            offset,
+                            &mut acc,
+                        )
+                    };
+                    finish_values(&acc, 0.37, &mut got_values);
+                    assert_eq!(
+                        bits(&got_values),
+                        bits(&want_values),
+                        "avx2 values: {dim}, {n}"
+                    );
+                }
+                if super::simd_available() && super::wide_available() && dim % 16 == 0 {
+                    unsafe {
+                        super::avx512::scaled_dots(&q, kq.rows(), stride, offset, 0.125, &mut got)
+                    };
+                    assert_eq!(bits(&got), bits(&want), "avx512 scores: {dim}, {n}");
+                    if dim % 64 == 0 {
+                        acc.fill(0.0);
+                        unsafe {
+                            super::avx512::accumulate_values(
+                                &weights,
+                                vq.rows(),
+                                stride,
+                                offset,
+                                &mut acc,
+                            )
+                        };
+                        finish_values(&acc, 0.37, &mut got_values);
+                        assert_eq!(
+                            bits(&got_values),
+                            bits(&want_values),
+                            "avx512 values: {dim}, {n}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    use super::{causal_attention, tree_attention, AttnShape};
+    let shape = AttnShape {
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+    };
+    for (start, n_new) in [(150, 1), (150, 8), (0, 70), (1100, 8)] {
+        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+        let q: Vec<f32> = (0..n_new * q_dim).map(|i| noise(i * 11 + 2)).collect();
+        let len = (start + n_new) * kv_dim;
+        let (kq, vq) = (Q8::of(len, 3), Q8::of(len, 11));
+        let mut from_q8 = vec![0f32; n_new * q_dim];
+        causal_attention(shape, &q, kq.rows(), vq.rows(), (start, None), &mut from_q8);
+        let mut from32 = vec![0f32; n_new * q_dim];
+        let (k32, v32) = (kq.wide.as_slice(), vq.wide.as_slice());
+        causal_attention(shape, &q, k32, v32, (start, None), &mut from32);
+        assert_eq!(bits(&from_q8), bits(&from32), "start {start}, {n_new} new");
+        let paths: Vec<Vec<usize>> = (0..n_new).map(|i| (0..=i).collect()).collect();
+        let mut tree = vec![0f32; n_new * q_dim];
+        tree_attention(
+            shape,
+            &q,
+            kq.rows(),
+            vq.rows(),
+            (start, None),
+            &paths,
+            &mut tree,
+        );
+        assert_eq!(
+            bits(&tree),
+            bits(&from32),
+            "tree: start {start}, {n_new} new"
+        );
+    }
+}
+
 /// f16 keys and values give, on every path, the bits f32 ones holding the same numbers
 /// give: the scalar loops (head sizes 40 and 48 for values, 40 for scores) and AVX2 (AVX-512
 /// in the test after this one).
@@ -153,24 +295,35 @@ fn f16_keys_and_values_give_the_bits_of_their_f32_values_on_every_path() {
             let (k16, k32) = half_and_wide(n * stride, 7);
             let (v16, v32) = half_and_wide(n * stride, 5);
             let mut want = vec![0f32; n];
-            scaled_dots(&q, &k32, stride, offset, 0.125, &mut want);
+            scaled_dots(&q, k32.as_slice(), stride, offset, 0.125, &mut want);
             let mut got = vec![0f32; n];
-            scaled_dots(&q, &k16, stride, offset, 0.125, &mut got);
+            scaled_dots(&q, k16.as_slice(), stride, offset, 0.125, &mut got);
             assert_eq!(bits(&got), bits(&want), "scores: head size {dim}, {n} keys");
             #[cfg(target_arch = "x86_64")]
             if super::simd_available() && dim % 16 == 0 {
-                unsafe { super::avx2::scaled_dots(&q, &k16, stride, offset, 0.125, &mut got) };
+                unsafe {
+                    super::avx2::scaled_dots(&q, k16.as_slice(), stride, offset, 0.125, &mut got)
+                };
                 assert_eq!(bits(&got), bits(&want), "avx2 scores: {dim}, {n}");
             }
             let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
-            let want = value_sums_by_definition(&weights, 0.37, &v32, stride, offset, dim);
+            let want =
+                value_sums_by_definition(&weights, 0.37, v32.as_slice(), stride, offset, dim);
             let mut got = vec![0f32; dim];
-            weighted_values(&weights, 0.37, &v16, stride, offset, &mut got);
+            weighted_values(&weights, 0.37, v16.as_slice(), stride, offset, &mut got);
             assert_eq!(bits(&got), bits(&want), "values: head size {dim}, {n} keys");
             #[cfg(target_arch = "x86_64")]
             if super::simd_available() && dim % 32 == 0 {
                 let mut acc = vec![0f32; 2 * dim];
-                unsafe { super::avx2::accumulate_values(&weights, &v16, stride, offset, &mut acc) };
+                unsafe {
+                    super::avx2::accumulate_values(
+                        &weights,
+                        v16.as_slice(),
+                        stride,
+                        offset,
+                        &mut acc,
+                    )
+                };
                 finish_values(&acc, 0.37, &mut got);
                 assert_eq!(bits(&got), bits(&want), "avx2 values: {dim}, {n}");
             }
@@ -193,17 +346,22 @@ fn avx512_f16_keys_and_values_give_the_bits_of_their_f32_values() {
             let (k16, k32) = half_and_wide(n * stride, 7);
             let (v16, v32) = half_and_wide(n * stride, 5);
             let mut want = vec![0f32; n];
-            scaled_dots(&q, &k32, stride, offset, 0.125, &mut want);
+            scaled_dots(&q, k32.as_slice(), stride, offset, 0.125, &mut want);
             let mut got = vec![0f32; n];
-            unsafe { super::avx512::scaled_dots(&q, &k16, stride, offset, 0.125, &mut got) };
+            unsafe {
+                super::avx512::scaled_dots(&q, k16.as_slice(), stride, offset, 0.125, &mut got)
+            };
             assert_eq!(bits(&got), bits(&want), "avx512 scores: {dim}, {n}");
             if dim % 64 != 0 {
                 continue;
             }
             let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
-            let want = value_sums_by_definition(&weights, 0.37, &v32, stride, offset, dim);
+            let want =
+                value_sums_by_definition(&weights, 0.37, v32.as_slice(), stride, offset, dim);
             let mut acc = vec![0f32; 2 * dim];
-            unsafe { super::avx512::accumulate_values(&weights, &v16, stride, offset, &mut acc) };
+            unsafe {
+                super::avx512::accumulate_values(&weights, v16.as_slice(), stride, offset, &mut acc)
+            };
             let mut got = vec![0f32; dim];
             finish_values(&acc, 0.37, &mut got);
             assert_eq!(bits(&got), bits(&want), "avx512 values: {dim}, {n}");
@@ -232,11 +390,25 @@ fn an_f16_cache_gives_the_bits_of_its_values_in_f32() {
         };
         let (keys16, values16) = (half_of(7), half_of(5));
         let widen = |v: &[f16]| -> Vec<f32> { v.iter().map(|x| x.to_f32()).collect() };
-        let (keys32, values32) = (widen(&keys16), widen(&values16));
+        let (keys32, values32) = (widen(keys16.as_slice()), widen(values16.as_slice()));
         let mut from16 = vec![0f32; n_new * q_dim];
-        causal_attention(shape, &q, &keys16, &values16, (start, None), &mut from16);
+        causal_attention(
+            shape,
+            &q,
+            keys16.as_slice(),
+            values16.as_slice(),
+            (start, None),
+            &mut from16,
+        );
         let mut from32 = vec![0f32; n_new * q_dim];
-        causal_attention(shape, &q, &keys32, &values32, (start, None), &mut from32);
+        causal_attention(
+            shape,
+            &q,
+            keys32.as_slice(),
+            values32.as_slice(),
+            (start, None),
+            &mut from32,
+        );
         assert_eq!(bits(&from16), bits(&from32), "start {start}, {n_new} new");
     }
 }
@@ -267,17 +439,31 @@ fn heads_computed_together_give_each_heads_own_result() {
                 .map(|i| val(i * 5 + 1))
                 .collect();
             let mut ours = vec![0f32; n_new * q_dim];
-            causal_attention(shape, &q, &keys, &values, (start, None), &mut ours);
+            causal_attention(
+                shape,
+                &q,
+                keys.as_slice(),
+                values.as_slice(),
+                (start, None),
+                &mut ours,
+            );
             let mut want = vec![0f32; n_new * q_dim];
             for i in 0..n_new {
                 for h in 0..num_heads {
                     let seen = start + i + 1;
                     let mut scores = vec![0f32; seen];
                     let qv = &q[i * q_dim + h * 64..][..64];
-                    scaled_dots(qv, &keys, kv_dim, h / group * 64, 0.125, &mut scores);
+                    scaled_dots(
+                        qv,
+                        keys.as_slice(),
+                        kv_dim,
+                        h / group * 64,
+                        0.125,
+                        &mut scores,
+                    );
                     let inv = 1.0 / softmax_weights(&mut scores);
                     let o = &mut want[i * q_dim + h * 64..][..64];
-                    weighted_values(&scores, inv, &values, kv_dim, h / group * 64, o);
+                    weighted_values(&scores, inv, values.as_slice(), kv_dim, h / group * 64, o);
                 }
             }
             assert_eq!(
@@ -311,7 +497,14 @@ fn sinks_join_each_heads_softmax_without_a_value() {
         .collect();
     let run = |sinks: Option<&[f32]>| {
         let mut out = vec![0f32; n_new * q_dim];
-        causal_attention(shape, &q, &keys, &values, (start, sinks), &mut out);
+        causal_attention(
+            shape,
+            &q,
+            keys.as_slice(),
+            values.as_slice(),
+            (start, sinks),
+            &mut out,
+        );
         out
     };
     let sinks = [0.5f32, -2.0, 3.0, 40.0];
@@ -356,8 +549,8 @@ fn sinks_join_each_heads_softmax_without_a_value() {
     tree_attention(
         shape,
         &q,
-        &keys,
-        &values,
+        keys.as_slice(),
+        values.as_slice(),
         (start, Some(&sinks)),
         &paths,
         &mut tree,
@@ -380,12 +573,11 @@ fn check_scores(name: &str, path: Dots, multiple_of: usize) {
             let q: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
             let keys: Vec<f32> = (0..n * stride).map(|i| val(i * 7 + 3)).collect();
             let mut scores = vec![0f32; n];
-            path(&q, &keys, stride, offset, 0.125, &mut scores);
+            path(&q, keys.as_slice(), stride, offset, 0.125, &mut scores);
             for (j, &s) in scores.iter().enumerate() {
-                let k = &keys[j * stride + offset..j * stride + offset + dim];
                 assert_eq!(
                     s.to_bits(),
-                    (dot(&q, k) * 0.125).to_bits(),
+                    (dot(&q, keys.as_slice(), j * stride + offset) * 0.125).to_bits(),
                     "{name}: key {j} of {n}, head size {dim}"
                 );
             }
@@ -395,7 +587,11 @@ fn check_scores(name: &str, path: Dots, multiple_of: usize) {
 
 #[test]
 fn vector_scores_equal_the_scalar_dot_bit_for_bit() {
-    check_scores("dispatch", scaled_dots, 1);
+    check_scores(
+        "dispatch",
+        |q, k, s, o, sc, out| scaled_dots(q, k, s, o, sc, out),
+        1,
+    );
     #[cfg(target_arch = "x86_64")]
     if super::simd_available() {
         check_scores(
@@ -431,7 +627,7 @@ fn dot_is_close_to_the_exact_product() {
             .map(|(x, y)| (*x as f64 * *y as f64).abs())
             .sum();
         assert!(
-            ((dot(&a, &b) as f64) - exact).abs() <= 1e-6 * scale,
+            ((dot(&a, b.as_slice(), 0) as f64) - exact).abs() <= 1e-6 * scale,
             "{dim}"
         );
     }
@@ -493,7 +689,7 @@ fn softmax_exp_is_within_two_ulp_of_exp() {
 #[test]
 fn heads_side_by_side_give_each_head_its_own_bits() {
     use super::{accumulate_values_heads, scaled_dots_heads};
-    fn check<T: KvElement>(keys: &[T], values: &[T], dim: usize, n: usize, heads: usize) {
+    fn check<K: KvRows>(keys: K, values: K, dim: usize, n: usize, heads: usize) {
         let (stride, offset) = (3 * dim, dim);
         let q: Vec<f32> = (0..heads * dim).map(|i| val(i * 13 + 5)).collect();
         let score_stride = n + 5;
@@ -542,9 +738,11 @@ fn heads_side_by_side_give_each_head_its_own_bits() {
         for n in [1, 2, 7, 8, 23, 64] {
             let (k16, k32) = half_and_wide(n * 3 * dim, 7);
             let (v16, v32) = half_and_wide(n * 3 * dim, 5);
+            let (kq, vq) = (Q8::of(n * 3 * dim, 7), Q8::of(n * 3 * dim, 5));
             for heads in 1..=3 {
-                check(&k32, &v32, dim, n, heads);
-                check(&k16, &v16, dim, n, heads);
+                check(k32.as_slice(), v32.as_slice(), dim, n, heads);
+                check(k16.as_slice(), v16.as_slice(), dim, n, heads);
+                check(kq.rows(), vq.rows(), dim, n, heads);
             }
         }
     }

@@ -9,7 +9,7 @@
 //! kept apart and merged as the causal kernel merges them. So greedy verification of a tree
 //! emits exactly what verifying the accepted path as a chain would.
 
-use super::KvElement;
+use super::KvRows;
 use super::{
     accumulate_values, finish_values, merge_segments, scaled_dots, softmax_sum, softmax_weights,
     AttnShape, SegmentPart, SEGMENT,
@@ -19,11 +19,11 @@ use super::{
 /// their keys and values appended after the first `start_pos` rows of `keys`/`values` in input
 /// order. `paths[k]` lists node `k`'s ancestors and itself as input indices, from the first
 /// input token down. `sinks`: as [`super::causal_attention`]'s.
-pub fn tree_attention<T: KvElement>(
+pub fn tree_attention<K: KvRows>(
     shape: AttnShape,
     q: &[f32],
-    keys: &[T],
-    values: &[T],
+    keys: K,
+    values: K,
     (start_pos, sinks): (usize, Option<&[f32]>),
     paths: &[Vec<usize>],
     out: &mut [f32],
@@ -37,7 +37,7 @@ pub fn tree_attention<T: KvElement>(
     let n = paths.len();
     debug_assert_eq!(q.len(), n * q_dim);
     debug_assert_eq!(out.len(), q.len());
-    debug_assert!(keys.len() >= (start_pos + n) * kv_dim);
+    debug_assert!(keys.elements() >= (start_pos + n) * kv_dim);
     let group = num_heads / num_kv_heads;
     let scale = 1f32 / (head_dim as f32).sqrt();
     let out_ptr = out.as_mut_ptr() as usize;
@@ -57,7 +57,7 @@ pub fn tree_attention<T: KvElement>(
         scores.resize(seen, 0.0);
         scaled_dots(qh, keys, kv_dim, kv_off, scale, &mut scores[..start_pos]);
         for (d, &r) in path.iter().enumerate() {
-            let row = &keys[(start_pos + r) * kv_dim..];
+            let row = keys.skip((start_pos + r) * kv_dim);
             scaled_dots(
                 qh,
                 row,
@@ -81,7 +81,7 @@ pub fn tree_attention<T: KvElement>(
         let add_values = |range: std::ops::Range<usize>, weights: &[f32], acc: &mut [f32]| {
             let cached = range.start..range.end.min(start_pos);
             if !cached.is_empty() {
-                let base = &values[cached.start * kv_dim..];
+                let base = values.skip(cached.start * kv_dim);
                 accumulate_values(&weights[..cached.len()], base, kv_dim, kv_off, acc);
             }
             let (even, odd) = acc.split_at_mut(head_dim);
@@ -92,9 +92,10 @@ pub fn tree_attention<T: KvElement>(
                 } else {
                     &mut *odd
                 };
-                let row = &values[(start_pos + path[j - start_pos]) * kv_dim + kv_off..];
-                for (o, x) in sums.iter_mut().zip(&row[..head_dim]) {
-                    *o = w.mul_add(x.widen(), *o);
+                let row = (start_pos + path[j - start_pos]) * kv_dim + kv_off;
+                assert!(row + head_dim <= values.elements());
+                for (d, o) in sums.iter_mut().enumerate() {
+                    *o = w.mul_add(values.get(row + d), *o);
                 }
             }
         };
