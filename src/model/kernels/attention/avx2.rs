@@ -89,7 +89,7 @@ pub(super) unsafe fn scaled_dots<K: KvRows>(
 
 /// See `super::softmax_weights`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn softmax_weights(scores: &mut [f32]) -> f32 {
+pub(super) unsafe fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
     let n = scores.len();
     let p = scores.as_mut_ptr();
     let full = n / 8 * 8;
@@ -117,7 +117,7 @@ pub(super) unsafe fn softmax_weights(scores: &mut [f32]) -> f32 {
         *s = softmax_exp(*s - max);
         sum += *s;
     }
-    sum
+    (max, sum)
 }
 
 accumulate_values_at_width! {

@@ -16,7 +16,7 @@ use super::shared::{accumulate_values_at_width, lane_sum, reduce_eight_keys, KvF
 /// Elements `i..i + 16` of `rows` as f32 (for q8, `i` a multiple of 16, so one scale).
 #[target_feature(enable = "avx512f,avx512vl,f16c")]
 #[inline]
-unsafe fn load16<K: KvRows>(rows: K, i: usize) -> __m512 {
+pub(super) unsafe fn load16<K: KvRows>(rows: K, i: usize) -> __m512 {
     let p = rows.base();
     match K::FORM {
         KvForm::F32 => _mm512_loadu_ps(p.cast::<f32>().add(i)),

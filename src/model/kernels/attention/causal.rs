@@ -7,7 +7,7 @@ use super::scalar;
 use super::segments::{merge_segments, SegmentPart, SEGMENT};
 use super::shared::{KvForm, KvRows};
 #[cfg(target_arch = "x86_64")]
-use super::{avx2, avx512};
+use super::{avx2, avx512, vertical};
 
 /// Shapes of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -65,9 +65,9 @@ pub(super) fn scaled_dots<K: KvRows>(
 }
 
 /// Turns scores into unnormalised softmax weights in place, `s ← softmax_exp(s − max)`, and
-/// returns their sum: eight lanes (key `j` in lane `j mod 8`) over whole blocks of eight,
-/// reduced by `lane_sum`, then the remaining keys one by one.
-pub(super) fn softmax_weights(scores: &mut [f32]) -> f32 {
+/// returns `(max, sum)`, their sum taken in eight lanes (key `j` in lane `j mod 8`) over whole
+/// blocks of eight, reduced by `lane_sum`, then the remaining keys one by one.
+pub(super) fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     {
         if simd_available() {
@@ -236,11 +236,11 @@ pub(super) fn accumulate_values_heads<K: KvRows>(
 /// [`softmax_weights`], its sum joined by `exp(sink − max)` where the head has a sink: the
 /// softmax over the scores and the sink, of which only the scores carry values.
 pub(super) fn softmax_sum(scores: &mut [f32], sink: Option<f32>) -> f32 {
-    let Some(sink) = sink else {
-        return softmax_weights(scores);
-    };
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    softmax_weights(scores) + (sink - max).exp()
+    let (max, sum) = softmax_weights(scores);
+    match sink {
+        Some(sink) => sum + (sink - max).exp(),
+        None => sum,
+    }
 }
 
 /// `out = (even + odd) · inv` from [`accumulate_values`]' sums.
@@ -268,6 +268,115 @@ pub(super) fn simd_available() -> bool {
                 && is_x86_feature_detected!("f16c")
         })
     })
+}
+
+/// The fewest units that take their scores from keys transposed along the lanes
+/// (`vertical`): the transposition costs about 16 instructions a key, and each unit then
+/// saves about 3 of the ~9 a score costs with a key in the lanes.
+const VERTICAL_UNITS: usize = 8;
+
+/// Scores of `units` queries (`query(m)`, writing to `out.0[m * out.1..][..n]`) against `n ≤
+/// KEY_CHUNK` keys (`keys` from key 0, `(stride, offset)` as [`scaled_dots`]'), computed on
+/// keys transposed into `kt` where AVX-512 runs, the head size is a multiple of 16 and the
+/// units are [`VERTICAL_UNITS`] or more: the bits of [`scaled_dots`]. Returns whether it did.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn vertical_scores<'q, K: KvRows>(
+    keys: K,
+    (stride, offset): (usize, usize),
+    n: usize,
+    (units, query): (usize, &dyn Fn(usize) -> &'q [f32]),
+    scale: f32,
+    (out, out_stride): (&mut [f32], usize),
+    kt: &mut Vec<f32>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let dim = query(0).len();
+        let able = units >= VERTICAL_UNITS
+            && dim.is_multiple_of(16)
+            && simd_available()
+            && wide_available();
+        if !able {
+            return false;
+        }
+        assert!(n <= vertical::CHUNK && n <= KEY_CHUNK);
+        assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.elements());
+        assert!(n == 0 || (units - 1) * out_stride + n <= out.len());
+        if kt.len() < dim * vertical::CHUNK {
+            kt.resize(dim * vertical::CHUNK, 0.0);
+        }
+        // SAFETY: AVX-512 was checked; every key read is inside `keys`, the transposed chunk
+        // inside `kt`, every score written inside `out` (asserted above) and every query is
+        // `dim` long.
+        unsafe {
+            vertical::transpose_keys(keys, (stride, offset), dim, n, kt);
+            let mut m = 0;
+            while m < units {
+                let at = |k: usize| {
+                    (
+                        query(m + k).as_ptr(),
+                        out.as_mut_ptr().add((m + k) * out_stride),
+                    )
+                };
+                let take = (units - m).min(4);
+                match take {
+                    4 => {
+                        let p: [_; 4] = std::array::from_fn(at);
+                        vertical::vertical_scores::<4>(
+                            p.map(|x| x.0),
+                            dim,
+                            kt,
+                            n,
+                            scale,
+                            p.map(|x| x.1),
+                        )
+                    }
+                    3 => {
+                        let p: [_; 3] = std::array::from_fn(at);
+                        vertical::vertical_scores::<3>(
+                            p.map(|x| x.0),
+                            dim,
+                            kt,
+                            n,
+                            scale,
+                            p.map(|x| x.1),
+                        )
+                    }
+                    2 => {
+                        let p: [_; 2] = std::array::from_fn(at);
+                        vertical::vertical_scores::<2>(
+                            p.map(|x| x.0),
+                            dim,
+                            kt,
+                            n,
+                            scale,
+                            p.map(|x| x.1),
+                        )
+                    }
+                    _ => {
+                        let p: [_; 1] = std::array::from_fn(at);
+                        vertical::vertical_scores::<1>(
+                            p.map(|x| x.0),
+                            dim,
+                            kt,
+                            n,
+                            scale,
+                            p.map(|x| x.1),
+                        )
+                    }
+                }
+                m += take;
+            }
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (
+            keys, stride, offset, n, units, query, scale, out, out_stride, kt,
+        );
+        false
+    }
 }
 
 /// Keys taken at a time by every head of a group before the next ones: 64 keys of 64 values
@@ -329,127 +438,147 @@ pub fn causal_attention<K: KvRows>(
     thread_local! {
         // Per-thread score and value-sum buffers, kept across calls so decoding does not
         // allocate per layer; and the calling thread's segment parts.
-        static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
-            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+        static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
         static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     // Units `members` (in order, so the last query sees the most keys), all reading key-value
     // head `kvh`, over segment `g`'s keys. Member `m`'s scores start at `m * stride`.
-    let attend = |(members, g): (std::ops::Range<usize>, usize),
-                  parts: usize,
-                  scores: &mut Vec<f32>,
-                  acc: &mut Vec<f32>| {
-        let nm = members.len();
-        let kv_off = (members.start / per_kv_head) * head_dim;
-        let first = g * SEGMENT;
-        // Keys of the segment unit `u` sees.
-        let in_segment = |u: usize| seen_of(u).min(first + SEGMENT).saturating_sub(first);
-        let stride = in_segment(members.end - 1);
-        if stride == 0 {
-            return;
-        }
-        // Key chunk by key chunk, so a chunk is read once for all members, and within a
-        // chunk the heads of one query (which see the same keys) side by side: calls
-        // `f(first member, heads, its unit, first key, keys in the chunk)` for each run of
-        // such members that sees the chunk.
-        let each_chunk = |f: &mut dyn FnMut(usize, usize, usize, usize, usize)| {
-            for j0 in (first..first + stride).step_by(KEY_CHUNK) {
-                let mut m = 0;
-                while m < nm {
-                    let u = members.start + m;
-                    let query = unit(u).0;
-                    let mut heads = 1;
-                    while heads < SHARED_HEADS && m + heads < nm && unit(u + heads).0 == query {
-                        heads += 1;
+    let attend =
+        |(members, g): (std::ops::Range<usize>, usize),
+         parts: usize,
+         (scores, acc, kt): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>)| {
+            let nm = members.len();
+            let kv_off = (members.start / per_kv_head) * head_dim;
+            let first = g * SEGMENT;
+            // Keys of the segment unit `u` sees.
+            let in_segment = |u: usize| seen_of(u).min(first + SEGMENT).saturating_sub(first);
+            let stride = in_segment(members.end - 1);
+            if stride == 0 {
+                return;
+            }
+            // Key chunk by key chunk, so a chunk is read once for all members, and within a
+            // chunk the heads of one query (which see the same keys) side by side: calls
+            // `f(first member, heads, its unit, first key, keys in the chunk)` for each run of
+            // such members that sees the chunk.
+            let each_chunk = |f: &mut dyn FnMut(usize, usize, usize, usize, usize)| {
+                for j0 in (first..first + stride).step_by(KEY_CHUNK) {
+                    let mut m = 0;
+                    while m < nm {
+                        let u = members.start + m;
+                        let query = unit(u).0;
+                        let mut heads = 1;
+                        while heads < SHARED_HEADS && m + heads < nm && unit(u + heads).0 == query {
+                            heads += 1;
+                        }
+                        let seen = seen_of(u);
+                        if j0 < seen {
+                            f(m, heads, u, j0, KEY_CHUNK.min(seen - j0));
+                        }
+                        m += heads;
                     }
-                    let seen = seen_of(u);
-                    if j0 < seen {
-                        f(m, heads, u, j0, KEY_CHUNK.min(seen - j0));
+                }
+            };
+            // Every score a member reads is written first: grown, never cleared.
+            if scores.len() < nm * stride {
+                scores.resize(nm * stride, 0.0);
+            }
+            let query_of = |m: usize| {
+                let (i, h) = unit(members.start + m);
+                &q[i * q_dim + h * head_dim..][..head_dim]
+            };
+            let vertical = (first..first + stride).step_by(KEY_CHUNK).all(|j0| {
+                let n = KEY_CHUNK.min(first + stride - j0);
+                let out = &mut scores[j0 - first..];
+                vertical_scores(
+                    keys.skip(j0 * kv_dim),
+                    (kv_dim, kv_off),
+                    n,
+                    (nm, &query_of),
+                    scale,
+                    (out, stride),
+                    kt,
+                )
+            });
+            if !vertical {
+                each_chunk(&mut |m, heads, u, j0, len| {
+                    let (i, h) = unit(u);
+                    scaled_dots_heads(
+                        &q[i * q_dim + h * head_dim..][..heads * head_dim],
+                        heads,
+                        keys.skip(j0 * kv_dim),
+                        (kv_dim, kv_off),
+                        scale,
+                        &mut scores[m * stride + j0 - first..],
+                        stride,
+                        len,
+                    );
+                });
+            }
+            // A unit of one segment: its softmax's inverse sum; of several: its segment's max
+            // and sum, into its part.
+            let mut inv = [0f32; MAX_GROUP];
+            for (m, u) in members.clone().enumerate() {
+                let s = &mut scores[m * stride..][..in_segment(u)];
+                if s.is_empty() {
+                    continue;
+                }
+                if seen_of(u) <= SEGMENT {
+                    inv[m] = 1f32 / softmax_sum(s, sinks.map(|k| k[unit(u).1]));
+                } else {
+                    let (max, sum) = softmax_weights(s);
+                    // SAFETY: each (unit, segment) part is written by the one item that holds
+                    // both, and read only after every item is done.
+                    let part = unsafe {
+                        std::slice::from_raw_parts_mut((parts as *mut f32).add(part_at(u, g)), 2)
+                    };
+                    part.copy_from_slice(&[max, sum]);
+                }
+            }
+            acc.clear();
+            acc.resize(nm * 2 * head_dim, 0.0);
+            each_chunk(&mut |m, heads, _, j0, len| {
+                accumulate_values_heads(
+                    &scores[m * stride + j0 - first..],
+                    stride,
+                    len,
+                    heads,
+                    values.skip(j0 * kv_dim),
+                    (kv_dim, kv_off),
+                    &mut acc[m * 2 * head_dim..][..heads * 2 * head_dim],
+                );
+            });
+            for (m, u) in members.enumerate() {
+                if in_segment(u) == 0 {
+                    continue;
+                }
+                let sums = &acc[m * 2 * head_dim..][..2 * head_dim];
+                if seen_of(u) <= SEGMENT {
+                    let (i, h) = unit(u);
+                    // SAFETY: each (query, head) unit writes only its own head_dim-long span of
+                    // `out`, and a unit of one segment belongs to exactly one item.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            (out_ptr as *mut f32).add(i * q_dim + h * head_dim),
+                            head_dim,
+                        )
+                    };
+                    finish_values(sums, inv[m], o);
+                } else {
+                    // SAFETY: as for the max and sum above.
+                    let part = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            (parts as *mut f32).add(part_at(u, g) + 2),
+                            head_dim,
+                        )
+                    };
+                    let (even, odd) = sums.split_at(head_dim);
+                    for ((p, e), o) in part.iter_mut().zip(even).zip(odd) {
+                        *p = e + o;
                     }
-                    m += heads;
                 }
             }
         };
-        scores.clear();
-        scores.resize(nm * stride, 0.0);
-        each_chunk(&mut |m, heads, u, j0, len| {
-            let (i, h) = unit(u);
-            scaled_dots_heads(
-                &q[i * q_dim + h * head_dim..][..heads * head_dim],
-                heads,
-                keys.skip(j0 * kv_dim),
-                (kv_dim, kv_off),
-                scale,
-                &mut scores[m * stride + j0 - first..],
-                stride,
-                len,
-            );
-        });
-        // A unit of one segment: its softmax's inverse sum; of several: its segment's max
-        // and sum, into its part.
-        let mut inv = [0f32; MAX_GROUP];
-        for (m, u) in members.clone().enumerate() {
-            let s = &mut scores[m * stride..][..in_segment(u)];
-            if s.is_empty() {
-                continue;
-            }
-            if seen_of(u) <= SEGMENT {
-                inv[m] = 1f32 / softmax_sum(s, sinks.map(|k| k[unit(u).1]));
-            } else {
-                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum = softmax_weights(s);
-                // SAFETY: each (unit, segment) part is written by the one item that holds
-                // both, and read only after every item is done.
-                let part = unsafe {
-                    std::slice::from_raw_parts_mut((parts as *mut f32).add(part_at(u, g)), 2)
-                };
-                part.copy_from_slice(&[max, sum]);
-            }
-        }
-        acc.clear();
-        acc.resize(nm * 2 * head_dim, 0.0);
-        each_chunk(&mut |m, heads, _, j0, len| {
-            accumulate_values_heads(
-                &scores[m * stride + j0 - first..],
-                stride,
-                len,
-                heads,
-                values.skip(j0 * kv_dim),
-                (kv_dim, kv_off),
-                &mut acc[m * 2 * head_dim..][..heads * 2 * head_dim],
-            );
-        });
-        for (m, u) in members.enumerate() {
-            if in_segment(u) == 0 {
-                continue;
-            }
-            let sums = &acc[m * 2 * head_dim..][..2 * head_dim];
-            if seen_of(u) <= SEGMENT {
-                let (i, h) = unit(u);
-                // SAFETY: each (query, head) unit writes only its own head_dim-long span of
-                // `out`, and a unit of one segment belongs to exactly one item.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        (out_ptr as *mut f32).add(i * q_dim + h * head_dim),
-                        head_dim,
-                    )
-                };
-                finish_values(sums, inv[m], o);
-            } else {
-                // SAFETY: as for the max and sum above.
-                let part = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        (parts as *mut f32).add(part_at(u, g) + 2),
-                        head_dim,
-                    )
-                };
-                let (even, odd) = sums.split_at(head_dim);
-                for ((p, e), o) in part.iter_mut().zip(even).zip(odd) {
-                    *p = e + o;
-                }
-            }
-        }
-    };
     // Items: each key-value head's units, MAX_GROUP at a time (a run), by segment. The pool
     // hands out items, not units: handed units (a chunk of a sixteenth of them), a run would
     // only group the few units of one grab, and a step's heads would each read their shared
@@ -469,8 +598,8 @@ pub fn causal_attention<K: KvRows>(
         }
         let parts = parts.as_mut_ptr() as usize;
         let run = |range: std::ops::Range<usize>| {
-            BUFFERS.with_borrow_mut(|(scores, acc)| {
-                range.for_each(|it| attend(item(it), parts, scores, acc))
+            BUFFERS.with_borrow_mut(|(scores, acc, kt)| {
+                range.for_each(|it| attend(item(it), parts, (scores, acc, kt)))
             })
         };
         let small = units * (start_pos + n_new) < PARALLEL_WORK;

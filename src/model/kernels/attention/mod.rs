@@ -36,6 +36,8 @@ mod shared;
 #[cfg(test)]
 mod tests;
 mod tree_attention;
+#[cfg(target_arch = "x86_64")]
+mod vertical;
 
 pub use causal::{causal_attention, prefetch_cache, AttnShape};
 pub use shared::{KvRows, Q8Rows};

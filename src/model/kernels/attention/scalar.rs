@@ -49,7 +49,7 @@ pub(super) fn scaled_dots<K: KvRows>(
 }
 
 /// The scalar form of [`super::softmax_weights`].
-pub(super) fn softmax_weights(scores: &mut [f32]) -> f32 {
+pub(super) fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
     let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     let mut lanes = [0f32; 8];
     let mut blocks = scores.chunks_exact_mut(8);
@@ -64,7 +64,7 @@ pub(super) fn softmax_weights(scores: &mut [f32]) -> f32 {
         *s = softmax_exp(*s - max);
         sum += *s;
     }
-    sum
+    (max, sum)
 }
 
 /// The scalar form of [`super::accumulate_values`]: one fused multiply-add per element, key

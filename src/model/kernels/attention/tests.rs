@@ -461,7 +461,7 @@ fn heads_computed_together_give_each_heads_own_result() {
                         0.125,
                         &mut scores,
                     );
-                    let inv = 1.0 / softmax_weights(&mut scores);
+                    let inv = 1.0 / softmax_weights(&mut scores).1;
                     let o = &mut want[i * q_dim + h * 64..][..64];
                     weighted_values(&scores, inv, values.as_slice(), kv_dim, h / group * 64, o);
                 }
@@ -638,8 +638,9 @@ fn vector_softmax_weights_equal_the_scalar_ones_bit_for_bit() {
     for n in [1, 5, 8, 13, 100, 1001] {
         let scores: Vec<f32> = (0..n).map(|j| val(j * 17 + 1) * 9.0).collect();
         let mut ours = scores.clone();
-        let sum = softmax_weights(&mut ours);
+        let (their_max, sum) = softmax_weights(&mut ours);
         let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        assert_eq!(their_max, max);
         let want: Vec<f32> = scores.iter().map(|&s| softmax_exp(s - max)).collect();
         let mut lanes = [0f32; 8];
         let full = n / 8 * 8;
@@ -678,7 +679,7 @@ fn softmax_exp_is_within_two_ulp_of_exp() {
     for at in [3, 9] {
         let mut s = vec![0.5f32; 10];
         s[at] = f32::NAN;
-        assert!(softmax_weights(&mut s).is_nan(), "NaN at {at}");
+        assert!(softmax_weights(&mut s).1.is_nan(), "NaN at {at}");
     }
 }
 
@@ -859,6 +860,60 @@ fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
                 (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
                 "head {h}, value {d}: {got} against {want}"
             );
+        }
+    }
+}
+
+/// Scores from keys transposed along the lanes (a verification's runs) are the bits of
+/// `scaled_dots`, for every key type, head sizes 48 to 128, chunks of 1 to 64 keys (whole and
+/// partial tiles of 16) and 8 to 11 units (groups of 4 and what is left).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn scores_from_transposed_keys_equal_the_scalar_dot_bit_for_bit() {
+    if !avx512_kernels_run_here() {
+        return;
+    }
+    fn check<K: KvRows>(keys: K, dim: usize, n: usize, units: usize, name: &str) {
+        let (stride, offset) = (3 * dim, dim);
+        let q: Vec<f32> = (0..units * dim).map(|i| noise(i * 13 + 5)).collect();
+        let query = |m: usize| -> &[f32] { &q[m * dim..][..dim] };
+        let out_stride = n + 3;
+        let mut got = vec![f32::NAN; units * out_stride];
+        let mut kt = Vec::new();
+        let done = super::causal::vertical_scores(
+            keys,
+            (stride, offset),
+            n,
+            (units, &query),
+            0.125,
+            (&mut got, out_stride),
+            &mut kt,
+        );
+        assert!(done, "{name}: the vertical kernel ran");
+        for m in 0..units {
+            let mut want = vec![0f32; n];
+            scaled_dots(query(m), keys, stride, offset, 0.125, &mut want);
+            let row = &got[m * out_stride..][..out_stride];
+            assert_eq!(
+                bits(&row[..n]),
+                bits(&want),
+                "{name}: unit {m}, {dim}, {n} keys"
+            );
+            assert!(
+                row[n..].iter().all(|x| x.is_nan()),
+                "{name}: wrote past {n}"
+            );
+        }
+    }
+    for dim in [128, 64, 48] {
+        for n in [1, 15, 16, 37, 64] {
+            let (k16, k32) = half_and_wide(n * 3 * dim, 7);
+            let kq = Q8::of(n * 3 * dim, 3);
+            for units in [8, 11] {
+                check(k32.as_slice(), dim, n, units, "f32");
+                check(k16.as_slice(), dim, n, units, "f16");
+                check(kq.rows(), dim, n, units, "q8_0");
+            }
         }
     }
 }

@@ -117,8 +117,7 @@ pub fn tree_attention<K: KvRows>(
         for (g, part) in parts.chunks_exact_mut(part_len).enumerate() {
             let range = g * SEGMENT..seen.min((g + 1) * SEGMENT);
             let weights = &mut scores[range.clone()];
-            part[0] = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            part[1] = softmax_weights(weights);
+            (part[0], part[1]) = softmax_weights(weights);
             sums.fill(0.0);
             add_values(range.clone(), &scores[range], sums);
             let (even, odd) = sums.split_at(head_dim);

@@ -1,0 +1,141 @@
+//! Scores of many queries against one chunk of keys with the keys along the vector lanes: the
+//! AVX-512 form of `dot` for a verification's runs, where (query, head) units share each key.
+//!
+//! Why it exists: with a key's values in the lanes (`scaled_dots`), every score ends in a
+//! horizontal sum (shuffles on the same port as the multiply-adds), which profiled at about as
+//! many instructions as the multiply-adds themselves at depth 8000. Here a chunk of keys is
+//! transposed once (16 × 16 tiles) into `kt[element][key]`, and each query's sixteen lane
+//! chains become sixteen vectors of sixteen keys, folded by vertical adds in `dot`'s order
+//! (`lane l + lane l+8`, then `lane_sum`'s pairing): the same operations on the same numbers,
+//! so the same bits, without a shuffle per score. The transposition costs about one
+//! instruction per key and unit once a run has 8 or more units; fewer units keep the kernel in
+//! `avx512`.
+
+use std::arch::x86_64::*;
+
+use super::shared::KvRows;
+
+/// Keys a transposed chunk holds (its row stride in `kt`).
+pub(super) const CHUNK: usize = 64;
+
+/// Widens keys `0..n` (`n ≤ CHUNK`; key `j` is `keys.skip(j * stride + offset)`, `dim`
+/// elements, a multiple of 16) into `kt[e * CHUNK + j]`; keys `n..` of the last tile of 16 are
+/// zeros. `kt` holds `dim * CHUNK` elements and every key read is inside `keys` (the caller
+/// checks both).
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn transpose_keys<K: KvRows>(
+    keys: K,
+    (stride, offset): (usize, usize),
+    dim: usize,
+    n: usize,
+    kt: &mut [f32],
+) {
+    let out = kt.as_mut_ptr();
+    for tile in 0..n.div_ceil(16) {
+        for t in 0..dim / 16 {
+            let rows: [__m512; 16] = std::array::from_fn(|r| {
+                let j = tile * 16 + r;
+                if j < n {
+                    super::avx512::load16(keys, j * stride + offset + 16 * t)
+                } else {
+                    _mm512_setzero_ps()
+                }
+            });
+            let cols = transpose16(rows);
+            for (e, c) in cols.iter().enumerate() {
+                _mm512_storeu_ps(out.add((16 * t + e) * CHUNK + 16 * tile), *c);
+            }
+        }
+    }
+}
+
+/// A 16 × 16 transpose: `out[e]` lane `r` is `rows[r]` lane `e`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    let pd = _mm512_castps_pd;
+    let ps = _mm512_castpd_ps;
+    // Pairs of rows interleaved by element, then by pairs of elements.
+    let t: [__m512; 16] = std::array::from_fn(|i| {
+        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    let u: [__m512; 16] = std::array::from_fn(|i| {
+        let base = i / 4 * 4;
+        let (a, b) = (t[base + (i % 4) / 2], t[base + (i % 4) / 2 + 2]);
+        if i % 2 == 0 {
+            ps(_mm512_unpacklo_pd(pd(a), pd(b)))
+        } else {
+            ps(_mm512_unpackhi_pd(pd(a), pd(b)))
+        }
+    });
+    // 128-bit blocks: rows 4 apart, then 8 apart.
+    let v: [__m512; 16] = std::array::from_fn(|i| {
+        let base = i / 8 * 8;
+        let (a, b) = (u[base + i % 4], u[base + i % 4 + 4]);
+        if (i % 8) < 4 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        }
+    });
+    std::array::from_fn(|i| {
+        let (a, b) = (v[i % 8], v[i % 8 + 8]);
+        if i < 8 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        }
+    })
+}
+
+/// `out[m][j] = dot(q[m], key j) * scale` for keys `j < n` of a transposed chunk `kt`, for `M`
+/// queries of `dim` elements (a multiple of 16) at once; every read and write is inside its
+/// buffer (the caller checks). The bits are `dot`'s: lane `l`'s chain over the query's
+/// 16-element blocks from zero, `lane l + lane l+8`, then `lane_sum`'s pairing.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[allow(clippy::needless_range_loop)]
+pub(super) unsafe fn vertical_scores<const M: usize>(
+    q: [*const f32; M],
+    dim: usize,
+    kt: &[f32],
+    n: usize,
+    scale: f32,
+    out: [*mut f32; M],
+) {
+    let ktp = kt.as_ptr();
+    let sv = _mm512_set1_ps(scale);
+    for tile in 0..n.div_ceil(16) {
+        // Lane `l`'s chains for the M queries over sixteen keys.
+        let chain = |l: usize| -> [__m512; M] {
+            let mut acc = [_mm512_setzero_ps(); M];
+            for c in 0..dim / 16 {
+                let e = 16 * c + l;
+                let k = _mm512_loadu_ps(ktp.add(e * CHUNK + 16 * tile));
+                for m in 0..M {
+                    acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(*q[m].add(e)), k, acc[m]);
+                }
+            }
+            acc
+        };
+        let add = |a: [__m512; M], b: [__m512; M]| -> [__m512; M] {
+            std::array::from_fn(|m| _mm512_add_ps(a[m], b[m]))
+        };
+        let folded = |l: usize| add(chain(l), chain(l + 8));
+        // In the order the sums are needed, so few chains are live at once.
+        let first = add(folded(0), folded(4));
+        let first = add(first, add(folded(1), folded(5)));
+        let second = add(folded(2), folded(6));
+        let second = add(second, add(folded(3), folded(7)));
+        let sums = add(first, second);
+        let left = (n - 16 * tile).min(16);
+        let mask: __mmask16 = if left == 16 { !0 } else { (1 << left) - 1 };
+        for m in 0..M {
+            _mm512_mask_storeu_ps(out[m].add(16 * tile), mask, _mm512_mul_ps(sums[m], sv));
+        }
+    }
+}
