@@ -270,15 +270,10 @@ pub(super) fn simd_available() -> bool {
     })
 }
 
-/// The fewest units that take their scores from keys transposed along the lanes
-/// (`vertical`): the transposition costs about 16 instructions a key, and each unit then
-/// saves about 3 of the ~9 a score costs with a key in the lanes.
-const VERTICAL_UNITS: usize = 8;
-
 /// Scores of `units` queries (`query(m)`, writing to `out.0[m * out.1..][..n]`) against `n ≤
-/// KEY_CHUNK` keys (`keys` from key 0, `(stride, offset)` as [`scaled_dots`]'), computed on
-/// keys transposed into `kt` where AVX-512 runs, the head size is a multiple of 16 and the
-/// units are [`VERTICAL_UNITS`] or more: the bits of [`scaled_dots`]. Returns whether it did.
+/// KEY_CHUNK` keys (`keys` from key 0, `(stride, offset)` as [`scaled_dots`]'), from keys
+/// transposed along the lanes where that kernel runs (`vertical::transposed_scores`): the bits
+/// of [`scaled_dots`]. Returns whether it did.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn vertical_scores<'q, K: KvRows>(
     keys: K,
@@ -291,84 +286,18 @@ pub(super) fn vertical_scores<'q, K: KvRows>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        let dim = query(0).len();
-        let able = units >= VERTICAL_UNITS
-            && dim.is_multiple_of(16)
-            && simd_available()
-            && wide_available();
-        if !able {
-            return false;
-        }
-        assert!(n <= vertical::CHUNK && n <= KEY_CHUNK);
-        assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.elements());
-        assert!(n == 0 || (units - 1) * out_stride + n <= out.len());
-        if kt.len() < dim * vertical::CHUNK {
-            kt.resize(dim * vertical::CHUNK, 0.0);
-        }
-        // SAFETY: AVX-512 was checked; every key read is inside `keys`, the transposed chunk
-        // inside `kt`, every score written inside `out` (asserted above) and every query is
-        // `dim` long.
-        unsafe {
-            vertical::transpose_keys(keys, (stride, offset), dim, n, kt);
-            let mut m = 0;
-            while m < units {
-                let at = |k: usize| {
-                    (
-                        query(m + k).as_ptr(),
-                        out.as_mut_ptr().add((m + k) * out_stride),
-                    )
-                };
-                let take = (units - m).min(4);
-                match take {
-                    4 => {
-                        let p: [_; 4] = std::array::from_fn(at);
-                        vertical::vertical_scores::<4>(
-                            p.map(|x| x.0),
-                            dim,
-                            kt,
-                            n,
-                            scale,
-                            p.map(|x| x.1),
-                        )
-                    }
-                    3 => {
-                        let p: [_; 3] = std::array::from_fn(at);
-                        vertical::vertical_scores::<3>(
-                            p.map(|x| x.0),
-                            dim,
-                            kt,
-                            n,
-                            scale,
-                            p.map(|x| x.1),
-                        )
-                    }
-                    2 => {
-                        let p: [_; 2] = std::array::from_fn(at);
-                        vertical::vertical_scores::<2>(
-                            p.map(|x| x.0),
-                            dim,
-                            kt,
-                            n,
-                            scale,
-                            p.map(|x| x.1),
-                        )
-                    }
-                    _ => {
-                        let p: [_; 1] = std::array::from_fn(at);
-                        vertical::vertical_scores::<1>(
-                            p.map(|x| x.0),
-                            dim,
-                            kt,
-                            n,
-                            scale,
-                            p.map(|x| x.1),
-                        )
-                    }
-                }
-                m += take;
-            }
-        }
-        true
+        assert!(n <= KEY_CHUNK);
+        let able = simd_available() && wide_available();
+        let q = (units, query);
+        able && vertical::transposed_scores(
+            keys,
+            (stride, offset),
+            n,
+            q,
+            scale,
+            (out, out_stride),
+            kt,
+        )
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

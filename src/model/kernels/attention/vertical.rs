@@ -18,6 +18,63 @@ use super::shared::KvRows;
 /// Keys a transposed chunk holds (its row stride in `kt`).
 pub(super) const CHUNK: usize = 64;
 
+/// The fewest units that take their scores from keys transposed along the lanes
+/// (`vertical`): the transposition costs about 16 instructions a key, and each unit then
+/// saves about 3 of the ~9 a score costs with a key in the lanes.
+const VERTICAL_UNITS: usize = 8;
+
+/// `super::causal::vertical_scores` where AVX-512 runs (the caller checks): computed on keys
+/// transposed into `kt` when the head size is a multiple of 16 and the units are
+/// [`VERTICAL_UNITS`] or more. Returns whether it did.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn transposed_scores<'q, K: KvRows>(
+    keys: K,
+    (stride, offset): (usize, usize),
+    n: usize,
+    (units, query): (usize, &dyn Fn(usize) -> &'q [f32]),
+    scale: f32,
+    (out, out_stride): (&mut [f32], usize),
+    kt: &mut Vec<f32>,
+) -> bool {
+    let dim = query(0).len();
+    if units < VERTICAL_UNITS || !dim.is_multiple_of(16) {
+        return false;
+    }
+    assert!(n <= CHUNK);
+    assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.elements());
+    assert!(n == 0 || (units - 1) * out_stride + n <= out.len());
+    if kt.len() < dim * CHUNK {
+        kt.resize(dim * CHUNK, 0.0);
+    }
+    // Units `m..m + M` at once (the queries' pointers and their scores').
+    macro_rules! group {
+        ($m:expr, $M:literal) => {{
+            let p: [_; $M] = std::array::from_fn(|k| {
+                let out = out[($m + k) * out_stride..].as_mut_ptr();
+                (query($m + k).as_ptr(), out)
+            });
+            vertical_scores::<$M>(p.map(|x| x.0), dim, kt, n, scale, p.map(|x| x.1))
+        }};
+    }
+    // SAFETY: AVX-512 was checked by the caller; every key read is inside `keys`, the
+    // transposed chunk inside `kt`, every score written inside `out` (asserted above) and
+    // every query is `dim` long.
+    unsafe {
+        transpose_keys(keys, (stride, offset), dim, n, kt);
+        let mut m = 0;
+        while m < units {
+            match units - m {
+                1 => group!(m, 1),
+                2 => group!(m, 2),
+                3 => group!(m, 3),
+                _ => group!(m, 4),
+            }
+            m += (units - m).min(4);
+        }
+    }
+    true
+}
+
 /// Widens keys `0..n` (`n ≤ CHUNK`; key `j` is `keys.skip(j * stride + offset)`, `dim`
 /// elements, a multiple of 16) into `kt[e * CHUNK + j]`; keys `n..` of the last tile of 16 are
 /// zeros. `kt` holds `dim * CHUNK` elements and every key read is inside `keys` (the caller
