@@ -242,15 +242,23 @@ fn print_widths(
 fn print_memory_bound(config: &Config, timer: &ForwardTimer<'_>, (k0, ms): (usize, f64)) {
     let (model, depth) = (timer.model, timer.depth);
     // Every forward streams the weights a token reads (a mixture's chosen experts: a 1-token
-    // forward's least) once and the cache once.
-    let bytes = model.bytes_per_token() + (depth + k0) * timer.cache.bytes_per_token();
+    // forward's least) once and the cache once: of a windowed layer (Gemma 3's local ones),
+    // only its window.
+    let hp = model.hparams();
+    let per_layer = timer.cache.bytes_per_token() / hp.num_layers.max(1);
+    let seen = depth + k0;
+    let kv: usize = (0..hp.num_layers)
+        .map(|l| hp.window(l).map_or(seen, |w| w.min(seen)) * per_layer)
+        .sum();
+    let bytes = model.bytes_per_token() + kv;
     let threads = tandem::runtime::thread_count(config.runtime.threads);
     let bandwidth = stream_bandwidth::measure(threads, 3);
     let floor_ms = bytes as f64 / bandwidth * 1e3;
     println!();
     println!(
         "memory bound: a {k0}-token forward reads {:.1} MB (weights {:.1} MB, KV cache at depth \
-         {depth}); {threads} thread(s) stream {:.1} GB/s, so it takes at least {floor_ms:.2} ms; \
+         {depth}, windowed layers' windows); {threads} thread(s) stream {:.1} GB/s, so it takes \
+         at least {floor_ms:.2} ms; \
          the measured {ms:.2} ms runs at {:.0}% of that bound",
         bytes as f64 / 1e6,
         model.bytes_per_token() as f64 / 1e6,
