@@ -18,8 +18,8 @@ pub enum KvDtype {
 }
 
 impl KvDtype {
-    /// Elements one q8_0 scale covers.
-    pub const Q8_BLOCK: usize = 32;
+    /// Elements one q8_0 scale covers (the attention kernels' blocks).
+    pub const Q8_BLOCK: usize = crate::model::kernels::attention::Q8Rows::BLOCK;
 
     /// Bytes `elements` take (for q8_0, a multiple of [`Self::Q8_BLOCK`]).
     pub fn bytes_for(self, elements: usize) -> usize {
