@@ -260,3 +260,23 @@ fn llama_pair_config_is_valid() {
     );
     assert!(c.speculation.settings.enabled);
 }
+
+/// The scheduler sizes prompt chunks by what their tokens cost at their depth, priced from
+/// the model's own matmul and attention kernels timed at start-up: on the real model a token
+/// deep in the context must cost more than one at its start (a failed timing would leave the
+/// price flat, every token 1, and one long prompt's chunk would stall other requests again),
+/// the more keys it reads the more, and a chunk deep in the context fits fewer tokens.
+#[test]
+fn prefill_price_grows_with_the_keys_a_token_reads() {
+    use tandem::engine::prefill_timing::prefill_price;
+    let loaded = common::load_default(WeightsDtype::Auto);
+    let price = prefill_price(&loaded.model);
+    assert_eq!(price.relative(0), 1.0);
+    let (mid, deep) = (price.relative(2047), price.relative(8191));
+    assert!(1.0 < mid && mid < deep && deep < 1000.0, "{mid} {deep}");
+    let budget = price.chunk(0, 256);
+    let (shallow_len, _) = price.fit(0, 10_000, budget);
+    let (deep_len, spent) = price.fit(8000, 10_000, budget);
+    assert_eq!(shallow_len, 256);
+    assert!(0 < deep_len && deep_len < 256 && spent <= budget, "{deep_len}");
+}

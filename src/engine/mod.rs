@@ -33,6 +33,7 @@ pub mod scheduler;
 pub mod speculation_knobs;
 pub mod speculation_settings;
 pub mod stop;
+pub mod prefill_timing;
 mod target_round;
 pub mod token_source;
 pub mod tree_nodes;

@@ -19,6 +19,7 @@ mod constrain;
 mod drafting;
 mod foresight;
 mod outcome;
+pub mod prefill_price;
 mod remember;
 mod round;
 mod round_clock;

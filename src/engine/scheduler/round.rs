@@ -131,13 +131,14 @@ impl Scheduler {
                 pending: s.pending.is_some(),
                 group: s.group,
                 prompt_left: s.prompt_len() - s.prefilled,
+                prompt_done: s.prefilled,
                 waiting: s.waits_for.is_some(),
             })
             .collect();
         RoundPlan::build(
             &states,
             pipelined,
-            self.cfg.prefill_chunk,
+            (&self.cfg.prefill_price, self.cfg.prefill_chunk),
             self.counters.rounds,
         )
     }

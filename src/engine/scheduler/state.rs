@@ -32,6 +32,9 @@ pub(super) const POOLED_ACCEPTANCE_DECAY: f64 = 0.995;
 pub struct SchedulerConfig {
     pub max_seqs: usize,
     pub prefill_chunk: usize,
+    /// What a prompt token costs by its depth: a round's chunks together cost what
+    /// `prefill_chunk` tokens cost at a context's start.
+    pub prefill_price: super::prefill_price::PrefillPrice,
     pub pipeline: bool,
     pub context_len: usize,
     /// The largest γ any round may draft (KV headroom is reserved for it).
