@@ -278,5 +278,8 @@ fn prefill_price_grows_with_the_keys_a_token_reads() {
     let (shallow_len, _) = price.fit(0, 10_000, budget);
     let (deep_len, spent) = price.fit(8000, 10_000, budget);
     assert_eq!(shallow_len, 256);
-    assert!(0 < deep_len && deep_len < 256 && spent <= budget, "{deep_len}");
+    assert!(
+        0 < deep_len && deep_len < 256 && spent <= budget,
+        "{deep_len}"
+    );
 }

@@ -3,8 +3,9 @@
 //! Verifier for one batched target forward, then turns the outcomes into output events.
 //!
 //! Continuous batching: requests join (admitted from the queue) and leave (finished or
-//! cancelled) between rounds; prompts are prefilled in chunks of at most `prefill_chunk` tokens
-//! per round, inside the same forward as everyone else's decoding. With `pipeline` on, decoding
+//! cancelled) between rounds; prompts are prefilled in chunks that cost at most what
+//! `prefill_chunk` tokens cost at a context's start ([`prefill_price::PrefillPrice`]: a deep
+//! token costs its attention too), inside the same forward as everyone else's decoding. With `pipeline` on, decoding
 //! sequences are split into two groups: while the verifier checks one group's drafts, the
 //! drafter drafts for the other (docs/speculation.md, "Pipelining"). While only one group has decoding sequences (a
 //! lone request, say), it is verified every round, and the drafter drafts each sequence's next

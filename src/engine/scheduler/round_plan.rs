@@ -182,7 +182,12 @@ mod tests {
     fn sequences_with_pending_drafts_are_verified_without_drafting_again() {
         let mut waiting = decoding(0);
         waiting.pending = true;
-        let p = RoundPlan::build(&[waiting, decoding(1), decoding(0)], true, (&PrefillPrice::flat(), 512), 0);
+        let p = RoundPlan::build(
+            &[waiting, decoding(1), decoding(0)],
+            true,
+            (&PrefillPrice::flat(), 512),
+            0,
+        );
         assert!(
             p.draft_now.is_empty(),
             "the verified group drafted last round"
@@ -211,7 +216,12 @@ mod tests {
         // A choice waiting for another's prefill takes no part.
         let mut waiting = prompt(300);
         waiting.waiting = true;
-        let p = RoundPlan::build(&[waiting, prompt(5)], false, (&PrefillPrice::flat(), 512), 0);
+        let p = RoundPlan::build(
+            &[waiting, prompt(5)],
+            false,
+            (&PrefillPrice::flat(), 512),
+            0,
+        );
         assert_eq!(p.target, vec![(1, TargetPart::Prefill { len: 5 })]);
         // A zero budget still moves prompts forward one token at a time.
         let p = RoundPlan::build(&[prompt(3)], false, (&PrefillPrice::flat(), 0), 0);
