@@ -37,7 +37,7 @@ impl PrefillPrice {
     /// (a timing that failed) leave the price flat.
     pub fn new(per_token: f64, layers: &[(f64, Option<usize>)]) -> Self {
         let sane = |x: f64| x.is_finite() && x >= 0.0;
-        if !(per_token.is_finite() && per_token > 0.0) || !layers.iter().all(|l| sane(l.0)) {
+        if !(per_token.is_finite() && per_token > 0.0 && layers.iter().all(|l| sane(l.0))) {
             return Self::flat();
         }
         let per_key = layers.iter().filter(|l| l.1.is_none()).map(|l| l.0).sum();

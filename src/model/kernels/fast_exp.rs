@@ -70,6 +70,39 @@ pub(crate) unsafe fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__
     _mm256_mul_ps(e, _mm256_castsi256_ps(pow2))
 }
 
+/// [`softmax_exp`] on sixteen lanes, operation for operation (so lane for lane the bits of
+/// [`exp8`] and the scalar form).
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // As in `exp8`: a NaN stays NaN (max returns its second operand when either is NaN).
+    let x = _mm512_max_ps(_mm512_set1_ps(EXP_MIN), x);
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_fmadd_ps(
+        x,
+        _mm512_set1_ps(LOG2E),
+        _mm512_set1_ps(0.5),
+    ));
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+    let mut poly = _mm512_set1_ps(EXP_P[0]);
+    for &c in &EXP_P[1..] {
+        poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(c));
+    }
+    let e = _mm512_add_ps(
+        _mm512_fmadd_ps(_mm512_mul_ps(poly, r), r, r),
+        _mm512_set1_ps(1.0),
+    );
+    let pow2 = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(n),
+        _mm512_set1_epi32(127),
+    ));
+    _mm512_mul_ps(e, _mm512_castsi512_ps(pow2))
+}
+
 /// Whether [`exp8`] may run here (AVX2 and FMA, unless `TANDEM_DISABLE_AVX2` turns the vector
 /// kernels off).
 pub(crate) fn vector_available() -> bool {

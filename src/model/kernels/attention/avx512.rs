@@ -1,5 +1,5 @@
-//! AVX-512 forms of two attention kernels (`scaled_dots`, `accumulate_values`): sixteen lanes a
-//! register where the AVX2 forms have eight, so a key row or a value row is two or four loads
+//! AVX-512 forms of the attention kernels (`scaled_dots`, `softmax_weights`,
+//! `accumulate_values`): sixteen lanes a register where the AVX2 forms have eight, so a key row or a value row is two or four loads
 //! and fused multiply-adds instead of four or eight. A verification of several tokens at a deep
 //! context spends its extra time here (each extra query token re-reads the sequence's keys and
 //! values, ~0.8 ms per token at a depth of 1000 on AVX2).
@@ -12,6 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::shared::{accumulate_values_at_width, lane_sum, reduce_eight_keys, KvForm, KvRows};
+use crate::model::kernels::fast_exp::{exp16, exp8, softmax_exp};
 
 /// Elements `i..i + 16` of `rows` as f32 (for q8, `i` a multiple of 16, so one scale).
 #[target_feature(enable = "avx512f,avx512vl,f16c")]
@@ -81,6 +82,53 @@ pub(super) unsafe fn scaled_dots<K: KvRows>(
         scores[j] = lane_sum(&lanes) * scale;
         j += 1;
     }
+}
+
+/// See `super::softmax_weights`: the exponentials sixteen lanes at a time (`exp16`, lane for
+/// lane the bits of `exp8`), each register's two halves added to the eight-lane sum one after
+/// the other, so key `j` still joins lane `j mod 8` in key order, as the AVX2 form adds them.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub(super) unsafe fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
+    let n = scores.len();
+    let p = scores.as_mut_ptr();
+    let (full, wide) = (n / 8 * 8, n / 16 * 16);
+    let mut mv = _mm512_set1_ps(f32::NEG_INFINITY);
+    for j in (0..wide).step_by(16) {
+        mv = _mm512_max_ps(mv, _mm512_loadu_ps(p.add(j)));
+    }
+    let mut m = [0f32; 16];
+    _mm512_storeu_ps(m.as_mut_ptr(), mv);
+    let max = scores[wide..]
+        .iter()
+        .chain(&m)
+        .fold(f32::NEG_INFINITY, |a, &s| a.max(s));
+    let maxv = _mm512_set1_ps(max);
+    let mut acc = _mm256_setzero_ps();
+    for j in (0..wide).step_by(16) {
+        let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(j)), maxv));
+        _mm512_storeu_ps(p.add(j), e);
+        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+        acc = _mm256_add_ps(
+            acc,
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e))),
+        );
+    }
+    if full > wide {
+        let e = exp8(_mm256_sub_ps(
+            _mm256_loadu_ps(p.add(wide)),
+            _mm512_castps512_ps256(maxv),
+        ));
+        _mm256_storeu_ps(p.add(wide), e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+    let mut sum = lane_sum(&lanes);
+    for s in &mut scores[full..] {
+        *s = softmax_exp(*s - max);
+        sum += *s;
+    }
+    (max, sum)
 }
 
 accumulate_values_at_width! {

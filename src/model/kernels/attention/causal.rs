@@ -71,8 +71,15 @@ pub(super) fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     {
         if simd_available() {
-            // SAFETY: AVX2 and FMA were checked; every access is inside `scores`.
-            return unsafe { avx2::softmax_weights(scores) };
+            // SAFETY: AVX2 and FMA (and for the wide path AVX-512) were checked; every access
+            // is inside `scores`.
+            return unsafe {
+                if wide_available() {
+                    avx512::softmax_weights(scores)
+                } else {
+                    avx2::softmax_weights(scores)
+                }
+            };
         }
     }
     scalar::softmax_weights(scores)
@@ -308,6 +315,24 @@ pub(super) fn vertical_scores<'q, K: KvRows>(
     }
 }
 
+/// [`vertical::widen_rows`] where it runs; returns whether it did.
+fn widen_rows<K: KvRows>(
+    (rows, at): (K, (usize, usize)),
+    n: usize,
+    dim: usize,
+    out: &mut Vec<f32>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd_available() && vertical::widen_rows(rows, at, n, dim, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (rows, at, n, dim, out);
+        false
+    }
+}
+
 /// Keys taken at a time by every head of a group before the next ones: 64 keys of 64 values
 /// are 16 KiB, read from memory once and from L1 by the group's other heads. Even, so each
 /// chunk starts at an even key (see [`accumulate_values`]).
@@ -416,8 +441,9 @@ pub fn causal_attention<K: KvRows>(
                 let (i, h) = unit(members.start + m);
                 &q[i * q_dim + h * head_dim..][..head_dim]
             };
-            let vertical = (first..first + stride).step_by(KEY_CHUNK).all(|j0| {
-                let n = KEY_CHUNK.min(first + stride - j0);
+            let end = first + stride;
+            let vertical = (first..end).step_by(KEY_CHUNK).all(|j0| {
+                let n = KEY_CHUNK.min(end - j0);
                 let out = &mut scores[j0 - first..];
                 vertical_scores(
                     keys.skip(j0 * kv_dim),
@@ -466,16 +492,33 @@ pub fn causal_attention<K: KvRows>(
             }
             acc.clear();
             acc.resize(nm * 2 * head_dim, 0.0);
+            // A run whose scores came from transposed keys has the units to widen each chunk
+            // of f16 or q8 values once (into `kt`, free again) for all of them.
+            let widen = vertical && K::FORM != KvForm::F32;
+            let mut widened = None;
             each_chunk(&mut |m, heads, _, j0, len| {
-                accumulate_values_heads(
-                    &scores[m * stride + j0 - first..],
-                    stride,
-                    len,
-                    heads,
-                    values.skip(j0 * kv_dim),
-                    (kv_dim, kv_off),
-                    &mut acc[m * 2 * head_dim..][..heads * 2 * head_dim],
-                );
+                let weights = &scores[m * stride + j0 - first..];
+                let sums = &mut acc[m * 2 * head_dim..][..heads * 2 * head_dim];
+                if widen && widened != Some(j0) {
+                    let n = KEY_CHUNK.min(end - j0);
+                    let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off));
+                    widened = widen_rows(rows, n, head_dim, kt).then_some(j0);
+                }
+                if widened == Some(j0) {
+                    let rows = &kt[..];
+                    accumulate_values_heads(weights, stride, len, heads, rows, (head_dim, 0), sums);
+                } else {
+                    let rows = values.skip(j0 * kv_dim);
+                    accumulate_values_heads(
+                        weights,
+                        stride,
+                        len,
+                        heads,
+                        rows,
+                        (kv_dim, kv_off),
+                        sums,
+                    );
+                }
             });
             for (m, u) in members.enumerate() {
                 if in_segment(u) == 0 {

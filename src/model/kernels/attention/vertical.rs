@@ -196,3 +196,47 @@ pub(super) unsafe fn vertical_scores<const M: usize>(
         }
     }
 }
+
+/// Value rows `0..n` (`n ≤ CHUNK`; row `j` is `rows.skip(j * stride + offset)`, `dim`
+/// elements, a multiple of 16) widened to f32 into `out[j * dim..][..dim]`, once for all of a
+/// run's units: each f16 or q8 element was otherwise widened again for every query of the run
+/// (q8: three instructions a register, on the ports the multiply-adds need). Exact, so the
+/// value sums over them are the bits of the sums over `rows`. Returns whether it did (AVX-512
+/// and a head size a multiple of 16).
+pub(super) fn widen_rows<K: KvRows>(
+    rows: K,
+    (stride, offset): (usize, usize),
+    n: usize,
+    dim: usize,
+    out: &mut Vec<f32>,
+) -> bool {
+    if !dim.is_multiple_of(16) || !super::causal::wide_available() {
+        return false;
+    }
+    assert!(n <= CHUNK);
+    assert!(n == 0 || (n - 1) * stride + offset + dim <= rows.elements());
+    if out.len() < dim * CHUNK {
+        out.resize(dim * CHUNK, 0.0);
+    }
+    // SAFETY: AVX-512 was checked; every read is inside `rows` and every write inside `out`
+    // (asserted above).
+    unsafe { widen_rows_wide(rows, (stride, offset), n, dim, out) };
+    true
+}
+
+#[target_feature(enable = "avx512f,avx512vl,f16c")]
+unsafe fn widen_rows_wide<K: KvRows>(
+    rows: K,
+    (stride, offset): (usize, usize),
+    n: usize,
+    dim: usize,
+    out: &mut [f32],
+) {
+    let op = out.as_mut_ptr();
+    for j in 0..n {
+        for e in (0..dim).step_by(16) {
+            let v = super::avx512::load16(rows, j * stride + offset + e);
+            _mm512_storeu_ps(op.add(j * dim + e), v);
+        }
+    }
+}
