@@ -324,7 +324,7 @@ fn widen_rows<K: KvRows>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        simd_available() && vertical::widen_rows(rows, at, n, dim, out)
+        simd_available() && wide_available() && vertical::widen_rows(rows, at, n, dim, out)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -201,8 +201,8 @@ pub(super) unsafe fn vertical_scores<const M: usize>(
 /// elements, a multiple of 16) widened to f32 into `out[j * dim..][..dim]`, once for all of a
 /// run's units: each f16 or q8 element was otherwise widened again for every query of the run
 /// (q8: three instructions a register, on the ports the multiply-adds need). Exact, so the
-/// value sums over them are the bits of the sums over `rows`. Returns whether it did (AVX-512
-/// and a head size a multiple of 16).
+/// value sums over them are the bits of the sums over `rows`. Where AVX-512 runs (the caller
+/// checks); returns whether it did (a head size a multiple of 16).
 pub(super) fn widen_rows<K: KvRows>(
     rows: K,
     (stride, offset): (usize, usize),
@@ -210,7 +210,7 @@ pub(super) fn widen_rows<K: KvRows>(
     dim: usize,
     out: &mut Vec<f32>,
 ) -> bool {
-    if !dim.is_multiple_of(16) || !super::causal::wide_available() {
+    if !dim.is_multiple_of(16) {
         return false;
     }
     assert!(n <= CHUNK);
@@ -218,8 +218,8 @@ pub(super) fn widen_rows<K: KvRows>(
     if out.len() < dim * CHUNK {
         out.resize(dim * CHUNK, 0.0);
     }
-    // SAFETY: AVX-512 was checked; every read is inside `rows` and every write inside `out`
-    // (asserted above).
+    // SAFETY: AVX-512 was checked by the caller; every read is inside `rows` and every write
+    // inside `out` (asserted above).
     unsafe { widen_rows_wide(rows, (stride, offset), n, dim, out) };
     true
 }
