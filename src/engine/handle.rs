@@ -17,11 +17,10 @@ use super::governor::{CostModel, ExpertPrices, GovernorConfig, Remembered};
 use super::kv_room;
 use super::liveness::{EngineHealth, Liveness};
 use super::messages::*;
-use super::prefill_timing::prefill_price;
+use super::prefill_timing::prefill_price_off_runtime;
 use super::prefix_budget::{prefix_budget_bytes, split_budget};
 use super::price_memory::{MemoryFile, PriceMemory};
 use super::request::{check_request, EngineRequest};
-use super::scheduler::prefill_price::PrefillPrice;
 use super::scheduler::{DraftForesight, Scheduler, SchedulerConfig};
 use super::speculation_settings::{LiveSpeculation, SpeculationSettings};
 use super::verifier::Verifier;
@@ -194,10 +193,7 @@ impl Engine {
             (cfg.stall_timeout_seconds > 0)
                 .then(|| std::time::Duration::from_secs(cfg.stall_timeout_seconds)),
         );
-        let timed = Arc::clone(&target);
-        let prefill_price = tokio::task::spawn_blocking(move || prefill_price(&timed))
-            .await
-            .unwrap_or_else(|_| PrefillPrice::flat());
+        let prefill_price = prefill_price_off_runtime(&target).await;
         let scheduler_cfg = SchedulerConfig {
             max_seqs: cfg.max_seqs,
             prefill_chunk: cfg.prefill_chunk,

@@ -5,6 +5,8 @@
 //! matmuls against its attention. Both kernels are timed alone on the model's own shapes (a
 //! few milliseconds), so the price needs no deep context and no speculation to exist.
 
+use std::sync::Arc;
+
 use crate::engine::scheduler::prefill_price::PrefillPrice;
 use crate::model::decoder::op_profile::Op;
 use crate::model::{Decoder, ForwardKind};
@@ -44,4 +46,13 @@ pub fn prefill_price(target: &Decoder) -> PrefillPrice {
         "prefill priced by depth (a token deep in the context against one at its start)"
     );
     price
+}
+
+/// [`prefill_price`] on a blocking thread: the timed kernels are forwards' work, never the
+/// async runtime's.
+pub(super) async fn prefill_price_off_runtime(target: &Arc<Decoder>) -> PrefillPrice {
+    let target = Arc::clone(target);
+    tokio::task::spawn_blocking(move || prefill_price(&target))
+        .await
+        .unwrap_or_else(|_| PrefillPrice::flat())
 }

@@ -5,10 +5,10 @@
 //! Continuous batching: requests join (admitted from the queue) and leave (finished or
 //! cancelled) between rounds; prompts are prefilled in chunks that cost at most what
 //! `prefill_chunk` tokens cost at a context's start ([`prefill_price::PrefillPrice`]: a deep
-//! token costs its attention too), inside the same forward as everyone else's decoding. With `pipeline` on, decoding
-//! sequences are split into two groups: while the verifier checks one group's drafts, the
-//! drafter drafts for the other (docs/speculation.md, "Pipelining"). While only one group has decoding sequences (a
-//! lone request, say), it is verified every round, and the drafter drafts each sequence's next
+//! token costs its attention too), inside the same forward as everyone else's decoding. With
+//! `pipeline` on, decoding sequences are split into two groups: while the verifier checks one
+//! group's drafts, the drafter drafts for the other (docs/speculation.md, "Pipelining"). While
+//! only one group has decoding sequences (a lone request, say), it is verified every round, and the drafter drafts each sequence's next
 //! round during the verification, assuming every draft stands and guessing the target's token
 //! after them; the guess is used when both held and discarded otherwise. The round's shape is
 //! decided by the pure [`round_plan::RoundPlan`]; γ by the governor, and a token tree's

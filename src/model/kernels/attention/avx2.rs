@@ -7,8 +7,10 @@
 
 use std::arch::x86_64::*;
 
-use super::shared::{accumulate_values_at_width, lane_sum, reduce_eight_keys, KvForm, KvRows};
-use crate::model::kernels::fast_exp::{exp8 as exp, softmax_exp};
+use super::shared::{
+    accumulate_values_at_width, lane_sum, reduce_eight_keys, softmax_tail, KvForm, KvRows,
+};
+use crate::model::kernels::fast_exp::exp8 as exp;
 
 /// Elements `i..i + 8` of `rows` as f32 (for q8, `i` a multiple of 8, so one scale).
 #[target_feature(enable = "avx2,f16c")]
@@ -112,12 +114,7 @@ pub(super) unsafe fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
     }
     let mut lanes = [0f32; 8];
     _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-    let mut sum = lane_sum(&lanes);
-    for s in &mut scores[full..] {
-        *s = softmax_exp(*s - max);
-        sum += *s;
-    }
-    (max, sum)
+    (max, softmax_tail(&lanes, &mut scores[full..], max))
 }
 
 accumulate_values_at_width! {

@@ -125,6 +125,19 @@ pub(super) fn lane_sum(a: &[f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
 
+/// The end of the vector softmaxes: the eight-lane sum of the whole blocks of eight (`lanes`)
+/// reduced by [`lane_sum`], then the keys after them (`tail`) turned into weights and added one
+/// by one, as the scalar definition does.
+#[inline]
+pub(super) fn softmax_tail(lanes: &[f32; 8], tail: &mut [f32], max: f32) -> f32 {
+    let mut sum = lane_sum(lanes);
+    for s in tail {
+        *s = crate::model::kernels::fast_exp::softmax_exp(*s - max);
+        sum += *s;
+    }
+    sum
+}
+
 /// Eight keys' eight-lane partial sums reduced to their eight scores, in key order, pairing
 /// the lanes as [`lane_sum`] does.
 #[cfg(target_arch = "x86_64")]
