@@ -10,7 +10,7 @@
 //! It is grouped by job:
 //!
 //! * `kernels/`: the CPU arithmetic. Matrix multiplies for Q4_0/Q4_1 (`q4_gemm`), Q8_0
-//!   (`q8_gemm`) and f16 (`f16_gemm`) weights with the candle glue in `packed_gemm`; attention
+//!   (`q8_gemm`) and f16 or f32 (`float_gemm`) weights with the candle glue in `packed_gemm`; attention
 //!   written by hand with scalar definitions and AVX2/AVX-512 kernels that match them bit for
 //!   bit (`attention`); RMS norms fused with the residual add (`rms_norm`); elementwise work
 //!   over one vectorized exponential (`elementwise`, `fast_exp`); which vector level the CPU gets (`cpu_kernels`) and the row-parallel loop

@@ -1,8 +1,8 @@
 //! Linear layers and the weight types they can be converted to at load time.
 //!
-//! Q8_0, Q4_0 and f16 weights run on our own batch-invariant AVX2 kernels (`q8_gemm`,
-//! `q4_gemm`, `f16_gemm`) where the CPU has them. Every other type is held as a candle `QTensor`
-//! (f32/bf16 included) and multiplied with candle's CPU quantized matmul: that kernel quantizes
+//! Q8_0, Q4_0, f16 and f32 weights run on our own batch-invariant AVX2 kernels (`q8_gemm`,
+//! `q4_gemm`, `float_gemm`) where the CPU has them. Every other type is held as a candle `QTensor`
+//! (bf16 included) and multiplied with candle's CPU quantized matmul: that kernel quantizes
 //! each activation row on its own and computes each (row, column) dot product with the same code
 //! whatever the row count. Either way a token's output does not depend on how many tokens share the pass (batch
 //! invariance). Dense weights are deliberately *not* turned into gemm matmuls, whose blocking
@@ -19,7 +19,7 @@ use candle_core::{Device, Module, Tensor};
 
 use crate::model::decoder::device::ForwardKind;
 pub use crate::model::decoder::weights_dtype::WeightsDtype;
-use crate::model::kernels::f16_gemm::{self, PackedF16};
+use crate::model::kernels::float_gemm::{self, FloatElem, PackedFloat};
 use crate::model::kernels::kquant_gemm::{self, KFormat, PackedK};
 use crate::model::kernels::packed_gemm::{PackedLinear, PackedWeight};
 use crate::model::kernels::q4_gemm::{self, PackedQ4, Q4Format};
@@ -31,7 +31,7 @@ use crate::model::{ModelError, Result};
 enum Kernel {
     /// candle's quantized matmul (any ggml type).
     Candle(QMatMul),
-    /// One of our batch-invariant AVX2 kernels (`q8_gemm`, `q4_gemm`, `f16_gemm`).
+    /// One of our batch-invariant AVX2 kernels (`q8_gemm`, `q4_gemm`, `float_gemm`, ...).
     Packed(PackedLinear),
     /// The runs of a fused projection whose parts differ in type, each on its own kernel,
     /// their outputs side by side in this order.
@@ -191,8 +191,12 @@ impl Linear {
                 PackedK::from_gguf_bytes(format, &qtensor.data()?, out_features, in_features)
                     .map(|p| Arc::new(p) as _)
             }
-            GgmlDType::F16 if f16_gemm::available() => {
-                PackedF16::from_f16_bytes(&qtensor.data()?, out_features, in_features)
+            GgmlDType::F16 | GgmlDType::F32 if float_gemm::available() => {
+                let elem = match target {
+                    GgmlDType::F16 => FloatElem::F16,
+                    _ => FloatElem::F32,
+                };
+                PackedFloat::from_le_bytes(elem, &qtensor.data()?, out_features, in_features)
                     .map(|p| Arc::new(p) as _)
             }
             _ => None,

@@ -30,13 +30,13 @@ pub fn cpu_name() -> String {
 /// `"AVX2+FMA+F16C, AVX-512F, AVX-512 VNNI"`, or `None` when they run without AVX2 (the CPU
 /// lacks it, or `TANDEM_DISABLE_AVX2` is set).
 pub fn vector_level() -> Option<String> {
-    if !crate::model::kernels::f16_gemm::available()
+    if !crate::model::kernels::float_gemm::available()
         && !enabled("TANDEM_DISABLE_AVX2", has_avx2_fma)
     {
         return None;
     }
     let mut parts = vec!["AVX2+FMA+F16C"];
-    if crate::model::kernels::f16_gemm::wide_available() {
+    if crate::model::kernels::float_gemm::wide_available() {
         parts.push("AVX-512F");
     }
     let dot = DotIsa::best();

@@ -1,8 +1,8 @@
 pub mod attention;
 pub mod cpu_kernels;
 pub mod elementwise;
-pub mod f16_gemm;
 pub mod fast_exp;
+pub mod float_gemm;
 pub mod k_rows;
 pub mod kquant_gemm;
 pub mod packed_gemm;

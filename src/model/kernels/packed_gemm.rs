@@ -1,4 +1,4 @@
-//! The glue between candle and our own CPU matmul kernels (`q8_gemm`, `q4_gemm`, `f16_gemm`).
+//! The glue between candle and our own CPU matmul kernels (`q8_gemm`, `q4_gemm`, `float_gemm`).
 //!
 //! Why it exists: candle runs f16/Q8_0 weights one (row, column) dot product at a time, so a
 //! multi-token forward (prefill, speculative verification) re-reads every weight once per token.

@@ -262,7 +262,7 @@ pub(super) fn finish_values(acc: &[f32], inv: f32, out: &mut [f32]) {
 /// (`TANDEM_DISABLE_AVX512=1` turns both off).
 #[cfg(target_arch = "x86_64")]
 pub(super) fn wide_available() -> bool {
-    crate::model::kernels::f16_gemm::wide_available()
+    crate::model::kernels::float_gemm::wide_available()
 }
 
 #[cfg(target_arch = "x86_64")]
