@@ -68,18 +68,7 @@ pub struct PackedFloat {
 pub fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        packed_gemm::enabled("TANDEM_DISABLE_F16_GEMM", || {
-            #[cfg(target_arch = "x86_64")]
-            {
-                is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-                    && is_x86_feature_detected!("f16c")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                false
-            }
-        })
+        packed_gemm::enabled("TANDEM_DISABLE_F16_GEMM", packed_gemm::has_avx2_fma)
     })
 }
 
