@@ -67,9 +67,8 @@ pub struct PackedFloat {
 /// keeps its first name, from when the kernel ran f16 alone).
 pub fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        packed_gemm::enabled("TANDEM_DISABLE_F16_GEMM", packed_gemm::has_avx2_fma)
-    })
+    *AVAILABLE
+        .get_or_init(|| packed_gemm::enabled("TANDEM_DISABLE_F16_GEMM", packed_gemm::has_avx2_fma))
 }
 
 impl PackedFloat {
