@@ -5,7 +5,7 @@
 //! figures beside it. Malformed prompt files stop it with the line named. `tandem forward-bench`
 //! prints its cost table and the memory-bandwidth bound.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! greedy speculative decoding relies on exactly this to equal plain greedy decoding. A token
 //! tree's nodes must likewise give the bits of the linear forward of their paths.
 
-mod common;
+use crate::common;
 
 use tandem::model::{
     Decoder, Kept, KvCache, KvDtype, LoadedModel, LogitsRows, SeqInput, WeightsDtype,

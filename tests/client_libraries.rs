@@ -2,7 +2,7 @@
 //! `scripts/test` under `target/client-libraries`), unchanged, against a live server on the
 //! default model: `tests/client_libraries.py` says what each must do.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -8,7 +8,7 @@
 //! exactness is proven by enumeration in `draft::translation` and by the engine's chi-square
 //! arm in `tests/sampled_distribution.rs`.)
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

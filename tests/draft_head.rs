@@ -7,7 +7,7 @@
 //! its held-out loss and raises its acceptance over the untrained head. (Sampled output with a
 //! head: `tests/sampled_distribution.rs`.)
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, OnceLock};
 

@@ -6,7 +6,7 @@
 //! a request's next round during its verification (pipelining) keeps greedy output identical.
 //! (Sampled output on every engine path: `tests/sampled_distribution.rs`.)
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

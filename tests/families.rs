@@ -8,7 +8,7 @@
 //! trees); greedy speculative output equals plain decoding, and sampled speculative output is
 //! distributed as plain sampling (chi-square against the exact distribution).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

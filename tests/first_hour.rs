@@ -1,7 +1,7 @@
 //! What a newcomer meets first: `scripts/serve-default` says it is building before cargo's
 //! long first build starts, instead of minutes of silence.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -8,7 +8,7 @@
 //! lenience change in the shared file reaches every replica's gauge; every greedy answer
 //! equals the single-process answer (`tandem generate`, plain decoding).
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};

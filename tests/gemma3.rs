@@ -5,7 +5,7 @@
 //! a prompt past the 512-token sliding window included; and greedy speculative decoding equal
 //! to plain decoding on it.
 
-mod common;
+use crate::common;
 
 use common::{forward_rows, gemma_path, greedy_request, plain_output};
 use tandem::draft::{ModelDrafter, PromptLookup, Proposer};

@@ -11,7 +11,7 @@
 //! chat template's `<|start|>assistant` writes exactly
 //! `<|channel|>analysis<|message|>Think<|end|><|channel|>final<|message|>Go!<|return|>`.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! strings that try to forge log lines, slow and partial clients, and the end of the shutdown
 //! grace period. Each test could fail on a server that wedges, answers 500 or hangs.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -4,7 +4,7 @@
 //! Each is refused at start-up naming the cause, or fails only its own request while `/health`
 //! says what is wrong and other requests are served.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! Before the compile threads and the input limits, the first of these cases aborted the
 //! whole process (a worker's stack overflowed) and the choice lists stalled `/health`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! `llama-quantize` gives it) loads with default settings on the own kernels, tracks the
 //! forward of its exact weights in f32, and greedy speculative decoding on it equals plain.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

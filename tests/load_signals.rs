@@ -2,7 +2,7 @@
 //! (`/v1/loads`, `/loads`), vllm-router's `/get_load`, vLLM's gauges on `/metrics`, and vLLM's
 //! render endpoints, in the shapes the routers' sources parse.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! log-probabilities score a text exactly as generating it did, and the choices of one request
 //! (sharing its prefill) equal lone requests, seeded ones included.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

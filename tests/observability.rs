@@ -5,7 +5,7 @@
 //! metric docs/operations.md's metrics table names is exported, and the speculation counters agree with the `usage`
 //! figures the clients got.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

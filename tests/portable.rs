@@ -6,7 +6,7 @@
 //! build: none beyond x86-64's baseline), or `$TANDEM_RELEASE_BIN` when set, to try a shipped
 //! binary.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -4,7 +4,7 @@
 //! really taken (fewer prompt tokens run through the target); the cache holds what its memory
 //! budget allows, a shared start once, and never holds a slot or KV room a new request needs.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! The real default model end to end (plain generation, the CLI) and clear errors for models
 //! that are missing, truncated, incomplete or of an unsupported architecture.
 
-mod common;
+use crate::common;
 
 use candle_core::quantized::gguf_file;
 use tandem::engine::{generate_plain, FinishReason};

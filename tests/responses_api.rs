@@ -4,7 +4,7 @@
 //! deleted, function tools and `text.format`, and every field tandem does not do refused by
 //! name. (The official client against it: `tests/openai_client.py`.)
 
-mod common;
+use crate::common;
 
 use common::http::{get, post_json, request, Response, Server};
 use serde_json::{json, Value};

@@ -11,7 +11,7 @@
 #[path = "router/fleet_workload.rs"]
 mod fleet_workload;
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};

@@ -3,7 +3,7 @@
 //! input the server must refuse (while a good request runs beside them), client disconnects,
 //! the admin API, and graceful shutdown.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! and every γ in 1..8, on tiny random models and on the real default model over Spec-Bench dev
 //! prompts; stop conditions and the context limit hold inside rounds.
 
-mod common;
+use crate::common;
 
 use common::{greedy_request, plain_output};
 use tandem::draft::{ModelDrafter, PromptLookup, Proposer};

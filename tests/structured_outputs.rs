@@ -5,7 +5,7 @@
 //! (Sampled constrained output: `tests/sampled_distribution.rs`; the HTTP fields and their
 //! refusals: `tests/server.rs` and `tests/openai_client.py`.)
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

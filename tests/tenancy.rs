@@ -3,7 +3,7 @@
 //! that tell nothing of each other, bounded `metadata`, and the admin API's token checked before
 //! anything else is said.
 
-mod common;
+use crate::common;
 
 use common::http::{get, open_stream, request, Response, Server};
 use serde_json::{json, Value};

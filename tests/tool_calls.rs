@@ -3,7 +3,7 @@
 //! a named `tool_choice` giving exactly one call, an answer cut by `max_tokens` returning its
 //! complete calls and no markup, and streamed calls equal to the whole answer's, call for call.
 
-mod common;
+use crate::common;
 
 use common::http::{post_json, Response, Server};
 use serde_json::{json, Value};

@@ -3,7 +3,7 @@
 //! Playwright (`scripts/test` installs both; `tests/browser/page_check.py` says what the page
 //! must do).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -1,7 +1,7 @@
 //! Test support: tiny random Llama models written to disk in Hugging Face layout, the real
 //! default model, prompts, the requests tests send and how they run them, and the checks
-//! several test files share. Each test binary compiles all of it and uses a part: hence
-//! `dead_code` allowed.
+//! several test files share. The test binaries of their own (`sampled_distribution`,
+//! `model_oracle`, `tensor_backend`) compile all of it and use a part: hence `dead_code` allowed.
 
 #![allow(dead_code)]
 
