@@ -41,3 +41,25 @@ mod tenancy;
 mod tokenizer;
 mod tool_calls;
 mod web_page;
+
+/// With `autotests = false`, a test file that is neither a module here nor a `[[test]]` target
+/// would never be compiled, and its tests would pass by never running.
+#[test]
+fn every_test_file_is_built() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    let (suite, manifest) = (read("tests/suite.rs"), read("Cargo.toml"));
+    let mut unbuilt = Vec::new();
+    for entry in std::fs::read_dir(root.join("tests")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".rs") else {
+            continue;
+        };
+        let module = suite.lines().any(|l| l == format!("mod {stem};"));
+        let target = manifest.contains(&format!("path = \"tests/{name}\""));
+        if !module && !target {
+            unbuilt.push(name);
+        }
+    }
+    assert!(unbuilt.is_empty(), "never built: {unbuilt:?}");
+}
