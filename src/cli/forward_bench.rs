@@ -308,7 +308,9 @@ fn print_op_rows(model: &Decoder, one: &[(Op, f64)], many: &[(Op, f64)], wide: u
         / (wide - 1) as f64;
     for ((op, a), (_, b)) in one.iter().zip(many) {
         let extra = (b - a) / (wide - 1) as f64;
-        let (floor, ratio) = match macs.iter().find(|(o, _)| o == op) {
+        // An operation the model has no multiply-adds of (a dense model's expert routing)
+        // has no rate to be measured against.
+        let (floor, ratio) = match macs.iter().find(|&&(o, m)| o == *op && m > 0) {
             Some(&(_, m)) => {
                 let floor = m as f64 / peak;
                 (

@@ -8,7 +8,8 @@
 use std::arch::x86_64::*;
 
 use super::shared::{
-    accumulate_values_at_width, lane_sum, reduce_eight_keys, softmax_tail, KvForm, KvRows,
+    accumulate_values_at_width, lane_sum, prefetch_row, reduce_eight_keys, softmax_tail, KvForm,
+    KvRows, PREFETCH_ROWS,
 };
 use crate::model::kernels::fast_exp::exp8 as exp;
 
@@ -60,6 +61,9 @@ pub(super) unsafe fn scaled_dots<K: KvRows>(
     let mut j = 0;
     while j + 8 <= n {
         let mut folded = [_mm256_setzero_ps(); 8];
+        for i in 0..8 {
+            prefetch_row(keys, kp + (j + i + PREFETCH_ROWS) * stride, q.len());
+        }
         // Four keys at a time keep their 8 accumulators and the query in registers.
         for half in 0..2 {
             let mut lo = [_mm256_setzero_ps(); 4];

@@ -12,7 +12,8 @@
 use std::arch::x86_64::*;
 
 use super::shared::{
-    accumulate_values_at_width, lane_sum, reduce_eight_keys, softmax_tail, KvForm, KvRows,
+    accumulate_values_at_width, lane_sum, prefetch_row, reduce_eight_keys, softmax_tail, KvForm,
+    KvRows, PREFETCH_ROWS,
 };
 use crate::model::kernels::fast_exp::{exp16, exp8};
 
@@ -58,6 +59,9 @@ pub(super) unsafe fn scaled_dots<K: KvRows>(
     let mut j = 0;
     while j + 8 <= n {
         let mut acc = [_mm512_setzero_ps(); 8];
+        for i in 0..8 {
+            prefetch_row(keys, kp + (j + i + PREFETCH_ROWS) * stride, q.len());
+        }
         for c in 0..blocks {
             let qz = _mm512_loadu_ps(qp.add(c * 16));
             for (i, a) in acc.iter_mut().enumerate() {
@@ -164,6 +168,9 @@ pub(super) unsafe fn scaled_dots_shared<K: KvRows, const M: usize>(
     while j + 8 <= n {
         // 8 M accumulators, M query registers and one key register: 28 of 32 at M = 3.
         let mut acc = [[_mm512_setzero_ps(); 8]; M];
+        for i in 0..8 {
+            prefetch_row(keys, kp + (j + i + PREFETCH_ROWS) * stride, dim);
+        }
         for c in 0..blocks {
             let qz: [__m512; M] =
                 std::array::from_fn(|m| _mm512_loadu_ps(qp.add(m * dim + c * 16)));
@@ -229,6 +236,8 @@ pub(super) unsafe fn accumulate_values_shared<K: KvRows, const M: usize>(
         let mut j = 0;
         while j + 2 <= n {
             let (ve, vo) = (vp + j * stride, vp + (j + 1) * stride);
+            prefetch_row(values, ve + PREFETCH_ROWS * stride, BLOCK);
+            prefetch_row(values, vo + PREFETCH_ROWS * stride, BLOCK);
             for r in 0..4 {
                 let (e, o) = (load16(values, ve + 16 * r), load16(values, vo + 16 * r));
                 for m in 0..M {

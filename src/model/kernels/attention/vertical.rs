@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use super::shared::KvRows;
+use super::shared::{prefetch_row, KvRows, PREFETCH_ROWS};
 
 /// Keys a transposed chunk holds (its row stride in `kt`).
 pub(super) const CHUNK: usize = 64;
@@ -89,6 +89,10 @@ pub(super) unsafe fn transpose_keys<K: KvRows>(
 ) {
     let out = kt.as_mut_ptr();
     for tile in 0..n.div_ceil(16) {
+        for r in 0..16 {
+            let j = tile * 16 + r + PREFETCH_ROWS;
+            prefetch_row(keys, j * stride + offset, dim);
+        }
         for t in 0..dim / 16 {
             let rows: [__m512; 16] = std::array::from_fn(|r| {
                 let j = tile * 16 + r;
@@ -234,6 +238,7 @@ unsafe fn widen_rows_wide<K: KvRows>(
 ) {
     let op = out.as_mut_ptr();
     for j in 0..n {
+        prefetch_row(rows, (j + PREFETCH_ROWS) * stride + offset, dim);
         for e in (0..dim).step_by(16) {
             let v = super::avx512::load16(rows, j * stride + offset + e);
             _mm512_storeu_ps(op.add(j * dim + e), v);
