@@ -643,12 +643,7 @@ const PREFETCH_BYTES: usize = 64 << 10;
 pub fn prefetch_cache<K: KvRows>(keys: K, values: K) {
     #[cfg(target_arch = "x86_64")]
     for rows in [keys, values] {
-        let element_bytes = match K::FORM {
-            KvForm::F32 => 4,
-            KvForm::F16 => 2,
-            KvForm::Q8 => 1,
-        };
-        let bytes = (rows.elements() * element_bytes).min(PREFETCH_BYTES);
+        let bytes = (rows.elements() * K::FORM.element_bytes()).min(PREFETCH_BYTES);
         let base = rows.base() as *const i8;
         for line in (0..bytes).step_by(64) {
             // SAFETY: a prefetch never faults, and the address is inside `buf`.

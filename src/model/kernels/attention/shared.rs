@@ -16,6 +16,18 @@ pub enum KvForm {
     Q8,
 }
 
+impl KvForm {
+    /// Bytes an element takes where it is stored (a q8_0 block's scale apart).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(super) const fn element_bytes(self) -> usize {
+        match self {
+            KvForm::F32 => 4,
+            KvForm::F16 => 2,
+            KvForm::Q8 => 1,
+        }
+    }
+}
+
 /// A layer's cached keys or values as attention reads them, token-major: element `i` (counted
 /// from the view's start) widened to f32. Every form widens exactly, so the arithmetic on
 /// widened elements, and its bits, are those of f32 rows holding the same numbers.
@@ -134,11 +146,7 @@ pub(super) const PREFETCH_ROWS: usize = 16;
 #[inline(always)]
 pub(super) fn prefetch_row<K: KvRows>(rows: K, i: usize, dim: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    let bytes = match K::FORM {
-        KvForm::F32 => 4,
-        KvForm::F16 => 2,
-        KvForm::Q8 => 1,
-    };
+    let bytes = K::FORM.element_bytes();
     let p = rows.base().wrapping_add(i * bytes).cast::<i8>();
     for line in (0..dim * bytes).step_by(64) {
         // SAFETY: a prefetch reads nothing a program can see and never faults, whatever the
