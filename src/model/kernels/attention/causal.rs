@@ -3,6 +3,7 @@
 //! softmax weights, the weighted sum of values, alone or for heads sharing keys), each
 //! dispatching to the scalar, AVX2 or AVX-512 form.
 
+use super::q8_scores::{self, Q8Queries};
 use super::scalar;
 use super::segments::{merge_segments, SegmentPart, SEGMENT};
 use super::shared::{KvForm, KvRows};
@@ -333,6 +334,11 @@ fn widen_rows<K: KvRows>(
     }
 }
 
+/// The fewest units of a run that widen its f16 or q8 values to f32 once for all of them: a
+/// step's few heads of one query already share each widened register
+/// ([`accumulate_values_heads`]).
+const WIDEN_UNITS: usize = 8;
+
 /// Keys taken at a time by every head of a group before the next ones: 64 keys of 64 values
 /// are 16 KiB, read from memory once and from L1 by the group's other heads. Even, so each
 /// chunk starts at an even key (see [`accumulate_values`]).
@@ -360,6 +366,28 @@ pub fn causal_attention<K: KvRows>(
     q: &[f32],
     keys: K,
     values: K,
+    (start_pos, sinks): (usize, Option<&[f32]>),
+    out: &mut [f32],
+) {
+    if K::FORM != KvForm::Q8 {
+        return attend_all(shape, (q, None), (keys, values), (start_pos, sinks), out);
+    }
+    q8_scores::with_rounded(q, |queries| {
+        attend_all(
+            shape,
+            (q, Some(queries)),
+            (keys, values),
+            (start_pos, sinks),
+            out,
+        )
+    })
+}
+
+/// [`causal_attention`] with q8 keys' queries rounded (`q8`, see `q8_scores`).
+fn attend_all<K: KvRows>(
+    shape: AttnShape,
+    (q, q8): (&[f32], Option<&Q8Queries>),
+    (keys, values): (K, K),
     (start_pos, sinks): (usize, Option<&[f32]>),
     out: &mut [f32],
 ) {
@@ -442,19 +470,38 @@ pub fn causal_attention<K: KvRows>(
                 &q[i * q_dim + h * head_dim..][..head_dim]
             };
             let end = first + stride;
-            let vertical = (first..end).step_by(KEY_CHUNK).all(|j0| {
-                let n = KEY_CHUNK.min(end - j0);
-                let out = &mut scores[j0 - first..];
-                vertical_scores(
-                    keys.skip(j0 * kv_dim),
-                    (kv_dim, kv_off),
-                    n,
-                    (nm, &query_of),
-                    scale,
-                    (out, stride),
-                    kt,
-                )
-            });
+            let vertical = if let Some(queries) = q8 {
+                let query = |m: usize| {
+                    let (i, h) = unit(members.start + m);
+                    queries.query(i * q_dim + h * head_dim, head_dim)
+                };
+                for j0 in (first..end).step_by(KEY_CHUNK) {
+                    q8_scores::run_scores(
+                        keys.skip(j0 * kv_dim),
+                        (kv_dim, kv_off),
+                        KEY_CHUNK.min(end - j0),
+                        (nm, &query),
+                        scale,
+                        (&mut scores[j0 - first..], stride),
+                        kt,
+                    );
+                }
+                true
+            } else {
+                (first..end).step_by(KEY_CHUNK).all(|j0| {
+                    let n = KEY_CHUNK.min(end - j0);
+                    let out = &mut scores[j0 - first..];
+                    vertical_scores(
+                        keys.skip(j0 * kv_dim),
+                        (kv_dim, kv_off),
+                        n,
+                        (nm, &query_of),
+                        scale,
+                        (out, stride),
+                        kt,
+                    )
+                })
+            };
             if !vertical {
                 each_chunk(&mut |m, heads, u, j0, len| {
                     let (i, h) = unit(u);
@@ -492,9 +539,9 @@ pub fn causal_attention<K: KvRows>(
             }
             acc.clear();
             acc.resize(nm * 2 * head_dim, 0.0);
-            // A run whose scores came from transposed keys has the units to widen each chunk
-            // of f16 or q8 values once (into `kt`, free again) for all of them.
-            let widen = vertical && K::FORM != KvForm::F32;
+            // A run of many units widens each chunk of f16 or q8 values once (into `kt`, free
+            // again) for all of them.
+            let widen = vertical && nm >= WIDEN_UNITS && K::FORM != KvForm::F32;
             let mut widened = None;
             each_chunk(&mut |m, heads, _, j0, len| {
                 let weights = &scores[m * stride + j0 - first..];

@@ -17,7 +17,9 @@
 //! they are loaded (exactly: f16 by one instruction on the vector paths, q8_0 as its byte times
 //! its block's scale, a product f32 holds exactly), so the arithmetic and its bits are those of
 //! f32 keys and values holding the same numbers, while a deep cache, whose reads bound
-//! attention, is half the bytes (f16) or about a quarter (q8_0).
+//! attention, is half the bytes (f16) or about a quarter (q8_0). q8_0 keys are the exception:
+//! their scores are byte dot products with the query rounded to q8 blocks (`q8_scores`, on
+//! AVX-512 VNNI in `q8_vnni`), exact in i32 and so the same bits on every path.
 //!
 //! The scalar definitions are in `scalar`, the vector kernels in `avx2` and `avx512` (one file
 //! per instruction set), and what they all share (the element type, the fixed lane reductions,
@@ -30,6 +32,11 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod causal;
+#[cfg(test)]
+mod q8_score_tests;
+mod q8_scores;
+#[cfg(target_arch = "x86_64")]
+mod q8_vnni;
 mod scalar;
 mod segments;
 mod shared;

@@ -46,6 +46,10 @@ pub trait KvRows: Copy + Send + Sync {
     /// # Safety
     /// `i` is inside the view.
     unsafe fn scale(self, i: usize) -> f32;
+    /// Where the q8 scale of the view's first block is stored (null for other forms): element
+    /// `i`'s scale is at `i / 32` from it when the view starts at a block, as every view
+    /// attention reads does.
+    fn scale_base(self) -> *const f32;
 }
 
 macro_rules! float_rows {
@@ -71,6 +75,10 @@ macro_rules! float_rows {
             #[inline]
             unsafe fn scale(self, _: usize) -> f32 {
                 0.0
+            }
+            #[inline]
+            fn scale_base(self) -> *const f32 {
+                std::ptr::null()
             }
         }
     };
@@ -129,6 +137,12 @@ impl KvRows for Q8Rows<'_> {
     #[inline]
     unsafe fn scale(self, i: usize) -> f32 {
         *self.scales.get_unchecked((self.start + i) / Self::BLOCK)
+    }
+    #[inline]
+    fn scale_base(self) -> *const f32 {
+        debug_assert!(self.start.is_multiple_of(Self::BLOCK));
+        // In bounds or one past: `new` checked the scales cover every started block.
+        self.scales.as_ptr().wrapping_add(self.start / Self::BLOCK)
     }
 }
 

@@ -173,11 +173,12 @@ impl Q8 {
     }
 }
 
-/// q8_0 keys and values give the bits of f32 ones holding their numbers on every path this CPU
-/// runs: the scalar loops (head size 40), AVX2 and AVX-512, alone and through the whole
-/// attention call (a step, a verification, a prefill, past one segment, and a tree).
+/// q8_0 values, and q8_0 keys in the float score kernels, give the bits of f32 ones holding
+/// their numbers on every path this CPU runs: the scalar loops (head size 40), AVX2 and
+/// AVX-512. (The attention call scores q8_0 keys on the integer units instead: see
+/// `q8_score_tests`.)
 #[test]
-fn q8_keys_and_values_give_the_bits_of_their_f32_values_on_every_path() {
+fn q8_elements_give_the_bits_of_their_f32_values_in_the_float_kernels() {
     for dim in [128, 64, 48, 40] {
         for n in [1, 8, 23, 64] {
             let (stride, offset) = (3 * dim, dim);
@@ -246,40 +247,6 @@ fn q8_keys_and_values_give_the_bits_of_their_f32_values_on_every_path() {
                 }
             }
         }
-    }
-    use super::{causal_attention, tree_attention, AttnShape};
-    let shape = AttnShape {
-        num_heads: 9,
-        num_kv_heads: 3,
-        head_dim: 64,
-    };
-    for (start, n_new) in [(150, 1), (150, 8), (0, 70), (1100, 8)] {
-        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-        let q: Vec<f32> = (0..n_new * q_dim).map(|i| noise(i * 11 + 2)).collect();
-        let len = (start + n_new) * kv_dim;
-        let (kq, vq) = (Q8::of(len, 3), Q8::of(len, 11));
-        let mut from_q8 = vec![0f32; n_new * q_dim];
-        causal_attention(shape, &q, kq.rows(), vq.rows(), (start, None), &mut from_q8);
-        let mut from32 = vec![0f32; n_new * q_dim];
-        let (k32, v32) = (kq.wide.as_slice(), vq.wide.as_slice());
-        causal_attention(shape, &q, k32, v32, (start, None), &mut from32);
-        assert_eq!(bits(&from_q8), bits(&from32), "start {start}, {n_new} new");
-        let paths: Vec<Vec<usize>> = (0..n_new).map(|i| (0..=i).collect()).collect();
-        let mut tree = vec![0f32; n_new * q_dim];
-        tree_attention(
-            shape,
-            &q,
-            kq.rows(),
-            vq.rows(),
-            (start, None),
-            &paths,
-            &mut tree,
-        );
-        assert_eq!(
-            bits(&tree),
-            bits(&from32),
-            "tree: start {start}, {n_new} new"
-        );
     }
 }
 

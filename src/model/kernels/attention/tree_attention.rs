@@ -9,6 +9,8 @@
 //! kept apart and merged as the causal kernel merges them. So greedy verification of a tree
 //! emits exactly what verifying the accepted path as a chain would.
 
+use super::q8_scores::{scaled_q8_dots, with_rounded, Q8Queries};
+use super::shared::KvForm;
 use super::KvRows;
 use super::{
     accumulate_values, finish_values, merge_segments, scaled_dots, softmax_sum, softmax_weights,
@@ -24,6 +26,38 @@ pub fn tree_attention<K: KvRows>(
     q: &[f32],
     keys: K,
     values: K,
+    (start_pos, sinks): (usize, Option<&[f32]>),
+    paths: &[Vec<usize>],
+    out: &mut [f32],
+) {
+    if K::FORM != KvForm::Q8 {
+        return attend_nodes(
+            shape,
+            (q, None),
+            (keys, values),
+            (start_pos, sinks),
+            paths,
+            out,
+        );
+    }
+    with_rounded(q, |queries| {
+        let q8 = Some(queries);
+        attend_nodes(
+            shape,
+            (q, q8),
+            (keys, values),
+            (start_pos, sinks),
+            paths,
+            out,
+        )
+    })
+}
+
+/// [`tree_attention`] with q8 keys' queries rounded (`q8`, see `q8_scores`).
+fn attend_nodes<K: KvRows>(
+    shape: AttnShape,
+    (q, q8): (&[f32], Option<&Q8Queries>),
+    (keys, values): (K, K),
     (start_pos, sinks): (usize, Option<&[f32]>),
     paths: &[Vec<usize>],
     out: &mut [f32],
@@ -52,20 +86,21 @@ pub fn tree_attention<K: KvRows>(
         let kv_off = (h / group) * head_dim;
         let path = &paths[k];
         let seen = start_pos + path.len();
-        let qh = &q[k * q_dim + h * head_dim..][..head_dim];
+        let at = k * q_dim + h * head_dim;
+        // The scores of the keys of `rows` (`kv_dim` apart), as the causal kernel takes them.
+        let dots = |rows: K, scores: &mut [f32]| match q8 {
+            Some(queries) => {
+                let query = queries.query(at, head_dim);
+                scaled_q8_dots(query, rows, (kv_dim, kv_off), scale, scores)
+            }
+            None => scaled_dots(&q[at..][..head_dim], rows, kv_dim, kv_off, scale, scores),
+        };
         scores.clear();
         scores.resize(seen, 0.0);
-        scaled_dots(qh, keys, kv_dim, kv_off, scale, &mut scores[..start_pos]);
+        dots(keys, &mut scores[..start_pos]);
         for (d, &r) in path.iter().enumerate() {
             let row = keys.skip((start_pos + r) * kv_dim);
-            scaled_dots(
-                qh,
-                row,
-                kv_dim,
-                kv_off,
-                scale,
-                &mut scores[start_pos + d..][..1],
-            );
+            dots(row, &mut scores[start_pos + d..][..1]);
         }
         // SAFETY: each (node, head) unit writes only its own head_dim-long span of `out`, and
         // every unit runs exactly once.

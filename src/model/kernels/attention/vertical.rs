@@ -113,7 +113,7 @@ pub(super) unsafe fn transpose_keys<K: KvRows>(
 /// A 16 × 16 transpose: `out[e]` lane `r` is `rows[r]` lane `e`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+pub(super) unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
     let pd = _mm512_castps_pd;
     let ps = _mm512_castpd_ps;
     // Pairs of rows interleaved by element, then by pairs of elements.
