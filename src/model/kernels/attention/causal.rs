@@ -3,9 +3,12 @@
 //! softmax weights, the weighted sum of values, alone or for heads sharing keys), each
 //! dispatching to the scalar, AVX2 or AVX-512 form.
 
-use super::q8_scores::{self, Q8Queries};
+use super::q8_query::{with_rounded, Q8Queries};
+use super::q8_scores;
 use super::scalar;
 use super::segments::{merge_segments, SegmentPart, SEGMENT};
+#[cfg(target_arch = "x86_64")]
+use super::shared::{simd_available, wide_available};
 use super::shared::{KvForm, KvRows};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512, vertical};
@@ -259,25 +262,6 @@ pub(super) fn finish_values(acc: &[f32], inv: f32, out: &mut [f32]) {
     }
 }
 
-/// Whether the AVX-512 attention kernels may run: the f16 kernel's switch
-/// (`TANDEM_DISABLE_AVX512=1` turns both off).
-#[cfg(target_arch = "x86_64")]
-pub(super) fn wide_available() -> bool {
-    crate::model::kernels::float_gemm::wide_available()
-}
-
-#[cfg(target_arch = "x86_64")]
-pub(super) fn simd_available() -> bool {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        crate::model::kernels::packed_gemm::enabled("TANDEM_DISABLE_AVX2", || {
-            is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        })
-    })
-}
-
 /// Scores of `units` queries (`query(m)`, writing to `out.0[m * out.1..][..n]`) against `n ≤
 /// KEY_CHUNK` keys (`keys` from key 0, `(stride, offset)` as [`scaled_dots`]'), from keys
 /// transposed along the lanes where that kernel runs (`vertical::transposed_scores`): the bits
@@ -372,7 +356,7 @@ pub fn causal_attention<K: KvRows>(
     if K::FORM != KvForm::Q8 {
         return attend_all(shape, (q, None), (keys, values), (start_pos, sinks), out);
     }
-    q8_scores::with_rounded(q, |queries| {
+    with_rounded(q, |queries| {
         attend_all(
             shape,
             (q, Some(queries)),

@@ -32,6 +32,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod causal;
+mod q8_query;
 #[cfg(test)]
 mod q8_score_tests;
 mod q8_scores;
@@ -54,6 +55,6 @@ pub use tree_attention::tree_attention;
 use causal::{accumulate_values, finish_values, scaled_dots, softmax_sum, softmax_weights};
 #[cfg(test)]
 use causal::{accumulate_values_heads, scaled_dots_heads};
-#[cfg(all(test, target_arch = "x86_64"))]
-use causal::{simd_available, wide_available};
 use segments::{merge_segments, SegmentPart, SEGMENT};
+#[cfg(all(test, target_arch = "x86_64"))]
+use shared::{simd_available, wide_available};

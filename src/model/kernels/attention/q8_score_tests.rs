@@ -2,7 +2,8 @@
 //! definition against the exact dot product, and the whole attention call on a q8 cache: a
 //! row's bits whichever call computes it, and its output close to f32 keys'.
 
-use super::q8_scores::{q8_dot, run_scores, scaled_q8_dots, Q8Queries};
+use super::q8_query::Q8Queries;
+use super::q8_scores::{q8_dot, run_scores, scaled_q8_dots};
 use super::{causal_attention, tree_attention, AttnShape, KvRows, Q8Rows};
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -221,26 +222,17 @@ fn zero_and_non_finite_queries() {
     let cache = Cache::of(20 * dim, 5);
     let mut rounded = Q8Queries::default();
     let mut q = vec![0f32; dim];
-    rounded.quantize(&q);
-    let mut got = vec![1f32; 20];
-    scaled_q8_dots(
-        rounded.query(0, dim),
-        cache.rows(),
-        (dim, 0),
-        0.125,
-        &mut got,
-    );
-    assert!(got.iter().all(|&x| x == 0.0), "{got:?}");
-    q[40] = f32::INFINITY;
-    rounded.quantize(&q);
-    scaled_q8_dots(
-        rounded.query(0, dim),
-        cache.rows(),
-        (dim, 0),
-        0.125,
-        &mut got,
-    );
-    assert!(got.iter().all(|x| x.is_nan()), "{got:?}");
+    for non_finite in [false, true] {
+        if non_finite {
+            q[40] = f32::INFINITY;
+        }
+        rounded.quantize(&q);
+        let mut got = vec![1f32; 20];
+        let (keys, query) = (cache.rows(), rounded.query(0, dim));
+        scaled_q8_dots(query, keys, (dim, 0), 0.125, &mut got);
+        let want = |x: f32| if non_finite { x.is_nan() } else { x == 0.0 };
+        assert!(got.iter().all(|&x| want(x)), "{got:?}");
+    }
 }
 
 /// On a q8 cache a row's output has the same bits computed alone (a step at its position),

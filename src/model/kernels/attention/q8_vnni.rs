@@ -10,8 +10,8 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::q8_scores::Q8Query;
-use super::shared::{prefetch_row, KvForm, KvRows, PREFETCH_ROWS};
+use super::q8_query::Q8Query;
+use super::shared::{in_fours, prefetch_row, KvForm, KvRows, PREFETCH_ROWS};
 
 /// Keys a transposed chunk holds (the row stride of its bytes and scales).
 pub(super) const CHUNK: usize = 64;
@@ -31,9 +31,9 @@ impl Isa {
         static BEST: OnceLock<Option<Isa>> = OnceLock::new();
         *BEST.get_or_init(|| {
             use crate::model::kernels::tile_driver::DotIsa;
-            if !super::causal::simd_available() {
+            if !super::shared::simd_available() {
                 None
-            } else if super::causal::wide_available() && DotIsa::best() == DotIsa::Avx512Vnni {
+            } else if super::shared::wide_available() && DotIsa::best() == DotIsa::Avx512Vnni {
                 Some(Isa::Avx512Vnni)
             } else {
                 Some(Isa::Avx2)
@@ -82,16 +82,7 @@ pub(super) fn transposed_scores<'q, K: KvRows>(
     // every score written inside `out` (asserted above); `kt` holds the transposed chunk.
     unsafe {
         transpose_keys(keys, (stride, offset), dim, n, ints, scales);
-        let mut m = 0;
-        while m < units {
-            match units - m {
-                1 => group!(m, 1),
-                2 => group!(m, 2),
-                3 => group!(m, 3),
-                _ => group!(m, 4),
-            }
-            m += (units - m).min(4);
-        }
+        in_fours!(units, group);
     }
 }
 

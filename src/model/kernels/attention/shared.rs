@@ -3,7 +3,8 @@
 //! reduction ([`lane_sum`], and [`reduce_eight_keys`] for eight keys in registers); the
 //! softmax exponential is `crate::model::kernels::fast_exp`'s; `accumulate_values` written
 //! once for the AVX2 and AVX-512 widths; and the prefetch of the rows a kernel reads next
-//! (`prefetch_row`). A leaf: it imports no kernel.
+//! (`prefetch_row`); and whether the vector paths may run on this CPU. A leaf: it imports no
+//! kernel.
 
 /// How a [`KvRows`] stores its elements.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -146,6 +147,27 @@ impl KvRows for Q8Rows<'_> {
     }
 }
 
+/// Whether the AVX-512 attention kernels may run: the f16 kernel's switch
+/// (`TANDEM_DISABLE_AVX512=1` turns both off).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn wide_available() -> bool {
+    crate::model::kernels::float_gemm::wide_available()
+}
+
+/// Whether the AVX2 attention kernels may run (AVX2, FMA and F16C; `TANDEM_DISABLE_AVX2=1`
+/// turns them off, and every other vector path with them).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn simd_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        crate::model::kernels::packed_gemm::enabled("TANDEM_DISABLE_AVX2", || {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        })
+    })
+}
+
 /// How many rows ahead the kernels ask for the key or value rows they will read. Without it a
 /// deep context's step waited on memory for each row: with it a 1-token step took 12-15% less
 /// time at depth 8184 and 17% less at 2048 (f16 cache, SmolLM2, the two forms interleaved in
@@ -265,3 +287,24 @@ macro_rules! accumulate_values_at_width {
     };
 }
 pub(super) use accumulate_values_at_width;
+
+/// Calls `$group!(m, M)` for the units `0..$units` in runs of `M` = 4 from `m = 0` on, the
+/// last run of what is left (1 to 4): the transposed-key kernels score four queries at a time.
+#[cfg(target_arch = "x86_64")]
+macro_rules! in_fours {
+    ($units:expr, $group:ident) => {{
+        let units = $units;
+        let mut m = 0;
+        while m < units {
+            match units - m {
+                1 => $group!(m, 1),
+                2 => $group!(m, 2),
+                3 => $group!(m, 3),
+                _ => $group!(m, 4),
+            }
+            m += (units - m).min(4);
+        }
+    }};
+}
+#[cfg(target_arch = "x86_64")]
+pub(super) use in_fours;

@@ -9,7 +9,8 @@
 //! kept apart and merged as the causal kernel merges them. So greedy verification of a tree
 //! emits exactly what verifying the accepted path as a chain would.
 
-use super::q8_scores::{scaled_q8_dots, with_rounded, Q8Queries};
+use super::q8_query::{with_rounded, Q8Queries};
+use super::q8_scores::scaled_q8_dots;
 use super::shared::KvForm;
 use super::KvRows;
 use super::{

@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use super::shared::{prefetch_row, KvRows, PREFETCH_ROWS};
+use super::shared::{in_fours, prefetch_row, KvRows, PREFETCH_ROWS};
 
 /// Keys a transposed chunk holds (its row stride in `kt`).
 pub(super) const CHUNK: usize = 64;
@@ -61,16 +61,7 @@ pub(super) fn transposed_scores<'q, K: KvRows>(
     // every query is `dim` long.
     unsafe {
         transpose_keys(keys, (stride, offset), dim, n, kt);
-        let mut m = 0;
-        while m < units {
-            match units - m {
-                1 => group!(m, 1),
-                2 => group!(m, 2),
-                3 => group!(m, 3),
-                _ => group!(m, 4),
-            }
-            m += (units - m).min(4);
-        }
+        in_fours!(units, group);
     }
     true
 }
