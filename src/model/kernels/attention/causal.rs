@@ -3,7 +3,7 @@
 //! softmax weights, the weighted sum of values, alone or for heads sharing keys), each
 //! dispatching to the scalar, AVX2 or AVX-512 form.
 
-use super::q8_query::{with_rounded, Q8Queries};
+use super::q8_query::{rounded_for, Q8Queries};
 use super::q8_scores;
 use super::scalar;
 use super::segments::{merge_segments, SegmentPart, SEGMENT};
@@ -353,17 +353,8 @@ pub fn causal_attention<K: KvRows>(
     (start_pos, sinks): (usize, Option<&[f32]>),
     out: &mut [f32],
 ) {
-    if K::FORM != KvForm::Q8 {
-        return attend_all(shape, (q, None), (keys, values), (start_pos, sinks), out);
-    }
-    with_rounded(q, |queries| {
-        attend_all(
-            shape,
-            (q, Some(queries)),
-            (keys, values),
-            (start_pos, sinks),
-            out,
-        )
+    rounded_for::<K, _>(q, |q8| {
+        attend_all(shape, (q, q8), (keys, values), (start_pos, sinks), out)
     })
 }
 
@@ -454,6 +445,8 @@ fn attend_all<K: KvRows>(
                 &q[i * q_dim + h * head_dim..][..head_dim]
             };
             let end = first + stride;
+            // q8 keys: every member's scores over the whole chunk from the integer kernels
+            // (`q8_scores`), whatever the instruction set.
             let vertical = if let Some(queries) = q8 {
                 let query = |m: usize| {
                     let (i, h) = unit(members.start + m);

@@ -2,7 +2,7 @@
 //! rounding and the buffer a thread keeps for it. A leaf beside `shared`, so that the scores'
 //! definition and their x86 kernels both read a rounded query without importing each other.
 
-use super::shared::Q8Rows;
+use super::shared::{KvForm, KvRows, Q8Rows};
 
 /// Elements per query scale: the keys' block.
 const BLOCK: usize = Q8Rows::BLOCK;
@@ -24,6 +24,12 @@ pub(super) struct Q8Query<'a> {
     pub(super) quants: &'a [i8],
     pub(super) scales: &'a [f32],
     pub(super) sums: &'a [i32],
+}
+
+impl Q8Query<'_> {
+    pub(super) fn dim(&self) -> usize {
+        self.quants.len()
+    }
 }
 
 impl Q8Queries {
@@ -51,16 +57,20 @@ impl Q8Queries {
     }
 }
 
-/// Calls `f` with `q` rounded ([`Q8Queries::quantize`]), in the calling thread's buffer: a
+/// Calls `f` with `q` rounded ([`Q8Queries::quantize`]) where keys of form `K` are q8 (their
+/// scores need it), else with `None`. The rounding goes into the calling thread's buffer: a
 /// forward's layers reuse it, so it allocates only while it grows.
-pub(super) fn with_rounded<R>(q: &[f32], f: impl FnOnce(&Q8Queries) -> R) -> R {
+pub(super) fn rounded_for<K: KvRows, R>(q: &[f32], f: impl FnOnce(Option<&Q8Queries>) -> R) -> R {
     thread_local! {
         static QUERIES: std::cell::RefCell<Q8Queries> =
             std::cell::RefCell::new(Q8Queries::default());
     }
+    if K::FORM != KvForm::Q8 {
+        return f(None);
+    }
     QUERIES.with_borrow_mut(|queries| {
         queries.quantize(q);
-        f(queries)
+        f(Some(queries))
     })
 }
 
@@ -83,10 +93,4 @@ fn quantize_block(block: &[f32], out: &mut Vec<i8>) -> (f32, i32) {
     }
     let sum = out[start..].iter().map(|&q| i32::from(q)).sum();
     (scale, sum)
-}
-
-impl Q8Query<'_> {
-    pub(super) fn dim(&self) -> usize {
-        self.quants.len()
-    }
 }

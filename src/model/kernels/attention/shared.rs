@@ -2,7 +2,7 @@
 //! agree bit for bit: the rows they read ([`KvRows`]: f32, f16 or q8_0), the fixed eight-lane
 //! reduction ([`lane_sum`], and [`reduce_eight_keys`] for eight keys in registers); the
 //! softmax exponential is `crate::model::kernels::fast_exp`'s; `accumulate_values` written
-//! once for the AVX2 and AVX-512 widths; and the prefetch of the rows a kernel reads next
+//! once for the AVX2 and AVX-512 widths; the prefetch of the rows a kernel reads next
 //! (`prefetch_row`); and whether the vector paths may run on this CPU. A leaf: it imports no
 //! kernel.
 

@@ -9,9 +9,8 @@
 //! kept apart and merged as the causal kernel merges them. So greedy verification of a tree
 //! emits exactly what verifying the accepted path as a chain would.
 
-use super::q8_query::{with_rounded, Q8Queries};
+use super::q8_query::{rounded_for, Q8Queries};
 use super::q8_scores::scaled_q8_dots;
-use super::shared::KvForm;
 use super::KvRows;
 use super::{
     accumulate_values, finish_values, merge_segments, scaled_dots, softmax_sum, softmax_weights,
@@ -31,18 +30,7 @@ pub fn tree_attention<K: KvRows>(
     paths: &[Vec<usize>],
     out: &mut [f32],
 ) {
-    if K::FORM != KvForm::Q8 {
-        return attend_nodes(
-            shape,
-            (q, None),
-            (keys, values),
-            (start_pos, sinks),
-            paths,
-            out,
-        );
-    }
-    with_rounded(q, |queries| {
-        let q8 = Some(queries);
+    rounded_for::<K, _>(q, |q8| {
         attend_nodes(
             shape,
             (q, q8),
