@@ -4,18 +4,8 @@
 
 use super::q8_query::Q8Queries;
 use super::q8_scores::{q8_dot, run_scores, scaled_q8_dots};
+use super::tests::{bits, noise};
 use super::{causal_attention, tree_attention, AttnShape, KvRows, Q8Rows};
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-/// A hash of `i` in `[-0.5, 0.5)`.
-fn noise(i: usize) -> f32 {
-    let x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-}
 
 /// A q8 cache of `n` elements: bytes over the whole range (±127 included), f16 scales of
 /// several magnitudes.

@@ -8,7 +8,7 @@ fn val(i: usize) -> f32 {
     ((i * 104_729 % 2000) as f32 - 1000.0) * 1e-3
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
+pub(super) fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
@@ -718,7 +718,7 @@ fn heads_side_by_side_give_each_head_its_own_bits() {
 
 /// A hash of `i` in `[-0.5, 0.5)`, with no period a cache could line up with (`val` repeats
 /// every 2000 elements, so a deep cache of it holds the same rows in every segment).
-fn noise(i: usize) -> f32 {
+pub(super) fn noise(i: usize) -> f32 {
     let x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
