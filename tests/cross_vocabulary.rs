@@ -18,7 +18,8 @@ use common::{
 use tandem::draft::{
     GreedyAcross, LoadedDrafter, ModelDrafter, PromptLookup, Proposer, Translation,
 };
-use tandem::engine::{Engine, EngineConfig};
+use tandem::engine::governor::CostModel;
+use tandem::engine::{Engine, EngineConfig, GammaPolicy};
 use tandem::model::loaded::LoadOptions;
 use tandem::model::{LoadedModel, ModelSource, WeightsDtype};
 
@@ -163,6 +164,83 @@ fn greedy_speculation_equals_plain(greedy: GreedyAcross) {
         }
         assert!(accepted > 0, "the drafter's tokens were accepted");
     }
+}
+
+/// A new request's drafts start from the pooled acceptance scaled by how much of its prompt the
+/// drafter covers against the text behind that acceptance. Prices frozen (a forward of `w`
+/// tokens costs `1 + 0.6·(w − 1)` ms, a draft step and a catch-up token 0.01 ms: drafting
+/// pays from about 70% acceptance), so every choice follows from acceptance alone: after an
+/// English request's drafts stood at a fixed γ, a German prompt, which SmolLM2 covers far
+/// less of, decodes plainly (too few tokens for a probe), and another English one drafts
+/// from its first round. Unscaled, the German one would start at the English one's rate.
+#[test]
+fn a_prompt_the_drafter_covers_little_starts_without_drafting() {
+    const PER_TOKEN: f64 = 0.6;
+    let target = gemma();
+    let draft = common::load_default(WeightsDtype::Auto);
+    let t = translation(&draft, &target);
+    // Written for this test.
+    let english = [
+        "The months of the year, in order: January, February, March, April,",
+        "The days of the week, in order: Monday, Tuesday, Wednesday,",
+    ];
+    let german = "Die Monate des Jahres, der Reihe nach: Januar, Februar, März, April,";
+    let prompt = |text: &str| target.tokenizer.encode(text, true).unwrap();
+    let cover = |text: &str| t.text_coverage(&prompt(text)).unwrap();
+    for text in english {
+        assert!(cover(text) > 0.9, "{}", cover(text));
+    }
+    assert!(cover(german) < 0.7, "{}", cover(german));
+    // The beginning-of-text token is no text: it counts neither way.
+    let bos = prompt(english[0])[0];
+    assert!(target.tokenizer.is_special(bos));
+    assert_eq!(t.text_coverage(&[bos]), None);
+    let eos = target.tokenizer.eos_ids();
+    let target_model = Arc::new(target.model);
+    let width = EngineConfig::default().max_seqs * (EngineConfig::default().gamma_limit + 1);
+    let mut costs = CostModel::new(width);
+    for w in 1..=width {
+        costs.record_verify(1e-3 * (1.0 + PER_TOKEN * (w - 1) as f64), w);
+    }
+    costs.record_draft(3e-5, 1e-5, 3, 1);
+    costs.record_catch_up(64e-5, 64);
+    let source = LoadedDrafter::Model {
+        model: Arc::new(draft.model),
+        vocab: None,
+        translation: Some(Arc::clone(&t)),
+        lookup: None,
+        name: "SmolLM2".into(),
+        self_layers: false,
+    };
+    let cfg = EngineConfig {
+        costs: Some(costs),
+        ..Default::default()
+    };
+    let rt = common::runtime();
+    let engine = rt
+        .block_on(Engine::start(Arc::clone(&target_model), Some(source), cfg))
+        .unwrap();
+    let run = |text: &str, gamma: GammaPolicy| {
+        let req = greedy_request(prompt(text), 12, eos);
+        let done = rt
+            .block_on(async {
+                engine
+                    .submit(engine_request(req.clone(), gamma))
+                    .await?
+                    .collect()
+                    .await
+            })
+            .unwrap();
+        assert_eq!(done.tokens, plain_output(&target_model, &req).tokens);
+        done.usage.speculative
+    };
+    let first = run(english[0], fixed_gamma(3));
+    let g = run(german, GammaPolicy::Adaptive);
+    let e = run(english[1], GammaPolicy::Adaptive);
+    // The pooled rate after it: 8 of 8 drafts stood.
+    assert!(first.accepted_tokens > first.draft_tokens / 2, "{first:?}");
+    assert_eq!(g.draft_tokens, 0, "the German prompt decodes plainly");
+    assert!(e.draft_tokens > 0, "the English prompt drafts");
 }
 
 /// `tandem generate --draft-model default` on Gemma: the setup finds the vocabularies differ,

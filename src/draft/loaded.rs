@@ -109,6 +109,14 @@ impl LoadedDrafter {
         DraftOrigins { lookup, model }
     }
 
+    /// How a draft model of another vocabulary drafts for the target (`None` for any other).
+    pub fn translation(&self) -> Option<&Arc<Translation>> {
+        match self {
+            Self::Model { translation, .. } => translation.as_ref(),
+            _ => None,
+        }
+    }
+
     /// Whether it keeps a KV cache of its own (a draft model), which a prefix cache serves.
     pub fn keeps_a_cache(&self) -> bool {
         matches!(self, Self::Model { .. })

@@ -185,6 +185,21 @@ impl Translation {
         self.map.coverage(target_ids)
     }
 
+    /// The share of `target_ids`' text tokens the drafter could propose, control tokens (a
+    /// chat template's turn markers) left out: they say nothing of the text. `None` where
+    /// there is no text token.
+    pub fn text_coverage(&self, target_ids: &[u32]) -> Option<f64> {
+        let (mut text, mut covered) = (0usize, 0usize);
+        for &id in target_ids {
+            if self.target.is_special(id) {
+                continue;
+            }
+            text += 1;
+            covered += usize::from(self.map.draft_of(id).is_some());
+        }
+        (text > 0).then(|| covered as f64 / text as f64)
+    }
+
     /// The share of the target's tokens of a built-in sample of ordinary text and code.
     pub fn sample_coverage(&self) -> Result<f64, TokenizerError> {
         Ok(self.coverage(&self.target.encode(COVERAGE_SAMPLE, false)?))

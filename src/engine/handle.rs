@@ -21,7 +21,7 @@ use super::prefill_timing::prefill_price_off_runtime;
 use super::prefix_budget::{prefix_budget_bytes, split_budget};
 use super::price_memory::{MemoryFile, PriceMemory};
 use super::request::{check_request, EngineRequest};
-use super::scheduler::{DraftForesight, Scheduler, SchedulerConfig};
+use super::scheduler::{DraftCoverage, DraftForesight, Scheduler, SchedulerConfig};
 use super::speculation_settings::{LiveSpeculation, SpeculationSettings};
 use super::verifier::Verifier;
 use crate::draft::LoadedDrafter;
@@ -158,6 +158,10 @@ impl Engine {
         let features = draft.as_ref().and_then(LoadedDrafter::feature_taps);
         let head = features.is_some();
         let foresight = foresight_for(draft.as_ref());
+        let coverage = draft
+            .as_ref()
+            .and_then(LoadedDrafter::translation)
+            .map(|t| DraftCoverage::new(Arc::clone(t)));
         let origins = draft
             .as_ref()
             .map(LoadedDrafter::origins)
@@ -204,6 +208,7 @@ impl Engine {
             prefix_cache: cfg.prefix_cache,
             governor: cfg.governor,
             foresight,
+            coverage,
             origins,
             stall_after_rounds: cfg.stall_after_rounds,
         };

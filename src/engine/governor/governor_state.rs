@@ -5,6 +5,7 @@
 use super::config::GovernorConfig;
 use super::planner::{Candidate, Choice};
 use super::proposal_rates::{a_rate, ProposalRates};
+use super::text_coverage::{PooledCoverage, PromptCoverage};
 use crate::draft::Rehearsal;
 use crate::sampling::ProposalEvidence;
 
@@ -87,16 +88,29 @@ impl KindRates {
 
     /// Rates that start where `pooled` stands now, each kind at its own, moved by how prompt
     /// lookup fared when `rehearsed` on the request's own prompt (for a drafter that drafts
-    /// lookup's matches).
-    pub fn starting_from(pooled: &KindRates, rehearsed: Option<&Rehearsal>) -> Self {
+    /// lookup's matches), and for a drafter of another vocabulary the model's drafts scaled by
+    /// how much of the prompt it covers against the pooled text (`coverage`). The rate of all
+    /// drafts is scaled too where every draft is the model's (nothing rehearsed).
+    pub fn starting_from(
+        pooled: &KindRates,
+        rehearsed: Option<&Rehearsal>,
+        coverage: Option<PromptCoverage>,
+    ) -> Self {
         let r = rehearsed.copied().unwrap_or_default();
         let sum = |a: [u32; DRAFT_KINDS]| a.iter().sum::<u32>();
+        let scale = coverage.map_or(1.0, |c| c.scale());
+        let model_only = if rehearsed.is_none() { scale } else { 1.0 };
         let mut by_kind = [AcceptanceRate::new(0.5); DRAFT_KINDS];
         for (k, rate) in by_kind.iter_mut().enumerate() {
-            *rate = AcceptanceRate::rehearsed(pooled.by_kind[k].get(), r.tried[k], r.stood[k]);
+            let prior = pooled.by_kind[k].get() * if k == 0 { scale } else { 1.0 };
+            *rate = AcceptanceRate::rehearsed(prior, r.tried[k], r.stood[k]);
         }
         Self {
-            all: AcceptanceRate::rehearsed(pooled.all.get(), sum(r.tried), sum(r.stood)),
+            all: AcceptanceRate::rehearsed(
+                pooled.all.get() * model_only,
+                sum(r.tried),
+                sum(r.stood),
+            ),
             by_kind,
         }
     }
@@ -126,6 +140,10 @@ pub struct PooledClass {
     pub rates: KindRates,
     /// Where a new request's choice of proposal starts (sampled classes).
     pub proposals: ProposalRates,
+    /// The prompt coverage of the requests behind `rates`' model drafts, for a drafter of
+    /// another vocabulary (absent from tables remembered before it was kept).
+    #[serde(default)]
+    pub coverage: PooledCoverage,
 }
 
 /// One request's governor: its acceptance rates, and when it last speculated.
@@ -140,6 +158,10 @@ pub struct Governor {
     probe_wait: usize,
     /// The last round was a probe.
     probed: bool,
+    /// The share of the prompt a drafter of another vocabulary could propose.
+    prompt_coverage: Option<f64>,
+    /// The most of its drafts a probe hopes will stand ([`PromptCoverage::ceiling`]).
+    ceiling: f64,
 }
 
 impl Governor {
@@ -155,25 +177,37 @@ impl Governor {
         let pooled = PooledClass {
             rates: KindRates::new(prior),
             proposals: ProposalRates::default(),
+            coverage: PooledCoverage::default(),
         };
-        Self::starting_from(cfg, &pooled, None)
+        Self::starting_from(cfg, &pooled, None, None)
     }
 
     /// A governor whose estimates start where the server's pooled ones for the request's
-    /// temperature class stand (each kind of draft at its own rate).
+    /// temperature class stand (each kind of draft at its own rate), moved by what the prompt
+    /// shows (see [`KindRates::starting_from`]).
     pub fn starting_from(
         cfg: GovernorConfig,
         pooled: &PooledClass,
         rehearsed: Option<&Rehearsal>,
+        coverage: Option<PromptCoverage>,
     ) -> Self {
         Self {
             cfg,
-            rates: KindRates::starting_from(&pooled.rates, rehearsed),
+            rates: KindRates::starting_from(&pooled.rates, rehearsed, coverage),
             proposals: ProposalRates::starting_from(&pooled.proposals),
             plain_steps: 0,
             probe_wait: cfg.probe_every.max(1),
             probed: false,
+            prompt_coverage: coverage.map(|c| c.prompt),
+            ceiling: coverage.map_or(1.0, |c| c.ceiling()),
         }
+    }
+
+    /// The share of the prompt a drafter of another vocabulary could propose (`None` for a
+    /// drafter of the target's vocabulary): what the pooled coverage records beside this
+    /// request's drafts.
+    pub fn prompt_coverage(&self) -> Option<f64> {
+        self.prompt_coverage
     }
 
     /// The acceptance rate estimate over every kind of draft (see [`AcceptanceRate`]).
@@ -259,6 +293,7 @@ impl Governor {
             catch_up,
             remaining,
             depth: 0,
+            ceiling: self.ceiling,
         }
     }
 }
@@ -273,6 +308,7 @@ mod tests {
         PooledClass {
             rates,
             proposals: ProposalRates::default(),
+            coverage: PooledCoverage::default(),
         }
     }
 
@@ -306,8 +342,12 @@ mod tests {
             tried: [0, 30, 1, 40],
             stood: [0, 0, 1, 36],
         };
-        let g =
-            Governor::starting_from(GovernorConfig::default(), &class(pooled), Some(&rehearsal));
+        let g = Governor::starting_from(
+            GovernorConfig::default(),
+            &class(pooled),
+            Some(&rehearsal),
+            None,
+        );
         // 0 of 30 and 36 of 40, each weighed as one draft against the prior's two.
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
         assert!(
@@ -334,10 +374,53 @@ mod tests {
         assert!(g.alpha_of(Some(1)) > 0.75, "{}", g.alpha_of(Some(1)));
         // Without a rehearsal, or an empty one, the pooled rates as they were.
         for r in [None, Some(&Rehearsal::default())] {
-            let g = Governor::starting_from(GovernorConfig::default(), &class(pooled), r);
+            let g = Governor::starting_from(GovernorConfig::default(), &class(pooled), r, None);
             assert_eq!(g.alpha_of(Some(3)), 0.5);
             assert_eq!(g.alpha(), 0.5);
         }
+    }
+
+    #[test]
+    fn a_prompt_the_drafter_covers_less_than_the_pooled_text_starts_its_drafts_lower() {
+        let c = costs(0.45, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5]);
+        let cfg = GovernorConfig::default();
+        let mut pooled = KindRates::new(0.5);
+        for _ in 0..40 {
+            pooled.record(0, 4, 4, 0.99);
+        }
+        pooled.record(0, 4, 1, 0.99);
+        let at = |prompt: f64| {
+            Some(PromptCoverage {
+                prompt,
+                pooled: 0.96,
+            })
+        };
+        let g = |cov, rehearsed| Governor::starting_from(cfg, &class(pooled), rehearsed, cov);
+        let (usual, foreign) = (g(at(0.96), None), g(at(0.55), None));
+        // Covered as the pooled text was: the pooled rate, and the request drafts at once.
+        assert!((usual.alpha_of(Some(0)) - pooled.get(Some(0))).abs() < 1e-12);
+        assert!(solo(&usual, &c) >= 3, "γ = {}", solo(&usual, &c));
+        // Covered little: the model's drafts start at the pooled rate times 0.55 / 0.96, and
+        // the request decodes plainly until a probe says otherwise.
+        let want = pooled.get(Some(0)) * 0.55 / 0.96;
+        assert!((foreign.alpha_of(Some(0)) - want).abs() < 1e-9, "{want}");
+        assert!((foreign.alpha() - pooled.get(None) * 0.55 / 0.96).abs() < 1e-9);
+        assert_eq!(solo(&foreign, &c), 0, "α = {}", foreign.alpha());
+        assert_eq!(foreign.prompt_coverage(), Some(0.55));
+        assert_eq!(g(None, None).prompt_coverage(), None);
+        // Prompt lookup's copies do not depend on the drafter's vocabulary: with a rehearsal
+        // (lookup drafts first) only the model's kind moves, not lookup's nor every draft's.
+        let rehearsed = g(at(0.55), Some(&Rehearsal::default()));
+        assert!((rehearsed.alpha_of(Some(0)) - want).abs() < 1e-9);
+        for kind in [Some(1), Some(3), None] {
+            assert_eq!(rehearsed.alpha_of(kind), pooled.get(kind), "{kind:?}");
+        }
+        // Its own drafts lead within a few rounds, whatever the prompt said.
+        let mut foreign = foreign;
+        for _ in 0..3 {
+            foreign.record_round(3, 3);
+        }
+        assert!(foreign.alpha() > 0.8, "{}", foreign.alpha());
     }
 
     #[test]
@@ -369,7 +452,7 @@ mod tests {
             pooled.record(0, 3, 3, 0.995);
             pooled.record(2, 3, 0, 0.995);
         }
-        let fresh = Governor::starting_from(GovernorConfig::default(), &class(pooled), None);
+        let fresh = Governor::starting_from(GovernorConfig::default(), &class(pooled), None, None);
         assert!(fresh.alpha_of(Some(0)) > 0.9, "{}", fresh.alpha_of(Some(0)));
         assert!(fresh.alpha_of(Some(2)) < 0.1, "{}", fresh.alpha_of(Some(2)));
         assert_eq!(fresh.alpha_of(Some(3)), 0.5);

@@ -20,6 +20,7 @@ mod proposal_rates;
 mod remembered;
 mod round_bias;
 mod speedup;
+mod text_coverage;
 mod verify_depth;
 
 pub use branches::{
@@ -37,6 +38,7 @@ pub use pooled::{PooledAcceptance, TEMPERATURE_CLASSES};
 pub use proposal_rates::ProposalRates;
 pub use remembered::{check_widths, still_holds, Remembered, PRICE_TOLERANCE};
 pub use speedup::SpeedupEstimate;
+pub use text_coverage::{PooledCoverage, PromptCoverage};
 
 #[cfg(test)]
 pub(crate) mod test_support;

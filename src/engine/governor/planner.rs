@@ -43,6 +43,10 @@ pub struct Candidate {
     pub remaining: usize,
     /// Context tokens its draft steps attend over (0 = not known: priced as measured).
     pub depth: usize,
+    /// The most of its drafts that could stand, as far as the request shows: 1, or for a
+    /// drafter of another vocabulary the share of the prompt it covers (a drafted run ends at
+    /// the first token it cannot propose). What a probe hopes for is bounded by it.
+    pub ceiling: f64,
 }
 
 /// Chooses every sequence's γ for one round (docs/speculation.md, "The round planner") to maximise the round's expected
@@ -128,7 +132,8 @@ pub fn plan_round(
 /// what its speculation could save over the request's remaining tokens (the best γ up to
 /// `max`, the others as in `plan`) against the catch-up.
 ///
-/// Speculation is priced halfway between the estimate and full acceptance: hopeful, since a
+/// Speculation is priced halfway between the estimate and full acceptance (the candidate's
+/// `ceiling`, or its estimate where that is higher): hopeful, since a
 /// request's estimate starts from other requests' and finding out is what a probe is for, but
 /// not blind: priced at full acceptance, a poor drafter would keep probing, each probe first
 /// taking in everything decoded since the last, and a good one that is dear to catch up
@@ -156,7 +161,7 @@ fn probe_pays(
 ) -> bool {
     let c = &candidates[i];
     let alpha = if costs.may_explore() {
-        (c.alpha + 1.0) / 2.0
+        (c.alpha + c.ceiling.max(c.alpha)) / 2.0
     } else {
         c.alpha
     };

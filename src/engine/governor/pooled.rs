@@ -8,6 +8,7 @@
 
 use super::governor_state::{KindRates, PooledClass};
 use super::proposal_rates::ProposalRates;
+use super::text_coverage::PooledCoverage;
 use crate::sampling::SamplingParams;
 
 /// The temperatures that bound the classes of [`PooledAcceptance`] above greedy: a class holds
@@ -32,6 +33,7 @@ impl PooledAcceptance {
             classes: [PooledClass {
                 rates: KindRates::new(prior),
                 proposals: ProposalRates::default(),
+                coverage: PooledCoverage::default(),
             }; TEMPERATURE_CLASSES],
         }
     }

@@ -77,6 +77,7 @@ mod tests {
         };
         let class = acceptance.class_mut(&sampled);
         class.rates.record(1, 4, 0, 0.995);
+        class.coverage.record(0.6, 4, 0.995);
         class.proposals.record(
             &crate::sampling::ProposalEvidence {
                 rows: 5,
@@ -109,6 +110,12 @@ mod tests {
         );
         assert_eq!(back.acceptance, r.acceptance);
         assert_eq!(back.reference, r.reference);
+        assert!(back.acceptance.class(&sampled).coverage.mean(1.0) < 0.9);
+        // A table kept before prompt coverage was: its classes start with none recorded.
+        let older = text.replace(r#","coverage":{"covered":2.4,"drafts":4.0}"#, "");
+        assert_ne!(older, text);
+        let back: Remembered = serde_json::from_str(&older).unwrap();
+        assert_eq!(back.acceptance.class(&sampled).coverage.mean(1.0), 1.0);
         assert!(
             back.acceptance.class(&sampled).rates.get(Some(1)) < 0.5,
             "a kind's own rate is kept, in its temperature class"

@@ -220,6 +220,16 @@ impl Scheduler {
             .as_ref()
             .map(|f| f.rehearse(&q.request.generation.prompt));
         tracing::debug!(id = q.id, ?rehearsal, "prompt rehearsed");
+        let class = self
+            .learned
+            .acceptance
+            .class(&q.request.generation.sampling);
+        let coverage = self
+            .cfg
+            .coverage
+            .as_ref()
+            .and_then(|c| c.of(&q.request.generation.prompt, &class.coverage));
+        tracing::debug!(id = q.id, ?coverage, "prompt coverage");
         let seed = q
             .request
             .generation
@@ -252,6 +262,7 @@ impl Scheduler {
                     self.cfg.governor,
                     self.learned.acceptance.class(&request.generation.sampling),
                     rehearsal.as_ref(),
+                    coverage,
                 ),
                 spec: SpeculationStats::default(),
                 group: usize::from(group),

@@ -133,6 +133,7 @@ impl Sequence {
             catch_up: 0,
             remaining,
             depth: n,
+            ceiling: 1.0,
         };
         if !has_drafter || next == NextDraft::Nothing {
             return fixed(0);

@@ -17,6 +17,7 @@
 mod admission;
 mod admitted;
 mod constrain;
+mod draft_coverage;
 mod drafting;
 mod foresight;
 mod outcome;
@@ -30,6 +31,7 @@ mod trees;
 
 use kameo::message::{Context, Message};
 
+pub use draft_coverage::DraftCoverage;
 pub use foresight::DraftForesight;
 pub use state::{Scheduler, SchedulerConfig};
 

@@ -174,6 +174,9 @@ fn count_decoding_round(
     class
         .rates
         .record(kind, chain, chain_accepted, POOLED_ACCEPTANCE_DECAY);
+    if let Some(share) = s.governor.prompt_coverage().filter(|_| kind == 0) {
+        class.coverage.record(share, chain, POOLED_ACCEPTANCE_DECAY);
+    }
     if let Some(e) = &o.proposal_evidence {
         s.governor.record_proposals(e);
         let (drawn, likeliest) = s.governor.proposal_rates();

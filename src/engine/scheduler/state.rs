@@ -8,6 +8,7 @@ use kameo::actor::ActorRef;
 use kameo::Actor;
 
 use super::admitted::{Queued, Sequence};
+use super::draft_coverage::DraftCoverage;
 use super::foresight::DraftForesight;
 use super::round_clock::Overlap;
 use crate::draft::DraftOrigins;
@@ -45,6 +46,9 @@ pub struct SchedulerConfig {
     /// For a drafter that drafts prompt lookup's match first: the same lookup, run before
     /// planning, so each round is planned with the acceptance of the draft it will get.
     pub foresight: Option<DraftForesight>,
+    /// For a drafter of another vocabulary: how much of a prompt it covers, which moves where
+    /// a new request's acceptance of its drafts starts.
+    pub coverage: Option<DraftCoverage>,
     /// What the drafter's drafts are called, for requests that ask who wrote each token.
     pub origins: DraftOrigins,
     /// Fault injection for tests: stop waking up after this many rounds.

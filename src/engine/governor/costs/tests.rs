@@ -202,6 +202,7 @@ fn draft_steps_at_depth_cost_at_least_the_start_up_line() {
         catch_up: 600,
         remaining: 200,
         depth,
+        ceiling: 1.0,
     };
     // Shallow, a draft step is a quarter of a plain step and the catch-up repays itself;
     // at a depth of 2000 a step costs as much as the plain step it should save.

@@ -103,6 +103,7 @@ fn no_probe_when_catching_up_costs_more_than_it_could_save() {
         catch_up,
         remaining,
         depth: 0,
+        ceiling: 1.0,
     };
     // At best (all accepted, γ = 8) rounds cost 5.8 steps for 9 tokens: 1.55x, saving a
     // third of a step per token; catching up on 100 tokens costs 10 steps.
@@ -127,6 +128,7 @@ fn a_probe_beside_other_requests_is_priced_in_their_batch() {
         catch_up: 100,
         remaining: 60,
         depth: 0,
+        ceiling: 1.0,
     };
     // Alone, a round of 8 drafts yields 7.4 tokens for 4.2 steps: it could save 26 steps
     // over 60 tokens, so the catch-up is worth trying.
@@ -164,6 +166,7 @@ fn probe_after(alpha: f64, catch_up: usize, remaining: usize) -> Candidate {
         catch_up,
         remaining,
         depth: 0,
+        ceiling: 1.0,
     }
 }
 
@@ -181,6 +184,27 @@ fn a_drafter_that_keeps_failing_is_not_probed_at_the_price_of_a_catch_up() {
         ..probe(0.2)
     };
     assert_eq!(plan_round(&[free], 0, &c, 1.05), vec![1]);
+}
+
+#[test]
+fn hope_stops_at_the_share_of_the_text_a_drafter_of_another_vocabulary_covers() {
+    // Catching up on 100 tokens costs 50 steps; at 30% no γ pays, halfway to all (65%) it
+    // does (see the test below).
+    let c = linear_costs(50.0);
+    let covering = |ceiling| Candidate {
+        ceiling,
+        ..probe_after(0.3, 100, 1000)
+    };
+    assert_eq!(plan_round(&[covering(1.0)], 0, &c, 1.05), vec![1]);
+    // A drafter covering 40% of the prompt: halfway to that (35%) saves nothing.
+    assert_eq!(plan_round(&[covering(0.4)], 0, &c, 1.05), vec![0]);
+    // A request whose own drafts stood more often than its prompt's coverage hopes from
+    // its own rate up: at 90% it probes whatever the ceiling.
+    let proven = Candidate {
+        alpha: 0.9,
+        ..covering(0.4)
+    };
+    assert_eq!(plan_round(&[proven], 0, &c, 1.05), vec![1]);
 }
 
 #[test]
@@ -334,6 +358,7 @@ fn fixed_choices_are_kept() {
         catch_up: 0,
         remaining: 100,
         depth: 0,
+        ceiling: 1.0,
     };
     assert_eq!(plan_round(&[fixed], 0, &c, 1.02), vec![3]);
 }
@@ -348,6 +373,7 @@ fn prices_that_forbid_drafting_are_measured_again_after_a_while() {
         catch_up,
         remaining: 1000,
         depth: 0,
+        ceiling: 1.0,
     };
     let probe = Candidate {
         choice: Choice::Probe { gamma: 1, max: 8 },
@@ -428,6 +454,7 @@ fn drafting_that_pays_near_the_start_of_a_context_is_declined_deep_in_one() {
         catch_up: 0,
         remaining: 1000,
         depth,
+        ceiling: 1.0,
     };
     assert!(plan_round(&[at(40)], 0, &c, 1.02)[0] > 0);
     // 2000 tokens deep a step costs 1.78, a 2-token verification 2.66: 1.4 tokens for 1.49
