@@ -3,8 +3,9 @@
 //! translation keeps the text, and so does putting the drafter's tokens back in the target's
 //! (string-level drafts); greedy speculative output equals plain decoding token for token, over
 //! the shared tokens (TLI) and string-level (SLEM), in the single-request loop, in the engine
-//! four at once (alone, and behind prompt lookup), and through `tandem generate`; a pair that shares too little is refused at
-//! start-up with both models named. (Sampled
+//! four at once (alone, and behind prompt lookup), and through `tandem generate`; a prompt the
+//! drafter covers little starts its drafts from a lower rate than the English ones before it;
+//! a pair that shares too little is refused at start-up with both models named. (Sampled
 //! exactness is proven by enumeration in `draft::translation` and by the engine's chi-square
 //! arm in `tests/sampled_distribution.rs`.)
 
