@@ -67,10 +67,35 @@ pub(super) struct Timing<'a> {
     pub experts: Option<ExpertPrices>,
 }
 
+/// What the governor starts from (the configured `table`, or remembered in `memory` and still
+/// holding, or measured now) and the file its learning is kept in from here on: saved at once
+/// when start-up had to measure, so a server stopped before its first request still starts
+/// faster next time.
+pub(super) async fn start_governor(
+    table: Option<CostModel>,
+    timing: Timing<'_>,
+    mut memory: Option<MemoryFile>,
+) -> Result<(Remembered, Option<MemoryFile>, StartUpPrices), EngineError> {
+    let (learned, start_up) = start_up_learning(table, timing, memory.as_ref()).await?;
+    if let Some(m) = memory.as_mut() {
+        m.set_reference(learned.reference.clone());
+        if start_up.from != PricesFrom::Remembered {
+            m.save_start_up(&learned);
+        }
+    }
+    tracing::info!(
+        prices = ?start_up.from,
+        seconds = start_up.seconds,
+        memory = ?memory.as_ref().map(|m| m.path().display().to_string()),
+        "governor ready"
+    );
+    Ok((learned, memory, start_up))
+}
+
 /// What the governor starts from: the configured `table` (frozen), a remembered table that
 /// still holds on this machine, or prices timed now; and the acceptance remembered, if any
 /// (else a pooled guess of one half).
-pub(super) async fn start_up_learning(
+async fn start_up_learning(
     table: Option<CostModel>,
     t: Timing<'_>,
     memory: Option<&MemoryFile>,

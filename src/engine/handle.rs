@@ -8,17 +8,17 @@ use kameo::mailbox;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::cache_manager::CacheManager;
-use super::calibration::{start_up_learning, PricesFrom, StartUpPrices, Timing};
+use super::calibration::{start_governor, StartUpPrices, Timing};
 use super::drafter::Drafter;
 use super::error::EngineError;
 use super::event_stream::EventStream;
 use super::gamma::{Gamma, GammaPolicy};
-use super::governor::{CostModel, ExpertPrices, GovernorConfig, Remembered};
+use super::governor::{CostModel, ExpertPrices, GovernorConfig};
 use super::kv_room;
 use super::liveness::{EngineHealth, Liveness};
 use super::messages::*;
 use super::prefill_timing::prefill_price_off_runtime;
-use super::prefix_budget::{prefix_budget_bytes, split_budget};
+use super::prefix_budget::{prefix_budgets, register_prefix_caches};
 use super::price_memory::{MemoryFile, PriceMemory};
 use super::request::{check_request, EngineRequest};
 use super::scheduler::{DraftCoverage, DraftForesight, Scheduler, SchedulerConfig};
@@ -146,7 +146,11 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let settings = live_settings(&cfg)?;
         let slots = cfg.max_seqs;
-        let (target_budget, draft_budget) = prefix_budgets(&cfg, &target, draft.as_ref());
+        let (target_budget, draft_budget) = prefix_budgets(
+            (cfg.prefix_cache, cfg.prefix_cache_mib),
+            &target,
+            draft.as_ref(),
+        );
         let room = kv_room::room_for(
             (&target, draft.as_ref()),
             (cfg.max_seqs, cfg.context_from_model),
@@ -186,8 +190,12 @@ impl Engine {
             context_len,
             experts: expert_prices(&target),
         };
-        let (learned, memory, start_up) =
-            start_governor(&mut cfg, timing, draft_name.as_deref()).await?;
+        let memory = cfg
+            .price_memory
+            .as_ref()
+            .filter(|_| cfg.remember_prices)
+            .map(|m| MemoryFile::new(m, &engine_identity(&cfg, draft_name.as_deref())));
+        let (learned, memory, start_up) = start_governor(cfg.costs.take(), timing, memory).await?;
         let cache = CacheManager::spawn(CacheManager::new(
             slots,
             cfg.kv_capacity_tokens.unwrap_or(room.capacity_tokens),
@@ -436,35 +444,6 @@ fn live_settings(cfg: &EngineConfig) -> Result<LiveSpeculation, EngineError> {
         .map_err(|e| EngineError::InvalidRequest(format!("speculation.{e}")))
 }
 
-/// What the governor starts from (remembered and still holding, or measured now) and the file
-/// its learning is kept in from here on: saved at once when start-up had to measure, so a
-/// server stopped before its first request still starts faster next time.
-async fn start_governor(
-    cfg: &mut EngineConfig,
-    timing: Timing<'_>,
-    drafter: Option<&str>,
-) -> Result<(Remembered, Option<MemoryFile>, StartUpPrices), EngineError> {
-    let mut memory = cfg
-        .price_memory
-        .as_ref()
-        .filter(|_| cfg.remember_prices)
-        .map(|m| MemoryFile::new(m, &engine_identity(cfg, drafter)));
-    let (learned, start_up) = start_up_learning(cfg.costs.take(), timing, memory.as_ref()).await?;
-    if let Some(m) = memory.as_mut() {
-        m.set_reference(learned.reference.clone());
-        if start_up.from != PricesFrom::Remembered {
-            m.save_start_up(&learned);
-        }
-    }
-    tracing::info!(
-        prices = ?start_up.from,
-        seconds = start_up.seconds,
-        memory = ?memory.as_ref().map(|m| m.path().display().to_string()),
-        "governor ready"
-    );
-    Ok((learned, memory, start_up))
-}
-
 /// The engine's own settings a remembered price table and acceptance depend on, as text
 /// (the model files, machine and build are the caller's part of the identity).
 fn engine_identity(cfg: &EngineConfig, drafter: Option<&str>) -> String {
@@ -481,25 +460,6 @@ fn engine_identity(cfg: &EngineConfig, drafter: Option<&str>) -> String {
         cfg.speculation,
         drafter.unwrap_or("none"),
     )
-}
-
-/// The prefix caches' series exist from start-up: the target's, and a draft model's.
-/// The bytes the target's prefix cache and a draft model's may hold (0 with the cache off).
-fn prefix_budgets(
-    cfg: &EngineConfig,
-    target: &Decoder,
-    draft: Option<&LoadedDrafter>,
-) -> (usize, usize) {
-    if !cfg.prefix_cache {
-        return (0, 0);
-    }
-    let cache = target.new_cache(0);
-    let budget = prefix_budget_bytes(cfg.prefix_cache_mib, cache.is_on_device());
-    let draft_bpt = match draft {
-        Some(LoadedDrafter::Model { model, .. }) => Some(model.new_cache(0).bytes_per_token()),
-        _ => None,
-    };
-    split_budget(budget, cache.bytes_per_token(), draft_bpt)
 }
 
 /// The Drafter actor for `draft` (none without a drafter), with its share of the prefix cache.
@@ -519,13 +479,4 @@ fn spawn_drafter(
         cfg.max_seqs,
         cfg.prefix_cache.then_some(draft_budget),
     )?)))
-}
-
-fn register_prefix_caches(on: bool, draft_cache: bool, (target, draft): (usize, usize)) {
-    if on {
-        crate::telemetry::register_prefix_cache("target", target);
-        if draft_cache {
-            crate::telemetry::register_prefix_cache("draft", draft);
-        }
-    }
 }

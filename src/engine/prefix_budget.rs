@@ -8,6 +8,9 @@
 //! for weights and running sequences. A device cache (the tensor backend) competes with the
 //! weights for the accelerator's memory, so it defaults to 1 GiB.
 
+use crate::draft::LoadedDrafter;
+use crate::model::Decoder;
+
 const MIB: usize = 1 << 20;
 const HOST_MAX: usize = 8 << 30;
 const DEVICE_DEFAULT: usize = 1 << 30;
@@ -38,6 +41,35 @@ pub fn split_budget(budget: usize, target_bpt: usize, draft_bpt: Option<usize>) 
             (target, budget - target)
         }
         _ => (budget, 0),
+    }
+}
+
+/// The bytes the target's prefix cache and a draft model's may hold (0 with the cache off,
+/// `on` false): `mib` or the default ([`prefix_budget_bytes`]), split by [`split_budget`].
+pub fn prefix_budgets(
+    (on, mib): (bool, Option<usize>),
+    target: &Decoder,
+    draft: Option<&LoadedDrafter>,
+) -> (usize, usize) {
+    if !on {
+        return (0, 0);
+    }
+    let cache = target.new_cache(0);
+    let budget = prefix_budget_bytes(mib, cache.is_on_device());
+    let draft_bpt = match draft {
+        Some(LoadedDrafter::Model { model, .. }) => Some(model.new_cache(0).bytes_per_token()),
+        _ => None,
+    };
+    split_budget(budget, cache.bytes_per_token(), draft_bpt)
+}
+
+/// The prefix caches' series exist from start-up: the target's, and a draft model's.
+pub fn register_prefix_caches(on: bool, draft_cache: bool, (target, draft): (usize, usize)) {
+    if on {
+        crate::telemetry::register_prefix_cache("target", target);
+        if draft_cache {
+            crate::telemetry::register_prefix_cache("draft", draft);
+        }
     }
 }
 
