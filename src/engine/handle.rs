@@ -24,7 +24,7 @@ use super::request::{check_request, EngineRequest};
 use super::scheduler::{DraftCoverage, DraftForesight, Scheduler, SchedulerConfig};
 use super::speculation_settings::{LiveSpeculation, SpeculationSettings};
 use super::verifier::Verifier;
-use crate::draft::LoadedDrafter;
+use crate::draft::{DraftOrigins, LoadedDrafter};
 use crate::model::Decoder;
 
 /// Engine settings. The config file's `[engine]` table is read straight into this type (the
@@ -161,15 +161,7 @@ impl Engine {
         // verification, never beside it.
         let features = draft.as_ref().and_then(LoadedDrafter::feature_taps);
         let head = features.is_some();
-        let foresight = foresight_for(draft.as_ref());
-        let coverage = draft
-            .as_ref()
-            .and_then(LoadedDrafter::translation)
-            .map(|t| DraftCoverage::new(Arc::clone(t)));
-        let origins = draft
-            .as_ref()
-            .map(LoadedDrafter::origins)
-            .unwrap_or_default();
+        let (foresight, coverage, origins) = drafter_views(draft.as_ref());
         let verifier = Verifier::new(
             Arc::clone(&target),
             slots,
@@ -190,11 +182,7 @@ impl Engine {
             context_len,
             experts: expert_prices(&target),
         };
-        let memory = cfg
-            .price_memory
-            .as_ref()
-            .filter(|_| cfg.remember_prices)
-            .map(|m| MemoryFile::new(m, &engine_identity(&cfg, draft_name.as_deref())));
+        let memory = memory_file(&cfg, draft_name.as_deref());
         let (learned, memory, start_up) = start_governor(cfg.costs.take(), timing, memory).await?;
         let cache = CacheManager::spawn(CacheManager::new(
             slots,
@@ -417,12 +405,29 @@ impl Drop for Engine {
     }
 }
 
-/// The scheduler foresees each round's kind of draft where the drafter drafts prompt
-/// lookup's match first (alone, or before a head).
-fn foresight_for(draft: Option<&LoadedDrafter>) -> Option<DraftForesight> {
-    let d = draft?;
+/// What the scheduler knows of the drafter: each round's kind of draft foreseen where it
+/// drafts prompt lookup's match first (alone, or before a head); a prompt's coverage where it
+/// is a model of another vocabulary; what its drafts are called.
+fn drafter_views(
+    draft: Option<&LoadedDrafter>,
+) -> (Option<DraftForesight>, Option<DraftCoverage>, DraftOrigins) {
+    let Some(d) = draft else {
+        return (None, None, DraftOrigins::default());
+    };
     let alone = matches!(d, LoadedDrafter::PromptLookup(_));
-    DraftForesight::new(d.lookup()?, !alone)
+    (
+        d.lookup().and_then(|l| DraftForesight::new(l, !alone)),
+        d.translation().map(|t| DraftCoverage::new(Arc::clone(t))),
+        d.origins(),
+    )
+}
+
+/// The file the governor's learning is kept in, when prices are remembered.
+fn memory_file(cfg: &EngineConfig, drafter: Option<&str>) -> Option<MemoryFile> {
+    cfg.price_memory
+        .as_ref()
+        .filter(|_| cfg.remember_prices)
+        .map(|m| MemoryFile::new(m, &engine_identity(cfg, drafter)))
 }
 
 /// A mixture of experts' target: its forwards priced by the experts they read, every layer
