@@ -243,19 +243,26 @@ impl CostModel {
         (tokens, rows): (usize, &[(usize, usize)]),
         seconds: f64,
     ) {
-        let sequences = rows.len();
-        if self.frozen || sequences == 0 {
+        if self.frozen || rows.is_empty() {
             return;
         }
-        let plain = self.verify_seconds_with(sequences, rows.iter().map(|&(_, d)| (1, d)));
-        let gain = match (drafted, plain) {
-            (true, Some(plain)) => {
-                let per_token = plain * self.round_bias.plain() / sequences as f64;
-                tokens as f64 * per_token - seconds
-            }
+        let gain = match (drafted, self.plain_token_seconds(rows)) {
+            (true, Some(per_token)) => tokens as f64 * per_token - seconds,
             _ => 0.0,
         };
         self.ledger.record(seconds, gain);
+    }
+
+    /// What a plain round of the sequences of `rows` (as in [`Self::record_decode_round`])
+    /// costs per sequence, as plain rounds run at their depths: the price a drafting round's
+    /// tokens are weighed at. `None` for a frozen table (its prices are not this machine's)
+    /// or before the widths are measured.
+    pub fn plain_token_seconds(&self, rows: &[(usize, usize)]) -> Option<f64> {
+        if self.frozen || rows.is_empty() {
+            return None;
+        }
+        let plain = self.verify_seconds_with(rows.len(), rows.iter().map(|&(_, d)| (1, d)))?;
+        Some(plain * self.round_bias.plain() / rows.len() as f64)
     }
 
     /// Net seconds drafting saved lately against plain decoding (negative: lost).

@@ -5,6 +5,7 @@
 use super::config::GovernorConfig;
 use super::planner::{Candidate, Choice};
 use super::proposal_rates::{a_rate, ProposalRates};
+use super::request_ledger::RequestLedger;
 use super::text_coverage::{PooledCoverage, PromptCoverage};
 use crate::draft::Rehearsal;
 use crate::sampling::ProposalEvidence;
@@ -162,6 +163,9 @@ pub struct Governor {
     prompt_coverage: Option<f64>,
     /// The most of its drafts a probe hopes will stand ([`PromptCoverage::ceiling`]).
     ceiling: f64,
+    /// What drafting has gained this request: while it stands too far behind, it decodes
+    /// plainly.
+    own: RequestLedger,
 }
 
 impl Governor {
@@ -200,6 +204,7 @@ impl Governor {
             probed: false,
             prompt_coverage: coverage.map(|c| c.prompt),
             ceiling: coverage.map_or(1.0, |c| c.ceiling()),
+            own: RequestLedger::default(),
         }
     }
 
@@ -236,6 +241,22 @@ impl Governor {
         self.proposals.prefers_likeliest()
     }
 
+    /// A decoding round of `seconds` in which drafting saved this request `gain` seconds
+    /// (negative: cost; 0 for a plain round): see [`RequestLedger`].
+    pub fn record_gain(&mut self, seconds: f64, gain: f64) {
+        self.own.record(seconds, gain);
+    }
+
+    /// Net seconds drafting saved this request so far (negative: lost).
+    pub fn drafting_net(&self) -> f64 {
+        self.own.net()
+    }
+
+    /// Whether its drafting has lost no more than its ledger allows (else it decodes plainly).
+    pub fn may_draft(&self) -> bool {
+        self.own.may_draft()
+    }
+
     /// Records a round of a drafter with one kind of draft (kind 0): see
     /// [`Governor::record_round_of`].
     pub fn record_round(&mut self, drafted: usize, accepted: usize) {
@@ -264,7 +285,8 @@ impl Governor {
     }
 
     /// This request's say in the next round's plan, γ in `gamma_min..=gamma_max` or plain:
-    /// free, or a probe at `gamma_min` after enough plain steps so α stays current. `kind`:
+    /// free, or a probe at `gamma_min` after enough plain steps so α stays current; plain
+    /// while its drafting has lost more than its ledger allows ([`RequestLedger::may_draft`]). `kind`:
     /// the kind of draft the round will make, when known beforehand (its α is that kind's).
     pub fn candidate(
         &self,
@@ -274,7 +296,7 @@ impl Governor {
         kind: Option<u8>,
     ) -> Candidate {
         let gamma_min = gamma_min.max(1).min(gamma_max);
-        let choice = if gamma_max == 0 {
+        let choice = if gamma_max == 0 || !self.own.may_draft() {
             Choice::Fixed(0)
         } else if self.plain_steps + 1 >= self.probe_wait {
             Choice::Probe {

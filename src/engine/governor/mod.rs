@@ -18,6 +18,7 @@ mod planner;
 mod pooled;
 mod proposal_rates;
 mod remembered;
+mod request_ledger;
 mod round_bias;
 mod speedup;
 mod text_coverage;
@@ -37,6 +38,7 @@ pub use planner::{
 pub use pooled::{PooledAcceptance, TEMPERATURE_CLASSES};
 pub use proposal_rates::ProposalRates;
 pub use remembered::{check_widths, still_holds, Remembered, PRICE_TOLERANCE};
+pub use request_ledger::{round_gains, RequestLedger, RoundShare};
 pub use speedup::SpeedupEstimate;
 pub use text_coverage::{PooledCoverage, PromptCoverage};
 

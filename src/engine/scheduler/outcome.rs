@@ -123,6 +123,12 @@ impl Scheduler {
             },
             &s,
         );
+        tracing::debug!(
+            seq = id,
+            drafting_net_ms = s.governor.drafting_net() * 1e3,
+            may_draft = s.governor.may_draft(),
+            "what drafting saved the request, net"
+        );
         // A failed sequence's cache is not trusted for later prompts.
         let keep = end.is_ok();
         let event = match end {

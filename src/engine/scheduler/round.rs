@@ -11,7 +11,7 @@ use super::round_plan::{RoundPlan, SeqState, TargetPart};
 use super::state::{Ending, Scheduler};
 use crate::draft::DraftTiming;
 use crate::engine::error::EngineError;
-use crate::engine::governor::RoundForecast;
+use crate::engine::governor::{round_gains, RoundForecast, RoundShare};
 use crate::engine::messages::{
     DraftBatchResult, DraftItem, Failure, TargetBatch, TargetBatchResult, TargetItem,
     TargetOutcome, TargetWork,
@@ -42,8 +42,14 @@ struct TargetRound {
     /// its rows attend over.
     rows: Vec<(usize, usize)>,
     /// What each sequence sent: its chunk length, or its drafts.
-    sent: HashMap<u64, (usize, Vec<u32>)>,
+    sent: SentItems,
 }
+
+/// What each sequence of a round sent, by id: its chunk length, or its drafts.
+type SentItems = HashMap<u64, (usize, Vec<u32>)>;
+
+/// A round's outcome for each sequence, or the sequence's failure.
+type Outcomes = [Result<TargetOutcome, (u64, Failure)>];
 
 impl Scheduler {
     /// One round: prefill chunks, drafting and one batched target forward.
@@ -95,10 +101,11 @@ impl Scheduler {
         if batch.decode_only {
             let drafted =
                 draft_secs + ahead_secs > 0.0 || batch.sent.values().any(|s| !s.1.is_empty());
+            let lag = times.draft.catch_up_seconds - times.draft.routine_catch_up_seconds();
             self.record_gain(
                 drafted,
-                &result.outcomes,
-                (&batch.rows, times.round_seconds),
+                (&result.outcomes, &batch.sent),
+                (&batch.rows, times.round_seconds, lag),
             );
         }
         let mut ended = batch.ended;
@@ -323,21 +330,48 @@ impl Scheduler {
     }
 
     /// What a decoding round gave, into the ledger of what drafting saved: its tokens (drafts
-    /// that stood and the target's own) against its seconds; `rows` as in `TargetRound`.
+    /// that stood and the target's own) against its seconds; `rows` as in `TargetRound`. And
+    /// into each request's own ledger, its share of the round without the drafter's catch-up
+    /// on text it missed (`lag` seconds: see `RequestLedger`).
     fn record_gain(
         &mut self,
         drafted: bool,
-        outcomes: &[Result<TargetOutcome, (u64, Failure)>],
-        (rows, seconds): (&[(usize, usize)], f64),
+        (outcomes, sent): (&Outcomes, &SentItems),
+        (rows, seconds, lag): (&[(usize, usize)], f64, f64),
     ) {
-        let tokens = outcomes
-            .iter()
-            .filter_map(|o| o.as_ref().ok())
-            .map(|o| o.accepted + usize::from(o.next_token.is_some()))
-            .sum();
+        let tokens_of = |o: &TargetOutcome| o.accepted + usize::from(o.next_token.is_some());
+        let done: Vec<&TargetOutcome> = outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
+        let tokens = done.iter().map(|o| tokens_of(o)).sum();
         self.learned
             .costs
             .record_decode_round(drafted, (tokens, rows), seconds);
+        let own = seconds - lag.max(0.0);
+        let gains = match self.learned.costs.plain_token_seconds(rows) {
+            Some(per_token) if drafted => {
+                let shares: Vec<RoundShare> = done
+                    .iter()
+                    .map(|o| RoundShare {
+                        tokens: tokens_of(o),
+                        drafted: sent.get(&o.seq).map_or(0, |s| s.1.len()),
+                    })
+                    .collect();
+                round_gains(per_token, own, &shares)
+            }
+            _ => vec![0.0; done.len()],
+        };
+        for (o, gain) in done.iter().zip(gains) {
+            if let Some(s) = self.active.iter_mut().find(|s| s.id == o.seq) {
+                let could = s.governor.may_draft();
+                s.governor.record_gain(own, gain);
+                if could && !s.governor.may_draft() {
+                    tracing::debug!(
+                        seq = s.id,
+                        drafting_net_ms = s.governor.drafting_net() * 1e3,
+                        "drafting lost this request more than its cap: decoding plainly"
+                    );
+                }
+            }
+        }
     }
 
     /// After the outcomes: the speed-up estimate, waiting choices started, sequences ended.

@@ -208,3 +208,32 @@ fn probes_that_fail_wait_longer_each_time() {
     assert!(gaps.len() >= 2, "{probes:?}");
     assert!(gaps.windows(2).all(|w| w[1] >= 2 * w[0] - 1), "{gaps:?}");
 }
+
+#[test]
+fn a_request_whose_drafting_loses_decodes_plainly_whatever_its_estimate() {
+    let c = costs(0.01, &[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]);
+    let cfg = GovernorConfig::default();
+    // An estimate that says drafting pays (others' drafts mostly stood).
+    let mut g = Governor::with_prior(cfg, 0.9);
+    assert!(solo(&g, &c) > 0);
+    // Its own rounds say otherwise: a round of 1.3 steps that gives one token loses 0.3.
+    let mut rounds = 0;
+    while solo(&g, &c) > 0 {
+        g.record_gain(1.3, -0.3);
+        rounds += 1;
+        assert!(rounds < 10, "still drafting after {rounds} losing rounds");
+    }
+    assert!(rounds >= 2, "an unlucky first round is allowed: {rounds}");
+    assert!(!g.may_draft() && g.drafting_net() < 0.0);
+    // No probe either while the loss stands: the choice is a plain step.
+    let cand = g.candidate(1, 8, (0, 1000), None);
+    assert_eq!(cand.choice, Choice::Fixed(0));
+    // Plain steps wear the loss down to its share of the decoding time; then it may draft.
+    let mut steps = 0;
+    while !g.may_draft() {
+        g.record_gain(1.0, 0.0);
+        steps += 1;
+    }
+    assert!(steps > 10, "{steps}");
+    assert!(solo(&g, &c) > 0);
+}
