@@ -370,6 +370,53 @@ fn generate_with_a_drafter_is_governed_unless_gamma_is_fixed() {
     );
 }
 
+/// `TANDEM_LOG` opens the governor's log to `generate` as to `serve`: every round's forecast
+/// against its measured cost and, when the request ends, what drafting saved it, on stderr,
+/// with stdout's JSON untouched; without it, nothing of the kind.
+#[test]
+fn governed_generate_logs_its_rounds_on_stderr_only_when_asked() {
+    common::default_model();
+    let run = |log: Option<&str>| {
+        let mut c = common::tandem_command();
+        c.env_remove("TANDEM_LOG");
+        if let Some(filter) = log {
+            c.env("TANDEM_LOG", filter);
+        }
+        let out = c
+            .args(["generate", "--prompt", "Count from one to ten, then again."])
+            .args([
+                "--max-tokens",
+                "24",
+                "--draft-model",
+                "prompt-lookup",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{log:?}: {stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{log:?}: stdout is not one JSON object: {e}"));
+        (v, stderr)
+    };
+    let (logged, stderr) = run(Some("warn,tandem::engine=debug"));
+    assert!(
+        stderr.contains("forecast_verify_ms=") && stderr.contains("round_ms="),
+        "{stderr}"
+    );
+    let net = stderr
+        .lines()
+        .find(|l| l.contains("what drafting saved the request"))
+        .unwrap_or_else(|| panic!("no request ledger line: {stderr}"));
+    assert!(
+        net.contains("drafting_net_ms=") && net.contains("may_draft="),
+        "{net}"
+    );
+    let (quiet, stderr) = run(None);
+    assert!(!stderr.contains("forecast_verify_ms"), "{stderr}");
+    assert_eq!(logged["tokens"], quiet["tokens"]);
+}
+
 #[test]
 fn governed_generate_remembers_its_prices_and_checks_them_before_trusting_them() {
     let model = common::default_model();

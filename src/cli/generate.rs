@@ -109,6 +109,11 @@ pub struct GenerateArgs {
 }
 
 pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
+    // The engine's per-round debug lines are opt-in, as in `bench`: the run's own output stays
+    // clean unless TANDEM_LOG asks for them (on stderr).
+    if std::env::var_os("TANDEM_LOG").is_some() {
+        tandem::logging::init(&config.logging.level, &config.logging.format)?;
+    }
     let prompt_text = read_prompt(&args)?;
     let sampling = sampling_params(config, &args)?;
     let spec = speculation(&args)?;
