@@ -286,8 +286,9 @@ impl Governor {
 
     /// This request's say in the next round's plan, γ in `gamma_min..=gamma_max` or plain:
     /// free, or a probe at `gamma_min` after enough plain steps so α stays current; plain
-    /// while its drafting has lost more than its ledger allows ([`RequestLedger::may_draft`]). `kind`:
-    /// the kind of draft the round will make, when known beforehand (its α is that kind's).
+    /// while its drafting has lost more than its ledger allows ([`RequestLedger::may_draft`]).
+    /// `kind`: the kind of draft the round will make, when known beforehand (its α is that
+    /// kind's).
     pub fn candidate(
         &self,
         gamma_min: usize,

@@ -331,23 +331,39 @@ impl Scheduler {
 
     /// What a decoding round gave, into the ledger of what drafting saved: its tokens (drafts
     /// that stood and the target's own) against its seconds; `rows` as in `TargetRound`. And
-    /// into each request's own ledger, its share of the round without the drafter's catch-up
-    /// on text it missed (`lag` seconds: see `RequestLedger`).
+    /// into each request's own ledger (`record_request_gains`).
     fn record_gain(
         &mut self,
         drafted: bool,
         (outcomes, sent): (&Outcomes, &SentItems),
         (rows, seconds, lag): (&[(usize, usize)], f64, f64),
     ) {
-        let tokens_of = |o: &TargetOutcome| o.accepted + usize::from(o.next_token.is_some());
         let done: Vec<&TargetOutcome> = outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
         let tokens = done.iter().map(|o| tokens_of(o)).sum();
         self.learned
             .costs
             .record_decode_round(drafted, (tokens, rows), seconds);
-        let own = seconds - lag.max(0.0);
-        let gains = match self.learned.costs.plain_token_seconds(rows) {
-            Some(per_token) if drafted => {
+        let per_token = self.learned.costs.plain_token_seconds(rows);
+        self.record_request_gains(
+            &done,
+            sent,
+            per_token.filter(|_| drafted),
+            seconds - lag.max(0.0),
+        );
+    }
+
+    /// Each request's share of a decoding round of `seconds` (the drafter's catch-up on text it
+    /// missed left out: see `RequestLedger`) into its own ledger: nothing gained or lost in a
+    /// plain round, or one priced at no plain `per_token` price.
+    fn record_request_gains(
+        &mut self,
+        done: &[&TargetOutcome],
+        sent: &SentItems,
+        per_token: Option<f64>,
+        seconds: f64,
+    ) {
+        let gains = match per_token {
+            Some(per_token) => {
                 let shares: Vec<RoundShare> = done
                     .iter()
                     .map(|o| RoundShare {
@@ -355,21 +371,22 @@ impl Scheduler {
                         drafted: sent.get(&o.seq).map_or(0, |s| s.1.len()),
                     })
                     .collect();
-                round_gains(per_token, own, &shares)
+                round_gains(per_token, seconds, &shares)
             }
-            _ => vec![0.0; done.len()],
+            None => vec![0.0; done.len()],
         };
         for (o, gain) in done.iter().zip(gains) {
-            if let Some(s) = self.active.iter_mut().find(|s| s.id == o.seq) {
-                let could = s.governor.may_draft();
-                s.governor.record_gain(own, gain);
-                if could && !s.governor.may_draft() {
-                    tracing::debug!(
-                        seq = s.id,
-                        drafting_net_ms = s.governor.drafting_net() * 1e3,
-                        "drafting lost this request more than its cap: decoding plainly"
-                    );
-                }
+            let Some(s) = self.active.iter_mut().find(|s| s.id == o.seq) else {
+                continue;
+            };
+            let could = s.governor.may_draft();
+            s.governor.record_gain(seconds, gain);
+            if could && !s.governor.may_draft() {
+                tracing::debug!(
+                    seq = s.id,
+                    drafting_net_ms = s.governor.drafting_net() * 1e3,
+                    "drafting lost this request more than its cap: decoding plainly"
+                );
             }
         }
     }
@@ -388,4 +405,9 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// Tokens a round gave a sequence: the drafts that stood and the target's own.
+fn tokens_of(o: &TargetOutcome) -> usize {
+    o.accepted + usize::from(o.next_token.is_some())
 }
