@@ -6,9 +6,12 @@
 //! the cache back to what this step accepted.)
 
 use super::error::EngineError;
+use super::governor::DraftChances;
 use crate::constraint::{SequenceConstraint, TokenMask};
 use crate::draft::Proposal;
-use crate::sampling::rejection::{accept_greedy, accept_sampled, DraftDist, RoundOutcome};
+use crate::sampling::rejection::{
+    accept_greedy, accept_sampled, acceptance_probability, DraftDist, RoundOutcome,
+};
 use crate::sampling::tree::{accept_tree_greedy, accept_tree_sampled, DraftTree, TreeOutcome};
 use crate::sampling::{
     apply_penalties, argmax, probabilities, token_logprob, Lenience, ProposalEvidence,
@@ -176,6 +179,33 @@ pub fn proposal_evidence(
         }
     }
     (e.rows > 0).then_some(e)
+}
+
+/// A sampled chain's drafts as [`verify`]'s acceptance rule saw them, read from the rows it
+/// just processed in `s`: each tested draft's chance of standing ([`DraftChances`]), over the
+/// drafts up to and including the first rejection (`accepted` stood). `None` for greedy
+/// requests (a greedy draft's chance is whether it stood), trees and rounds without drafts.
+pub fn draft_chances(
+    params: &SamplingParams,
+    proposal: &Proposal,
+    accepted: usize,
+    lenience: Lenience,
+    s: &Scratch,
+) -> Option<DraftChances> {
+    let drafted = proposal.tokens.len();
+    if params.is_greedy() || proposal.is_tree() || drafted == 0 {
+        return None;
+    }
+    let tested = (accepted + 1).min(drafted);
+    let mut sum = 0f64;
+    for (i, &x) in proposal.tokens[..tested].iter().enumerate() {
+        let p = s.target_probs.get(i)?.get(x as usize).copied()?;
+        let q = proposal
+            .dist(i)
+            .map_or(Some(1.0), |q| q.get(x as usize).copied())?;
+        sum += acceptance_probability(p, q, lenience.get());
+    }
+    Some(DraftChances { tested, sum })
 }
 
 /// Exact greedy verification against a [`RowGrammar::Checked`] grammar: row by row, the
@@ -397,5 +427,55 @@ mod tests {
         };
         assert_eq!(verified(&copies, &t08), None);
         assert_eq!(verified(&drawn, &SamplingParams::greedy()), None);
+    }
+
+    #[test]
+    fn a_sampled_chains_tested_drafts_count_by_their_chances_of_standing() {
+        let t08 = SamplingParams {
+            temperature: 0.8,
+            ..SamplingParams::default()
+        };
+        let s = Scratch {
+            target_probs: vec![
+                vec![0.6, 0.3, 0.1],
+                vec![0.2, 0.2, 0.6],
+                vec![0.5, 0.25, 0.25],
+                vec![1.0, 0.0, 0.0],
+            ],
+            ..Scratch::default()
+        };
+        let chances = |proposal: &Proposal, accepted, params: &SamplingParams| {
+            draft_chances(params, proposal, accepted, Lenience::EXACT, &s)
+        };
+        // Prompt lookup's copies (q = 1): p(x) of each draft tested, the first rejection's
+        // included, none after it.
+        let copies = Proposal {
+            tokens: vec![1, 2, 0],
+            vocab: 3,
+            ..Proposal::default()
+        };
+        let c = chances(&copies, 1, &t08).unwrap();
+        assert_eq!(c.tested, 2);
+        assert!((c.sum - (0.3 + 0.6)).abs() < 1e-6, "{c:?}");
+        let all = chances(&copies, 3, &t08).unwrap();
+        assert_eq!(all.tested, 3);
+        assert!((all.sum - (0.3 + 0.6 + 0.5)).abs() < 1e-6, "{all:?}");
+        // Drawn from q: min(1, p(x) / q(x)).
+        let drawn = Proposal {
+            tokens: vec![1, 2],
+            dists: vec![0.2, 0.7, 0.1, 0.1, 0.1, 0.8],
+            vocab: 3,
+            ..Proposal::default()
+        };
+        let c = chances(&drawn, 0, &t08).unwrap();
+        assert_eq!(c.tested, 1);
+        assert!((c.sum - 0.3 / 0.7).abs() < 1e-6, "{c:?}");
+        // A relaxed rule (l = 0.5) doubles each chance, up to 1.
+        let relaxed =
+            draft_chances(&t08, &copies, 1, Lenience::try_from(0.5).unwrap(), &s).unwrap();
+        assert!((relaxed.sum - (0.6 + 1.0)).abs() < 1e-6, "{relaxed:?}");
+        // Greedy drafts and rounds without drafts: the counts say it all.
+        assert_eq!(chances(&copies, 1, &SamplingParams::greedy()), None);
+        assert_eq!(chances(&Proposal::default(), 0, &t08), None);
     }
 }

@@ -4,6 +4,7 @@ use tokio::sync::mpsc;
 
 use super::acceptance::RowGrammar;
 use super::error::EngineError;
+use super::governor::DraftChances;
 use super::request::{EngineRequest, FinishReason, Usage};
 use super::token_source::SourceRun;
 use crate::constraint::{ConstraintError, SequenceConstraint};
@@ -234,6 +235,9 @@ pub struct TargetOutcome {
     /// What a sampled chain's verified rows say about proposing the drafter's likeliest
     /// tokens against drawing from it (`None`: nothing to choose).
     pub proposal_evidence: Option<ProposalEvidence>,
+    /// A sampled chain's tested drafts' chances of standing (`None`: greedy, a tree, or no
+    /// drafts), which the acceptance estimates learn from instead of the coin flips.
+    pub draft_chances: Option<DraftChances>,
     /// The sampled token (PrefillLast, Verify).
     pub next_token: Option<u32>,
     pub rng: SeededRng,

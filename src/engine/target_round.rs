@@ -8,7 +8,9 @@ use crate::model::cache::prefix_store::PrefixStore;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::acceptance::{proposal_evidence, verify, verify_tree, Scratch, VerifyInput};
+use super::acceptance::{
+    draft_chances, proposal_evidence, verify, verify_tree, Scratch, VerifyInput,
+};
 use super::error::EngineError;
 use super::messages::{
     Failure, TargetBatchResult, TargetItem, TargetOutcome, TargetWork, TreeWalk, NON_FINITE_LOGITS,
@@ -198,6 +200,7 @@ fn empty_outcome(it: &TargetItem) -> TargetOutcome {
         tried_chain: Vec::new(),
         confidence_kind: it.proposal.confidence_kind,
         proposal_evidence: None,
+        draft_chances: None,
         next_token: None,
         rng: it.rng.clone(),
         logprobs: Vec::new(),
@@ -317,6 +320,13 @@ fn accept_chain(
     out.next_token = Some(outcome.next_token);
     out.tried_chain = tried_chain(&it.proposal, outcome.accepted);
     out.proposal_evidence = proposal_evidence(
+        &it.params,
+        &it.proposal,
+        outcome.accepted,
+        lenience,
+        &s.scratch,
+    );
+    out.draft_chances = draft_chances(
         &it.params,
         &it.proposal,
         outcome.accepted,

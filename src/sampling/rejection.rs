@@ -85,7 +85,7 @@ const PROBABILITY: &str = "probabilities must be finite and >= 0";
 /// `q_t`: `min(1, p_t / (l · q_t))`. Shared by the sampler and the exact enumeration so both use
 /// one rule. A token the drafter gave zero probability is accepted whenever the target allows it
 /// (the ratio is +∞), and rejected when both are zero (there is nothing to justify it).
-pub(super) fn acceptance_probability(p_t: f32, q_t: f32, lenience: f32) -> f64 {
+pub fn acceptance_probability(p_t: f32, q_t: f32, lenience: f32) -> f64 {
     let p = p_t as f64;
     let lq = lenience as f64 * q_t as f64;
     if lq == 0.0 {

@@ -50,13 +50,38 @@ impl AcceptanceRate {
     /// rejection, so a short count means exactly one rejection); the past weighs `decay` per
     /// drafted token.
     pub fn record(&mut self, drafted: usize, accepted: usize, decay: f64) {
-        if drafted == 0 {
+        let fell = f64::from(u8::from(accepted < drafted));
+        self.add(drafted, accepted as f64, fell, decay);
+    }
+
+    /// A sampled round of `drafted` drafts measured by its [`DraftChances`]: each tested draft
+    /// adds its chance of standing where [`record`](Self::record) adds whether it stood.
+    pub fn record_chances(&mut self, drafted: usize, chances: DraftChances, decay: f64) {
+        let tested = chances.tested as f64;
+        let stood = chances.sum.clamp(0.0, tested);
+        self.add(drafted, stood, tested - stood, decay);
+    }
+
+    fn add(&mut self, drafted: usize, stood: f64, fell: f64, decay: f64) {
+        if drafted == 0 || !(stood.is_finite() && fell.is_finite()) {
             return;
         }
         let d = decay.powi(drafted as i32);
-        self.accepted = d * self.accepted + accepted as f64;
-        self.rejected = d * self.rejected + f64::from(u8::from(accepted < drafted));
+        self.accepted = d * self.accepted + stood;
+        self.rejected = d * self.rejected + fell;
     }
+}
+
+/// A sampled chain round's drafts as the acceptance rule saw them: the drafts it tested (up to
+/// and including the first rejection) and the sum of each one's chance of standing,
+/// `min(1, p(x) / (l · q(x)))` (q = 1 for a draft proposed without a distribution), which the
+/// verification computed anyway. The sum's expectation is the number that stood, and it
+/// spreads less: at T = 0.8 a prompt-lookup draft stands about a quarter of the time, and
+/// counting coin flips, a request's first rounds could not tell a quarter from a half.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DraftChances {
+    pub tested: usize,
+    pub sum: f64,
 }
 
 /// Drafts a rehearsal on the prompt weighs at most, per kind, against the pooled prior's two.
@@ -130,6 +155,15 @@ impl KindRates {
         self.all.record(drafted, accepted, decay);
         if let Some(r) = self.by_kind.get_mut(usize::from(kind)) {
             r.record(drafted, accepted, decay);
+        }
+    }
+
+    /// A sampled round of `drafted` drafts of `kind` measured by its chances (see
+    /// [`AcceptanceRate::record_chances`]).
+    pub fn record_chances(&mut self, kind: u8, drafted: usize, chances: DraftChances, decay: f64) {
+        self.all.record_chances(drafted, chances, decay);
+        if let Some(r) = self.by_kind.get_mut(usize::from(kind)) {
+            r.record_chances(drafted, chances, decay);
         }
     }
 }
@@ -266,6 +300,22 @@ impl Governor {
     /// Records a round: `accepted` of `drafted` drafts of `kind` stood (a round stops at its
     /// first rejection, so a short count means exactly one rejection).
     pub fn record_round_of(&mut self, kind: u8, drafted: usize, accepted: usize) {
+        if self.count_round(drafted) {
+            self.rates.record(kind, drafted, accepted, self.cfg.decay);
+        }
+    }
+
+    /// Records a sampled chain round by its drafts' chances of standing (see
+    /// [`DraftChances`]) rather than by which of them stood.
+    pub fn record_round_chances(&mut self, kind: u8, drafted: usize, chances: DraftChances) {
+        if self.count_round(drafted) {
+            self.rates
+                .record_chances(kind, drafted, chances, self.cfg.decay);
+        }
+    }
+
+    /// A round's part in when to probe again; whether it drafted.
+    fn count_round(&mut self, drafted: usize) -> bool {
         let base = self.cfg.probe_every.max(1);
         if std::mem::take(&mut self.probed) {
             // The round after a probe tells whether the probe brought speculation back.
@@ -277,11 +327,11 @@ impl Governor {
         }
         if drafted == 0 {
             self.plain_steps += 1;
-            return;
+            return false;
         }
         self.probed = self.plain_steps > 0 && self.plain_steps + 1 >= self.probe_wait;
         self.plain_steps = 0;
-        self.rates.record(kind, drafted, accepted, self.cfg.decay);
+        true
     }
 
     /// This request's say in the next round's plan, γ in `gamma_min..=gamma_max` or plain:

@@ -30,7 +30,9 @@ pub use branches::{
 pub use config::GovernorConfig;
 pub use costs::{CostEstimate, CostModel};
 pub use expert_prices::ExpertPrices;
-pub use governor_state::{AcceptanceRate, Governor, KindRates, PooledClass, DRAFT_KINDS};
+pub use governor_state::{
+    AcceptanceRate, DraftChances, Governor, KindRates, PooledClass, DRAFT_KINDS,
+};
 pub use planner::{
     expected_speedup, expected_tokens, forecast_round, plan_round, recheck_prices, solo_rate,
     Candidate, Choice, RoundForecast, RECHECK_AFTER_ROUNDS,

@@ -175,11 +175,21 @@ fn count_decoding_round(
         None => (drafted, o.accepted),
     };
     let kind = o.confidence_kind;
-    s.governor.record_round_of(kind, chain, chain_accepted);
     let class = learned.acceptance.class_mut(&s.request.generation.sampling);
-    class
-        .rates
-        .record(kind, chain, chain_accepted, POOLED_ACCEPTANCE_DECAY);
+    match o.draft_chances.filter(|_| o.tree.is_none()) {
+        Some(c) => {
+            s.governor.record_round_chances(kind, chain, c);
+            class
+                .rates
+                .record_chances(kind, chain, c, POOLED_ACCEPTANCE_DECAY);
+        }
+        None => {
+            s.governor.record_round_of(kind, chain, chain_accepted);
+            class
+                .rates
+                .record(kind, chain, chain_accepted, POOLED_ACCEPTANCE_DECAY);
+        }
+    }
     if let Some(share) = s.governor.prompt_coverage().filter(|_| kind == 0) {
         class.coverage.record(share, chain, POOLED_ACCEPTANCE_DECAY);
     }

@@ -237,3 +237,75 @@ fn a_request_whose_drafting_loses_decodes_plainly_whatever_its_estimate() {
     assert!(steps > 10, "{steps}");
     assert!(solo(&g, &c) > 0);
 }
+
+/// Sampled prompt-lookup drafts stand with a chance that varies from draft to draft (here
+/// uniform in [0, 0.5], a quarter on average), two drafts a round. After six rounds from the
+/// generic start (0.5), the estimate learned from the tested drafts' chances aims where the
+/// one learned from which drafts stood aims, and misses the truth by much less.
+#[test]
+fn chances_teach_a_sampled_requests_rate_with_less_spread_than_what_stood() {
+    let mut rng = crate::sampling::SeededRng::new(11);
+    let (trials, truth) = (4000, 0.25);
+    let (mut sq, mut mean) = ([0f64; 2], [0f64; 2]);
+    for _ in 0..trials {
+        let mut counted = AcceptanceRate::new(0.5);
+        let mut chanced = AcceptanceRate::new(0.5);
+        for _ in 0..6 {
+            let drafted = 2;
+            let (mut accepted, mut chances) = (
+                0,
+                DraftChances {
+                    tested: 0,
+                    sum: 0.0,
+                },
+            );
+            for _ in 0..drafted {
+                let p = rng.next_f64() * 0.5;
+                chances.tested += 1;
+                chances.sum += p;
+                if rng.next_f64() >= p {
+                    break;
+                }
+                accepted += 1;
+            }
+            counted.record(drafted, accepted, 0.995);
+            chanced.record_chances(drafted, chances, 0.995);
+        }
+        for (i, r) in [counted, chanced].iter().enumerate() {
+            sq[i] += (r.get() - truth).powi(2);
+            mean[i] += r.get() / f64::from(trials);
+        }
+    }
+    let rms = sq.map(|s| (s / f64::from(trials)).sqrt());
+    assert!(rms[1] < 0.7 * rms[0], "root mean square errors {rms:?}");
+    assert!((mean[1] - mean[0]).abs() < 0.03, "means {mean:?}");
+}
+
+#[test]
+fn chances_outside_what_was_tested_are_held_to_it() {
+    let mut r = AcceptanceRate::new(0.5);
+    let before = r.get();
+    // Not a number, or more chances than drafts tested: nothing beyond the tested drafts.
+    r.record_chances(
+        2,
+        DraftChances {
+            tested: 1,
+            sum: f64::NAN,
+        },
+        0.995,
+    );
+    assert_eq!(r.get(), before);
+    r.record_chances(
+        2,
+        DraftChances {
+            tested: 1,
+            sum: 5.0,
+        },
+        1.0,
+    );
+    assert!(
+        (r.get() - (1.0 + 1.0) / (1.0 + 2.0)).abs() < 1e-12,
+        "{}",
+        r.get()
+    );
+}
