@@ -7,41 +7,9 @@ use super::ledger::DraftingLedger;
 use super::round_bias::RoundBias;
 use super::verify_depth::VerifyDepth;
 
-/// A measured cost: the least of the last few measurements. Timing noise on a shared machine
-/// only ever adds (preemption, another process's burst can turn a 40 µs forward into 5 ms),
-/// so the minimum of a short window tracks the real cost, and the window lets it follow slow
-/// drifts such as attention growing with the context. (A median would hold a deep-context
-/// price after long prompts for rounds the planner then declines to draft, so the price would
-/// never be re-measured.)
-#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct CostEstimate {
-    recent: [f64; Self::WINDOW],
-    len: usize,
-    next: usize,
-    /// Holds only start-up measurements, which the first live one replaces.
-    provisional: bool,
-}
-
-impl CostEstimate {
-    const WINDOW: usize = 8;
-
-    pub fn record(&mut self, seconds: f64) {
-        if !seconds.is_finite() || seconds < 0.0 {
-            return;
-        }
-        if std::mem::take(&mut self.provisional) {
-            self.len = 0;
-            self.next = 0;
-        }
-        self.recent[self.next] = seconds;
-        self.next = (self.next + 1) % Self::WINDOW;
-        self.len = (self.len + 1).min(Self::WINDOW);
-    }
-
-    pub fn get(&self) -> Option<f64> {
-        self.recent[..self.len].iter().copied().reduce(f64::min)
-    }
-}
+mod catch_up;
+mod estimate;
+pub use estimate::CostEstimate;
 
 /// Measured costs, in seconds: one draft step by how many sequences draft together, the
 /// drafter's catching up per context token by how many tokens it takes in at once, and target
@@ -277,22 +245,6 @@ impl CostModel {
         self.ledger.may_explore()
     }
 
-    /// Time the drafter spent taking in `tokens` context tokens it had not seen.
-    pub fn record_catch_up(&mut self, seconds: f64, tokens: usize) {
-        if self.frozen {
-            return;
-        }
-        if tokens > 0 {
-            let b = catch_up_bucket(tokens);
-            if self.catch_up_token.len() <= b {
-                self.catch_up_token.resize(b + 1, CostEstimate::default());
-                self.catch_up_size.resize(b + 1, 0);
-            }
-            self.catch_up_token[b].record(seconds / tokens as f64);
-            self.catch_up_size[b] = tokens;
-        }
-    }
-
     /// A draft step's seconds measured at two context depths (tokens): a step attends over
     /// the whole context, so at depth it costs more than the shallow steps that price it
     /// until drafting runs there.
@@ -431,37 +383,6 @@ impl CostModel {
         Some((first + later * (steps - 1) as f64) * self.draft_bias)
     }
 
-    /// Seconds for the drafter to take in `tokens` unseen context tokens (nothing until
-    /// measured: prompt lookup never has any), priced per token at the nearest measured size
-    /// (the larger one on a tie: deeper catch-ups cost more per token, and guessing low is what
-    /// lets an unpayable catch-up through). Past the deepest measured size the per-token price
-    /// is extrapolated along the line through the two deepest: every token of a long prompt
-    /// attends over the ones before it, so the per-token price keeps growing with size.
-    pub fn catch_up_seconds(&self, tokens: usize) -> f64 {
-        if tokens == 0 {
-            return 0.0;
-        }
-        let want = catch_up_bucket(tokens);
-        let measured: Vec<(usize, f64)> = self
-            .catch_up_token
-            .iter()
-            .enumerate()
-            .filter_map(|(b, c)| c.get().map(|v| (b, v)))
-            .collect();
-        let per_token = match measured.as_slice() {
-            [.., (b0, p0), (b1, p1)] if want > *b1 => {
-                let (n0, n1) = (self.catch_up_size[*b0], self.catch_up_size[*b1]);
-                let slope = ((p1 - p0) / (n1 as f64 - n0 as f64)).max(0.0);
-                p1 + slope * (tokens - n1) as f64
-            }
-            _ => measured
-                .iter()
-                .min_by_key(|&&(b, _)| (b.abs_diff(want), std::cmp::Reverse(b)))
-                .map_or(0.0, |&(_, v)| v),
-        };
-        per_token * tokens as f64
-    }
-
     /// Seconds of a target forward of `width` new tokens (0 for none); unmeasured widths are
     /// interpolated linearly between the nearest measured ones, or extrapolated per token past
     /// the widest. A width measured more recently than this one bounds it: never more than a
@@ -561,11 +482,6 @@ fn by_batch_size(prices: &[CostEstimate], seqs: usize) -> Option<f64> {
         (Some((_, c)), _) | (None, Some((_, c))) => Some(c),
         (None, None) => None,
     }
-}
-
-/// The size class of a catch-up of `tokens` tokens: ⌊log2 tokens⌋.
-fn catch_up_bucket(tokens: usize) -> usize {
-    tokens.max(1).ilog2() as usize
 }
 
 #[cfg(test)]
