@@ -392,12 +392,16 @@ mod tests {
         proposal_evidence(params, proposal, 1, Lenience::EXACT, &s)
     }
 
-    #[test]
-    fn a_sampled_chain_is_measured_where_both_proposals_share_the_context() {
-        let t08 = SamplingParams {
+    fn at_t08() -> SamplingParams {
+        SamplingParams {
             temperature: 0.8,
             ..SamplingParams::default()
-        };
+        }
+    }
+
+    #[test]
+    fn a_sampled_chain_is_measured_where_both_proposals_share_the_context() {
+        let t08 = at_t08();
         let drawn = Proposal {
             tokens: vec![1, 2],
             dists: vec![0.2, 0.7, 0.1, 0.1, 0.1, 0.8],
@@ -431,10 +435,7 @@ mod tests {
 
     #[test]
     fn a_sampled_chains_tested_drafts_count_by_their_chances_of_standing() {
-        let t08 = SamplingParams {
-            temperature: 0.8,
-            ..SamplingParams::default()
-        };
+        let t08 = at_t08();
         let s = Scratch {
             target_probs: vec![
                 vec![0.6, 0.3, 0.1],
