@@ -6,4 +6,5 @@ pub mod host_memory;
 pub mod hparams;
 pub mod mxfp4;
 pub mod raw_weight;
+mod weight_names;
 pub mod weight_roles;
