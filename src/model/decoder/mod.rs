@@ -4,6 +4,7 @@ pub mod device;
 pub mod embedding;
 pub mod expert_trace;
 pub mod ffn;
+pub mod layer;
 pub mod linear;
 pub mod model;
 pub mod op_profile;

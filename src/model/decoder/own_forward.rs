@@ -9,9 +9,10 @@ use candle_core::{Device, Tensor};
 
 use crate::model::cache::kv_cache::{KvCache, LayerKv};
 use crate::model::decoder::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
+use crate::model::decoder::layer::{Layer, MlpBuffers};
 use crate::model::decoder::op_profile::{timed, Op};
 use crate::model::decoder::rope::{RopeTable, Ropes};
-use crate::model::decoder::weights::{DecoderWeights, Layer, MlpBuffers};
+use crate::model::decoder::weights::DecoderWeights;
 use crate::model::kernels::attention::KvRows;
 use crate::model::kernels::attention::{
     causal_attention, prefetch_cache, tree_attention, AttnShape,

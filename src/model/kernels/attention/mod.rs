@@ -23,15 +23,21 @@
 //!
 //! The scalar definitions are in `scalar`, the vector kernels in `avx2` and `avx512` (one file
 //! per instruction set), and what they all share (the element type, the fixed lane reductions,
-//! the softmax exponential) in `shared`, which imports none of them; `causal` holds the public
-//! call and chooses a kernel, `tree` a token tree's attention over its paths, and `segments`
-//! how both take a deep context's keys in fixed segments and merge them.
+//! the softmax exponential) in `shared`, which imports none of them; `loops` chooses among them
+//! for each inner loop; `causal` holds the public call and groups its work into runs and
+//! segments, `tree` a token tree's attention over its paths, and `segments` how both take a
+//! deep context's keys in fixed segments and merge them.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(test)]
+mod call_tests;
 mod causal;
+#[cfg(test)]
+mod element_tests;
+mod loops;
 mod q8_query;
 #[cfg(test)]
 mod q8_score_tests;
@@ -52,9 +58,9 @@ pub use shared::{KvRows, Q8Rows};
 pub use tree_attention::tree_attention;
 
 // The loops `tree` and the tests share with the causal call.
-use causal::{accumulate_values, finish_values, scaled_dots, softmax_sum, softmax_weights};
+use loops::{accumulate_values, finish_values, scaled_dots, softmax_sum, softmax_weights};
 #[cfg(test)]
-use causal::{accumulate_values_heads, scaled_dots_heads};
+use loops::{accumulate_values_heads, scaled_dots_heads};
 use segments::{merge_segments, SegmentPart, SEGMENT};
 #[cfg(all(test, target_arch = "x86_64"))]
 use shared::{simd_available, wide_available};

@@ -1,10 +1,10 @@
-//! Every kernel against the scalar definitions, bit for bit, and the whole attention call.
+//! Every kernel against the scalar definitions, bit for bit (the whole call: `call_tests`).
 
 use super::scalar::dot;
 use super::{accumulate_values, finish_values, scaled_dots, softmax_weights, KvRows};
 use crate::model::kernels::fast_exp::softmax_exp;
 
-fn val(i: usize) -> f32 {
+pub(super) fn val(i: usize) -> f32 {
     ((i * 104_729 % 2000) as f32 - 1000.0) * 1e-3
 }
 
@@ -12,8 +12,55 @@ pub(super) fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// A hash of `i` in `[-0.5, 0.5)`, with no period a cache could line up with (`val` repeats
+/// every 2000 elements, so a deep cache of it holds the same rows in every segment).
+pub(super) fn noise(i: usize) -> f32 {
+    let x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+}
+
+/// `n` f16 numbers, and the same numbers in f32.
+pub(super) fn half_and_wide(n: usize, k: usize) -> (Vec<half::f16>, Vec<f32>) {
+    let h: Vec<half::f16> = (0..n)
+        .map(|i| half::f16::from_f32(val(i * k + 3) * 1.7))
+        .collect();
+    let w = h.iter().map(|x| x.to_f32()).collect();
+    (h, w)
+}
+
+/// q8_0 rows (`scale · q`) and the same numbers in f32.
+pub(super) struct Q8 {
+    pub(super) quants: Vec<i8>,
+    pub(super) scales: Vec<f32>,
+    pub(super) wide: Vec<f32>,
+}
+
+impl Q8 {
+    /// `n` elements (a multiple of 32): bytes over the whole range, scales that are f16 numbers
+    /// of several magnitudes.
+    pub(super) fn of(n: usize, k: usize) -> Self {
+        let quants: Vec<i8> = (0..n).map(|i| (noise(i * k + 1) * 254.0) as i8).collect();
+        let scales: Vec<f32> = (0..n.div_ceil(32))
+            .map(|b| half::f16::from_f32(0.002 + noise(b * k + 9).abs() * 0.03).to_f32())
+            .collect();
+        let wide = (0..n)
+            .map(|i| f32::from(quants[i]) * scales[i / 32])
+            .collect();
+        Self {
+            quants,
+            scales,
+            wide,
+        }
+    }
+
+    pub(super) fn rows(&self) -> super::Q8Rows<'_> {
+        super::Q8Rows::new(&self.quants, &self.scales)
+    }
+}
+
 /// `out = (Σ_{j even} weights[j] · value j + Σ_{j odd} weights[j] · value j) · inv` in one go.
-fn weighted_values<K: KvRows>(
+pub(super) fn weighted_values<K: KvRows>(
     weights: &[f32],
     inv: f32,
     values: K,
@@ -27,7 +74,7 @@ fn weighted_values<K: KvRows>(
 }
 
 /// The definition of `weighted_values`, written out plainly.
-fn value_sums_by_definition(
+pub(super) fn value_sums_by_definition(
     weights: &[f32],
     inv: f32,
     values: &[f32],
@@ -109,7 +156,7 @@ fn vector_value_sums_equal_the_scalar_loop_bit_for_bit() {
 
 /// Whether the AVX-512 kernels run on this CPU; says so on stderr when they do not.
 #[cfg(target_arch = "x86_64")]
-fn avx512_kernels_run_here() -> bool {
+pub(super) fn avx512_kernels_run_here() -> bool {
     let here = super::simd_available() && super::wide_available();
     if !here {
         eprintln!("this CPU lacks AVX-512F/VL (or TANDEM_DISABLE_AVX512 is set): nothing to check");
@@ -132,397 +179,6 @@ fn avx512_value_sums_equal_the_scalar_loop_bit_for_bit() {
         },
         64,
     );
-}
-
-/// `n` f16 numbers, and the same numbers in f32.
-fn half_and_wide(n: usize, k: usize) -> (Vec<half::f16>, Vec<f32>) {
-    let h: Vec<half::f16> = (0..n)
-        .map(|i| half::f16::from_f32(val(i * k + 3) * 1.7))
-        .collect();
-    let w = h.iter().map(|x| x.to_f32()).collect();
-    (h, w)
-}
-
-/// q8_0 rows (`scale · q`) and the same numbers in f32.
-struct Q8 {
-    quants: Vec<i8>,
-    scales: Vec<f32>,
-    wide: Vec<f32>,
-}
-
-impl Q8 {
-    /// `n` elements (a multiple of 32): bytes over the whole range, scales that are f16 numbers
-    /// of several magnitudes.
-    fn of(n: usize, k: usize) -> Self {
-        let quants: Vec<i8> = (0..n).map(|i| (noise(i * k + 1) * 254.0) as i8).collect();
-        let scales: Vec<f32> = (0..n.div_ceil(32))
-            .map(|b| half::f16::from_f32(0.002 + noise(b * k + 9).abs() * 0.03).to_f32())
-            .collect();
-        let wide = (0..n)
-            .map(|i| f32::from(quants[i]) * scales[i / 32])
-            .collect();
-        Self {
-            quants,
-            scales,
-            wide,
-        }
-    }
-
-    fn rows(&self) -> super::Q8Rows<'_> {
-        super::Q8Rows::new(&self.quants, &self.scales)
-    }
-}
-
-/// q8_0 values, and q8_0 keys in the float score kernels, give the bits of f32 ones holding
-/// their numbers on every path this CPU runs: the scalar loops (head size 40), AVX2 and
-/// AVX-512. (The attention call scores q8_0 keys on the integer units instead: see
-/// `q8_score_tests`.)
-#[test]
-fn q8_elements_give_the_bits_of_their_f32_values_in_the_float_kernels() {
-    for dim in [128, 64, 48, 40] {
-        for n in [1, 8, 23, 64] {
-            let (stride, offset) = (3 * dim, dim);
-            let q: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
-            let (kq, vq) = (Q8::of(n * stride, 7), Q8::of(n * stride, 5));
-            let mut want = vec![0f32; n];
-            scaled_dots(&q, kq.wide.as_slice(), stride, offset, 0.125, &mut want);
-            let mut got = vec![0f32; n];
-            scaled_dots(&q, kq.rows(), stride, offset, 0.125, &mut got);
-            assert_eq!(bits(&got), bits(&want), "scores: head size {dim}, {n} keys");
-            let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
-            let want_values =
-                value_sums_by_definition(&weights, 0.37, &vq.wide, stride, offset, dim);
-            let mut got_values = vec![0f32; dim];
-            weighted_values(&weights, 0.37, vq.rows(), stride, offset, &mut got_values);
-            assert_eq!(bits(&got_values), bits(&want_values), "values: {dim}, {n}");
-            #[cfg(target_arch = "x86_64")]
-            {
-                let mut acc = vec![0f32; 2 * dim];
-                if super::simd_available() && dim % 16 == 0 {
-                    unsafe {
-                        super::avx2::scaled_dots(&q, kq.rows(), stride, offset, 0.125, &mut got)
-                    };
-                    assert_eq!(bits(&got), bits(&want), "avx2 scores: {dim}, {n}");
-                }
-                if super::simd_available() && dim % 32 == 0 {
-                    unsafe {
-                        super::avx2::accumulate_values(
-                            &weights,
-                            vq.rows(),
-                            stride,
-                            offset,
-                            &mut acc,
-                        )
-                    };
-                    finish_values(&acc, 0.37, &mut got_values);
-                    assert_eq!(
-                        bits(&got_values),
-                        bits(&want_values),
-                        "avx2 values: {dim}, {n}"
-                    );
-                }
-                if super::simd_available() && super::wide_available() && dim % 16 == 0 {
-                    unsafe {
-                        super::avx512::scaled_dots(&q, kq.rows(), stride, offset, 0.125, &mut got)
-                    };
-                    assert_eq!(bits(&got), bits(&want), "avx512 scores: {dim}, {n}");
-                    if dim % 64 == 0 {
-                        acc.fill(0.0);
-                        unsafe {
-                            super::avx512::accumulate_values(
-                                &weights,
-                                vq.rows(),
-                                stride,
-                                offset,
-                                &mut acc,
-                            )
-                        };
-                        finish_values(&acc, 0.37, &mut got_values);
-                        assert_eq!(
-                            bits(&got_values),
-                            bits(&want_values),
-                            "avx512 values: {dim}, {n}"
-                        );
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// f16 keys and values give, on every path, the bits f32 ones holding the same numbers
-/// give: the scalar loops (head sizes 40 and 48 for values, 40 for scores) and AVX2 (AVX-512
-/// in the test after this one).
-#[test]
-fn f16_keys_and_values_give_the_bits_of_their_f32_values_on_every_path() {
-    for dim in [128, 64, 48, 40] {
-        for n in [1, 8, 23, 64] {
-            let (stride, offset) = (3 * dim, dim);
-            let q: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
-            let (k16, k32) = half_and_wide(n * stride, 7);
-            let (v16, v32) = half_and_wide(n * stride, 5);
-            let mut want = vec![0f32; n];
-            scaled_dots(&q, k32.as_slice(), stride, offset, 0.125, &mut want);
-            let mut got = vec![0f32; n];
-            scaled_dots(&q, k16.as_slice(), stride, offset, 0.125, &mut got);
-            assert_eq!(bits(&got), bits(&want), "scores: head size {dim}, {n} keys");
-            #[cfg(target_arch = "x86_64")]
-            if super::simd_available() && dim % 16 == 0 {
-                unsafe {
-                    super::avx2::scaled_dots(&q, k16.as_slice(), stride, offset, 0.125, &mut got)
-                };
-                assert_eq!(bits(&got), bits(&want), "avx2 scores: {dim}, {n}");
-            }
-            let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
-            let want =
-                value_sums_by_definition(&weights, 0.37, v32.as_slice(), stride, offset, dim);
-            let mut got = vec![0f32; dim];
-            weighted_values(&weights, 0.37, v16.as_slice(), stride, offset, &mut got);
-            assert_eq!(bits(&got), bits(&want), "values: head size {dim}, {n} keys");
-            #[cfg(target_arch = "x86_64")]
-            if super::simd_available() && dim % 32 == 0 {
-                let mut acc = vec![0f32; 2 * dim];
-                unsafe {
-                    super::avx2::accumulate_values(
-                        &weights,
-                        v16.as_slice(),
-                        stride,
-                        offset,
-                        &mut acc,
-                    )
-                };
-                finish_values(&acc, 0.37, &mut got);
-                assert_eq!(bits(&got), bits(&want), "avx2 values: {dim}, {n}");
-            }
-        }
-    }
-}
-
-/// The AVX-512 kernels on f16 keys and values give the bits of the f32 ones.
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn avx512_f16_keys_and_values_give_the_bits_of_their_f32_values() {
-    if !avx512_kernels_run_here() {
-        return;
-    }
-    // Scores take head sizes that are multiples of 16, value sums multiples of 64.
-    for dim in [128, 64, 48] {
-        for n in [1, 8, 23, 64] {
-            let (stride, offset) = (3 * dim, dim);
-            let q: Vec<f32> = (0..dim).map(|i| val(i * 13 + 5)).collect();
-            let (k16, k32) = half_and_wide(n * stride, 7);
-            let (v16, v32) = half_and_wide(n * stride, 5);
-            let mut want = vec![0f32; n];
-            scaled_dots(&q, k32.as_slice(), stride, offset, 0.125, &mut want);
-            let mut got = vec![0f32; n];
-            unsafe {
-                super::avx512::scaled_dots(&q, k16.as_slice(), stride, offset, 0.125, &mut got)
-            };
-            assert_eq!(bits(&got), bits(&want), "avx512 scores: {dim}, {n}");
-            if dim % 64 != 0 {
-                continue;
-            }
-            let weights: Vec<f32> = (0..n).map(|j| val(j * 31 + 7).abs()).collect();
-            let want =
-                value_sums_by_definition(&weights, 0.37, v32.as_slice(), stride, offset, dim);
-            let mut acc = vec![0f32; 2 * dim];
-            unsafe {
-                super::avx512::accumulate_values(&weights, v16.as_slice(), stride, offset, &mut acc)
-            };
-            let mut got = vec![0f32; dim];
-            finish_values(&acc, 0.37, &mut got);
-            assert_eq!(bits(&got), bits(&want), "avx512 values: {dim}, {n}");
-        }
-    }
-}
-
-/// The same through the whole attention call (grouped heads, key chunks, threads).
-#[test]
-fn an_f16_cache_gives_the_bits_of_its_values_in_f32() {
-    use super::{causal_attention, AttnShape};
-    use half::f16;
-    let shape = AttnShape {
-        num_heads: 9,
-        num_kv_heads: 3,
-        head_dim: 64,
-    };
-    // One token, a verification that fills a run, and a prefill spanning two key chunks.
-    for (start, n_new) in [(150, 1), (150, 8), (0, 70)] {
-        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-        let q: Vec<f32> = (0..n_new * q_dim).map(|i| val(i * 11 + 2)).collect();
-        let half_of = |k: usize| -> Vec<f16> {
-            (0..(start + n_new) * kv_dim)
-                .map(|i| f16::from_f32(val(i * k + 3) * 1.7))
-                .collect()
-        };
-        let (keys16, values16) = (half_of(7), half_of(5));
-        let widen = |v: &[f16]| -> Vec<f32> { v.iter().map(|x| x.to_f32()).collect() };
-        let (keys32, values32) = (widen(keys16.as_slice()), widen(values16.as_slice()));
-        let mut from16 = vec![0f32; n_new * q_dim];
-        causal_attention(
-            shape,
-            &q,
-            keys16.as_slice(),
-            values16.as_slice(),
-            (start, None),
-            &mut from16,
-        );
-        let mut from32 = vec![0f32; n_new * q_dim];
-        causal_attention(
-            shape,
-            &q,
-            keys32.as_slice(),
-            values32.as_slice(),
-            (start, None),
-            &mut from32,
-        );
-        assert_eq!(bits(&from16), bits(&from32), "start {start}, {n_new} new");
-    }
-}
-
-#[test]
-fn heads_computed_together_give_each_heads_own_result() {
-    use super::{causal_attention, AttnShape};
-    // 9 heads on 3 key-value heads (SmolLM2's shape), and 8 on 2 (groups of 4, as Llama 3's,
-    // which the kernels take 3 heads and 1 at a time). 150 cached tokens span three key
-    // chunks, the last one odd; 3 new tokens fit one run per key-value head, 8 (24 units)
-    // fill one exactly and 11 spill into a second, and a 70-token prefill from an empty
-    // cache runs queries that see different numbers of chunks together. Large enough
-    // shapes are split over threads.
-    for (num_heads, num_kv_heads) in [(9, 3), (8, 2)] {
-        let shape = AttnShape {
-            num_heads,
-            num_kv_heads,
-            head_dim: 64,
-        };
-        let group = num_heads / num_kv_heads;
-        for (start, n_new) in [(150, 3), (150, 8), (150, 11), (0, 70)] {
-            let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-            let q: Vec<f32> = (0..n_new * q_dim).map(|i| val(i * 11 + 2)).collect();
-            let keys: Vec<f32> = (0..(start + n_new) * kv_dim)
-                .map(|i| val(i * 7 + 3))
-                .collect();
-            let values: Vec<f32> = (0..(start + n_new) * kv_dim)
-                .map(|i| val(i * 5 + 1))
-                .collect();
-            let mut ours = vec![0f32; n_new * q_dim];
-            causal_attention(
-                shape,
-                &q,
-                keys.as_slice(),
-                values.as_slice(),
-                (start, None),
-                &mut ours,
-            );
-            let mut want = vec![0f32; n_new * q_dim];
-            for i in 0..n_new {
-                for h in 0..num_heads {
-                    let seen = start + i + 1;
-                    let mut scores = vec![0f32; seen];
-                    let qv = &q[i * q_dim + h * 64..][..64];
-                    scaled_dots(
-                        qv,
-                        keys.as_slice(),
-                        kv_dim,
-                        h / group * 64,
-                        0.125,
-                        &mut scores,
-                    );
-                    let inv = 1.0 / softmax_weights(&mut scores).1;
-                    let o = &mut want[i * q_dim + h * 64..][..64];
-                    weighted_values(&scores, inv, values.as_slice(), kv_dim, h / group * 64, o);
-                }
-            }
-            assert_eq!(
-                bits(&ours),
-                bits(&want),
-                "{num_heads} heads: {n_new} new tokens after {start}"
-            );
-        }
-    }
-}
-
-/// Attention sinks (gpt-oss): each head's output is the softmax over its scores and its sink
-/// logit, of which only the scores carry values, computed here in f64 by that definition; a
-/// sink of -inf is no sink at all (the same bits), and a tree's chain gives the causal bits.
-#[test]
-fn sinks_join_each_heads_softmax_without_a_value() {
-    use super::{causal_attention, tree_attention, AttnShape};
-    let shape = AttnShape {
-        num_heads: 4,
-        num_kv_heads: 2,
-        head_dim: 64,
-    };
-    let (start, n_new) = (40, 5);
-    let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-    let q: Vec<f32> = (0..n_new * q_dim).map(|i| 3.0 * val(i * 11 + 2)).collect();
-    let keys: Vec<f32> = (0..(start + n_new) * kv_dim)
-        .map(|i| val(i * 7 + 3))
-        .collect();
-    let values: Vec<f32> = (0..(start + n_new) * kv_dim)
-        .map(|i| val(i * 5 + 1))
-        .collect();
-    let run = |sinks: Option<&[f32]>| {
-        let mut out = vec![0f32; n_new * q_dim];
-        causal_attention(
-            shape,
-            &q,
-            keys.as_slice(),
-            values.as_slice(),
-            (start, sinks),
-            &mut out,
-        );
-        out
-    };
-    let sinks = [0.5f32, -2.0, 3.0, 40.0];
-    let ours = run(Some(&sinks));
-    for i in 0..n_new {
-        for (h, &sink) in sinks.iter().enumerate() {
-            let kv = h / 2 * 64;
-            let qv = &q[i * q_dim + h * 64..][..64];
-            let scores: Vec<f64> = (0..start + i + 1)
-                .map(|j| {
-                    let k = &keys[j * kv_dim + kv..][..64];
-                    qv.iter()
-                        .zip(k)
-                        .map(|(a, b)| *a as f64 * *b as f64)
-                        .sum::<f64>()
-                        / 8.0
-                })
-                .collect();
-            let max = scores.iter().copied().fold(sink as f64, f64::max);
-            let total: f64 =
-                scores.iter().map(|s| (s - max).exp()).sum::<f64>() + (sink as f64 - max).exp();
-            for d in 0..64 {
-                let want: f64 = scores
-                    .iter()
-                    .enumerate()
-                    .map(|(j, s)| (s - max).exp() / total * values[j * kv_dim + kv + d] as f64)
-                    .sum();
-                let got = ours[i * q_dim + h * 64 + d] as f64;
-                assert!(
-                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                    "query {i}, head {h}, value {d}: {got} against {want}"
-                );
-            }
-        }
-    }
-    // A sink far above every score leaves the head almost nothing to attend to.
-    let last_head = &ours[(n_new - 1) * q_dim + 3 * 64..][..64];
-    assert!(last_head.iter().all(|v| v.abs() < 1e-6), "{last_head:?}");
-    assert_eq!(bits(&run(Some(&[f32::NEG_INFINITY; 4]))), bits(&run(None)));
-    let paths: Vec<Vec<usize>> = (0..n_new).map(|i| (0..=i).collect()).collect();
-    let mut tree = vec![0f32; n_new * q_dim];
-    tree_attention(
-        shape,
-        &q,
-        keys.as_slice(),
-        values.as_slice(),
-        (start, Some(&sinks)),
-        &paths,
-        &mut tree,
-    );
-    assert_eq!(bits(&tree), bits(&ours));
 }
 
 type Dots = fn(&[f32], &[f32], usize, usize, f32, &mut [f32]);
@@ -716,121 +372,6 @@ fn heads_side_by_side_give_each_head_its_own_bits() {
     }
 }
 
-/// A hash of `i` in `[-0.5, 0.5)`, with no period a cache could line up with (`val` repeats
-/// every 2000 elements, so a deep cache of it holds the same rows in every segment).
-pub(super) fn noise(i: usize) -> f32 {
-    let x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-}
-
-/// Past one segment of keys, each query's output is its segments' softmaxes merged
-/// (`merge_segments`, checked here against the plain softmax in f64); a row's bits are the
-/// same computed alone, beside others, or as a tree's chain, with and without sinks; and a
-/// query within the first segment keeps the plain softmax's bits in a deep call.
-#[test]
-fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
-    use super::{causal_attention, tree_attention, AttnShape, SEGMENT};
-    let shape = AttnShape {
-        num_heads: 9,
-        num_kv_heads: 3,
-        head_dim: 64,
-    };
-    let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-    let total = 2 * SEGMENT + 300;
-    let keys: Vec<half::f16> = (0..total * kv_dim)
-        .map(|i| half::f16::from_f32(noise(2 * i)))
-        .collect();
-    let values: Vec<half::f16> = (0..total * kv_dim)
-        .map(|i| half::f16::from_f32(noise(2 * i + 1)))
-        .collect();
-    let q_at = |pos: usize| -> Vec<f32> {
-        (0..q_dim)
-            .map(|i| 6.0 * noise(1 << 40 | (pos * q_dim + i)))
-            .collect()
-    };
-    let sinks = [0.5f32, -2.0, 3.0, 1.0, 0.0, -1.0, 2.0, 0.25, -0.5];
-    // Queries at `start..start + n`, one call.
-    let call = |start: usize, n: usize, sinks: Option<&[f32]>| {
-        let q: Vec<f32> = (start..start + n).flat_map(q_at).collect();
-        let mut out = vec![0f32; n * q_dim];
-        let kv = (start + n) * kv_dim;
-        causal_attention(
-            shape,
-            &q,
-            &keys[..kv],
-            &values[..kv],
-            (start, sinks),
-            &mut out,
-        );
-        out
-    };
-    for sinks in [None, Some(&sinks[..])] {
-        // 8 queries across the first segment's end, then the second's, then deep in the third.
-        for start in [SEGMENT - 4, 2 * SEGMENT - 3, total - 8] {
-            let together = call(start, 8, sinks);
-            for i in 0..8 {
-                let alone = call(start + i, 1, sinks);
-                assert_eq!(
-                    bits(&together[i * q_dim..][..q_dim]),
-                    bits(&alone),
-                    "query {} alone and beside 7 others",
-                    start + i
-                );
-            }
-            let q: Vec<f32> = (start..start + 8).flat_map(q_at).collect();
-            let paths: Vec<Vec<usize>> = (0..8).map(|i| (0..=i).collect()).collect();
-            let mut tree = vec![0f32; 8 * q_dim];
-            let kv = (start + 8) * kv_dim;
-            tree_attention(
-                shape,
-                &q,
-                &keys[..kv],
-                &values[..kv],
-                (start, sinks),
-                &paths,
-                &mut tree,
-            );
-            assert_eq!(bits(&tree), bits(&together), "a tree's chain at {start}");
-        }
-        // A 700-token prefill from nothing: its first queries (one segment) keep the plain
-        // softmax's bits, as a shallow call computes them.
-        let prefill = call(0, SEGMENT + 188, sinks);
-        let shallow = call(0, 40, sinks);
-        assert_eq!(bits(&prefill[..40 * q_dim]), bits(&shallow));
-    }
-    // Against the softmax over all keys in f64.
-    let pos = total - 1;
-    let out = call(pos, 1, Some(&sinks));
-    let q = q_at(pos);
-    for (h, &sink) in sinks.iter().enumerate() {
-        let kv = h / 3 * 64;
-        let scores: Vec<f64> = (0..=pos)
-            .map(|j| {
-                (0..64)
-                    .map(|d| q[h * 64 + d] as f64 * keys[j * kv_dim + kv + d].to_f64())
-                    .sum::<f64>()
-                    / 8.0
-            })
-            .collect();
-        let max = scores.iter().copied().fold(sink as f64, f64::max);
-        let total_weight: f64 =
-            scores.iter().map(|s| (s - max).exp()).sum::<f64>() + (sink as f64 - max).exp();
-        for d in 0..64 {
-            let want: f64 = scores
-                .iter()
-                .enumerate()
-                .map(|(j, s)| (s - max).exp() / total_weight * values[j * kv_dim + kv + d].to_f64())
-                .sum();
-            let got = out[h * 64 + d] as f64;
-            assert!(
-                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                "head {h}, value {d}: {got} against {want}"
-            );
-        }
-    }
-}
-
 /// Scores from keys transposed along the lanes (a verification's runs) are the bits of
 /// `scaled_dots`, for every key type, head sizes 48 to 128, chunks of 1 to 64 keys (whole and
 /// partial tiles of 16) and 8 to 11 units (groups of 4 and what is left).
@@ -847,7 +388,7 @@ fn scores_from_transposed_keys_equal_the_scalar_dot_bit_for_bit() {
         let out_stride = n + 3;
         let mut got = vec![f32::NAN; units * out_stride];
         let mut kt = Vec::new();
-        let done = super::causal::vertical_scores(
+        let done = super::loops::vertical_scores(
             keys,
             (stride, offset),
             n,

@@ -23,7 +23,7 @@ pub(super) const CHUNK: usize = 64;
 /// saves about 3 of the ~9 a score costs with a key in the lanes.
 const VERTICAL_UNITS: usize = 8;
 
-/// `super::causal::vertical_scores` where AVX-512 runs (the caller checks): computed on keys
+/// `super::loops::vertical_scores` where AVX-512 runs (the caller checks): computed on keys
 /// transposed into `kt` when the head size is a multiple of 16 and the units are
 /// [`VERTICAL_UNITS`] or more. Returns whether it did.
 #[allow(clippy::too_many_arguments)]

@@ -4,6 +4,7 @@ use crate::model::kernels::packed_gemm::test_support::{
 };
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
+use half::f16;
 
 const FORMATS: [(Q4Format, GgmlDType); 4] = [
     (Q4Format::Q4_0, GgmlDType::Q4_0),

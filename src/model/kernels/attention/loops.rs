@@ -1,0 +1,304 @@
+//! The inner loops attention is built of (scores, softmax weights, the weighted sum of values,
+//! alone or for heads sharing keys), each choosing the scalar, AVX2 or AVX-512 form where it
+//! runs: what `causal` and `tree_attention` call, so that a loop's instruction set is chosen in
+//! one place and every form gives the scalar definition's bits.
+
+use super::scalar;
+use super::shared::KvRows;
+#[cfg(target_arch = "x86_64")]
+use super::shared::{simd_available, wide_available};
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx512, vertical};
+
+/// `scores[j] = dot(q, key j) * scale` for every key `j < scores.len()`, where key `j` is
+/// `keys[j * stride + offset..][..q.len()]`.
+///
+/// The vector paths compute each score with exactly `dot`'s arithmetic, eight keys at a time
+/// with their eight-lane reductions done in registers (a transpose by shuffles and horizontal
+/// adds that pairs the lanes as `lane_sum` does): bitwise the same scores as the scalar path,
+/// whatever the number of keys or the instruction set.
+pub(super) fn scaled_dots<K: KvRows>(
+    q: &[f32],
+    keys: K,
+    stride: usize,
+    offset: usize,
+    scale: f32,
+    scores: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if q.len().is_multiple_of(16) && simd_available() {
+            // SAFETY: AVX2 (and for the wide path AVX-512) was checked; every key read is
+            // inside `keys`, as the slicing of the scalar path below would check (asserted
+            // once here).
+            assert!(
+                scores.is_empty()
+                    || (scores.len() - 1) * stride + offset + q.len() <= keys.elements()
+            );
+            unsafe {
+                if wide_available() {
+                    avx512::scaled_dots(q, keys, stride, offset, scale, scores);
+                } else {
+                    avx2::scaled_dots(q, keys, stride, offset, scale, scores);
+                }
+            }
+            return;
+        }
+    }
+    scalar::scaled_dots(q, keys, stride, offset, scale, scores)
+}
+
+/// Turns scores into unnormalised softmax weights in place, `s ← softmax_exp(s − max)`, and
+/// returns `(max, sum)`, their sum taken in eight lanes (key `j` in lane `j mod 8`) over whole
+/// blocks of eight, reduced by `lane_sum`, then the remaining keys one by one.
+pub(super) fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd_available() {
+            // SAFETY: AVX2 and FMA (and for the wide path AVX-512) were checked; every access
+            // is inside `scores`.
+            return unsafe {
+                if wide_available() {
+                    avx512::softmax_weights(scores)
+                } else {
+                    avx2::softmax_weights(scores)
+                }
+            };
+        }
+    }
+    scalar::softmax_weights(scores)
+}
+
+/// Adds keys' weighted values to two running sums, `acc = [even | odd]` (each `dim` long):
+/// key `j` (counted from the start of `weights`, which must sit at an even key of the whole
+/// sequence) goes to the even sum when `j` is even, else to the odd one, one fused
+/// multiply-add per element, in key order. Value `j` is `values[j * stride + offset..][..dim]`.
+///
+/// The whole result is `(even + odd) · inv` ([`finish_values`]); taking the keys in chunks
+/// continues the same chains, so the bits do not depend on the chunking. Two chains instead of
+/// one let the vector paths keep twice as many independent accumulators in flight; they keep
+/// a block of sums in registers while they stream the values (32 on AVX2, 64 on AVX-512), with
+/// the same operations per element in the same order as the scalar path.
+pub(super) fn accumulate_values<K: KvRows>(
+    weights: &[f32],
+    values: K,
+    stride: usize,
+    offset: usize,
+    acc: &mut [f32],
+) {
+    let dim = acc.len() / 2;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if dim.is_multiple_of(32) && simd_available() {
+            assert!(
+                weights.is_empty()
+                    || (weights.len() - 1) * stride + offset + dim <= values.elements()
+            );
+            // SAFETY: AVX2 (and for the wide path AVX-512) was checked; every value read is
+            // inside `values` (asserted above), every sum inside `acc`.
+            unsafe {
+                if dim.is_multiple_of(64) && wide_available() {
+                    avx512::accumulate_values(weights, values, stride, offset, acc);
+                } else {
+                    avx2::accumulate_values(weights, values, stride, offset, acc);
+                }
+            }
+            return;
+        }
+    }
+    scalar::accumulate_values(weights, values, stride, offset, acc)
+}
+
+/// The most heads [`scaled_dots_heads`] and [`accumulate_values_heads`] take side by side:
+/// the AVX-512 kernels keep 8 accumulators a head in registers (32 of them in all).
+pub(super) const SHARED_HEADS: usize = 3;
+
+/// Calls the AVX-512 kernel `$kernel::<K, M>(args)` with the const `M` equal to `$heads`
+/// (2 or 3), so each head count gets a kernel whose loops over heads are unrolled.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_const_heads {
+    ($heads:expr, $kernel:ident::<$t:ty>($($arg:expr),*)) => {
+        match $heads {
+            2 => avx512::$kernel::<$t, 2>($($arg),*),
+            _ => avx512::$kernel::<$t, 3>($($arg),*),
+        }
+    };
+}
+
+/// [`scaled_dots`] for `heads` queries (at most [`SHARED_HEADS`]) over the same `n` keys: query
+/// `m` is `q[m * dim..][..dim]` (`dim = q.len() / heads`), its scores go to
+/// `scores[m * score_stride..][..n]`. Every score is the bits [`scaled_dots`] gives it; the
+/// AVX-512 path loads and widens each key once for all the heads.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn scaled_dots_heads<K: KvRows>(
+    q: &[f32],
+    heads: usize,
+    keys: K,
+    (stride, offset): (usize, usize),
+    scale: f32,
+    scores: &mut [f32],
+    score_stride: usize,
+    n: usize,
+) {
+    let dim = q.len() / heads;
+    assert!(heads > 0 && heads <= SHARED_HEADS && q.len() == heads * dim);
+    assert!(n == 0 || scores.len() >= (heads - 1) * score_stride + n);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if heads > 1 && dim.is_multiple_of(16) && simd_available() && wide_available() {
+            assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.elements());
+            // SAFETY: AVX-512 was checked; every key read is inside `keys` and every score
+            // written inside `scores` (asserted above).
+            unsafe {
+                with_const_heads!(
+                    heads,
+                    scaled_dots_shared::<K>(
+                        q,
+                        keys,
+                        stride,
+                        offset,
+                        scale,
+                        scores,
+                        score_stride,
+                        n
+                    )
+                )
+            }
+            return;
+        }
+    }
+    for m in 0..heads {
+        let s = &mut scores[m * score_stride..][..n];
+        scaled_dots(&q[m * dim..][..dim], keys, stride, offset, scale, s);
+    }
+}
+
+/// [`accumulate_values`] for `heads` heads (at most [`SHARED_HEADS`]) weighing the same `n`
+/// values: head `m`'s weights are `weights[m * weight_stride..][..n]`, its sums
+/// `acc[m * 2 * dim..][..2 * dim]`. Every sum is the bits [`accumulate_values`] gives it; the
+/// AVX-512 path loads and widens each value once for all the heads.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn accumulate_values_heads<K: KvRows>(
+    weights: &[f32],
+    weight_stride: usize,
+    n: usize,
+    heads: usize,
+    values: K,
+    (stride, offset): (usize, usize),
+    acc: &mut [f32],
+) {
+    let dim = acc.len() / (2 * heads);
+    assert!(heads > 0 && heads <= SHARED_HEADS && acc.len() == heads * 2 * dim);
+    assert!(n == 0 || weights.len() >= (heads - 1) * weight_stride + n);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if heads > 1 && dim.is_multiple_of(64) && simd_available() && wide_available() {
+            assert!(n == 0 || (n - 1) * stride + offset + dim <= values.elements());
+            // SAFETY: AVX-512 was checked; every value read is inside `values`, every weight
+            // inside `weights` and every sum inside `acc` (asserted above).
+            unsafe {
+                with_const_heads!(
+                    heads,
+                    accumulate_values_shared::<K>(
+                        weights,
+                        weight_stride,
+                        n,
+                        values,
+                        stride,
+                        offset,
+                        acc
+                    )
+                )
+            }
+            return;
+        }
+    }
+    for m in 0..heads {
+        accumulate_values(
+            &weights[m * weight_stride..][..n],
+            values,
+            stride,
+            offset,
+            &mut acc[m * 2 * dim..][..2 * dim],
+        );
+    }
+}
+
+/// [`softmax_weights`], its sum joined by `exp(sink − max)` where the head has a sink: the
+/// softmax over the scores and the sink, of which only the scores carry values.
+pub(super) fn softmax_sum(scores: &mut [f32], sink: Option<f32>) -> f32 {
+    let (max, sum) = softmax_weights(scores);
+    match sink {
+        Some(sink) => sum + (sink - max).exp(),
+        None => sum,
+    }
+}
+
+/// `out = (even + odd) · inv` from [`accumulate_values`]' sums.
+pub(super) fn finish_values(acc: &[f32], inv: f32, out: &mut [f32]) {
+    let (even, odd) = acc.split_at(out.len());
+    for ((o, e), d) in out.iter_mut().zip(even).zip(odd) {
+        *o = (e + d) * inv;
+    }
+}
+
+/// Scores of `units` queries (`query(m)`, writing to `out.0[m * out.1..][..n]`) against `n ≤
+/// KEY_CHUNK` keys (`keys` from key 0, `(stride, offset)` as [`scaled_dots`]'), from keys
+/// transposed along the lanes where that kernel runs (`vertical::transposed_scores`): the bits
+/// of [`scaled_dots`]. Returns whether it did.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn vertical_scores<'q, K: KvRows>(
+    keys: K,
+    (stride, offset): (usize, usize),
+    n: usize,
+    (units, query): (usize, &dyn Fn(usize) -> &'q [f32]),
+    scale: f32,
+    (out, out_stride): (&mut [f32], usize),
+    kt: &mut Vec<f32>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert!(n <= KEY_CHUNK);
+        let able = simd_available() && wide_available();
+        let q = (units, query);
+        able && vertical::transposed_scores(
+            keys,
+            (stride, offset),
+            n,
+            q,
+            scale,
+            (out, out_stride),
+            kt,
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (
+            keys, stride, offset, n, units, query, scale, out, out_stride, kt,
+        );
+        false
+    }
+}
+
+/// [`vertical::widen_rows`] where it runs; returns whether it did.
+pub(super) fn widen_rows<K: KvRows>(
+    (rows, at): (K, (usize, usize)),
+    n: usize,
+    dim: usize,
+    out: &mut Vec<f32>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd_available() && wide_available() && vertical::widen_rows(rows, at, n, dim, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (rows, at, n, dim, out);
+        false
+    }
+}
+
+/// Keys taken at a time by every head of a group before the next ones: 64 keys of 64 values
+/// are 16 KiB, read from memory once and from L1 by the group's other heads. Even, so each
+/// chunk starts at an even key (see [`accumulate_values`]).
+pub(super) const KEY_CHUNK: usize = 64;
