@@ -31,6 +31,12 @@ const SHALLOW_DEPTH: usize = 32;
 const DEEP_DEPTH: usize = 512;
 /// Each width is timed this many times, the best kept.
 const REPEATS: usize = 2;
+/// Rounds of the deep widths ([`depth_widths`]), the best of each kept. Best of 2 put a
+/// SmolLM2 step's growth from depth 32 to 512 at 1.0-3.1 ms over 11 fresh starts (median 2.0),
+/// where back-to-back decoding grows 0.8 ms: the first forwards over a freshly filled deep
+/// context run slow. Best of 8 read 0.4-1.8 ms (median 1.0). A line twice too steep priced a
+/// step at depth 900 up to 59% above what it took, and a verification low beside it.
+const DEEP_REPEATS: usize = 8;
 /// Steps run untimed before anything is timed: a fresh process's first forwards run up to
 /// 1.8x a warm step (caches, the threads' first wake-ups), and a price taken then would be
 /// that process's, not the machine's.
@@ -237,9 +243,9 @@ async fn calibrate_depth(
     shallow: &[TimedForward],
     costs: &mut CostModel,
 ) -> Result<(), EngineError> {
-    let lone: Vec<usize> = (1..=gamma_limit + 1).collect();
+    let lone = depth_widths(gamma_limit);
     let deep = verifier
-        .calibrate(0, lone.clone(), (DEEP_DEPTH, REPEATS), false)
+        .calibrate(0, lone.clone(), (DEEP_DEPTH, DEEP_REPEATS), false)
         .await?;
     let at = |timed: &[TimedForward]| -> (usize, Vec<(usize, f64)>) {
         let depth = timed.first().map_or(0, |t| t.depth);
@@ -269,6 +275,19 @@ async fn calibrate_depth(
         );
     }
     Ok(())
+}
+
+/// The lone verify widths timed again deep: enough points for the line over the width
+/// (`VerifyDepth`, which one width cannot pull), few enough that [`DEEP_REPEATS`] rounds of
+/// them cost start-up little: 1, 2, 3, 5 and the widest.
+fn depth_widths(gamma_limit: usize) -> Vec<usize> {
+    let widest = gamma_limit + 1;
+    let mut widths: Vec<usize> = [1, 2, 3, 5, widest]
+        .into_iter()
+        .filter(|&w| w <= widest)
+        .collect();
+    widths.dedup();
+    widths
 }
 
 /// Times the drafter's steps and catch-ups at a short and a long context into `costs`.
@@ -320,5 +339,14 @@ mod tests {
             vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 18, 36, 64]
         );
         assert_eq!(verify_widths(2, 3), vec![1, 2, 3, 4, 8]);
+    }
+
+    #[test]
+    fn a_few_lone_widths_up_to_the_widest_are_timed_deep() {
+        assert_eq!(depth_widths(8), vec![1, 2, 3, 5, 9]);
+        assert_eq!(depth_widths(4), vec![1, 2, 3, 5]);
+        assert_eq!(depth_widths(3), vec![1, 2, 3, 4]);
+        assert_eq!(depth_widths(2), vec![1, 2, 3]);
+        assert_eq!(depth_widths(0), vec![1]);
     }
 }
