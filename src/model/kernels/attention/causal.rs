@@ -5,7 +5,7 @@
 
 use super::loops::{
     accumulate_values_heads, finish_values, scaled_dots_heads, softmax_sum, softmax_weights,
-    vertical_scores, widen_rows, KEY_CHUNK, SHARED_HEADS,
+    vertical_scores, widen_rows, SHARED_HEADS,
 };
 use super::q8_query::{rounded_for, Q8Queries};
 use super::q8_scores;
@@ -33,6 +33,11 @@ impl AttnShape {
 /// step's few heads of one query already share each widened register
 /// ([`accumulate_values_heads`]).
 const WIDEN_UNITS: usize = 8;
+
+/// Keys taken at a time by every head of a group before the next ones: 64 keys of 64 values
+/// are 16 KiB, read from memory once and from L1 by the group's other heads. Even, so each
+/// chunk starts at an even key (see `loops::accumulate_values`).
+const KEY_CHUNK: usize = 64;
 
 /// Attention for queries at absolute positions `start_pos..start_pos + n_new`.
 ///

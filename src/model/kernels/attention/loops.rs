@@ -243,7 +243,7 @@ pub(super) fn finish_values(acc: &[f32], inv: f32, out: &mut [f32]) {
 }
 
 /// Scores of `units` queries (`query(m)`, writing to `out.0[m * out.1..][..n]`) against `n ≤
-/// KEY_CHUNK` keys (`keys` from key 0, `(stride, offset)` as [`scaled_dots`]'), from keys
+/// vertical::CHUNK` keys (`keys` from key 0, `(stride, offset)` as [`scaled_dots`]'), from keys
 /// transposed along the lanes where that kernel runs (`vertical::transposed_scores`): the bits
 /// of [`scaled_dots`]. Returns whether it did.
 #[allow(clippy::too_many_arguments)]
@@ -258,7 +258,7 @@ pub(super) fn vertical_scores<'q, K: KvRows>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        assert!(n <= KEY_CHUNK);
+        assert!(n <= vertical::CHUNK);
         let able = simd_available() && wide_available();
         let q = (units, query);
         able && vertical::transposed_scores(
@@ -297,8 +297,3 @@ pub(super) fn widen_rows<K: KvRows>(
         false
     }
 }
-
-/// Keys taken at a time by every head of a group before the next ones: 64 keys of 64 values
-/// are 16 KiB, read from memory once and from L1 by the group's other heads. Even, so each
-/// chunk starts at an even key (see [`accumulate_values`]).
-pub(super) const KEY_CHUNK: usize = 64;
