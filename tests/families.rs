@@ -563,6 +563,41 @@ fn the_target_worker_counts_the_experts_each_forward_reads() {
     }
 }
 
+/// Start-up's depth rounds (`Verifier::time_depths`): every width timed at both depths in each
+/// round, the deep context as deep as the cache holds beside the widest forward, and the slot
+/// free again afterwards.
+#[test]
+fn depth_rounds_time_every_width_at_both_depths_and_free_their_slot() {
+    use std::sync::Arc;
+    use tandem::engine::verifier::Verifier;
+    let rt = common::runtime();
+    let (loaded, _dir) = load("llama", WeightsDtype::F32, None);
+    let verifier = Verifier::new(Arc::new(loaded.model), 1, 1, None, 0).unwrap();
+    for _ in 0..2 {
+        let rounds = rt
+            .block_on(verifier.time_depths(0, vec![1, 3], (8, 100_000), 3))
+            .unwrap();
+        assert_eq!(rounds.len(), 3);
+        for r in &rounds {
+            let at = |timed: &[tandem::engine::verifier::TimedForward]| {
+                assert!(timed
+                    .iter()
+                    .all(|t| t.seconds.is_finite() && t.seconds > 0.0));
+                let widths: Vec<usize> = timed.iter().map(|t| t.width).collect();
+                let depths: Vec<usize> = timed.iter().map(|t| t.depth).collect();
+                (widths, depths)
+            };
+            // A 256-token context beside a 3-token forward: 252 deep.
+            assert_eq!(at(&r.shallow), (vec![1, 3], vec![8, 8]));
+            assert_eq!(at(&r.deep), (vec![1, 3], vec![252, 252]));
+        }
+    }
+    let after = rt
+        .block_on(verifier.calibrate(0, vec![2], (32, 1), false))
+        .unwrap();
+    assert_eq!((after[0].width, after[0].depth), (2, 32));
+}
+
 /// A mixture's rows grouped by expert: a row's bits are the same alone, among rows that share
 /// its experts, and on every weight type the own kernels run (f16, Q8_0, Q4_0 here).
 #[test]

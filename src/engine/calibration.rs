@@ -10,7 +10,7 @@ use super::drafter::Drafter;
 use super::error::EngineError;
 use super::governor::{
     check_widths, still_holds, ConfidenceRates, CostModel, ExpertPrices, PooledAcceptance,
-    Remembered,
+    Remembered, VerifyDepth,
 };
 use super::messages::MeasureDraftCosts;
 use super::price_memory::MemoryFile;
@@ -25,18 +25,21 @@ const CATCH_UP_CONTEXTS: [usize; 2] = [32, 256];
 /// The context depth width prices are timed and kept at.
 const SHALLOW_DEPTH: usize = 32;
 /// The depth lone verifications are timed at again, for how their prices grow with depth: deep
-/// enough that attention's share stands out of the timing noise (at depth 512 a SmolLM2 step
-/// costs about 1.3x one at 32, an 8-token verification 2x). The context is copies of a short
-/// one's keys and values (`Verifier::calibrate`), so its depth costs start-up no prefill.
-const DEEP_DEPTH: usize = 512;
+/// enough that attention's share stands out of the timing noise (a SmolLM2 step grows about
+/// 2 ms from depth 32 to 1024, half a step), and deep enough to stand for the long prompts
+/// whose rounds it prices (Gemma-3's windowed layers stop growing at 512). The context is
+/// copies of a short one's keys and values (`Verifier::time_depths`), so its depth costs
+/// start-up no prefill.
+const DEEP_DEPTH: usize = 1024;
 /// Each width is timed this many times, the best kept.
 const REPEATS: usize = 2;
-/// Rounds of the deep widths ([`depth_widths`]), the best of each kept. Best of 2 put a
-/// SmolLM2 step's growth from depth 32 to 512 at 1.0-3.1 ms over 11 fresh starts (median 2.0),
-/// where back-to-back decoding grows 0.8 ms: the first forwards over a freshly filled deep
-/// context run slow. Best of 8 read 0.4-1.8 ms (median 1.0). A line twice too steep priced a
-/// step at depth 900 up to 59% above what it took, and a verification low beside it.
-const DEEP_REPEATS: usize = 8;
+/// Rounds of the depth widths ([`depth_widths`]) timed shallow and then deep, each width's
+/// growth the median of its rounds' ratios. Timed instead as one burst at each depth (best of
+/// 8 at 512), a SmolLM2 step's growth read -1.6 to 2.0 ms over 16 fresh starts on a busy VM,
+/// where 4 rounds to 1024 read 0.6-1.7 ms (scaled to 480 tokens; back-to-back decoding on a
+/// quiet one grows 0.8 ms) in about the start-up time: a line twice too steep priced a step
+/// at depth 900 up to 59% above what it took, and a verification low beside it.
+const DEEP_ROUNDS: usize = 4;
 /// Steps run untimed before anything is timed: a fresh process's first forwards run up to
 /// 1.8x a warm step (caches, the threads' first wake-ups), and a price taken then would be
 /// that process's, not the machine's.
@@ -234,9 +237,12 @@ async fn calibrate_target(
     Ok(costs)
 }
 
-/// Times a lone request's verify widths again `DEEP_DEPTH` context tokens deep, for how a
-/// forward's price grows with its rows' depth (`CostModel::record_verify_depths`). A mixture's
-/// forwards are compared without their expert reads, which do not depend on depth.
+/// Times a lone request's verify widths in rounds at `SHALLOW_DEPTH` and `DEEP_DEPTH` context
+/// tokens (`Verifier::time_depths`), for how a forward's price grows with its rows' depth:
+/// each width's growth is read as a ratio within rounds and applied to its price timed at
+/// start-up (`VerifyDepth::from_pairs`), so a change in the machine's speed between the two
+/// timings is not read as growth. A mixture's forwards are compared without their expert
+/// reads, which do not depend on depth.
 async fn calibrate_depth(
     verifier: &Verifier,
     gamma_limit: usize,
@@ -244,41 +250,50 @@ async fn calibrate_depth(
     costs: &mut CostModel,
 ) -> Result<(), EngineError> {
     let lone = depth_widths(gamma_limit);
-    let deep = verifier
-        .calibrate(0, lone.clone(), (DEEP_DEPTH, DEEP_REPEATS), false)
+    let rounds = verifier
+        .time_depths(0, lone.clone(), (SHALLOW_DEPTH, DEEP_DEPTH), DEEP_ROUNDS)
         .await?;
-    let at = |timed: &[TimedForward]| -> (usize, Vec<(usize, f64)>) {
-        let depth = timed.first().map_or(0, |t| t.depth);
-        let prices = timed
-            .iter()
-            .filter(|t| lone.contains(&t.width))
-            .map(|t| {
-                let reads = costs
-                    .expert_prices()
-                    .map_or(0.0, |e| e.seconds_of(&t.reads));
-                (t.width, t.seconds - reads)
-            })
-            .collect();
-        (depth, prices)
+    let own = |t: &TimedForward| {
+        let reads = costs
+            .expert_prices()
+            .map_or(0.0, |e| e.seconds_of(&t.reads));
+        t.seconds - reads
     };
-    let (d0, near) = at(shallow);
-    let (d1, far) = at(&deep);
-    costs.record_verify_depths((d0, &near), (d1, &far));
-    for ((w, s0), (_, s1)) in near.iter().zip(&far) {
-        tracing::debug!(
-            width = w,
-            d0,
-            d1,
-            shallow_ms = s0 * 1e3,
-            deep_ms = s1 * 1e3,
-            "verify depth calibrated"
-        );
+    let d0 = shallow.first().map_or(SHALLOW_DEPTH, |t| t.depth);
+    let prices: Vec<(usize, f64)> = shallow
+        .iter()
+        .filter(|t| lone.contains(&t.width))
+        .map(|t| (t.width, own(t)))
+        .collect();
+    let d1 = rounds
+        .first()
+        .and_then(|r| r.deep.first())
+        .map_or(DEEP_DEPTH, |t| t.depth);
+    let pairs: Vec<(usize, f64, f64)> = rounds
+        .iter()
+        .flat_map(|r| r.shallow.iter().zip(&r.deep))
+        .filter(|(a, _)| a.depth == d0)
+        .map(|(a, b)| (a.width, own(a), own(b)))
+        .collect();
+    let line = VerifyDepth::from_pairs((d0, &prices), d1, &pairs);
+    if let Some(line) = &line {
+        for &(w, price) in &prices {
+            tracing::debug!(
+                width = w,
+                d0,
+                d1,
+                shallow_ms = price * 1e3,
+                growth_ms = line.slope(w) * (d1 - d0) as f64 * 1e3,
+                "verify depth calibrated"
+            );
+        }
     }
+    costs.set_verify_depth(line);
     Ok(())
 }
 
 /// The lone verify widths timed again deep: enough points for the line over the width
-/// (`VerifyDepth`, which one width cannot pull), few enough that [`DEEP_REPEATS`] rounds of
+/// (`VerifyDepth`, which one width cannot pull), few enough that [`DEEP_ROUNDS`] rounds of
 /// them cost start-up little: 1, 2, 3, 5 and the widest.
 fn depth_widths(gamma_limit: usize) -> Vec<usize> {
     let widest = gamma_limit + 1;

@@ -4,7 +4,6 @@
 //! in the prefix cache, a slot freed); timing forwards for the governor at start-up.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use kameo::message::{Context, Message};
 use kameo::Actor;
@@ -18,11 +17,13 @@ use super::messages::{
 use super::target_round::run_batch;
 pub use super::target_round::TargetState;
 use super::worker::ComputeWorker;
+
+mod timing;
 use crate::model::cache::prefix_store::{PrefixStore, PrefixStoreStats};
-use crate::model::decoder::expert_trace;
-use crate::model::{Decoder, FeatureTaps, Kept, LogitsRows, SeqInput};
+use crate::model::{Decoder, FeatureTaps};
 use crate::sampling::Sampler;
 use crate::telemetry;
+pub use timing::{DepthRound, TimedForward};
 
 #[derive(Actor)]
 pub struct Verifier {
@@ -67,104 +68,25 @@ impl Verifier {
         alike: bool,
     ) -> Result<Vec<TimedForward>, EngineError> {
         self.worker
-            .run(move |s| calibrate(s, slot, &widths, (depth, repeats), alike))
+            .run(move |s| timing::calibrate(s, slot, &widths, (depth, repeats), alike))
             .await?
     }
-}
 
-/// A start-up forward: its width, the context tokens before it, its best time, and the distinct
-/// experts each routed layer of a mixture read in it.
-#[derive(Clone, Debug)]
-pub struct TimedForward {
-    pub width: usize,
-    pub depth: usize,
-    pub seconds: f64,
-    pub reads: Vec<u16>,
-}
-
-/// The most context tokens a calibration runs through the model (see `calibrate`).
-const PREFILLED: usize = 32;
-
-fn calibrate(
-    s: &mut TargetState,
-    slot: usize,
-    widths: &[usize],
-    (depth, repeats): (usize, usize),
-    alike: bool,
-) -> Result<Vec<TimedForward>, EngineError> {
-    let vocab = s.model.hparams().vocab_size as u32;
-    let max_len = s.cache.max_len();
-    let widths: Vec<usize> = widths
-        .iter()
-        .copied()
-        .filter(|&w| w > 0 && w < max_len)
-        .collect();
-    let max_width = widths.iter().copied().max().unwrap_or(0);
-    let depth = depth.min(s.cache.max_len().saturating_sub(max_width + 1));
-    s.cache.allocate_slot(slot)?;
-    let ids: Vec<u32> = (0..depth.max(1) + max_width)
-        .map(|i| {
-            if alike {
-                13 % vocab
-            } else {
-                (i as u32 * 7919 + 13) % vocab
-            }
-        })
-        .collect();
-    let run = |s: &mut TargetState| -> Result<Vec<TimedForward>, EngineError> {
-        // The first tokens run through the model; a deeper context is filled with copies of
-        // their keys and values: attention costs the same whatever the keys hold, and a
-        // 512-token prefill would add most of a second to start-up.
-        let computed = depth.clamp(1, PREFILLED);
-        s.model.forward(
-            &mut s.cache,
-            &[SeqInput {
-                slot,
-                start_pos: 0,
-                tokens: &ids[..computed],
-                logits: LogitsRows::None,
-                parents: &[],
-            }],
-        )?;
-        let copies = s.cache.read_run(slot, 0, computed)?;
-        while s.cache.len(slot)? < depth {
-            let more = (depth - s.cache.len(slot)?).min(computed);
-            s.cache.append_run(slot, &copies, more)?;
-        }
-        let base = s.cache.len(slot)?;
-        let mut best: Vec<TimedForward> = widths
-            .iter()
-            .map(|&width| TimedForward {
-                width,
-                depth: base,
-                seconds: f64::INFINITY,
-                reads: Vec::new(),
-            })
-            .collect();
-        for _ in 0..repeats.max(1) {
-            for b in best.iter_mut() {
-                expert_trace::count_reads();
-                let t = Instant::now();
-                s.model.forward(
-                    &mut s.cache,
-                    &[SeqInput {
-                        slot,
-                        start_pos: base,
-                        tokens: &ids[base..base + b.width],
-                        logits: LogitsRows::All,
-                        parents: &[],
-                    }],
-                )?;
-                b.seconds = b.seconds.min(t.elapsed().as_secs_f64());
-                expert_trace::take_reads(&mut b.reads);
-                s.cache.keep(slot, Kept::First(base))?;
-            }
-        }
-        Ok(best)
-    };
-    let result = run(s);
-    s.cache.free(slot)?;
-    result
+    /// Times `widths` on `slot` in `rounds` rounds, each timing every width once `shallow`
+    /// and then `deep` context tokens deep (less where the cache is shorter): how forwards'
+    /// prices grow with depth, each round's two depths timed at the machine's speed of the
+    /// moment.
+    pub async fn time_depths(
+        &self,
+        slot: usize,
+        widths: Vec<usize>,
+        depths: (usize, usize),
+        rounds: usize,
+    ) -> Result<Vec<DepthRound>, EngineError> {
+        self.worker
+            .run(move |s| timing::time_depths(s, slot, &widths, depths, rounds))
+            .await?
+    }
 }
 
 impl Message<TargetBatch> for Verifier {

@@ -272,16 +272,12 @@ impl CostModel {
         }
     }
 
-    /// Target forwards timed at two context depths (`(depth, [(width, seconds)])` each): how
-    /// their price grows with depth (see `VerifyDepth`), for every forward priced from now on.
-    /// Width prices are kept at the shallow depth, where start-up times them.
-    pub fn record_verify_depths(
-        &mut self,
-        shallow: (usize, &[(usize, f64)]),
-        deep: (usize, &[(usize, f64)]),
-    ) {
+    /// How target forwards' prices grow with their rows' depth (see `VerifyDepth`), from
+    /// start-up timings, for every forward priced from now on (`None`: every depth alike).
+    /// Width prices are kept at the line's shallow depth, where start-up times them.
+    pub fn set_verify_depth(&mut self, line: Option<VerifyDepth>) {
         if !self.frozen {
-            self.verify_depth = VerifyDepth::from_timings(shallow, deep);
+            self.verify_depth = line;
         }
     }
 

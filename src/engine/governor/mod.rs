@@ -43,6 +43,7 @@ pub use remembered::{check_widths, still_holds, Remembered, PRICE_TOLERANCE};
 pub use request_ledger::{round_gains, RequestLedger, RoundShare};
 pub use speedup::SpeedupEstimate;
 pub use text_coverage::{PooledCoverage, PromptCoverage};
+pub use verify_depth::VerifyDepth;
 
 #[cfg(test)]
 pub(crate) mod test_support;

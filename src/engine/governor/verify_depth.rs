@@ -72,6 +72,40 @@ impl VerifyDepth {
         })
     }
 
+    /// From the widths' prices at depth `shallow.0` (`(width, seconds)`, the prices the cost
+    /// model keeps) and forwards timed in pairs, `(width, seconds at shallow.0, seconds at
+    /// deep)`, each pair moments apart: a width's deep price is its shallow price times the
+    /// median over its pairs of deep over shallow. A shared machine's speed changes from one
+    /// second to the next, and a slow spell multiplies both timings of a pair alike: as a ratio
+    /// it cancels, where a deep burst timed in a spell after shallow prices timed outside it
+    /// reads the spell as growth (a SmolLM2 step's growth from depth 32 to 512 read 0.4-2.4 ms
+    /// over fresh starts, against 0.8 ms in back-to-back decoding). A width without a price
+    /// takes its pairs' best shallow time. Then as [`VerifyDepth::from_timings`].
+    pub fn from_pairs(
+        shallow: (usize, &[(usize, f64)]),
+        deep: usize,
+        pairs: &[(usize, f64, f64)],
+    ) -> Option<Self> {
+        let mut widths: Vec<usize> = pairs.iter().map(|p| p.0).collect();
+        widths.sort_unstable();
+        widths.dedup();
+        let mut near = Vec::with_capacity(widths.len());
+        let mut far = Vec::with_capacity(widths.len());
+        for w in widths {
+            let own = pairs
+                .iter()
+                .filter(|p| p.0 == w && p.1 > 0.0 && p.1.is_finite() && p.2.is_finite());
+            let priced = shallow.1.iter().find(|p| p.0 == w).map(|p| p.1);
+            let best = priced.or_else(|| own.clone().map(|p| p.1).reduce(f64::min));
+            let mut ratios: Vec<f64> = own.map(|p| p.2 / p.1).collect();
+            if let (Some(best), Some(ratio)) = (best, median(&mut ratios)) {
+                near.push((w, best));
+                far.push((w, best * ratio));
+            }
+        }
+        Self::from_timings((shallow.0, &near), (deep, &far))
+    }
+
     /// Seconds per context token of one sequence's forward of `width` tokens (never below
     /// nothing).
     pub fn slope(&self, width: usize) -> f64 {
@@ -156,6 +190,50 @@ mod tests {
         let l = VerifyDepth::from_timings((32, &shallow), (512, &faster)).unwrap();
         assert!((1..=9).all(|w| l.slope(w) == 0.0 || l.slope(w + 1) >= l.slope(w)));
         assert!((1..=9).all(|w| l.slope(w) >= 0.0));
+    }
+
+    #[test]
+    fn a_slow_spell_over_the_depth_timings_is_not_read_as_growth() {
+        // Widths 1-5 cost 3 ms + 0.3 ms a width at depth 32 (the prices kept) and grow 1.7 µs
+        // + 0.4 µs a width per context token. The pairs ran in a spell 1.4x-2.2x slow, its
+        // speed changing from one round to the next; in one round the deep step alone was
+        // preempted (+6 ms).
+        let truth = |w: usize| 1.7e-6 + 0.4e-6 * w as f64;
+        let near = |w: usize| 0.003 + 0.0003 * w as f64;
+        let prices: Vec<(usize, f64)> = (1..=5).map(|w| (w, near(w))).collect();
+        let speeds = [1.4, 1.9, 1.5, 2.2, 1.6, 1.5, 1.7, 1.8];
+        let mut pairs = Vec::new();
+        for (r, &k) in speeds.iter().enumerate() {
+            for w in 1..=5 {
+                let preempted = if r == 2 && w == 1 { 0.006 } else { 0.0 };
+                let deep = (near(w) + truth(w) * 480.0) * k + preempted;
+                pairs.push((w, near(w) * k, deep));
+            }
+        }
+        let l = VerifyDepth::from_pairs((32, &prices), 512, &pairs).unwrap();
+        for w in 1..=5 {
+            let off = (l.slope(w) - truth(w)).abs() / truth(w);
+            assert!(off < 0.01, "width {w}: {} against {}", l.slope(w), truth(w));
+        }
+        // The least deep timing against the prices kept reads the spell as growth.
+        let least = |w: usize| {
+            let deep = pairs.iter().filter(|p| p.0 == w).map(|p| p.2);
+            (w, deep.reduce(f64::min).unwrap())
+        };
+        let burst: Vec<(usize, f64)> = (1..=5).map(least).collect();
+        let read = VerifyDepth::from_timings((32, &prices), (512, &burst)).unwrap();
+        assert!(read.slope(1) > 2.0 * truth(1), "{}", read.slope(1));
+        // Without prices, a width's best shallow timing stands in (here the spell's, so the
+        // growth is read at its speed: 1.4x).
+        let l = VerifyDepth::from_pairs((32, &[]), 512, &pairs).unwrap();
+        assert!((l.slope(3) / truth(3) - 1.4).abs() < 0.02, "{}", l.slope(3));
+        // Unusable pairs are left out; a width with none is not timed.
+        let bad = [
+            (1, 0.0, 0.004),
+            (2, f64::NAN, 0.004),
+            (3, 0.003, f64::INFINITY),
+        ];
+        assert!(VerifyDepth::from_pairs((32, &prices), 512, &bad).is_none());
     }
 
     #[test]

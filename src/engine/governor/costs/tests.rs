@@ -340,7 +340,7 @@ fn priced_at_depth() -> CostModel {
         .iter()
         .map(|&(w, s)| (w, s + 0.000512 * (1.0 + 0.75 * (w - 1) as f64)))
         .collect();
-    c.record_verify_depths((32, &shallow), (544, &deep));
+    c.set_verify_depth(VerifyDepth::from_timings((32, &shallow), (544, &deep)));
     c
 }
 

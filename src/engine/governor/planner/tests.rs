@@ -447,7 +447,7 @@ fn drafting_that_pays_near_the_start_of_a_context_is_declined_deep_in_one() {
         .map(|&(w, s)| (w, s + 0.2 * w as f64))
         .collect();
     let mut c = costs(0.0, &shallow.map(|(_, s)| s));
-    c.record_verify_depths((32, &shallow), (544, &deep));
+    c.set_verify_depth(VerifyDepth::from_timings((32, &shallow), (544, &deep)));
     let at = |depth| Candidate {
         alpha: 0.4,
         choice: Choice::Free { min: 1, max: 3 },
