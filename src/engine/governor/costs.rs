@@ -354,10 +354,24 @@ impl CostModel {
             Some(e) => (seconds - e.seconds(width)).max(0.0),
             None => seconds,
         };
-        // Never below half of what it took: a depth line measured on a noisy start-up could
-        // otherwise take a deep forward's whole price away.
-        let at_reference = (seconds - self.depth_seconds(rows.iter().copied())).max(0.5 * seconds);
-        self.record_verify(at_reference, width);
+        let at_reference = seconds - self.depth_seconds(rows.iter().copied());
+        self.record_verify(
+            at_reference.max(self.reference_floor(width, seconds)),
+            width,
+        );
+    }
+
+    /// The least a forward of `width` that took `seconds` is kept as at the reference depth:
+    /// half its width's start-up price there (what its weights cost), or half of what it took
+    /// before start-up ends. A depth line steeper than this machine's forwards could otherwise
+    /// take a deep forward's whole price away. Half of what it took instead priced a step deep in
+    /// a context high wherever attention was most of it: kept at half and the depth's share
+    /// added back, a step at depth 8184 whose attention is four fifths of it was priced 1.3x.
+    fn reference_floor(&self, width: usize, seconds: f64) -> f64 {
+        let start_up = width
+            .checked_sub(1)
+            .and_then(|i| self.verify_start_up.get(i).copied().flatten());
+        0.5 * start_up.map_or(seconds, |p| p.min(seconds))
     }
 
     /// Seconds of `steps` draft steps of `seqs` sequences together, once any step is measured:

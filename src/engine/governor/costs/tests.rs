@@ -378,6 +378,21 @@ fn a_deep_forward_is_recorded_at_the_reference_depth() {
 }
 
 #[test]
+fn a_step_whose_attention_is_most_of_it_is_priced_at_its_depth() {
+    let mut c = priced_at_depth();
+    c.mark_provisional();
+    // 20000 tokens deeper a step costs 1 ms + 20 ms of attention, as the line says: kept at
+    // depth 32 at its start-up price, and priced at its own depth at what it took.
+    c.record_forward(0.030, &[(1, 20032)], &[]);
+    assert!((c.verify_seconds(1).unwrap() - 0.010).abs() < 1e-9);
+    assert!((forward(&c, &[(1, 20032)]).unwrap() - 0.030).abs() < 1e-9);
+    // A step far cheaper than the line says (a line measured too steep) is kept at half its
+    // start-up price, not at nothing.
+    c.record_forward(0.012, &[(1, 20032)], &[]);
+    assert!((c.verify_seconds(1).unwrap() - 0.005).abs() < 1e-9);
+}
+
+#[test]
 fn the_plain_round_a_drafted_round_is_weighed_against_runs_at_its_depth() {
     let mut c = priced_at_depth();
     // A drafted round at depth 2032 gave 2 tokens in 27 ms; plain steps there cost 12 ms
