@@ -17,13 +17,13 @@ use super::messages::{
 use super::target_round::run_batch;
 pub use super::target_round::TargetState;
 use super::worker::ComputeWorker;
-
-mod timing;
 use crate::model::cache::prefix_store::{PrefixStore, PrefixStoreStats};
 use crate::model::{Decoder, FeatureTaps};
 use crate::sampling::Sampler;
 use crate::telemetry;
 pub use timing::{DepthRound, TimedForward};
+
+mod timing;
 
 #[derive(Actor)]
 pub struct Verifier {

@@ -44,8 +44,9 @@ struct Bench {
 }
 
 impl Bench {
-    /// Allocates `slot`, runs the first tokens of a context `depth` deep through the model and
-    /// returns the bench with `depth` clamped to what the cache holds beside the widest forward.
+    /// Runs the first tokens of a context `depth` deep through the model on `slot` (allocated)
+    /// and returns the bench with `depth` clamped to what the cache holds beside the widest
+    /// forward.
     fn start(
         s: &mut TargetState,
         slot: usize,
@@ -62,7 +63,7 @@ impl Bench {
             .collect();
         let max_width = widths.iter().copied().max().unwrap_or(0);
         let depth = depth.min(max_len.saturating_sub(max_width + 1)).max(1);
-        let ids: Vec<u32> = (0..depth.max(1) + max_width)
+        let ids: Vec<u32> = (0..depth + max_width)
             .map(|i| {
                 if alike {
                     13 % vocab
@@ -71,8 +72,7 @@ impl Bench {
                 }
             })
             .collect();
-        s.cache.allocate_slot(slot)?;
-        let computed = depth.clamp(1, PREFILLED);
+        let computed = depth.min(PREFILLED);
         s.model.forward(
             &mut s.cache,
             &[SeqInput {
@@ -94,8 +94,8 @@ impl Bench {
     }
 
     /// Trims or fills the slot to `depth` tokens (fills repeat the first tokens' keys and
-    /// values); returns the depth it holds.
-    fn set_depth(&self, s: &mut TargetState, depth: usize) -> Result<usize, EngineError> {
+    /// values).
+    fn set_depth(&self, s: &mut TargetState, depth: usize) -> Result<(), EngineError> {
         let slot = self.slot;
         if s.cache.len(slot)? > depth {
             s.cache.keep(slot, Kept::First(depth))?;
@@ -104,7 +104,7 @@ impl Bench {
             let more = (depth - s.cache.len(slot)?).min(self.copies.len());
             s.cache.append_run(slot, &self.copies, more)?;
         }
-        Ok(s.cache.len(slot)?)
+        Ok(())
     }
 
     /// Seconds of one forward of `width` tokens after the slot's context, and the experts it
@@ -148,7 +148,8 @@ impl Bench {
     }
 }
 
-/// Runs `f` on a bench over `slot`, freeing the slot whatever `f` returns.
+/// Runs `f` on a bench over `slot`, which it allocates and then frees whatever `f` returns
+/// (a slot it could not allocate is someone else's, and left alone).
 fn on_bench<R>(
     s: &mut TargetState,
     slot: usize,
@@ -156,6 +157,7 @@ fn on_bench<R>(
     (depth, alike): (usize, bool),
     f: impl FnOnce(&mut TargetState, &Bench, usize) -> Result<R, EngineError>,
 ) -> Result<R, EngineError> {
+    s.cache.allocate_slot(slot)?;
     let result = Bench::start(s, slot, widths, depth, alike).and_then(|(b, d)| f(s, &b, d));
     s.cache.free(slot)?;
     result
