@@ -171,10 +171,12 @@ pub(super) fn simd_available() -> bool {
 /// How many rows ahead the kernels ask for the key or value rows they will read. Without it a
 /// deep context's step waited on memory for each row: with it a 1-token step took 12-15% less
 /// time at depth 8184 and 17% less at 2048 (f16 cache, SmolLM2, the two forms interleaved in
-/// one process); 8, 16, 32 and 64 rows ahead were timed, 16 and 32 the best. A row there takes
-/// about 20 ns, a memory access several times that.
+/// one process). On Sapphire Rapids 8, 16, 32 and 64 rows ahead were timed, 16 and 32 the
+/// best; on Zen 5, 64 and 32 beat 16 by 3-5% and 2-3% at depths 2048 and 8184 (128 gained less,
+/// 8 lost): 32 is the best both machines share. A row there takes about 20 ns, a memory access
+/// several times that.
 #[cfg(target_arch = "x86_64")]
-pub(super) const PREFETCH_ROWS: usize = 16;
+pub(super) const PREFETCH_ROWS: usize = 32;
 
 /// Asks for the `dim` elements of `rows` from element `i` to be brought into L1. A prefetch
 /// never faults, so `i` may lie past the view's end (the next chunk's rows, usually).
