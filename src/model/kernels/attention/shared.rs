@@ -172,7 +172,7 @@ pub(super) fn simd_available() -> bool {
 /// deep context's step waited on memory for each row: with it a 1-token step took 12-15% less
 /// time at depth 8184 and 17% less at 2048 (f16 cache, SmolLM2, the two forms interleaved in
 /// one process). On Sapphire Rapids 8, 16, 32 and 64 rows ahead were timed, 16 and 32 the
-/// best; on Zen 5, 64 and 32 beat 16 by 3-5% and 2-3% at depths 2048 and 8184 (128 gained less,
+/// best; on Zen 5, 64 and 32 beat 16 by 2-8% and 1-5% at depths 2048 and 8184 (128 gained less,
 /// 8 lost): 32 is the best both machines share. A row there takes about 20 ns, a memory access
 /// several times that.
 #[cfg(target_arch = "x86_64")]
