@@ -36,6 +36,15 @@ pub fn for_each_unit(units: usize, work: impl Fn(usize) + Sync) {
     for_each_chunk(units, |range| range.for_each(&work));
 }
 
+/// The threads work is split over: the calling thread and candle's pool, or one inline.
+pub fn threads() -> usize {
+    if is_inline() {
+        1
+    } else {
+        candle_core::utils::barrier_pool().n_workers() + 1
+    }
+}
+
 /// Runs `work` over `0..units` as one contiguous range per thread (the calling thread and
 /// candle's pool), for units of equal cost that stream memory in order, such as matmul tiles:
 /// each thread then reads one sequential region, which the hardware prefetchers follow, where

@@ -2,13 +2,15 @@
 //! context's segments, sinks) against definitions computed apart: each row's bits are those of
 //! the loops it is built of, whichever call computes it and beside whichever others.
 
-use super::tests::{bits, noise, val, weighted_values};
+use super::tests::{bits, noise, on_one_thread, val, weighted_values};
 use super::{scaled_dots, softmax_weights};
 
 /// Past one segment of keys, each query's output is its segments' softmaxes merged
 /// (`merge_segments`, checked here against the plain softmax in f64); a row's bits are the
-/// same computed alone, beside others, or as a tree's chain, with and without sinks; and a
-/// query within the first segment keeps the plain softmax's bits in a deep call.
+/// same computed alone, as one of two, beside 7 others, or as a tree's chain, with and without
+/// sinks, short of the depth where a step's heads take turns along the cache rows
+/// (`interleaved`) and past it; and a query within the first segment keeps the plain
+/// softmax's bits in a deep call.
 #[test]
 fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
     use super::{causal_attention, tree_attention, AttnShape, SEGMENT};
@@ -18,7 +20,7 @@ fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
         head_dim: 64,
     };
     let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-    let total = 2 * SEGMENT + 300;
+    let total = 4 * SEGMENT + 300;
     let keys: Vec<half::f16> = (0..total * kv_dim)
         .map(|i| half::f16::from_f32(noise(2 * i)))
         .collect();
@@ -47,15 +49,30 @@ fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
         out
     };
     for sinks in [None, Some(&sinks[..])] {
-        // 8 queries across the first segment's end, then the second's, then deep in the third.
+        // 8 queries across the first segment's end, then the second's, then deep in the fifth.
         for start in [SEGMENT - 4, 2 * SEGMENT - 3, total - 8] {
             let together = call(start, 8, sinks);
+            let pair = on_one_thread(|| call(start + 3, 2, sinks));
+            assert_eq!(
+                bits(&together[3 * q_dim..][..2 * q_dim]),
+                bits(&pair),
+                "queries {} and {} as a pair and beside 6 others",
+                start + 3,
+                start + 4
+            );
             for i in 0..8 {
                 let alone = call(start + i, 1, sinks);
                 assert_eq!(
                     bits(&together[i * q_dim..][..q_dim]),
                     bits(&alone),
                     "query {} alone and beside 7 others",
+                    start + i
+                );
+                let one_thread = on_one_thread(|| call(start + i, 1, sinks));
+                assert_eq!(
+                    bits(&one_thread),
+                    bits(&alone),
+                    "query {} on one thread",
                     start + i
                 );
             }

@@ -1,7 +1,8 @@
 //! Causal attention of one sequence's new tokens against its cache: the public call, which
 //! groups (query, head) units that read the same keys into runs, splits the runs and a deep
-//! context's segments over threads, and merges the segments; the loops each run is built of
-//! are in `loops`.
+//! context's segments over threads (a deep step's runs of every key-value head together, so
+//! a thread reads whole cache rows in order), and merges the segments; the loops each run is
+//! built of are in `loops`.
 
 use super::loops::{
     accumulate_values_heads, finish_values, scaled_dots_heads, softmax_sum, softmax_weights,
@@ -33,6 +34,23 @@ impl AttnShape {
 /// step's few heads of one query already share each widened register
 /// ([`accumulate_values_heads`]).
 const WIDEN_UNITS: usize = 8;
+
+/// Keys an interleaved item's runs take in turn (`interleaved` in [`causal_attention`]), each
+/// reading its head's part of a chunk's cache rows: 64 at a time per head, a thread read a
+/// third of each row, then the next third of the same rows, which the prefetchers follow
+/// poorly. Measured on Zen 5 at depths 2048 and 8184 with the chunk sizes taking turns in one
+/// process, 32 beat 16, 24, 48 and 64 for a step and a 2-token verification. Even (see
+/// [`KEY_CHUNK`]).
+const ROW_CHUNK: usize = 32;
+
+/// Runs of this many units or more take [`KEY_CHUNK`] keys a turn even when interleaved: their
+/// arithmetic per row, not the reads, bounds them, and the longer chunk halves the calls (an
+/// 8-token verification, 24 units, read 3-9% faster than with [`ROW_CHUNK`]; 4 tokens, 12
+/// units, 0-5% slower).
+const WIDE_RUN: usize = 16;
+
+/// The most units a call may have for its items to be interleaved: the rows an item holds.
+const MAX_ITEM_UNITS: usize = 96;
 
 /// Keys taken at a time by every head of a group before the next ones: 64 keys of 64 values
 /// are 16 KiB, read from memory once and from L1 by the group's other heads. Even, so each
@@ -110,96 +128,137 @@ fn attend_all<K: KvRows>(
             const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
         static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    // Units `members` (in order, so the last query sees the most keys), all reading key-value
-    // head `kvh`, over segment `g`'s keys. Member `m`'s scores start at `m * stride`.
+    // Run `r`: key-value head `r / runs_per_kv`'s units, MAX_GROUP at a time, in order (so the
+    // last query sees the most keys).
+    let runs_per_kv = per_kv_head.div_ceil(MAX_GROUP);
+    let runs = num_kv_heads * runs_per_kv;
+    let run_members = |r: usize| {
+        let (kvh, i) = (r / runs_per_kv, r % runs_per_kv);
+        let start = kvh * per_kv_head + i * MAX_GROUP;
+        start..(start + MAX_GROUP).min((kvh + 1) * per_kv_head)
+    };
+    // Every key-value head's runs in one item, so a thread reads whole cache rows in order
+    // ([`ROW_CHUNK`]), where the context gives each thread two items or more.
+    let interleaved = runs_per_kv == 1
+        && units <= MAX_ITEM_UNITS
+        && segments >= 2 * crate::model::kernels::parallel::threads();
+    let chunk = if interleaved && per_kv_head < WIDE_RUN {
+        ROW_CHUNK
+    } else {
+        KEY_CHUNK
+    };
+    // Runs `item_runs` over segment `g`'s keys. The runs of one item have as many units, of
+    // the same queries, so they see the same keys; the `m`th member of the item's `k`th run is
+    // its row `k * nm + m`, whose scores start at `row * stride`.
     let attend =
-        |(members, g): (std::ops::Range<usize>, usize),
+        |(item_runs, g): (std::ops::Range<usize>, usize),
          parts: usize,
          (scores, acc, kt): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>)| {
-            let nm = members.len();
-            let kv_off = (members.start / per_kv_head) * head_dim;
+            let nm = run_members(item_runs.start).len();
+            let rows = item_runs.len() * nm;
+            let kv_off = |u: usize| (u / per_kv_head) * head_dim;
             let first = g * SEGMENT;
             // Keys of the segment unit `u` sees.
             let in_segment = |u: usize| seen_of(u).min(first + SEGMENT).saturating_sub(first);
-            let stride = in_segment(members.end - 1);
+            let stride = in_segment(run_members(item_runs.start).end - 1);
             if stride == 0 {
                 return;
             }
-            // Key chunk by key chunk, so a chunk is read once for all members, and within a
-            // chunk the heads of one query (which see the same keys) side by side: calls
-            // `f(first member, heads, its unit, first key, keys in the chunk)` for each run of
-            // such members that sees the chunk.
+            // Each row with its unit, run by run.
+            let each_row = || item_runs.clone().flat_map(run_members).enumerate();
+            // Key chunk by key chunk, so a chunk is read once for all members (and, interleaved,
+            // every head's part of a cache row before the next rows), and within a chunk the
+            // heads of one query (which see the same keys) side by side: calls `f(first row,
+            // heads, its unit, first key, keys in the chunk)` for each run of such members
+            // that sees the chunk.
             let each_chunk = |f: &mut dyn FnMut(usize, usize, usize, usize, usize)| {
-                for j0 in (first..first + stride).step_by(KEY_CHUNK) {
-                    let mut m = 0;
-                    while m < nm {
-                        let u = members.start + m;
-                        let query = unit(u).0;
-                        let mut heads = 1;
-                        while heads < SHARED_HEADS && m + heads < nm && unit(u + heads).0 == query {
-                            heads += 1;
+                for j0 in (first..first + stride).step_by(chunk) {
+                    for (k, r) in item_runs.clone().enumerate() {
+                        let members = run_members(r);
+                        let mut m = 0;
+                        while m < nm {
+                            let u = members.start + m;
+                            let query = unit(u).0;
+                            let mut heads = 1;
+                            while heads < SHARED_HEADS
+                                && m + heads < nm
+                                && unit(u + heads).0 == query
+                            {
+                                heads += 1;
+                            }
+                            let seen = seen_of(u);
+                            if j0 < seen {
+                                f(k * nm + m, heads, u, j0, chunk.min(seen - j0));
+                            }
+                            m += heads;
                         }
-                        let seen = seen_of(u);
-                        if j0 < seen {
-                            f(m, heads, u, j0, KEY_CHUNK.min(seen - j0));
-                        }
-                        m += heads;
                     }
                 }
             };
-            // Every score a member reads is written first: grown, never cleared.
-            if scores.len() < nm * stride {
-                scores.resize(nm * stride, 0.0);
+            // Every score a row reads is written first: grown, never cleared.
+            if scores.len() < rows * stride {
+                scores.resize(rows * stride, 0.0);
             }
-            let query_of = |m: usize| {
-                let (i, h) = unit(members.start + m);
-                &q[i * q_dim + h * head_dim..][..head_dim]
-            };
             let end = first + stride;
             // q8 keys: every member's scores over the whole chunk from the integer kernels
             // (`q8_scores`), whatever the instruction set.
             let vertical = if let Some(queries) = q8 {
-                let query = |m: usize| {
-                    let (i, h) = unit(members.start + m);
-                    queries.query(i * q_dim + h * head_dim, head_dim)
-                };
-                for j0 in (first..end).step_by(KEY_CHUNK) {
-                    q8_scores::run_scores(
-                        keys.skip(j0 * kv_dim),
-                        (kv_dim, kv_off),
-                        KEY_CHUNK.min(end - j0),
-                        (nm, &query),
-                        scale,
-                        (&mut scores[j0 - first..], stride),
-                        kt,
-                    );
+                for j0 in (first..end).step_by(chunk) {
+                    for (k, r) in item_runs.clone().enumerate() {
+                        let members = run_members(r);
+                        let query = |m: usize| {
+                            let (i, h) = unit(members.start + m);
+                            queries.query(i * q_dim + h * head_dim, head_dim)
+                        };
+                        q8_scores::run_scores(
+                            keys.skip(j0 * kv_dim),
+                            (kv_dim, kv_off(members.start)),
+                            chunk.min(end - j0),
+                            (nm, &query),
+                            scale,
+                            (&mut scores[k * nm * stride + j0 - first..], stride),
+                            kt,
+                        );
+                    }
                 }
                 true
             } else {
-                (first..end).step_by(KEY_CHUNK).all(|j0| {
-                    let n = KEY_CHUNK.min(end - j0);
-                    let out = &mut scores[j0 - first..];
-                    vertical_scores(
-                        keys.skip(j0 * kv_dim),
-                        (kv_dim, kv_off),
-                        n,
-                        (nm, &query_of),
-                        scale,
-                        (out, stride),
-                        kt,
-                    )
-                })
+                // A false answer comes before any work, from the units and the head size
+                // alone, so the first call's stands for every run and chunk.
+                let mut vertical = true;
+                'chunks: for j0 in (first..end).step_by(chunk) {
+                    for (k, r) in item_runs.clone().enumerate() {
+                        let members = run_members(r);
+                        let query_of = |m: usize| {
+                            let (i, h) = unit(members.start + m);
+                            &q[i * q_dim + h * head_dim..][..head_dim]
+                        };
+                        if !vertical_scores(
+                            keys.skip(j0 * kv_dim),
+                            (kv_dim, kv_off(members.start)),
+                            chunk.min(end - j0),
+                            (nm, &query_of),
+                            scale,
+                            (&mut scores[k * nm * stride + j0 - first..], stride),
+                            kt,
+                        ) {
+                            vertical = false;
+                            break 'chunks;
+                        }
+                    }
+                }
+                vertical
             };
             if !vertical {
-                each_chunk(&mut |m, heads, u, j0, len| {
+                each_chunk(&mut |row, heads, u, j0, len| {
                     let (i, h) = unit(u);
                     scaled_dots_heads(
                         &q[i * q_dim + h * head_dim..][..heads * head_dim],
                         heads,
                         keys.skip(j0 * kv_dim),
-                        (kv_dim, kv_off),
+                        (kv_dim, kv_off(u)),
                         scale,
-                        &mut scores[m * stride + j0 - first..],
+                        &mut scores[row * stride + j0 - first..],
                         stride,
                         len,
                     );
@@ -207,14 +266,14 @@ fn attend_all<K: KvRows>(
             }
             // A unit of one segment: its softmax's inverse sum; of several: its segment's max
             // and sum, into its part.
-            let mut inv = [0f32; MAX_GROUP];
-            for (m, u) in members.clone().enumerate() {
-                let s = &mut scores[m * stride..][..in_segment(u)];
+            let mut inv = [0f32; MAX_ITEM_UNITS];
+            for (row, u) in each_row() {
+                let s = &mut scores[row * stride..][..in_segment(u)];
                 if s.is_empty() {
                     continue;
                 }
                 if seen_of(u) <= SEGMENT {
-                    inv[m] = 1f32 / softmax_sum(s, sinks.map(|k| k[unit(u).1]));
+                    inv[row] = 1f32 / softmax_sum(s, sinks.map(|k| k[unit(u).1]));
                 } else {
                     let (max, sum) = softmax_weights(s);
                     // SAFETY: each (unit, segment) part is written by the one item that holds
@@ -226,20 +285,21 @@ fn attend_all<K: KvRows>(
                 }
             }
             acc.clear();
-            acc.resize(nm * 2 * head_dim, 0.0);
+            acc.resize(rows * 2 * head_dim, 0.0);
             // A run of many units widens each chunk of f16 or q8 values once (into `kt`, free
             // again) for all of them.
             let widen = vertical && nm >= WIDEN_UNITS && K::FORM != KvForm::F32;
             let mut widened = None;
-            each_chunk(&mut |m, heads, _, j0, len| {
-                let weights = &scores[m * stride + j0 - first..];
-                let sums = &mut acc[m * 2 * head_dim..][..heads * 2 * head_dim];
-                if widen && widened != Some(j0) {
-                    let n = KEY_CHUNK.min(end - j0);
-                    let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off));
-                    widened = widen_rows(rows, n, head_dim, kt).then_some(j0);
+            each_chunk(&mut |row, heads, u, j0, len| {
+                let weights = &scores[row * stride + j0 - first..];
+                let sums = &mut acc[row * 2 * head_dim..][..heads * 2 * head_dim];
+                let at = (j0, kv_off(u));
+                if widen && widened != Some(at) {
+                    let n = chunk.min(end - j0);
+                    let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off(u)));
+                    widened = widen_rows(rows, n, head_dim, kt).then_some(at);
                 }
-                if widened == Some(j0) {
+                if widened == Some(at) {
                     let rows = &kt[..];
                     accumulate_values_heads(weights, stride, len, heads, rows, (head_dim, 0), sums);
                 } else {
@@ -250,16 +310,16 @@ fn attend_all<K: KvRows>(
                         len,
                         heads,
                         rows,
-                        (kv_dim, kv_off),
+                        (kv_dim, kv_off(u)),
                         sums,
                     );
                 }
             });
-            for (m, u) in members.enumerate() {
+            for (row, u) in each_row() {
                 if in_segment(u) == 0 {
                     continue;
                 }
-                let sums = &acc[m * 2 * head_dim..][..2 * head_dim];
+                let sums = &acc[row * 2 * head_dim..][..2 * head_dim];
                 if seen_of(u) <= SEGMENT {
                     let (i, h) = unit(u);
                     // SAFETY: each (query, head) unit writes only its own head_dim-long span of
@@ -270,7 +330,7 @@ fn attend_all<K: KvRows>(
                             head_dim,
                         )
                     };
-                    finish_values(sums, inv[m], o);
+                    finish_values(sums, inv[row], o);
                 } else {
                     // SAFETY: as for the max and sum above.
                     let part = unsafe {
@@ -286,22 +346,25 @@ fn attend_all<K: KvRows>(
                 }
             }
         };
-    // Items: each key-value head's units, MAX_GROUP at a time (a run), by segment. The pool
-    // hands out items, not units: handed units (a chunk of a sixteenth of them), a run would
-    // only group the few units of one grab, and a step's heads would each read their shared
-    // keys apart. Segment first, then key-value head: a grab's items then read whole cache
-    // rows, one stretch of memory after another, where key-value head first had each thread
-    // read a head's third of every row over the whole depth (a step at depth 8184 took 24-27
-    // ms that way against 19-20 now).
-    let runs_per_kv = per_kv_head.div_ceil(MAX_GROUP);
-    let runs = num_kv_heads * runs_per_kv;
+    // Items: each run by segment, or, interleaved, each segment with every run. The pool hands
+    // out items, not units: handed units (a chunk of a sixteenth of them), a run would only
+    // group the few units of one grab, and a step's heads would each read their shared keys
+    // apart. Segment first, then key-value head: a grab's items then read whole cache rows,
+    // one stretch of memory after another, where key-value head first had each thread read a
+    // head's third of every row over the whole depth (a step at depth 8184 took 24-27 ms that
+    // way against 19-20 then).
     let item = |it: usize| {
-        let (g, r) = (it / runs, it % runs);
-        let (kvh, i) = (r / runs_per_kv, r % runs_per_kv);
-        let start = kvh * per_kv_head + i * MAX_GROUP;
-        (start..(start + MAX_GROUP).min((kvh + 1) * per_kv_head), g)
+        if interleaved {
+            (0..runs, it)
+        } else {
+            (it % runs..it % runs + 1, it / runs)
+        }
     };
-    let items = num_kv_heads * runs_per_kv * segments;
+    let items = if interleaved {
+        segments
+    } else {
+        runs * segments
+    };
     let deep = start_pos + n_new > SEGMENT;
     PARTS.with_borrow_mut(|parts| {
         if deep {

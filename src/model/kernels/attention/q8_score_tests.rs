@@ -4,7 +4,7 @@
 
 use super::q8_query::Q8Queries;
 use super::q8_scores::{q8_dot, run_scores, scaled_q8_dots};
-use super::tests::{bits, noise};
+use super::tests::{bits, noise, on_one_thread};
 use super::{causal_attention, tree_attention, AttnShape, KvRows, Q8Rows};
 
 /// A q8 cache of `n` elements: bytes over the whole range (±127 included), f16 scales of
@@ -227,7 +227,8 @@ fn zero_and_non_finite_queries() {
 
 /// On a q8 cache a row's output has the same bits computed alone (a step at its position),
 /// in a verification of several, in a prefill chunk, or as a token tree's chain, short of one
-/// segment and past it; and it stays close to the output over the same keys widened to f32
+/// segment, past it and past the depth where a step's heads take turns along the cache rows;
+/// and it stays close to the output over the same keys widened to f32
 /// with the query unrounded.
 #[test]
 fn a_rows_bits_do_not_depend_on_the_call_that_computes_it() {
@@ -237,7 +238,7 @@ fn a_rows_bits_do_not_depend_on_the_call_that_computes_it() {
         head_dim: 64,
     };
     let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-    let total = 1200;
+    let total = 2300;
     let (keys, values) = (Cache::of(total * kv_dim, 3), Cache::of(total * kv_dim, 11));
     let wide = |c: &Cache| -> Vec<f32> { (0..total * kv_dim).map(|i| c.rows().get(i)).collect() };
     let (k32, v32) = (wide(&keys), wide(&values));
@@ -263,7 +264,7 @@ fn a_rows_bits_do_not_depend_on_the_call_that_computes_it() {
         );
         out
     };
-    for (start, n) in [(150, 8), (0, 70), (505, 8), (1100, 8)] {
+    for (start, n) in [(150, 8), (0, 70), (505, 8), (1100, 8), (2250, 8), (2290, 2)] {
         let together = call(start, n);
         for i in 0..n {
             let alone = call(start + i, 1);
@@ -271,6 +272,12 @@ fn a_rows_bits_do_not_depend_on_the_call_that_computes_it() {
                 bits(&together[i * q_dim..][..q_dim]),
                 bits(&alone),
                 "start {start}, row {i} of {n}"
+            );
+            let one_thread = on_one_thread(|| call(start + i, 1));
+            assert_eq!(
+                bits(&one_thread),
+                bits(&alone),
+                "start {start}, row {i} on one thread"
             );
         }
         let q: Vec<f32> = (start..start + n).flat_map(q_at).collect();

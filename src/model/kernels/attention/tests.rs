@@ -8,6 +8,16 @@ pub(super) fn val(i: usize) -> f32 {
     ((i * 104_729 % 2000) as f32 - 1000.0) * 1e-3
 }
 
+/// `f()` with this thread's parallel sections run on it alone: a deep call's items are then
+/// interleaved from two segments on, whatever the pool's size (see `causal`).
+pub(super) fn on_one_thread<T>(f: impl FnOnce() -> T) -> T {
+    use crate::model::kernels::parallel::set_inline;
+    set_inline(true);
+    let out = f();
+    set_inline(false);
+    out
+}
+
 pub(super) fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
