@@ -138,8 +138,10 @@ fn attend_all<K: KvRows>(
         start..(start + MAX_GROUP).min((kvh + 1) * per_kv_head)
     };
     // Every key-value head's runs in one item, so a thread reads whole cache rows in order
-    // ([`ROW_CHUNK`]), where the context gives each thread two items or more.
-    let interleaved = runs_per_kv == 1
+    // ([`ROW_CHUNK`]), where the context gives each thread two items or more (one key-value
+    // head's rows are read in order already).
+    let interleaved = num_kv_heads > 1
+        && runs_per_kv == 1
         && units <= MAX_ITEM_UNITS
         && segments >= 2 * crate::model::kernels::parallel::threads();
     let chunk = if interleaved && per_kv_head < WIDE_RUN {

@@ -108,6 +108,14 @@ unsafe fn transpose_keys<K: KvRows>(
         for r in 0..16 {
             prefetch_row(keys, first + (r + PREFETCH_ROWS) * stride, dim);
         }
+        // The scales the tile as many rows ahead gathers, which the prefetchers do not follow
+        // through a gather: every row's, `stride / 32` a row.
+        let ahead = keys
+            .scale_base()
+            .wrapping_add((first + PREFETCH_ROWS * stride) / 32);
+        for line in (0..16 * stride / 32 * 4).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.cast::<i8>().wrapping_add(line));
+        }
         let left = (n - 16 * tile).min(16);
         let present: __mmask16 = if left == 16 { !0 } else { (1 << left) - 1 };
         let base = keys.base().cast::<i8>().add(first);
