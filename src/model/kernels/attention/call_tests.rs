@@ -7,7 +7,7 @@ use super::{scaled_dots, softmax_weights};
 
 /// Past one segment of keys, each query's output is its segments' softmaxes merged
 /// (`merge_segments`, checked here against the plain softmax in f64); a row's bits are the
-/// same computed alone, as one of two, beside 7 others, or as a tree's chain, with and without
+/// same computed alone, as one of two or four, beside 7 others, or as a tree's chain, with and without
 /// sinks, short of the depth where a step's heads take turns along the cache rows
 /// (`interleaved`) and past it; and a query within the first segment keeps the plain
 /// softmax's bits in a deep call.
@@ -52,14 +52,18 @@ fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
         // 8 queries across the first segment's end, then the second's, then deep in the fifth.
         for start in [SEGMENT - 4, 2 * SEGMENT - 3, total - 8] {
             let together = call(start, 8, sinks);
-            let pair = on_one_thread(|| call(start + 3, 2, sinks));
-            assert_eq!(
-                bits(&together[3 * q_dim..][..2 * q_dim]),
-                bits(&pair),
-                "queries {} and {} as a pair and beside 6 others",
-                start + 3,
-                start + 4
-            );
+            // Two and four queries: a step's and a short verification's runs, interleaved
+            // over every key-value head past a few segments.
+            for n in [2, 4] {
+                let few = on_one_thread(|| call(start + 3, n, sinks));
+                assert_eq!(
+                    bits(&together[3 * q_dim..][..n * q_dim]),
+                    bits(&few),
+                    "queries {}.. as {n} and beside {} others",
+                    start + 3,
+                    8 - n
+                );
+            }
             for i in 0..8 {
                 let alone = call(start + i, 1, sinks);
                 assert_eq!(

@@ -43,10 +43,9 @@ const WIDEN_UNITS: usize = 8;
 /// [`KEY_CHUNK`]).
 const ROW_CHUNK: usize = 32;
 
-/// Runs of this many units or more take [`KEY_CHUNK`] keys a turn even when interleaved: their
-/// arithmetic per row, not the reads, bounds them, and the longer chunk halves the calls (an
-/// 8-token verification, 24 units, read 3-9% faster than with [`ROW_CHUNK`]; 4 tokens, 12
-/// units, 0-5% slower).
+/// Runs of this many units or more are not interleaved: their arithmetic per row, not the
+/// reads, bounds them. An 8-token verification (24 units a run) read 0.97-1.04x its time
+/// interleaved, where 4 tokens (12 units) read 0.88-0.99x and a step 0.71-0.79x.
 const WIDE_RUN: usize = 16;
 
 /// The most units a call may have for its items to be interleaved: the rows an item holds.
@@ -141,14 +140,10 @@ fn attend_all<K: KvRows>(
     // ([`ROW_CHUNK`]), where the context gives each thread two items or more (one key-value
     // head's rows are read in order already).
     let interleaved = num_kv_heads > 1
-        && runs_per_kv == 1
+        && per_kv_head < WIDE_RUN
         && units <= MAX_ITEM_UNITS
         && segments >= 2 * crate::model::kernels::parallel::threads();
-    let chunk = if interleaved && per_kv_head < WIDE_RUN {
-        ROW_CHUNK
-    } else {
-        KEY_CHUNK
-    };
+    let chunk = if interleaved { ROW_CHUNK } else { KEY_CHUNK };
     // Runs `item_runs` over segment `g`'s keys. The runs of one item have as many units, of
     // the same queries, so they see the same keys; the `m`th member of the item's `k`th run is
     // its row `k * nm + m`, whose scores start at `row * stride`.
