@@ -156,6 +156,47 @@ fn rounded_kv_caches_keep_the_algebra() {
     }
 }
 
+/// Deep in a context, past the depth where a step's key-value heads take turns along the cache
+/// rows (a few segments of 512 keys a thread), a 4-token forward's rows have the bits of
+/// one-token steps and of a 2-token forward, whether the steps run on one thread or on the pool:
+/// the real model, f16 and q8_0 caches.
+#[test]
+fn deep_steps_keep_the_algebra() {
+    use tandem::model::kernels::parallel::set_inline;
+    use tandem::model::{LoadOptions, ModelSource};
+    let prefix = common::random_tokens(21, 2600, 49152);
+    let tail = common::random_tokens(22, 4, 49152);
+    for kv in [KvDtype::F16, KvDtype::Q8_0] {
+        let options = LoadOptions {
+            context_len: 2700,
+            ..Default::default()
+        };
+        let source = ModelSource::Gguf(common::default_model());
+        let mut loaded = LoadedModel::load(&source, &options).unwrap();
+        loaded.model = loaded.model.with_kv_dtype(kv);
+        let m = &loaded.model;
+        let mut cache = m.new_cache(2);
+        let (a, b) = (cache.allocate().unwrap(), cache.allocate().unwrap());
+        common::forward_rows(m, &mut cache, a, &prefix, LogitsRows::None);
+        common::forward_rows(m, &mut cache, b, &prefix, LogitsRows::None);
+        let together = common::forward_rows(m, &mut cache, a, &tail, LogitsRows::All);
+        for inline in [true, false] {
+            set_inline(inline);
+            for (i, t) in tail.iter().enumerate() {
+                let step = common::forward_rows(m, &mut cache, b, &[*t], LogitsRows::Last);
+                assert!(
+                    step[0] == together[i],
+                    "{kv:?} cache, row {i}: a step (on one thread: {inline}) and a 4-token forward"
+                );
+            }
+            set_inline(false);
+            cache.keep(b, Kept::First(prefix.len())).unwrap();
+        }
+        let pair = common::forward_rows(m, &mut cache, b, &tail[..2], LogitsRows::All);
+        assert!(pair[..] == together[..2], "{kv:?} cache: a 2-token forward");
+    }
+}
+
 /// The f16 and q8_0 caches stay close to the f32 one on the real model: over a 300-token
 /// context every position's logits are within a small distance of the f32 cache's, and the top
 /// token agrees nearly everywhere (random tokens make many near-ties, so not always).
