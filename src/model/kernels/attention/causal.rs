@@ -197,55 +197,42 @@ fn attend_all<K: KvRows>(
                 scores.resize(rows * stride, 0.0);
             }
             let end = first + stride;
+            // Calls `f(first key, the run's place in the item, its members)` chunk by chunk,
+            // every run of a chunk before the next chunk; stops at the first `false`.
+            let each_run_chunk =
+                |f: &mut dyn FnMut(usize, usize, std::ops::Range<usize>) -> bool| {
+                    (first..end).step_by(chunk).all(|j0| {
+                        item_runs
+                            .clone()
+                            .enumerate()
+                            .all(|(k, r)| f(j0, k, run_members(r)))
+                    })
+                };
             // q8 keys: every member's scores over the whole chunk from the integer kernels
-            // (`q8_scores`), whatever the instruction set.
-            let vertical = if let Some(queries) = q8 {
-                for j0 in (first..end).step_by(chunk) {
-                    for (k, r) in item_runs.clone().enumerate() {
-                        let members = run_members(r);
-                        let query = |m: usize| {
-                            let (i, h) = unit(members.start + m);
-                            queries.query(i * q_dim + h * head_dim, head_dim)
-                        };
-                        q8_scores::run_scores(
-                            keys.skip(j0 * kv_dim),
-                            (kv_dim, kv_off(members.start)),
-                            chunk.min(end - j0),
-                            (nm, &query),
-                            scale,
-                            (&mut scores[k * nm * stride + j0 - first..], stride),
-                            kt,
-                        );
+            // (`q8_scores`), whatever the instruction set. Other keys: from keys transposed
+            // along the lanes where the runs are long enough (`vertical_scores`), whose false
+            // answer comes before any work, from the units and the head size alone, so the
+            // first call's stands for every run and chunk.
+            let vertical = each_run_chunk(&mut |j0, k, members| {
+                let at = (keys.skip(j0 * kv_dim), (kv_dim, kv_off(members.start)));
+                let n = chunk.min(end - j0);
+                let out = (&mut scores[k * nm * stride + j0 - first..], stride);
+                let unit_at = |m: usize| {
+                    let (i, h) = unit(members.start + m);
+                    i * q_dim + h * head_dim
+                };
+                match q8 {
+                    Some(queries) => {
+                        let query = |m: usize| queries.query(unit_at(m), head_dim);
+                        q8_scores::run_scores(at.0, at.1, n, (nm, &query), scale, out, kt);
+                        true
+                    }
+                    None => {
+                        let query = |m: usize| &q[unit_at(m)..][..head_dim];
+                        vertical_scores(at.0, at.1, n, (nm, &query), scale, out, kt)
                     }
                 }
-                true
-            } else {
-                // A false answer comes before any work, from the units and the head size
-                // alone, so the first call's stands for every run and chunk.
-                let mut vertical = true;
-                'chunks: for j0 in (first..end).step_by(chunk) {
-                    for (k, r) in item_runs.clone().enumerate() {
-                        let members = run_members(r);
-                        let query_of = |m: usize| {
-                            let (i, h) = unit(members.start + m);
-                            &q[i * q_dim + h * head_dim..][..head_dim]
-                        };
-                        if !vertical_scores(
-                            keys.skip(j0 * kv_dim),
-                            (kv_dim, kv_off(members.start)),
-                            chunk.min(end - j0),
-                            (nm, &query_of),
-                            scale,
-                            (&mut scores[k * nm * stride + j0 - first..], stride),
-                            kt,
-                        ) {
-                            vertical = false;
-                            break 'chunks;
-                        }
-                    }
-                }
-                vertical
-            };
+            });
             if !vertical {
                 each_chunk(&mut |row, heads, u, j0, len| {
                     let (i, h) = unit(u);
