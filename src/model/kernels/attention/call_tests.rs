@@ -7,10 +7,10 @@ use super::{scaled_dots, softmax_weights};
 
 /// Past one segment of keys, each query's output is its segments' softmaxes merged
 /// (`merge_segments`, checked here against the plain softmax in f64); a row's bits are the
-/// same computed alone, as one of two or four, beside 7 others, or as a tree's chain, with and without
-/// sinks, short of the depth where a step's heads take turns along the cache rows
-/// (`interleaved`) and past it; and a query within the first segment keeps the plain
-/// softmax's bits in a deep call.
+/// same computed alone, as one of two or four, beside 7 others, or as a tree's chain, with and
+/// without sinks, short of the depth where a step's heads take turns along the cache rows
+/// (`interleaved`) and past it; and a query within the first segment keeps the plain softmax's
+/// bits in a deep call.
 #[test]
 fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
     use super::{causal_attention, tree_attention, AttnShape, SEGMENT};

@@ -151,13 +151,14 @@ fn attend_all<K: KvRows>(
         |(item_runs, g): (std::ops::Range<usize>, usize),
          parts: usize,
          (scores, acc, kt): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>)| {
-            let nm = run_members(item_runs.start).len();
+            let lead = run_members(item_runs.start);
+            let nm = lead.len();
             let rows = item_runs.len() * nm;
             let kv_off = |u: usize| (u / per_kv_head) * head_dim;
             let first = g * SEGMENT;
             // Keys of the segment unit `u` sees.
             let in_segment = |u: usize| seen_of(u).min(first + SEGMENT).saturating_sub(first);
-            let stride = in_segment(run_members(item_runs.start).end - 1);
+            let stride = in_segment(lead.end - 1);
             if stride == 0 {
                 return;
             }
