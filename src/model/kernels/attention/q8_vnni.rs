@@ -103,6 +103,10 @@ unsafe fn transpose_keys<K: KvRows>(
     // Key `r` of a tile's scales, `stride / 32` blocks apart.
     let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     let scale_step = _mm512_mullo_epi32(lanes, _mm512_set1_epi32((stride / 32) as i32));
+    let pair_steps = [
+        _mm512_castsi512_si256(scale_step),
+        _mm512_extracti64x4_epi64::<1>(scale_step),
+    ];
     for tile in 0..n.div_ceil(16) {
         let first = tile * 16 * stride + offset;
         for r in 0..16 {
@@ -122,11 +126,21 @@ unsafe fn transpose_keys<K: KvRows>(
         for t in 0..words.div_ceil(16) {
             let width = (words - 16 * t).min(16);
             let mask: __mmask16 = if width == 16 { !0 } else { (1 << width) - 1 };
-            let rows: [__m512; 16] = std::array::from_fn(|r| {
-                let m = if r < left { mask } else { 0 };
-                let w = _mm512_maskz_loadu_epi32(m, base.add(r * stride + 64 * t).cast());
-                _mm512_castsi512_ps(_mm512_xor_si512(w, flip))
-            });
+            let flipped = |w: __m512i| _mm512_castsi512_ps(_mm512_xor_si512(w, flip));
+            // A whole tile loads its rows unmasked, without a mask worked out per row.
+            let rows: [__m512; 16] = if left == 16 && width == 16 {
+                std::array::from_fn(|r| {
+                    flipped(_mm512_loadu_si512(base.add(r * stride + 64 * t).cast()))
+                })
+            } else {
+                std::array::from_fn(|r| {
+                    let m = if r < left { mask } else { 0 };
+                    flipped(_mm512_maskz_loadu_epi32(
+                        m,
+                        base.add(r * stride + 64 * t).cast(),
+                    ))
+                })
+            };
             let cols = super::vertical::transpose16(rows);
             for (e, c) in cols.iter().enumerate().take(width) {
                 let at = kt.add((16 * t + e) * CHUNK + 16 * tile);
@@ -134,13 +148,56 @@ unsafe fn transpose_keys<K: KvRows>(
             }
         }
         let scales = keys.scale_base().add(first / 32);
-        for b in 0..dim / 32 {
+        let blocks = dim / 32;
+        for b in (0..blocks - blocks % 2).step_by(2) {
+            let [even, odd] = gather_scale_pairs(scales, (pair_steps, b), present);
+            _mm512_storeu_ps(ks.add(b * CHUNK + 16 * tile), even);
+            _mm512_storeu_ps(ks.add((b + 1) * CHUNK + 16 * tile), odd);
+        }
+        if blocks % 2 == 1 {
+            let b = blocks - 1;
             let index = _mm512_add_epi32(scale_step, _mm512_set1_epi32(b as i32));
             let s =
                 _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), present, index, scales.cast());
             _mm512_storeu_ps(ks.add(b * CHUNK + 16 * tile), s);
         }
     }
+}
+
+/// The scales of blocks `b` and `b + 1` of a tile's 16 keys (`steps`: where keys `0..8` and
+/// `8..16` start, in blocks from `scales`), the keys not `present` zero: each key's two side
+/// by side gathered as one 8-byte element, eight keys a gather, then split into the two
+/// blocks' lanes; half the elements two 4-byte gathers take.
+#[target_feature(enable = "avx512f,avx512vl")]
+#[inline]
+unsafe fn gather_scale_pairs(
+    scales: *const f32,
+    (steps, b): ([__m256i; 2], usize),
+    present: __mmask16,
+) -> [__m512; 2] {
+    let at = _mm256_set1_epi32(b as i32);
+    let (first, second) = (
+        _mm256_add_epi32(steps[0], at),
+        _mm256_add_epi32(steps[1], at),
+    );
+    let pairs = |index: __m256i, mask: __mmask8| {
+        _mm512_castsi512_ps(_mm512_mask_i32gather_epi64::<4>(
+            _mm512_setzero_si512(),
+            mask,
+            index,
+            scales.cast(),
+        ))
+    };
+    let (low, high) = (
+        pairs(first, present as __mmask8),
+        pairs(second, (present >> 8) as __mmask8),
+    );
+    let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
+    [
+        _mm512_permutex2var_ps(low, evens, high),
+        _mm512_permutex2var_ps(low, odds, high),
+    ]
 }
 
 /// `out[m][j] = q8_dot(q[m], key j) * scale` for the `n` keys of a transposed chunk, `M`
