@@ -58,7 +58,7 @@ pub fn for_each_split(units: usize, work: impl Fn(std::ops::Range<usize>) + Sync
         return;
     }
     let pool = candle_core::utils::barrier_pool();
-    let pieces = (pool.n_workers() + 1).min(units);
+    let pieces = threads().min(units);
     let per = units.div_ceil(pieces);
     pool.execute_chunked(pieces, |range| {
         for piece in range {
