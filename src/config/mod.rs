@@ -33,6 +33,11 @@ mod tests {
         assert!(e.to_string().contains("model.weights_dtype"), "{e}");
         let e = Config::from_toml("[model]\nkv_cache_dtype = \"q8\"").unwrap_err();
         assert!(e.to_string().contains("model.kv_cache_dtype"), "{e}");
+        let e = Config::from_toml("[model]\nkv_cache_dtype = \"q4_0\"").unwrap_err();
+        assert!(
+            e.to_string().contains("model.kv_cache_dtype") && e.to_string().contains("not offered"),
+            "{e}"
+        );
         let c = Config::from_toml("[model]\nkv_cache_dtype = \"F32\"").unwrap();
         assert_eq!(c.kv_cache_dtype(), KvDtype::F32);
         let e = Config::from_toml("[model]\ncontext_length = 1").unwrap_err();

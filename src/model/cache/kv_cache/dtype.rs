@@ -39,6 +39,12 @@ impl FromStr for KvDtype {
             "f32" => Ok(KvDtype::F32),
             "f16" => Ok(KvDtype::F16),
             "q8_0" => Ok(KvDtype::Q8_0),
+            // llama.cpp's other cache types: named, so a user coming from `-ctk` learns why.
+            "q4_0" | "q4_1" | "iq4_nl" | "q5_0" | "q5_1" => Err(format!(
+                "KV cache type {s:?} is not offered: keys of 4 or 5 bits move the model's \
+                 next-token distribution far more than q8_0 does (docs/operations.md, \
+                 \"Memory for the KV caches\"); expected f32, f16 or q8_0"
+            )),
             _ => Err(format!(
                 "unknown KV cache type {s:?} (expected f32, f16 or q8_0)"
             )),
