@@ -297,7 +297,7 @@ fn logit_drift(a_model: &Decoder, b_model: &Decoder, tokens: &[u32]) -> Drift {
             .fold(0f32, f32::max);
         worst = worst.max(diff);
         agree += usize::from(argmax(x) == argmax(y));
-        kl += kl_divergence(x, y);
+        kl += common::kl_divergence(x, y);
     }
     assert!(a != b, "the cache must really round");
     Drift {
@@ -306,17 +306,6 @@ fn logit_drift(a_model: &Decoder, b_model: &Decoder, tokens: &[u32]) -> Drift {
         positions: a.len(),
         mean_kl: kl / a.len() as f64,
     }
-}
-
-/// KL(p ‖ q) of the softmax distributions of two logit rows.
-fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
-    let log_softmax = |v: &[f32]| {
-        let m = v.iter().cloned().fold(f32::MIN, f32::max) as f64;
-        let z = v.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
-        v.iter().map(|&x| x as f64 - z).collect::<Vec<f64>>()
-    };
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
 
 /// Bounds against the f32 cache for an f16 cache: the largest logit difference over the 300

@@ -99,7 +99,7 @@ fn tracking(file: &Path, types: &[&str]) -> (f64, f32, usize) {
             .map(|(x, y)| (x - y).abs())
             .fold(0f32, f32::max);
         worst = worst.max(d);
-        kl += kl_divergence(&theirs, &ours) / STEPS as f64;
+        kl += common::kl_divergence(&theirs, &ours) / STEPS as f64;
         let token = tandem::sampling::argmax(&ours).unwrap();
         agree += usize::from(token == tandem::sampling::argmax(&theirs).unwrap());
         pos += input.len();
@@ -180,17 +180,6 @@ fn greedy_speculative_output_on_a_q4_k_m_file_equals_plain() {
         accepted > 0 && accepted < drafted,
         "accepted {accepted} of {drafted}"
     );
-}
-
-/// KL(p ‖ q) of the softmax distributions of two logit rows.
-fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
-    let log_softmax = |v: &[f32]| {
-        let m = v.iter().cloned().fold(f32::MIN, f32::max) as f64;
-        let z = v.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
-        v.iter().map(|&x| x as f64 - z).collect::<Vec<f64>>()
-    };
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
 
 /// `tandem make-model` writes a random-weight file at every named shape (two layers of each,

@@ -1,5 +1,6 @@
 //! Checks on the model's forward that several test files run on different models and
-//! backends: batching, and token trees against the linear forward of their paths.
+//! backends: batching, token trees against the linear forward of their paths, and how far two
+//! forwards' next-token distributions lie apart.
 
 use tandem::model::{Decoder, Kept, KvCache, LogitsRows, SeqInput};
 
@@ -162,4 +163,15 @@ pub fn tree_equals_its_paths(
             "the kept path's cache differs from feeding it linearly"
         );
     }
+}
+
+/// KL(p ‖ q) of the softmax distributions of two logit rows.
+pub fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
+    let log_softmax = |v: &[f32]| {
+        let m = v.iter().cloned().fold(f32::MIN, f32::max) as f64;
+        let z = v.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
+        v.iter().map(|&x| x as f64 - z).collect::<Vec<f64>>()
+    };
+    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }

@@ -25,7 +25,7 @@ pub use default_model::{
 };
 #[allow(unused_imports)]
 pub use forward_checks::{
-    batched_equals_alone, forward_rows, tree_equals_its_paths, tree_path, TEST_TREE,
+    batched_equals_alone, forward_rows, kl_divergence, tree_equals_its_paths, tree_path, TEST_TREE,
 };
 #[allow(unused_imports)]
 pub use prompts::{chat_prompt, random_tokens, spec_bench_prompts};
