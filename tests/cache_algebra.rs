@@ -206,7 +206,7 @@ fn deep_steps_keep_the_algebra() {
 fn rounded_kv_caches_stay_close_to_f32_on_the_real_model() {
     let f32_loaded = common::load_default(WeightsDtype::F16);
     let random = common::random_tokens(21, 300, 49152);
-    let text = development_text(&f32_loaded, 512);
+    let text = common::development_text(&f32_loaded, 512);
     let f32_model = &f32_loaded.model;
     for (kv, (tolerance, agree_pct, mean_kl)) in
         [(KvDtype::F16, F16_BOUNDS), (KvDtype::Q8_0, Q8_BOUNDS)]
@@ -227,27 +227,6 @@ fn rounded_kv_caches_stay_close_to_f32_on_the_real_model() {
         );
         assert!(on_text.mean_kl < mean_kl, "{kv}: on text {on_text:?}");
     }
-}
-
-/// The first `n` tokens of the development prompts' turns, one after another.
-fn development_text(loaded: &LoadedModel, n: usize) -> Vec<u32> {
-    let data = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/data/spec_bench_dev.jsonl"
-    ))
-    .unwrap();
-    let mut text = String::new();
-    for line in data.lines().take(40) {
-        let q: serde_json::Value = serde_json::from_str(line).unwrap();
-        for turn in q["turns"].as_array().unwrap() {
-            text.push_str(turn.as_str().unwrap());
-            text.push_str("\n\n");
-        }
-    }
-    let mut tokens = loaded.tokenizer.encode(&text, false).unwrap();
-    assert!(tokens.len() >= n, "{} tokens of text", tokens.len());
-    tokens.truncate(n);
-    tokens
 }
 
 #[derive(Debug)]

@@ -28,7 +28,7 @@ pub use forward_checks::{
     batched_equals_alone, forward_rows, kl_divergence, tree_equals_its_paths, tree_path, TEST_TREE,
 };
 #[allow(unused_imports)]
-pub use prompts::{chat_prompt, random_tokens, spec_bench_prompts};
+pub use prompts::{chat_prompt, development_text, random_tokens, spec_bench_prompts};
 #[allow(unused_imports)]
 pub use requests::{engine_request, fixed_gamma, generation_request, greedy_request};
 #[allow(unused_imports)]

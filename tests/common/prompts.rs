@@ -15,16 +15,10 @@ pub fn random_tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
 /// The first turns of the first `n` Spec-Bench dev questions of distinct categories, as chat
 /// prompts in the model's template.
 pub fn spec_bench_prompts(model: &LoadedModel, n: usize) -> Vec<Vec<u32>> {
-    let data = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/data/spec_bench_dev.jsonl"
-    ))
-    .unwrap();
     let mut seen = std::collections::HashSet::new();
     let template = model.tokenizer.chat_template().unwrap();
-    let prompts: Vec<Vec<u32>> = data
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+    let prompts: Vec<Vec<u32>> = dev_questions()
+        .into_iter()
         .filter(|q| seen.insert(q["category"].as_str().unwrap().to_owned()))
         .take(n)
         .map(|q| {
@@ -42,6 +36,34 @@ pub fn spec_bench_prompts(model: &LoadedModel, n: usize) -> Vec<Vec<u32>> {
         .collect();
     assert_eq!(prompts.len(), n);
     prompts
+}
+
+/// The first `n` tokens of the Spec-Bench dev questions' turns as plain text, one after
+/// another (no chat template): a real text to measure a forward's next-token distributions on.
+pub fn development_text(model: &LoadedModel, n: usize) -> Vec<u32> {
+    let mut text = String::new();
+    for q in dev_questions().iter().take(40) {
+        for turn in q["turns"].as_array().unwrap() {
+            text.push_str(turn.as_str().unwrap());
+            text.push_str("\n\n");
+        }
+    }
+    let mut tokens = model.tokenizer.encode(&text, false).unwrap();
+    assert!(tokens.len() >= n, "{} tokens of text", tokens.len());
+    tokens.truncate(n);
+    tokens
+}
+
+/// The project's Spec-Bench development questions, in file order.
+fn dev_questions() -> Vec<serde_json::Value> {
+    let data = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/spec_bench_dev.jsonl"
+    ))
+    .unwrap();
+    data.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 /// `question` as the user's turn in the default model's chat template, ready for its answer.

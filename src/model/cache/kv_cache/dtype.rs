@@ -31,6 +31,9 @@ impl KvDtype {
     }
 }
 
+/// The cache types `FromStr` takes, as its errors list them.
+const OFFERED: &str = "f32, f16 or q8_0";
+
 impl FromStr for KvDtype {
     type Err = String;
 
@@ -43,11 +46,9 @@ impl FromStr for KvDtype {
             "q4_0" | "q4_1" | "iq4_nl" | "q5_0" | "q5_1" => Err(format!(
                 "KV cache type {s:?} is not offered: keys of 4 or 5 bits move the model's \
                  next-token distribution far more than q8_0 does (docs/operations.md, \
-                 \"Memory for the KV caches\"); expected f32, f16 or q8_0"
+                 \"Memory for the KV caches\"); expected {OFFERED}"
             )),
-            _ => Err(format!(
-                "unknown KV cache type {s:?} (expected f32, f16 or q8_0)"
-            )),
+            _ => Err(format!("unknown KV cache type {s:?} (expected {OFFERED})")),
         }
     }
 }
