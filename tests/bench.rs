@@ -395,6 +395,61 @@ fn forward_bench_prints_costs_marginal_tokens_and_the_memory_bound() {
     );
 }
 
+/// `--against-kv-cache-dtype T` times every width on both cache types in one process: each
+/// type's table of widths and a ratio a width; a type it cannot run is refused naming the flag.
+#[test]
+fn forward_bench_compares_two_cache_types_in_one_run() {
+    common::default_model();
+    let run = |against: &str| {
+        common::tandem_command()
+            .args([
+                "forward-bench",
+                "--tokens",
+                "1,3",
+                "--depth",
+                "40",
+                "--repeats",
+                "2",
+            ])
+            .args(["--against-kv-cache-dtype", against])
+            .output()
+            .expect("tandem forward-bench runs")
+    };
+    let out = run("bf16");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("KV cache f16:") && text.contains("KV cache bf16, taking turns"),
+        "{text}"
+    );
+    let ratios: Vec<f64> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("| new tokens | bf16 against f16"))
+        .filter_map(|l| {
+            l.strip_prefix("| ")?
+                .split(" | ")
+                .nth(1)?
+                .strip_suffix("x |")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(ratios.len(), 2, "{text}");
+    assert!(ratios.iter().all(|r| r.is_finite() && *r > 0.0), "{text}");
+    assert!(text.contains("memory bound: a 1-token forward"), "{text}");
+    let out = run("q4_0");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--against-kv-cache-dtype") && err.contains("not offered"),
+        "{err}"
+    );
+}
+
 /// `--ops N` breaks the forward down: one row per operation with its time at 1 and N tokens,
 /// the matmuls against the kernel's measured multiply-add rate, and sampling with acceptance;
 /// the matmuls and attention take real time and the shares add up to the whole.

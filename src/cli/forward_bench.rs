@@ -46,13 +46,20 @@ pub struct ForwardBenchArgs {
     /// The head's reduced vocabulary for --head (0 = the whole vocabulary).
     #[arg(long, default_value_t = 8192)]
     draft_vocab: usize,
+    /// Also time every count with this KV cache type (the model loaded a second time), the two
+    /// types taking turns one forward at a time in this process, and print each count's time
+    /// against the first type's [default: none].
+    #[arg(long)]
+    against_kv_cache_dtype: Option<String>,
 }
 
 pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
     let loaded = load_model(config)?;
     let model = &loaded.model;
     let mut timer = ForwardTimer::fill(model, &args)?;
-    let depth = timer.depth;
+    if let Some(other) = &args.against_kv_cache_dtype {
+        return compare_cache_types(config, &args, &mut timer, other);
+    }
     let routed = model.hparams().experts;
     match routed {
         None => {
@@ -72,8 +79,51 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
     let (mut times, experts) = timer.time_widths(&args.tokens)?;
     let experts = routed.map(|_| experts);
     let base = print_widths(&args.tokens, &mut times, experts.as_deref());
+    finish(config, &args, &mut timer, base)
+}
+
+/// `--against-kv-cache-dtype`: the widths timed on the configured cache type and on `other`
+/// (the model loaded again with it), taking turns, each type's table and their ratios.
+fn compare_cache_types(
+    config: &Config,
+    args: &ForwardBenchArgs,
+    timer: &mut ForwardTimer<'_>,
+    other: &str,
+) -> Result<(), CliError> {
+    let mut against_config = config.clone();
+    against_config.model.kv_cache_dtype = other.to_string();
+    against_config.validate().map_err(|e| CliError::Flag {
+        flag: "--against-kv-cache-dtype",
+        reason: e.to_string(),
+    })?;
+    let against_loaded = load_model(&against_config)?;
+    let mut against = ForwardTimer::fill(&against_loaded.model, args)?;
+    let (mut times, mut other_times) = time_in_turns(timer, &mut against, &args.tokens)?;
+    let header =
+        "| new tokens | ms per forward | ms per token | cost vs 1 token | ms per extra token |";
+    let mine = timer.model.kv_dtype();
+    println!("KV cache {mine}:\n\n{header}\n|---|---|---|---|---|");
+    let base = print_widths(&args.tokens, &mut times, None);
+    println!("\nKV cache {other}, taking turns with the forwards above:\n\n{header}");
+    println!("|---|---|---|---|---|");
+    print_widths(&args.tokens, &mut other_times, None);
+    println!("\n| new tokens | {other} against {mine} (medians) |\n|---|---|");
+    for ((k, a), b) in args.tokens.iter().zip(&times).zip(&other_times) {
+        println!("| {k} | {:.3}x |", b[b.len() / 2] / a[a.len() / 2]);
+    }
+    finish(config, args, timer, base)
+}
+
+/// What follows the widths' table: the breakdown, the head's step and the memory bound.
+fn finish(
+    config: &Config,
+    args: &ForwardBenchArgs,
+    timer: &mut ForwardTimer<'_>,
+    base: Option<(usize, f64)>,
+) -> Result<(), CliError> {
+    let (model, depth) = (timer.model, timer.depth);
     if args.ops > 1 {
-        print_breakdown(&mut timer, args.ops)?;
+        print_breakdown(timer, args.ops)?;
     }
     if let (Some(dir), Some((_, one))) = (&args.head, base) {
         let step = time_head_step(model, dir, args.draft_vocab, depth, args.repeats)?;
@@ -85,9 +135,36 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
         );
     }
     if let Some(first) = base {
-        print_memory_bound(config, &timer, first);
+        print_memory_bound(config, timer, first);
     }
     Ok(())
+}
+
+/// Per width, its forward times in ms.
+type WidthTimes = Vec<Vec<f64>>;
+
+/// Each width's forward times in ms on two timers (two cache types), every width's forward on
+/// one then the other each round, so a drifting machine moves both alike.
+fn time_in_turns(
+    a: &mut ForwardTimer<'_>,
+    b: &mut ForwardTimer<'_>,
+    widths: &[usize],
+) -> Result<(WidthTimes, WidthTimes), CliError> {
+    let mut times = (
+        vec![Vec::new(); widths.len()],
+        vec![Vec::new(); widths.len()],
+    );
+    for r in 0..a.repeats + 1 {
+        for (i, &k) in widths.iter().enumerate() {
+            let (ta, tb) = (a.time_one(k, r + 1)?, b.time_one(k, r + 1)?);
+            if r > 0 {
+                // The first round warms caches.
+                times.0[i].push(ta);
+                times.1[i].push(tb);
+            }
+        }
+    }
+    Ok(times)
 }
 
 /// A cache filled to `depth` in one slot: every timed forward runs against it and is rolled
@@ -148,6 +225,16 @@ impl<'a> ForwardTimer<'a> {
             }],
         )?;
         Ok(())
+    }
+
+    /// One forward of `k` new tokens (ids salted by `salt`) at the depth, rolled back: its ms.
+    fn time_one(&mut self, k: usize, salt: usize) -> Result<f64, CliError> {
+        let toks = self.ids(k, salt);
+        let t = std::time::Instant::now();
+        self.forward(self.depth, &toks, LogitsRows::All)?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        self.cache.keep(self.slot, Kept::First(self.depth))?;
+        Ok(ms)
     }
 
     /// Each width's forward times in ms, `repeats` of them, and (a mixture of experts) the

@@ -40,6 +40,8 @@ mod tests {
         );
         let c = Config::from_toml("[model]\nkv_cache_dtype = \"F32\"").unwrap();
         assert_eq!(c.kv_cache_dtype(), KvDtype::F32);
+        let c = Config::from_toml("[model]\nkv_cache_dtype = \"bf16\"").unwrap();
+        assert_eq!(c.kv_cache_dtype(), KvDtype::Bf16);
         let e = Config::from_toml("[model]\ncontext_length = 1").unwrap_err();
         assert!(e.to_string().contains("model.context_length"), "{e}");
         let e = Config::from_toml("[model]\nbogus = 1").unwrap_err();

@@ -250,24 +250,24 @@ fn load_model(reader: &mut WeightReader, hp: Hparams, opts: &LoadOptions) -> Res
     .with_kv_dtype(opts.kv_dtype))
 }
 
-/// A q8_0 cache runs on the own CPU kernels only, in blocks of 32 that must not straddle
-/// heads.
+/// q8_0 and bf16 caches run on the own CPU kernels only, in blocks of 32 elements (a q8
+/// scale's; a register of bf16 pairs) that must not straddle heads.
 fn check_kv_dtype(kv_dtype: KvDtype, kind: ForwardKind, hp: &Hparams) -> Result<()> {
-    if kv_dtype != KvDtype::Q8_0 {
-        return Ok(());
-    }
+    let block = match kv_dtype {
+        KvDtype::Q8_0 => KvDtype::Q8_BLOCK,
+        KvDtype::Bf16 => crate::model::kernels::attention::BF16_BLOCK,
+        KvDtype::F32 | KvDtype::F16 => return Ok(()),
+    };
     if kind != ForwardKind::Own {
-        return Err(ModelError::BadConfig(
-            "kv_cache_dtype q8_0 runs on the own CPU kernels only (backend own, device cpu); \
-             this model runs on candle's tensors: use f16 or f32"
-                .into(),
-        ));
-    }
-    if !hp.head_dim.is_multiple_of(KvDtype::Q8_BLOCK) {
         return Err(ModelError::BadConfig(format!(
-            "kv_cache_dtype q8_0 needs a head size that is a multiple of {}; this model's is {}: \
-             use f16 or f32",
-            KvDtype::Q8_BLOCK,
+            "kv_cache_dtype {kv_dtype} runs on the own CPU kernels only (backend own, device \
+             cpu); this model runs on candle's tensors: use f16 or f32"
+        )));
+    }
+    if !hp.head_dim.is_multiple_of(block) {
+        return Err(ModelError::BadConfig(format!(
+            "kv_cache_dtype {kv_dtype} needs a head size that is a multiple of {block}; this \
+             model's is {}: use f16 or f32",
             hp.head_dim
         )));
     }

@@ -41,8 +41,8 @@
 //! * `head/`: draft heads (EAGLE): one decoder layer over the target's own hidden states and
 //!   embeddings, drafting through the target's output head or a reduced vocabulary of its
 //!   rows; read and written in EAGLE's published layout, and trained (`train`).
-//! * `cache/`: the explicit KV cache (`kv_cache`), f16, f32 or q8_0, with slots that can be truncated
-//!   when drafts are rejected or copied from one another, and the prefix cache: ended texts'
+//! * `cache/`: the explicit KV cache (`kv_cache`), f16, f32, bf16 or q8_0, with slots that can
+//!   be truncated when drafts are rejected or copied from one another, and the prefix cache: ended texts'
 //!   keys and values in a radix tree of token runs under a byte budget (`prefix_store`).
 //! * `error`: the layer's error type, apart from the module root so its children import no
 //!   parent.

@@ -51,6 +51,10 @@ impl Decoder {
                 let rows = vec![half::f16::from_f32(0.01); kv];
                 time(&mut |o| timed_call(shape, &q, rows.as_slice(), o))
             }
+            KvDtype::Bf16 => {
+                let rows = vec![half::bf16::from_f32(0.01); kv];
+                time(&mut |o| timed_call(shape, &q, rows.as_slice(), o))
+            }
             KvDtype::Q8_0 => {
                 let quants = vec![1i8; kv];
                 let scales = vec![0.01f32; kv.div_ceil(Q8Rows::BLOCK)];

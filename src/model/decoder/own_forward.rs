@@ -114,6 +114,7 @@ pub(crate) fn run_layers(
             match cache.layer(s.slot, l)? {
                 LayerKv::F32 { keys, values } => prefetch_cache(keys, values),
                 LayerKv::F16 { keys, values } => prefetch_cache(keys, values),
+                LayerKv::Bf16 { keys, values } => prefetch_cache(keys, values),
                 LayerKv::Q8 { keys, values } => prefetch_cache(keys, values),
             }
         }
@@ -282,6 +283,7 @@ impl QkvRows<'_, '_> {
             match cache.layer(s.slot, l)? {
                 LayerKv::F32 { keys, values } => at.attend(q, keys, values, out),
                 LayerKv::F16 { keys, values } => at.attend(q, keys, values, out),
+                LayerKv::Bf16 { keys, values } => at.attend(q, keys, values, out),
                 LayerKv::Q8 { keys, values } => at.attend(q, keys, values, out),
             }
             offset += n;

@@ -43,5 +43,8 @@ pub fn vector_level() -> Option<String> {
     if dot != DotIsa::Avx2 {
         parts.push(dot.name());
     }
+    if crate::model::kernels::attention::bf16_kernels_available() {
+        parts.push("AVX-512 BF16");
+    }
     Some(parts.join(", "))
 }

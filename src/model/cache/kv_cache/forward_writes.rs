@@ -40,6 +40,7 @@ impl KvCache {
         Ok(match (&keys[layer], &values[layer]) {
             (LayerBuf::F32(keys), LayerBuf::F32(values)) => LayerKv::F32 { keys, values },
             (LayerBuf::F16(keys), LayerBuf::F16(values)) => LayerKv::F16 { keys, values },
+            (LayerBuf::Bf16(keys), LayerBuf::Bf16(values)) => LayerKv::Bf16 { keys, values },
             (LayerBuf::Q8(keys), LayerBuf::Q8(values)) => LayerKv::Q8 {
                 keys: keys.rows(),
                 values: values.rows(),

@@ -3,9 +3,10 @@
 //!
 //! Memory laid out token-major (`[pos][kv_head][head_dim]`), so appending a round's tokens is a
 //! copy and dropping rejected tokens is a length change that keeps the allocation for reuse.
-//! Elements are f32, f16 or q8_0 ([`KvDtype`]): attention over a deep cache is bound by
+//! Elements are f32, f16, bf16 or q8_0 ([`KvDtype`]): attention over a deep cache is bound by
 //! reading it, and f16 halves both the reads and the memory a sequence holds (llama.cpp's
-//! default cache type too), q8_0 (`q8`) about quarters them. Keys and values are rounded once,
+//! default cache type too), bf16 as well (with attention on bf16 pairs), q8_0 (`q8`) about
+//! quarters them. Keys and values are rounded once,
 //! when they are appended, so a token's cached values are the same bits however it was
 //! batched: greedy parity does not depend on the type.
 //!

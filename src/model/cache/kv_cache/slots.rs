@@ -76,7 +76,7 @@ impl KvCache {
                 KvDtype::F32 => DType::F32,
                 // Refused at load (`kv_cache_dtype`); f16 keeps a caller who got past that
                 // working.
-                KvDtype::F16 | KvDtype::Q8_0 => DType::F16,
+                KvDtype::F16 | KvDtype::Bf16 | KvDtype::Q8_0 => DType::F16,
             },
             device: device.clone(),
         });

@@ -82,6 +82,10 @@ fn contents(cache: &KvCache, slot: usize) -> Vec<Vec<f32>> {
                     out.push(keys.iter().map(|x| x.to_f32()).collect());
                     out.push(values.iter().map(|x| x.to_f32()).collect());
                 }
+                LayerKv::Bf16 { keys, values } => {
+                    out.push(keys.iter().map(|x| x.to_f32()).collect());
+                    out.push(values.iter().map(|x| x.to_f32()).collect());
+                }
                 LayerKv::Q8 { keys, values } => {
                     for rows in [keys, values] {
                         out.push((0..rows.elements()).map(|i| rows.get(i)).collect());
@@ -102,6 +106,10 @@ fn caches() -> Vec<(&'static str, KvCache)> {
         (
             "host f16",
             KvCache::new(LAYERS, KV_DIM, 6, 256, KvDtype::F16),
+        ),
+        (
+            "host bf16",
+            KvCache::new(LAYERS, KV_DIM, 6, 256, KvDtype::Bf16),
         ),
         (
             "host q8_0",

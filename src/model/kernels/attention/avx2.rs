@@ -21,6 +21,11 @@ unsafe fn load8<K: KvRows>(rows: K, i: usize) -> __m256 {
     match K::FORM {
         KvForm::F32 => _mm256_loadu_ps(p.cast::<f32>().add(i)),
         KvForm::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<u16>().add(i).cast())),
+        // bf16 is f32's upper half: widened exactly by a shift.
+        KvForm::Bf16 => {
+            let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast::<u16>().add(i).cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+        }
         KvForm::Q8 => {
             let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(i).cast()));
             _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(rows.scale(i)))

@@ -25,6 +25,11 @@ pub(super) unsafe fn load16<K: KvRows>(rows: K, i: usize) -> __m512 {
     match K::FORM {
         KvForm::F32 => _mm512_loadu_ps(p.cast::<f32>().add(i)),
         KvForm::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast::<u16>().add(i).cast())),
+        // bf16 is f32's upper half: widened exactly by a shift.
+        KvForm::Bf16 => {
+            let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast::<u16>().add(i).cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
+        }
         KvForm::Q8 => {
             let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(i).cast()));
             _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(rows.scale(i)))

@@ -13,6 +13,25 @@ use super::{scaled_dots, softmax_weights};
 /// bits in a deep call.
 #[test]
 fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
+    deep_contexts_case(half::f16::from_f32, half::f16::to_f64, 1e-5);
+}
+
+/// The same on a bf16 cache, whose arithmetic is its own (`bf16_pairs`: queries and weights
+/// rounded to bf16, pairs of products): every row the same bits whichever call computes it,
+/// the tree's chain included (its path's value rows paired as the chain's), and within bf16's
+/// rounding of the plain softmax.
+#[test]
+fn a_bf16_cache_merges_segments_the_same_whichever_call_computes_a_row() {
+    deep_contexts_case(super::round_bf16, half::bf16::to_f64, 1e-2);
+}
+
+fn deep_contexts_case<T: Copy + Send + Sync>(
+    store: impl Fn(f32) -> T,
+    wide: impl Fn(T) -> f64,
+    tolerance: f64,
+) where
+    for<'a> &'a [T]: super::KvRows,
+{
     use super::{causal_attention, tree_attention, AttnShape, SEGMENT};
     let shape = AttnShape {
         num_heads: 9,
@@ -21,11 +40,9 @@ fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
     };
     let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
     let total = 4 * SEGMENT + 300;
-    let keys: Vec<half::f16> = (0..total * kv_dim)
-        .map(|i| half::f16::from_f32(noise(2 * i)))
-        .collect();
-    let values: Vec<half::f16> = (0..total * kv_dim)
-        .map(|i| half::f16::from_f32(noise(2 * i + 1)))
+    let keys: Vec<T> = (0..total * kv_dim).map(|i| store(noise(2 * i))).collect();
+    let values: Vec<T> = (0..total * kv_dim)
+        .map(|i| store(noise(2 * i + 1)))
         .collect();
     let q_at = |pos: usize| -> Vec<f32> {
         (0..q_dim)
@@ -110,7 +127,7 @@ fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
         let scores: Vec<f64> = (0..=pos)
             .map(|j| {
                 (0..64)
-                    .map(|d| q[h * 64 + d] as f64 * keys[j * kv_dim + kv + d].to_f64())
+                    .map(|d| q[h * 64 + d] as f64 * wide(keys[j * kv_dim + kv + d]))
                     .sum::<f64>()
                     / 8.0
             })
@@ -122,11 +139,11 @@ fn deep_contexts_merge_segments_the_same_whichever_call_computes_a_row() {
             let want: f64 = scores
                 .iter()
                 .enumerate()
-                .map(|(j, s)| (s - max).exp() / total_weight * values[j * kv_dim + kv + d].to_f64())
+                .map(|(j, s)| (s - max).exp() / total_weight * wide(values[j * kv_dim + kv + d]))
                 .sum();
             let got = out[h * 64 + d] as f64;
             assert!(
-                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                (got - want).abs() <= tolerance * (1.0 + want.abs()),
                 "head {h}, value {d}: {got} against {want}"
             );
         }

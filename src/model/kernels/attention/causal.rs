@@ -5,8 +5,8 @@
 //! built of are in `loops`.
 
 use super::loops::{
-    accumulate_values_heads, finish_values, scaled_dots_heads, softmax_sum, softmax_weights,
-    vertical_scores, widen_rows, SHARED_HEADS,
+    accumulate_paired, accumulate_values_heads, finish_values, pair_rows, scaled_dots_heads,
+    softmax_sum, softmax_weights, vertical_scores, widen_rows, SHARED_HEADS,
 };
 use super::q8_query::{rounded_for, Q8Queries};
 use super::q8_scores;
@@ -275,10 +275,24 @@ fn attend_all<K: KvRows>(
             // again) for all of them.
             let widen = vertical && nm >= WIDEN_UNITS && K::FORM != KvForm::F32;
             let mut widened = None;
+            // bf16 values: a run's chunk of rows paired once for every member (`bf16_pairs`),
+            // where it would be widened.
+            let mut paired = None;
             each_chunk(&mut |row, heads, u, j0, len| {
                 let weights = &scores[row * stride + j0 - first..];
                 let sums = &mut acc[row * 2 * head_dim..][..heads * 2 * head_dim];
                 let at = (j0, kv_off(u));
+                if widen && K::FORM == KvForm::Bf16 {
+                    if paired != Some(at) {
+                        let n = chunk.min(end - j0);
+                        let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off(u)));
+                        paired = pair_rows(rows, n, head_dim, kt).then_some(at);
+                    }
+                    if paired == Some(at) {
+                        accumulate_paired((weights, stride), len, heads, kt, sums);
+                        return;
+                    }
+                }
                 if widen && widened != Some(at) {
                     let n = chunk.min(end - j0);
                     let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off(u)));

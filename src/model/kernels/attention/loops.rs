@@ -3,12 +3,12 @@
 //! runs: what `causal` and `tree_attention` call, so that a loop's instruction set is chosen in
 //! one place and every form gives the scalar definition's bits.
 
-use super::scalar;
-use super::shared::KvRows;
 #[cfg(target_arch = "x86_64")]
 use super::shared::{simd_available, wide_available};
+use super::shared::{KvForm, KvRows};
 #[cfg(target_arch = "x86_64")]
-use super::{avx2, avx512, vertical};
+use super::{avx2, avx512, bf16_avx512, vertical};
+use super::{bf16_pairs, scalar};
 
 /// `scores[j] = dot(q, key j) * scale` for every key `j < scores.len()`, where key `j` is
 /// `keys[j * stride + offset..][..q.len()]`.
@@ -25,6 +25,9 @@ pub(super) fn scaled_dots<K: KvRows>(
     scale: f32,
     scores: &mut [f32],
 ) {
+    if K::FORM == KvForm::Bf16 {
+        return bf16_pairs::scaled_dots(q, keys, (stride, offset), scale, scores);
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if q.len().is_multiple_of(16) && simd_available() {
@@ -87,6 +90,9 @@ pub(super) fn accumulate_values<K: KvRows>(
     acc: &mut [f32],
 ) {
     let dim = acc.len() / 2;
+    if K::FORM == KvForm::Bf16 {
+        return bf16_pairs::accumulate_values(weights, values, (stride, offset), acc);
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if dim.is_multiple_of(32) && simd_available() {
@@ -144,8 +150,39 @@ pub(super) fn scaled_dots_heads<K: KvRows>(
     assert!(heads > 0 && heads <= SHARED_HEADS && q.len() == heads * dim);
     assert!(n == 0 || scores.len() >= (heads - 1) * score_stride + n);
     #[cfg(target_arch = "x86_64")]
+    if K::FORM == KvForm::Bf16 && heads > 1 && super::bf16_avx512::available() {
+        assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.elements());
+        bf16_pairs::with_rounded(q, |q| {
+            let out = (scores, score_stride);
+            // SAFETY: AVX-512 BF16 was checked; every key read is inside `keys` and every score
+            // written inside `scores` (asserted above).
+            unsafe {
+                match heads {
+                    2 => bf16_avx512::scaled_dots_shared::<K, 2>(
+                        q,
+                        keys,
+                        (stride, offset),
+                        scale,
+                        out,
+                        n,
+                    ),
+                    _ => bf16_avx512::scaled_dots_shared::<K, 3>(
+                        q,
+                        keys,
+                        (stride, offset),
+                        scale,
+                        out,
+                        n,
+                    ),
+                }
+            }
+        });
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     {
-        if heads > 1 && dim.is_multiple_of(16) && simd_available() && wide_available() {
+        let shared = heads > 1 && K::FORM != KvForm::Bf16;
+        if shared && dim.is_multiple_of(16) && simd_available() && wide_available() {
             assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.elements());
             // SAFETY: AVX-512 was checked; every key read is inside `keys` and every score
             // written inside `scores` (asserted above).
@@ -191,8 +228,15 @@ pub(super) fn accumulate_values_heads<K: KvRows>(
     assert!(heads > 0 && heads <= SHARED_HEADS && acc.len() == heads * 2 * dim);
     assert!(n == 0 || weights.len() >= (heads - 1) * weight_stride + n);
     #[cfg(target_arch = "x86_64")]
+    if K::FORM == KvForm::Bf16 && dim.is_multiple_of(32) && super::bf16_avx512::available() {
+        let at = (stride, offset);
+        super::bf16_avx512::accumulate_rows((weights, weight_stride), n, heads, values, at, acc);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     {
-        if heads > 1 && dim.is_multiple_of(64) && simd_available() && wide_available() {
+        let shared = heads > 1 && K::FORM != KvForm::Bf16;
+        if shared && dim.is_multiple_of(64) && simd_available() && wide_available() {
             assert!(n == 0 || (n - 1) * stride + offset + dim <= values.elements());
             // SAFETY: AVX-512 was checked; every value read is inside `values`, every weight
             // inside `weights` and every sum inside `acc` (asserted above).
@@ -259,8 +303,18 @@ pub(super) fn vertical_scores<'q, K: KvRows>(
     #[cfg(target_arch = "x86_64")]
     {
         assert!(n <= vertical::CHUNK);
-        let able = simd_available() && wide_available();
         let q = (units, query);
+        if K::FORM == KvForm::Bf16 {
+            let dim = query(0).len();
+            let able = units >= vertical::VERTICAL_UNITS && dim.is_multiple_of(32);
+            if able && super::bf16_avx512::available() {
+                let out = (out, out_stride);
+                super::bf16_avx512::transposed_scores(keys, (stride, offset), n, q, scale, out, kt);
+                return true;
+            }
+            return false;
+        }
+        let able = simd_available() && wide_available();
         able && vertical::transposed_scores(
             keys,
             (stride, offset),
@@ -280,7 +334,8 @@ pub(super) fn vertical_scores<'q, K: KvRows>(
     }
 }
 
-/// [`vertical::widen_rows`] where it runs; returns whether it did.
+/// [`vertical::widen_rows`] where it runs; returns whether it did (never for bf16 rows, whose
+/// arithmetic is not f32's).
 pub(super) fn widen_rows<K: KvRows>(
     (rows, at): (K, (usize, usize)),
     n: usize,
@@ -289,11 +344,50 @@ pub(super) fn widen_rows<K: KvRows>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        simd_available() && wide_available() && vertical::widen_rows(rows, at, n, dim, out)
+        K::FORM != KvForm::Bf16
+            && simd_available()
+            && wide_available()
+            && vertical::widen_rows(rows, at, n, dim, out)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (rows, at, n, dim, out);
         false
+    }
+}
+
+/// `bf16_avx512::pair_rows` where it runs (bf16 rows, AVX-512 BF16); returns whether it did.
+pub(super) fn pair_rows<K: KvRows>(
+    (rows, at): (K, (usize, usize)),
+    n: usize,
+    dim: usize,
+    out: &mut Vec<f32>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::bf16_avx512::pair_rows(rows, at, n, dim, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (rows, at, n, dim, out);
+        false
+    }
+}
+
+/// `bf16_avx512::accumulate_paired` over rows [`pair_rows`] paired (only after it said it
+/// did): the bits of [`accumulate_values_heads`] on the rows themselves.
+pub(super) fn accumulate_paired(
+    weights: (&[f32], usize),
+    n: usize,
+    heads: usize,
+    paired: &[f32],
+    acc: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    super::bf16_avx512::accumulate_paired(weights, n, heads, paired, acc);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (weights, n, heads, paired, acc);
+        unreachable!("rows are paired only on x86-64");
     }
 }

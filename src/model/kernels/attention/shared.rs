@@ -1,5 +1,5 @@
 //! What the attention kernels share, so that the scalar definitions and the vector kernels
-//! agree bit for bit: the rows they read ([`KvRows`]: f32, f16 or q8_0), the fixed eight-lane
+//! agree bit for bit: the rows they read ([`KvRows`]: f32, f16, bf16 or q8_0), the fixed eight-lane
 //! reduction ([`lane_sum`], and [`reduce_eight_keys`] for eight keys in registers); the
 //! softmax exponential is `crate::model::kernels::fast_exp`'s; `accumulate_values` written
 //! once for the AVX2 and AVX-512 widths; the prefetch of the rows a kernel reads next
@@ -12,6 +12,8 @@ pub enum KvForm {
     F32,
     /// IEEE half precision: the vector paths widen it as they load, by one instruction.
     F16,
+    /// bfloat16 (f32's upper half): its own arithmetic, on bf16 pairs (`bf16_pairs`).
+    Bf16,
     /// Signed bytes, each 32 of them (from the view's first row) with one f32 scale: an
     /// element is `scale · q`, exact in f32 (see [`Q8Rows`]).
     Q8,
@@ -23,7 +25,7 @@ impl KvForm {
     pub(super) const fn element_bytes(self) -> usize {
         match self {
             KvForm::F32 => 4,
-            KvForm::F16 => 2,
+            KvForm::F16 | KvForm::Bf16 => 2,
             KvForm::Q8 => 1,
         }
     }
@@ -86,6 +88,7 @@ macro_rules! float_rows {
 }
 float_rows!(f32, F32, |x: f32| x);
 float_rows!(half::f16, F16, |x: half::f16| x.to_f32());
+float_rows!(half::bf16, Bf16, |x: half::bf16| x.to_f32());
 
 /// A q8_0 cache's keys or values: `quants[i]` scaled by `scales[i / 32]` (indices from the
 /// buffer's first element), viewed from element `start`.

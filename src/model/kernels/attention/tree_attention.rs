@@ -11,6 +11,7 @@
 
 use super::q8_query::{rounded_for, Q8Queries};
 use super::q8_scores::scaled_q8_dots;
+use super::shared::KvForm;
 use super::KvRows;
 use super::{
     accumulate_values, finish_values, merge_segments, scaled_dots, softmax_sum, softmax_weights,
@@ -103,6 +104,16 @@ fn attend_nodes<K: KvRows>(
         // Keys `range`'s weighted values into `acc` (even and odd sums), as the chunked
         // kernels add them: the cache's rows by `accumulate_values`, the path's one by one.
         let add_values = |range: std::ops::Range<usize>, weights: &[f32], acc: &mut [f32]| {
+            if K::FORM == KvForm::Bf16 {
+                return add_paired_values(
+                    range,
+                    weights,
+                    (values, kv_dim, kv_off),
+                    path,
+                    start_pos,
+                    acc,
+                );
+            }
             let cached = range.start..range.end.min(start_pos);
             if !cached.is_empty() {
                 let base = values.skip(cached.start * kv_dim);
@@ -165,4 +176,40 @@ fn attend_nodes<K: KvRows>(
     } else {
         crate::model::kernels::parallel::for_each_chunk(units, run);
     }
+}
+
+/// A bf16 cache's value sums for keys `range` of a node's sequence (`bf16_pairs` pairs
+/// neighbouring keys, so the path's rows cannot be added one by one): the cache's rows up to a
+/// multiple of 4 keys from the range's start as they lie, then the rest, a last few cache rows
+/// and the path's, gathered in the path's order. Pair parity counts from the range's start (a
+/// segment's), as the causal kernel's chunks count it.
+fn add_paired_values<K: KvRows>(
+    range: std::ops::Range<usize>,
+    weights: &[f32],
+    (values, kv_dim, kv_off): (K, usize, usize),
+    path: &[usize],
+    start_pos: usize,
+    acc: &mut [f32],
+) {
+    let head_dim = acc.len() / 2;
+    let cached_end = range.end.min(start_pos).max(range.start);
+    let split = range.start + (cached_end - range.start) / 4 * 4;
+    if split > range.start {
+        let base = values.skip(range.start * kv_dim);
+        accumulate_values(&weights[..split - range.start], base, kv_dim, kv_off, acc);
+    }
+    let row = |j: usize| {
+        if j < start_pos {
+            j
+        } else {
+            start_pos + path[j - start_pos]
+        }
+    };
+    // Exact: the values are bf16 already.
+    let gathered: Vec<half::bf16> = (split..range.end)
+        .flat_map(|j| (0..head_dim).map(move |d| row(j) * kv_dim + kv_off + d))
+        .map(|i| half::bf16::from_f32(values.get(i)))
+        .collect();
+    let rest = &weights[split - range.start..][..range.end - split];
+    accumulate_values(rest, gathered.as_slice(), head_dim, 0, acc);
 }

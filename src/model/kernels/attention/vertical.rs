@@ -21,7 +21,7 @@ pub(super) const CHUNK: usize = 64;
 /// The fewest units that take their scores from keys transposed along the lanes
 /// (`vertical`): the transposition costs about 16 instructions a key, and each unit then
 /// saves about 3 of the ~9 a score costs with a key in the lanes.
-const VERTICAL_UNITS: usize = 8;
+pub(super) const VERTICAL_UNITS: usize = 8;
 
 /// `super::loops::vertical_scores` where AVX-512 runs (the caller checks): computed on keys
 /// transposed into `kt` when the head size is a multiple of 16 and the units are

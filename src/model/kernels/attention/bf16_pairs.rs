@@ -1,0 +1,178 @@
+//! Attention arithmetic on a bf16 cache: products of bf16 pairs summed into f32, as the
+//! AVX-512 BF16 instruction `vdpbf16ps` computes them, defined here in scalar code.
+//!
+//! Why it exists: an 8-token verification at depth is bound by its multiply-adds, not by its
+//! reads, and `vdpbf16ps` does two of them a lane where `vfmadd231ps` does one, at about the
+//! same rate. Its arithmetic is not f32's (both factors are bf16, and each instruction sums a
+//! lane's two products into its accumulator, subnormals flushed), so a bf16 cache has a
+//! definition of its own: queries and softmax weights rounded to bf16 as they are used, keys
+//! and values rounded as they are stored. The vector kernel (`bf16_avx512`) gives these bits
+//! exactly; where it cannot run this scalar definition does (the same bits, slower), so batch
+//! invariance and greedy parity hold on every CPU.
+//!
+//! One lane's step ([`dp`]), matched bit for bit against the instruction on Zen 5 on 3.2 M
+//! random lanes: `acc ← flush(fma(a₀, b₀, flush(fma(a₁, b₁, acc))))`, where `a₁, b₁` are the
+//! pair's odd (high) halves and `flush` takes subnormal results to zero.
+//!
+//! - Scores: the dot of a query and a key of `dim` elements (a multiple of 32) is sixteen
+//!   chains, chain `l` over the pairs `16c + l` (elements `32c + 2l` and `32c + 2l + 1`),
+//!   folded as the f32 `dot` folds its lanes (`l + l+8`, then `lane_sum`).
+//! - Value sums: keys `j, j + 1` (`j` even, counted from the sequence's first key) are one
+//!   pair, pair `t` into the even sums when `t` is even, else the odd ones; a last key alone
+//!   is a pair with a zero weight and a zero row. `(even + odd) · inv` finishes them, as for
+//!   f32.
+
+use half::bf16;
+
+use super::shared::{lane_sum, KvForm, KvRows};
+
+/// Elements of a head a bf16 cache needs whole multiples of: 16 pairs, one register.
+pub const BF16_BLOCK: usize = 32;
+
+/// `x` rounded to bf16 as `vcvtne2ps2bf16` rounds it: to nearest, ties to even; subnormals to
+/// a zero of their sign; a NaN stays a (quiet) NaN.
+#[inline]
+pub fn round(x: f32) -> bf16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return bf16::from_bits(((bits >> 16) as u16) | 0x40);
+    }
+    if bits & 0x7f80_0000 == 0 {
+        return bf16::from_bits(((bits >> 16) as u16) & 0x8000);
+    }
+    let bias = 0x7fff + ((bits >> 16) & 1);
+    bf16::from_bits((bits.wrapping_add(bias) >> 16) as u16)
+}
+
+/// A subnormal to a zero of its sign; anything else as it is.
+#[inline]
+fn flush(x: f32) -> f32 {
+    if x.abs() < f32::MIN_POSITIVE {
+        0f32.copysign(x)
+    } else {
+        x
+    }
+}
+
+/// bf16 bits widened to f32, subnormals read as zero.
+#[inline]
+fn widen(b: u16) -> f32 {
+    flush(f32::from_bits(u32::from(b) << 16))
+}
+
+/// One lane of `vdpbf16ps`: `acc` plus the pair `(a₀, a₁) · (b₀, b₁)`, the odd product first.
+#[inline]
+pub(super) fn dp(acc: f32, a: [u16; 2], b: [u16; 2]) -> f32 {
+    let odd = flush(widen(a[1]).mul_add(widen(b[1]), flush(acc)));
+    flush(widen(a[0]).mul_add(widen(b[0]), odd))
+}
+
+/// The bits of a bf16 view's element `i`.
+#[inline]
+fn bits<K: KvRows>(rows: K, i: usize) -> u16 {
+    debug_assert!(K::FORM == KvForm::Bf16 && i < rows.elements());
+    // SAFETY: a bf16 view's base holds `elements()` u16s; `i` is inside (asserted by callers).
+    unsafe { *rows.base().cast::<u16>().add(i) }
+}
+
+/// `q` rounded to bf16 bits, into `out` (cleared first): by `vcvtne2ps2bf16` where it runs.
+pub(super) fn round_into(q: &[f32], out: &mut Vec<u16>) {
+    #[cfg(target_arch = "x86_64")]
+    if super::bf16_avx512::available() {
+        out.resize(q.len(), 0);
+        // SAFETY: AVX-512 BF16 was checked; `out` is as long as `q`.
+        unsafe { super::bf16_avx512::round_slice(q, out) };
+        return;
+    }
+    out.clear();
+    out.extend(q.iter().map(|&x| round(x).to_bits()));
+}
+
+/// The scalar form of the bf16 score: query bits `q` (a multiple of 32 long) against the key
+/// at element `at` of `rows`.
+pub(super) fn dot<K: KvRows>(q: &[u16], rows: K, at: usize) -> f32 {
+    assert!(q.len().is_multiple_of(BF16_BLOCK) && at + q.len() <= rows.elements());
+    let mut lanes = [0f32; 16];
+    for c in 0..q.len() / BF16_BLOCK {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let e = BF16_BLOCK * c + 2 * l;
+            let k = [bits(rows, at + e), bits(rows, at + e + 1)];
+            *lane = dp(*lane, [q[e], q[e + 1]], k);
+        }
+    }
+    let folded: [f32; 8] = std::array::from_fn(|l| lanes[l] + lanes[l + 8]);
+    lane_sum(&folded)
+}
+
+/// `scores[j] = dot(q, key j) · scale` on a bf16 cache (`super::loops::scaled_dots`' bf16
+/// form), the query rounded here.
+pub(super) fn scaled_dots<K: KvRows>(
+    q: &[f32],
+    keys: K,
+    (stride, offset): (usize, usize),
+    scale: f32,
+    scores: &mut [f32],
+) {
+    with_rounded(q, |q| {
+        #[cfg(target_arch = "x86_64")]
+        if super::bf16_avx512::available() {
+            assert!(
+                scores.is_empty()
+                    || (scores.len() - 1) * stride + offset + q.len() <= keys.elements()
+            );
+            // SAFETY: AVX-512 BF16 was checked; every key read is inside `keys` (asserted).
+            unsafe { super::bf16_avx512::scaled_dots(q, keys, (stride, offset), scale, scores) };
+            return;
+        }
+        for (j, s) in scores.iter_mut().enumerate() {
+            *s = dot(q, keys, j * stride + offset) * scale;
+        }
+    })
+}
+
+/// Calls `f` with `q` rounded to bf16 bits, in the calling thread's buffer (a forward's calls
+/// reuse it, so it allocates only while it grows).
+pub(super) fn with_rounded<R>(q: &[f32], f: impl FnOnce(&[u16]) -> R) -> R {
+    thread_local! {
+        static ROUNDED: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    ROUNDED.with_borrow_mut(|buf| {
+        round_into(q, buf);
+        f(buf)
+    })
+}
+
+/// The bf16 form of `super::loops::accumulate_values`: keys paired (`weights` starts at an
+/// even key of the sequence), the weights rounded to bf16 here.
+pub(super) fn accumulate_values<K: KvRows>(
+    weights: &[f32],
+    values: K,
+    (stride, offset): (usize, usize),
+    acc: &mut [f32],
+) {
+    let dim = acc.len() / 2;
+    assert!(weights.is_empty() || (weights.len() - 1) * stride + offset + dim <= values.elements());
+    #[cfg(target_arch = "x86_64")]
+    if dim.is_multiple_of(BF16_BLOCK) && super::bf16_avx512::available() {
+        let n = weights.len();
+        super::bf16_avx512::accumulate_rows((weights, 0), n, 1, values, (stride, offset), acc);
+        return;
+    }
+    let (even, odd) = acc.split_at_mut(dim);
+    for (t, pair) in weights.chunks(2).enumerate() {
+        let sums = if t % 2 == 0 { &mut *even } else { &mut *odd };
+        let w = [
+            round(pair[0]).to_bits(),
+            pair.get(1).map_or(0, |&w| round(w).to_bits()),
+        ];
+        let (r0, r1) = (2 * t * stride + offset, (2 * t + 1) * stride + offset);
+        for (d, o) in sums.iter_mut().enumerate() {
+            let v1 = if pair.len() == 2 {
+                bits(values, r1 + d)
+            } else {
+                0
+            };
+            *o = dp(*o, w, [bits(values, r0 + d), v1]);
+        }
+    }
+}
