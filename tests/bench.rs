@@ -396,26 +396,32 @@ fn forward_bench_prints_costs_marginal_tokens_and_the_memory_bound() {
 }
 
 /// `--against-kv-cache-dtype T` times every width on both cache types in one process: each
-/// type's table of widths and a ratio a width; a type it cannot run is refused naming the flag.
+/// type's table of widths and a ratio a width; a type it cannot run is refused naming the flag,
+/// and a bf16 cache where AVX-512 BF16 does not run (turned off here) naming the instruction set.
 #[test]
 fn forward_bench_compares_two_cache_types_in_one_run() {
     common::default_model();
-    let run = |against: &str| {
-        common::tandem_command()
-            .args([
-                "forward-bench",
-                "--tokens",
-                "1,3",
-                "--depth",
-                "40",
-                "--repeats",
-                "2",
-            ])
+    let run = |against: &str, avx512: bool| {
+        let mut command = common::tandem_command();
+        if !avx512 {
+            command.env("TANDEM_DISABLE_AVX512", "1");
+        }
+        let args = [
+            "forward-bench",
+            "--tokens",
+            "1,3",
+            "--depth",
+            "40",
+            "--repeats",
+            "2",
+        ];
+        command
+            .args(args)
             .args(["--against-kv-cache-dtype", against])
             .output()
             .expect("tandem forward-bench runs")
     };
-    let out = run("bf16");
+    let out = run("q8_0", true);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -423,12 +429,12 @@ fn forward_bench_compares_two_cache_types_in_one_run() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("KV cache f16:") && text.contains("KV cache bf16, taking turns"),
+        text.contains("KV cache f16:") && text.contains("KV cache q8_0, taking turns"),
         "{text}"
     );
     let ratios: Vec<f64> = text
         .lines()
-        .skip_while(|l| !l.starts_with("| new tokens | bf16 against f16"))
+        .skip_while(|l| !l.starts_with("| new tokens | q8_0 against f16"))
         .filter_map(|l| {
             l.strip_prefix("| ")?
                 .split(" | ")
@@ -441,11 +447,18 @@ fn forward_bench_compares_two_cache_types_in_one_run() {
     assert_eq!(ratios.len(), 2, "{text}");
     assert!(ratios.iter().all(|r| r.is_finite() && *r > 0.0), "{text}");
     assert!(text.contains("memory bound: a 1-token forward"), "{text}");
-    let out = run("q4_0");
+    let out = run("q4_0", true);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("--against-kv-cache-dtype") && err.contains("not offered"),
+        "{err}"
+    );
+    let out = run("bf16", false);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("kv_cache_dtype bf16") && err.contains("AVX-512 BF16"),
         "{err}"
     );
 }

@@ -33,7 +33,7 @@ pub struct ModelArgs {
     #[arg(long, env = "TANDEM_CONTEXT_LENGTH")]
     context_length: Option<usize>,
     /// KV cache element type of both models: f16, f32, bf16 or q8_0 (bf16 and q8_0: own CPU
-    /// kernels only; bf16 wants AVX-512 BF16)
+    /// kernels only; bf16 needs AVX-512 BF16)
     /// [default: model.kv_cache_dtype, f16].
     #[arg(long, env = "TANDEM_KV_CACHE_DTYPE")]
     kv_cache_dtype: Option<String>,

@@ -251,7 +251,7 @@ fn load_model(reader: &mut WeightReader, hp: Hparams, opts: &LoadOptions) -> Res
 }
 
 /// q8_0 and bf16 caches run on the own CPU kernels only, in blocks of 32 elements (a q8
-/// scale's; a register of bf16 pairs) that must not straddle heads.
+/// scale's; a register of bf16 pairs) that must not straddle heads; bf16 on AVX-512 BF16.
 fn check_kv_dtype(kv_dtype: KvDtype, kind: ForwardKind, hp: &Hparams) -> Result<()> {
     let block = match kv_dtype {
         KvDtype::Q8_0 => KvDtype::Q8_BLOCK,
@@ -270,6 +270,15 @@ fn check_kv_dtype(kv_dtype: KvDtype, kind: ForwardKind, hp: &Hparams) -> Result<
              model's is {}: use f16 or f32",
             hp.head_dim
         )));
+    }
+    // Without the instruction its arithmetic runs as scalar code: the same bits, but a step at
+    // depth 2048 took 23 times f16's (AVX2 on Zen 5), a trap rather than a choice.
+    if kv_dtype == KvDtype::Bf16 && !crate::model::kernels::attention::bf16_kernels_available() {
+        return Err(ModelError::BadConfig(
+            "kv_cache_dtype bf16 needs a CPU with AVX-512 BF16 (its attention multiplies bf16 \
+             pairs with vdpbf16ps); this one has none, or TANDEM_DISABLE_AVX512 is set: use f16"
+                .into(),
+        ));
     }
     Ok(())
 }
