@@ -40,7 +40,7 @@ pub(super) unsafe fn load16<K: KvRows>(rows: K, i: usize) -> __m512 {
 /// The sixteen lanes of one key's products folded to eight (`lane i + lane i+8`).
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 #[inline]
-unsafe fn halves_sum(z: __m512) -> __m256 {
+pub(super) unsafe fn halves_sum(z: __m512) -> __m256 {
     let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(z)));
     _mm256_add_ps(_mm512_castps512_ps256(z), high)
 }

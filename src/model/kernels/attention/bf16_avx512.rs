@@ -11,6 +11,7 @@
 
 use std::arch::x86_64::*;
 
+use super::avx512::halves_sum;
 use super::shared::{lane_sum, prefetch_row, reduce_eight_keys, KvForm, KvRows, PREFETCH_ROWS};
 use super::vertical::{transpose16, CHUNK};
 
@@ -48,14 +49,6 @@ pub(super) unsafe fn round_slice(src: &[f32], dst: &mut [u16]) {
     for i in whole..src.len() {
         dst[i] = super::bf16_pairs::round(src[i]).to_bits();
     }
-}
-
-/// The 16 lanes of one key's chains folded to eight (`lane l + lane l+8`).
-#[target_feature(enable = "avx512f,avx512vl,avx2")]
-#[inline]
-unsafe fn halves_sum(z: __m512) -> __m256 {
-    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(z)));
-    _mm256_add_ps(_mm512_castps512_ps256(z), high)
 }
 
 /// See `bf16_pairs::scaled_dots`: `q` is bf16 bits, a multiple of 32 long, and every key read
@@ -216,20 +209,7 @@ unsafe fn vertical_scores<const M: usize>(
             }
             acc
         };
-        let add = |a: [__m512; M], b: [__m512; M]| -> [__m512; M] {
-            std::array::from_fn(|m| _mm512_add_ps(a[m], b[m]))
-        };
-        let folded = |l: usize| add(chain(l), chain(l + 8));
-        let first = add(folded(0), folded(4));
-        let first = add(first, add(folded(1), folded(5)));
-        let second = add(folded(2), folded(6));
-        let second = add(second, add(folded(3), folded(7)));
-        let sums = add(first, second);
-        let left = (n - 16 * tile).min(16);
-        let mask: __mmask16 = if left == 16 { !0 } else { (1 << left) - 1 };
-        for m in 0..M {
-            _mm512_mask_storeu_ps(out[m].add(16 * tile), mask, _mm512_mul_ps(sums[m], sv));
-        }
+        super::vertical::store_scores(super::vertical::fold_chains(chain), sv, (n, tile), out);
     }
 }
 

@@ -6,9 +6,9 @@
 //! same rate. Its arithmetic is not f32's (both factors are bf16, and each instruction sums a
 //! lane's two products into its accumulator, subnormals flushed), so a bf16 cache has a
 //! definition of its own: queries and softmax weights rounded to bf16 as they are used, keys
-//! and values rounded as they are stored. The vector kernel (`bf16_avx512`) gives these bits
-//! exactly; where it cannot run this scalar definition does (the same bits, slower), so batch
-//! invariance and greedy parity hold on every CPU.
+//! and values rounded as they are stored. The vector kernels (`bf16_avx512`, which import this
+//! module; `loops` chooses) give these bits exactly, and the tests run this definition on any
+//! CPU.
 //!
 //! One lane's step ([`dp`]), matched bit for bit against the instruction on Zen 5 on 3.2 M
 //! random lanes: `acc ← flush(fma(a₀, b₀, flush(fma(a₁, b₁, acc))))`, where `a₁, b₁` are the
@@ -75,15 +75,8 @@ fn bits<K: KvRows>(rows: K, i: usize) -> u16 {
     unsafe { *rows.base().cast::<u16>().add(i) }
 }
 
-/// `q` rounded to bf16 bits, into `out` (cleared first): by `vcvtne2ps2bf16` where it runs.
+/// `q` rounded to bf16 bits, into `out` (cleared first).
 pub(super) fn round_into(q: &[f32], out: &mut Vec<u16>) {
-    #[cfg(target_arch = "x86_64")]
-    if super::bf16_avx512::available() {
-        out.resize(q.len(), 0);
-        // SAFETY: AVX-512 BF16 was checked; `out` is as long as `q`.
-        unsafe { super::bf16_avx512::round_slice(q, out) };
-        return;
-    }
     out.clear();
     out.extend(q.iter().map(|&x| round(x).to_bits()));
 }
@@ -104,46 +97,23 @@ pub(super) fn dot<K: KvRows>(q: &[u16], rows: K, at: usize) -> f32 {
     lane_sum(&folded)
 }
 
-/// `scores[j] = dot(q, key j) · scale` on a bf16 cache (`super::loops::scaled_dots`' bf16
-/// form), the query rounded here.
+/// `scores[j] = dot(q, key j) · scale` on a bf16 cache, `q` already rounded (bf16 bits): the
+/// scalar form of `super::loops::scaled_dots`' bf16 path.
 pub(super) fn scaled_dots<K: KvRows>(
-    q: &[f32],
+    q: &[u16],
     keys: K,
     (stride, offset): (usize, usize),
     scale: f32,
     scores: &mut [f32],
 ) {
-    with_rounded(q, |q| {
-        #[cfg(target_arch = "x86_64")]
-        if super::bf16_avx512::available() {
-            assert!(
-                scores.is_empty()
-                    || (scores.len() - 1) * stride + offset + q.len() <= keys.elements()
-            );
-            // SAFETY: AVX-512 BF16 was checked; every key read is inside `keys` (asserted).
-            unsafe { super::bf16_avx512::scaled_dots(q, keys, (stride, offset), scale, scores) };
-            return;
-        }
-        for (j, s) in scores.iter_mut().enumerate() {
-            *s = dot(q, keys, j * stride + offset) * scale;
-        }
-    })
-}
-
-/// Calls `f` with `q` rounded to bf16 bits, in the calling thread's buffer (a forward's calls
-/// reuse it, so it allocates only while it grows).
-pub(super) fn with_rounded<R>(q: &[f32], f: impl FnOnce(&[u16]) -> R) -> R {
-    thread_local! {
-        static ROUNDED: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+    for (j, s) in scores.iter_mut().enumerate() {
+        *s = dot(q, keys, j * stride + offset) * scale;
     }
-    ROUNDED.with_borrow_mut(|buf| {
-        round_into(q, buf);
-        f(buf)
-    })
 }
 
-/// The bf16 form of `super::loops::accumulate_values`: keys paired (`weights` starts at an
-/// even key of the sequence), the weights rounded to bf16 here.
+/// The scalar form of `super::loops::accumulate_values`' bf16 path: keys paired (`weights`
+/// starts at a key of the sequence a multiple of 4 from its first), the weights rounded to
+/// bf16 here.
 pub(super) fn accumulate_values<K: KvRows>(
     weights: &[f32],
     values: K,
@@ -152,12 +122,6 @@ pub(super) fn accumulate_values<K: KvRows>(
 ) {
     let dim = acc.len() / 2;
     assert!(weights.is_empty() || (weights.len() - 1) * stride + offset + dim <= values.elements());
-    #[cfg(target_arch = "x86_64")]
-    if dim.is_multiple_of(BF16_BLOCK) && super::bf16_avx512::available() {
-        let n = weights.len();
-        super::bf16_avx512::accumulate_rows((weights, 0), n, 1, values, (stride, offset), acc);
-        return;
-    }
     let (even, odd) = acc.split_at_mut(dim);
     for (t, pair) in weights.chunks(2).enumerate() {
         let sums = if t % 2 == 0 { &mut *even } else { &mut *odd };

@@ -26,7 +26,19 @@ pub(super) fn scaled_dots<K: KvRows>(
     scores: &mut [f32],
 ) {
     if K::FORM == KvForm::Bf16 {
-        return bf16_pairs::scaled_dots(q, keys, (stride, offset), scale, scores);
+        let at = (stride, offset);
+        return with_bf16_query(q, |q| {
+            assert!(
+                scores.is_empty()
+                    || (scores.len() - 1) * stride + offset + q.len() <= keys.elements()
+            );
+            #[cfg(target_arch = "x86_64")]
+            if bf16_avx512::available() {
+                // SAFETY: AVX-512 BF16 was checked; every key read is inside `keys` (asserted).
+                return unsafe { bf16_avx512::scaled_dots(q, keys, at, scale, scores) };
+            }
+            bf16_pairs::scaled_dots(q, keys, at, scale, scores)
+        });
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -72,6 +84,26 @@ pub(super) fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
     scalar::softmax_weights(scores)
 }
 
+/// Calls `f` with `q` rounded to bf16 bits (`bf16_pairs::round`, by `vcvtne2ps2bf16` where it
+/// runs), in the calling thread's buffer: a forward's calls reuse it, so it allocates only
+/// while it grows.
+fn with_bf16_query<R>(q: &[f32], f: impl FnOnce(&[u16]) -> R) -> R {
+    thread_local! {
+        static ROUNDED: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    ROUNDED.with_borrow_mut(|buf| {
+        #[cfg(target_arch = "x86_64")]
+        if bf16_avx512::available() {
+            buf.resize(q.len(), 0);
+            // SAFETY: AVX-512 BF16 was checked; `buf` is as long as `q`.
+            unsafe { bf16_avx512::round_slice(q, buf) };
+            return f(buf);
+        }
+        bf16_pairs::round_into(q, buf);
+        f(buf)
+    })
+}
+
 /// Adds keys' weighted values to two running sums, `acc = [even | odd]` (each `dim` long):
 /// key `j` (counted from the start of `weights`, which must sit at an even key of the whole
 /// sequence) goes to the even sum when `j` is even, else to the odd one, one fused
@@ -91,7 +123,13 @@ pub(super) fn accumulate_values<K: KvRows>(
 ) {
     let dim = acc.len() / 2;
     if K::FORM == KvForm::Bf16 {
-        return bf16_pairs::accumulate_values(weights, values, (stride, offset), acc);
+        let at = (stride, offset);
+        #[cfg(target_arch = "x86_64")]
+        if dim.is_multiple_of(32) && bf16_avx512::available() {
+            let n = weights.len();
+            return bf16_avx512::accumulate_rows((weights, 0), n, 1, values, at, acc);
+        }
+        return bf16_pairs::accumulate_values(weights, values, at, acc);
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -152,7 +190,7 @@ pub(super) fn scaled_dots_heads<K: KvRows>(
     #[cfg(target_arch = "x86_64")]
     if K::FORM == KvForm::Bf16 && heads > 1 && super::bf16_avx512::available() {
         assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.elements());
-        bf16_pairs::with_rounded(q, |q| {
+        with_bf16_query(q, |q| {
             let out = (scores, score_stride);
             // SAFETY: AVX-512 BF16 was checked; every key read is inside `keys` and every score
             // written inside `scores` (asserted above).

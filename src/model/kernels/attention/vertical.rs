@@ -174,21 +174,44 @@ pub(super) unsafe fn vertical_scores<const M: usize>(
             }
             acc
         };
-        let add = |a: [__m512; M], b: [__m512; M]| -> [__m512; M] {
-            std::array::from_fn(|m| _mm512_add_ps(a[m], b[m]))
-        };
-        let folded = |l: usize| add(chain(l), chain(l + 8));
-        // In the order the sums are needed, so few chains are live at once.
-        let first = add(folded(0), folded(4));
-        let first = add(first, add(folded(1), folded(5)));
-        let second = add(folded(2), folded(6));
-        let second = add(second, add(folded(3), folded(7)));
-        let sums = add(first, second);
-        let left = (n - 16 * tile).min(16);
-        let mask: __mmask16 = if left == 16 { !0 } else { (1 << left) - 1 };
-        for m in 0..M {
-            _mm512_mask_storeu_ps(out[m].add(16 * tile), mask, _mm512_mul_ps(sums[m], sv));
-        }
+        store_scores(fold_chains(chain), sv, (n, tile), out);
+    }
+}
+
+/// `M` queries' sixteen lane chains (`chain(l)`, each a register of sixteen keys) folded as
+/// `dot` folds a key's lanes: `lane l + lane l+8`, then `lane_sum`'s pairing. Shared with the
+/// bf16 kernels, whose chains run over pairs.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn fold_chains<const M: usize>(
+    chain: impl Fn(usize) -> [__m512; M],
+) -> [__m512; M] {
+    let add = |a: [__m512; M], b: [__m512; M]| -> [__m512; M] {
+        std::array::from_fn(|m| _mm512_add_ps(a[m], b[m]))
+    };
+    let folded = |l: usize| add(chain(l), chain(l + 8));
+    // In the order the sums are needed, so few chains are live at once.
+    let first = add(folded(0), folded(4));
+    let first = add(first, add(folded(1), folded(5)));
+    let second = add(folded(2), folded(6));
+    let second = add(second, add(folded(3), folded(7)));
+    add(first, second)
+}
+
+/// Tile `tile`'s sixteen keys' scores (`sums`, times `sv`) into each query's `out`, the keys
+/// from `n` on left alone.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn store_scores<const M: usize>(
+    sums: [__m512; M],
+    sv: __m512,
+    (n, tile): (usize, usize),
+    out: [*mut f32; M],
+) {
+    let left = (n - 16 * tile).min(16);
+    let mask: __mmask16 = if left == 16 { !0 } else { (1 << left) - 1 };
+    for (o, s) in out.iter().zip(sums) {
+        _mm512_mask_storeu_ps(o.add(16 * tile), mask, _mm512_mul_ps(s, sv));
     }
 }
 
