@@ -278,6 +278,20 @@ unsafe fn pair_index(h: usize) -> __m512i {
     _mm512_loadu_si512(idx.as_ptr().cast())
 }
 
+/// Elements 0..32 of the row at `at` and of the row `stride` after it (zeros for a `lone` row
+/// with no partner, which is not read), their pairs `idx` picks ([`pair_index`]): 16 pairs.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn interleave(at: *const u16, stride: usize, lone: bool, idx: __m512i) -> __m512i {
+    let r0 = _mm512_loadu_si512(at.cast());
+    let r1 = if lone {
+        _mm512_setzero_si512()
+    } else {
+        _mm512_loadu_si512(at.add(stride).cast())
+    };
+    _mm512_permutex2var_epi16(r0, idx, r1)
+}
+
 /// Value rows `0..n` (`n ≤ CHUNK`; row `j` at element `j * stride + offset`, `dim` a multiple
 /// of 32) interleaved into pairs, once for all of a run's units: pair `t` (rows `2t, 2t + 1`;
 /// a zero row after an odd `n`) is `out[t * dim..][..dim]`, element `d` of both rows as one
@@ -319,15 +333,12 @@ unsafe fn pair_rows_wide<K: KvRows>(
         prefetch_row(rows, offset + (j + PREFETCH_ROWS) * stride, dim);
         prefetch_row(rows, offset + (j + 1 + PREFETCH_ROWS) * stride, dim);
         for b in 0..dim / 32 {
-            let r0 = _mm512_loadu_si512(vp.add(offset + j * stride + 32 * b).cast());
-            let r1 = if j + 1 < n {
-                _mm512_loadu_si512(vp.add(offset + (j + 1) * stride + 32 * b).cast())
-            } else {
-                _mm512_setzero_si512()
-            };
+            let at = vp.add(offset + j * stride + 32 * b);
             let o = op.add(t * dim + 32 * b);
-            _mm512_storeu_si512(o.cast(), _mm512_permutex2var_epi16(r0, lo, r1));
-            _mm512_storeu_si512(o.add(16).cast(), _mm512_permutex2var_epi16(r0, hi, r1));
+            for (h, idx) in [lo, hi].into_iter().enumerate() {
+                let p = interleave(at, stride, j + 1 == n, idx);
+                _mm512_storeu_si512(o.add(16 * h).cast(), p);
+            }
         }
     }
 }
@@ -434,14 +445,8 @@ unsafe fn rows_wide<K: KvRows>(
                 prefetch_row(values, at + PREFETCH_ROWS * stride, 32);
                 prefetch_row(values, at + (PREFETCH_ROWS + 1) * stride, 32);
             }
-            let r0 = _mm512_loadu_si512(vp.add(at).cast());
-            let r1 = if lone {
-                _mm512_setzero_si512()
-            } else {
-                _mm512_loadu_si512(vp.add(at + stride).cast())
-            };
             let idx = if e.is_multiple_of(32) { lo } else { hi };
-            _mm512_permutex2var_epi16(r0, idx, r1)
+            interleave(vp.add(at), stride, lone, idx)
         };
         sums_for_heads(heads, w.pairs(), take, &pair, acc);
         done += take;

@@ -7,6 +7,8 @@
 //! (no sampling, no scheduler) in the timing, and says how far a step is from what the
 //! machine's memory allows.
 
+mod against;
+
 use clap::Args;
 
 use tandem::config::Config;
@@ -58,7 +60,7 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
     let model = &loaded.model;
     let mut timer = ForwardTimer::fill(model, &args)?;
     if let Some(other) = &args.against_kv_cache_dtype {
-        return compare_cache_types(config, &args, &mut timer, other);
+        return against::compare_cache_types(config, &args, &mut timer, other);
     }
     let routed = model.hparams().experts;
     match routed {
@@ -80,38 +82,6 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
     let experts = routed.map(|_| experts);
     let base = print_widths(&args.tokens, &mut times, experts.as_deref());
     finish(config, &args, &mut timer, base)
-}
-
-/// `--against-kv-cache-dtype`: the widths timed on the configured cache type and on `other`
-/// (the model loaded again with it), taking turns, each type's table and their ratios.
-fn compare_cache_types(
-    config: &Config,
-    args: &ForwardBenchArgs,
-    timer: &mut ForwardTimer<'_>,
-    other: &str,
-) -> Result<(), CliError> {
-    let mut against_config = config.clone();
-    against_config.model.kv_cache_dtype = other.to_string();
-    against_config.validate().map_err(|e| CliError::Flag {
-        flag: "--against-kv-cache-dtype",
-        reason: e.to_string(),
-    })?;
-    let against_loaded = load_model(&against_config)?;
-    let mut against = ForwardTimer::fill(&against_loaded.model, args)?;
-    let (mut times, mut other_times) = time_in_turns(timer, &mut against, &args.tokens)?;
-    let header =
-        "| new tokens | ms per forward | ms per token | cost vs 1 token | ms per extra token |";
-    let mine = timer.model.kv_dtype();
-    println!("KV cache {mine}:\n\n{header}\n|---|---|---|---|---|");
-    let base = print_widths(&args.tokens, &mut times, None);
-    println!("\nKV cache {other}, taking turns with the forwards above:\n\n{header}");
-    println!("|---|---|---|---|---|");
-    print_widths(&args.tokens, &mut other_times, None);
-    println!("\n| new tokens | {other} against {mine} (medians) |\n|---|---|");
-    for ((k, a), b) in args.tokens.iter().zip(&times).zip(&other_times) {
-        println!("| {k} | {:.3}x |", b[b.len() / 2] / a[a.len() / 2]);
-    }
-    finish(config, args, timer, base)
 }
 
 /// What follows the widths' table: the breakdown, the head's step and the memory bound.
@@ -138,33 +108,6 @@ fn finish(
         print_memory_bound(config, timer, first);
     }
     Ok(())
-}
-
-/// Per width, its forward times in ms.
-type WidthTimes = Vec<Vec<f64>>;
-
-/// Each width's forward times in ms on two timers (two cache types), every width's forward on
-/// one then the other each round, so a drifting machine moves both alike.
-fn time_in_turns(
-    a: &mut ForwardTimer<'_>,
-    b: &mut ForwardTimer<'_>,
-    widths: &[usize],
-) -> Result<(WidthTimes, WidthTimes), CliError> {
-    let mut times = (
-        vec![Vec::new(); widths.len()],
-        vec![Vec::new(); widths.len()],
-    );
-    for r in 0..a.repeats + 1 {
-        for (i, &k) in widths.iter().enumerate() {
-            let (ta, tb) = (a.time_one(k, r + 1)?, b.time_one(k, r + 1)?);
-            if r > 0 {
-                // The first round warms caches.
-                times.0[i].push(ta);
-                times.1[i].push(tb);
-            }
-        }
-    }
-    Ok(times)
 }
 
 /// A cache filled to `depth` in one slot: every timed forward runs against it and is rolled

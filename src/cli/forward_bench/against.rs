@@ -1,0 +1,68 @@
+//! `forward-bench --against-kv-cache-dtype`: the same widths timed on a second cache type, the
+//! two taking turns one forward at a time in one process, so a VM whose speed drifts between
+//! processes (40% here) still compares them fairly.
+
+use tandem::config::Config;
+
+use super::{finish, print_widths, ForwardBenchArgs, ForwardTimer};
+use crate::cli::model_args::load_model;
+use crate::cli::CliError;
+
+/// `--against-kv-cache-dtype`: the widths timed on the configured cache type and on `other`
+/// (the model loaded again with it), taking turns, each type's table and their ratios.
+pub(super) fn compare_cache_types(
+    config: &Config,
+    args: &ForwardBenchArgs,
+    timer: &mut ForwardTimer<'_>,
+    other: &str,
+) -> Result<(), CliError> {
+    let mut against_config = config.clone();
+    against_config.model.kv_cache_dtype = other.to_string();
+    against_config.validate().map_err(|e| CliError::Flag {
+        flag: "--against-kv-cache-dtype",
+        reason: e.to_string(),
+    })?;
+    let against_loaded = load_model(&against_config)?;
+    let mut against = ForwardTimer::fill(&against_loaded.model, args)?;
+    let (mut times, mut other_times) = time_in_turns(timer, &mut against, &args.tokens)?;
+    let header =
+        "| new tokens | ms per forward | ms per token | cost vs 1 token | ms per extra token |";
+    let mine = timer.model.kv_dtype();
+    println!("KV cache {mine}:\n\n{header}\n|---|---|---|---|---|");
+    let base = print_widths(&args.tokens, &mut times, None);
+    println!("\nKV cache {other}, taking turns with the forwards above:\n\n{header}");
+    println!("|---|---|---|---|---|");
+    print_widths(&args.tokens, &mut other_times, None);
+    println!("\n| new tokens | {other} against {mine} (medians) |\n|---|---|");
+    for ((k, a), b) in args.tokens.iter().zip(&times).zip(&other_times) {
+        println!("| {k} | {:.3}x |", b[b.len() / 2] / a[a.len() / 2]);
+    }
+    finish(config, args, timer, base)
+}
+
+/// Per width, its forward times in ms.
+type WidthTimes = Vec<Vec<f64>>;
+
+/// Each width's forward times in ms on two timers (two cache types), every width's forward on
+/// one then the other each round, so a drifting machine moves both alike.
+fn time_in_turns(
+    a: &mut ForwardTimer<'_>,
+    b: &mut ForwardTimer<'_>,
+    widths: &[usize],
+) -> Result<(WidthTimes, WidthTimes), CliError> {
+    let mut times = (
+        vec![Vec::new(); widths.len()],
+        vec![Vec::new(); widths.len()],
+    );
+    for r in 0..a.repeats + 1 {
+        for (i, &k) in widths.iter().enumerate() {
+            let (ta, tb) = (a.time_one(k, r + 1)?, b.time_one(k, r + 1)?);
+            if r > 0 {
+                // The first round warms caches.
+                times.0[i].push(ta);
+                times.1[i].push(tb);
+            }
+        }
+    }
+    Ok(times)
+}
