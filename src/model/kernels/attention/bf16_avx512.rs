@@ -12,6 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::halves_sum;
+use super::bf16_pairs::WeightBits;
 use super::shared::{lane_sum, prefetch_row, reduce_eight_keys, KvForm, KvRows, PREFETCH_ROWS};
 use super::vertical::{transpose16, CHUNK};
 
@@ -204,7 +205,11 @@ unsafe fn vertical_scores<const M: usize>(
                 let p = 16 * c + l;
                 let k = _mm512_loadu_si512(ktp.add(p * CHUNK + 16 * tile).cast());
                 for m in 0..M {
-                    acc[m] = dp(acc[m], _mm512_set1_epi32(*q[m].add(p) as i32), k);
+                    acc[m] = dp(
+                        acc[m],
+                        _mm512_set1_epi32(q[m].add(p).read_unaligned() as i32),
+                        k,
+                    );
                 }
             }
             acc
@@ -213,22 +218,20 @@ unsafe fn vertical_scores<const M: usize>(
     }
 }
 
-/// The bf16 form of `vertical::transposed_scores`: `units` queries (`query(m)`, f32, rounded
-/// here) against keys `0..n` (`n ≤ CHUNK`), scores to `out.0[m * out.1..][..n]`, the bits of
-/// `bf16_pairs::scaled_dots`. `dim` a multiple of 32; every key read inside `keys`.
+/// The bf16 form of `vertical::transposed_scores`: `units` queries (`query(m)`, bf16 bits
+/// rounded once for the whole call) against keys `0..n` (`n ≤ CHUNK`), scores to
+/// `out.0[m * out.1..][..n]`, the bits of `bf16_pairs::scaled_dots`. `dim` a multiple of 32;
+/// every key read inside `keys`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn transposed_scores<'q, K: KvRows>(
     keys: K,
     (stride, offset): (usize, usize),
     n: usize,
-    (units, query): (usize, &dyn Fn(usize) -> &'q [f32]),
+    (units, query): (usize, &dyn Fn(usize) -> &'q [u16]),
     scale: f32,
     (out, out_stride): (&mut [f32], usize),
     kt: &mut Vec<f32>,
 ) {
-    thread_local! {
-        static QUERIES: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
     let dim = query(0).len();
     assert!(available() && dim.is_multiple_of(32) && n <= CHUNK);
     assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.elements());
@@ -238,28 +241,25 @@ pub(super) fn transposed_scores<'q, K: KvRows>(
         kt.resize(dim / 2 * CHUNK, 0.0);
     }
     let kt = kt.as_mut_ptr().cast::<u32>();
-    QUERIES.with_borrow_mut(|qs| {
-        qs.resize(units * dim, 0);
-        // SAFETY: AVX-512 BF16 was checked (asserted); every key read is inside `keys`, the
-        // transposed pairs inside `kt`, every query inside `qs` and every score inside `out`
-        // (asserted above).
-        unsafe {
-            for m in 0..units {
-                round_slice(query(m), &mut qs[m * dim..][..dim]);
-            }
-            transpose_pairs(keys, (stride, offset), dim, n, kt);
-            let qp = qs.as_ptr().cast::<u32>();
-            let op = out.as_mut_ptr();
-            macro_rules! group {
-                ($m:expr, $M:literal) => {{
-                    let q: [*const u32; $M] = std::array::from_fn(|k| qp.add(($m + k) * dim / 2));
-                    let o: [*mut f32; $M] = std::array::from_fn(|k| op.add(($m + k) * out_stride));
-                    vertical_scores::<$M>(q, dim, kt, n, scale, o)
-                }};
-            }
-            super::shared::in_fours!(units, group);
+    // SAFETY: AVX-512 BF16 was checked (asserted); every key read is inside `keys`, the
+    // transposed pairs inside `kt`, every query `dim` long (asserted per group) and every score
+    // inside `out` (asserted above).
+    unsafe {
+        transpose_pairs(keys, (stride, offset), dim, n, kt);
+        let op = out.as_mut_ptr();
+        macro_rules! group {
+            ($m:expr, $M:literal) => {{
+                let q: [*const u32; $M] = std::array::from_fn(|k| {
+                    let q = query($m + k);
+                    assert_eq!(q.len(), dim);
+                    q.as_ptr().cast::<u32>()
+                });
+                let o: [*mut f32; $M] = std::array::from_fn(|k| op.add(($m + k) * out_stride));
+                vertical_scores::<$M>(q, dim, kt, n, scale, o)
+            }};
         }
-    })
+        super::shared::in_fours!(units, group);
+    }
 }
 
 /// Word indices taking element `i` of row 0 and row 1 (`a` and `b` of `vpermt2w`) into pair
@@ -343,34 +343,23 @@ unsafe fn pair_rows_wide<K: KvRows>(
     }
 }
 
-/// Heads' weights rounded to bf16 pairs: head `m`'s weights `weights.0[m * weights.1..][..n]`
-/// (`n ≤ CHUNK`) as bits, a zero after them (a lone last key's partner weight).
-struct PairWeights {
-    bits: [[u16; CHUNK + 2]; 3],
+/// Each head's first weight (for heads that are not there, a pointer never read).
+fn heads_of(weights: WeightBits) -> [*const u16; 3] {
+    std::array::from_fn(|m| weights.bits.as_ptr().wrapping_add(m * weights.stride))
 }
 
-impl PairWeights {
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    unsafe fn new((weights, weight_stride): (&[f32], usize), n: usize, heads: usize) -> Self {
-        let mut bits = [[0u16; CHUNK + 2]; 3];
-        for (m, b) in bits.iter_mut().enumerate().take(heads) {
-            round_slice(&weights[m * weight_stride..][..n], &mut b[..n]);
-        }
-        Self { bits }
-    }
-
-    fn pairs(&self) -> [*const u32; 3] {
-        std::array::from_fn(|m| self.bits[m].as_ptr().cast())
-    }
+/// Pair `t` of the weights at `w` (keys `2t, 2t + 1`) as one 32-bit word.
+#[inline]
+unsafe fn weight_pair(w: *const u16, t: usize) -> u32 {
+    w.add(2 * t).cast::<u32>().read_unaligned()
 }
 
 /// `bf16_pairs::accumulate_values` for `heads` heads (at most 3) weighing the first `n` rows
-/// of paired value rows ([`pair_rows`]): head `m`'s weights are `weights.0[m * weights.1..]
-/// [..n]` (rounded here), its even and odd sums `acc[m * 2 * dim..][..2 * dim]`. Every access
-/// is inside its slice (the caller checks); AVX-512 BF16 runs (the caller checked `pair_rows`'
-/// answer).
+/// of paired value rows ([`pair_rows`]) by rounded weights ([`WeightBits`]): head `m`'s even
+/// and odd sums `acc[m * 2 * dim..][..2 * dim]`. Every access is inside its slice (the caller
+/// checks); AVX-512 BF16 runs (the caller checked `pair_rows`' answer).
 pub(super) fn accumulate_paired(
-    weights: (&[f32], usize),
+    weights: WeightBits,
     n: usize,
     heads: usize,
     paired: &[f32],
@@ -378,33 +367,27 @@ pub(super) fn accumulate_paired(
 ) {
     let dim = acc.len() / (2 * heads);
     assert!((1..=3).contains(&heads) && n <= CHUNK && dim.is_multiple_of(32));
-    assert!(n == 0 || (heads - 1) * weights.1 + n <= weights.0.len());
     assert!(paired.len() >= n.div_ceil(2) * dim);
+    weights.check(heads, n);
+    let w = heads_of(weights);
     // SAFETY: AVX-512 BF16 ran `pair_rows`; every access is inside its slice (asserted); a
     // lone last key's pair holds a zero partner, masked off anyway.
-    unsafe { paired_wide(weights, n, heads, paired, acc) }
+    unsafe { paired_wide(w, n, heads, paired, acc) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn paired_wide(
-    weights: (&[f32], usize),
-    n: usize,
-    heads: usize,
-    paired: &[f32],
-    acc: &mut [f32],
-) {
+unsafe fn paired_wide(w: [*const u16; 3], n: usize, heads: usize, paired: &[f32], acc: &mut [f32]) {
     let dim = acc.len() / (2 * heads);
     let pp = paired.as_ptr().cast::<u32>();
-    let w = PairWeights::new(weights, n, heads);
     let pair = |t: usize, e: usize, _lone: bool| _mm512_loadu_si512(pp.add(t * dim + e).cast());
-    sums_for_heads(heads, w.pairs(), n, &pair, acc);
+    sums_for_heads(heads, w, n, &pair, acc);
 }
 
 /// The same over value rows as they lie in the cache (rows `j` at element `j * stride +
 /// offset` of `values`), each pair interleaved in registers as it is used: for a step's few
 /// heads, where pairing a chunk into memory first cost more than it saved.
 pub(super) fn accumulate_rows<K: KvRows>(
-    weights: (&[f32], usize),
+    weights: WeightBits,
     n: usize,
     heads: usize,
     values: K,
@@ -414,16 +397,17 @@ pub(super) fn accumulate_rows<K: KvRows>(
     debug_assert!(K::FORM == KvForm::Bf16);
     let dim = acc.len() / (2 * heads);
     assert!(available() && (1..=3).contains(&heads) && dim.is_multiple_of(32));
-    assert!(n == 0 || (heads - 1) * weights.1 + n <= weights.0.len());
     assert!(n == 0 || (n - 1) * stride + offset + dim <= values.elements());
-    // SAFETY: AVX-512 BF16 is here (asserted); every row read is inside `values` (asserted),
-    // a lone last key's partner row never read.
-    unsafe { rows_wide(weights, n, heads, values, (stride, offset), acc) }
+    weights.check(heads, n);
+    let w = heads_of(weights);
+    // SAFETY: AVX-512 BF16 is here (asserted); every row read is inside `values` and every
+    // weight inside `weights` (asserted), a lone last key's partner row never read.
+    unsafe { rows_wide(w, n, heads, values, (stride, offset), acc) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn rows_wide<K: KvRows>(
-    weights: (&[f32], usize),
+    w: [*const u16; 3],
     n: usize,
     heads: usize,
     values: K,
@@ -432,25 +416,16 @@ unsafe fn rows_wide<K: KvRows>(
 ) {
     let vp = values.base().cast::<u16>();
     let (lo, hi) = (pair_index(0), pair_index(1));
-    // Longer runs than the rounding buffer's are taken a chunk at a time (an even count, so the
-    // pairs' parity continues).
-    let mut done = 0;
-    while done < n {
-        let take = (n - done).min(CHUNK);
-        let w = PairWeights::new((&weights.0[done..], weights.1), take, heads);
-        let first = offset + done * stride;
-        let pair = |t: usize, e: usize, lone: bool| {
-            let at = first + 2 * t * stride + e / 32 * 32;
-            if e.is_multiple_of(32) {
-                prefetch_row(values, at + PREFETCH_ROWS * stride, 32);
-                prefetch_row(values, at + (PREFETCH_ROWS + 1) * stride, 32);
-            }
-            let idx = if e.is_multiple_of(32) { lo } else { hi };
-            interleave(vp.add(at), stride, lone, idx)
-        };
-        sums_for_heads(heads, w.pairs(), take, &pair, acc);
-        done += take;
-    }
+    let pair = |t: usize, e: usize, lone: bool| {
+        let at = offset + 2 * t * stride + e / 32 * 32;
+        if e.is_multiple_of(32) {
+            prefetch_row(values, at + PREFETCH_ROWS * stride, 32);
+            prefetch_row(values, at + (PREFETCH_ROWS + 1) * stride, 32);
+        }
+        let idx = if e.is_multiple_of(32) { lo } else { hi };
+        interleave(vp.add(at), stride, lone, idx)
+    };
+    sums_for_heads(heads, w, n, &pair, acc);
 }
 
 /// [`pair_sums`] for `heads` heads (1 to 3), in the widest block the head size divides (64
@@ -459,7 +434,7 @@ unsafe fn rows_wide<K: KvRows>(
 #[inline]
 unsafe fn sums_for_heads<F: Fn(usize, usize, bool) -> __m512i>(
     heads: usize,
-    w: [*const u32; 3],
+    w: [*const u16; 3],
     n: usize,
     pair: &F,
     acc: &mut [f32],
@@ -481,7 +456,7 @@ unsafe fn sums_for_heads<F: Fn(usize, usize, bool) -> __m512i>(
 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512bf16")]
 #[allow(clippy::needless_range_loop)]
 unsafe fn pair_sums<const M: usize, const R: usize, F: Fn(usize, usize, bool) -> __m512i>(
-    w: [*const u32; 3],
+    w: [*const u16; 3],
     n: usize,
     pair: &F,
     acc: &mut [f32],
@@ -503,8 +478,8 @@ unsafe fn pair_sums<const M: usize, const R: usize, F: Fn(usize, usize, bool) ->
             for r in 0..R {
                 let (pe, po) = (pair(t, e0 + 16 * r, false), pair(t + 1, e0 + 16 * r, false));
                 for m in 0..M {
-                    let we = _mm512_set1_epi32(*w[m].add(t) as i32);
-                    let wo = _mm512_set1_epi32(*w[m].add(t + 1) as i32);
+                    let we = _mm512_set1_epi32(weight_pair(w[m], t) as i32);
+                    let wo = _mm512_set1_epi32(weight_pair(w[m], t + 1) as i32);
                     even[m][r] = dp(even[m][r], we, pe);
                     odd[m][r] = dp(odd[m][r], wo, po);
                 }
@@ -539,7 +514,7 @@ unsafe fn pair_sums<const M: usize, const R: usize, F: Fn(usize, usize, bool) ->
 #[inline]
 unsafe fn pair_into<const M: usize, const R: usize>(
     mut sums: [[__m512; R]; M],
-    w: [*const u32; 3],
+    w: [*const u16; 3],
     t: usize,
     lone: bool,
     pair: impl Fn(usize) -> __m512i,
@@ -548,9 +523,9 @@ unsafe fn pair_into<const M: usize, const R: usize>(
         let p = pair(r);
         for (m, s) in sums.iter_mut().enumerate() {
             let wv = if lone {
-                *w[m].add(t) & 0xffff
+                weight_pair(w[m], t) & 0xffff
             } else {
-                *w[m].add(t)
+                weight_pair(w[m], t)
             };
             s[r] = dp(s[r], _mm512_set1_epi32(wv as i32), p);
         }

@@ -75,7 +75,8 @@ fn bits<K: KvRows>(rows: K, i: usize) -> u16 {
     unsafe { *rows.base().cast::<u16>().add(i) }
 }
 
-/// `q` rounded to bf16 bits, into `out` (cleared first).
+/// `q` rounded to bf16 bits, into `out` (cleared first): the tests' reference rounding.
+#[cfg(test)]
 pub(super) fn round_into(q: &[f32], out: &mut Vec<u16>) {
     out.clear();
     out.extend(q.iter().map(|&x| round(x).to_bits()));
@@ -111,24 +112,45 @@ pub(super) fn scaled_dots<K: KvRows>(
     }
 }
 
-/// The scalar form of `super::loops::accumulate_values`' bf16 path: keys paired (`weights`
-/// starts at a key of the sequence a multiple of 4 from its first), the weights rounded to
-/// bf16 here.
+/// Heads' softmax weights as bf16 bits, each rounded once (`round`) for all its uses: head
+/// `m`'s weight of key `j` (counted from a key of the sequence a multiple of 4 from its first)
+/// is `bits[m * stride + j]`. The vector kernels read them two at a time, as the pair of keys
+/// `2t, 2t + 1`, so a lone last key's partner must be inside `bits` too (it never counts).
+#[derive(Clone, Copy)]
+pub(super) struct WeightBits<'a> {
+    pub(super) bits: &'a [u16],
+    pub(super) stride: usize,
+}
+
+impl<'a> WeightBits<'a> {
+    /// Checks that `heads` heads' pairs of weights for `n` keys are inside the bits.
+    pub(super) fn check(&self, heads: usize, n: usize) {
+        assert!(heads > 0);
+        assert!(n == 0 || (heads - 1) * self.stride + 2 * n.div_ceil(2) <= self.bits.len());
+    }
+
+    /// Head `m`'s weights.
+    pub(super) fn head(self, m: usize) -> &'a [u16] {
+        &self.bits[m * self.stride..]
+    }
+}
+
+/// The scalar form of `super::loops::accumulate_values`' bf16 path for one head: the first
+/// `n` keys paired (`weights` starts at a key of the sequence a multiple of 4 from its first).
 pub(super) fn accumulate_values<K: KvRows>(
-    weights: &[f32],
+    weights: &[u16],
+    n: usize,
     values: K,
     (stride, offset): (usize, usize),
     acc: &mut [f32],
 ) {
     let dim = acc.len() / 2;
-    assert!(weights.is_empty() || (weights.len() - 1) * stride + offset + dim <= values.elements());
+    assert!(n <= weights.len());
+    assert!(n == 0 || (n - 1) * stride + offset + dim <= values.elements());
     let (even, odd) = acc.split_at_mut(dim);
-    for (t, pair) in weights.chunks(2).enumerate() {
+    for (t, pair) in weights[..n].chunks(2).enumerate() {
         let sums = if t % 2 == 0 { &mut *even } else { &mut *odd };
-        let w = [
-            round(pair[0]).to_bits(),
-            pair.get(1).map_or(0, |&w| round(w).to_bits()),
-        ];
+        let w = [pair[0], pair.get(1).copied().unwrap_or(0)];
         let (r0, r1) = (2 * t * stride + offset, (2 * t + 1) * stride + offset);
         for (d, o) in sums.iter_mut().enumerate() {
             let v1 = if pair.len() == 2 {

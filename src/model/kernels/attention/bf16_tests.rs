@@ -137,10 +137,12 @@ fn scores_are_the_definitions_bits() {
                 }
             }
             let mut out = vec![0f32; 12 * 64];
-            let query = |m: usize| &q[m * dim..][..dim];
+            let mut qb = Vec::new();
+            bf16_pairs::round_into(&q, &mut qb);
+            let query = |m: usize| &qb[m * dim..][..dim];
             let mut kt = Vec::new();
             let at = (keys.as_slice(), (stride, dim));
-            if super::loops::vertical_scores(
+            let ran = super::loops::vertical_scores_bf16(
                 at.0,
                 at.1,
                 n,
@@ -148,7 +150,13 @@ fn scores_are_the_definitions_bits() {
                 0.125,
                 (&mut out, 64),
                 &mut kt,
-            ) {
+            );
+            assert_eq!(
+                ran,
+                super::bf16_avx512::available(),
+                "transposed scores ran"
+            );
+            if ran {
                 for m in 0..12 {
                     assert_eq!(
                         bits(&out[m * 64..][..n]),
@@ -171,6 +179,10 @@ fn value_sums_are_the_definitions_bits() {
         let weights: Vec<f32> = (0..3 * 140)
             .map(|i| (noise(900 + i) + 0.5) * 0.02)
             .collect();
+        // The same weights rounded, and a partner for the last head's lone last key.
+        let mut weight_bits = Vec::new();
+        bf16_pairs::round_into(&weights, &mut weight_bits);
+        weight_bits.push(0);
         for n in [1, 2, 3, 5, 64, 65, 130] {
             let want = |m: usize| -> Vec<f32> {
                 let mut acc = vec![0f32; 2 * dim];
@@ -217,13 +229,11 @@ fn value_sums_are_the_definitions_bits() {
                     let at = (values.as_slice(), (stride, dim));
                     if super::loops::pair_rows(at, n, dim, &mut paired) {
                         let mut acc = vec![0f32; heads * 2 * dim];
-                        super::loops::accumulate_paired(
-                            (&weights, 140),
-                            n,
-                            heads,
-                            &paired,
-                            &mut acc,
-                        );
+                        let w = bf16_pairs::WeightBits {
+                            bits: &weight_bits,
+                            stride: 140,
+                        };
+                        super::loops::accumulate_paired(w, n, heads, &paired, &mut acc);
                         for m in 0..heads {
                             assert_eq!(
                                 bits(&acc[m * 2 * dim..][..2 * dim]),

@@ -4,14 +4,20 @@
 //! a thread reads whole cache rows in order), and merges the segments; the loops each run is
 //! built of are in `loops`.
 
+use super::bf16_pairs::WeightBits;
 use super::loops::{
-    accumulate_paired, accumulate_values_heads, finish_values, pair_rows, scaled_dots_heads,
-    softmax_sum, softmax_weights, vertical_scores, widen_rows, SHARED_HEADS,
+    accumulate_paired, accumulate_values_bf16, accumulate_values_heads, bf16_rounded_for,
+    finish_values, pair_rows, round_bf16, scaled_dots_heads, scaled_dots_heads_bf16, softmax_sum,
+    softmax_weights, vertical_scores, vertical_scores_bf16, widen_rows, SHARED_HEADS,
 };
 use super::q8_query::{rounded_for, Q8Queries};
 use super::q8_scores;
 use super::segments::{merge_segments, SegmentPart, SEGMENT};
 use super::shared::{KvForm, KvRows};
+
+/// A thread's buffers for [`causal_attention`]: scores (then softmax weights), value sums,
+/// transposed keys or widened values, and bf16 weights' bits.
+type Buffers = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u16>);
 
 /// Shapes of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -82,14 +88,18 @@ pub fn causal_attention<K: KvRows>(
     out: &mut [f32],
 ) {
     rounded_for::<K, _>(q, |q8| {
-        attend_all(shape, (q, q8), (keys, values), (start_pos, sinks), out)
+        bf16_rounded_for::<K, _>(q, |qb| {
+            attend_all(shape, (q, q8, qb), (keys, values), (start_pos, sinks), out)
+        })
     })
 }
 
-/// [`causal_attention`] with q8 keys' queries rounded (`q8`, see `q8_scores`).
+/// [`causal_attention`] with the queries rounded once as the keys are where they are q8
+/// (`q8`, see `q8_scores`) or bf16 (`qb`, bits; the softmax weights are then rounded once a
+/// row as well, see `bf16_pairs`).
 fn attend_all<K: KvRows>(
     shape: AttnShape,
-    (q, q8): (&[f32], Option<&Q8Queries>),
+    (q, q8, qb): (&[f32], Option<&Q8Queries>, Option<&[u16]>),
     (keys, values): (K, K),
     (start_pos, sinks): (usize, Option<&[f32]>),
     out: &mut [f32],
@@ -123,8 +133,9 @@ fn attend_all<K: KvRows>(
     thread_local! {
         // Per-thread score and value-sum buffers, kept across calls so decoding does not
         // allocate per layer; and the calling thread's segment parts.
-        static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
-            const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+        // bf16 keys: the weights' bits too.
+        static BUFFERS: std::cell::RefCell<Buffers> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
         static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     // Run `r`: key-value head `r / runs_per_kv`'s units, MAX_GROUP at a time, in order (so the
@@ -147,204 +158,221 @@ fn attend_all<K: KvRows>(
     // Runs `item_runs` over segment `g`'s keys. The runs of one item have as many units, of
     // the same queries, so they see the same keys; the `m`th member of the item's `k`th run is
     // its row `k * nm + m`, whose scores start at `row * stride`.
-    let attend =
-        |(item_runs, g): (std::ops::Range<usize>, usize),
-         parts: usize,
-         (scores, acc, kt): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>)| {
-            let lead = run_members(item_runs.start);
-            let nm = lead.len();
-            let rows = item_runs.len() * nm;
-            let kv_off = |u: usize| (u / per_kv_head) * head_dim;
-            let first = g * SEGMENT;
-            // Keys of the segment unit `u` sees.
-            let in_segment = |u: usize| seen_of(u).min(first + SEGMENT).saturating_sub(first);
-            let stride = in_segment(lead.end - 1);
-            if stride == 0 {
-                return;
-            }
-            // Each row with its unit, run by run.
-            let each_row = || item_runs.clone().flat_map(run_members).enumerate();
-            // Key chunk by key chunk, so a chunk is read once for all members (and, interleaved,
-            // every head's part of a cache row before the next rows), and within a chunk the
-            // heads of one query (which see the same keys) side by side: calls `f(first row,
-            // heads, its unit, first key, keys in the chunk)` for each run of such members
-            // that sees the chunk.
-            let each_chunk = |f: &mut dyn FnMut(usize, usize, usize, usize, usize)| {
-                for j0 in (first..first + stride).step_by(chunk) {
-                    for (k, r) in item_runs.clone().enumerate() {
-                        let members = run_members(r);
-                        let mut m = 0;
-                        while m < nm {
-                            let u = members.start + m;
-                            let query = unit(u).0;
-                            let mut heads = 1;
-                            while heads < SHARED_HEADS
-                                && m + heads < nm
-                                && unit(u + heads).0 == query
-                            {
-                                heads += 1;
-                            }
-                            let seen = seen_of(u);
-                            if j0 < seen {
-                                f(k * nm + m, heads, u, j0, chunk.min(seen - j0));
-                            }
-                            m += heads;
+    let attend = |(item_runs, g): (std::ops::Range<usize>, usize),
+                  parts: usize,
+                  (scores, acc, kt, wb): &mut Buffers| {
+        let lead = run_members(item_runs.start);
+        let nm = lead.len();
+        let rows = item_runs.len() * nm;
+        let kv_off = |u: usize| (u / per_kv_head) * head_dim;
+        let first = g * SEGMENT;
+        // Keys of the segment unit `u` sees.
+        let in_segment = |u: usize| seen_of(u).min(first + SEGMENT).saturating_sub(first);
+        let stride = in_segment(lead.end - 1);
+        if stride == 0 {
+            return;
+        }
+        // Each row with its unit, run by run.
+        let each_row = || item_runs.clone().flat_map(run_members).enumerate();
+        // Key chunk by key chunk, so a chunk is read once for all members (and, interleaved,
+        // every head's part of a cache row before the next rows), and within a chunk the
+        // heads of one query (which see the same keys) side by side: calls `f(first row,
+        // heads, its unit, first key, keys in the chunk)` for each run of such members
+        // that sees the chunk.
+        let each_chunk = |f: &mut dyn FnMut(usize, usize, usize, usize, usize)| {
+            for j0 in (first..first + stride).step_by(chunk) {
+                for (k, r) in item_runs.clone().enumerate() {
+                    let members = run_members(r);
+                    let mut m = 0;
+                    while m < nm {
+                        let u = members.start + m;
+                        let query = unit(u).0;
+                        let mut heads = 1;
+                        while heads < SHARED_HEADS && m + heads < nm && unit(u + heads).0 == query {
+                            heads += 1;
                         }
-                    }
-                }
-            };
-            // Every score a row reads is written first: grown, never cleared.
-            if scores.len() < rows * stride {
-                scores.resize(rows * stride, 0.0);
-            }
-            let end = first + stride;
-            // Calls `f(first key, the run's place in the item, its members)` chunk by chunk,
-            // every run of a chunk before the next chunk; stops at the first `false`.
-            let each_run_chunk =
-                |f: &mut dyn FnMut(usize, usize, std::ops::Range<usize>) -> bool| {
-                    (first..end).step_by(chunk).all(|j0| {
-                        item_runs
-                            .clone()
-                            .enumerate()
-                            .all(|(k, r)| f(j0, k, run_members(r)))
-                    })
-                };
-            // q8 keys: every member's scores over the whole chunk from the integer kernels
-            // (`q8_scores`), whatever the instruction set. Other keys: from keys transposed
-            // along the lanes where the runs are long enough (`vertical_scores`), whose false
-            // answer comes before any work, from the units and the head size alone, so the
-            // first call's stands for every run and chunk.
-            let vertical = each_run_chunk(&mut |j0, k, members| {
-                let at = (keys.skip(j0 * kv_dim), (kv_dim, kv_off(members.start)));
-                let n = chunk.min(end - j0);
-                let out = (&mut scores[k * nm * stride + j0 - first..], stride);
-                let unit_at = |m: usize| {
-                    let (i, h) = unit(members.start + m);
-                    i * q_dim + h * head_dim
-                };
-                match q8 {
-                    Some(queries) => {
-                        let query = |m: usize| queries.query(unit_at(m), head_dim);
-                        q8_scores::run_scores(at.0, at.1, n, (nm, &query), scale, out, kt);
-                        true
-                    }
-                    None => {
-                        let query = |m: usize| &q[unit_at(m)..][..head_dim];
-                        vertical_scores(at.0, at.1, n, (nm, &query), scale, out, kt)
-                    }
-                }
-            });
-            if !vertical {
-                each_chunk(&mut |row, heads, u, j0, len| {
-                    let (i, h) = unit(u);
-                    scaled_dots_heads(
-                        &q[i * q_dim + h * head_dim..][..heads * head_dim],
-                        heads,
-                        keys.skip(j0 * kv_dim),
-                        (kv_dim, kv_off(u)),
-                        scale,
-                        &mut scores[row * stride + j0 - first..],
-                        stride,
-                        len,
-                    );
-                });
-            }
-            // A unit of one segment: its softmax's inverse sum; of several: its segment's max
-            // and sum, into its part.
-            let mut inv = [0f32; MAX_ITEM_UNITS];
-            for (row, u) in each_row() {
-                let s = &mut scores[row * stride..][..in_segment(u)];
-                if s.is_empty() {
-                    continue;
-                }
-                if seen_of(u) <= SEGMENT {
-                    inv[row] = 1f32 / softmax_sum(s, sinks.map(|k| k[unit(u).1]));
-                } else {
-                    let (max, sum) = softmax_weights(s);
-                    // SAFETY: each (unit, segment) part is written by the one item that holds
-                    // both, and read only after every item is done.
-                    let part = unsafe {
-                        std::slice::from_raw_parts_mut((parts as *mut f32).add(part_at(u, g)), 2)
-                    };
-                    part.copy_from_slice(&[max, sum]);
-                }
-            }
-            acc.clear();
-            acc.resize(rows * 2 * head_dim, 0.0);
-            // A run of many units widens each chunk of f16 or q8 values once (into `kt`, free
-            // again) for all of them.
-            let widen = vertical && nm >= WIDEN_UNITS && K::FORM != KvForm::F32;
-            let mut widened = None;
-            // bf16 values: a run's chunk of rows paired once for every member (`bf16_pairs`),
-            // where it would be widened.
-            let mut paired = None;
-            each_chunk(&mut |row, heads, u, j0, len| {
-                let weights = &scores[row * stride + j0 - first..];
-                let sums = &mut acc[row * 2 * head_dim..][..heads * 2 * head_dim];
-                let at = (j0, kv_off(u));
-                if widen && K::FORM == KvForm::Bf16 {
-                    if paired != Some(at) {
-                        let n = chunk.min(end - j0);
-                        let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off(u)));
-                        paired = pair_rows(rows, n, head_dim, kt).then_some(at);
-                    }
-                    if paired == Some(at) {
-                        accumulate_paired((weights, stride), len, heads, kt, sums);
-                        return;
-                    }
-                }
-                if widen && widened != Some(at) {
-                    let n = chunk.min(end - j0);
-                    let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off(u)));
-                    widened = widen_rows(rows, n, head_dim, kt).then_some(at);
-                }
-                if widened == Some(at) {
-                    let rows = &kt[..];
-                    accumulate_values_heads(weights, stride, len, heads, rows, (head_dim, 0), sums);
-                } else {
-                    let rows = values.skip(j0 * kv_dim);
-                    accumulate_values_heads(
-                        weights,
-                        stride,
-                        len,
-                        heads,
-                        rows,
-                        (kv_dim, kv_off(u)),
-                        sums,
-                    );
-                }
-            });
-            for (row, u) in each_row() {
-                if in_segment(u) == 0 {
-                    continue;
-                }
-                let sums = &acc[row * 2 * head_dim..][..2 * head_dim];
-                if seen_of(u) <= SEGMENT {
-                    let (i, h) = unit(u);
-                    // SAFETY: each (query, head) unit writes only its own head_dim-long span of
-                    // `out`, and a unit of one segment belongs to exactly one item.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            (out_ptr as *mut f32).add(i * q_dim + h * head_dim),
-                            head_dim,
-                        )
-                    };
-                    finish_values(sums, inv[row], o);
-                } else {
-                    // SAFETY: as for the max and sum above.
-                    let part = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            (parts as *mut f32).add(part_at(u, g) + 2),
-                            head_dim,
-                        )
-                    };
-                    let (even, odd) = sums.split_at(head_dim);
-                    for ((p, e), o) in part.iter_mut().zip(even).zip(odd) {
-                        *p = e + o;
+                        let seen = seen_of(u);
+                        if j0 < seen {
+                            f(k * nm + m, heads, u, j0, chunk.min(seen - j0));
+                        }
+                        m += heads;
                     }
                 }
             }
         };
+        // Every score a row reads is written first: grown, never cleared.
+        if scores.len() < rows * stride {
+            scores.resize(rows * stride, 0.0);
+        }
+        // A row's weights as bf16 bits (and a lone last key's partner after them).
+        let wstride = stride + 2;
+        if qb.is_some() && wb.len() < rows * wstride {
+            wb.resize(rows * wstride, 0);
+        }
+        let end = first + stride;
+        // Calls `f(first key, the run's place in the item, its members)` chunk by chunk,
+        // every run of a chunk before the next chunk; stops at the first `false`.
+        let each_run_chunk = |f: &mut dyn FnMut(usize, usize, std::ops::Range<usize>) -> bool| {
+            (first..end).step_by(chunk).all(|j0| {
+                item_runs
+                    .clone()
+                    .enumerate()
+                    .all(|(k, r)| f(j0, k, run_members(r)))
+            })
+        };
+        // q8 keys: every member's scores over the whole chunk from the integer kernels
+        // (`q8_scores`), whatever the instruction set. Other keys: from keys transposed
+        // along the lanes where the runs are long enough (`vertical_scores`), whose false
+        // answer comes before any work, from the units and the head size alone, so the
+        // first call's stands for every run and chunk.
+        let vertical = each_run_chunk(&mut |j0, k, members| {
+            let at = (keys.skip(j0 * kv_dim), (kv_dim, kv_off(members.start)));
+            let n = chunk.min(end - j0);
+            let out = (&mut scores[k * nm * stride + j0 - first..], stride);
+            let unit_at = |m: usize| {
+                let (i, h) = unit(members.start + m);
+                i * q_dim + h * head_dim
+            };
+            match (q8, qb) {
+                (Some(queries), _) => {
+                    let query = |m: usize| queries.query(unit_at(m), head_dim);
+                    q8_scores::run_scores(at.0, at.1, n, (nm, &query), scale, out, kt);
+                    true
+                }
+                (None, Some(bits)) => {
+                    let query = |m: usize| &bits[unit_at(m)..][..head_dim];
+                    vertical_scores_bf16(at.0, at.1, n, (nm, &query), scale, out, kt)
+                }
+                (None, None) => {
+                    let query = |m: usize| &q[unit_at(m)..][..head_dim];
+                    vertical_scores(at.0, at.1, n, (nm, &query), scale, out, kt)
+                }
+            }
+        });
+        if !vertical {
+            each_chunk(&mut |row, heads, u, j0, len| {
+                let (i, h) = unit(u);
+                let at = i * q_dim + h * head_dim;
+                let (keys, kv_at) = (keys.skip(j0 * kv_dim), (kv_dim, kv_off(u)));
+                let out = &mut scores[row * stride + j0 - first..];
+                match qb {
+                    Some(bits) => {
+                        let q = &bits[at..][..heads * head_dim];
+                        scaled_dots_heads_bf16(q, heads, keys, kv_at, scale, (out, stride), len)
+                    }
+                    None => {
+                        let q = &q[at..][..heads * head_dim];
+                        scaled_dots_heads(q, heads, keys, kv_at, scale, out, stride, len)
+                    }
+                }
+            });
+        }
+        // A unit of one segment: its softmax's inverse sum; of several: its segment's max
+        // and sum, into its part.
+        let mut inv = [0f32; MAX_ITEM_UNITS];
+        for (row, u) in each_row() {
+            let s = &mut scores[row * stride..][..in_segment(u)];
+            if s.is_empty() {
+                continue;
+            }
+            if seen_of(u) <= SEGMENT {
+                inv[row] = 1f32 / softmax_sum(s, sinks.map(|k| k[unit(u).1]));
+            } else {
+                let (max, sum) = softmax_weights(s);
+                // SAFETY: each (unit, segment) part is written by the one item that holds
+                // both, and read only after every item is done.
+                let part = unsafe {
+                    std::slice::from_raw_parts_mut((parts as *mut f32).add(part_at(u, g)), 2)
+                };
+                part.copy_from_slice(&[max, sum]);
+            }
+            if qb.is_some() {
+                round_bf16(s, &mut wb[row * wstride..][..s.len()]);
+            }
+        }
+        acc.clear();
+        acc.resize(rows * 2 * head_dim, 0.0);
+        // A run of many units widens each chunk of f16 or q8 values once (into `kt`, free
+        // again) for all of them.
+        let widen = vertical && nm >= WIDEN_UNITS && K::FORM != KvForm::F32;
+        let mut widened = None;
+        // bf16 values: a run's chunk of rows paired once for every member (`bf16_pairs`),
+        // where it would be widened.
+        let mut paired = None;
+        each_chunk(&mut |row, heads, u, j0, len| {
+            let weights = &scores[row * stride + j0 - first..];
+            let sums = &mut acc[row * 2 * head_dim..][..heads * 2 * head_dim];
+            let at = (j0, kv_off(u));
+            if qb.is_some() {
+                let bits = &wb[row * wstride + j0 - first..];
+                let w = WeightBits {
+                    bits,
+                    stride: wstride,
+                };
+                let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off(u)));
+                if widen && paired != Some(at) {
+                    let n = chunk.min(end - j0);
+                    paired = pair_rows(rows, n, head_dim, kt).then_some(at);
+                }
+                if paired == Some(at) {
+                    accumulate_paired(w, len, heads, kt, sums);
+                } else {
+                    accumulate_values_bf16(w, len, heads, rows.0, rows.1, sums);
+                }
+                return;
+            }
+            if widen && widened != Some(at) {
+                let n = chunk.min(end - j0);
+                let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off(u)));
+                widened = widen_rows(rows, n, head_dim, kt).then_some(at);
+            }
+            if widened == Some(at) {
+                let rows = &kt[..];
+                accumulate_values_heads(weights, stride, len, heads, rows, (head_dim, 0), sums);
+            } else {
+                let rows = values.skip(j0 * kv_dim);
+                accumulate_values_heads(
+                    weights,
+                    stride,
+                    len,
+                    heads,
+                    rows,
+                    (kv_dim, kv_off(u)),
+                    sums,
+                );
+            }
+        });
+        for (row, u) in each_row() {
+            if in_segment(u) == 0 {
+                continue;
+            }
+            let sums = &acc[row * 2 * head_dim..][..2 * head_dim];
+            if seen_of(u) <= SEGMENT {
+                let (i, h) = unit(u);
+                // SAFETY: each (query, head) unit writes only its own head_dim-long span of
+                // `out`, and a unit of one segment belongs to exactly one item.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        (out_ptr as *mut f32).add(i * q_dim + h * head_dim),
+                        head_dim,
+                    )
+                };
+                finish_values(sums, inv[row], o);
+            } else {
+                // SAFETY: as for the max and sum above.
+                let part = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        (parts as *mut f32).add(part_at(u, g) + 2),
+                        head_dim,
+                    )
+                };
+                let (even, odd) = sums.split_at(head_dim);
+                for ((p, e), o) in part.iter_mut().zip(even).zip(odd) {
+                    *p = e + o;
+                }
+            }
+        }
+    };
     // Items: each run by segment, or, interleaved, each segment with every run. The pool hands
     // out items, not units: handed units (a chunk of a sixteenth of them), a run would only
     // group the few units of one grab, and a step's heads would each read their shared keys
@@ -371,9 +399,7 @@ fn attend_all<K: KvRows>(
         }
         let parts = parts.as_mut_ptr() as usize;
         let run = |range: std::ops::Range<usize>| {
-            BUFFERS.with_borrow_mut(|(scores, acc, kt)| {
-                range.for_each(|it| attend(item(it), parts, (scores, acc, kt)))
-            })
+            BUFFERS.with_borrow_mut(|buffers| range.for_each(|it| attend(item(it), parts, buffers)))
         };
         let small = units * (start_pos + n_new) < PARALLEL_WORK;
         if small {

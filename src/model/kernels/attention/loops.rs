@@ -3,6 +3,7 @@
 //! runs: what `causal` and `tree_attention` call, so that a loop's instruction set is chosen in
 //! one place and every form gives the scalar definition's bits.
 
+use super::bf16_pairs::WeightBits;
 #[cfg(target_arch = "x86_64")]
 use super::shared::{simd_available, wide_available};
 use super::shared::{KvForm, KvRows};
@@ -27,18 +28,7 @@ pub(super) fn scaled_dots<K: KvRows>(
 ) {
     if K::FORM == KvForm::Bf16 {
         let at = (stride, offset);
-        return with_bf16_query(q, |q| {
-            assert!(
-                scores.is_empty()
-                    || (scores.len() - 1) * stride + offset + q.len() <= keys.elements()
-            );
-            #[cfg(target_arch = "x86_64")]
-            if bf16_avx512::available() {
-                // SAFETY: AVX-512 BF16 was checked; every key read is inside `keys` (asserted).
-                return unsafe { bf16_avx512::scaled_dots(q, keys, at, scale, scores) };
-            }
-            bf16_pairs::scaled_dots(q, keys, at, scale, scores)
-        });
+        return with_bf16_query(q, |q| scaled_dots_bf16(q, keys, at, scale, scores));
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -84,24 +74,115 @@ pub(super) fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
     scalar::softmax_weights(scores)
 }
 
-/// Calls `f` with `q` rounded to bf16 bits (`bf16_pairs::round`, by `vcvtne2ps2bf16` where it
-/// runs), in the calling thread's buffer: a forward's calls reuse it, so it allocates only
-/// while it grows.
+/// [`scaled_dots`] on a bf16 cache with the query already rounded (bf16 bits, a multiple of
+/// 32 long).
+pub(super) fn scaled_dots_bf16<K: KvRows>(
+    q: &[u16],
+    keys: K,
+    at: (usize, usize),
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let (stride, offset) = at;
+    assert!(scores.is_empty() || (scores.len() - 1) * stride + offset + q.len() <= keys.elements());
+    #[cfg(target_arch = "x86_64")]
+    if bf16_avx512::available() {
+        // SAFETY: AVX-512 BF16 was checked; every key read is inside `keys` (asserted).
+        return unsafe { bf16_avx512::scaled_dots(q, keys, at, scale, scores) };
+    }
+    bf16_pairs::scaled_dots(q, keys, at, scale, scores)
+}
+
+/// `src` rounded to bf16 bits into `dst` (as long): `bf16_pairs::round` for each, by
+/// `vcvtne2ps2bf16` where it runs.
+pub(super) fn round_bf16(src: &[f32], dst: &mut [u16]) {
+    assert_eq!(src.len(), dst.len());
+    #[cfg(target_arch = "x86_64")]
+    if bf16_avx512::available() {
+        // SAFETY: AVX-512 BF16 was checked; the slices are as long (asserted).
+        return unsafe { bf16_avx512::round_slice(src, dst) };
+    }
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = bf16_pairs::round(x).to_bits();
+    }
+}
+
+/// Calls `f` with `q` rounded to bf16 bits ([`round_bf16`]) in the calling thread's buffer: a
+/// forward's calls reuse it, so it allocates only while it grows. For the calls that take f32
+/// queries; a causal call rounds its queries once ([`bf16_rounded_for`]).
 fn with_bf16_query<R>(q: &[f32], f: impl FnOnce(&[u16]) -> R) -> R {
     thread_local! {
         static ROUNDED: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     ROUNDED.with_borrow_mut(|buf| {
-        #[cfg(target_arch = "x86_64")]
-        if bf16_avx512::available() {
-            buf.resize(q.len(), 0);
-            // SAFETY: AVX-512 BF16 was checked; `buf` is as long as `q`.
-            unsafe { bf16_avx512::round_slice(q, buf) };
-            return f(buf);
-        }
-        bf16_pairs::round_into(q, buf);
+        buf.resize(q.len(), 0);
+        round_bf16(q, buf);
         f(buf)
     })
+}
+
+/// Calls `f` with all of a call's queries `q` rounded to bf16 bits where keys of form `K` are
+/// bf16 (rounded once, where each key chunk would round them again), else with `None`; in a
+/// buffer of its own, so the calls inside `f` may round as well.
+pub(super) fn bf16_rounded_for<K: KvRows, R>(q: &[f32], f: impl FnOnce(Option<&[u16]>) -> R) -> R {
+    thread_local! {
+        static CALL: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    if K::FORM != KvForm::Bf16 {
+        return f(None);
+    }
+    CALL.with_borrow_mut(|buf| {
+        buf.resize(q.len(), 0);
+        round_bf16(q, buf);
+        f(Some(buf))
+    })
+}
+
+/// `heads` heads' weights `weights.0[m * weights.1..][..n]` as bf16 bits ([`round_bf16`]) in
+/// the calling thread's buffer, for `f`: the rounding the f32 forms of the value sums do.
+fn with_weight_bits<R>(
+    (weights, weight_stride): (&[f32], usize),
+    n: usize,
+    heads: usize,
+    f: impl FnOnce(WeightBits) -> R,
+) -> R {
+    thread_local! {
+        static BITS: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    assert!(n == 0 || (heads - 1) * weight_stride + n <= weights.len());
+    BITS.with_borrow_mut(|buf| {
+        let stride = n + 1;
+        buf.resize(heads * stride, 0);
+        for m in 0..heads {
+            round_bf16(
+                &weights[m * weight_stride..][..n],
+                &mut buf[m * stride..][..n],
+            );
+        }
+        f(WeightBits { bits: buf, stride })
+    })
+}
+
+/// [`accumulate_values_heads`] on a bf16 cache with the weights already rounded
+/// ([`WeightBits`], head `m`'s sums `acc[m * 2 * dim..][..2 * dim]`).
+pub(super) fn accumulate_values_bf16<K: KvRows>(
+    weights: WeightBits,
+    n: usize,
+    heads: usize,
+    values: K,
+    at: (usize, usize),
+    acc: &mut [f32],
+) {
+    let dim = acc.len() / (2 * heads);
+    weights.check(heads, n);
+    #[cfg(target_arch = "x86_64")]
+    if dim.is_multiple_of(32) && bf16_avx512::available() {
+        return bf16_avx512::accumulate_rows(weights, n, heads, values, at, acc);
+    }
+    for m in 0..heads {
+        let sums = &mut acc[m * 2 * dim..][..2 * dim];
+        bf16_pairs::accumulate_values(weights.head(m), n, values, at, sums);
+    }
 }
 
 /// Adds keys' weighted values to two running sums, `acc = [even | odd]` (each `dim` long):
@@ -123,13 +204,10 @@ pub(super) fn accumulate_values<K: KvRows>(
 ) {
     let dim = acc.len() / 2;
     if K::FORM == KvForm::Bf16 {
-        let at = (stride, offset);
-        #[cfg(target_arch = "x86_64")]
-        if dim.is_multiple_of(32) && bf16_avx512::available() {
-            let n = weights.len();
-            return bf16_avx512::accumulate_rows((weights, 0), n, 1, values, at, acc);
-        }
-        return bf16_pairs::accumulate_values(weights, values, at, acc);
+        let n = weights.len();
+        return with_weight_bits((weights, 0), n, 1, |w| {
+            accumulate_values_bf16(w, n, 1, values, (stride, offset), acc)
+        });
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -187,35 +265,11 @@ pub(super) fn scaled_dots_heads<K: KvRows>(
     let dim = q.len() / heads;
     assert!(heads > 0 && heads <= SHARED_HEADS && q.len() == heads * dim);
     assert!(n == 0 || scores.len() >= (heads - 1) * score_stride + n);
-    #[cfg(target_arch = "x86_64")]
-    if K::FORM == KvForm::Bf16 && heads > 1 && super::bf16_avx512::available() {
-        assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.elements());
-        with_bf16_query(q, |q| {
-            let out = (scores, score_stride);
-            // SAFETY: AVX-512 BF16 was checked; every key read is inside `keys` and every score
-            // written inside `scores` (asserted above).
-            unsafe {
-                match heads {
-                    2 => bf16_avx512::scaled_dots_shared::<K, 2>(
-                        q,
-                        keys,
-                        (stride, offset),
-                        scale,
-                        out,
-                        n,
-                    ),
-                    _ => bf16_avx512::scaled_dots_shared::<K, 3>(
-                        q,
-                        keys,
-                        (stride, offset),
-                        scale,
-                        out,
-                        n,
-                    ),
-                }
-            }
+    if K::FORM == KvForm::Bf16 {
+        let at = (stride, offset);
+        return with_bf16_query(q, |q| {
+            scaled_dots_heads_bf16(q, heads, keys, at, scale, (scores, score_stride), n)
         });
-        return;
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -248,6 +302,53 @@ pub(super) fn scaled_dots_heads<K: KvRows>(
     }
 }
 
+/// [`scaled_dots_heads`] on a bf16 cache with the queries already rounded (bf16 bits).
+pub(super) fn scaled_dots_heads_bf16<K: KvRows>(
+    q: &[u16],
+    heads: usize,
+    keys: K,
+    (stride, offset): (usize, usize),
+    scale: f32,
+    (scores, score_stride): (&mut [f32], usize),
+    n: usize,
+) {
+    let dim = q.len() / heads;
+    assert!(heads > 0 && heads <= SHARED_HEADS && q.len() == heads * dim);
+    assert!(n == 0 || scores.len() >= (heads - 1) * score_stride + n);
+    #[cfg(target_arch = "x86_64")]
+    if heads > 1 && bf16_avx512::available() {
+        assert!(n == 0 || (n - 1) * stride + offset + dim <= keys.elements());
+        let out = (scores, score_stride);
+        // SAFETY: AVX-512 BF16 was checked; every key read is inside `keys` and every score
+        // written inside `scores` (asserted above).
+        unsafe {
+            match heads {
+                2 => bf16_avx512::scaled_dots_shared::<K, 2>(
+                    q,
+                    keys,
+                    (stride, offset),
+                    scale,
+                    out,
+                    n,
+                ),
+                _ => bf16_avx512::scaled_dots_shared::<K, 3>(
+                    q,
+                    keys,
+                    (stride, offset),
+                    scale,
+                    out,
+                    n,
+                ),
+            }
+        }
+        return;
+    }
+    for m in 0..heads {
+        let s = &mut scores[m * score_stride..][..n];
+        scaled_dots_bf16(&q[m * dim..][..dim], keys, (stride, offset), scale, s);
+    }
+}
+
 /// [`accumulate_values`] for `heads` heads (at most [`SHARED_HEADS`]) weighing the same `n`
 /// values: head `m`'s weights are `weights[m * weight_stride..][..n]`, its sums
 /// `acc[m * 2 * dim..][..2 * dim]`. Every sum is the bits [`accumulate_values`] gives it; the
@@ -265,11 +366,11 @@ pub(super) fn accumulate_values_heads<K: KvRows>(
     let dim = acc.len() / (2 * heads);
     assert!(heads > 0 && heads <= SHARED_HEADS && acc.len() == heads * 2 * dim);
     assert!(n == 0 || weights.len() >= (heads - 1) * weight_stride + n);
-    #[cfg(target_arch = "x86_64")]
-    if K::FORM == KvForm::Bf16 && dim.is_multiple_of(32) && super::bf16_avx512::available() {
+    if K::FORM == KvForm::Bf16 {
         let at = (stride, offset);
-        super::bf16_avx512::accumulate_rows((weights, weight_stride), n, heads, values, at, acc);
-        return;
+        return with_weight_bits((weights, weight_stride), n, heads, |w| {
+            accumulate_values_bf16(w, n, heads, values, at, acc)
+        });
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -342,17 +443,7 @@ pub(super) fn vertical_scores<'q, K: KvRows>(
     {
         assert!(n <= vertical::CHUNK);
         let q = (units, query);
-        if K::FORM == KvForm::Bf16 {
-            let dim = query(0).len();
-            let able = units >= vertical::VERTICAL_UNITS && dim.is_multiple_of(32);
-            if able && super::bf16_avx512::available() {
-                let out = (out, out_stride);
-                super::bf16_avx512::transposed_scores(keys, (stride, offset), n, q, scale, out, kt);
-                return true;
-            }
-            return false;
-        }
-        let able = simd_available() && wide_available();
+        let able = K::FORM != KvForm::Bf16 && simd_available() && wide_available();
         able && vertical::transposed_scores(
             keys,
             (stride, offset),
@@ -368,6 +459,35 @@ pub(super) fn vertical_scores<'q, K: KvRows>(
         let _ = (
             keys, stride, offset, n, units, query, scale, out, out_stride, kt,
         );
+        false
+    }
+}
+
+/// [`vertical_scores`] on a bf16 cache, the queries already rounded (bf16 bits):
+/// `bf16_avx512::transposed_scores` where it runs, the bits of [`scaled_dots_bf16`]. Returns
+/// whether it did.
+pub(super) fn vertical_scores_bf16<'q, K: KvRows>(
+    keys: K,
+    at: (usize, usize),
+    n: usize,
+    (units, query): (usize, &dyn Fn(usize) -> &'q [u16]),
+    scale: f32,
+    out: (&mut [f32], usize),
+    kt: &mut Vec<f32>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert!(n <= vertical::CHUNK);
+        let able = units >= vertical::VERTICAL_UNITS && query(0).len().is_multiple_of(32);
+        if able && bf16_avx512::available() {
+            bf16_avx512::transposed_scores(keys, at, n, (units, query), scale, out, kt);
+            return true;
+        }
+        false
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (keys, at, n, units, query, scale, out, kt);
         false
     }
 }
@@ -415,7 +535,7 @@ pub(super) fn pair_rows<K: KvRows>(
 /// `bf16_avx512::accumulate_paired` over rows [`pair_rows`] paired (only after it said it
 /// did): the bits of [`accumulate_values_heads`] on the rows themselves.
 pub(super) fn accumulate_paired(
-    weights: (&[f32], usize),
+    weights: WeightBits,
     n: usize,
     heads: usize,
     paired: &[f32],
