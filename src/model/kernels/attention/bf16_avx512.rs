@@ -199,22 +199,21 @@ unsafe fn vertical_scores<const M: usize>(
 ) {
     let sv = _mm512_set1_ps(scale);
     for tile in 0..n.div_ceil(16) {
-        let chain = |l: usize| -> [__m512; M] {
-            let mut acc = [_mm512_setzero_ps(); M];
+        let chains = |ls: [usize; 4]| -> [[__m512; M]; 4] {
+            let mut acc = [[_mm512_setzero_ps(); M]; 4];
             for c in 0..dim / 32 {
-                let p = 16 * c + l;
-                let k = _mm512_loadu_si512(ktp.add(p * CHUNK + 16 * tile).cast());
-                for m in 0..M {
-                    acc[m] = dp(
-                        acc[m],
-                        _mm512_set1_epi32(q[m].add(p).read_unaligned() as i32),
-                        k,
-                    );
+                for (a, l) in acc.iter_mut().zip(ls) {
+                    let p = 16 * c + l;
+                    let k = _mm512_loadu_si512(ktp.add(p * CHUNK + 16 * tile).cast());
+                    for m in 0..M {
+                        let q = _mm512_set1_epi32(q[m].add(p).read_unaligned() as i32);
+                        a[m] = dp(a[m], q, k);
+                    }
                 }
             }
             acc
         };
-        super::vertical::store_scores(super::vertical::fold_chains(chain), sv, (n, tile), out);
+        super::vertical::store_scores(super::vertical::fold_chains(chains), sv, (n, tile), out);
     }
 }
 

@@ -162,40 +162,43 @@ pub(super) unsafe fn vertical_scores<const M: usize>(
     let ktp = kt.as_ptr();
     let sv = _mm512_set1_ps(scale);
     for tile in 0..n.div_ceil(16) {
-        // Lane `l`'s chains for the M queries over sixteen keys.
-        let chain = |l: usize| -> [__m512; M] {
-            let mut acc = [_mm512_setzero_ps(); M];
+        // Lanes `ls`' chains for the M queries over sixteen keys, four chains side by side.
+        let chains = |ls: [usize; 4]| -> [[__m512; M]; 4] {
+            let mut acc = [[_mm512_setzero_ps(); M]; 4];
             for c in 0..dim / 16 {
-                let e = 16 * c + l;
-                let k = _mm512_loadu_ps(ktp.add(e * CHUNK + 16 * tile));
-                for m in 0..M {
-                    acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(*q[m].add(e)), k, acc[m]);
+                for (a, l) in acc.iter_mut().zip(ls) {
+                    let e = 16 * c + l;
+                    let k = _mm512_loadu_ps(ktp.add(e * CHUNK + 16 * tile));
+                    for m in 0..M {
+                        a[m] = _mm512_fmadd_ps(_mm512_set1_ps(*q[m].add(e)), k, a[m]);
+                    }
                 }
             }
             acc
         };
-        store_scores(fold_chains(chain), sv, (n, tile), out);
+        store_scores(fold_chains(chains), sv, (n, tile), out);
     }
 }
 
-/// `M` queries' sixteen lane chains (`chain(l)`, each a register of sixteen keys) folded as
-/// `dot` folds a key's lanes: `lane l + lane l+8`, then `lane_sum`'s pairing. Shared with the
-/// bf16 kernels, whose chains run over pairs.
+/// `M` queries' sixteen lane chains (each a register of sixteen keys) folded as `dot` folds a
+/// key's lanes: `lane l + lane l+8`, then `lane_sum`'s pairing. `chains(ls)` computes the four
+/// chains `ls` side by side: one chain at a time, each multiply-add waited on the one before
+/// it (a head of 64 is only 2 to 4 of them a chain), where four give the units independent
+/// work. Shared with the bf16 kernels, whose chains run over pairs.
 #[target_feature(enable = "avx512f")]
 #[inline]
 pub(super) unsafe fn fold_chains<const M: usize>(
-    chain: impl Fn(usize) -> [__m512; M],
+    chains: impl Fn([usize; 4]) -> [[__m512; M]; 4],
 ) -> [__m512; M] {
     let add = |a: [__m512; M], b: [__m512; M]| -> [__m512; M] {
         std::array::from_fn(|m| _mm512_add_ps(a[m], b[m]))
     };
-    let folded = |l: usize| add(chain(l), chain(l + 8));
-    // In the order the sums are needed, so few chains are live at once.
-    let first = add(folded(0), folded(4));
-    let first = add(first, add(folded(1), folded(5)));
-    let second = add(folded(2), folded(6));
-    let second = add(second, add(folded(3), folded(7)));
-    add(first, second)
+    // `(l + l+8) + (l+4 + l+12)`: two of the first fold's sums and the first pairing of them.
+    let quad = |l: usize| {
+        let [a, b, c, d] = chains([l, l + 8, l + 4, l + 12]);
+        add(add(a, b), add(c, d))
+    };
+    add(add(quad(0), quad(1)), add(quad(2), quad(3)))
 }
 
 /// Tile `tile`'s sixteen keys' scores (`sums`, times `sv`) into each query's `out`, the keys
