@@ -15,6 +15,21 @@ use super::q8_scores;
 use super::segments::{merge_segments, SegmentPart, SEGMENT};
 use super::shared::{KvForm, KvRows};
 
+/// Members of a run computed together over each key chunk: the heads of one query, which see
+/// the same keys.
+#[derive(Clone, Copy, Default)]
+struct Group {
+    /// The first member's row in its item.
+    row: usize,
+    heads: usize,
+    /// Keys the query sees (its position plus one).
+    seen: usize,
+    /// Where the first member's query starts in `q`.
+    q_at: usize,
+    /// Where its key-value head starts in a cache row.
+    kv_off: usize,
+}
+
 /// A thread's buffers for [`causal_attention`]: scores (then softmax weights), value sums,
 /// transposed keys or widened values, and bf16 weights' bits.
 type Buffers = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u16>);
@@ -179,24 +194,40 @@ fn attend_all<K: KvRows>(
         // heads of one query (which see the same keys) side by side: calls `f(first row,
         // heads, its unit, first key, keys in the chunk)` for each run of such members
         // that sees the chunk.
-        let each_chunk = |f: &mut dyn FnMut(usize, usize, usize, usize, usize)| {
+        // The groups are worked out once an item, not again for every chunk.
+        let mut groups = [Group::default(); MAX_ITEM_UNITS];
+        let mut count = 0;
+        // Where each row's query starts in `q`.
+        let mut row_q = [0usize; MAX_ITEM_UNITS];
+        for (k, r) in item_runs.clone().enumerate() {
+            let members = run_members(r);
+            let mut m = 0;
+            while m < nm {
+                let u = members.start + m;
+                let (query, h) = unit(u);
+                let mut heads = 1;
+                while heads < SHARED_HEADS && m + heads < nm && unit(u + heads).0 == query {
+                    heads += 1;
+                }
+                for j in 0..heads {
+                    row_q[k * nm + m + j] = query * q_dim + (h + j) * head_dim;
+                }
+                groups[count] = Group {
+                    row: k * nm + m,
+                    heads,
+                    seen: seen_of(u),
+                    q_at: query * q_dim + h * head_dim,
+                    kv_off: kv_off(u),
+                };
+                count += 1;
+                m += heads;
+            }
+        }
+        let groups = &groups[..count];
+        let each_chunk = |f: &mut dyn FnMut(&Group, usize, usize)| {
             for j0 in (first..first + stride).step_by(chunk) {
-                for (k, r) in item_runs.clone().enumerate() {
-                    let members = run_members(r);
-                    let mut m = 0;
-                    while m < nm {
-                        let u = members.start + m;
-                        let query = unit(u).0;
-                        let mut heads = 1;
-                        while heads < SHARED_HEADS && m + heads < nm && unit(u + heads).0 == query {
-                            heads += 1;
-                        }
-                        let seen = seen_of(u);
-                        if j0 < seen {
-                            f(k * nm + m, heads, u, j0, chunk.min(seen - j0));
-                        }
-                        m += heads;
-                    }
+                for group in groups.iter().filter(|group| j0 < group.seen) {
+                    f(group, j0, chunk.min(group.seen - j0));
                 }
             }
         };
@@ -229,10 +260,7 @@ fn attend_all<K: KvRows>(
             let at = (keys.skip(j0 * kv_dim), (kv_dim, kv_off(members.start)));
             let n = chunk.min(end - j0);
             let out = (&mut scores[k * nm * stride + j0 - first..], stride);
-            let unit_at = |m: usize| {
-                let (i, h) = unit(members.start + m);
-                i * q_dim + h * head_dim
-            };
+            let unit_at = |m: usize| row_q[k * nm + m];
             match (q8, qb) {
                 (Some(queries), _) => {
                     let query = |m: usize| queries.query(unit_at(m), head_dim);
@@ -250,10 +278,16 @@ fn attend_all<K: KvRows>(
             }
         });
         if !vertical {
-            each_chunk(&mut |row, heads, u, j0, len| {
-                let (i, h) = unit(u);
-                let at = i * q_dim + h * head_dim;
-                let (keys, kv_at) = (keys.skip(j0 * kv_dim), (kv_dim, kv_off(u)));
+            each_chunk(&mut |&Group {
+                                 row,
+                                 heads,
+                                 q_at: at,
+                                 kv_off,
+                                 ..
+                             },
+                             j0,
+                             len| {
+                let (keys, kv_at) = (keys.skip(j0 * kv_dim), (kv_dim, kv_off));
                 let out = &mut scores[row * stride + j0 - first..];
                 match qb {
                     Some(bits) => {
@@ -299,17 +333,21 @@ fn attend_all<K: KvRows>(
         // bf16 values: a run's chunk of rows paired once for every member (`bf16_pairs`),
         // where it would be widened.
         let mut paired = None;
-        each_chunk(&mut |row, heads, u, j0, len| {
+        each_chunk(&mut |&Group {
+                             row, heads, kv_off, ..
+                         },
+                         j0,
+                         len| {
             let weights = &scores[row * stride + j0 - first..];
             let sums = &mut acc[row * 2 * head_dim..][..heads * 2 * head_dim];
-            let at = (j0, kv_off(u));
+            let at = (j0, kv_off);
             if qb.is_some() {
                 let bits = &wb[row * wstride + j0 - first..];
                 let w = WeightBits {
                     bits,
                     stride: wstride,
                 };
-                let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off(u)));
+                let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off));
                 if widen && paired != Some(at) {
                     let n = chunk.min(end - j0);
                     paired = pair_rows(rows, n, head_dim, kt).then_some(at);
@@ -323,7 +361,7 @@ fn attend_all<K: KvRows>(
             }
             if widen && widened != Some(at) {
                 let n = chunk.min(end - j0);
-                let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off(u)));
+                let rows = (values.skip(j0 * kv_dim), (kv_dim, kv_off));
                 widened = widen_rows(rows, n, head_dim, kt).then_some(at);
             }
             if widened == Some(at) {
@@ -331,15 +369,7 @@ fn attend_all<K: KvRows>(
                 accumulate_values_heads(weights, stride, len, heads, rows, (head_dim, 0), sums);
             } else {
                 let rows = values.skip(j0 * kv_dim);
-                accumulate_values_heads(
-                    weights,
-                    stride,
-                    len,
-                    heads,
-                    rows,
-                    (kv_dim, kv_off(u)),
-                    sums,
-                );
+                accumulate_values_heads(weights, stride, len, heads, rows, (kv_dim, kv_off), sums);
             }
         });
         for (row, u) in each_row() {
