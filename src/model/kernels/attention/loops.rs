@@ -114,11 +114,7 @@ fn with_bf16_query<R>(q: &[f32], f: impl FnOnce(&[u16]) -> R) -> R {
     thread_local! {
         static ROUNDED: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    ROUNDED.with_borrow_mut(|buf| {
-        buf.resize(q.len(), 0);
-        round_bf16(q, buf);
-        f(buf)
-    })
+    rounded_in(&ROUNDED, q, f)
 }
 
 /// Calls `f` with all of a call's queries `q` rounded to bf16 bits where keys of form `K` are
@@ -131,10 +127,19 @@ pub(super) fn bf16_rounded_for<K: KvRows, R>(q: &[f32], f: impl FnOnce(Option<&[
     if K::FORM != KvForm::Bf16 {
         return f(None);
     }
-    CALL.with_borrow_mut(|buf| {
+    rounded_in(&CALL, q, |q| f(Some(q)))
+}
+
+/// `q` rounded ([`round_bf16`]) into the thread's `buffer`, grown as needed, for `f`.
+fn rounded_in<R>(
+    buffer: &'static std::thread::LocalKey<std::cell::RefCell<Vec<u16>>>,
+    q: &[f32],
+    f: impl FnOnce(&[u16]) -> R,
+) -> R {
+    buffer.with_borrow_mut(|buf| {
         buf.resize(q.len(), 0);
         round_bf16(q, buf);
-        f(Some(buf))
+        f(buf)
     })
 }
 
