@@ -18,6 +18,7 @@ use crate::model::kernels::attention::{
     causal_attention, prefetch_cache, tree_attention, AttnShape,
 };
 use crate::model::kernels::elementwise::add_bias_rows;
+use crate::model::kernels::parallel::for_each_unit_inline;
 use crate::model::kernels::rms_norm::norm_in_place;
 use crate::model::spec::hparams::Hparams;
 use crate::model::Result;
@@ -323,7 +324,9 @@ impl Span<'_> {
     /// Each token alone over the keys of its window: positions `p + 1 - w ..= p`, presented
     /// from the window's first key, as a token decoded alone at `p` sees them (so the same
     /// bits however tokens are batched). A tree node sees the window's cache rows, then the
-    /// part of its path inside the window.
+    /// part of its path inside the window. The tokens are spread over the threads, each token
+    /// whole on one: a window is one segment, which a call cannot split, so one token at a
+    /// time left every other thread waiting (Gemma-3's windowed layers are 15 of its 18).
     fn attend_windowed<K: KvRows>(
         &self,
         w: usize,
@@ -335,11 +338,15 @@ impl Span<'_> {
     ) {
         let (shape, start) = (self.shape, self.start);
         let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-        for (i, (qi, oi)) in q
-            .chunks_exact(q_dim)
-            .zip(out.chunks_exact_mut(q_dim))
-            .enumerate()
-        {
+        assert_eq!(q.len(), out.len());
+        let out_at = out.as_mut_ptr() as usize;
+        let attend_one = |i: usize| {
+            let qi = &q[i * q_dim..][..q_dim];
+            // SAFETY: token `i` writes only its own `q_dim`-long span of `out` (inside: `q`
+            // is as long), and `out` outlives the call.
+            let oi = unsafe {
+                std::slice::from_raw_parts_mut((out_at as *mut f32).add(i * q_dim), q_dim)
+            };
             let depth = tree.map_or(i, |(d, _)| d[i]);
             let lo = (start + depth + 1).saturating_sub(w);
             match tree {
@@ -370,6 +377,7 @@ impl Span<'_> {
                     )
                 }
             }
-        }
+        };
+        for_each_unit_inline(q.len() / q_dim, attend_one);
     }
 }

@@ -36,6 +36,31 @@ pub fn for_each_unit(units: usize, work: impl Fn(usize) + Sync) {
     for_each_chunk(units, |range| range.for_each(&work));
 }
 
+/// Runs `work(unit)` for every unit in `0..units` across the pool (see [`for_each_chunk`]),
+/// each unit whole on the thread that takes it: the parallel sections inside `work` run inline
+/// there. For units that cannot split further themselves, such as a windowed layer's tokens,
+/// each attending alone over its own window: as one pool item each, a verification's tokens
+/// ran one after another on the calling thread while the others waited. A lone unit keeps the
+/// pool for its own sections.
+pub fn for_each_unit_inline(units: usize, work: impl Fn(usize) + Sync) {
+    if units == 1 {
+        work(0);
+        return;
+    }
+    /// Puts the thread's inline mark back as it was, on a panic too.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            set_inline(self.0);
+        }
+    }
+    for_each_chunk(units, |range| {
+        let _restore = Restore(is_inline());
+        set_inline(true);
+        range.for_each(&work);
+    });
+}
+
 /// The threads work is split over: the calling thread and candle's pool, or one inline.
 pub fn threads() -> usize {
     if is_inline() {
@@ -72,4 +97,43 @@ pub fn for_each_split(units: usize, work: impl Fn(std::ops::Range<usize>) + Sync
 /// (see [`for_each_split`]).
 pub fn for_each_unit_split(units: usize, work: impl Fn(usize) + Sync) {
     for_each_split(units, |range| range.for_each(&work));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    #[test]
+    fn units_run_once_each_and_inline_then_the_mark_is_put_back() {
+        for (units, inline_before) in [(0, false), (1, false), (7, false), (7, true)] {
+            set_inline(inline_before);
+            let runs: Vec<AtomicUsize> = (0..units).map(|_| AtomicUsize::new(0)).collect();
+            let marks = Mutex::new(Vec::new());
+            for_each_unit_inline(units, |u| {
+                runs[u].fetch_add(1, Ordering::Relaxed);
+                marks.lock().unwrap().push(is_inline());
+                // A parallel section inside a unit must not wait on the pool that runs it.
+                for_each_unit(3, |_| {});
+            });
+            assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1));
+            let marks = marks.into_inner().unwrap();
+            // A lone unit keeps the pool; several run inline wherever they land.
+            let want = units > 1 || inline_before;
+            assert!(marks.iter().all(|&m| m == want), "{units} units: {marks:?}");
+            assert_eq!(is_inline(), inline_before, "{units} units");
+        }
+        set_inline(false);
+    }
+
+    #[test]
+    fn a_panicking_unit_leaves_the_mark_as_it_was() {
+        set_inline(false);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for_each_unit_inline(4, |u| assert_ne!(u, 2, "unit 2 fails"));
+        }));
+        assert!(caught.is_err());
+        assert!(!is_inline());
+    }
 }
