@@ -199,8 +199,8 @@ fn heads_computed_together_give_each_heads_own_result() {
     use super::{causal_attention, AttnShape};
     // 9 heads on 3 key-value heads (SmolLM2's shape), and 8 on 2 (groups of 4, as Llama 3's,
     // which the kernels take 3 heads and 1 at a time). 150 cached tokens span three key
-    // chunks, the last one odd; 3 new tokens fit one run per key-value head, 8 (24 units)
-    // fill one exactly and 11 spill into a second, and a 70-token prefill from an empty
+    // chunks, the last one odd; 3 new tokens fit one run per key-value head, 8 (24 or 32
+    // units) fill one and 11 (33 or 44) split into two, and a 70-token prefill from an empty
     // cache runs queries that see different numbers of chunks together. Large enough
     // shapes are split over threads.
     for (num_heads, num_kv_heads) in [(9, 3), (8, 2)] {

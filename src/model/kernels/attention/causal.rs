@@ -83,7 +83,7 @@ const KEY_CHUNK: usize = 64;
 /// `(start_pos + n_new) * kv_dim`, new tokens included; `out`: `n_new * q_dim`.
 /// Work is split over (run, segment) items on candle's thread pool: (query, head) units are
 /// ordered by key-value head first, then query, then head, and runs of up to [`MAX_GROUP`]
-/// consecutive units sharing a key-value head are computed together, key chunk by key chunk,
+/// (as even as they divide) consecutive units sharing a key-value head are computed together, key chunk by key chunk,
 /// so each key and value row of a segment is read from memory once per run instead of once
 /// per query and head. The reads, not the arithmetic, bound attention at depth: a depth-800
 /// cache is 37 MB of keys and values, and each extra query token of a verification re-read
@@ -153,14 +153,16 @@ fn attend_all<K: KvRows>(
             const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
         static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    // Run `r`: key-value head `r / runs_per_kv`'s units, MAX_GROUP at a time, in order (so the
-    // last query sees the most keys).
+    // Run `r`: key-value head `r / runs_per_kv`'s units, `run_len` at a time, in order (so the
+    // last query sees the most keys): the fewest runs of at most MAX_GROUP, as even as they
+    // divide.
     let runs_per_kv = per_kv_head.div_ceil(MAX_GROUP);
+    let run_len = per_kv_head.div_ceil(runs_per_kv.max(1));
     let runs = num_kv_heads * runs_per_kv;
     let run_members = |r: usize| {
         let (kvh, i) = (r / runs_per_kv, r % runs_per_kv);
-        let start = kvh * per_kv_head + i * MAX_GROUP;
-        start..(start + MAX_GROUP).min((kvh + 1) * per_kv_head)
+        let start = kvh * per_kv_head + i * run_len;
+        start..(start + run_len).min((kvh + 1) * per_kv_head)
     };
     // Every key-value head's runs in one item, so a thread reads whole cache rows in order
     // ([`ROW_CHUNK`]), where the context gives each thread two items or more (one key-value
@@ -517,7 +519,12 @@ pub fn prefetch_cache<K: KvRows>(keys: K, values: K) {
 /// (`forward-bench --ops`, 0.72 against 0.48 ms a forward with 4096 as the bound).
 const PARALLEL_WORK: usize = 1024;
 
-/// The most (query, head) units computed together: the 3 heads of each of 8 verified tokens
-/// on SmolLM2. Measured at depth 1500 (8 tokens / a 256-token chunk): 12 units 29.0 / 642 ms,
-/// 24 28.6 / 616, 48 30.4 / 631; grouping heads of one query only, 34.1 / 856.
-const MAX_GROUP: usize = 24;
+/// The most (query, head) units computed together: the 4 heads of each of 8 verified tokens
+/// on Gemma-3 (one key-value head), the 3 of SmolLM2's in 24. Each run transposes a chunk's
+/// keys and pairs or widens its values again, so Gemma's 32 in runs of 24 and 8 did that
+/// twice: in one run its 8-token verification at depth 8184 took 0.96x the time with a bf16
+/// cache, 0.97x f16, 0.98x q8_0, where SmolLM2's 12 tokens (18 + 18 units, not 24 + 12) and
+/// 64-token chunks (runs of 32, not 24) read 0.98-1.00x (Zen 5, both orders of taking turns in
+/// one process). At depth 1500 (8 tokens / a 256-token chunk) runs of 12 units took 29.0 /
+/// 642 ms, 24 28.6 / 616, 48 30.4 / 631; grouping heads of one query only, 34.1 / 856.
+const MAX_GROUP: usize = 32;
