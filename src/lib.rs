@@ -6,7 +6,7 @@
 //! forced tokens through llguidance), `draft` (drafters), `engine` (the reference
 //! generation loops and the actor engine: scheduler, drafter, verifier, cache manager,
 //! governor), then `server` (the HTTP API). Beside them: `config`, `setup`, `telemetry`,
-//! `logging`, `bench` and `runtime`. The command-line interface lives in the binary
+//! `logging`, `bench`, `runtime` and `huge_pages`. The command-line interface lives in the binary
 //! (`src/main.rs` and `src/cli/`).
 
 pub mod bench;
@@ -14,6 +14,7 @@ pub mod config;
 pub mod constraint;
 pub mod draft;
 pub mod engine;
+pub mod huge_pages;
 pub mod logging;
 pub mod memory_budget;
 pub mod model;

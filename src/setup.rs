@@ -81,6 +81,7 @@ fn log_vector_level() {
         Some(level) => tracing::info!(cpu = %level, "CPU kernels"),
         None => tracing::warn!("{}", crate::model::kernels::cpu_kernels::PORTABLE_WARNING),
     }
+    tracing::info!(pages = %crate::huge_pages::heap_pages(), "memory pages");
 }
 
 fn target_options(config: &Config) -> LoadOptions {

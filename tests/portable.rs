@@ -29,7 +29,9 @@ fn generate(launcher: &[&str], env: &[(&str, &str)], max_tokens: usize, extra: &
     let mut cmd = match launcher.split_first() {
         Some((first, rest)) => {
             let mut c = Command::new(first);
-            c.args(rest).arg(&bin);
+            // The binary would run itself again for huge pages (`huge_pages`), and an
+            // emulator starts that second run on its default CPU, not the one asked for.
+            c.args(rest).arg(&bin).env("TANDEM_HUGE_PAGES", "false");
             c
         }
         None => Command::new(&bin),

@@ -283,3 +283,45 @@ fn prefill_price_grows_with_the_keys_a_token_reads() {
         "{deep_len}"
     );
 }
+
+/// The binary runs itself again with glibc's heap on transparent huge pages where the kernel
+/// grants them on request, keeping its arguments, output and exit status, and says what the
+/// heap got; `TANDEM_HUGE_PAGES=false` keeps 4 KiB pages. The text is the same either way.
+#[test]
+fn generate_runs_on_huge_pages_where_the_kernel_grants_them() {
+    common::default_model();
+    let run = |huge: &str| {
+        let out = common::tandem_command()
+            .env("TANDEM_HUGE_PAGES", huge)
+            .env_remove("GLIBC_TUNABLES")
+            .args(["generate", "--raw", "--prompt", "The capital of France is"])
+            .args(["--max-tokens", "6", "--temperature", "0"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "stderr: {stderr}");
+        let pages = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("memory pages: "))
+            .unwrap_or_else(|| panic!("no memory pages line: {stderr}"))
+            .to_owned();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), pages)
+    };
+    let (on, off) = (run("true"), run("false"));
+    assert_eq!(on.0, off.0, "the same text on either page size");
+    assert!(!on.0.trim().is_empty());
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .ok()
+        .and_then(|s| tandem::huge_pages::kernel_mode(&s).map(str::to_owned));
+    match mode.as_deref() {
+        Some("madvise") => {
+            assert_eq!(
+                on.1,
+                "2 MiB (transparent huge pages, glibc.malloc.hugetlb=1)"
+            );
+            assert_eq!(off.1, "4 KiB (TANDEM_HUGE_PAGES=false)");
+        }
+        Some("always") => assert!(on.1.contains("always on") && off.1 == on.1),
+        _ => assert!(on.1.starts_with("4 KiB") && off.1 == on.1),
+    }
+}

@@ -125,5 +125,6 @@ pub fn load_model(config: &Config) -> Result<LoadedModel, CliError> {
         Some(level) => eprintln!("CPU kernels: {level}"),
         None => eprintln!("{}", tandem::model::kernels::cpu_kernels::PORTABLE_WARNING),
     }
+    eprintln!("memory pages: {}", tandem::huge_pages::heap_pages());
     Ok(loaded)
 }
