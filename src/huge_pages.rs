@@ -2,13 +2,13 @@
 //! that asks (`transparent_hugepage/enabled` set to `madvise`, the usual default).
 //!
 //! Why it exists: a step streams the weights and the KV cache, a few hundred MB, through 4 KiB
-//! pages, a TLB miss and a page walk every 4 KiB. On 2 MiB pages a step at depth 8184 took
-//! 0.86-0.89x the time and an 8-token verification 0.88-0.92x (SmolLM2, q8_0 cache, AMD Zen 5;
-//! `docs/performance.md`). glibc puts its heap on them when its tunable
+//! pages, a TLB miss and a page walk every 4 KiB. On 2 MiB pages a step at depth 2048 took
+//! 0.87-0.93x the time (SmolLM2, every cache type, AMD Zen 5; `docs/performance.md`). glibc puts its heap on them when its tunable
 //! `glibc.malloc.hugetlb=1` is set, and it reads tunables only as a process starts: so the
 //! binary, before anything else, runs itself again with the tunable added to
 //! `GLIBC_TUNABLES` (the same process id, arguments and descriptors: `exec`, not a child).
-//! `TANDEM_HUGE_PAGES=false` leaves the heap as it is.
+//! `TANDEM_HUGE_PAGES=false` leaves the heap as it is; a value it does not know stops the
+//! start, naming it.
 
 /// glibc's tunable that puts its heap on transparent huge pages (2.35 and later).
 pub const TUNABLE: &str = "glibc.malloc.hugetlb";
@@ -34,11 +34,19 @@ impl std::fmt::Display for HeapPages {
     }
 }
 
+/// The value `tunables` (a `GLIBC_TUNABLES` string) gives the huge-page tunable, if any.
+fn tunable_value(tunables: &str) -> Option<&str> {
+    tunables.split(':').find_map(|kv| match kv.split_once('=') {
+        Some((name, value)) if name == TUNABLE => Some(value),
+        _ => None,
+    })
+}
+
 /// `GLIBC_TUNABLES` with the huge-page tunable added, or `None` where it is set already
 /// (by us before the `exec`, or by the user, whose value stands).
 pub fn tunables_with_huge_pages(current: Option<&str>) -> Option<String> {
     match current {
-        Some(t) if t.split(':').any(|kv| kv.split('=').next() == Some(TUNABLE)) => None,
+        Some(t) if tunable_value(t).is_some() => None,
         Some(t) if !t.is_empty() => Some(format!("{t}:{TUNABLE}=1")),
         _ => Some(format!("{TUNABLE}=1")),
     }
@@ -56,8 +64,20 @@ fn kernel_setting() -> Option<String> {
     std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()
 }
 
-fn opted_out() -> bool {
-    std::env::var("TANDEM_HUGE_PAGES").is_ok_and(|v| v == "false" || v == "0")
+/// `TANDEM_HUGE_PAGES` that is neither true nor false.
+#[derive(Debug, thiserror::Error)]
+#[error("TANDEM_HUGE_PAGES must be true or false (or 1 or 0), not {0:?}")]
+pub struct BadSetting(String);
+
+/// Whether `TANDEM_HUGE_PAGES` asks for huge pages (unset: yes).
+pub fn wanted() -> Result<bool, BadSetting> {
+    match std::env::var("TANDEM_HUGE_PAGES") {
+        Err(std::env::VarError::NotPresent) => Ok(true),
+        Ok(v) if v == "true" || v == "1" => Ok(true),
+        Ok(v) if v == "false" || v == "0" => Ok(false),
+        Ok(v) => Err(BadSetting(v)),
+        Err(std::env::VarError::NotUnicode(v)) => Err(BadSetting(v.to_string_lossy().into())),
+    }
 }
 
 /// The heap's pages in this process, as [`run_on_huge_pages`] left them.
@@ -66,13 +86,10 @@ pub fn heap_pages() -> HeapPages {
         Some("always") => HeapPages::AlwaysHuge,
         Some("madvise") => {
             let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-            let asked = tunables
-                .split(':')
-                .any(|kv| kv == format!("{TUNABLE}=1") || kv == format!("{TUNABLE}=2"));
-            match (asked, opted_out()) {
-                (true, _) => HeapPages::Huge,
-                (false, true) => HeapPages::Small("TANDEM_HUGE_PAGES=false"),
-                (false, false) => HeapPages::Small("glibc was not asked for them"),
+            match tunable_value(&tunables) {
+                Some("1" | "2") => HeapPages::Huge,
+                _ if matches!(wanted(), Ok(false)) => HeapPages::Small("TANDEM_HUGE_PAGES=false"),
+                _ => HeapPages::Small("glibc was not asked for them"),
             }
         }
         Some(_) => HeapPages::Small("transparent huge pages are off in the kernel"),
@@ -82,22 +99,24 @@ pub fn heap_pages() -> HeapPages {
 
 /// Runs this binary again with glibc's heap on huge pages, where the kernel grants them on
 /// request and the tunable is not set yet; returns only where it does not (then the heap
-/// stays on 4 KiB pages, which works, slower).
-pub fn run_on_huge_pages() {
+/// stays on 4 KiB pages, which works, slower). A `TANDEM_HUGE_PAGES` it does not know is an
+/// error.
+pub fn run_on_huge_pages() -> Result<(), BadSetting> {
+    let wanted = wanted()?;
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         use std::os::unix::process::CommandExt;
-        if opted_out() || kernel_setting().as_deref().and_then(kernel_mode) != Some("madvise") {
-            return;
+        if !wanted || kernel_setting().as_deref().and_then(kernel_mode) != Some("madvise") {
+            return Ok(());
         }
         let current = match std::env::var("GLIBC_TUNABLES") {
             Ok(t) => Some(t),
             Err(std::env::VarError::NotPresent) => None,
             // Not text: left alone rather than guessed at.
-            Err(std::env::VarError::NotUnicode(_)) => return,
+            Err(std::env::VarError::NotUnicode(_)) => return Ok(()),
         };
         let Some(tunables) = tunables_with_huge_pages(current.as_deref()) else {
-            return;
+            return Ok(());
         };
         let mut args = std::env::args_os();
         let mut command = std::process::Command::new("/proc/self/exe");
@@ -107,6 +126,9 @@ pub fn run_on_huge_pages() {
         // `exec` returns only when it failed; the process then goes on as it is.
         let _failed = command.args(args).env("GLIBC_TUNABLES", tunables).exec();
     }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = wanted;
+    Ok(())
 }
 
 #[cfg(test)]

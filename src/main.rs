@@ -12,7 +12,7 @@ static ALLOCATOR: tandem::memory_budget::BudgetedAllocator =
 
 fn main() -> anyhow::Result<()> {
     // First, before any thread or allocation it would lose: the heap on huge pages.
-    tandem::huge_pages::run_on_huge_pages();
+    tandem::huge_pages::run_on_huge_pages()?;
     cli::run(cli::Cli::parse())?;
     Ok(())
 }

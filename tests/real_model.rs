@@ -286,7 +286,8 @@ fn prefill_price_grows_with_the_keys_a_token_reads() {
 
 /// The binary runs itself again with glibc's heap on transparent huge pages where the kernel
 /// grants them on request, keeping its arguments, output and exit status, and says what the
-/// heap got; `TANDEM_HUGE_PAGES=false` keeps 4 KiB pages. The text is the same either way.
+/// heap got; `TANDEM_HUGE_PAGES=false` keeps 4 KiB pages, and a value it does not know is
+/// refused. The text is the same either way.
 #[test]
 fn generate_runs_on_huge_pages_where_the_kernel_grants_them() {
     common::default_model();
@@ -324,4 +325,16 @@ fn generate_runs_on_huge_pages_where_the_kernel_grants_them() {
         Some("always") => assert!(on.1.contains("always on") && off.1 == on.1),
         _ => assert!(on.1.starts_with("4 KiB") && off.1 == on.1),
     }
+    // A value it does not know stops the start, naming the variable.
+    let out = common::tandem_command()
+        .env("TANDEM_HUGE_PAGES", "maybe")
+        .args(["generate", "--raw", "--prompt", "Hi", "--max-tokens", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("TANDEM_HUGE_PAGES must be true or false") && stderr.contains("maybe"),
+        "{stderr}"
+    );
 }
