@@ -83,14 +83,14 @@ const KEY_CHUNK: usize = 64;
 /// `(start_pos + n_new) * kv_dim`, new tokens included; `out`: `n_new * q_dim`.
 /// Work is split over (run, segment) items on candle's thread pool: (query, head) units are
 /// ordered by key-value head first, then query, then head, and runs of up to [`MAX_GROUP`]
-/// (as even as they divide) consecutive units sharing a key-value head are computed together, key chunk by key chunk,
-/// so each key and value row of a segment is read from memory once per run instead of once
-/// per query and head. The reads, not the arithmetic, bound attention at depth: a depth-800
-/// cache is 37 MB of keys and values, and each extra query token of a verification re-read
-/// it, ~0.6 ms a token (measured with `forward-bench`), before queries shared a run. A query
-/// that sees more than one segment ([`SEGMENT`]) has each segment's softmax kept apart and
-/// merged after every segment is done. Neither the split nor the grouping changes a unit's
-/// arithmetic.
+/// consecutive units sharing a key-value head (as even as they divide) are computed together,
+/// key chunk by key chunk, so each key and value row of a segment is read from memory once
+/// per run instead of once per query and head. The reads, not the arithmetic, bound attention
+/// at depth: a depth-800 cache is 37 MB of keys and values, and each extra query token of a
+/// verification re-read it, ~0.6 ms a token (measured with `forward-bench`), before queries
+/// shared a run. A query that sees more than one segment ([`SEGMENT`]) has each segment's
+/// softmax kept apart and merged after every segment is done. Neither the split nor the
+/// grouping changes a unit's arithmetic.
 ///
 /// `sinks` (gpt-oss): one logit per query head that joins each softmax's denominator with no
 /// value, so a head may attend to nothing.
