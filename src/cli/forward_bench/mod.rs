@@ -32,6 +32,10 @@ pub struct ForwardBenchArgs {
     /// Tokens already in the cache before each timed forward.
     #[arg(long, default_value_t = 64)]
     depth: usize,
+    /// Sequences in each timed forward, each with its own cache at the depth and the width's
+    /// new tokens: a server's batched step of that many requests.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    sequences: u16,
     /// Timed repetitions per count (the median is reported); the counts take turns, one
     /// forward each a round.
     #[arg(long, default_value_t = 10)]
@@ -110,22 +114,26 @@ fn finish(
     Ok(())
 }
 
-/// A cache filled to `depth` in one slot: every timed forward runs against it and is rolled
-/// back to it.
+/// A cache filled to `depth` in each of `--sequences` slots: every timed forward runs against
+/// them all and is rolled back to them.
 struct ForwardTimer<'a> {
     model: &'a Decoder,
     cache: KvCache,
-    slot: usize,
+    slots: Vec<usize>,
     depth: usize,
     /// Timed repetitions of each measurement (after one that warms caches).
     repeats: usize,
 }
 
 impl<'a> ForwardTimer<'a> {
-    /// A cache with `--depth` tokens in it, once the widest forward is known to fit after them.
+    /// A cache with `--depth` tokens in each sequence's slot (other tokens in each), once the
+    /// widest forward is known to fit after them.
     fn fill(model: &'a Decoder, args: &ForwardBenchArgs) -> Result<Self, CliError> {
-        let mut cache = model.new_cache(1);
-        let slot = cache.allocate().ok_or(CliError::NoCacheSlot)?;
+        let sequences = usize::from(args.sequences);
+        let mut cache = model.new_cache(sequences);
+        let slots = (0..sequences)
+            .map(|_| cache.allocate().ok_or(CliError::NoCacheSlot))
+            .collect::<Result<Vec<_>, _>>()?;
         let max_k = args.tokens.iter().copied().max().unwrap_or(1);
         if args.depth + max_k > model.context_len() {
             return Err(CliError::DepthPastContext(model.context_len()));
@@ -133,13 +141,25 @@ impl<'a> ForwardTimer<'a> {
         let mut timer = ForwardTimer {
             model,
             cache,
-            slot,
+            slots,
             depth: 0,
             repeats: args.repeats,
         };
-        let toks = timer.ids(args.depth.max(1), 0);
-        timer.forward(0, &toks, LogitsRows::None)?;
-        timer.depth = timer.cache.len(slot)?;
+        for s in 0..sequences {
+            let toks = timer.ids(args.depth.max(1), s * 7);
+            let slot = timer.slots[s];
+            timer.model.forward(
+                &mut timer.cache,
+                &[SeqInput {
+                    slot,
+                    start_pos: 0,
+                    tokens: &toks,
+                    logits: LogitsRows::None,
+                    parents: &[],
+                }],
+            )?;
+        }
+        timer.depth = timer.cache.len(timer.slots[0])?;
         Ok(timer)
     }
 
@@ -151,33 +171,37 @@ impl<'a> ForwardTimer<'a> {
             .collect()
     }
 
-    fn forward(
-        &mut self,
-        start_pos: usize,
-        tokens: &[u32],
-        logits: LogitsRows,
-    ) -> Result<(), CliError> {
-        self.model.forward(
-            &mut self.cache,
-            &[SeqInput {
-                slot: self.slot,
-                start_pos,
+    /// Every sequence's `k` new tokens (ids salted by `salt` and the sequence) at the depth,
+    /// in one forward, then rolled back to the depth.
+    fn step(&mut self, k: usize, salt: usize) -> Result<(), CliError> {
+        let toks: Vec<Vec<u32>> = (0..self.slots.len())
+            .map(|s| self.ids(k, salt + s * 7))
+            .collect();
+        let batch: Vec<SeqInput> = self
+            .slots
+            .iter()
+            .zip(&toks)
+            .map(|(&slot, tokens)| SeqInput {
+                slot,
+                start_pos: self.depth,
                 tokens,
-                logits,
+                logits: LogitsRows::All,
                 parents: &[],
-            }],
-        )?;
+            })
+            .collect();
+        let done = self.model.forward(&mut self.cache, &batch);
+        for &slot in &self.slots {
+            self.cache.keep(slot, Kept::First(self.depth))?;
+        }
+        done?;
         Ok(())
     }
 
     /// One forward of `k` new tokens (ids salted by `salt`) at the depth, rolled back: its ms.
     fn time_one(&mut self, k: usize, salt: usize) -> Result<f64, CliError> {
-        let toks = self.ids(k, salt);
         let t = std::time::Instant::now();
-        self.forward(self.depth, &toks, LogitsRows::All)?;
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        self.cache.keep(self.slot, Kept::First(self.depth))?;
-        Ok(ms)
+        self.step(k, salt)?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
     }
 
     /// Each width's forward times in ms, `repeats` of them, and (a mixture of experts) the
@@ -189,15 +213,13 @@ impl<'a> ForwardTimer<'a> {
         let mut read = vec![(0usize, 0usize); widths.len()];
         for r in 0..self.repeats + 1 {
             for ((&k, times), read) in widths.iter().zip(&mut times).zip(&mut read) {
-                let toks = self.ids(k, r + 1);
                 expert_trace::record(true);
                 let t = std::time::Instant::now();
-                let done = self.forward(self.depth, &toks, LogitsRows::All);
+                let done = self.step(k, r + 1);
                 let dt = t.elapsed().as_secs_f64() * 1e3;
                 let routes = expert_trace::take();
                 expert_trace::record(false);
                 done?;
-                self.cache.keep(self.slot, Kept::First(self.depth))?;
                 if r > 0 {
                     times.push(dt); // the first round warms caches
                     read.0 += routes.iter().map(|l| l.distinct()).sum::<usize>();
@@ -216,13 +238,11 @@ impl<'a> ForwardTimer<'a> {
     fn time_ops(&mut self, k: usize) -> Result<Vec<(Op, f64)>, CliError> {
         let mut runs: Vec<Vec<(Op, f64)>> = Vec::with_capacity(self.repeats);
         for r in 0..self.repeats + 1 {
-            let toks = self.ids(k, r + 1);
             op_profile::enable(true);
-            let done = self.forward(self.depth, &toks, LogitsRows::All);
+            let done = self.step(k, r + 1);
             let t = op_profile::take();
             op_profile::enable(false);
             done?;
-            self.cache.keep(self.slot, Kept::First(self.depth))?;
             if r > 0 {
                 runs.push(t);
             }
@@ -279,17 +299,22 @@ fn print_memory_bound(config: &Config, timer: &ForwardTimer<'_>, (k0, ms): (usiz
     let seen = depth + k0;
     let kv: usize = (0..hp.num_layers)
         .map(|l| hp.window(l).map_or(seen, |w| w.min(seen)) * per_layer)
-        .sum();
+        .sum::<usize>()
+        * timer.slots.len();
     let bytes = model.bytes_per_token() + kv;
     let threads = tandem::runtime::thread_count(config.runtime.threads);
     let bandwidth = stream_bandwidth::measure(threads, 3);
     let floor_ms = bytes as f64 / bandwidth * 1e3;
     println!();
     println!(
-        "memory bound: a {k0}-token forward reads {:.1} MB (weights {:.1} MB, KV cache at depth \
-         {depth}, windowed layers' windows); {threads} thread(s) stream {:.1} GB/s, so it takes \
-         at least {floor_ms:.2} ms; \
+        "memory bound: a {k0}-token forward{} reads {:.1} MB (weights {:.1} MB, KV cache at \
+         depth {depth}, windowed layers' windows); {threads} thread(s) stream {:.1} GB/s, so it \
+         takes at least {floor_ms:.2} ms; \
          the measured {ms:.2} ms runs at {:.0}% of that bound",
+        match timer.slots.len() {
+            1 => String::new(),
+            n => format!(" of {n} sequences"),
+        },
         bytes as f64 / 1e6,
         model.bytes_per_token() as f64 / 1e6,
         bandwidth / 1e9,

@@ -202,15 +202,16 @@ fn heads_computed_together_give_each_heads_own_result() {
     // chunks, the last one odd; 3 new tokens fit one run per key-value head, 8 (24 or 32
     // units) fill one and 11 (33 or 44) split into two, and a 70-token prefill from an empty
     // cache runs queries that see different numbers of chunks together. Large enough
-    // shapes are split over threads.
-    for (num_heads, num_kv_heads) in [(9, 3), (8, 2)] {
+    // shapes are split over threads; 4 heads on one key-value head (Gemma-3's) split their
+    // one-segment step of 400 keys into runs, one a thread.
+    for (num_heads, num_kv_heads) in [(9, 3), (8, 2), (4, 1)] {
         let shape = AttnShape {
             num_heads,
             num_kv_heads,
             head_dim: 64,
         };
         let group = num_heads / num_kv_heads;
-        for (start, n_new) in [(150, 3), (150, 8), (150, 11), (0, 70)] {
+        for (start, n_new) in [(150, 3), (150, 8), (150, 11), (0, 70), (400, 1)] {
             let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
             let q: Vec<f32> = (0..n_new * q_dim).map(|i| val(i * 11 + 2)).collect();
             let keys: Vec<f32> = (0..(start + n_new) * kv_dim)

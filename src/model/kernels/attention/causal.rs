@@ -156,8 +156,24 @@ fn attend_all<K: KvRows>(
     // Run `r`: key-value head `r / runs_per_kv`'s units, `run_len` at a time, in order (so the
     // last query sees the most keys): the fewest runs of at most MAX_GROUP, as even as they
     // divide.
-    let runs_per_kv = per_kv_head.div_ceil(MAX_GROUP);
-    let run_len = per_kv_head.div_ceil(runs_per_kv.max(1));
+    let small = units * (start_pos + n_new) < PARALLEL_WORK;
+    // A call of fewer items than threads splits its runs further, so that every thread takes
+    // some of the heads: Gemma-3's step over a windowed layer's one segment is one key-value
+    // head's four units, which as one run left the other thread waiting (a unit's bits do not
+    // depend on the run it is in).
+    let spare = if small {
+        1
+    } else {
+        crate::model::kernels::parallel::threads().div_ceil(num_kv_heads * segments)
+    };
+    let run_len = per_kv_head.div_ceil(
+        per_kv_head
+            .div_ceil(MAX_GROUP)
+            .max(spare.min(per_kv_head))
+            .max(1),
+    );
+    // As many runs as that length needs (fewer than asked where the last would be empty).
+    let runs_per_kv = per_kv_head.div_ceil(run_len.max(1));
     let runs = num_kv_heads * runs_per_kv;
     let run_members = |r: usize| {
         let (kvh, i) = (r / runs_per_kv, r % runs_per_kv);
@@ -433,7 +449,6 @@ fn attend_all<K: KvRows>(
         let run = |range: std::ops::Range<usize>| {
             BUFFERS.with_borrow_mut(|buffers| range.for_each(|it| attend(item(it), parts, buffers)))
         };
-        let small = units * (start_pos + n_new) < PARALLEL_WORK;
         if small {
             run(0..items);
         } else {

@@ -83,6 +83,7 @@ pub use tree_attention::tree_attention;
 use loops::{accumulate_values, finish_values, scaled_dots, softmax_sum, softmax_weights};
 #[cfg(test)]
 use loops::{accumulate_values_heads, scaled_dots_heads};
-use segments::{merge_segments, SegmentPart, SEGMENT};
+pub use segments::SEGMENT;
+use segments::{merge_segments, SegmentPart};
 #[cfg(all(test, target_arch = "x86_64"))]
 use shared::{simd_available, wide_available};

@@ -12,7 +12,7 @@
 /// depends only on the query's position, never on the threads or on the tokens beside it, so
 /// a row's bits stay what they are alone. A context of at most this many keys is one segment,
 /// whose softmax is the plain one. A multiple of the causal kernel's key chunk.
-pub(super) const SEGMENT: usize = 512;
+pub const SEGMENT: usize = 512;
 
 /// One segment's softmax, for [`merge_segments`]: the segment's greatest score, the sum of its
 /// weights (each `softmax_exp(score − max)`), and the weighted sums of its values.
