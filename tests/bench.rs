@@ -3,7 +3,7 @@
 //! valid JSON and an SVG chart, and every greedy speculative mode matches plain decoding token
 //! for token (by the output digests recorded for both). The summary is recomputed from the raw
 //! figures beside it. Malformed prompt files stop it with the line named. `tandem forward-bench`
-//! prints its cost table and the memory-bandwidth bound.
+//! prints its cost table and the memory-bandwidth bound, of one sequence or a batch.
 
 use crate::common;
 
@@ -393,6 +393,64 @@ fn forward_bench_prints_costs_marginal_tokens_and_the_memory_bound() {
         bound.contains("GB/s") && bound.ends_with("% of that bound"),
         "{bound}"
     );
+}
+
+/// `--sequences N` times forwards of N sequences, each with its own cache at the depth: the
+/// bound counts N caches beside the weights read once, and 0 sequences is refused naming the
+/// flag.
+#[test]
+fn forward_bench_times_a_batch_of_sequences() {
+    common::default_model();
+    let run = |sequences: &str| {
+        common::tandem_command()
+            .args(["forward-bench", "--tokens", "1,2", "--depth", "200"])
+            .args(["--repeats", "2", "--sequences", sequences])
+            .output()
+            .expect("tandem forward-bench runs")
+    };
+    let bound = |sequences: &str| -> (String, f64, f64) {
+        let out = run(sequences);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("memory bound:"))
+            .unwrap_or_else(|| panic!("no memory-bound line: {text}"))
+            .to_string();
+        let number = |after: &str| -> f64 {
+            line.split(after)
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{line}"))
+        };
+        let (total, weights) = (number(" reads "), number("(weights "));
+        (line, total, weights)
+    };
+    let (one, total_one, weights_one) = bound("1");
+    let (four, total_four, weights_four) = bound("4");
+    assert!(
+        one.starts_with("memory bound: a 1-token forward reads"),
+        "{one}"
+    );
+    assert!(
+        four.starts_with("memory bound: a 1-token forward of 4 sequences reads"),
+        "{four}"
+    );
+    assert_eq!(weights_one, weights_four, "{one}\n{four}");
+    // SmolLM2's f16 cache at depth 201: 30 layers of 2 x 192 values, about 4.6 MB a sequence.
+    let cache_one = total_one - weights_one;
+    let cache_four = total_four - weights_four;
+    assert!((4.0..5.5).contains(&cache_one), "{one}");
+    assert!((cache_four - 4.0 * cache_one).abs() < 0.3, "{one}\n{four}");
+    let out = run("0");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--sequences"), "{err}");
 }
 
 /// `--against-kv-cache-dtype T` times every width on both cache types in one process: each

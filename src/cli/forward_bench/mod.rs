@@ -1,6 +1,6 @@
-//! `tandem forward-bench`: the time of one forward of k new tokens against a cache of a given
-//! depth, relative to a 1-token forward, the marginal cost of each extra token, and the first
-//! forward against the memory-bandwidth bound.
+//! `tandem forward-bench`: the time of one forward of k new tokens (for each of N sequences)
+//! against a cache of a given depth, relative to a 1-token forward, the marginal cost of each
+//! extra token, and the first forward against the memory-bandwidth bound.
 //!
 //! Why it exists: speculation pays off only when verifying γ + 1 tokens costs little more than
 //! decoding one; this measures that ratio on the machine and model at hand, with nothing else
