@@ -396,8 +396,9 @@ fn forward_bench_prints_costs_marginal_tokens_and_the_memory_bound() {
 }
 
 /// `--sequences N` times forwards of N sequences, each with its own cache at the depth: the
-/// bound counts N caches beside the weights read once, and 0 sequences is refused naming the
-/// flag.
+/// bound counts N caches beside the weights read once; 0 sequences is refused naming the
+/// flag, and caches past the memory available before any is filled (Gemma-3-270M's 256 f32
+/// caches at depth 32760 would take 309 GB).
 #[test]
 fn forward_bench_times_a_batch_of_sequences() {
     common::default_model();
@@ -451,6 +452,28 @@ fn forward_bench_times_a_batch_of_sequences() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--sequences"), "{err}");
+    let gemma = common::gemma_path();
+    let out = common::tandem_command()
+        .args(["forward-bench", "--model"])
+        .arg(&gemma)
+        .args([
+            "--kv-cache-dtype",
+            "f32",
+            "--tokens",
+            "1",
+            "--depth",
+            "32760",
+        ])
+        .args(["--sequences", "256"])
+        .output()
+        .expect("tandem forward-bench runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--sequences 256: their caches at --depth take 309.")
+            && err.contains("available"),
+        "{err}"
+    );
 }
 
 /// `--against-kv-cache-dtype T` times every width on both cache types in one process: each

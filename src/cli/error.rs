@@ -100,6 +100,15 @@ pub enum CliError {
     NoCacheSlot,
     #[error("--depth + the largest --tokens exceeds the context length {0}")]
     DepthPastContext(usize),
+    #[error(
+        "--sequences {sequences}: their caches at --depth take {need_gb:.1} GB and {available_gb:.1} \
+         GB is available (MemAvailable, or the cgroup's memory.max less what is used)"
+    )]
+    CachesPastMemory {
+        sequences: usize,
+        need_gb: f64,
+        available_gb: f64,
+    },
     #[error("{url}: not healthy: {reason}")]
     Unhealthy { url: String, reason: String },
 }

@@ -138,6 +138,18 @@ impl<'a> ForwardTimer<'a> {
         if args.depth + max_k > model.context_len() {
             return Err(CliError::DepthPastContext(model.context_len()));
         }
+        // Every sequence's cache, filled before the first forward is timed: refused here, not
+        // by the allocator (or the kernel's OOM killer) minutes into the filling.
+        let need = sequences * (args.depth + max_k) * cache.bytes_per_token();
+        if let Some(available) = tandem::model::load::host_memory::available() {
+            if need > available {
+                return Err(CliError::CachesPastMemory {
+                    sequences,
+                    need_gb: need as f64 / 1e9,
+                    available_gb: available as f64 / 1e9,
+                });
+            }
+        }
         let mut timer = ForwardTimer {
             model,
             cache,
