@@ -160,7 +160,8 @@ fn rounded_kv_caches_keep_the_algebra() {
 /// Deep in a context, past the depth where a step's key-value heads take turns along the cache
 /// rows (a few segments of 512 keys a thread), a 4-token forward's rows have the bits of
 /// one-token steps and of a 2-token forward, whether the steps run on one thread or on the pool:
-/// the real model, f16 and q8_0 caches. (bf16's arithmetic runs as scalar code where the CPU
+/// the real model, f16 and q8_0 caches; and batched beside other sequences, deep and shallow,
+/// each row as alone. (bf16's arithmetic runs as scalar code where the CPU
 /// lacks AVX-512 BF16, too slow for 2,600 tokens; its deep calls are tested in the attention
 /// kernels' own tests, past four segments, interleaved and not.)
 #[test]
@@ -178,7 +179,7 @@ fn deep_steps_keep_the_algebra() {
         let mut loaded = LoadedModel::load(&source, &options).unwrap();
         loaded.model = loaded.model.with_kv_dtype(kv);
         let m = &loaded.model;
-        let mut cache = m.new_cache(2);
+        let mut cache = m.new_cache(3);
         let (a, b) = (cache.allocate().unwrap(), cache.allocate().unwrap());
         common::forward_rows(m, &mut cache, a, &prefix, LogitsRows::None);
         common::forward_rows(m, &mut cache, b, &prefix, LogitsRows::None);
@@ -197,6 +198,45 @@ fn deep_steps_keep_the_algebra() {
         }
         let pair = common::forward_rows(m, &mut cache, b, &tail[..2], LogitsRows::All);
         assert!(pair[..] == together[..2], "{kv:?} cache: a 2-token forward");
+        // Batched: two deep sequences of equal work (each whole on one thread) beside a
+        // shallow one, then one deep sequence beside the shallow one (splitting itself): every
+        // row as it is alone.
+        let c = cache.allocate().unwrap();
+        common::forward_rows(m, &mut cache, c, &prefix[..30], LogitsRows::None);
+        let shallow = common::forward_rows(m, &mut cache, c, &tail[..3], LogitsRows::All);
+        let input = |slot, start_pos, tokens| SeqInput {
+            slot,
+            start_pos,
+            tokens,
+            logits: LogitsRows::All,
+            parents: &[],
+        };
+        let deep = prefix.len();
+        for batch in [
+            vec![(a, deep, 2), (b, deep, 2), (c, 30, 3)],
+            vec![(a, deep, 1), (c, 30, 3)],
+        ] {
+            for &(slot, start, _) in &batch {
+                cache.keep(slot, Kept::First(start)).unwrap();
+            }
+            let inputs: Vec<SeqInput> = batch
+                .iter()
+                .map(|&(slot, start, n)| input(slot, start, &tail[..n]))
+                .collect();
+            let out = m.forward(&mut cache, &inputs).unwrap();
+            for (i, &(slot, _, n)) in batch.iter().enumerate() {
+                let want = if slot == c {
+                    &shallow[..]
+                } else {
+                    &together[..n]
+                };
+                assert!(
+                    out.seq_rows(i).unwrap()[..] == *want,
+                    "{kv:?} cache: sequence {i} of {} batched",
+                    batch.len()
+                );
+            }
+        }
     }
 }
 

@@ -1,3 +1,4 @@
+pub mod attention_plan;
 pub mod attention_rate;
 pub mod batch;
 pub mod device;

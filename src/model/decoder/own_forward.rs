@@ -8,6 +8,7 @@
 use candle_core::{Device, Tensor};
 
 use crate::model::cache::kv_cache::{KvCache, LayerKv};
+use crate::model::decoder::attention_plan::{plan, SpanWork, Unit};
 use crate::model::decoder::batch::{logits_rows, BatchLogits, SeqInput, TreeLayout};
 use crate::model::decoder::layer::{Layer, MlpBuffers};
 use crate::model::decoder::op_profile::{timed, Op};
@@ -15,7 +16,7 @@ use crate::model::decoder::rope::{RopeTable, Ropes};
 use crate::model::decoder::weights::DecoderWeights;
 use crate::model::kernels::attention::KvRows;
 use crate::model::kernels::attention::{
-    causal_attention, prefetch_cache, tree_attention, AttnShape, SEGMENT,
+    causal_attention, prefetch_cache, tree_attention, AttnShape,
 };
 use crate::model::kernels::elementwise::add_bias_rows;
 use crate::model::kernels::parallel::for_each_unit_inline;
@@ -281,30 +282,33 @@ impl QkvRows<'_, '_> {
             spans.push((span, offset..offset + n, cache.layer(s.slot, l)?));
             offset += n;
         }
-        // Work that cannot split over the threads by itself goes over them together: a
+        // Attention that cannot split itself well goes over the threads as whole units: a
         // windowed layer's tokens, each attending alone, and in a batch of several sequences
-        // each few-token span that sees one segment (a batch's sequences took turns, each
-        // leaving a thread idle; Gemma-3-270M decoding 8 sequences at depth 1024: 0.83-0.87x
-        // the time a step, SmolLM2 at depth 256: 0.91-0.98x). The rest splits itself, in turn.
-        let mut alone = Vec::new();
-        for (k, (span, rows, kv)) in spans.iter().enumerate() {
-            let n = rows.len();
-            if span.windowed(n) {
-                alone.extend((0..n).map(|i| (k, Some(i))));
-            } else if spans.len() > 1 && n <= FEW_TOKENS && span.start + n <= SEGMENT {
-                alone.push((k, None));
-            } else {
-                let (q, out) = (
-                    &q[rows.start * q_dim..rows.end * q_dim],
-                    &mut attn_out[rows.start * q_dim..rows.end * q_dim],
-                );
-                kv.attend(span, q, out);
-            }
+        // each few-token span (`attention_plan`). A batch's sequences took turns, each call
+        // leaving a thread idle or paying the pool's wake-up: Gemma-3-270M decoding 8
+        // sequences at depth 1024 took 0.83-0.87x the time a step, SmolLM2 at depth 256
+        // 0.91-0.98x, at depth 1024 0.76-0.79x.
+        let work: Vec<SpanWork> = spans
+            .iter()
+            .map(|(span, rows, _)| SpanWork {
+                start: span.start,
+                tokens: rows.len(),
+                one_by_one: span.window.filter(|_| span.windowed(rows.len())),
+            })
+            .collect();
+        let plan = plan(&work, crate::model::kernels::parallel::threads());
+        for &k in &plan.split {
+            let (span, rows, kv) = &spans[k];
+            let (q, out) = (
+                &q[rows.start * q_dim..rows.end * q_dim],
+                &mut attn_out[rows.start * q_dim..rows.end * q_dim],
+            );
+            kv.attend(span, q, out);
         }
         let out_at = attn_out.as_mut_ptr() as usize;
         let q = &q[..];
-        for_each_unit_inline(alone.len(), |u| {
-            let (k, token) = alone[u];
+        for_each_unit_inline(plan.units.len(), |u| {
+            let Unit { span: k, token } = plan.units[u];
             let (span, rows, kv) = &spans[k];
             let rows = match token {
                 Some(i) => rows.start + i..rows.start + i + 1,
@@ -326,11 +330,6 @@ impl QkvRows<'_, '_> {
         Ok(())
     }
 }
-
-/// The most new tokens of a sequence whose one-segment attention runs whole on one thread
-/// beside a batch's other sequences: a verification's, not a prompt chunk's, whose call splits
-/// itself over the threads.
-const FEW_TOKENS: usize = 16;
 
 /// A layer's cached keys and values, whatever their element type, given to a span.
 trait AttendRows {
