@@ -166,12 +166,11 @@ fn attend_all<K: KvRows>(
     } else {
         crate::model::kernels::parallel::threads().div_ceil(num_kv_heads * segments)
     };
-    let run_len = per_kv_head.div_ceil(
-        per_kv_head
-            .div_ceil(MAX_GROUP)
-            .max(spare.min(per_kv_head))
-            .max(1),
-    );
+    let asked = per_kv_head
+        .div_ceil(MAX_GROUP)
+        .max(spare)
+        .clamp(1, per_kv_head.max(1));
+    let run_len = per_kv_head.div_ceil(asked);
     // As many runs as that length needs (fewer than asked where the last would be empty).
     let runs_per_kv = per_kv_head.div_ceil(run_len.max(1));
     let runs = num_kv_heads * runs_per_kv;
