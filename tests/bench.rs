@@ -438,6 +438,11 @@ fn forward_bench_times_a_batch_of_sequences() {
         one.starts_with("memory bound: a 1-token forward reads"),
         "{one}"
     );
+    // The bandwidth is sampled while the forwards are timed: before each of the two rounds.
+    assert!(
+        one.contains("the median of 2 samples taken between the timed forwards"),
+        "{one}"
+    );
     assert!(
         four.starts_with("memory bound: a 1-token forward of 4 sequences reads"),
         "{four}"

@@ -10,33 +10,47 @@ use std::time::Instant;
 /// Bytes streamed per pass: far past any last-level cache of the machines we run on.
 const BUFFER_BYTES: usize = 512 << 20;
 
-/// The best of `passes` timed reads of a 512 MiB buffer split over `threads` threads, in bytes
-/// per second.
-pub fn measure(threads: usize, passes: usize) -> f64 {
-    let threads = threads.max(1);
-    let words = BUFFER_BYTES / 8;
-    // Written first, so every page is mapped before the timed reads.
-    let buf: Vec<u64> = (0..words as u64).collect();
-    let chunk = words.div_ceil(threads);
-    let mut best = f64::INFINITY;
-    let mut sink = 0u64;
-    for _ in 0..passes.max(1) {
-        let start = Instant::now();
-        let sums: Vec<u64> = std::thread::scope(|s| {
-            let handles: Vec<_> = buf
-                .chunks(chunk)
-                .map(|part| s.spawn(move || sum_words(part)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a reader thread panicked"))
-                .collect()
-        });
-        best = best.min(start.elapsed().as_secs_f64());
-        sink = sink.wrapping_add(sums.iter().fold(0, |a, &b| a.wrapping_add(b)));
+/// A buffer far larger than the caches, mapped once, and the threads that stream it.
+pub struct Stream {
+    words: Vec<u64>,
+    threads: usize,
+}
+
+impl Stream {
+    /// A 512 MiB buffer, written first so every page is mapped before any timed read, to be
+    /// read by `threads` threads.
+    pub fn new(threads: usize) -> Self {
+        Self {
+            words: (0..(BUFFER_BYTES / 8) as u64).collect(),
+            threads: threads.max(1),
+        }
     }
-    std::hint::black_box(sink);
-    BUFFER_BYTES as f64 / best
+
+    /// The best of `passes` timed reads of the buffer split over the threads, in bytes per
+    /// second.
+    pub fn best_of(&self, passes: usize) -> f64 {
+        let chunk = self.words.len().div_ceil(self.threads);
+        let mut best = f64::INFINITY;
+        let mut sink = 0u64;
+        for _ in 0..passes.max(1) {
+            let start = Instant::now();
+            let sums: Vec<u64> = std::thread::scope(|s| {
+                let handles: Vec<_> = self
+                    .words
+                    .chunks(chunk)
+                    .map(|part| s.spawn(move || sum_words(part)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a reader thread panicked"))
+                    .collect()
+            });
+            best = best.min(start.elapsed().as_secs_f64());
+            sink = sink.wrapping_add(sums.iter().fold(0, |a, &b| a.wrapping_add(b)));
+        }
+        std::hint::black_box(sink);
+        BUFFER_BYTES as f64 / best
+    }
 }
 
 /// Four independent sums, so the loop is bound by loads rather than by one add chain.

@@ -4,8 +4,9 @@
 
 use tandem::config::Config;
 
-use super::{finish, print_widths, ForwardBenchArgs, ForwardTimer};
+use super::{finish, in_sampled_rounds, print_widths, Bandwidth, ForwardBenchArgs, ForwardTimer};
 use crate::cli::model_args::load_model;
+use crate::cli::stream_bandwidth::Stream;
 use crate::cli::CliError;
 
 /// `--against-kv-cache-dtype`: the widths timed on the configured cache type and on `other`
@@ -24,7 +25,9 @@ pub(super) fn compare_cache_types(
     })?;
     let against_loaded = load_model(&against_config)?;
     let mut against = ForwardTimer::fill(&against_loaded.model, args)?;
-    let (mut times, mut other_times) = time_in_turns(timer, &mut against, &args.tokens)?;
+    let stream = Stream::new(tandem::runtime::thread_count(config.runtime.threads));
+    let (mut times, mut other_times, bandwidth) =
+        time_in_turns(timer, &mut against, &args.tokens, &stream)?;
     let header =
         "| new tokens | ms per forward | ms per token | cost vs 1 token | ms per extra token |";
     let mine = timer.model.kv_dtype();
@@ -37,32 +40,34 @@ pub(super) fn compare_cache_types(
     for ((k, a), b) in args.tokens.iter().zip(&times).zip(&other_times) {
         println!("| {k} | {:.3}x |", b[b.len() / 2] / a[a.len() / 2]);
     }
-    finish(config, args, timer, base)
+    finish(config, args, timer, base.map(|b| (b, bandwidth)))
 }
 
 /// Per width, its forward times in ms.
 type WidthTimes = Vec<Vec<f64>>;
 
 /// Each width's forward times in ms on two timers (two cache types), every width's forward on
-/// one then the other each round, so a drifting machine moves both alike.
+/// one then the other each round, so a drifting machine moves both alike; and the bandwidth
+/// `stream` measured across them.
 fn time_in_turns(
     a: &mut ForwardTimer<'_>,
     b: &mut ForwardTimer<'_>,
     widths: &[usize],
-) -> Result<(WidthTimes, WidthTimes), CliError> {
-    let mut times = (
+    stream: &Stream,
+) -> Result<(WidthTimes, WidthTimes, Bandwidth), CliError> {
+    let (mut ta, mut tb) = (
         vec![Vec::new(); widths.len()],
         vec![Vec::new(); widths.len()],
     );
-    for r in 0..a.repeats + 1 {
+    let bandwidth = in_sampled_rounds(a.repeats, stream, |salt, timed| {
         for (i, &k) in widths.iter().enumerate() {
-            let (ta, tb) = (a.time_one(k, r + 1)?, b.time_one(k, r + 1)?);
-            if r > 0 {
-                // The first round warms caches.
-                times.0[i].push(ta);
-                times.1[i].push(tb);
+            let (x, y) = (a.time_one(k, salt)?, b.time_one(k, salt)?);
+            if timed {
+                ta[i].push(x);
+                tb[i].push(y);
             }
         }
-    }
-    Ok(times)
+        Ok(())
+    })?;
+    Ok((ta, tb, bandwidth))
 }

@@ -19,7 +19,7 @@ use tandem::sampling::rejection::{accept_sampled, DraftDist};
 use tandem::sampling::{probabilities, Lenience, SamplingParams, SeededRng};
 
 use super::model_args::{load_model, ModelArgs};
-use super::stream_bandwidth;
+use super::stream_bandwidth::Stream;
 use super::CliError;
 
 #[derive(Args)]
@@ -82,19 +82,22 @@ pub fn run(config: &Config, args: ForwardBenchArgs) -> Result<(), CliError> {
             println!("|---|---|---|---|---|---|");
         }
     }
-    let (mut times, experts) = timer.time_widths(&args.tokens)?;
+    let stream = Stream::new(tandem::runtime::thread_count(config.runtime.threads));
+    let (mut times, experts, bandwidth) = timer.time_widths(&args.tokens, &stream)?;
     let experts = routed.map(|_| experts);
     let base = print_widths(&args.tokens, &mut times, experts.as_deref());
-    finish(config, &args, &mut timer, base)
+    finish(config, &args, &mut timer, base.map(|b| (b, bandwidth)))
 }
 
-/// What follows the widths' table: the breakdown, the head's step and the memory bound.
+/// What follows the widths' table: the breakdown, the head's step and the memory bound
+/// (`timed`: the first width's median ms, and the bandwidth sampled while it was timed).
 fn finish(
     config: &Config,
     args: &ForwardBenchArgs,
     timer: &mut ForwardTimer<'_>,
-    base: Option<(usize, f64)>,
+    timed: Option<((usize, f64), Bandwidth)>,
 ) -> Result<(), CliError> {
+    let base = timed.as_ref().map(|(b, _)| *b);
     let (model, depth) = (timer.model, timer.depth);
     if args.ops > 1 {
         print_breakdown(timer, args.ops)?;
@@ -108,10 +111,66 @@ fn finish(
             step / one * 100.0
         );
     }
-    if let Some(first) = base {
-        print_memory_bound(config, timer, first);
+    if let Some((first, bandwidth)) = timed {
+        print_memory_bound(config, timer, first, &bandwidth);
     }
     Ok(())
+}
+
+/// The bandwidth samples a run took across its timed forwards, in bytes per second.
+struct Bandwidth(Vec<f64>);
+
+impl Bandwidth {
+    /// Their median (the lower middle one of an even count).
+    fn median(&self) -> f64 {
+        let mut v = self.0.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len().saturating_sub(1) / 2)
+            .copied()
+            .unwrap_or(f64::NAN)
+    }
+
+    fn spread(&self) -> (f64, f64) {
+        let lo = self.0.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = self.0.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lo, hi)
+    }
+}
+
+/// The timed rounds `0..repeats` in at most [`BANDWIDTH_SAMPLES`] runs of nearly equal length,
+/// each of which starts with a bandwidth sample.
+fn sampled_blocks(repeats: usize) -> Vec<std::ops::Range<usize>> {
+    let n = BANDWIDTH_SAMPLES.min(repeats).max(1);
+    (0..n)
+        .map(|b| b * repeats / n..(b + 1) * repeats / n)
+        .collect()
+}
+
+/// Bandwidth samples a run of the widths takes, spread across its timed rounds.
+const BANDWIDTH_SAMPLES: usize = 3;
+
+/// Runs `round(salt, timed)` for `repeats` timed rounds, sampling `stream`'s bandwidth before
+/// each of [`sampled_blocks`]; what it sampled.
+///
+/// The bound's bandwidth is sampled between the rounds, as the widths take turns within them:
+/// on a shared VM it moved from 29 to 42 GB/s between runs minutes apart, so a bound taken at
+/// another moment than the forwards says little of them. A sample evicts the caches, so an
+/// untimed round (`timed` false) warms them again after each, the first one included.
+fn in_sampled_rounds(
+    repeats: usize,
+    stream: &Stream,
+    mut round: impl FnMut(usize, bool) -> Result<(), CliError>,
+) -> Result<Bandwidth, CliError> {
+    let mut samples = Vec::with_capacity(BANDWIDTH_SAMPLES);
+    let mut salt = 0;
+    for block in sampled_blocks(repeats) {
+        samples.push(stream.best_of(2));
+        for timed in std::iter::once(false).chain(block.map(|_| true)) {
+            salt += 1;
+            round(salt, timed)?;
+        }
+    }
+    Ok(Bandwidth(samples))
 }
 
 /// A cache filled to `depth` in each of `--sequences` slots: every timed forward runs against
@@ -216,34 +275,40 @@ impl<'a> ForwardTimer<'a> {
         Ok(t.elapsed().as_secs_f64() * 1e3)
     }
 
-    /// Each width's forward times in ms, `repeats` of them, and (a mixture of experts) the
-    /// distinct experts its forwards read per routed layer, on average.
-    fn time_widths(&mut self, widths: &[usize]) -> Result<(Vec<Vec<f64>>, Vec<f64>), CliError> {
+    /// Each width's forward times in ms, `repeats` of them, (a mixture of experts) the distinct
+    /// experts its forwards read per routed layer on average, and the memory bandwidth
+    /// `stream` measured across them.
+    fn time_widths(
+        &mut self,
+        widths: &[usize],
+        stream: &Stream,
+    ) -> Result<(Vec<Vec<f64>>, Vec<f64>, Bandwidth), CliError> {
         // Widths take turns, one forward each per round, so a machine whose speed drifts during
         // the run (a shared VM) moves every width alike and their ratios stay fair.
         let mut times = vec![Vec::with_capacity(self.repeats); widths.len()];
         let mut read = vec![(0usize, 0usize); widths.len()];
-        for r in 0..self.repeats + 1 {
+        let bandwidth = in_sampled_rounds(self.repeats, stream, |salt, timed| {
             for ((&k, times), read) in widths.iter().zip(&mut times).zip(&mut read) {
                 expert_trace::record(true);
                 let t = std::time::Instant::now();
-                let done = self.step(k, r + 1);
+                let done = self.step(k, salt);
                 let dt = t.elapsed().as_secs_f64() * 1e3;
                 let routes = expert_trace::take();
                 expert_trace::record(false);
                 done?;
-                if r > 0 {
-                    times.push(dt); // the first round warms caches
+                if timed {
+                    times.push(dt);
                     read.0 += routes.iter().map(|l| l.distinct()).sum::<usize>();
                     read.1 += routes.len();
                 }
             }
-        }
+            Ok(())
+        })?;
         let read = read
             .iter()
             .map(|&(sum, n)| sum as f64 / n.max(1) as f64)
             .collect();
-        Ok((times, read))
+        Ok((times, read, bandwidth))
     }
 
     /// Per operation, its median time in seconds over `repeats` forwards of `k` new tokens.
@@ -300,8 +365,14 @@ fn print_widths(
     base
 }
 
-/// The first width's forward against the least time the machine's memory bandwidth allows it.
-fn print_memory_bound(config: &Config, timer: &ForwardTimer<'_>, (k0, ms): (usize, f64)) {
+/// The first width's forward against the least time the machine's memory bandwidth allows it,
+/// at the median of the bandwidth sampled across the timed forwards.
+fn print_memory_bound(
+    config: &Config,
+    timer: &ForwardTimer<'_>,
+    (k0, ms): (usize, f64),
+    bandwidth: &Bandwidth,
+) {
     let (model, depth) = (timer.model, timer.depth);
     // Every forward streams the weights a token reads (a mixture's chosen experts: a 1-token
     // forward's least) once and the cache once: of a windowed layer (Gemma 3's local ones),
@@ -315,21 +386,25 @@ fn print_memory_bound(config: &Config, timer: &ForwardTimer<'_>, (k0, ms): (usiz
         * timer.slots.len();
     let bytes = model.bytes_per_token() + kv;
     let threads = tandem::runtime::thread_count(config.runtime.threads);
-    let bandwidth = stream_bandwidth::measure(threads, 3);
-    let floor_ms = bytes as f64 / bandwidth * 1e3;
+    let median = bandwidth.median();
+    let (lo, hi) = bandwidth.spread();
+    let floor_ms = bytes as f64 / median * 1e3;
     println!();
     println!(
         "memory bound: a {k0}-token forward{} reads {:.1} MB (weights {:.1} MB, KV cache at \
-         depth {depth}, windowed layers' windows); {threads} thread(s) stream {:.1} GB/s, so it \
-         takes at least {floor_ms:.2} ms; \
-         the measured {ms:.2} ms runs at {:.0}% of that bound",
+         depth {depth}, windowed layers' windows); {threads} thread(s) streamed {:.1} GB/s \
+         (the median of {} samples taken between the timed forwards, {:.1}-{:.1}), so it takes \
+         at least {floor_ms:.2} ms; the measured {ms:.2} ms runs at {:.0}% of that bound",
         match timer.slots.len() {
             1 => String::new(),
             n => format!(" of {n} sequences"),
         },
         bytes as f64 / 1e6,
         model.bytes_per_token() as f64 / 1e6,
-        bandwidth / 1e9,
+        median / 1e9,
+        bandwidth.0.len(),
+        lo / 1e9,
+        hi / 1e9,
         floor_ms / ms * 100.0
     );
 }
@@ -487,4 +562,21 @@ fn time_head_step(
     }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bandwidth_is_sampled_before_each_third_of_the_timed_rounds() {
+        assert_eq!(sampled_blocks(10), vec![0..3, 3..6, 6..10]);
+        assert_eq!(sampled_blocks(2), vec![0..1, 1..2]);
+        // Nothing timed still samples once, so the bound has a bandwidth.
+        assert_eq!(sampled_blocks(0), vec![0..0]);
+        let b = Bandwidth(vec![42e9, 29e9, 35e9]);
+        assert_eq!(b.median(), 35e9);
+        assert_eq!(b.spread(), (29e9, 42e9));
+        assert_eq!(Bandwidth(vec![40e9, 30e9]).median(), 30e9);
+    }
 }
