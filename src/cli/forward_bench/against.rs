@@ -4,7 +4,9 @@
 
 use tandem::config::Config;
 
-use super::{finish, in_sampled_rounds, print_widths, Bandwidth, ForwardBenchArgs, ForwardTimer};
+use super::{
+    finish, in_sampled_rounds, print_widths, Bandwidth, ForwardBenchArgs, ForwardTimer, WidthTimes,
+};
 use crate::cli::model_args::load_model;
 use crate::cli::stream_bandwidth::Stream;
 use crate::cli::CliError;
@@ -42,9 +44,6 @@ pub(super) fn compare_cache_types(
     }
     finish(config, args, timer, base.map(|b| (b, bandwidth)))
 }
-
-/// Per width, its forward times in ms.
-type WidthTimes = Vec<Vec<f64>>;
 
 /// Each width's forward times in ms on two timers (two cache types), every width's forward on
 /// one then the other each round, so a drifting machine moves both alike; and the bandwidth

@@ -117,6 +117,9 @@ fn finish(
     Ok(())
 }
 
+/// Per width, its forward times in ms.
+type WidthTimes = Vec<Vec<f64>>;
+
 /// The bandwidth samples a run took across its timed forwards, in bytes per second.
 struct Bandwidth(Vec<f64>);
 
@@ -282,7 +285,7 @@ impl<'a> ForwardTimer<'a> {
         &mut self,
         widths: &[usize],
         stream: &Stream,
-    ) -> Result<(Vec<Vec<f64>>, Vec<f64>, Bandwidth), CliError> {
+    ) -> Result<(WidthTimes, Vec<f64>, Bandwidth), CliError> {
         // Widths take turns, one forward each per round, so a machine whose speed drifts during
         // the run (a shared VM) moves every width alike and their ratios stay fair.
         let mut times = vec![Vec::with_capacity(self.repeats); widths.len()];
