@@ -222,6 +222,10 @@ impl<'a> ForwardTimer<'a> {
         for s in 0..sequences {
             let toks = timer.ids(args.depth.max(1), s * 7);
             let slot = timer.slots[s];
+            // Room for the depth and the widest forward up front, as a request's slot gets it
+            // for its prompt and its tokens: the cache is then not grown (and copied) as it
+            // fills, and its memory is laid out as a server's is.
+            timer.cache.reserve(slot, args.depth.max(1) + max_k)?;
             timer.model.forward(
                 &mut timer.cache,
                 &[SeqInput {
