@@ -4,9 +4,8 @@
 
 use tandem::config::Config;
 
-use super::{
-    finish, in_sampled_rounds, print_widths, Bandwidth, ForwardBenchArgs, ForwardTimer, WidthTimes,
-};
+use super::bound::{self, in_sampled_rounds, Bandwidth};
+use super::{finish, print_widths, ForwardBenchArgs, ForwardTimer, WidthTimes};
 use crate::cli::model_args::load_model;
 use crate::cli::stream_bandwidth::Stream;
 use crate::cli::CliError;
@@ -27,7 +26,7 @@ pub(super) fn compare_cache_types(
     })?;
     let against_loaded = load_model(&against_config)?;
     let mut against = ForwardTimer::fill(&against_loaded.model, args)?;
-    let stream = Stream::new(tandem::runtime::thread_count(config.runtime.threads));
+    let stream = bound::stream(config);
     let (mut times, mut other_times, bandwidth) =
         time_in_turns(timer, &mut against, &args.tokens, &stream)?;
     let header =
