@@ -141,7 +141,8 @@ fn open_lanes<S: Stepper>(s: &mut S, jobs: &mut [DraftJob]) -> Vec<Option<Lane<S
 
 /// Context the cache has not seen (a prompt, plain-decoded output) goes in first, all but its
 /// last token, so the draft steps are uniform and cheap, and the cost model sees catch-ups
-/// apart.
+/// apart. A short feed (at most [`DraftTiming::ROUTINE_CATCH_UP`] tokens before its last: a
+/// round's own) goes whole into the first step instead, which saves a forward.
 fn catch_up<S: Stepper>(
     s: &mut S,
     jobs: &mut [DraftJob],
@@ -152,7 +153,7 @@ fn catch_up<S: Stepper>(
         .filter(|&i| {
             lanes[i]
                 .as_ref()
-                .is_some_and(|l| S::fed_tokens(&l.feed) > 2)
+                .is_some_and(|l| S::fed_tokens(&l.feed) > DraftTiming::ROUTINE_CATCH_UP + 1)
         })
         .collect();
     if behind.is_empty() {

@@ -228,6 +228,16 @@ impl Translation {
         Ok(out)
     }
 
+    /// How many of the drafter's tokens target token `id` becomes as a drafting sequence reads
+    /// it (one where the drafter has the token; a token whose pieces cannot be worked out
+    /// counts as one).
+    pub fn piece_count(&self, id: u32) -> usize {
+        match self.draft_of(id) {
+            Some(_) => 1,
+            None => self.pieces(id).map_or(1, |p| p.len()),
+        }
+    }
+
     /// The drafter's tokens for target token `id`: its own id of the same text, else its
     /// tokenization of the token's bytes (byte by byte where they are not UTF-8 alone); the
     /// target's BOS is the drafter's where it uses one, else nothing.

@@ -27,9 +27,9 @@ pub struct PriceMemory {
     pub identity: String,
 }
 
-/// The file layout's version, or how its prices are measured (4: the depth line timed in
-/// rounds): a file of another version is ignored.
-const VERSION: u32 = 4;
+/// The file layout's version, or how its prices are measured (5: catch-ups priced per
+/// drafter token): a file of another version is ignored.
+const VERSION: u32 = 5;
 
 /// Saved at most this often while requests finish (always after the first).
 const SAVE_EVERY: Duration = Duration::from_secs(30);

@@ -182,6 +182,9 @@ fn a_context_is_translated_token_by_token_and_cut_at_a_length() {
     let (ab, xy) = (256u32, 257u32);
     assert_eq!(t.draft_of(xy), Some(256));
     assert_eq!(t.draft_of(ab), None);
+    // What a catch-up on each costs the drafter: "ab" is its "a" and "b".
+    assert_eq!(t.piece_count(xy), 1);
+    assert_eq!(t.piece_count(ab), 2);
     let mut tr = Translator::new(Arc::clone(&t));
     let context = [id(&target, "q")[0], ab, xy, id(&target, "!")[0]];
     let own = tr.translate(5, &context).unwrap().to_vec();

@@ -37,7 +37,9 @@ pub enum Choice {
 pub struct Candidate {
     pub alpha: f64,
     pub choice: Choice,
-    /// Context tokens its drafter has not seen yet (taken in before drafting).
+    /// The drafter's tokens it must take in before drafting: the context it has not seen, as
+    /// the drafter reads it (one of its own tokens a target token for a drafter of the same
+    /// vocabulary; one or several for one of another).
     pub catch_up: usize,
     /// Tokens it may still generate (its one-off catch-up is spread over them).
     pub remaining: usize,
@@ -235,12 +237,12 @@ pub fn solo_rate(
 /// say (see [`recheck_prices`]).
 pub const RECHECK_AFTER_ROUNDS: u64 = 256;
 
-/// Rounds without drafts a recheck needs per token its drafter must first catch up on.
+/// Rounds without drafts a recheck needs per drafter token it must first catch up on.
 ///
 /// A recheck pays its drafter's catch-up on everything it missed, and a token of the
 /// target's text can cost a drafter up to an eighth of a target step (SmolLM2 takes in
-/// Gemma 3's text as about two of its tokens each, at a fifteenth of Gemma's step): 64 rounds
-/// per token keeps rechecks to about a quarter of a percent of the time, where one every 256
+/// Gemma 3's text as one to two of its tokens each, at a fifteenth of Gemma's step): 64 rounds
+/// per drafter token keeps rechecks under a quarter of a percent of the time, where one every 256
 /// rounds whatever it had to catch up on cost a server whose drafter does not pay 2-3% (each
 /// caught up on a whole prompt and the tokens after it), and one every 16 rounds a token
 /// still about 1%.

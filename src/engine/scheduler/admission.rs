@@ -269,6 +269,7 @@ impl Scheduler {
                 max_context: self.cfg.context_len,
                 pending: None,
                 drafter_seen: 0,
+                drafter_tokens: Default::default(),
                 arrived: q.arrived,
                 admitted: Instant::now(),
                 last_output: None,

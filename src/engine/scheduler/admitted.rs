@@ -5,9 +5,10 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
+use super::drafter_tokens::DrafterTokens;
 use super::foresight::NextDraft;
 use crate::constraint::SequenceConstraint;
-use crate::draft::Proposal;
+use crate::draft::{DraftTiming, Proposal};
 use crate::engine::acceptance::RowGrammar;
 use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
@@ -53,6 +54,8 @@ pub(super) struct Sequence {
     pub pending: Option<Proposal>,
     /// Context length when it last drafted (what a draft model's cache has seen, about).
     pub drafter_seen: usize,
+    /// Its context in the drafter's tokens, where the drafter reads another vocabulary.
+    pub drafter_tokens: DrafterTokens,
     pub arrived: Instant,
     pub admitted: Instant,
     pub last_output: Option<Instant>,
@@ -116,6 +119,22 @@ impl Sequence {
         self.request.generation.max_tokens - self.emitter.generated()
     }
 
+    /// The drafter's tokens it must take in before drafting: what it has not seen of the
+    /// context beyond the two tokens every round feeds it. None where the drafter takes them
+    /// in within its first draft step (a feed of at most `ROUTINE_CATCH_UP` tokens before
+    /// its last), which is priced with the step.
+    pub(super) fn catch_up(&self) -> usize {
+        let lag = self.context.len().saturating_sub(self.drafter_seen + 2);
+        let tokens = self
+            .drafter_tokens
+            .between(self.drafter_seen, self.drafter_seen + lag);
+        if tokens + 2 > DraftTiming::ROUTINE_CATCH_UP + 1 {
+            tokens
+        } else {
+            0
+        }
+    }
+
     /// How γ is set for the next round: the request's policy under the live settings, capped so
     /// the verification fits the context and does not draft past `max_tokens`.
     /// `next`: what the drafter will draft, where the scheduler can tell beforehand.
@@ -145,7 +164,7 @@ impl Sequence {
                 // A round of prompt lookup's match copies it: nothing is taken in first.
                 let catch_up = match kind {
                     Some(k) if k > 0 => 0,
-                    _ => self.context.len().saturating_sub(self.drafter_seen + 2),
+                    _ => self.catch_up(),
                 };
                 Candidate {
                     depth: n,

@@ -36,30 +36,18 @@ impl Scheduler {
     ) -> (f64, HashMap<u64, DraftOutcome>) {
         let t = drafts.timing;
         let mut kept = HashMap::new();
-        // A routine catch-up (a few tokens, as a drafter of another vocabulary takes in most
-        // rounds) is priced with the first step, where every plan sees it; a longer one as
-        // the lag the plan charges apart.
-        let routine = t.routine_catch_up_seconds();
+        // A round's own few tokens went into the first step, and are priced with it, where
+        // every plan sees them; a lag was caught up apart, priced per token the drafter took
+        // in, as plans count a catch-up: in the drafter's tokens (`Sequence::catch_up`).
         self.learned.costs.record_draft(
-            t.step_seconds + routine,
-            t.first_step_seconds + routine,
+            t.step_seconds,
+            t.first_step_seconds,
             t.steps,
             drafts.outcomes.len(),
         );
-        if routine == 0.0 {
-            // Priced per token of the context where the drafter took in more than that (a
-            // drafter of another vocabulary reads a target token as one or several of its
-            // own), per token it took in where fewer (its prefix cache held the rest): plans
-            // count a catch-up in context tokens and cannot tell what a cache will hold.
-            let context = self.context_caught_up(&drafts.outcomes, held);
-            let tokens = match context {
-                0 => t.catch_up_tokens,
-                n => n.min(t.catch_up_tokens),
-            };
-            self.learned
-                .costs
-                .record_catch_up(t.catch_up_seconds, tokens);
-        }
+        self.learned
+            .costs
+            .record_catch_up(t.catch_up_seconds, t.catch_up_tokens);
         for o in drafts.outcomes {
             if held.iter().any(|&(seq, _)| seq == o.seq) {
                 kept.insert(o.seq, o);
@@ -79,19 +67,6 @@ impl Scheduler {
             s.pending = o.proposal.ok();
         }
         (t.step_seconds + t.catch_up_seconds, kept)
-    }
-
-    /// Context tokens the drafter caught up on for `outcomes` (those not in `held`), counted
-    /// as plans count a catch-up: in the target's tokens, beyond the one every round feeds.
-    fn context_caught_up(&self, outcomes: &[DraftOutcome], held: &[(u64, usize)]) -> usize {
-        outcomes
-            .iter()
-            .filter(|o| !held.iter().any(|&(seq, _)| seq == o.seq) && self.took_in(o))
-            .filter_map(|o| self.active.iter().find(|s| s.id == o.seq))
-            .map(|s| s.context.len().saturating_sub(s.drafter_seen))
-            .filter(|&fed| fed > 2)
-            .map(|fed| fed - 1)
-            .sum()
     }
 
     /// Whether the drafter took in its sequence's context for `o`. A model (a head) behind
@@ -115,8 +90,7 @@ impl Scheduler {
                     // catch-up on text its drafter has not seen, such as a long prompt; a
                     // match's copy pays neither), or its acceptance until the costs are
                     // measured.
-                    let lag = s.context.len().saturating_sub(s.drafter_seen + 2);
-                    let catch_up = self.learned.costs.catch_up_seconds(lag);
+                    let catch_up = self.learned.costs.catch_up_seconds(s.catch_up());
                     let depth = s.context.len() - 1;
                     f.next(&s.context, |k| {
                         let alpha = s.governor.alpha_of(Some(k));
@@ -128,6 +102,18 @@ impl Scheduler {
                 None => NextDraft::Unknown,
             })
             .collect()
+    }
+
+    /// Counts the sequences' new context tokens in the drafter's tokens, where it reads another
+    /// vocabulary, so that their catch-ups are priced by what it will take in.
+    pub(super) fn count_drafter_tokens(&mut self) {
+        let Some(coverage) = &self.cfg.coverage else {
+            return;
+        };
+        for s in &mut self.active {
+            s.drafter_tokens
+                .extend(&s.context, |id| coverage.piece_count(id));
+        }
     }
 
     /// γ for each sequence in `which` (indices into `active`) for one round, with `base_width`

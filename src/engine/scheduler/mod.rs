@@ -18,6 +18,7 @@ mod admission;
 mod admitted;
 mod constrain;
 mod draft_coverage;
+mod drafter_tokens;
 mod drafting;
 mod foresight;
 mod outcome;

@@ -101,7 +101,7 @@ impl Scheduler {
         if batch.decode_only {
             let drafted =
                 draft_secs + ahead_secs > 0.0 || batch.sent.values().any(|s| !s.1.is_empty());
-            let lag = times.draft.catch_up_seconds - times.draft.routine_catch_up_seconds();
+            let lag = times.draft.catch_up_seconds;
             self.record_gain(
                 drafted,
                 (&result.outcomes, &batch.sent),
@@ -152,6 +152,7 @@ impl Scheduler {
 
     /// γ for every sequence that drafts this round, now or ahead, and the drafts asked for.
     fn plan_drafts(&mut self, shape: &RoundPlan, live: &SpeculationSettings) -> Drafting {
+        self.count_drafter_tokens();
         let now = (
             &shape.draft_now[..],
             &self.foresee(&shape.draft_now, live)[..],
@@ -299,13 +300,14 @@ impl Scheduler {
             // Only rounds whose drafter stepped: a round drafted by prompt lookup's scan alone
             // (`head+lookup`) would teach the model's forecasts that a step costs nothing.
             if f.drafting > 0 && times.draft.steps > 0 {
-                let measured = times.draft.step_seconds + times.draft.routine_catch_up_seconds();
-                self.learned.costs.record_draft_forecast(f.draft, measured);
+                self.learned
+                    .costs
+                    .record_draft_forecast(f.draft, times.draft.step_seconds);
             }
             if decode_only {
                 // What the plan weighs apart (a catch-up on what the drafter missed) is kept
                 // out of the comparison; everything else the round took is in it.
-                let lag = times.draft.catch_up_seconds - times.draft.routine_catch_up_seconds();
+                let lag = times.draft.catch_up_seconds;
                 self.learned.costs.record_round_forecast(
                     f.drafting > 0,
                     f.draft + f.verify,
