@@ -160,14 +160,15 @@ fn catch_ups_are_priced_by_size() {
     // measured class, the dearer one on a tie.
     assert!((c.catch_up_seconds(40) - 40.0 * 0.5 / 32.0).abs() < 1e-12);
     assert!((c.catch_up_seconds(300) - 300.0 * 2.0 / 256.0).abs() < 1e-12);
-    assert!((c.catch_up_seconds(1000) - 1000.0 * 2.0 / 256.0).abs() < 1e-12);
+    // Past it, never below the smaller class's price per token.
+    assert!((c.catch_up_seconds(1000) - 1000.0 * 0.5 / 32.0).abs() < 1e-12);
     assert!((c.catch_up_seconds(3) - 3.0 * 0.5 / 32.0).abs() < 1e-12);
     assert!((c.catch_up_seconds(100) - 100.0 * 0.5 / 32.0).abs() < 1e-12);
     assert_eq!(c.catch_up_seconds(0), 0.0);
     let mut tie = CostModel::new(4);
     tie.record_catch_up(0.5, 32);
-    tie.record_catch_up(1.0, 128);
-    assert!((tie.catch_up_seconds(64) - 64.0 / 128.0).abs() < 1e-12);
+    tie.record_catch_up(4.0, 128);
+    assert!((tie.catch_up_seconds(64) - 64.0 * 4.0 / 128.0).abs() < 1e-12);
 }
 
 #[test]
@@ -182,6 +183,24 @@ fn catch_ups_past_the_deepest_measured_size_are_extrapolated() {
     // Sizes measured, or below the deepest, keep their class's price.
     assert!((c.catch_up_seconds(200) - 0.2).abs() < 1e-9);
     assert!((c.catch_up_seconds(40) - 40.0 * 0.9e-3).abs() < 1e-9);
+}
+
+#[test]
+fn a_deep_small_catch_up_keeps_larger_unmeasured_ones_from_looking_cheap() {
+    let mut c = CostModel::new(4);
+    // Start-up's two sizes from the context's start, then a live 82-token catch-up after a
+    // plain stretch deep in a context: dearer per token than its size alone says.
+    c.record_catch_up(31.0 * 0.26e-3, 31);
+    c.record_catch_up(255.0 * 0.29e-3, 255);
+    c.record_catch_up(82.0 * 0.43e-3, 82);
+    // The line through 82 and 255 falls; a 770-token prompt is priced at no less than
+    // 0.43 ms a token, not flat at 0.29.
+    assert!((c.catch_up_seconds(770) - 770.0 * 0.43e-3).abs() < 1e-9);
+    // A measured class keeps its own price (128-255 tokens, and 16-31).
+    assert!((c.catch_up_seconds(150) - 150.0 * 0.29e-3).abs() < 1e-9);
+    assert!((c.catch_up_seconds(20) - 20.0 * 0.26e-3).abs() < 1e-9);
+    // Between measured classes (32-63, between 16-31 and 64-127), the dearer neighbour's.
+    assert!((c.catch_up_seconds(40) - 40.0 * 0.43e-3).abs() < 1e-9);
 }
 
 #[test]
