@@ -203,7 +203,7 @@ fn a_prompt_the_drafter_covers_little_starts_without_drafting() {
     for w in 1..=width {
         costs.record_verify(1e-3 * (1.0 + PER_TOKEN * (w - 1) as f64), w);
     }
-    costs.record_draft(3e-5, 1e-5, 3, 1);
+    costs.record_draft(3e-5, (1e-5, 1), 3, 1);
     costs.record_catch_up(64e-5, 64);
     let source = LoadedDrafter::Model {
         model: Arc::new(draft.model),

@@ -401,7 +401,7 @@ fn price_table(per_token: f64, draft: f64, max_width: usize) -> CostModel {
     for w in 1..=max_width {
         costs.record_verify(1e-3 * (1.0 + per_token * (w - 1) as f64), w);
     }
-    costs.record_draft(3.0 * draft * 1e-3, draft * 1e-3, 3, 1);
+    costs.record_draft(3.0 * draft * 1e-3, (draft * 1e-3, 1), 3, 1);
     costs.record_catch_up(64.0 * draft * 1e-3, 64);
     costs
 }

@@ -8,12 +8,26 @@
 //! bounded (oldest texts dropped first) and holds token ids only.
 
 use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+
+use super::prompt_lookup::{kind_of_match, PromptLookup};
 
 /// Ends each stored text, so a continuation never runs into the next one.
 const SEPARATOR: u32 = u32::MAX;
 
 /// Tokens the store holds at most (with its index, about 40 bytes a token).
 pub const HISTORY_TOKENS: usize = 1 << 17;
+
+/// The store as the drafter and the scheduler share it: the drafter adds finished requests'
+/// texts and drafts from them; the scheduler looks up which kind of draft a round will get
+/// before it plans the round.
+pub type SharedHistory = Arc<RwLock<RequestHistory>>;
+
+/// Reads a shared store. A writer that panicked left a store that is still well formed (it
+/// only ever holds whole texts once indexed), so a poisoned lock is read through.
+pub fn read_history(h: &SharedHistory) -> RwLockReadGuard<'_, RequestHistory> {
+    h.read().unwrap_or_else(PoisonError::into_inner)
+}
 
 #[derive(Clone, Debug)]
 pub struct RequestHistory {
@@ -44,6 +58,38 @@ impl RequestHistory {
             min_ngram,
             max_ngram: max_ngram.max(min_ngram),
         }
+    }
+
+    /// A store to share for `lookup`'s n-gram sizes, where it looks across requests (`suffix`).
+    pub fn shared_for(lookup: PromptLookup) -> Option<SharedHistory> {
+        let (lo, hi) = lookup.ngrams();
+        lookup
+            .looks_across_requests()
+            .then(|| Arc::new(RwLock::new(Self::new(HISTORY_TOKENS, lo, hi))))
+    }
+
+    /// The match `lookup` drafts from after `context` across requests: for each n-gram size,
+    /// longest first, the request's own text and then this store's (the own text wins a match of
+    /// equal length); at most `gamma` tokens, with the draft's kind
+    /// (`Proposal::confidence_kind`: the matched n-gram's length, as the own text's lookup).
+    pub fn match_across<'a>(
+        &'a self,
+        lookup: &PromptLookup,
+        context: &'a [u32],
+        gamma: usize,
+    ) -> (&'a [u32], u8) {
+        let (lo, hi) = lookup.ngrams();
+        for n in (lo..=hi).rev() {
+            let own = PromptLookup::lookup_at(context, gamma, n);
+            if !own.is_empty() {
+                return (own, kind_of_match(n));
+            }
+            let earlier = self.lookup_at(context, gamma, n);
+            if !earlier.is_empty() {
+                return (earlier, kind_of_match(n));
+            }
+        }
+        (&[], 0)
     }
 
     /// Tokens held, separators included.

@@ -52,6 +52,8 @@ pub struct DraftTiming {
     /// costs ~1.3x a later step, and pricing every step at the average made long drafts look
     /// dearer than they are to a request drafting 1 token a round.
     pub first_step_seconds: f64,
+    /// Tokens fed into the first step, every drafting sequence's together: its width.
+    pub first_step_tokens: usize,
     /// Context tokens the cache had to take in before drafting (a prompt, or output decoded
     /// while speculation was off) beyond what the first step took in
     /// ([`Self::ROUTINE_CATCH_UP`]).

@@ -26,7 +26,7 @@ mod translation;
 pub use drafter_spec::{canonical_drafter_name, DraftSpec, InvalidDraftSpec, DRAFTER_ALIASES};
 pub use error::DraftError;
 pub use head::HeadDrafter;
-pub use history::{RequestHistory, HISTORY_TOKENS};
+pub use history::{read_history, RequestHistory, SharedHistory, HISTORY_TOKENS};
 pub use job::{DraftJob, DraftTiming};
 pub use loaded::LoadedDrafter;
 pub use lookup_rehearsal::Rehearsal;

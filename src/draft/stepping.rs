@@ -202,6 +202,9 @@ fn take_step<S: Stepper>(
         .iter()
         .map(|&i| lanes[i].as_ref().expect("filtered"))
         .collect();
+    if j == 0 {
+        timing.first_step_tokens = stepping.iter().map(|l| S::fed_tokens(&l.feed)).sum();
+    }
     let step = s.step(&stepping);
     drop(stepping);
     timing.steps += 1;

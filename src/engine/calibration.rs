@@ -321,7 +321,12 @@ async fn calibrate_drafter(
         .await
         .map_err(|e| EngineError::Draft(e.to_string()))?;
     if let Some(t) = timings.first() {
-        costs.record_draft(t.step_seconds, t.first_step_seconds, t.steps, 1);
+        costs.record_draft(
+            t.step_seconds,
+            (t.first_step_seconds, t.first_step_tokens),
+            t.steps,
+            1,
+        );
     }
     let per_step = |t: &DraftTiming| t.step_seconds / t.steps.max(1) as f64;
     if let (Some(a), Some(b)) = (timings.first(), timings.last()) {

@@ -14,7 +14,9 @@ use super::messages::{
     ClearPrefixCache, DraftBatch, DraftBatchResult, EndSequence, MeasureDraftCosts,
 };
 use super::worker::ComputeWorker;
-use crate::draft::{DraftError, DraftTiming, HeadDrafter, LoadedDrafter, ModelDrafter};
+use crate::draft::{
+    DraftError, DraftTiming, HeadDrafter, LoadedDrafter, ModelDrafter, SharedHistory,
+};
 use crate::model::Decoder;
 
 #[derive(Actor)]
@@ -26,13 +28,15 @@ impl Drafter {
     /// `max_seqs`: how many sequences may draft at once (the draft model's cache slots).
     /// `prefix_cache`: a draft model stores ended sequences' keys and values for their
     /// prefixes, at most this many bytes.
+    /// `history`: prompt lookup across requests (`suffix`) keeps earlier requests' texts in this
+    /// store, which the scheduler reads too.
     /// `target`: the model a draft head drafts for (its embedding and output head).
     pub fn new(
         drafter: LoadedDrafter,
         target: Arc<Decoder>,
         threads: usize,
         max_seqs: usize,
-        prefix_cache: Option<usize>,
+        (prefix_cache, history): (Option<usize>, Option<SharedHistory>),
     ) -> Result<Self, EngineError> {
         let state: Box<dyn BatchDrafter> = match drafter {
             LoadedDrafter::Model {
@@ -52,7 +56,7 @@ impl Drafter {
             LoadedDrafter::Head { head, lookup, .. } => {
                 Box::new(HeadDrafter::new(head, target, max_seqs).with_lookup(lookup))
             }
-            LoadedDrafter::PromptLookup(p) => Box::new(LookupDrafter::new(p)),
+            LoadedDrafter::PromptLookup(p) => Box::new(LookupDrafter::new(p, history)),
         };
         Ok(Self {
             worker: ComputeWorker::spawn("tandem-draft", threads, state)?,
@@ -138,6 +142,7 @@ fn measure_draft_costs(
         best.steps = t.steps;
         best.step_seconds = min(best.step_seconds, t.step_seconds);
         best.first_step_seconds = min(best.first_step_seconds, t.first_step_seconds);
+        best.first_step_tokens = t.first_step_tokens;
         if t.catch_up_tokens > 0 {
             best.catch_up_tokens = t.catch_up_tokens;
             best.catch_up_seconds = min(best.catch_up_seconds, t.catch_up_seconds);

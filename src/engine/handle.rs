@@ -24,7 +24,7 @@ use super::request::{check_request, EngineRequest};
 use super::scheduler::{DraftCoverage, DraftForesight, Scheduler, SchedulerConfig};
 use super::speculation_settings::{LiveSpeculation, SpeculationSettings};
 use super::verifier::Verifier;
-use crate::draft::{DraftOrigins, LoadedDrafter};
+use crate::draft::{DraftOrigins, LoadedDrafter, RequestHistory, SharedHistory};
 use crate::model::Decoder;
 
 /// Engine settings. The config file's `[engine]` table is read straight into this type (the
@@ -161,7 +161,12 @@ impl Engine {
         // verification, never beside it.
         let features = draft.as_ref().and_then(LoadedDrafter::feature_taps);
         let head = features.is_some();
-        let (foresight, coverage, origins) = drafter_views(draft.as_ref());
+        let history = draft
+            .as_ref()
+            .filter(|d| matches!(d, LoadedDrafter::PromptLookup(_)))
+            .and_then(LoadedDrafter::lookup)
+            .and_then(RequestHistory::shared_for);
+        let (foresight, coverage, origins) = drafter_views(draft.as_ref(), history.clone());
         let verifier = Verifier::new(
             Arc::clone(&target),
             slots,
@@ -173,7 +178,7 @@ impl Engine {
         let draft_name = draft.as_ref().map(LoadedDrafter::name);
         let draft_cache = draft.as_ref().is_some_and(LoadedDrafter::keeps_a_cache);
         register_prefix_caches(cfg.prefix_cache, draft_cache, (target_budget, draft_budget));
-        let drafter = spawn_drafter(draft, &target, &cfg, draft_budget)?;
+        let drafter = spawn_drafter(draft, &target, &cfg, (draft_budget, history))?;
         let timing = Timing {
             verifier: &verifier,
             drafter: drafter.as_ref(),
@@ -406,17 +411,20 @@ impl Drop for Engine {
 }
 
 /// What the scheduler knows of the drafter: each round's kind of draft foreseen where it
-/// drafts prompt lookup's match first (alone, or before a head); a prompt's coverage where it
-/// is a model of another vocabulary; what its drafts are called.
+/// drafts prompt lookup's match first (alone, or before a head; across requests, from the
+/// store `history` it shares with the drafter); a prompt's coverage where it is a model of
+/// another vocabulary; what its drafts are called.
 fn drafter_views(
     draft: Option<&LoadedDrafter>,
+    history: Option<SharedHistory>,
 ) -> (Option<DraftForesight>, Option<DraftCoverage>, DraftOrigins) {
     let Some(d) = draft else {
         return (None, None, DraftOrigins::default());
     };
     let alone = matches!(d, LoadedDrafter::PromptLookup(_));
     (
-        d.lookup().and_then(|l| DraftForesight::new(l, !alone)),
+        d.lookup()
+            .and_then(|l| DraftForesight::new(l, !alone, history)),
         d.translation().map(|t| DraftCoverage::new(Arc::clone(t))),
         d.origins(),
     )
@@ -472,7 +480,7 @@ fn spawn_drafter(
     draft: Option<LoadedDrafter>,
     target: &Arc<Decoder>,
     cfg: &EngineConfig,
-    draft_budget: usize,
+    (draft_budget, history): (usize, Option<SharedHistory>),
 ) -> Result<Option<ActorRef<Drafter>>, EngineError> {
     let Some(source) = draft else {
         return Ok(None);
@@ -482,6 +490,6 @@ fn spawn_drafter(
         Arc::clone(target),
         cfg.draft_threads,
         cfg.max_seqs,
-        cfg.prefix_cache.then_some(draft_budget),
+        (cfg.prefix_cache.then_some(draft_budget), history),
     )?)))
 }

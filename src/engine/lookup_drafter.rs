@@ -5,12 +5,14 @@
 //! out); what the engine adds is state across sequences and requests, kept here.
 
 use std::collections::HashMap;
+use std::sync::PoisonError;
 use std::time::Instant;
 
 use super::batch_drafter::BatchDrafter;
 use super::messages::{DraftBatchResult, DraftItem, DraftOutcome};
 use crate::draft::{
-    DraftError, DraftTiming, PromptLookup, Proposal, Proposer, RequestHistory, HISTORY_TOKENS,
+    read_history, DraftError, DraftTiming, PromptLookup, Proposal, Proposer, RequestHistory,
+    SharedHistory,
 };
 use crate::sampling::{SamplingParams, SeededRng};
 
@@ -19,19 +21,22 @@ pub struct LookupDrafter {
     /// The n-gram sizes every sequence's lookup starts from.
     settings: PromptLookup,
     seqs: HashMap<u64, PromptLookup>,
-    /// Earlier requests' texts, when it looks across requests (`suffix`).
-    history: Option<RequestHistory>,
+    /// Earlier requests' texts, when it looks across requests (`suffix`): shared with the
+    /// scheduler, which foresees the kind of each round's draft from it.
+    history: Option<SharedHistory>,
 }
 
 impl LookupDrafter {
-    pub fn new(settings: PromptLookup) -> Self {
-        let (lo, hi) = settings.ngrams();
+    /// Prompt lookup with `settings`; across requests, with the store `history` (a store of
+    /// its own when none is given).
+    pub fn new(settings: PromptLookup, history: Option<SharedHistory>) -> Self {
+        let history = history
+            .filter(|_| settings.looks_across_requests())
+            .or_else(|| RequestHistory::shared_for(settings));
         Self {
             settings,
             seqs: HashMap::new(),
-            history: settings
-                .looks_across_requests()
-                .then(|| RequestHistory::new(HISTORY_TOKENS, lo, hi)),
+            history,
         }
     }
 }
@@ -40,11 +45,12 @@ impl BatchDrafter for LookupDrafter {
     fn draft(&mut self, items: Vec<DraftItem>) -> DraftBatchResult {
         let start = Instant::now();
         let steps = items.iter().map(|it| it.gamma).max().unwrap_or(0);
+        let store = self.history.as_ref().map(read_history);
         let outcomes = items
             .into_iter()
             .map(|it| {
                 let own = self.seqs.entry(it.seq).or_insert(self.settings);
-                lookup_one(own, self.history.as_ref(), it)
+                lookup_one(own, store.as_deref(), it)
             })
             .collect();
         DraftBatchResult {
@@ -59,8 +65,8 @@ impl BatchDrafter for LookupDrafter {
 
     fn end(&mut self, seq: u64, _: bool, text: &[u32]) {
         self.seqs.remove(&seq);
-        if let Some(h) = &mut self.history {
-            h.add(text);
+        if let Some(h) = &self.history {
+            h.write().unwrap_or_else(PoisonError::into_inner).add(text);
         }
     }
 
@@ -91,28 +97,6 @@ impl BatchDrafter for LookupDrafter {
     }
 }
 
-/// The longest suffix of `context` that occurs in its own text or in an earlier request's,
-/// the own text first at equal length.
-fn across_requests<'a>(
-    lookup: &PromptLookup,
-    history: &'a RequestHistory,
-    context: &'a [u32],
-    gamma: usize,
-) -> &'a [u32] {
-    let (lo, hi) = lookup.ngrams();
-    for n in (lo..=hi).rev() {
-        let own = PromptLookup::lookup_at(context, gamma, n);
-        if !own.is_empty() {
-            return own;
-        }
-        let earlier = history.lookup_at(context, gamma, n);
-        if !earlier.is_empty() {
-            return earlier;
-        }
-    }
-    &[]
-}
-
 /// Prompt lookup in the request's own text; across requests, in earlier requests' texts too.
 /// With `tree_nodes`, the own text's disagreeing matches add alternatives (a token tree) when
 /// its continuation is the one drafted.
@@ -124,10 +108,11 @@ fn lookup_one(
     let mut proposal = Proposal::default();
     drafter.lookup_tree(&it.context, it.gamma, it.tree_nodes, &mut proposal);
     if let Some(h) = history {
-        let chain = across_requests(drafter, h, &it.context, it.gamma);
+        let (chain, kind) = h.match_across(drafter, &it.context, it.gamma);
         if chain != &proposal.tokens[..proposal.chain_len()] {
             proposal.clear();
             proposal.tokens.extend_from_slice(chain);
+            proposal.confidence_kind = kind;
         }
     }
     DraftOutcome {

@@ -27,9 +27,9 @@ pub struct PriceMemory {
     pub identity: String,
 }
 
-/// The file layout's version, or how its prices are measured (5: catch-ups priced per
-/// drafter token): a file of another version is ignored.
-const VERSION: u32 = 5;
+/// The file layout's version, or how its prices are measured (6: first draft steps priced by
+/// the tokens fed into them): a file of another version is ignored.
+const VERSION: u32 = 6;
 
 /// Saved at most this often while requests finish (always after the first).
 const SAVE_EVERY: Duration = Duration::from_secs(30);

@@ -9,15 +9,17 @@ use super::verify_depth::VerifyDepth;
 
 mod catch_up;
 mod estimate;
+mod first_step;
 pub use estimate::CostEstimate;
+use first_step::FirstStep;
 
 /// Measured costs, in seconds: one draft step by how many sequences draft together, the
 /// drafter's catching up per context token by how many tokens it takes in at once, and target
 /// forwards by width (new tokens of every sequence in the forward together).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct CostModel {
-    /// `draft_first[n - 1]`: the first draft step of a round of `n` sequences together.
-    draft_first: Vec<CostEstimate>,
+    /// A round's first draft step, by the tokens fed into it (see `FirstStep`).
+    draft_first: FirstStep,
     /// `draft_step[n - 1]`: each later draft step of `n` sequences together.
     draft_step: Vec<CostEstimate>,
     /// `catch_up_token[b]`: seconds per token of catch-ups of `2^b..2^(b+1)` tokens. One price
@@ -67,7 +69,7 @@ impl CostModel {
     /// A model for target forwards of up to `max_width` tokens (wider ones are extrapolated).
     pub fn new(max_width: usize) -> Self {
         Self {
-            draft_first: Vec::new(),
+            draft_first: FirstStep::default(),
             draft_step: Vec::new(),
             catch_up_token: Vec::new(),
             catch_up_size: Vec::new(),
@@ -110,7 +112,7 @@ impl CostModel {
         self.verify_start_up = self.verify.iter().map(CostEstimate::get).collect();
         for c in self
             .draft_first
-            .iter_mut()
+            .estimates_mut()
             .chain(&mut self.draft_step)
             .chain(&mut self.catch_up_token)
             .chain(&mut self.verify)
@@ -149,8 +151,15 @@ impl CostModel {
     }
 
     /// Time spent on `steps` draft steps of `seqs` sequences together, `first` of it on the
-    /// first step (0 = not timed apart).
-    pub fn record_draft(&mut self, seconds: f64, first: f64, steps: usize, seqs: usize) {
+    /// first step with the tokens fed into it in all (`(0.0, _)`: not timed apart; `(_, 0)`:
+    /// not counted, one a sequence).
+    pub fn record_draft(
+        &mut self,
+        seconds: f64,
+        (first, fed): (f64, usize),
+        steps: usize,
+        seqs: usize,
+    ) {
         if self.frozen {
             return;
         }
@@ -159,15 +168,14 @@ impl CostModel {
         }
         if self.draft_step.len() < seqs {
             self.draft_step.resize(seqs, CostEstimate::default());
-            self.draft_first.resize(seqs, CostEstimate::default());
         }
         if first <= 0.0 || first > seconds {
             let each = seconds / steps as f64;
-            self.draft_first[seqs - 1].record(each);
+            self.draft_first.record(each, 0, seqs);
             self.draft_step[seqs - 1].record(each);
             return;
         }
-        self.draft_first[seqs - 1].record(first);
+        self.draft_first.record(first, fed, seqs);
         if steps > 1 {
             self.draft_step[seqs - 1].record((seconds - first) / (steps - 1) as f64);
         }
@@ -375,15 +383,15 @@ impl CostModel {
     }
 
     /// Seconds of `steps` draft steps of `seqs` sequences together, once any step is measured:
-    /// the first step at its own price, the rest at the later steps' (each standing in for the
-    /// other until measured). A batch size not measured yet is interpolated between its nearest
-    /// measured neighbours, or priced as the nearest one (the first round at that size then
-    /// measures it).
+    /// the first step at its own price (as wide as recent feeds), the rest at the later steps'
+    /// (each standing in for the other until measured). A batch size not measured yet is
+    /// interpolated between its nearest measured neighbours, or priced as the nearest one (the
+    /// first round at that size then measures it).
     pub fn draft_seconds(&self, steps: usize, seqs: usize) -> Option<f64> {
         if steps == 0 || seqs == 0 {
             return Some(0.0);
         }
-        let first = by_batch_size(&self.draft_first, seqs);
+        let first = self.draft_first.seconds(seqs);
         let later = by_batch_size(&self.draft_step, seqs);
         let (first, later) = match (first, later) {
             (Some(f), Some(l)) => (f, l),

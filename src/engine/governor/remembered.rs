@@ -63,7 +63,7 @@ mod tests {
         for w in 1..=9 {
             c.record_forward(0.002 + 0.0002 * w as f64, &[(w, 0)], &[]);
         }
-        c.record_draft(0.003, 0.001, 3, 1);
+        c.record_draft(0.003, (0.001, 1), 3, 1);
         c.record_catch_up(0.02, 40);
         c
     }

@@ -45,7 +45,7 @@ mod tests {
         let mut c = CostModel::new(4);
         c.record_verify(0.010, 1);
         c.record_verify(0.015, 4);
-        c.record_draft(0.002, 0.0, 1, 1);
+        c.record_draft(0.002, (0.0, 0), 1, 1);
         let mut e = SpeedupEstimate::default();
         assert_eq!(e.get(), None);
         e.record(0, 0, &c);

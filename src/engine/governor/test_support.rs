@@ -6,7 +6,7 @@ use super::planner::plan_round;
 
 pub fn costs(draft: f64, verify: &[f64]) -> CostModel {
     let mut c = CostModel::new(verify.len());
-    c.record_draft(draft * 3.0, 0.0, 3, 1);
+    c.record_draft(draft * 3.0, (0.0, 0), 3, 1);
     for (i, &v) in verify.iter().enumerate() {
         c.record_verify(v, i + 1);
     }

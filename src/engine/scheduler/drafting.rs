@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::foresight::NextDraft;
+use super::foresight::{DraftForesight, NextDraft};
 use super::state::Scheduler;
 use crate::engine::error::EngineError;
 use crate::engine::governor::{
@@ -36,12 +36,12 @@ impl Scheduler {
     ) -> (f64, HashMap<u64, DraftOutcome>) {
         let t = drafts.timing;
         let mut kept = HashMap::new();
-        // A round's own few tokens went into the first step, and are priced with it, where
-        // every plan sees them; a lag was caught up apart, priced per token the drafter took
+        // A round's own few tokens went into the first step, and are priced with it by how
+        // many there were, where every plan sees them; a lag was caught up apart, priced per token the drafter took
         // in, as plans count a catch-up: in the drafter's tokens (`Sequence::catch_up`).
         self.learned.costs.record_draft(
             t.step_seconds,
-            t.first_step_seconds,
+            (t.first_step_seconds, t.first_step_tokens),
             t.steps,
             drafts.outcomes.len(),
         );
@@ -74,7 +74,7 @@ impl Scheduler {
     /// where it last stepped, so its catch-up on lookup's copies is priced when it next drafts.
     fn took_in(&self, o: &DraftOutcome) -> bool {
         let copied = o.proposal.as_ref().is_ok_and(|p| p.confidence_kind > 0);
-        !(copied && self.cfg.foresight.is_some_and(|f| f.has_model()))
+        !(copied && self.cfg.foresight.as_ref().is_some_and(DraftForesight::has_model))
     }
 
     /// What each sequence in `which` (indices into `active`) would draft now, where the

@@ -5,9 +5,10 @@
 //! and a head drafting after prompt lookup (`head+lookup`) mixes lookup's copied drafts with
 //! the head's own: one rate for all of them plans every round as if it were the average one,
 //! too short where the text is copied and too long where it is not. The scan that finds the
-//! match is the drafter's own, pure and cheap next to a forward, so the scheduler runs it too.
+//! match is the drafter's own, pure and cheap next to a forward, so the scheduler runs it too;
+//! across requests (`suffix`) it reads the drafter's store of earlier requests as well.
 
-use crate::draft::{PromptLookup, Rehearsal};
+use crate::draft::{read_history, PromptLookup, Rehearsal, SharedHistory};
 
 /// What the scheduler can tell of a sequence's next draft.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,11 +23,13 @@ pub enum NextDraft {
 }
 
 /// How a drafter that drafts prompt lookup's match first chooses its draft.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct DraftForesight {
     lookup: PromptLookup,
     /// A model (a head) drafts where the text has no match; else nothing is drafted there.
     model_otherwise: bool,
+    /// Earlier requests' texts, where lookup looks across requests: the drafter's own store.
+    history: Option<SharedHistory>,
 }
 
 impl DraftForesight {
@@ -35,12 +38,28 @@ impl DraftForesight {
         self.lookup.rehearse(prompt)
     }
 
-    /// For a drafter that looks only in the request's own text (not `suffix`, whose store of
-    /// earlier requests the scheduler does not see).
-    pub fn new(lookup: PromptLookup, model_otherwise: bool) -> Option<Self> {
-        (!lookup.looks_across_requests()).then_some(Self {
+    /// For a drafter that looks in the request's own text, or alone across requests with the
+    /// store `history` it drafts from (`None` without it: the scheduler could not tell what
+    /// that drafter finds).
+    ///
+    /// Without foresight `suffix` was planned with the rate of all its drafts, 1-token matches
+    /// and 3-token ones alike: in fresh processes, where its store starts empty and it drafts
+    /// as prompt lookup does, it read 1.06x plain on held-out questions where prompt lookup,
+    /// foreseen, read 1.25x, and three questions ran below plain.
+    pub fn new(
+        lookup: PromptLookup,
+        model_otherwise: bool,
+        history: Option<SharedHistory>,
+    ) -> Option<Self> {
+        let history = match (lookup.looks_across_requests(), history) {
+            (false, _) => None,
+            (true, Some(h)) if !model_otherwise => Some(h),
+            (true, _) => return None,
+        };
+        Some(Self {
             lookup,
             model_otherwise,
+            history,
         })
     }
 
@@ -55,7 +74,14 @@ impl DraftForesight {
     /// and what its drafts cost): the match's, unless the model's drafts are worth more than a
     /// match of that length (a 1-token match is right less often than a head).
     pub fn next(&self, context: &[u32], worth: impl Fn(u8) -> f64) -> NextDraft {
-        match self.lookup.match_kind(context) {
+        let kind = match &self.history {
+            Some(h) => match read_history(h).match_across(&self.lookup, context, 1) {
+                ([], _) => None,
+                (_, kind) => Some(kind),
+            },
+            None => self.lookup.match_kind(context),
+        };
+        match kind {
             Some(kind) if !self.model_otherwise || worth(kind) >= worth(0) => NextDraft::Kind(kind),
             _ if self.model_otherwise => NextDraft::Kind(0),
             _ => NextDraft::Nothing,
@@ -65,14 +91,20 @@ impl DraftForesight {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
-    use crate::draft::Proposal;
+    use crate::draft::{Proposal, RequestHistory};
+    use crate::engine::batch_drafter::BatchDrafter;
+    use crate::engine::lookup_drafter::LookupDrafter;
+    use crate::engine::messages::DraftItem;
+    use crate::sampling::{DraftGate, SamplingParams, SeededRng};
 
     #[test]
     fn the_foresight_names_the_kind_the_drafter_then_drafts() {
         let lookup = PromptLookup::new(1, 3);
-        let alone = DraftForesight::new(lookup, false).expect("own text");
-        let first = DraftForesight::new(lookup, true).expect("own text");
+        let alone = DraftForesight::new(lookup, false, None).expect("own text");
+        let first = DraftForesight::new(lookup, true, None).expect("own text");
         let cases: [&[u32]; 5] = [
             &[1, 2, 3, 4, 1, 2, 3],
             &[1, 2, 3, 4, 9, 2, 3],
@@ -106,6 +138,58 @@ mod tests {
         assert_eq!(first.next(cases[1], short_matches_fail), NextDraft::Kind(2));
         assert_eq!(first.next(cases[0], short_matches_fail), NextDraft::Kind(3));
         assert_eq!(alone.next(cases[2], short_matches_fail), NextDraft::Kind(1));
-        assert!(DraftForesight::new(lookup.across_requests(), true).is_none());
+        let across = lookup.across_requests();
+        let store = RequestHistory::shared_for(across);
+        assert!(DraftForesight::new(across, false, None).is_none());
+        assert!(DraftForesight::new(across, true, store).is_none());
+    }
+
+    #[test]
+    fn across_requests_the_foresight_names_the_kind_the_store_gives() {
+        let lookup = PromptLookup::new(1, 3).across_requests();
+        let store = RequestHistory::shared_for(lookup).expect("across requests");
+        let foresight = DraftForesight::new(lookup, false, Some(Arc::clone(&store))).unwrap();
+        let mut drafter = LookupDrafter::new(lookup, Some(Arc::clone(&store)));
+        let even = |_: u8| 1.2;
+        // Nothing in the own text nor the store; then an earlier request had 7 8 9 after 5 6.
+        let context = [1, 2, 5, 6];
+        assert_eq!(foresight.next(&context, even), NextDraft::Nothing);
+        drafter.end(0, false, &[4, 5, 6, 7, 8, 9]);
+        let cases: [&[u32]; 4] = [&[1, 2, 5, 6], &[1, 2, 9, 6], &[5, 6, 1, 5, 6], &[3]];
+        for context in cases {
+            let drafted = drafter.draft(vec![greedy(context)]).outcomes.remove(0);
+            let p = drafted.proposal.expect("lookup drafts");
+            let want = match p.tokens.is_empty() {
+                true => NextDraft::Nothing,
+                false => NextDraft::Kind(p.confidence_kind),
+            };
+            assert_eq!(foresight.next(context, even), want, "{context:?}");
+        }
+        // The store's 2-token match, and the own text's at equal length.
+        assert_eq!(foresight.next(cases[0], even), NextDraft::Kind(2));
+        assert_eq!(foresight.next(cases[1], even), NextDraft::Kind(1));
+        assert_eq!(foresight.next(cases[2], even), NextDraft::Kind(2));
+        assert_eq!(foresight.next(cases[3], even), NextDraft::Nothing);
+    }
+
+    /// A greedy 3-token draft request after `context`.
+    fn greedy(context: &[u32]) -> DraftItem {
+        DraftItem {
+            seq: 1,
+            scope: 0,
+            context: context.to_vec(),
+            prompt_len: context.len(),
+            gamma: 3,
+            params: SamplingParams::greedy(),
+            rng: SeededRng::new(0),
+            gate: DraftGate::OFF,
+            gate_min: 1,
+            confidence: false,
+            tree_nodes: 0,
+            grammar: None,
+            features: Vec::new(),
+            lookup: true,
+            likeliest: true,
+        }
     }
 }

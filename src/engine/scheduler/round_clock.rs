@@ -50,6 +50,8 @@ pub(super) fn log_forecast(f: &RoundForecast, t: &RoundTimes, drafting_net: f64)
         expected_tokens = f.tokens,
         forecast_draft_ms = f.draft * 1e3,
         draft_ms = t.draft.step_seconds * 1e3,
+        first_step_ms = t.draft.first_step_seconds * 1e3,
+        first_step_tokens = t.draft.first_step_tokens,
         forecast_catch_up_ms = f.catch_up * 1e3,
         catch_up_ms = t.draft.catch_up_seconds * 1e3,
         catch_up_tokens = t.draft.catch_up_tokens,

@@ -6,15 +6,15 @@ use crate::engine::governor::*;
 fn a_rounds_first_draft_step_is_priced_apart_from_the_rest() {
     let mut c = CostModel::new(5);
     // A γ = 3 round: its first step took in two tokens (8 ms), the later ones one (5 ms).
-    c.record_draft(0.018, 0.008, 3, 1);
+    c.record_draft(0.018, (0.008, 2), 3, 1);
     assert!((c.draft_seconds(1, 1).unwrap() - 0.008).abs() < 1e-12);
     assert!((c.draft_seconds(4, 1).unwrap() - 0.023).abs() < 1e-12);
     // γ = 1 rounds measure only first steps; the later-step price stands.
-    c.record_draft(0.009, 0.009, 1, 1);
+    c.record_draft(0.009, (0.009, 2), 1, 1);
     assert!((c.draft_seconds(3, 1).unwrap() - 0.018).abs() < 1e-12);
     // Untimed first steps count as average ones.
     let mut u = CostModel::new(5);
-    u.record_draft(0.012, 0.0, 3, 1);
+    u.record_draft(0.012, (0.0, 0), 3, 1);
     assert!((u.draft_seconds(2, 1).unwrap() - 0.008).abs() < 1e-12);
 }
 
@@ -47,7 +47,7 @@ fn a_wide_forward_slower_than_as_many_steps_is_not_kept() {
 #[test]
 fn verify_costs_are_interpolated_between_measured_widths() {
     let mut c = CostModel::new(9);
-    c.record_draft(0.0, 0.0, 1, 1);
+    c.record_draft(0.0, (0.0, 0), 1, 1);
     c.record_verify(1.0, 1);
     c.record_verify(2.0, 3);
     // Width 2 halfway between widths 1 and 3; width 6 extrapolated per token, and so is a
@@ -82,7 +82,7 @@ fn fresher_prices_of_other_widths_bound_a_stale_one() {
     for _ in 0..30 {
         g.record_round(4, 4);
     }
-    c.record_draft(0.5, 0.0, 1, 1);
+    c.record_draft(0.5, (0.0, 0), 1, 1);
     let three = [g.candidate(1, 1, (0, 100), None); 3];
     assert_eq!(plan_round(&three, 0, &c, 1.02), vec![0, 0, 0]);
 }
@@ -90,7 +90,7 @@ fn fresher_prices_of_other_widths_bound_a_stale_one() {
 #[test]
 fn drafting_that_runs_over_its_forecast_is_priced_higher() {
     let mut c = CostModel::new(4);
-    c.record_draft(1.0, 0.0, 1, 1);
+    c.record_draft(1.0, (0.0, 0), 1, 1);
     c.record_verify(1.0, 1);
     assert_eq!(c.draft_seconds(1, 1), Some(1.0));
     for _ in 0..50 {
@@ -102,7 +102,7 @@ fn drafting_that_runs_over_its_forecast_is_priced_higher() {
     // 70% acceptance: worth it by the luckiest price, not by the typical one.
     let g = Governor::with_prior(GovernorConfig::default(), 0.7);
     let mut lucky = CostModel::new(4);
-    lucky.record_draft(0.5, 0.0, 1, 1);
+    lucky.record_draft(0.5, (0.0, 0), 1, 1);
     for w in 1..=4 {
         lucky.record_verify(1.0 + 0.05 * (w - 1) as f64, w);
     }
@@ -118,13 +118,15 @@ fn drafting_that_runs_over_its_forecast_is_priced_higher() {
 #[test]
 fn draft_steps_are_priced_by_how_many_sequences_draft() {
     let mut c = CostModel::new(8);
-    c.record_draft(3.0, 0.0, 3, 1);
-    c.record_draft(6.0, 0.0, 2, 4);
+    c.record_draft(3.0, (0.0, 0), 3, 1);
+    c.record_draft(6.0, (0.0, 0), 2, 4);
     assert_eq!(c.draft_seconds(2, 1), Some(2.0));
     assert_eq!(c.draft_seconds(1, 4), Some(3.0));
-    // Between measured sizes: interpolated; past the largest: the largest's price.
+    // Between measured sizes: interpolated. Past the largest, a first step (a forward as
+    // wide as its feeds) along the line through the two widest; later steps at the largest's.
     assert!((c.draft_seconds(1, 2).unwrap() - 5.0 / 3.0).abs() < 1e-12);
-    assert_eq!(c.draft_seconds(1, 8), Some(3.0));
+    assert!((c.draft_seconds(1, 8).unwrap() - (3.0 + 4.0 * 2.0 / 3.0)).abs() < 1e-12);
+    assert!((c.draft_seconds(2, 8).unwrap() - (3.0 + 4.0 * 2.0 / 3.0 + 3.0)).abs() < 1e-12);
     assert_eq!(c.draft_seconds(0, 8), Some(0.0));
     assert_eq!(CostModel::new(8).draft_seconds(1, 1), None);
 }
@@ -134,11 +136,11 @@ fn live_measurements_replace_start_up_ones() {
     let mut c = CostModel::new(2);
     c.record_verify(1.0, 1);
     c.record_verify(2.0, 2);
-    c.record_draft(0.5, 0.0, 1, 1);
+    c.record_draft(0.5, (0.0, 0), 1, 1);
     c.mark_provisional();
     assert_eq!(c.verify_seconds(1), Some(1.0));
     c.record_verify(1.3, 1);
-    c.record_draft(0.7, 0.0, 1, 1);
+    c.record_draft(0.7, (0.0, 0), 1, 1);
     assert_eq!(c.verify_seconds(1), Some(1.3));
     assert_eq!(c.draft_seconds(1, 1), Some(0.7));
     // Live ones then keep the minimum of the window; a width measured only at start-up
@@ -242,7 +244,7 @@ fn a_frozen_table_ignores_every_measurement() {
     let mut live = table.clone();
     live.mark_provisional();
     live.record_verify(5e-3, 2);
-    live.record_draft(1.0, 0.5, 2, 1);
+    live.record_draft(1.0, (0.5, 1), 2, 1);
     live.record_draft_forecast(1e-4, 1.0);
     live.record_catch_up(1.0, 64);
     live.record_draft_depths((32, 1.0), (256, 2.0));
@@ -260,7 +262,7 @@ fn a_frozen_table_ignores_every_measurement() {
     assert_eq!(live.draft_step_floor(1000), 0.0);
     // The same measurements do move an unfrozen table.
     let mut unfrozen = costs(1e-4, &[1e-3, 1.1e-3, 1.2e-3]);
-    unfrozen.record_draft(1.0, 0.5, 2, 1);
+    unfrozen.record_draft(1.0, (0.5, 1), 2, 1);
     unfrozen.record_draft_forecast(1e-4, 1.0);
     unfrozen.record_round_forecast(true, 1e-3, 1.0);
     assert_ne!(unfrozen.draft_seconds(3, 1), before.1);
