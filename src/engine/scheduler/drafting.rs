@@ -74,7 +74,12 @@ impl Scheduler {
     /// where it last stepped, so its catch-up on lookup's copies is priced when it next drafts.
     fn took_in(&self, o: &DraftOutcome) -> bool {
         let copied = o.proposal.as_ref().is_ok_and(|p| p.confidence_kind > 0);
-        !(copied && self.cfg.foresight.as_ref().is_some_and(DraftForesight::has_model))
+        !(copied
+            && self
+                .cfg
+                .foresight
+                .as_ref()
+                .is_some_and(DraftForesight::has_model))
     }
 
     /// What each sequence in `which` (indices into `active`) would draft now, where the
