@@ -11,7 +11,6 @@ mod catch_up;
 mod drafting;
 mod estimate;
 mod first_step;
-use drafting::DepthLine;
 pub use estimate::CostEstimate;
 use first_step::FirstStep;
 
@@ -34,7 +33,7 @@ pub struct CostModel {
     catch_up_size: Vec<usize>,
     /// How a draft step's price grows with the context it attends over, from start-up steps
     /// timed at two depths: the floor under the price of a step at a given depth.
-    draft_depth: Option<DepthLine>,
+    draft_depth: Option<drafting::DepthLine>,
     /// `verify[w - 1]`: a target forward of `w` new tokens in all, its rows at the depth
     /// `verify_depth` keeps prices at (live forwards are recorded less what their depth added).
     verify: Vec<CostEstimate>,
