@@ -1,13 +1,13 @@
 //! What a round's first draft step costs: a drafter forward as wide as the tokens fed into it.
 //!
 //! Why it exists: a round's own feed (the last draft and the target's bonus token, or for a
-//! drafter of another vocabulary the new text in its tokens, often 2-9 of them) goes into the
-//! first step. One price per batch size, the least of recent first steps, priced every first
-//! step at the narrowest feed's cost; wider feeds then ran over their forecast, and the bias
-//! that follows overruns scaled every later step too. SmolLM2 drafting for Gemma 3 had first
-//! steps of 7-22 ms priced at 7, later steps of 5.5 ms priced at 10, and the governor declined
-//! a drafter whose drafts stood 93% of the time. Priced here by width (tokens fed in all), each
-//! width at its own least recent cost, at the feed recent rounds brought.
+//! drafter of another vocabulary the new text in its tokens) goes into the first step, and a
+//! wider feed costs more. One price per batch size, the least of recent first steps, priced
+//! every first step at the narrowest feed's cost; wider feeds then ran over their forecast, and
+//! the bias that follows overruns scaled every later step too. Priced here by width (tokens fed
+//! in all), each width at its own least recent cost, at the feed recent rounds brought: for
+//! SmolLM2 drafting for Gemma 3, rounds' draft forecasts came within 0.150 (mean |log|) of what
+//! they took, against 0.262 with one price (docs/performance.md).
 
 use super::CostEstimate;
 
