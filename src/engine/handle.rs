@@ -161,11 +161,7 @@ impl Engine {
         // verification, never beside it.
         let features = draft.as_ref().and_then(LoadedDrafter::feature_taps);
         let head = features.is_some();
-        let history = draft
-            .as_ref()
-            .filter(|d| matches!(d, LoadedDrafter::PromptLookup(_)))
-            .and_then(LoadedDrafter::lookup)
-            .and_then(RequestHistory::shared_for);
+        let history = shared_history(draft.as_ref());
         let (foresight, coverage, origins) = drafter_views(draft.as_ref(), history.clone());
         let verifier = Verifier::new(
             Arc::clone(&target),
@@ -407,6 +403,15 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.liveness.mark_shut_down();
+    }
+}
+
+/// The store of earlier requests that prompt lookup across requests (`suffix`, alone) drafts
+/// from and the scheduler foresees its rounds from; `None` for any other drafter.
+fn shared_history(draft: Option<&LoadedDrafter>) -> Option<SharedHistory> {
+    match draft? {
+        LoadedDrafter::PromptLookup(l) => RequestHistory::shared_for(*l),
+        _ => None,
     }
 }
 
