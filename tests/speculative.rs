@@ -342,7 +342,8 @@ fn cli_compare_reports_identical_greedy_outputs_for_both_drafters() {
 
 /// `generate` with a drafter and no `--gamma` runs through the engine's governor: with a
 /// drafter that is rarely right (the target's first 8 of 30 layers) it drafts a fraction of
-/// what a fixed γ drafts, and its output is plain decoding's.
+/// what a fixed γ drafts, and its output is plain decoding's, whether `--compare`'s plain runs
+/// go through the engine or the reference loop (`--compare-plain`).
 #[test]
 fn generate_with_a_drafter_is_governed_unless_gamma_is_fixed() {
     common::default_model();
@@ -362,6 +363,30 @@ fn generate_with_a_drafter_is_governed_unless_gamma_is_fixed() {
     let fixed = run(&["--gamma", "4"]);
     assert_eq!(governed["outputs_match"], true, "{governed}");
     assert_eq!(governed["tokens"], fixed["tokens"], "{governed} {fixed}");
+    assert_eq!(governed["compare_plain"], "engine", "{governed}");
+    // Plain runs in the reference loop, as `--draft-model none` decodes: the same output.
+    let loop_flags = [
+        "--compare",
+        "--compare-runs",
+        "1",
+        "--compare-plain",
+        "loop",
+    ];
+    let against_loop = run(&loop_flags);
+    assert_eq!(against_loop["compare_plain"], "loop", "{against_loop}");
+    assert_eq!(against_loop["outputs_match"], true, "{against_loop}");
+    assert_eq!(against_loop["tokens"], fixed["tokens"], "{against_loop}");
+    // With --gamma nothing runs in the engine: asking for it there is refused, naming the flag.
+    let refused = common::tandem_command()
+        .args(["generate", "--prompt", "hi", "--draft-model", "self:8"])
+        .args(["--gamma", "4", "--compare", "--compare-plain", "engine"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("--compare-plain"),
+        "{said}"
+    );
     assert!(
         drafted(&fixed) >= 40 && 2 * drafted(&governed) <= drafted(&fixed),
         "governed drafted {}, fixed γ = 4 drafted {}",

@@ -5,7 +5,9 @@
 //! engine and its governor, as `serve` does (`governed`); with a fixed `--gamma`, or without a
 //! drafter, the engine's reference loops directly (no scheduler). `--compare` runs plain
 //! decoding of the same prompt the same way in the same process, so the speedup and the
-//! outputs' equality are measured side by side.
+//! outputs' equality are measured side by side; `--compare-plain loop` runs the plain side in
+//! the reference loop instead, as a user's `--draft-model none` decodes, so the comparison
+//! also charges what running through the engine costs.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -106,6 +108,19 @@ pub struct GenerateArgs {
     /// Timed runs of each mode for `--compare` (after one warm-up run of each).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     compare_runs: u32,
+    /// Where `--compare`'s plain runs decode: `engine` (the governed engine with drafting off,
+    /// as `serve` decodes a plain request) or `loop` (the reference loop, as `generate
+    /// --draft-model none` decodes) [default: where the speculative runs go: the engine, or
+    /// the loop with --gamma]
+    #[arg(long, value_enum, requires = "compare")]
+    compare_plain: Option<PlainPath>,
+}
+
+/// Where `--compare`'s plain runs decode.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlainPath {
+    Engine,
+    Loop,
 }
 
 pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
@@ -133,7 +148,19 @@ pub fn run(config: &Config, args: GenerateArgs) -> Result<(), CliError> {
             let governed =
                 GovernedEngine::start(&config, threads, Arc::clone(&target), d, lenience)?;
             print_start_up(governed.start_up_prices());
-            Runner::Governed(governed)
+            Runner::Governed {
+                engine: governed,
+                target: &target,
+                plain_in_loop: args.compare_plain == Some(PlainPath::Loop),
+            }
+        }
+        (_, _) if args.compare_plain == Some(PlainPath::Engine) => {
+            return Err(CliError::Flag {
+                flag: "--compare-plain",
+                reason: "`engine` needs a drafter governed by the engine (no --gamma): \
+                         without one, nothing runs in the engine"
+                    .into(),
+            })
         }
         (Some(d), Speculation::Fixed(spec)) => Runner::Reference {
             target: &target,
@@ -329,6 +356,7 @@ fn print_json(
         v["speedup"] = (c.speculative_rate / c.plain_rate).into();
         v["speedup_spread"] = serde_json::json!([c.spread.0, c.spread.1]);
         v["compare_runs"] = args.compare_runs.into();
+        v["compare_plain"] = c.plain_path.into();
         v["outputs_match"] = (c.plain_tokens == out.tokens).into();
     }
     println!("{v}");
@@ -374,8 +402,9 @@ fn print_stats(
     }
     if let Some(c) = compare {
         eprintln!(
-            "compare ({} timed runs each, after a warm-up, alternating; medians): plain decode {:.1} tok/s | speculative {:.1} tok/s | speedup {:.2}x (runs {:.2}x to {:.2}x) | outputs {}",
+            "compare ({} timed runs each, after a warm-up, alternating; medians): plain decode ({}) {:.1} tok/s | speculative {:.1} tok/s | speedup {:.2}x (runs {:.2}x to {:.2}x) | outputs {}",
             args.compare_runs,
+            c.plain_path,
             c.plain_rate,
             c.speculative_rate,
             c.speculative_rate / c.plain_rate,
@@ -395,6 +424,8 @@ struct Comparison {
     spread: (f64, f64),
     /// Plain decoding's output (the same in every run when greedy or seeded).
     plain_tokens: Vec<u32>,
+    /// Where the plain runs decoded: `engine` or `loop`.
+    plain_path: &'static str,
 }
 
 /// The shown speculative run warmed the caches and the drafter; a plain run warms plain
@@ -423,6 +454,7 @@ fn compare_runs(
         speculative_rate: median(&mut spec_rates),
         spread,
         plain_tokens: plain.tokens,
+        plain_path: runner.plain_path(),
     })
 }
 

@@ -45,10 +45,26 @@ pub enum Runner<'a> {
         target: &'a Decoder,
         fixed: Option<(LoadedDrafter, FixedSpeculation)>,
     },
-    Governed(GovernedEngine),
+    /// The engine, and for plain runs in the reference loop (`plain_in_loop`) its target.
+    Governed {
+        engine: GovernedEngine,
+        target: &'a Decoder,
+        plain_in_loop: bool,
+    },
 }
 
 impl Runner<'_> {
+    /// Where this runner's plain runs decode: `engine` or `loop`.
+    pub fn plain_path(&self) -> &'static str {
+        match self {
+            Self::Governed {
+                plain_in_loop: false,
+                ..
+            } => "engine",
+            _ => "loop",
+        }
+    }
+
     /// One generation, speculative (`speculative`, with a drafter) or plain, optionally
     /// streaming its text.
     pub fn run(
@@ -81,7 +97,12 @@ impl Runner<'_> {
                 )?,
                 None => run_reference(target, None, req, &mut on_output)?,
             },
-            Self::Governed(engine) => {
+            Self::Governed {
+                target,
+                plain_in_loop: true,
+                ..
+            } if !speculative => run_reference(target, None, req, &mut on_output)?,
+            Self::Governed { engine, .. } => {
                 let (out, st) = engine.generate(req, speculative, &mut on_output)?;
                 (out, speculative.then_some(st))
             }
