@@ -879,3 +879,49 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
         }
     }
 }
+
+/// A lone request that drafts nothing decodes in plain runs, several steps a job on the
+/// verifier's worker: its tokens, greedy or sampled (seeded), are the reference loop's, a run
+/// ends where the loop ends (an end-of-sequence token, `max_tokens`), and the engine did run
+/// steps as later steps of runs.
+#[test]
+fn plain_runs_decode_as_the_reference_loop_does() {
+    let _serial = one_at_a_time();
+    let (_dirs, target, _) = target_and_other();
+    let rt = common::runtime();
+    let cfg = EngineConfig {
+        max_seqs: 1,
+        ..Default::default()
+    };
+    let engine = rt
+        .block_on(Engine::start(Arc::clone(&target), None, cfg))
+        .unwrap();
+    let prompt = common::random_tokens(5, 12, 256);
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        seed: Some(11),
+        ..Default::default()
+    };
+    let free_run = plain_output(&target, &greedy_request(prompt.clone(), 80, &[]));
+    let eos = free_run.tokens[40];
+    let requests = [
+        greedy_request(prompt.clone(), 57, &[]),
+        greedy_request(prompt.clone(), 80, &[eos]),
+        generation_request(prompt.clone(), 61, sampled.clone(), &[]),
+    ];
+    for req in requests {
+        let want = plain_output(&target, &req);
+        let got = complete_together(
+            &rt,
+            &engine,
+            vec![engine_request(req.clone(), GammaPolicy::Adaptive)],
+        );
+        assert_eq!(got[0].tokens, want.tokens, "{:?}", req.sampling);
+        assert_eq!(got[0].finish, want.finish);
+    }
+    let stats = rt.block_on(engine.stats()).unwrap();
+    assert!(
+        stats.plain_run_steps > 0,
+        "no step ran as part of a plain run: {stats:?}"
+    );
+}

@@ -126,6 +126,9 @@ pub struct SchedulerStats {
     pub queued_prompt_tokens: u64,
     /// Tokens emitted to requests since start, all together.
     pub generated_tokens: u64,
+    /// Rounds run as a later step of a plain run (`engine/plain_run.rs`): each spared a trip
+    /// between the scheduler and the verifier's worker.
+    pub plain_run_steps: u64,
 }
 
 /// CacheManager: slots and KV capacity for a request's `choices` sequences of up to `tokens`
@@ -217,6 +220,27 @@ pub struct TargetItem {
     pub prompt_logprobs: Option<usize>,
     /// A constrained sequence's grammar, for its rows.
     pub grammar: RowGrammar,
+    /// How many plain steps the item may run back to back on the verifier's worker (1: this
+    /// round's alone).
+    pub plain_run: PlainRun,
+}
+
+/// A plain Verify item's run of steps in one verifier job (`plain_run.rs`): each step after
+/// the first feeds the token the step before sampled, and the run stops after `steps` or at a
+/// token of `eos_ids`. Only a lone sequence that drafts nothing runs one (`steps` > 1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlainRun {
+    pub steps: usize,
+    pub eos_ids: Vec<u32>,
+}
+
+impl Default for PlainRun {
+    fn default() -> Self {
+        Self {
+            steps: 1,
+            eos_ids: Vec::new(),
+        }
+    }
 }
 
 /// One sequence's result of a target forward.
@@ -273,9 +297,12 @@ pub struct TargetBatch {
 }
 
 pub struct TargetBatchResult {
-    /// Per item: its outcome, or its sequence id and what went wrong.
+    /// Per item: its outcome, or its sequence id and what went wrong; a plain run's sequence
+    /// has one per step, in order.
     pub outcomes: Vec<Result<TargetOutcome, (u64, Failure)>>,
     pub seconds: f64,
+    /// Forwards run one after another: 1, or a plain run's steps.
+    pub steps: usize,
     /// A mixture's forward: the distinct experts each routed layer read (empty for a dense
     /// model).
     pub expert_reads: Vec<u16>,

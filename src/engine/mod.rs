@@ -25,6 +25,7 @@ mod kv_room;
 pub mod liveness;
 mod lookup_drafter;
 pub mod messages;
+mod plain_run;
 pub mod prefill_timing;
 pub mod prefix_budget;
 pub mod price_memory;

@@ -92,6 +92,7 @@ pub(super) fn run_batch(
     Ok(TargetBatchResult {
         outcomes,
         seconds: start.elapsed().as_secs_f64(),
+        steps: 1,
         expert_reads,
     })
 }

@@ -14,7 +14,7 @@ use super::messages::{
     ClearPrefixCache, CopyPrefix, FreeSlot, PrefixStart, StartFromPrefix, StorePrefix, TargetBatch,
     TargetBatchResult,
 };
-use super::target_round::run_batch;
+use super::plain_run::run_round;
 pub use super::target_round::TargetState;
 use super::worker::ComputeWorker;
 use crate::model::cache::prefix_store::{PrefixStore, PrefixStoreStats};
@@ -97,7 +97,7 @@ impl Message<TargetBatch> for Verifier {
         msg: TargetBatch,
         _: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
-        self.worker.run(move |s| run_batch(s, msg.items)).await?
+        self.worker.run(move |s| run_round(s, msg.items)).await?
     }
 }
 

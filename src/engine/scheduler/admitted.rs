@@ -14,7 +14,9 @@ use crate::engine::emitter::Emitter;
 use crate::engine::error::EngineError;
 use crate::engine::gamma::{gamma_cap, RoundGamma};
 use crate::engine::governor::{Candidate, Choice, Governor};
-use crate::engine::messages::{DraftItem, DraftOutcome, EngineEvent, TargetItem, TargetWork};
+use crate::engine::messages::{
+    DraftItem, DraftOutcome, EngineEvent, PlainRun, TargetItem, TargetWork,
+};
 use crate::engine::request::{EngineRequest, FinishReason, SpeculationStats};
 use crate::engine::speculation_settings::{RoundSpeculation, SpeculationSettings};
 use crate::engine::token_source::{SourceRuns, TokenSource};
@@ -286,6 +288,7 @@ impl Sequence {
                 _ => self.request.prompt_logprobs,
             },
             grammar: RowGrammar::Free,
+            plain_run: PlainRun::default(),
         }
     }
 

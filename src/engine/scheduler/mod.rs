@@ -22,6 +22,7 @@ mod drafter_tokens;
 mod drafting;
 mod foresight;
 mod outcome;
+mod plain_run;
 pub mod prefill_price;
 mod remember;
 mod round;
@@ -93,6 +94,7 @@ impl Message<GetSchedulerStats> for Scheduler {
                 .map(|q| q.request.generation.prompt.len() as u64)
                 .sum(),
             generated_tokens: self.counters.generated_tokens,
+            plain_run_steps: self.counters.plain_run_steps,
         }
     }
 }

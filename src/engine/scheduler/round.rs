@@ -85,31 +85,48 @@ impl Scheduler {
         self.counters
             .overlap
             .record(wall, result.seconds, ahead_secs);
+        // A plain run's steps are recorded as the rounds they stand for, each at their mean.
+        let steps = result.steps.max(1);
+        self.counters.rounds += steps as u64 - 1;
+        self.counters.plain_run_steps += steps as u64 - 1;
+        self.learned.rounds_without_drafts += steps as u64 - 1;
+        let round_seconds = round_start.elapsed().as_secs_f64();
         let times = RoundTimes {
             draft: draft_timing,
-            verify_seconds: result.seconds,
+            verify_seconds: result.seconds / steps as f64,
             expert_reads: std::mem::take(&mut result.expert_reads),
             mask_seconds: batch.mask_seconds,
-            round_seconds: round_start.elapsed().as_secs_f64(),
+            round_seconds: round_seconds / steps as f64,
         };
-        self.record_round(
-            &times,
-            drafting.forecast.filter(|_| !pipelined),
-            draft_secs + ahead_secs,
-            (batch.decode_only, &batch.rows),
-        );
+        for _ in 0..steps {
+            self.record_round(
+                &times,
+                drafting.forecast.filter(|_| !pipelined),
+                draft_secs + ahead_secs,
+                (batch.decode_only, &batch.rows),
+            );
+        }
         if batch.decode_only {
             let drafted =
                 draft_secs + ahead_secs > 0.0 || batch.sent.values().any(|s| !s.1.is_empty());
             let lag = times.draft.catch_up_seconds;
-            self.record_gain(
-                drafted,
-                (&result.outcomes, &batch.sent),
-                (&batch.rows, times.round_seconds, lag),
-            );
+            // Each step of a plain run (one outcome each) as the round it stands for.
+            let per_round = if steps > 1 { 1 } else { result.outcomes.len() };
+            for round in result.outcomes.chunks(per_round.max(1)) {
+                self.record_gain(
+                    drafted,
+                    (round, &batch.sent),
+                    (&batch.rows, times.round_seconds, lag),
+                );
+            }
         }
         let mut ended = batch.ended;
         for outcome in result.outcomes {
+            // A plain run's steps after its sequence's end are dropped with the sequence.
+            let seq = outcome.as_ref().map_or_else(|(seq, _)| *seq, |o| o.seq);
+            if ended.iter().any(|(id, _)| *id == seq) {
+                continue;
+            }
             ended.extend(self.take_outcome(outcome, &batch.sent, &mut guessed));
         }
         self.finish_round(ended).await
@@ -213,6 +230,7 @@ impl Scheduler {
         for &(seq, gamma) in &guesses {
             ahead.extend(self.guess_item(&items, seq, gamma, live));
         }
+        self.plan_plain_run(&mut items, !ahead.is_empty());
         self.counters.prefilled_tokens += items
             .iter()
             .filter(|i| i.work != TargetWork::Verify)

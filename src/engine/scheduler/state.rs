@@ -87,6 +87,8 @@ pub(super) struct RoundCounters {
     pub(super) prefilled_tokens: u64,
     /// Tokens emitted to requests, all together.
     pub(super) generated_tokens: u64,
+    /// Rounds run as later steps of plain runs.
+    pub(super) plain_run_steps: u64,
 }
 
 #[derive(Actor)]
