@@ -5,9 +5,10 @@
 //! round of one plain token pays, but while it runs nobody drafts, a request that arrives
 //! waits and a cancelled one is not noticed. So a run is long only where the sequence will
 //! not draft anyway (its request decodes plainly, or drafting lost it more than its
-//! allowance), grows with the rounds in a row that drafted nothing otherwise (a lookup
-//! drafter finds a match again, or the governor tries drafting again, at most a few tokens
-//! late), and never takes longer than [`RUN_SECONDS`] of forwards.
+//! allowance), grows with the rounds in a row that drafted nothing where the governor decides
+//! (a lookup drafter finds a match again, or the governor tries drafting again, at most a few
+//! tokens late), and never takes longer than [`RUN_SECONDS`] of forwards. A fixed γ drafts
+//! wherever its drafter proposes, as the request asked: it never runs.
 
 use super::state::Scheduler;
 use crate::engine::gamma::{gamma_cap, RoundGamma};
@@ -30,6 +31,8 @@ pub struct RunSituation {
     /// It will not draft in the coming rounds: no drafter, a request that decodes plainly, or
     /// one whose drafting lost it more than its allowance.
     pub done_drafting: bool,
+    /// The governor decides whether it drafts (an adaptive γ): a fixed γ never runs.
+    pub governed: bool,
     /// Rounds in a row that drafted nothing.
     pub rounds_without_drafts: u64,
     /// What one plain step costs now, once measured.
@@ -40,8 +43,10 @@ pub struct RunSituation {
 pub fn plain_run_steps(r: &RunSituation) -> usize {
     let by_drafting = if r.done_drafting {
         MOST_STEPS
-    } else {
+    } else if r.governed {
         1 + usize::try_from(r.rounds_without_drafts / ROUNDS_PER_STEP).unwrap_or(MOST_STEPS)
+    } else {
+        1
     };
     let by_time = match r.step_seconds {
         Some(s) if s > 0.0 => (RUN_SECONDS / s) as usize,
@@ -65,11 +70,13 @@ impl Scheduler {
         {
             return;
         }
+        let governed = matches!(s.round.gamma, RoundGamma::Adaptive { .. });
         let situation = RunSituation {
             room: gamma_cap(item.start_pos, self.cfg.context_len, s.remaining()) + 1,
             done_drafting: self.drafter.is_none()
                 || s.round.gamma == RoundGamma::Plain
-                || !s.governor.may_draft(),
+                || (governed && !s.governor.may_draft()),
+            governed,
             rounds_without_drafts: self.learned.rounds_without_drafts,
             step_seconds: self
                 .learned
@@ -91,6 +98,7 @@ mod tests {
         RunSituation {
             room: 1000,
             done_drafting: true,
+            governed: true,
             rounds_without_drafts: 0,
             step_seconds: Some(0.003),
         }
@@ -138,5 +146,12 @@ mod tests {
         assert_eq!(steps(ROUNDS_PER_STEP), 2);
         assert_eq!(steps(5 * ROUNDS_PER_STEP), 6);
         assert_eq!(steps(u64::MAX), MOST_STEPS);
+        let fixed = RunSituation {
+            done_drafting: false,
+            governed: false,
+            rounds_without_drafts: 100 * ROUNDS_PER_STEP,
+            ..situation()
+        };
+        assert_eq!(plain_run_steps(&fixed), 1, "a fixed γ drafts where it can");
     }
 }
