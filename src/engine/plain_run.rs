@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use super::error::EngineError;
-use super::messages::{TargetBatchResult, TargetItem, TargetOutcome};
+use super::messages::{PlainRun, TargetBatchResult, TargetItem, TargetOutcome};
 use super::target_round::{run_batch, TargetState};
 
 /// Runs `items`: a lone item whose `plain_run` asks for more than one step as a run, anything
@@ -32,26 +32,29 @@ pub(super) fn run_round(
 
 /// Up to `it.plain_run.steps` rounds of `it`'s sequence, stopping after a failed step or a
 /// sampled end-of-sequence token; one outcome per step run.
-fn run_plain(s: &mut TargetState, it: TargetItem) -> Result<TargetBatchResult, EngineError> {
+fn run_plain(s: &mut TargetState, mut it: TargetItem) -> Result<TargetBatchResult, EngineError> {
     let start = Instant::now();
-    let steps = it.plain_run.steps;
-    let mut next = Some(it);
+    let PlainRun { steps, eos_ids } = std::mem::take(&mut it.plain_run);
     let mut result = TargetBatchResult {
         outcomes: Vec::with_capacity(steps),
         seconds: 0.0,
         steps: 0,
         expert_reads: Vec::new(),
     };
+    let mut next = Some(it);
     while let Some(item) = next.take() {
-        let follow = FollowOn::of(&item);
+        let rest = (result.steps + 1 < steps).then(|| next_step_base(&item));
         let mut round = run_batch(s, vec![item])?;
         if result.steps == 0 {
             result.expert_reads = std::mem::take(&mut round.expert_reads);
         }
         result.steps += 1;
         let outcome = round.outcomes.pop().expect("one item, one outcome");
-        if result.steps < steps {
-            next = outcome.as_ref().ok().and_then(|o| follow.next_item(o));
+        if let (Some(base), Ok(o)) = (rest, &outcome) {
+            next = o
+                .next_token
+                .filter(|t| !eos_ids.contains(t))
+                .map(|t| next_step(base, t, o));
         }
         result.outcomes.push(outcome);
     }
@@ -59,47 +62,35 @@ fn run_plain(s: &mut TargetState, it: TargetItem) -> Result<TargetBatchResult, E
     Ok(result)
 }
 
-/// What the next step of a run is made from: the step's item less what its round consumes.
-struct FollowOn {
-    item: TargetItem,
+/// What a plain step's round leaves of its item for the step after: everything but the
+/// tokens its round consumes.
+fn next_step_base(it: &TargetItem) -> TargetItem {
+    TargetItem {
+        seq: it.seq,
+        slot: it.slot,
+        start_pos: it.start_pos,
+        tokens: Vec::new(),
+        work: it.work,
+        proposal: Default::default(),
+        parents: Vec::new(),
+        params: it.params.clone(),
+        lenience: it.lenience,
+        context: it.context.clone(),
+        prompt_len: it.prompt_len,
+        rng: it.rng.clone(),
+        logprobs: it.logprobs,
+        prompt_logprobs: None,
+        grammar: Default::default(),
+        plain_run: PlainRun::default(),
+    }
 }
 
-impl FollowOn {
-    fn of(it: &TargetItem) -> Self {
-        Self {
-            item: TargetItem {
-                seq: it.seq,
-                slot: it.slot,
-                start_pos: it.start_pos,
-                tokens: Vec::new(),
-                work: it.work,
-                proposal: Default::default(),
-                parents: Vec::new(),
-                params: it.params.clone(),
-                lenience: it.lenience,
-                context: it.context.clone(),
-                prompt_len: it.prompt_len,
-                rng: it.rng.clone(),
-                logprobs: it.logprobs,
-                prompt_logprobs: None,
-                grammar: Default::default(),
-                plain_run: it.plain_run.clone(),
-            },
-        }
-    }
-
-    /// The step after the one that gave `o`: its sampled token fed one position on, with the
-    /// random state the round left; `None` where the token ends the sequence.
-    fn next_item(self, o: &TargetOutcome) -> Option<TargetItem> {
-        let token = o.next_token?;
-        if self.item.plain_run.eos_ids.contains(&token) {
-            return None;
-        }
-        let mut item = self.item;
-        item.start_pos += 1;
-        item.tokens.push(token);
-        item.context.push(token);
-        item.rng = o.rng.clone();
-        Some(item)
-    }
+/// The step after the one that gave `o`: its sampled `token` fed one position on, with the
+/// random state the round left.
+fn next_step(mut item: TargetItem, token: u32, o: &TargetOutcome) -> TargetItem {
+    item.start_pos += 1;
+    item.tokens.push(token);
+    item.context.push(token);
+    item.rng = o.rng.clone();
+    item
 }
