@@ -192,15 +192,7 @@ pub fn probabilities(
     } else {
         1.0
     };
-    // Branch-free passes (they vectorize); the offender is looked for only on failure.
-    let invalid = logits
-        .iter()
-        .fold(false, |bad, &v| bad | (v.is_nan() | (v == f32::INFINITY)));
-    if invalid {
-        let i = logits
-            .iter()
-            .position(|&v| v.is_nan() || v == f32::INFINITY)
-            .expect("an invalid logit was seen");
+    if let Some(i) = first_invalid(logits) {
         return Err(SamplingError::InvalidLogits(i));
     }
     let max = max_value(logits);

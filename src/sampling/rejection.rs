@@ -401,15 +401,7 @@ pub(super) fn check_distribution(
     dist: &[f32],
     needs_mass: bool,
 ) -> Result<(), SpecError> {
-    // One branch-free pass (it vectorizes) for the common case; the offender only on failure.
-    let valid = dist
-        .iter()
-        .fold(true, |ok, &v| ok & (v.is_finite() & (v >= 0.0)));
-    if !valid {
-        let token = dist
-            .iter()
-            .position(|&v| !(v.is_finite() && v >= 0.0))
-            .expect("an invalid value was seen");
+    if let Some(token) = super::row_scan::first_not_probability(dist) {
         return Err(SpecError::InvalidValue {
             what,
             row,

@@ -1,5 +1,7 @@
-//! The scans a step runs over a whole vocabulary-sized row: where its first NaN or +inf is,
-//! its maximum, and where that maximum first is.
+//! The scans a step runs over a whole vocabulary-sized row: where its first NaN or +inf is
+//! (a logits row's check), where its first value that is no probability is (NaN, an infinity
+//! or a negative value: a probability row's check), its maximum, and where that maximum
+//! first is.
 //!
 //! Why it exists: written as loops with a branch per value they compiled to one value at a
 //! time, two passes of tens of microseconds over a 49,152-value row, and a verification runs
@@ -20,6 +22,21 @@ pub(crate) fn first_invalid(row: &[f32]) -> Option<usize> {
 
 fn first_invalid_scalar(row: &[f32]) -> Option<usize> {
     row.iter().position(|v| v.is_nan() || *v == f32::INFINITY)
+}
+
+/// The index of the first value of `row` that is not a probability: NaN, an infinity or a
+/// negative value (`-0.0` is a probability).
+pub(crate) fn first_not_probability(row: &[f32]) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::model::kernels::fast_exp::vector_available() {
+        // SAFETY: AVX2 was checked; every read is inside `row`.
+        return unsafe { first_not_probability_avx2(row) };
+    }
+    first_not_probability_scalar(row)
+}
+
+fn first_not_probability_scalar(row: &[f32]) -> Option<usize> {
+    row.iter().position(|v| !(v.is_finite() && *v >= 0.0))
 }
 
 /// The first index of `row`'s maximum and the maximum, `None` when it is empty; `row` holds no
@@ -84,6 +101,29 @@ unsafe fn first_invalid_avx2(row: &[f32]) -> Option<usize> {
         }
     }
     first_invalid_scalar(&row[full..]).map(|j| full + j)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn first_not_probability_avx2(row: &[f32]) -> Option<usize> {
+    use std::arch::x86_64::*;
+    let zero = _mm256_setzero_ps();
+    let inf = _mm256_set1_ps(f32::INFINITY);
+    let p = row.as_ptr();
+    let full = row.len() / STEP * STEP;
+    for i in (0..full).step_by(STEP) {
+        let mut bad = _mm256_setzero_ps();
+        for r in 0..4 {
+            let x = _mm256_loadu_ps(p.add(i + 8 * r));
+            // Not ≥ 0 (unordered: NaN too), or +inf.
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_NGE_UQ>(x, zero));
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_EQ_OQ>(x, inf));
+        }
+        if _mm256_movemask_ps(bad) != 0 {
+            return first_not_probability_scalar(&row[i..i + STEP]).map(|j| i + j);
+        }
+    }
+    first_not_probability_scalar(&row[full..]).map(|j| full + j)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -166,6 +206,10 @@ mod tests {
     fn the_vector_scans_answer_as_the_scalar_loops() {
         for row in rows() {
             assert_eq!(first_invalid(&row), first_invalid_scalar(&row));
+            assert_eq!(
+                first_not_probability(&row),
+                first_not_probability_scalar(&row)
+            );
             let (fast, slow) = (first_max(&row), first_max_scalar(&row));
             assert_eq!(fast.map(|f| f.0), slow.map(|s| s.0), "row of {}", row.len());
             let fold = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -192,5 +236,36 @@ mod tests {
         assert_eq!(first_max(&[]), None);
         // -inf is a value: the first of an all -inf row is its maximum.
         assert_eq!(first_max(&[f32::NEG_INFINITY; 3]).map(|m| m.0), Some(0));
+    }
+    #[test]
+    fn a_probability_row_is_checked_as_the_scalar_loop_checks_it() {
+        for n in [0usize, 1, 7, 31, 32, 33, 100, 49_152] {
+            let row: Vec<f32> = (0..n).map(|i| (i * 7919 % 1009) as f32 * 1e-6).collect();
+            assert_eq!(first_not_probability(&row), None, "row of {n}");
+            // -0.0 and 0.0 are probabilities; every other bad value at every place of a block
+            // and of the tail is found, the first of two.
+            let mut zeros = row.clone();
+            for (j, z) in zeros.iter_mut().enumerate() {
+                if j % 3 == 0 {
+                    *z = -0.0;
+                }
+            }
+            assert_eq!(first_not_probability(&zeros), None);
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1e-30, -1.0] {
+                for at in [0, 5, 31, 32, 47, n.saturating_sub(1)] {
+                    if at >= n {
+                        continue;
+                    }
+                    let mut r = row.clone();
+                    r[at] = bad;
+                    if at > 3 {
+                        r[3] = -2.0;
+                    }
+                    let want = first_not_probability_scalar(&r);
+                    assert_eq!(want, Some(at.min(3)), "{bad} at {at} of {n}");
+                    assert_eq!(first_not_probability(&r), want, "{bad} at {at} of {n}");
+                }
+            }
+        }
     }
 }
