@@ -200,20 +200,7 @@ pub fn probabilities(
         return Err(SamplingError::Empty);
     }
     // Every argument is at most 0; a masked token (-inf) gets exactly 0.
-    probs.resize(logits.len(), 0.0);
-    if t == 1.0 {
-        for (p, &v) in probs.iter_mut().zip(logits) {
-            *p = v - max;
-        }
-    } else {
-        for (p, &v) in probs.iter_mut().zip(logits) {
-            *p = (v - max) / t;
-        }
-    }
-    crate::model::kernels::elementwise::exp_nonpositive(probs);
-    for (p, &v) in probs.iter_mut().zip(logits) {
-        *p = if v == f32::NEG_INFINITY { 0.0 } else { *p };
-    }
+    crate::model::kernels::elementwise::softmax_numerators(logits, max, t, probs);
     let vocab = probs.len();
     let k = if params.top_k == 0 {
         vocab
