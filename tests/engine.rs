@@ -925,3 +925,38 @@ fn plain_runs_decode_as_the_reference_loop_does() {
         "no step ran as part of a plain run: {stats:?}"
     );
 }
+
+/// A lone governed request drafting with prompt lookup decodes in plain runs where its text
+/// matches nothing, each run stopping before the first context that matches: lookup still
+/// drafts (the runs did not step over its matches), and the tokens are the reference loop's.
+#[test]
+fn plain_runs_stop_where_prompt_lookup_finds_a_match() {
+    let _serial = one_at_a_time();
+    let (_dirs, target, _) = target_and_other();
+    let rt = common::runtime();
+    let cfg = EngineConfig {
+        max_seqs: 1,
+        ..Default::default()
+    };
+    let lookup = LoadedDrafter::PromptLookup(PromptLookup::default());
+    let engine = rt
+        .block_on(Engine::start(Arc::clone(&target), Some(lookup), cfg))
+        .unwrap();
+    let mut drafted = 0;
+    for prompt in prompts(3) {
+        let req = greedy_request(prompt, 150, &[]);
+        let want = plain_output(&target, &req);
+        let got = complete_together(
+            &rt,
+            &engine,
+            vec![engine_request(req.clone(), GammaPolicy::Adaptive)],
+        );
+        assert_eq!(got[0].tokens, want.tokens);
+        drafted += got[0].usage.speculative.draft_tokens;
+    }
+    let stats = rt.block_on(engine.stats()).unwrap();
+    assert!(
+        stats.plain_run_steps > 0 && drafted > 0,
+        "runs and drafts both expected: {drafted} drafted, {stats:?}"
+    );
+}

@@ -6,6 +6,7 @@ use super::acceptance::RowGrammar;
 use super::error::EngineError;
 use super::governor::DraftChances;
 use super::request::{EngineRequest, FinishReason, Usage};
+use super::scheduler::MatchStop;
 use super::token_source::SourceRun;
 use crate::constraint::{ConstraintError, SequenceConstraint};
 use crate::draft::{DraftTiming, Proposal};
@@ -226,12 +227,15 @@ pub struct TargetItem {
 }
 
 /// A plain Verify item's run of steps in one verifier job (`plain_run.rs`): each step after
-/// the first feeds the token the step before sampled, and the run stops after `steps` or at a
-/// token of `eos_ids`. Only a lone sequence that drafts nothing runs one (`steps` > 1).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// the first feeds the token the step before sampled, and the run stops after `steps`, at a
+/// token of `eos_ids`, or, with `until_match`, before a step whose context prompt lookup
+/// finds a match in that the governor might draft (a round the scheduler would offer it). Only a lone sequence that
+/// drafts nothing runs one (`steps` > 1).
+#[derive(Clone, Debug)]
 pub struct PlainRun {
     pub steps: usize,
     pub eos_ids: Vec<u32>,
+    pub until_match: Option<MatchStop>,
 }
 
 impl Default for PlainRun {
@@ -239,6 +243,7 @@ impl Default for PlainRun {
         Self {
             steps: 1,
             eos_ids: Vec::new(),
+            until_match: None,
         }
     }
 }

@@ -7,7 +7,8 @@
 //! machine; with the scheduler's own work between forwards, a lone sequence that drafted
 //! nothing decoded 6-7% slower in the engine than in the reference loop (SmolLM2, 2 threads).
 //! The scheduler asks for a run only where the coming rounds would not draft
-//! (`scheduler/plain_run.rs`). Each step is an ordinary round ([`run_batch`]): the tokens,
+//! (`scheduler/plain_run.rs`); where only a prompt-lookup match would make them draft, the
+//! run checks each next context for one, with the scheduler's own foresight, and stops there. Each step is an ordinary round ([`run_batch`]): the tokens,
 //! their logprobs and the random draws are the ones the rounds one by one would give.
 
 use std::time::Instant;
@@ -31,10 +32,20 @@ pub(super) fn run_round(
 }
 
 /// Up to `it.plain_run.steps` rounds of `it`'s sequence, stopping after a failed step or a
-/// sampled end-of-sequence token; one outcome per step run.
+/// sampled end-of-sequence token, or before a step prompt lookup would draft in (`until_match`);
+/// one outcome per step run.
 fn run_plain(s: &mut TargetState, mut it: TargetItem) -> Result<TargetBatchResult, EngineError> {
     let start = Instant::now();
-    let PlainRun { steps, eos_ids } = std::mem::take(&mut it.plain_run);
+    let PlainRun {
+        steps,
+        eos_ids,
+        until_match,
+    } = std::mem::take(&mut it.plain_run);
+    let matches = |next: &TargetItem| {
+        until_match
+            .as_ref()
+            .is_some_and(|m| m.stops_at(&next.context))
+    };
     let mut result = TargetBatchResult {
         outcomes: Vec::with_capacity(steps),
         seconds: 0.0,
@@ -54,7 +65,8 @@ fn run_plain(s: &mut TargetState, mut it: TargetItem) -> Result<TargetBatchResul
             next = o
                 .next_token
                 .filter(|t| !eos_ids.contains(t))
-                .map(|t| next_step(base, t, o));
+                .map(|t| next_step(base, t, o))
+                .filter(|next| !matches(next));
         }
         result.outcomes.push(outcome);
     }

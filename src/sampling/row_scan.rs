@@ -82,31 +82,36 @@ fn first_max_scalar(row: &[f32]) -> Option<(usize, f32)> {
 /// Values a vector step reads: four registers of eight.
 const STEP: usize = 32;
 
+/// What [`first_flagged_avx2`] looks for.
+#[cfg(target_arch = "x86_64")]
+const NOT_A_LOGIT: bool = false;
+#[cfg(target_arch = "x86_64")]
+const NOT_A_PROBABILITY: bool = true;
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn first_invalid_avx2(row: &[f32]) -> Option<usize> {
-    use std::arch::x86_64::*;
-    let inf = _mm256_set1_ps(f32::INFINITY);
-    let p = row.as_ptr();
-    let full = row.len() / STEP * STEP;
-    for i in (0..full).step_by(STEP) {
-        let mut bad = _mm256_setzero_ps();
-        for r in 0..4 {
-            let x = _mm256_loadu_ps(p.add(i + 8 * r));
-            bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
-            bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_EQ_OQ>(x, inf));
-        }
-        if _mm256_movemask_ps(bad) != 0 {
-            return first_invalid_scalar(&row[i..i + STEP]).map(|j| i + j);
-        }
-    }
-    first_invalid_scalar(&row[full..]).map(|j| full + j)
+    first_flagged_avx2::<NOT_A_LOGIT>(row)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn first_not_probability_avx2(row: &[f32]) -> Option<usize> {
+    first_flagged_avx2::<NOT_A_PROBABILITY>(row)
+}
+
+/// The first value of `row` that is no logit (NaN or +inf) or, with `PROBABILITY`, no
+/// probability (not ≥ 0, which takes NaN and -inf too, or +inf): whole blocks tested, the
+/// scalar loop finding the value in the first block that holds one.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn first_flagged_avx2<const PROBABILITY: bool>(row: &[f32]) -> Option<usize> {
     use std::arch::x86_64::*;
+    let scalar = if PROBABILITY {
+        first_not_probability_scalar
+    } else {
+        first_invalid_scalar
+    };
     let zero = _mm256_setzero_ps();
     let inf = _mm256_set1_ps(f32::INFINITY);
     let p = row.as_ptr();
@@ -115,15 +120,19 @@ unsafe fn first_not_probability_avx2(row: &[f32]) -> Option<usize> {
         let mut bad = _mm256_setzero_ps();
         for r in 0..4 {
             let x = _mm256_loadu_ps(p.add(i + 8 * r));
-            // Not ≥ 0 (unordered: NaN too), or +inf.
-            bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_NGE_UQ>(x, zero));
+            let odd = if PROBABILITY {
+                _mm256_cmp_ps::<_CMP_NGE_UQ>(x, zero)
+            } else {
+                _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x)
+            };
+            bad = _mm256_or_ps(bad, odd);
             bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_EQ_OQ>(x, inf));
         }
         if _mm256_movemask_ps(bad) != 0 {
-            return first_not_probability_scalar(&row[i..i + STEP]).map(|j| i + j);
+            return scalar(&row[i..i + STEP]).map(|j| i + j);
         }
     }
-    first_not_probability_scalar(&row[full..]).map(|j| full + j)
+    scalar(&row[full..]).map(|j| full + j)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -89,6 +89,37 @@ impl DraftForesight {
     }
 }
 
+/// Where a plain run of a sequence drafting with prompt lookup alone stops: before the first
+/// step whose context has a match of a kind the governor might draft (`PlainRun::until_match`).
+/// A 1-token match is found after most tokens, and where the governor declines that kind a run
+/// stopping at every match would be no run at all.
+#[derive(Clone, Debug)]
+pub struct MatchStop {
+    foresight: DraftForesight,
+    /// `kinds[k]`: stop at a match of kind `k` (a kind beyond them always stops).
+    kinds: [bool; 4],
+}
+
+impl MatchStop {
+    /// `None` for a drafter with a model behind lookup: it drafts whether or not the text
+    /// matches, so no run stops only at matches.
+    pub fn new(foresight: &DraftForesight, kinds: [bool; 4]) -> Option<Self> {
+        (!foresight.model_otherwise).then(|| Self {
+            foresight: foresight.clone(),
+            kinds,
+        })
+    }
+
+    /// Whether lookup finds a match of a stopping kind after `context` (in the store of
+    /// earlier requests too, where it looks there).
+    pub fn stops_at(&self, context: &[u32]) -> bool {
+        match self.foresight.next(context, |_| 0.0) {
+            NextDraft::Kind(k) => self.kinds.get(usize::from(k)).copied().unwrap_or(true),
+            NextDraft::Nothing | NextDraft::Unknown => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -99,6 +130,38 @@ mod tests {
     use crate::engine::lookup_drafter::LookupDrafter;
     use crate::engine::messages::DraftItem;
     use crate::sampling::{DraftGate, SamplingParams, SeededRng};
+
+    #[test]
+    fn a_run_stops_where_lookup_alone_finds_a_match_of_a_stopping_kind() {
+        let lookup = PromptLookup::new(1, 3);
+        let alone = DraftForesight::new(lookup, false, None).expect("own text");
+        let first = DraftForesight::new(lookup, true, None).expect("own text");
+        assert!(
+            MatchStop::new(&first, [true; 4]).is_none(),
+            "a model drafts either way"
+        );
+        let every = MatchStop::new(&alone, [true; 4]).unwrap();
+        let long_only = MatchStop::new(&alone, [false, false, false, true]).unwrap();
+        let mut p = Proposal::default();
+        let cases: [&[u32]; 4] = [
+            &[1, 2, 3, 4, 1, 2, 3],
+            &[1, 2, 3, 4, 9, 8, 3],
+            &[5],
+            &[1, 2, 3],
+        ];
+        for context in cases {
+            lookup.lookup_tree(context, 4, 0, &mut p);
+            let found = !p.tokens.is_empty();
+            assert_eq!(every.stops_at(context), found, "{context:?}");
+            let long = found && p.confidence_kind == 3;
+            assert_eq!(long_only.stops_at(context), long, "{context:?}");
+        }
+        assert!(long_only.stops_at(&[1, 2, 3, 4, 1, 2, 3]));
+        assert!(
+            !long_only.stops_at(&[1, 2, 3, 4, 9, 8, 3]),
+            "a 1-token match"
+        );
+    }
 
     #[test]
     fn the_foresight_names_the_kind_the_drafter_then_drafts() {

@@ -34,7 +34,7 @@ mod trees;
 use kameo::message::{Context, Message};
 
 pub use draft_coverage::DraftCoverage;
-pub use foresight::DraftForesight;
+pub use foresight::{DraftForesight, MatchStop};
 pub use state::{Scheduler, SchedulerConfig};
 
 use crate::engine::messages::{
