@@ -45,9 +45,6 @@ const DEEP_ROUNDS: usize = 4;
 /// that process's, not the machine's.
 const WARM_UP_STEPS: usize = 8;
 
-/// Checks of a remembered table before its prices are timed again (see `start_up_learning`).
-const CHECK_TRIES: usize = 2;
-
 /// Where the governor's first prices came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PricesFrom {
@@ -138,18 +135,9 @@ async fn start_up_learning(
         return Ok((fresh, done(PricesFrom::Measured)));
     };
     warm_up(t.verifier).await?;
-    let mut holds = false;
-    // A check that fails is tried once more before every price is timed again: on a shared
-    // machine one check in ten or so failed on a passing hiccup (its forwards 1.5x their
-    // reference), and timing the prices again costs a start five times the check.
-    for _ in 0..CHECK_TRIES {
-        let now = check_forwards(&t).await?;
-        holds = still_holds(&remembered.reference, &now);
-        tracing::debug!(?now, then = ?remembered.reference, holds, "remembered prices checked");
-        if holds {
-            break;
-        }
-    }
+    let now = check_forwards(&t).await?;
+    let holds = still_holds(&remembered.reference, &now);
+    tracing::debug!(?now, then = ?remembered.reference, holds, "remembered prices checked");
     if !holds {
         (remembered.costs, remembered.reference) = measure(&t).await?;
         return Ok((remembered, done(PricesFrom::Remeasured)));
