@@ -880,6 +880,20 @@ fn confidence_pricing_cuts_unsure_chains_and_keeps_greedy_output() {
     }
 }
 
+/// An engine of one sequence at a time (where plain runs happen) over `target`.
+fn one_sequence_engine(
+    rt: &tokio::runtime::Runtime,
+    target: &Arc<Decoder>,
+    drafter: Option<LoadedDrafter>,
+) -> Engine {
+    let cfg = EngineConfig {
+        max_seqs: 1,
+        ..Default::default()
+    };
+    rt.block_on(Engine::start(Arc::clone(target), drafter, cfg))
+        .unwrap()
+}
+
 /// A lone request that drafts nothing decodes in plain runs, several steps a job on the
 /// verifier's worker: its tokens, greedy or sampled (seeded), are the reference loop's, a run
 /// ends where the loop ends (an end-of-sequence token, `max_tokens`), and the engine did run
@@ -889,13 +903,7 @@ fn plain_runs_decode_as_the_reference_loop_does() {
     let _serial = one_at_a_time();
     let (_dirs, target, _) = target_and_other();
     let rt = common::runtime();
-    let cfg = EngineConfig {
-        max_seqs: 1,
-        ..Default::default()
-    };
-    let engine = rt
-        .block_on(Engine::start(Arc::clone(&target), None, cfg))
-        .unwrap();
+    let engine = one_sequence_engine(&rt, &target, None);
     let prompt = common::random_tokens(5, 12, 256);
     let sampled = SamplingParams {
         temperature: 0.8,
@@ -934,14 +942,8 @@ fn plain_runs_stop_where_prompt_lookup_finds_a_match() {
     let _serial = one_at_a_time();
     let (_dirs, target, _) = target_and_other();
     let rt = common::runtime();
-    let cfg = EngineConfig {
-        max_seqs: 1,
-        ..Default::default()
-    };
     let lookup = LoadedDrafter::PromptLookup(PromptLookup::default());
-    let engine = rt
-        .block_on(Engine::start(Arc::clone(&target), Some(lookup), cfg))
-        .unwrap();
+    let engine = one_sequence_engine(&rt, &target, Some(lookup));
     let mut drafted = 0;
     for prompt in prompts(3) {
         let req = greedy_request(prompt, 150, &[]);
