@@ -229,8 +229,8 @@ pub struct TargetItem {
 /// A plain Verify item's run of steps in one verifier job (`plain_run.rs`): each step after
 /// the first feeds the token the step before sampled, and the run stops after `steps`, at a
 /// token of `eos_ids`, or, with `until_match`, before a step whose context prompt lookup
-/// finds a match in that the governor might draft (a round the scheduler would offer it). Only a lone sequence that
-/// drafts nothing runs one (`steps` > 1).
+/// finds a match in that the governor might draft (a round the scheduler would offer it).
+/// Only a lone sequence that drafts nothing runs one (`steps` > 1).
 #[derive(Clone, Debug)]
 pub struct PlainRun {
     pub steps: usize,

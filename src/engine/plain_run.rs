@@ -8,8 +8,9 @@
 //! nothing decoded 6-7% slower in the engine than in the reference loop (SmolLM2, 2 threads).
 //! The scheduler asks for a run only where the coming rounds would not draft
 //! (`scheduler/plain_run.rs`); where only a prompt-lookup match would make them draft, the
-//! run checks each next context for one, with the scheduler's own foresight, and stops there. Each step is an ordinary round ([`run_batch`]): the tokens,
-//! their logprobs and the random draws are the ones the rounds one by one would give.
+//! run checks each next context for one, with the scheduler's own foresight, and stops there.
+//! Each step is an ordinary round ([`run_batch`]): the tokens, their logprobs and the random
+//! draws are the ones the rounds one by one would give.
 
 use std::time::Instant;
 
@@ -32,8 +33,8 @@ pub(super) fn run_round(
 }
 
 /// Up to `it.plain_run.steps` rounds of `it`'s sequence, stopping after a failed step or a
-/// sampled end-of-sequence token, or before a step prompt lookup would draft in (`until_match`);
-/// one outcome per step run.
+/// sampled end-of-sequence token, or before a step prompt lookup would draft in
+/// (`until_match`); one outcome per step run.
 fn run_plain(s: &mut TargetState, mut it: TargetItem) -> Result<TargetBatchResult, EngineError> {
     let start = Instant::now();
     let PlainRun {

@@ -15,7 +15,7 @@ pub(crate) fn first_invalid(row: &[f32]) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     if crate::model::kernels::fast_exp::vector_available() {
         // SAFETY: AVX2 was checked; every read is inside `row`.
-        return unsafe { first_invalid_avx2(row) };
+        return unsafe { first_flagged_avx2::<NOT_A_LOGIT>(row) };
     }
     first_invalid_scalar(row)
 }
@@ -30,7 +30,7 @@ pub(crate) fn first_not_probability(row: &[f32]) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     if crate::model::kernels::fast_exp::vector_available() {
         // SAFETY: AVX2 was checked; every read is inside `row`.
-        return unsafe { first_not_probability_avx2(row) };
+        return unsafe { first_flagged_avx2::<NOT_A_PROBABILITY>(row) };
     }
     first_not_probability_scalar(row)
 }
@@ -87,18 +87,6 @@ const STEP: usize = 32;
 const NOT_A_LOGIT: bool = false;
 #[cfg(target_arch = "x86_64")]
 const NOT_A_PROBABILITY: bool = true;
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn first_invalid_avx2(row: &[f32]) -> Option<usize> {
-    first_flagged_avx2::<NOT_A_LOGIT>(row)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn first_not_probability_avx2(row: &[f32]) -> Option<usize> {
-    first_flagged_avx2::<NOT_A_PROBABILITY>(row)
-}
 
 /// The first value of `row` that is no logit (NaN or +inf) or, with `PROBABILITY`, no
 /// probability (not ≥ 0, which takes NaN and -inf too, or +inf): whole blocks tested, the

@@ -8,11 +8,10 @@
 //! allowance) or where what would make it draft is checked on the worker after every step
 //! (prompt lookup alone, its text matching nothing the governor might draft now: the run stops
 //! before the first step whose context has such a match, a round the scheduler would offer
-//! the governor). Elsewhere it grows with the
-//! rounds in a row that drafted nothing where the governor decides (the governor tries
-//! drafting again at most a few tokens late), and it never takes longer than [`RUN_SECONDS`]
-//! of forwards. A fixed γ drafts wherever its drafter proposes, as the request asked: it never
-//! runs.
+//! the governor). Elsewhere it grows with the rounds in a row that drafted nothing where the
+//! governor decides (the governor tries drafting again at most a few tokens late), and it
+//! never takes longer than [`RUN_SECONDS`] of forwards. A fixed γ drafts wherever its drafter
+//! proposes, as the request asked: it never runs.
 //!
 //! Stopping at a match keeps a governed lookup request's runs long between its drafts: where
 //! its drafts came every 10-30 tokens, runs growing by a step per 8 draftless rounds left most
